@@ -1,0 +1,82 @@
+/* CPU kernels of the stock forward: the numerical reference of every backend. Activations are f32 arrays,
+ * row-major [T tokens, width]; weights are the model's bf16 / MXFP4 views (model/weights.h). All
+ * reductions accumulate in f32 (the delta-rule state and the softmax are f32 throughout). Callers round to
+ * bf16 (util/bf16.h bf16_round) wherever the model stores an activation in bf16; these kernels never do. */
+#ifndef K3C_CPU_OPS_H
+#define K3C_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/weights.h"
+
+/* ---- thread pool (cpu/pool.c): a fixed set of workers for parallel-for over rows ---- */
+typedef struct k3c_pool k3c_pool;
+/* threads <= 0: one per online core. */
+k3c_pool *k3c_pool_create(int threads);
+void k3c_pool_free(k3c_pool *p);
+int k3c_pool_threads(const k3c_pool *p);
+/* Calls fn(ctx, begin, end) on disjoint ranges covering [0, n), in parallel; returns when all are done.
+ * p == NULL runs fn(ctx, 0, n) on the caller. */
+void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end), void *ctx);
+
+/* ---- matrix products (cpu/matmul.c): y[t, r] = sum_c W[r, c] * x[t, c] ---- */
+/* x: [T, W.cols], y: [T, W.rows]. Each weight row is read once for all T tokens. */
+void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float *y);
+void k3c_matmul_mxfp4(k3c_pool *p, const k3c_mxfp4_mat *W, const float *x, int T, float *y);
+/* One row of a bf16 matrix as f32 (embedding lookup). */
+void k3c_bf16_row(const k3c_mat *W, int row, float *out);
+
+/* ---- elementwise (cpu/elementwise.c) ---- */
+/* y = x * rsqrt(mean(x^2) + eps) * w over n elements (y may alias x). */
+void k3c_rmsnorm(const float *x, const float *w, int n, float eps, float *y);
+/* out[i] = act(gate[i]) * up'[i]: SiLU -> silu(g) * u; SiTU -> beta*tanh(g/beta)*sigmoid(g) * lin(u),
+ * lin(u) = beta_lin * tanh(u / beta_lin), or u when beta_lin == 0. */
+void k3c_gated_act(const k3c_config *c, const float *gate, const float *up, int n, float *out);
+static inline float k3c_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+
+/* ---- KDA (cpu/kda.c) ---- */
+/* Short causal depthwise conv + SiLU for T new tokens of C channels. window: [W-1, C], the last W-1 inputs
+ * before x (oldest first; zeros for a fresh sequence); it is advanced in place to end at the last token.
+ * taps: [C, W]; out: [T, C]. */
+void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out);
+/* The decay gate g [T, P] (log space) from f = f_b(f_a(x)) [T, P]:
+ * safe gate: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)); else -exp(A_log[h]) * softplus(f + dt_bias). */
+void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias, const float *f, int T, float *g);
+/* q, k: [T, H, dk] L2-normalized per head in place (x / sqrt(sum x^2 + 1e-6)), and q scaled by dk^-1/2. */
+void k3c_kda_qk_norm(float *q, float *k, int T, int H, int dk);
+/* Gated delta rule, token by token (spec §2.2 step 7). state: [H, dk, dv] f32, updated in place.
+ * q (normalized and scaled), k (normalized), v: [T, H, dk|dv]; g: [T, H, dk]; beta: [T, H]; o: [T, H, dv].
+ * When states != NULL the state after token t is also copied to states + t*H*dk*dv (verify). */
+void k3c_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
+                       const float *beta, int T, int H, int dk, int dv, float *o, float *states);
+/* The same function in chunked form (spec §2.3), chunks of `chunk` tokens; never exponentiates a
+ * positive cumulative decay. Equal to k3c_kda_recurrent up to f32 rounding. */
+void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
+/* Gated RMSNorm per head: y = o * rsqrt(mean(o^2) + eps) * w * act(z); act = sigmoid (K3) or silu
+ * (Kimi Linear as transformers 5.17 computes it). o, z, y: [T, H, dv]. */
+void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
+                        int silu_gate, float *y);
+
+/* ---- MLA attention core (cpu/mla.c), NoPE ---- */
+/* Attention of Tq consecutive query rows of one request over its latent cache (absorbed form).
+ * q_abs: [Tq, Hm, kv_lora + rope], per head [W_UK[h]^T q_nope | q_pe]; lat: [n_past + Tq, kv_lora + rope],
+ * the request's cached latents [c_normed | k_pe] in order; query row i attends rows 0..n_past+i (causal).
+ * o_lat: [Tq, Hm, kv_lora], the softmax-weighted sum of the first kv_lora entries. Softmax in f32. */
+void k3c_mla_attend(const float *q_abs, int Tq, int Hm, int kv_lora, int rope, const float *lat, int n_past,
+                    float scale, float *o_lat);
+
+/* ---- AttnRes (cpu/attnres.c), spec §4.2 ---- */
+/* Mix of n sources (pointers to [D] rows): s_j = rsqrt(mean(v_j^2) + eps) * sum_d v_j[d] * norm[d] * proj[d];
+ * alpha = softmax(s); out = sum_j alpha_j v_j. */
+void k3c_attnres_mix(const float *const *sources, int n, int D, const float *proj, const float *norm, float eps,
+                     float *out);
+
+/* ---- router (cpu/router.c), spec §5.3 ---- */
+/* From fp32 logits [E] of one token: scores (sigmoid or softmax), selection on score + bias (grouped top-k
+ * when num_expert_group > 1), weights = selected scores (renormalized when moe_renormalize) times
+ * routed_scaling_factor. idx, weight: [k]. Ties break to the lower expert id. */
+void k3c_route(const k3c_config *c, const float *logits, const float *bias, int *idx, float *weight);
+
+#endif

@@ -1,0 +1,29 @@
+#include "util/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char error_buffer[2048];
+
+int k3c_errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_buffer, sizeof error_buffer, fmt, ap);
+    va_end(ap);
+    return K3C_ERR;
+}
+
+int k3c_error_context(const char *fmt, ...) {
+    char prefix[1024], old[sizeof error_buffer];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, error_buffer, sizeof old);
+    snprintf(error_buffer, sizeof error_buffer, "%s: %s", prefix, old);
+    return K3C_ERR;
+}
+
+const char *k3c_error_message(void) { return error_buffer[0] ? error_buffer : "unknown error"; }
+
+void k3c_error_clear(void) { error_buffer[0] = 0; }

@@ -1,0 +1,106 @@
+#include <stdarg.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "util/error.h"
+
+typedef struct {
+    const char *name;
+    test_fn fn;
+} test_case;
+
+static test_case *cases;
+static size_t num_cases, cap_cases;
+static int current_failed;
+static uint64_t run_seed;
+static char tmpdir[256];
+
+void test_register(const char *name, test_fn fn) {
+    if (num_cases == cap_cases) {
+        cap_cases = cap_cases ? 2 * cap_cases : 64;
+        cases = realloc(cases, cap_cases * sizeof *cases);
+        if (!cases) abort();
+    }
+    cases[num_cases++] = (test_case){name, fn};
+}
+
+void test_fail(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "    %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    current_failed = 1;
+}
+
+uint64_t test_seed(void) { return run_seed; }
+const char *test_tmpdir(void) { return tmpdir; }
+
+double rel_l2_f32(const float *x, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i]) || isnan(ref[i])) return INFINITY;
+        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double rel_l2_f32f32(const float *x, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i]) || isnan(ref[i])) return INFINITY;
+        num += ((double)x[i] - ref[i]) * ((double)x[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void poison_f32(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const test_case *)a)->name, ((const test_case *)b)->name);
+}
+
+int main(int argc, char **argv) {
+    const char *filter = argc > 1 ? argv[1] : NULL;
+    const char *seed_env = getenv("K3C_TEST_SEED");
+    run_seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/k3c-test-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 2;
+    }
+    printf("k3c tests, seed %llu (K3C_TEST_SEED to replay), scratch %s\n", (unsigned long long)run_seed, tmpdir);
+    qsort(cases, num_cases, sizeof *cases, by_name);
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < num_cases; i++) {
+        if (filter && !strstr(cases[i].name, filter)) continue;
+        current_failed = 0;
+        k3c_error_clear();
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        printf("%-60s ", cases[i].name);
+        fflush(stdout);
+        cases[i].fn();
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+        printf("%s (%.2fs)\n", current_failed ? "FAIL" : "ok", secs);
+        fflush(stdout);
+        if (current_failed) failed++;
+        else passed++;
+    }
+    if (!getenv("K3C_TEST_KEEP")) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    }
+    if (failed) printf("failed with seed %llu\n", (unsigned long long)run_seed);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
