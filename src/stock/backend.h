@@ -1,0 +1,147 @@
+/* The backend interface of the stock forward: a table of ops over backend buffers, plus an opaque ctx.
+ *
+ * The forward (stock/forward.c) owns the layer loop and never dereferences activation, cache or state
+ * memory: it only does pointer arithmetic on buffers the backend allocated and passes *host* metadata
+ * (token ids, row segments, block tables, pointer arrays) to the ops. A device backend copies that
+ * metadata to the device itself. Weights are passed as the host views of model/weights.h (k3c_mat,
+ * k3c_moe_weights, float vectors); a device backend keeps its own copy keyed by the host pointer, made
+ * once in init().
+ *
+ * Element types:
+ *   activations  f32 storage, values bf16-rounded wherever the rounding contract of stock/forward.c says
+ *                so ("rounded" below); shapes are row-major [T rows, width];
+ *   KDA state    f32 [H, dk, dv] per request (key channel d, value channel e: S[h][d][e]);
+ *   KDA window   f32 [3][W-1][P] per request: the last W-1 pre-conv inputs of q, k and v (oldest first);
+ *                values are bf16-rounded (they are matmul outputs);
+ *   MLA cache    backend-defined element (kv_elem_bytes: 4 = f32 holding bf16-rounded values, 2 = bf16),
+ *                per layer [num_blocks, block_size, kv_lora + rope], row = [c_normed | k_pe].
+ *
+ * Ops are asynchronous in effect (a device backend may queue them); sync() waits and reports the first
+ * error any op met since the last sync. Ops never allocate: scratch is sized in init() from the limits. */
+#ifndef K3C_STOCK_BACKEND_H
+#define K3C_STOCK_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+struct k3c_model;
+
+/* What init() sizes its scratch for. */
+typedef struct k3c_backend_limits {
+    int max_rows;     /* most rows (tokens) in one step */
+    int max_segs;     /* most requests in one step */
+    int max_context;  /* most tokens one request may hold in the MLA cache */
+    int block_size;   /* MLA cache block size (tokens) */
+} k3c_backend_limits;
+
+/* One request's share of a step: rows [row0, row0 + n) of every activation buffer. */
+typedef struct k3c_seg {
+    int row0, n;
+    /* MLA: tokens already cached before this step; row i attends cache positions 0 .. pos + i. */
+    int pos;
+    const int32_t *block_table; /* host: block ids, position p lives in block block_table[p / block_size] */
+    /* KDA (set per layer by the forward): device pointers to this request's state and conv window for the
+     * current layer (the committed slot, or a verify scratch copy). */
+    float *state;  /* [H, dk, dv] f32 */
+    float *window; /* [3][W-1][P] f32 */
+    int chunked;   /* 1: delta rule in chunked form (prompt rows), 0: recurrent (decode / verify / commit) */
+} k3c_seg;
+
+typedef struct k3c_backend k3c_backend;
+
+struct k3c_backend {
+    const char *name;  /* "cpu", "cuda" */
+    void *ctx;
+    int kv_elem_bytes; /* bytes per MLA cache element (see above) */
+
+    /* ---- lifetime ---- */
+    /* Called once before any op; a device backend uploads the weights here. */
+    int (*init)(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim);
+    /* Frees everything the backend owns, the struct included. */
+    void (*destroy)(k3c_backend *be);
+    /* Waits for queued ops; returns K3C_ERR with a message if any op failed since the last sync. */
+    int (*sync)(k3c_backend *be);
+
+    /* ---- memory ---- */
+    void *(*alloc)(k3c_backend *be, size_t bytes); /* NULL + error message on failure */
+    void (*free)(k3c_backend *be, void *p);
+    void (*upload)(k3c_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(k3c_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(k3c_backend *be, void *dst, const void *src, size_t bytes);
+    void (*fill_bytes)(k3c_backend *be, void *dst, int byte, size_t bytes); /* memset; 0xff poisons (NaN) */
+    /* dst[i, :] = src[rows[i], :] for i < n, width D floats (host row indices). */
+    void (*gather_rows)(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst);
+
+    /* ---- dense ops (all outputs rounded unless said otherwise) ---- */
+    /* out[t, :] = embed row ids[t] (exact: bf16 weights). ids: host [T]. */
+    void (*embed)(k3c_backend *be, const k3c_mat *E, const int32_t *ids, int T, float *out);
+    /* y[t, r] = sum_c W[r, c] x[t, c], fp32 accumulate; x [T, W.cols], y [T, W.rows].
+     * round: 1 = rounded (every activation), 0 = f32 (the final logits only). */
+    void (*matmul)(k3c_backend *be, const k3c_mat *W, const float *x, int T, float *y, int round);
+    /* y[t, 0:n] = RMSNorm(x[t, 0:n]; w, eps); rows strided (x_stride, y_stride floats); rounded. Columns
+     * past n are not touched. y may alias x. */
+    void (*rmsnorm)(k3c_backend *be, const float *x, int x_stride, const float *w, int T, int n, float eps,
+                    float *y, int y_stride);
+    /* out = a + b over T*D, rounded (the bf16 residual / prefix add). out may alias a. */
+    void (*add)(k3c_backend *be, const float *a, const float *b, size_t n, float *out);
+    /* AttnRes Mix (spec §4.2) per row over nsrc sources src[j] ([T, D] each, host array of device
+     * pointers, oldest block first, partial prefix last); rounded. */
+    void (*attnres_mix)(k3c_backend *be, const float *const *src, int nsrc, int T, int D, const float *proj,
+                        const float *norm, float eps, float *out);
+    /* out = act(gate) * up' (SwiGLU or SiTU per config), n = T * width; rounded. */
+    void (*gated_act)(k3c_backend *be, const float *gate, const float *up, size_t n, float *out);
+    /* x = x * sigmoid(g) elementwise over n, rounded (MLA output gate). */
+    void (*sigmoid_mul)(k3c_backend *be, float *x, const float *g, size_t n);
+
+    /* ---- KDA ---- */
+    /* Causal depthwise conv + SiLU of one of q/k/v (which = 0, 1, 2) for each seg's rows, using and
+     * advancing seg->window + which * (W-1) * P. x, out: [T, P]; taps [P, W]; out rounded. */
+    void (*kda_conv)(k3c_backend *be, const float *x, const float *taps, int which, const k3c_seg *segs,
+                     int nseg, float *out);
+    /* g [T, P] = decay gate of f [T, P] (spec §2.2 step 5, or the Kimi Linear form), f32;
+     * beta [T, H] = sigmoid(b [T, H]), f32. */
+    void (*kda_gate)(k3c_backend *be, const float *f, const float *b, const float *a_log, const float *dt_bias,
+                     int T, float *g, float *beta);
+    /* q, k [T, P]: per-head L2 norm in place, q also scaled by dk^-1/2; f32 (not rounded). */
+    void (*kda_qk_norm)(k3c_backend *be, float *q, float *k, int T);
+    /* Gated delta rule per seg on seg->state (chunked or recurrent per seg->chunked); o [T, P] rounded.
+     * o may be NULL (commit: only the state matters). */
+    void (*kda_delta)(k3c_backend *be, const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, const k3c_seg *segs, int nseg, float *o);
+    /* y [T, P] = per-head gated RMSNorm of o with weight w [dk] and gate z [T, P] (sigmoid for K3, silu
+     * for Kimi Linear, chosen from the config in init); rounded. */
+    void (*kda_gated_norm)(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y);
+
+    /* ---- MLA (NoPE, absorbed) ---- */
+    /* Writes latent rows lat [T, kv_lora + rope] (already rounded) of each seg to the cache at positions
+     * pos .. pos + n - 1 through the seg's block table. cache: one layer's [num_blocks, block_size, lat]. */
+    void (*mla_cache_write)(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache);
+    /* Attention of each seg's query rows over its cached latents (positions 0 .. pos + i for row i), the
+     * rows of this step included (written before). q [T, Hm * (nope + rope)] per head [q_nope | q_pe];
+     * inside, in f32: q_abs[h] = W_UK[h]^T q_nope[h], scores = [q_abs | q_pe] . [c | k_pe] / sqrt(nope + rope),
+     * softmax, o_lat[h] = sum p c, o[h] = W_UV[h] o_lat[h] (W_UK, W_UV from kv_b). o [T, Hm * v] rounded. */
+    void (*mla_attention)(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
+                          int nseg, const void *cache, float *o);
+
+    /* ---- MoE ---- */
+    /* out [T, D] = latent MoE / MoE of y [T, D] (y already rounded), per row, rounding ("rnd") exactly at:
+     *   router logits = W_r y in f32 (not rounded); k3c_route -> idx[k], weight[k] (f32);
+     *   z = rnd(W_rdown y) when routed_expert_hidden_size > 0, else z = y;
+     *   per selected expert j (in k3c_route's output order): a = rnd(W1 z), u = rnd(W3 z),
+     *       h = rnd(act(a, u)), d_j = rnd(W2 h)   (MXFP4 or bf16 weights, f32 accumulate);
+     *   r = rnd(sum_j weight[j] * d_j), summed in f32 in j order;
+     *   latent: r = rnd(W_rup rnd(RMSNorm(r; latent_norm, rms_norm_eps)))  (norm only if latent_moe_use_norm);
+     *   shared (when present): s = rnd(W_sdown rnd(act(rnd(W_sgate y), rnd(W_sup y)))), else s = 0;
+     *   out = rnd(r + s). */
+    void (*moe)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out);
+};
+
+/* Backends. threads <= 0: one per core. */
+k3c_backend *k3c_backend_cpu_create(int threads);
+/* Defined by src/cuda when built with CUDA; returns NULL with a message when no GPU is usable. */
+k3c_backend *k3c_backend_cuda_create(int device);
+
+#endif
