@@ -50,6 +50,9 @@ typedef struct k3c_seg {
     int chunked;   /* 1: delta rule in chunked form (prompt rows), 0: recurrent (decode / verify / commit) */
 } k3c_seg;
 
+/* The KDA gated output norm uses silu(gate) in Kimi Linear as transformers computes it, sigmoid in K3. */
+static inline int k3c_config_kda_silu_gate(const k3c_config *c) { return c->family == K3C_FAMILY_KIMI_LINEAR; }
+
 typedef struct k3c_backend k3c_backend;
 
 struct k3c_backend {
