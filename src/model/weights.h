@@ -86,6 +86,7 @@ typedef struct k3c_weights {
     float *final_norm;                 /* [D] */
     float *out_res_proj, *out_res_norm; /* [D] (AttnRes only) */
     k3c_layer_weights *layers;         /* [L] */
+    int num_layers;                    /* L: entries of layers (k3c_weights_free walks them) */
 } k3c_weights;
 
 #endif

@@ -1,0 +1,225 @@
+/* k3c_model_load: config.json -> inventory -> every tensor found, checked (dtype, shape, values where cheap
+ * and meaningful) and bound. Matrices stay in the mapping; small vectors become owned f32 arrays. Any
+ * checkpoint tensor the inventory does not name is an error, except K3's vision tower and projector,
+ * which a text engine skips (shared/spec/k3-checkpoint.md §4). */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/config_json.h"
+#include "format/mxfp4.h"
+#include "util/bf16.h"
+#include "util/error.h"
+
+static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape) {
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, size - n, "[");
+    for (int i = 0; i < ndim && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+}
+
+/* Index of name in the checkpoint's sorted tensor list, or -1. */
+static long checkpoint_index(const k3c_checkpoint *ck, const char *name) {
+    size_t lo = 0, hi = ck->num_tensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int cmp = strcmp(ck->tensors[mid]->name, name);
+        if (cmp == 0) return (long)mid;
+        if (cmp < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+/* The shard file a tensor record lives in (for messages). */
+static const char *shard_of(const k3c_checkpoint *ck, const k3c_st_tensor *t) {
+    for (int i = 0; i < ck->num_shards; i++) {
+        const k3c_st_header *h = &ck->shards[i].header;
+        if (t >= h->tensors && t < h->tensors + h->num_tensors) return ck->shards[i].path;
+    }
+    return "?";
+}
+
+static int check_dtype(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file) {
+    int ok;
+    switch (s->cls) {
+    case K3C_TENSOR_MATRIX: ok = t->dtype == K3C_DTYPE_BF16; break;
+    case K3C_TENSOR_VECTOR:
+        ok = t->dtype == K3C_DTYPE_BF16 || t->dtype == K3C_DTYPE_F16 || t->dtype == K3C_DTYPE_F32;
+        break;
+    default: ok = t->dtype == K3C_DTYPE_U8; break;
+    }
+    if (ok) return K3C_OK;
+    const char *want = s->cls == K3C_TENSOR_MATRIX   ? "BF16"
+                       : s->cls == K3C_TENSOR_VECTOR ? "BF16, F16 or F32"
+                                                     : "U8 (MXFP4)";
+    return k3c_errorf("tensor %s in %s: expected dtype %s, got %s", s->name, file, want, k3c_dtype_name(t->dtype));
+}
+
+static int check_shape(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file) {
+    int same = t->ndim == s->ndim;
+    for (int i = 0; same && i < s->ndim; i++) same = t->shape[i] == s->shape[i];
+    if (same) return K3C_OK;
+    char want[96], got[96];
+    shape_str(want, sizeof want, s->ndim, s->shape);
+    shape_str(got, sizeof got, t->ndim, t->shape);
+    return k3c_errorf("tensor %s in %s: expected shape %s, got %s", s->name, file, want, got);
+}
+
+static float element_f32(const void *data, k3c_dtype dt, size_t i) {
+    const uint8_t *p = data;
+    switch (dt) {
+    case K3C_DTYPE_F32: {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    case K3C_DTYPE_F16: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return f16_to_f32(h);
+    }
+    default: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return bf16_to_f32(h);
+    }
+    }
+}
+
+/* Converts a small float tensor to an owned f32 array of vec_len entries. Stored entries past vec_len
+ * (K3's A_log padding) must be zero: anything else means the layout is not what we think it is. */
+static int bind_vector(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file, uint64_t *owned) {
+    uint64_t numel = k3c_st_numel(t);
+    float *v = malloc(sizeof(float) * (size_t)(s->vec_len > 0 ? s->vec_len : 1));
+    if (!v) return k3c_errorf("tensor %s: out of memory for %d floats", s->name, s->vec_len);
+    for (uint64_t i = 0; i < numel; i++) {
+        float x = element_f32(t->data, t->dtype, (size_t)i);
+        if (!isfinite(x)) {
+            free(v);
+            return k3c_errorf("tensor %s in %s: element %llu is %g (not finite)", s->name, file,
+                              (unsigned long long)i, (double)x);
+        }
+        if (i < (uint64_t)s->vec_len) {
+            v[i] = x;
+        } else if (x != 0.0f) {
+            free(v);
+            return k3c_errorf("tensor %s in %s: padding entry %llu is %g, expected 0 (only the first %d entries "
+                              "are real)",
+                              s->name, file, (unsigned long long)i, (double)x, s->vec_len);
+        }
+    }
+    free(*s->vec);
+    *s->vec = v;
+    *owned += sizeof(float) * (uint64_t)s->vec_len;
+    return K3C_OK;
+}
+
+static int bind_spec(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file, uint64_t *owned) {
+    K3C_TRY(check_dtype(s, t, file));
+    K3C_TRY(check_shape(s, t, file));
+    switch (s->cls) {
+    case K3C_TENSOR_MATRIX:
+        /* Kernels read bf16 matrices as uint16_t: an odd data offset would be a misaligned view. */
+        if ((uintptr_t)t->data % 2)
+            return k3c_errorf("tensor %s in %s: data offset %llu is not 2-byte aligned", s->name, file,
+                              (unsigned long long)t->begin);
+        if (s->mat) s->mat->w = t->data;
+        break;
+    case K3C_TENSOR_VECTOR:
+        if (s->vec) K3C_TRY(bind_vector(s, t, file, owned));
+        break;
+    case K3C_TENSOR_MXFP4_PACKED:
+        if (s->mx) s->mx->packed = t->data;
+        break;
+    case K3C_TENSOR_MXFP4_SCALE:
+        /* E8M0 255 is NaN: a corrupt or mis-identified tensor. Scanning all scales is 1/16 of the expert
+         * bytes; it is the price of refusing a bad file at load instead of emitting NaN logits later. */
+        if (k3c_mxfp4_scales_have_nan(t->data, (size_t)k3c_st_numel(t))) {
+            const uint8_t *sc = t->data;
+            uint64_t n = k3c_st_numel(t), i = 0;
+            while (i < n && sc[i] != 255) i++;
+            int64_t per_row = s->shape[1];
+            return k3c_errorf("tensor %s in %s: MXFP4 scale byte 255 (E8M0 NaN) at row %lld, group %lld", s->name,
+                              file, (long long)(i / (uint64_t)per_row), (long long)(i % (uint64_t)per_row));
+        }
+        if (s->mx) s->mx->scale = t->data;
+        break;
+    }
+    return K3C_OK;
+}
+
+static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+static int load_into(struct k3c_model *m, const char *dir) {
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return k3c_errorf("checkpoint directory path too long: %s", dir);
+    K3C_TRY(k3c_config_load(path, &m->config));
+    K3C_TRY(k3c_checkpoint_open(&m->checkpoint, dir));
+    K3C_TRY(k3c_inventory_build(&m->config, &m->weights, &m->inventory));
+
+    const k3c_checkpoint *ck = &m->checkpoint;
+    uint8_t *used = calloc(ck->num_tensors ? ck->num_tensors : 1, 1);
+    if (!used) return k3c_errorf("out of memory marking %zu tensors", ck->num_tensors);
+    uint64_t weight_bytes = 0, owned = 0;
+    for (size_t i = 0; i < m->inventory.count; i++) {
+        const k3c_tensor_spec *s = &m->inventory.specs[i];
+        long ix = checkpoint_index(ck, s->name);
+        if (ix < 0) {
+            free(used);
+            return k3c_errorf("tensor %s: missing from the checkpoint in %s (the config implies it)", s->name, dir);
+        }
+        const k3c_st_tensor *t = ck->tensors[ix];
+        if (bind_spec(s, t, shard_of(ck, t), &owned) != K3C_OK) {
+            free(used);
+            return K3C_ERR;
+        }
+        used[ix] = 1;
+        weight_bytes += t->end - t->begin;
+    }
+    for (size_t i = 0; i < ck->num_tensors; i++) {
+        if (used[i]) continue;
+        const k3c_st_tensor *t = ck->tensors[i];
+        /* The multimodal parts of K3 are not part of the text model (spec §4: exactly 168 tensors). */
+        if (m->config.family == K3C_FAMILY_K3 &&
+            (starts_with(t->name, "vision_tower.") || starts_with(t->name, "mm_projector.")))
+            continue;
+        free(used);
+        return k3c_errorf("unexpected tensor %s in %s (not part of the model the config describes)", t->name,
+                          shard_of(ck, t));
+    }
+    free(used);
+    if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed;
+    m->weight_bytes = weight_bytes;
+    m->owned_bytes = owned;
+    return K3C_OK;
+}
+
+int k3c_model_load(const char *dir, struct k3c_model **out) {
+    *out = NULL;
+    struct k3c_model *m = calloc(1, sizeof *m);
+    if (!m) return k3c_errorf("out of memory allocating a model");
+    if (load_into(m, dir) != K3C_OK) {
+        k3c_error_context("loading %s", dir);
+        k3c_model_free(m);
+        return K3C_ERR;
+    }
+    *out = m;
+    return K3C_OK;
+}
+
+void k3c_model_free(struct k3c_model *m) {
+    if (!m) return;
+    k3c_weights_free(&m->weights);
+    k3c_inventory_free(&m->inventory);
+    if (m->checkpoint.dir || m->checkpoint.shards) k3c_checkpoint_close(&m->checkpoint);
+    k3c_config_free(&m->config);
+    free(m);
+}

@@ -1,0 +1,24 @@
+/* Synthetic checkpoints: a config's full tensor inventory filled with deterministic, well-conditioned
+ * random weights, written in exactly the published layout of its family:
+ *  - K3: one shard per layer (model-00001 = layer 0, ...) plus one for the model-level tensors, named
+ *    model-%05d-of-%06d.safetensors, and model.safetensors.index.json (metadata.total_size, weight_map);
+ *  - Kimi Linear: a single model.safetensors, no index (what transformers writes for a small model).
+ * Every tensor depends only on (seed, tensor name). */
+#ifndef K3C_MODEL_SYNTH_H
+#define K3C_MODEL_SYNTH_H
+
+#include <stdint.h>
+
+#include "model/config.h"
+
+/* Name of the marker file synth leaves in DIR, so that a later synth may overwrite its own output but
+ * never a directory it did not write. */
+#define K3C_SYNTH_MARKER ".k3c-synth"
+
+/* Writes config.json and, unless preset_name names a preset without weights (k3c_preset_has_weights == 0),
+ * the weights. DIR is created if absent; a non-empty DIR without the marker is refused; a previous synth
+ * output is replaced (its checkpoint files are removed first). Shards are written one at a time (tmp +
+ * rename), the index last. preset_name may be NULL (an ad-hoc config: weights are written). */
+int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir);
+
+#endif
