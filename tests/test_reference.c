@@ -2,6 +2,7 @@
  * (the external oracle), for causality, and on hand-checkable building blocks. */
 #include <stdlib.h>
 
+#include "format/checkpoint.h"
 #include "ref/ref_forward.h"
 #include "test.h"
 #include "util/error.h"
@@ -162,4 +163,57 @@ TEST(ref_route_hand_checked) {
     ref_route(&c, lg, NULL, idx, wt);
     CHECK(idx[0] == 2 && idx[1] == 4);
     CHECK_CLOSE(wt[0], exp(2.0) / (exp(2.0) + exp(1.0)), 0, 1e-12);
+}
+
+/* Bf16 tensor element as double (the fixture is all bf16). */
+static double bf16_at(const k3c_st_tensor *t, size_t i) {
+    uint32_t u = (uint32_t)((const uint16_t *)t->data)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Taps: -1 is the embedding; the last layer's tap (the residual stream, no AttnRes in Kimi Linear) through
+ * the final RMSNorm and lm_head gives the logits; one combined pass equals the separate calls. */
+TEST(ref_hidden_taps_kimi_linear) {
+    ref_model *m;
+    CHECK_OK(ref_model_open(FIXTURE, &m));
+    const k3c_config *c = ref_model_config(m);
+    int n = 12, D = c->hidden_size, V = c->vocab_size, Lnum = c->num_layers;
+    int layers[4] = {Lnum - 1, -1, 1, Lnum - 1};
+    double *taps = malloc(4 * (size_t)n * D * sizeof *taps), *taps2 = malloc(4 * (size_t)n * D * sizeof *taps2);
+    double *lg = malloc((size_t)n * V * sizeof *lg), *lg2 = malloc((size_t)n * V * sizeof *lg2);
+    CHECK(taps && taps2 && lg && lg2);
+    for (size_t i = 0; i < 4 * (size_t)n * D; i++) taps[i] = taps2[i] = NAN;
+    CHECK_OK(ref_hidden(m, oracle_ids, n, layers, 4, taps));
+    CHECK_OK(ref_logits(m, oracle_ids, n, lg));
+    CHECK_OK(ref_forward(m, oracle_ids, n, lg2, layers, 4, taps2));
+    CHECK(memcmp(lg, lg2, (size_t)n * V * sizeof *lg) == 0);
+    CHECK(memcmp(taps, taps2, 4 * (size_t)n * D * sizeof *taps) == 0);
+    CHECK(memcmp(taps, taps + 3 * (size_t)n * D, (size_t)n * D * sizeof *taps) == 0);
+
+    k3c_checkpoint ck;
+    CHECK_OK(k3c_checkpoint_open(&ck, FIXTURE));
+    const k3c_st_tensor *emb = k3c_checkpoint_find(&ck, "model.embed_tokens.weight");
+    const k3c_st_tensor *nrm = k3c_checkpoint_find(&ck, "model.norm.weight");
+    const k3c_st_tensor *head = k3c_checkpoint_find(&ck, "lm_head.weight");
+    CHECK(emb && nrm && head && emb->dtype == K3C_DTYPE_BF16 && nrm->dtype == K3C_DTYPE_BF16);
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++)
+            CHECK(taps[((size_t)n + i) * D + d] == bf16_at(emb, (size_t)oracle_ids[i] * D + d));
+    double h[D];
+    for (int i = 0; i < n; i++) {
+        const double *x = taps + (size_t)i * D;
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += x[d] * x[d];
+        for (int d = 0; d < D; d++) h[d] = x[d] / sqrt(ss / D + c->rms_norm_eps) * bf16_at(nrm, (size_t)d);
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int d = 0; d < D; d++) s += bf16_at(head, (size_t)v * D + d) * h[d];
+            CHECK_CLOSE(s, lg[(size_t)i * V + v], 1e-12, 1e-9);
+        }
+    }
+    k3c_checkpoint_close(&ck);
+    free(taps), free(taps2), free(lg), free(lg2);
+    ref_model_free(m);
 }
