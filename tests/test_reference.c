@@ -3,6 +3,8 @@
 #include <stdlib.h>
 
 #include "format/checkpoint.h"
+#include "model/presets.h"
+#include "model/synth.h"
 #include "ref/ref_forward.h"
 #include "test.h"
 #include "util/error.h"
@@ -217,3 +219,61 @@ TEST(ref_hidden_taps_kimi_linear) {
     free(taps), free(taps2), free(lg), free(lg2);
     ref_model_free(m);
 }
+
+/* A synthesized checkpoint of `preset` (fresh seed) in the scratch dir; returns the model or NULL. */
+static ref_model *open_synth(const char *preset) {
+    k3c_config c;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ref-%s", test_tmpdir(), preset);
+    if (k3c_preset_config(preset, &c) != K3C_OK) return NULL;
+    int rc = k3c_synth_write(&c, preset, test_seed(), dir);
+    k3c_config_free(&c);
+    ref_model *m = NULL;
+    if (rc == K3C_OK && ref_model_open(dir, &m) != K3C_OK) m = NULL;
+    return m;
+}
+
+/* Finite, position-dependent logits with a real spread over the vocabulary, and causal. */
+static void check_synth_model(const char *preset, int expect_family) {
+    ref_model *m = open_synth(preset);
+    CHECKF(m, "%s: %s", preset, k3c_error_message());
+    const k3c_config *c = ref_model_config(m);
+    CHECK((int)c->family == expect_family);
+    int n = 24, V = c->vocab_size, ids[24];
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ 0xabc);
+    for (int i = 0; i < n; i++) ids[i] = (int)(k3c_rng_next(&r) % (uint64_t)V);
+    ids[n - 1] = ids[n - 2]; /* a repeated token: its rows still differ (the context differs) */
+    double *lg = malloc((size_t)n * V * sizeof *lg);
+    CHECK(lg);
+    for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN;
+    CHECK_OK(ref_logits(m, ids, n, lg));
+    for (int i = 0; i < n; i++) {
+        const double *x = lg + (size_t)i * V;
+        double mean = 0, mabs = 0, var = 0;
+        for (int v = 0; v < V; v++) {
+            CHECKF(isfinite(x[v]), "%s: row %d, logit %d = %g", preset, i, v, x[v]);
+            mean += x[v];
+            mabs += fabs(x[v]);
+        }
+        mean /= V, mabs /= V;
+        for (int v = 0; v < V; v++) var += (x[v] - mean) * (x[v] - mean);
+        double sd = sqrt(var / V);
+        /* spread over the vocabulary: not a constant row */
+        CHECKF(sd > 0.1 * mabs && sd > 1e-3, "%s: row %d: std %.3g, mean |logit| %.3g", preset, i, sd, mabs);
+        if (i > 0) { /* rows differ between positions (at least 1% of the row's scale in L2) */
+            const double *y = x - V;
+            double d2 = 0, n2 = 0;
+            for (int v = 0; v < V; v++) d2 += (x[v] - y[v]) * (x[v] - y[v]), n2 += x[v] * x[v];
+            CHECKF(sqrt(d2 / n2) > 1e-2, "%s: rows %d and %d nearly equal (rel %.3g)", preset, i - 1, i,
+                   sqrt(d2 / n2));
+        }
+    }
+    free(lg);
+    check_causal(m, test_seed() ^ 0x77, 24);
+    ref_model_free(m);
+}
+
+TEST(ref_synth_tiny_k3) { check_synth_model("tiny", K3C_FAMILY_K3); }
+TEST(ref_synth_tiny_grouped_k3) { check_synth_model("tiny-grouped", K3C_FAMILY_K3); }
+TEST(ref_synth_kimi_linear_tiny) { check_synth_model("kimi-linear-tiny", K3C_FAMILY_KIMI_LINEAR); }
