@@ -73,11 +73,21 @@ static size_t index_find(const k3c_index *ix, const char *name) {
     return (size_t)-1;
 }
 
+/* Shards are kept in file-name order (model-00001-... first), whatever order the index mentions them in. */
+typedef struct {
+    const char *file;
+    int index_shard;
+} shard_ref;
+
+static int by_shard_file(const void *a, const void *b) {
+    return strcmp(((const shard_ref *)a)->file, ((const shard_ref *)b)->file);
+}
+
 /* Every indexed name is in the shard the index names, and every shard tensor is indexed to its own shard
  * (which also rules out a name in two shards). */
-static int check_index(const k3c_checkpoint *ck, const k3c_index *ix, const char *index_path) {
+static int check_index(const k3c_checkpoint *ck, const k3c_index *ix, const int *slot, const char *index_path) {
     for (size_t i = 0; i < ix->num_names; i++) {
-        const k3c_st_file *f = &ck->shards[ix->shard_of[i]];
+        const k3c_st_file *f = &ck->shards[slot[ix->shard_of[i]]];
         if (!k3c_st_header_find(&f->header, ix->names[i]))
             return k3c_errorf("%s: tensor %s is indexed in %s, but that shard has no such tensor", index_path,
                               ix->names[i], f->path);
@@ -90,9 +100,9 @@ static int check_index(const k3c_checkpoint *ck, const k3c_index *ix, const char
             size_t i = index_find(ix, t->name);
             if (i == (size_t)-1)
                 return k3c_errorf("%s: tensor %s is not in the index %s", f->path, t->name, index_path);
-            if (ix->shard_of[i] != s)
+            if (slot[ix->shard_of[i]] != s)
                 return k3c_errorf("%s: tensor %s is also in this shard, but the index places it in %s (a name in two shards)",
-                                  f->path, t->name, ck->shards[ix->shard_of[i]].path);
+                                  f->path, t->name, ck->shards[slot[ix->shard_of[i]]].path);
             payload += t->end - t->begin;
         }
     }
@@ -124,6 +134,8 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
     memset(ck, 0, sizeof *ck);
     k3c_index ix = {0};
     char *index_path = NULL, *json = NULL;
+    shard_ref *order = NULL; /* shards in the order they are opened */
+    int *slot = NULL;        /* index shard number -> position in ck->shards */
     int rc = K3C_ERR;
     if (!(ck->dir = strdup(dir)) || !(index_path = join_path(dir, INDEX_NAME))) {
         k3c_errorf("%s: out of memory", dir);
@@ -140,8 +152,17 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
             k3c_errorf("%s: out of memory", dir);
             goto done;
         }
+        order = malloc((size_t)ix.num_shards * sizeof *order);
+        slot = malloc((size_t)ix.num_shards * sizeof *slot);
+        if (!order || !slot) {
+            k3c_errorf("%s: out of memory", dir);
+            goto done;
+        }
+        for (int s = 0; s < ix.num_shards; s++) order[s] = (shard_ref){ix.shard_files[s], s};
+        qsort(order, (size_t)ix.num_shards, sizeof *order, by_shard_file);
+        for (int s = 0; s < ix.num_shards; s++) slot[order[s].index_shard] = s;
         for (int s = 0; s < ix.num_shards; s++) {
-            char *path = join_path(dir, ix.shard_files[s]);
+            char *path = join_path(dir, order[s].file);
             if (!path) {
                 k3c_errorf("%s: out of memory", dir);
                 goto done;
@@ -155,7 +176,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
             ck->num_shards = s + 1;
             ck->file_bytes += ck->shards[s].map_size;
         }
-        if (check_index(ck, &ix, index_path) != K3C_OK) goto done;
+        if (check_index(ck, &ix, slot, index_path) != K3C_OK) goto done;
     } else {
         char *single = join_path(dir, SINGLE_NAME);
         if (!single) {
@@ -180,6 +201,8 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
     }
     rc = build_table(ck);
 done:
+    free(order);
+    free(slot);
     free(json);
     free(index_path);
     k3c_index_free(&ix);
