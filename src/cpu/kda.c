@@ -1,0 +1,267 @@
+/* Kimi Delta Attention (spec §2.2, §2.3): short conv, decay gate, q/k normalisation, the gated delta rule in
+ * recurrent and chunked form, and the gated output norm. Semantics follow FLA's naive_recurrent_kda /
+ * naive_chunk_kda. The state of a head is S[d][e] (key channel d major), [H, dk, dv] f32. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/ops.h"
+
+void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out) {
+    int h = W - 1; /* history length */
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < C; c++) {
+            const float *tap = taps + (size_t)c * W;
+            float s = 0.0f;
+            /* Tap j multiplies input t - h + j; inputs before this call come from the window. */
+            for (int j = 0; j < W; j++) {
+                int ti = t - h + j;
+                float v = ti >= 0 ? x[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
+                s += tap[j] * v;
+            }
+            out[(size_t)t * C + c] = s * k3c_sigmoidf(s);
+        }
+    }
+    if (h <= 0) return;
+    /* The window now ends at the last token: the last h rows of [window ; x]. */
+    if (T >= h) {
+        memcpy(window, x + (size_t)(T - h) * C, (size_t)h * C * sizeof(float));
+    } else {
+        memmove(window, window + (size_t)T * C, (size_t)(h - T) * C * sizeof(float));
+        memcpy(window + (size_t)(h - T) * C, x, (size_t)T * C * sizeof(float));
+    }
+}
+
+void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias, const float *f, int T, float *g) {
+    int H = c->kda_num_heads, dk = c->kda_head_dim, P = H * dk;
+    float lb = c->kda_gate_lower_bound;
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            float A = expf(a_log[h]);
+            for (int d = 0; d < dk; d++) {
+                size_t i = (size_t)h * dk + d;
+                float x = f[(size_t)t * P + i] + dt_bias[i];
+                float gv;
+                if (c->kda_has_lower_bound) {
+                    gv = lb * k3c_sigmoidf(A * x); /* safe gate, in (lb, 0) */
+                } else {
+                    float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus threshold 20 */
+                    gv = -A * sp;
+                }
+                g[(size_t)t * P + i] = gv;
+            }
+        }
+    }
+}
+
+void k3c_kda_qk_norm(float *q, float *k, int T, int H, int dk) {
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (size_t r = 0; r < (size_t)T * H; r++) {
+        float *qr = q + r * dk, *kr = k + r * dk;
+        float sq = 0.0f, sk = 0.0f;
+        for (int d = 0; d < dk; d++) {
+            sq += qr[d] * qr[d];
+            sk += kr[d] * kr[d];
+        }
+        float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        for (int d = 0; d < dk; d++) {
+            qr[d] *= rq;
+            kr[d] *= rk;
+        }
+    }
+}
+
+/* One token of one head. u is scratch [dv]. */
+static void kda_step(float *restrict S, const float *restrict q, const float *restrict k, const float *restrict v,
+                     const float *restrict g, float beta, int dk, int dv, float *restrict o, float *restrict u) {
+    /* Decay each key row, and accumulate S^T k from the decayed state. */
+    for (int e = 0; e < dv; e++) u[e] = 0.0f;
+    for (int d = 0; d < dk; d++) {
+        float a = expf(g[d]), kd = k[d];
+        float *Sd = S + (size_t)d * dv;
+        for (int e = 0; e < dv; e++) {
+            Sd[e] *= a;
+            u[e] += kd * Sd[e];
+        }
+    }
+    for (int e = 0; e < dv; e++) {
+        u[e] = beta * (v[e] - u[e]);
+        o[e] = 0.0f;
+    }
+    /* Rank-1 update, then the output from the updated state. */
+    for (int d = 0; d < dk; d++) {
+        float kd = k[d], qd = q[d];
+        float *Sd = S + (size_t)d * dv;
+        for (int e = 0; e < dv; e++) {
+            Sd[e] += kd * u[e];
+            o[e] += qd * Sd[e];
+        }
+    }
+}
+
+void k3c_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
+                       const float *beta, int T, int H, int dk, int dv, float *o, float *states) {
+    if (T <= 0 || H <= 0 || dv <= 0) return;
+    float u[dv]; /* per-token scratch, dv floats (128 for K3) */
+    size_t hs = (size_t)dk * dv;
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            size_t rk = (size_t)t * H + h;
+            kda_step(state + h * hs, q + rk * dk, k + rk * dk, v + rk * dv, g + rk * dk, beta[rk], dk, dv,
+                     o + rk * dv, u);
+        }
+        if (states) memcpy(states + (size_t)t * H * hs, state, (size_t)H * hs * sizeof(float));
+    }
+}
+
+/* Scratch of one chunk of one head, carved from one allocation per call. */
+typedef struct kda_chunk_buf {
+    float *gam; /* [C, dk] cumulative log decay within the chunk, non-increasing in i */
+    float *L;   /* [C, C]  L[i][j] = beta_i sum_d k_i k_j exp(gam_i - gam_j), j < i */
+    float *Aqk; /* [C, C]  sum_d q_i k_j exp(gam_i - gam_j), j <= i */
+    float *W;   /* [C, dk] T (exp(gam) . K) */
+    float *U;   /* [C, dv] T V, then V' = U - W S */
+    float *a;   /* [dk]    one row of exponentiated differences */
+} kda_chunk_buf;
+
+/* One chunk of n <= C tokens of head h, tokens t0..t0+n-1 (spec §2.3). S: this head's [dk, dv] state. Every
+ * exponent is a difference gam_i - gam_j with i >= j (or gam_i itself, the difference from the chunk start),
+ * which is <= 0 because g <= 0: it may underflow to 0 but never overflows. */
+static void kda_chunk(float *restrict S, const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, int t0, int n, int H, int h, int dk, int dv, int C, kda_chunk_buf *b,
+                      float *o) {
+    size_t sk = (size_t)H * dk, sv = (size_t)H * dv; /* token strides */
+#define QROW(i) (q + (size_t)(t0 + (i)) * sk + (size_t)h * dk)
+#define KROW(i) (k + (size_t)(t0 + (i)) * sk + (size_t)h * dk)
+#define VROW(i) (v + (size_t)(t0 + (i)) * sv + (size_t)h * dv)
+#define GROW(i) (g + (size_t)(t0 + (i)) * sk + (size_t)h * dk)
+#define OROW(i) (o + (size_t)(t0 + (i)) * sv + (size_t)h * dv)
+#define BETA(i) (beta[(size_t)(t0 + (i)) * H + h])
+    float *gam = b->gam, *a = b->a;
+    for (int d = 0; d < dk; d++) gam[d] = GROW(0)[d];
+    for (int i = 1; i < n; i++)
+        for (int d = 0; d < dk; d++) gam[(size_t)i * dk + d] = gam[(size_t)(i - 1) * dk + d] + GROW(i)[d];
+
+    /* Pairwise decayed products for L (strictly lower) and Aqk (lower, diagonal included). */
+    for (int i = 0; i < n; i++) {
+        const float *qi = QROW(i), *ki = KROW(i), *gi = gam + (size_t)i * dk;
+        for (int j = 0; j < i; j++) {
+            const float *kj = KROW(j), *gj = gam + (size_t)j * dk;
+            for (int d = 0; d < dk; d++) a[d] = expf(gi[d] - gj[d]);
+            float kk = 0.0f, qk = 0.0f;
+            for (int d = 0; d < dk; d++) {
+                float akj = a[d] * kj[d];
+                kk += ki[d] * akj;
+                qk += qi[d] * akj;
+            }
+            b->L[(size_t)i * C + j] = BETA(i) * kk;
+            b->Aqk[(size_t)i * C + j] = qk;
+        }
+        float qk = 0.0f;
+        for (int d = 0; d < dk; d++) qk += qi[d] * ki[d];
+        b->Aqk[(size_t)i * C + i] = qk;
+    }
+
+    /* Forward substitution: (I + L) X = Diag(beta) Y for Y = exp(gam) . K (-> W) and Y = V (-> U). */
+    for (int i = 0; i < n; i++) {
+        float bi = BETA(i);
+        float *Wi = b->W + (size_t)i * dk, *Ui = b->U + (size_t)i * dv;
+        const float *ki = KROW(i), *vi = VROW(i), *gi = gam + (size_t)i * dk;
+        for (int d = 0; d < dk; d++) Wi[d] = bi * expf(gi[d]) * ki[d];
+        for (int e = 0; e < dv; e++) Ui[e] = bi * vi[e];
+        for (int j = 0; j < i; j++) {
+            float l = b->L[(size_t)i * C + j];
+            const float *Wj = b->W + (size_t)j * dk, *Uj = b->U + (size_t)j * dv;
+            for (int d = 0; d < dk; d++) Wi[d] -= l * Wj[d];
+            for (int e = 0; e < dv; e++) Ui[e] -= l * Uj[e];
+        }
+    }
+
+    /* V' = U - W S (the delta-rule corrections against the incoming state). */
+    for (int i = 0; i < n; i++) {
+        float *Ui = b->U + (size_t)i * dv;
+        const float *Wi = b->W + (size_t)i * dk;
+        for (int d = 0; d < dk; d++) {
+            float w = Wi[d];
+            const float *Sd = S + (size_t)d * dv;
+            for (int e = 0; e < dv; e++) Ui[e] -= w * Sd[e];
+        }
+    }
+
+    /* O = (Q . exp(gam)) S + tril(Aqk) V', from the incoming state. */
+    for (int i = 0; i < n; i++) {
+        float *oi = OROW(i);
+        const float *qi = QROW(i), *gi = gam + (size_t)i * dk;
+        for (int e = 0; e < dv; e++) oi[e] = 0.0f;
+        for (int d = 0; d < dk; d++) {
+            float w = qi[d] * expf(gi[d]);
+            const float *Sd = S + (size_t)d * dv;
+            for (int e = 0; e < dv; e++) oi[e] += w * Sd[e];
+        }
+        for (int j = 0; j <= i; j++) {
+            float w = b->Aqk[(size_t)i * C + j];
+            const float *Vj = b->U + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) oi[e] += w * Vj[e];
+        }
+    }
+
+    /* S <- Diag(exp(gam_last)) S + (K . exp(gam_last - gam))^T V'. */
+    const float *gl = gam + (size_t)(n - 1) * dk;
+    for (int d = 0; d < dk; d++) {
+        float *Sd = S + (size_t)d * dv;
+        float decay = expf(gl[d]);
+        for (int e = 0; e < dv; e++) Sd[e] *= decay;
+        for (int j = 0; j < n; j++) {
+            float w = KROW(j)[d] * expf(gl[d] - gam[(size_t)j * dk + d]);
+            const float *Vj = b->U + (size_t)j * dv;
+            for (int e = 0; e < dv; e++) Sd[e] += w * Vj[e];
+        }
+    }
+#undef QROW
+#undef KROW
+#undef VROW
+#undef GROW
+#undef OROW
+#undef BETA
+}
+
+void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o) {
+    if (T <= 0 || H <= 0) return;
+    int C = chunk > 0 ? chunk : 64;
+    if (C > T) C = T;
+    size_t need = (size_t)C * dk * 2 + (size_t)C * C * 2 + (size_t)C * dv + (size_t)dk;
+    float *mem = malloc(need * sizeof(float));
+    if (!mem) {
+        /* The recurrence computes the same function with O(dv) scratch. */
+        k3c_kda_recurrent(state, q, k, v, g, beta, T, H, dk, dv, o, NULL);
+        return;
+    }
+    kda_chunk_buf b;
+    b.gam = mem;
+    b.W = b.gam + (size_t)C * dk;
+    b.L = b.W + (size_t)C * dk;
+    b.Aqk = b.L + (size_t)C * C;
+    b.U = b.Aqk + (size_t)C * C;
+    b.a = b.U + (size_t)C * dv;
+    size_t hs = (size_t)dk * dv;
+    for (int h = 0; h < H; h++)
+        for (int t0 = 0; t0 < T; t0 += C)
+            kda_chunk(state + h * hs, q, k, v, g, beta, t0, T - t0 < C ? T - t0 : C, H, h, dk, dv, C, &b, o);
+    free(mem);
+}
+
+void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
+                        int silu_gate, float *y) {
+    for (size_t r = 0; r < (size_t)T * H; r++) {
+        const float *orow = o + r * dv, *zrow = z + r * dv;
+        float *yrow = y + r * dv;
+        float ss = 0.0f;
+        for (int e = 0; e < dv; e++) ss += orow[e] * orow[e];
+        float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+        for (int e = 0; e < dv; e++) {
+            float gate = silu_gate ? zrow[e] * k3c_sigmoidf(zrow[e]) : k3c_sigmoidf(zrow[e]);
+            yrow[e] = orow[e] * rs * w[e] * gate;
+        }
+    }
+}
