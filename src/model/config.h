@@ -110,6 +110,14 @@ int k3c_config_copy(k3c_config *dst, const k3c_config *src);
 /* Checks every cross-field rule (dims that divide, top-k <= experts, layer lists, ...). On failure the
  * error message names the field, the value and the reason. */
 int k3c_config_validate(const k3c_config *c);
+/* The same checks, with every field named as config.json spells it for this family, each message starting
+ * with prefix (e.g. "dir/config.json: text_config."). k3c_config_validate uses an empty prefix. */
+int k3c_config_validate_named(const k3c_config *c, const char *prefix);
+/* The layer-0-dense rule of config.json: layer l is MoE when l >= first_k_dense_replace and
+ * l % moe_layer_freq == 0 (the schedule K3 and Kimi Linear publish). */
+static inline int k3c_config_rule_is_moe(int first_k_dense_replace, int moe_layer_freq, int l) {
+    return l >= first_k_dense_replace && moe_layer_freq > 0 && l % moe_layer_freq == 0;
+}
 
 /* Derived quantities. */
 static inline int k3c_config_kda_proj(const k3c_config *c) { return c->kda_num_heads * c->kda_head_dim; }
