@@ -20,7 +20,7 @@ int k3c_error_context(const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, error_buffer, sizeof old);
-    snprintf(error_buffer, sizeof error_buffer, "%s: %s", prefix, old);
+    snprintf(error_buffer, sizeof error_buffer, "%.1000s: %.1040s", prefix, old);
     return K3C_ERR;
 }
 

@@ -1,0 +1,51 @@
+#include "decode/plan.h"
+
+#include <stddef.h>
+
+static int is_prepared_batch(const k3c_plan_table *t, int rows) {
+    for (int i = 0; i < t->num_batches; i++)
+        if (t->batches[i] == rows) return 1;
+    return 0;
+}
+
+static k3c_plan stock(k3c_stock_reason reason, int rows, int q) {
+    return (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = reason, .rows = rows, .q = q};
+}
+
+/* The predicates run in the order of decode-executor.md §2, cheapest first; the first that fails names
+ * the reason. The uniformity check comes before the row-count check because q is needed to tell a wide
+ * verify step (rows past the specialized cap, q > 1) from an unprepared decode step. */
+k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {
+    int rows = 0;
+    for (int r = 0; r < s->num_requests; r++) rows += s->query_lens[r];
+    if (s->stage_input) return stock(K3C_STOCK_STAGE_INPUT, rows, 0);
+    if (s->num_requests <= 0 || rows <= 0) return stock(K3C_STOCK_EMPTY, rows, 0);
+    for (int r = 0; r < s->num_requests; r++)
+        if (s->has_prompt[r]) return stock(K3C_STOCK_PROMPT_ROWS, rows, 0);
+    int q = s->query_lens[0];
+    for (int r = 1; r < s->num_requests; r++)
+        if (s->query_lens[r] != q) return stock(K3C_STOCK_MIXED_VERIFY, rows, 0);
+    k3c_route route;
+    if (is_prepared_batch(t, rows)) route = q == 1 ? K3C_ROUTE_DECODE : K3C_ROUTE_VERIFY;
+    else if (q > 1 && rows <= t->wide_max) route = K3C_ROUTE_WIDE;
+    else return stock(K3C_STOCK_UNPREPARED_ROWS, rows, q);
+    if (!t->kv_prepared) return stock(K3C_STOCK_KV_UNPREPARED, rows, q);
+    /* Wide steps run the stock layer loop (with specialized attention cores): not one captured graph. */
+    if (route != K3C_ROUTE_WIDE && t->needs_graphs && !(t->captured && t->captured(t->captured_ctx, rows, q)))
+        return stock(K3C_STOCK_NOT_CAPTURED, rows, q);
+    return (k3c_plan){.route = route, .reason = K3C_STOCK_NONE, .rows = rows, .q = q};
+}
+
+const char *k3c_stock_reason_name(k3c_stock_reason r) {
+    switch (r) {
+    case K3C_STOCK_NONE: return "specialized";
+    case K3C_STOCK_STAGE_INPUT: return "pipeline-stage input";
+    case K3C_STOCK_UNPREPARED_ROWS: return "row count not prepared";
+    case K3C_STOCK_KV_UNPREPARED: return "KV cache not prepared";
+    case K3C_STOCK_NOT_CAPTURED: return "graph not captured";
+    case K3C_STOCK_PROMPT_ROWS: return "prompt rows";
+    case K3C_STOCK_MIXED_VERIFY: return "non-uniform query lengths";
+    case K3C_STOCK_EMPTY: return "empty step";
+    }
+    return "?";
+}
