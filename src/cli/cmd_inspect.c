@@ -26,6 +26,8 @@ static void count(char *buf, size_t size, double n) {
         snprintf(buf, size, "%.4g B", n / 1e9);
     else if (n >= 1e6)
         snprintf(buf, size, "%.4g M", n / 1e6);
+    else if (n >= 1e3)
+        snprintf(buf, size, "%.4g K", n / 1e3);
     else
         snprintf(buf, size, "%.4g", n);
 }
