@@ -26,6 +26,82 @@ void k3c_free(k3c_model *m);
  * published layout, deterministic per seed. */
 int k3c_synthesize(const char *preset, uint64_t seed, const char *dir);
 
+/* ---- engine: runs steps of many requests over one loaded model ----
+ * An engine owns a backend (device), the paged MLA latent cache, the KDA state slots and the step buffers,
+ * all allocated once at creation. A request is one timeline (its cache blocks and its KDA slot). */
+typedef struct k3c_engine k3c_engine;
+
+typedef struct k3c_engine_options {
+    const char *device;      /* "cpu" (default) or "cuda" */
+    int threads;             /* cpu: worker threads, 0 = one per core */
+    int max_requests;        /* open requests at once (KDA slots); default 4 */
+    int max_rows;            /* tokens in one step, all requests together; default 256 */
+    int max_context;         /* tokens one request may hold; default 4096 */
+    int block_size;          /* MLA cache block, tokens; default 16 */
+    int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
+    int q_max;               /* most tokens one verify may hold; default 8 */
+    int chunk_min;           /* prompt rows >= this use the chunked KDA form; 0 = 16 */
+    int poison_freed_blocks; /* debug: fill blocks of closed requests with NaN */
+} k3c_engine_options;
+
+void k3c_engine_options_default(k3c_engine_options *o);
+/* The model must outlive the engine. */
+int k3c_engine_create(k3c_model *m, const k3c_engine_options *o, k3c_engine **out);
+void k3c_engine_free(k3c_engine *e);
+int k3c_engine_vocab(const k3c_engine *e);
+/* Most tokens one step may carry. */
+int k3c_engine_max_rows(const k3c_engine *e);
+
+/* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
+int k3c_request_open(k3c_engine *e, int *id);
+/* Frees its blocks and slot. */
+int k3c_request_close(k3c_engine *e, int id);
+/* Tokens the request holds (committed). */
+int k3c_request_length(const k3c_engine *e, int id);
+
+/* One request's part of a step. */
+typedef struct k3c_step_item {
+    int request;
+    const int32_t *tokens; /* [n] new tokens: a prompt (chunk), one decode token, or q verify tokens */
+    int n;
+    /* 0: the tokens are appended. 1: verify: logits for all n rows, the request's state is unchanged until
+     * k3c_request_commit (which must come before its next step). */
+    int verify;
+    int all_logits;        /* non-verify: 1 = logits for every row, 0 = for the last row only */
+} k3c_step_item;
+
+/* Runs one step. logits (host): the requested rows item by item, each [vocab] float32. */
+int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits);
+/* After a verify of q tokens: keep the first `accepted` (0..q): the request then holds length + accepted
+ * tokens and its KDA state is the state after exactly those tokens. */
+int k3c_request_commit(k3c_engine *e, int id, int accepted);
+
+/* ---- sampling and generation ---- */
+typedef struct k3c_sampling {
+    float temperature; /* <= 0: greedy (argmax, ties to the lower id) */
+    int top_k;         /* 0: off */
+    float top_p;       /* >= 1 or <= 0: off */
+    uint64_t seed;
+} k3c_sampling;
+
+typedef struct k3c_sampler k3c_sampler;
+int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out);
+void k3c_sampler_free(k3c_sampler *s);
+int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits);
+
+typedef struct k3c_generate_stats {
+    int prompt_tokens, generated;
+    double prefill_seconds, decode_seconds; /* decode: the steps after the first sampled token */
+} k3c_generate_stats;
+
+/* Called with each sampled token; a nonzero return stops generation. */
+typedef int (*k3c_token_fn)(void *user, int32_t token);
+
+/* Opens a request, prefills the prompt (in chunks of max_rows), samples max_new tokens (each fed back as a
+ * decode step), closes the request. */
+int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
+                 k3c_token_fn on_token, void *user, k3c_generate_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

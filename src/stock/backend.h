@@ -146,6 +146,9 @@ struct k3c_backend {
 
 /* Backends. threads <= 0: one per core. */
 k3c_backend *k3c_backend_cpu_create(int threads);
+/* Diagnostic: with exact = 1 the CPU backend skips every bf16 rounding of activations (f32 throughout), so
+ * the forward can be checked against the float64 reference far below bf16 noise. Tests only. */
+void k3c_backend_cpu_set_exact(k3c_backend *be, int exact);
 /* Defined by src/cuda when built with CUDA; returns NULL with a message when no GPU is usable. */
 k3c_backend *k3c_backend_cuda_create(int device);
 

@@ -1,0 +1,206 @@
+/* The engine of include/k3c.h: a backend, the stock forward, the paged MLA cache, the KDA slots and the
+ * request table, all allocated at creation. A step only takes cache blocks from the free list. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3c.h"
+#include "model/model.h"
+#include "runtime/kda_slots.h"
+#include "runtime/kv_cache.h"
+#include "stock/backend.h"
+#include "stock/forward.h"
+#include "util/error.h"
+
+/* Defined only when the CUDA backend is linked in. */
+extern k3c_backend *k3c_backend_cuda_create(int device) __attribute__((weak));
+
+typedef struct engine_request {
+    int open;
+    int length;   /* committed tokens */
+    int pending;  /* tokens of an uncommitted verify, 0 when none */
+    int nblocks;
+    int32_t *blocks; /* [max_blocks_per_request] */
+} engine_request;
+
+struct k3c_engine {
+    k3c_model *m;
+    k3c_engine_options o;
+    k3c_backend *be;
+    k3c_forward *fwd;
+    k3c_kv_cache kv;
+    k3c_kda_slots ks;
+    int max_blocks_per_request;
+    engine_request *req; /* [max_requests], request id = KDA slot */
+    int32_t *block_store;
+    k3c_fwd_req *fr;     /* [max_requests] step scratch */
+};
+
+void k3c_engine_options_default(k3c_engine_options *o) {
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->max_requests = 4;
+    o->max_rows = 256;
+    o->max_context = 4096;
+    o->block_size = 16;
+    o->q_max = 8;
+}
+
+int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **out) {
+    *out = NULL;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    if (opt) {
+        o = *opt;
+        k3c_engine_options d;
+        k3c_engine_options_default(&d);
+        if (!o.device) o.device = d.device;
+        if (o.max_requests <= 0) o.max_requests = d.max_requests;
+        if (o.max_rows <= 0) o.max_rows = d.max_rows;
+        if (o.max_context <= 0) o.max_context = d.max_context;
+        if (o.block_size <= 0) o.block_size = d.block_size;
+        if (o.q_max <= 0) o.q_max = d.q_max;
+    }
+    if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
+    int mbr = (o.max_context + o.block_size - 1) / o.block_size;
+    if (o.num_blocks <= 0) o.num_blocks = mbr * o.max_requests;
+
+    k3c_engine *e = calloc(1, sizeof *e);
+    if (!e) return k3c_errorf("engine: out of memory");
+    e->m = m;
+    e->o = o;
+    e->max_blocks_per_request = mbr;
+    if (!strcmp(o.device, "cpu")) {
+        e->be = k3c_backend_cpu_create(o.threads);
+    } else if (!strcmp(o.device, "cuda")) {
+        if (!k3c_backend_cuda_create) {
+            free(e);
+            return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
+        }
+        e->be = k3c_backend_cuda_create(0);
+    } else {
+        free(e);
+        return k3c_errorf("engine: unknown device '%s' (expected cpu or cuda)", o.device);
+    }
+    if (!e->be) {
+        free(e);
+        return k3c_error_context("engine: device %s: ", o.device);
+    }
+    e->req = calloc((size_t)o.max_requests, sizeof *e->req);
+    e->block_store = malloc(sizeof(int32_t) * (size_t)mbr * o.max_requests);
+    e->fr = calloc((size_t)o.max_requests, sizeof *e->fr);
+    if (!e->req || !e->block_store || !e->fr) {
+        k3c_engine_free(e);
+        return k3c_errorf("engine: out of host memory");
+    }
+    for (int i = 0; i < o.max_requests; i++) e->req[i].blocks = e->block_store + (size_t)i * mbr;
+
+    k3c_forward_options fo = {.max_rows = o.max_rows, .max_segs = o.max_requests, .max_context = o.max_context,
+                              .block_size = o.block_size, .chunk_min = o.chunk_min};
+    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK ||
+        k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
+        k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
+        k3c_engine_free(e);
+        return k3c_error_context("engine: ");
+    }
+    *out = e;
+    return K3C_OK;
+}
+
+void k3c_engine_free(k3c_engine *e) {
+    if (!e) return;
+    if (e->be) {
+        k3c_forward_free(e->fwd);
+        if (e->kv.layer) k3c_kv_cache_release(&e->kv, e->be);
+        if (e->ks.state) k3c_kda_slots_release(&e->ks, e->be);
+        e->be->destroy(e->be);
+    }
+    free(e->req);
+    free(e->block_store);
+    free(e->fr);
+    free(e);
+}
+
+int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
+int k3c_engine_max_rows(const k3c_engine *e) { return e->o.max_rows; }
+
+static int check_id(const k3c_engine *e, int id) {
+    if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
+        return k3c_errorf("engine: request %d is not open", id);
+    return K3C_OK;
+}
+
+int k3c_request_open(k3c_engine *e, int *id) {
+    for (int i = 0; i < e->o.max_requests; i++) {
+        engine_request *r = &e->req[i];
+        if (r->open) continue;
+        r->open = 1;
+        r->length = r->pending = r->nblocks = 0;
+        k3c_kda_slots_reset(&e->ks, e->be, i);
+        *id = i;
+        return e->be->sync(e->be);
+    }
+    return k3c_errorf("engine: all %d request slots are open", e->o.max_requests);
+}
+
+int k3c_request_close(k3c_engine *e, int id) {
+    K3C_TRY(check_id(e, id));
+    engine_request *r = &e->req[id];
+    for (int b = r->nblocks - 1; b >= 0; b--) k3c_kv_cache_give(&e->kv, e->be, r->blocks[b], e->o.poison_freed_blocks);
+    r->open = 0;
+    r->nblocks = r->length = r->pending = 0;
+    return e->be->sync(e->be);
+}
+
+int k3c_request_length(const k3c_engine *e, int id) {
+    if (check_id(e, id) != K3C_OK) return -1;
+    return e->req[id].length;
+}
+
+int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
+    if (n <= 0) return K3C_OK;
+    if (n > e->o.max_requests) return k3c_errorf("engine step: %d items, at most %d", n, e->o.max_requests);
+    for (int i = 0; i < n; i++) {
+        const k3c_step_item *it = &items[i];
+        K3C_TRY(check_id(e, it->request));
+        engine_request *r = &e->req[it->request];
+        if (r->pending)
+            return k3c_errorf("engine step: request %d has an uncommitted verify of %d tokens", it->request,
+                              r->pending);
+        for (int j = 0; j < i; j++)
+            if (items[j].request == it->request)
+                return k3c_errorf("engine step: request %d appears twice", it->request);
+        if (it->n <= 0 || !it->tokens) return k3c_errorf("engine step: item %d has no tokens", i);
+        if (r->length + it->n > e->o.max_context)
+            return k3c_errorf("engine step: request %d would hold %d tokens, max_context is %d", it->request,
+                              r->length + it->n, e->o.max_context);
+        /* blocks covering every row written this step */
+        int need = (r->length + it->n + e->o.block_size - 1) / e->o.block_size;
+        while (r->nblocks < need) {
+            int b = k3c_kv_cache_take(&e->kv);
+            if (b < 0) return k3c_errorf("engine step: the MLA cache is out of blocks (%d)", e->kv.num_blocks);
+            r->blocks[r->nblocks++] = b;
+        }
+        e->fr[i] = (k3c_fwd_req){.ids = it->tokens, .n = it->n, .pos = r->length, .block_table = r->blocks,
+                                 .slot = it->request, .verify = it->verify,
+                                 .logits = (it->verify || it->all_logits) ? K3C_LOGITS_ALL : K3C_LOGITS_LAST};
+    }
+    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, e->fr, n, logits, NULL));
+    for (int i = 0; i < n; i++) {
+        engine_request *r = &e->req[items[i].request];
+        if (items[i].verify) r->pending = items[i].n;
+        else r->length += items[i].n;
+    }
+    return K3C_OK;
+}
+
+int k3c_request_commit(k3c_engine *e, int id, int accepted) {
+    K3C_TRY(check_id(e, id));
+    engine_request *r = &e->req[id];
+    if (!r->pending) return k3c_errorf("engine commit: request %d has no verify to commit", id);
+    if (accepted < 0 || accepted > r->pending)
+        return k3c_errorf("engine commit: request %d: accepted %d outside 0..%d", id, accepted, r->pending);
+    K3C_TRY(k3c_forward_commit(e->fwd, &e->ks, id, accepted));
+    r->length += accepted;
+    r->pending = 0;
+    return K3C_OK;
+}

@@ -1,0 +1,56 @@
+/* Generation on one request: prompt prefill in chunks of at most max_rows tokens, then one decode step per
+ * sampled token. Timing separates the prefill (up to and including the first sampled token's logits) from
+ * the decode steps. */
+#include <stdlib.h>
+#include <time.h>
+
+#include "k3c.h"
+#include "util/error.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
+                 k3c_token_fn on_token, void *user, k3c_generate_stats *stats) {
+    k3c_generate_stats st = {.prompt_tokens = n_prompt};
+    if (n_prompt <= 0) return k3c_errorf("generate: empty prompt");
+    if (max_new < 0) return k3c_errorf("generate: max_new %d is negative", max_new);
+    int V = k3c_engine_vocab(e);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    k3c_sampler *smp = NULL;
+    int id = -1, rc = K3C_ERR;
+    if (!logits) {
+        k3c_errorf("generate: out of memory");
+        goto done;
+    }
+    if (k3c_sampler_create(s, V, &smp) != K3C_OK || k3c_request_open(e, &id) != K3C_OK) goto done;
+    int chunk = k3c_engine_max_rows(e);
+    double t0 = now_s();
+    for (int done_n = 0; done_n < n_prompt;) {
+        int n = n_prompt - done_n < chunk ? n_prompt - done_n : chunk;
+        k3c_step_item it = {.request = id, .tokens = prompt + done_n, .n = n};
+        if (k3c_engine_step(e, &it, 1, logits) != K3C_OK) goto done;
+        done_n += n;
+    }
+    st.prefill_seconds = now_s() - t0;
+    double t1 = now_s();
+    for (int i = 0; i < max_new; i++) {
+        int32_t tok = k3c_sampler_sample(smp, logits);
+        st.generated++;
+        if (on_token && on_token(user, tok)) break;
+        if (i + 1 == max_new) break;
+        k3c_step_item it = {.request = id, .tokens = &tok, .n = 1};
+        if (k3c_engine_step(e, &it, 1, logits) != K3C_OK) goto done;
+    }
+    st.decode_seconds = now_s() - t1;
+    rc = K3C_OK;
+done:
+    if (id >= 0 && k3c_request_close(e, id) != K3C_OK && rc == K3C_OK) rc = K3C_ERR;
+    k3c_sampler_free(smp);
+    free(logits);
+    if (stats) *stats = st;
+    return rc;
+}

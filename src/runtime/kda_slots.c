@@ -1,0 +1,77 @@
+#include "runtime/kda_slots.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
+                       int max_segs) {
+    memset(ks, 0, sizeof *ks);
+    if (c->num_layers <= 0) return k3c_errorf("%s: config has %d layers", "kda slots", c->num_layers);
+    if (num_slots <= 0 || q_max <= 0 || max_segs <= 0)
+        return k3c_errorf("kda slots: num_slots %d, q_max %d, max_segs %d must be positive", num_slots, q_max,
+                          max_segs);
+    ks->num_layers = c->num_layers;
+    ks->num_slots = num_slots;
+    ks->q_max = q_max;
+    ks->max_segs = max_segs;
+    ks->H = c->kda_num_heads;
+    ks->dk = c->kda_head_dim;
+    ks->P = k3c_config_kda_proj(c);
+    ks->W = c->kda_conv_kernel;
+    ks->state_floats = (size_t)ks->H * ks->dk * ks->dk;
+    ks->window_floats = (size_t)3 * (ks->W - 1) * ks->P;
+    ks->store_floats = (size_t)q_max * (6 * (size_t)ks->P + ks->H);
+    int n_kda = 0;
+    for (int l = 0; l < c->num_layers; l++) n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
+    ks->state = calloc((size_t)c->num_layers, sizeof(float *));
+    ks->window = calloc((size_t)c->num_layers, sizeof(float *));
+    ks->store = calloc((size_t)c->num_layers, sizeof(float *));
+    if (!ks->state || !ks->window || !ks->store) {
+        k3c_kda_slots_release(ks, be);
+        return k3c_errorf("kda slots: out of host memory");
+    }
+    if (n_kda == 0) return K3C_OK;
+    size_t per_layer = (size_t)num_slots * (ks->state_floats + ks->window_floats + ks->store_floats);
+    size_t total = per_layer * n_kda + (size_t)max_segs * (ks->state_floats + ks->window_floats) +
+                   (size_t)q_max * ks->P;
+    ks->base = be->alloc(be, total * sizeof(float));
+    if (!ks->base) {
+        k3c_kda_slots_release(ks, be);
+        return k3c_error_context("kda slots (%d layers x %d slots, q_max %d): ", n_kda, num_slots, q_max);
+    }
+    be->fill_bytes(be, ks->base, 0, total * sizeof(float));
+    float *p = ks->base;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->layer_attn[l] != K3C_ATTN_KDA) continue;
+        ks->state[l] = p;
+        p += (size_t)num_slots * ks->state_floats;
+        ks->window[l] = p;
+        p += (size_t)num_slots * ks->window_floats;
+        ks->store[l] = p;
+        p += (size_t)num_slots * ks->store_floats;
+    }
+    ks->scratch_state = p;
+    p += (size_t)max_segs * ks->state_floats;
+    ks->scratch_window = p;
+    p += (size_t)max_segs * ks->window_floats;
+    ks->conv_out = p;
+    return K3C_OK;
+}
+
+void k3c_kda_slots_release(k3c_kda_slots *ks, k3c_backend *be) {
+    if (ks->base) be->free(be, ks->base);
+    free(ks->state);
+    free(ks->window);
+    free(ks->store);
+    memset(ks, 0, sizeof *ks);
+}
+
+void k3c_kda_slots_reset(k3c_kda_slots *ks, k3c_backend *be, int slot) {
+    for (int l = 0; l < ks->num_layers; l++) {
+        if (!ks->state[l]) continue;
+        be->fill_bytes(be, ks->state[l] + (size_t)slot * ks->state_floats, 0, ks->state_floats * sizeof(float));
+        be->fill_bytes(be, ks->window[l] + (size_t)slot * ks->window_floats, 0, ks->window_floats * sizeof(float));
+    }
+}

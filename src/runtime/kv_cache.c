@@ -1,0 +1,62 @@
+#include "runtime/kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size) {
+    memset(kv, 0, sizeof *kv);
+    if (c->num_layers <= 0) return k3c_errorf("%s: config has %d layers", "kv cache", c->num_layers);
+    if (num_blocks <= 0 || block_size <= 0)
+        return k3c_errorf("kv cache: num_blocks %d and block_size %d must be positive", num_blocks, block_size);
+    kv->num_blocks = num_blocks;
+    kv->num_layers = c->num_layers;
+    kv->block_size = block_size;
+    kv->latent = k3c_config_mla_latent(c);
+    kv->layer_bytes = (size_t)num_blocks * block_size * kv->latent * be->kv_elem_bytes;
+    int n_mla = 0;
+    for (int l = 0; l < c->num_layers; l++) n_mla += c->layer_attn[l] == K3C_ATTN_MLA;
+    kv->layer = calloc((size_t)c->num_layers, sizeof *kv->layer);
+    kv->free_ids = malloc(sizeof(int) * (size_t)num_blocks);
+    if (!kv->layer || !kv->free_ids) {
+        free(kv->layer);
+        free(kv->free_ids);
+        return k3c_errorf("kv cache: out of host memory (%d blocks)", num_blocks);
+    }
+    if (n_mla > 0) {
+        kv->base = be->alloc(be, kv->layer_bytes * n_mla);
+        if (!kv->base) {
+            free(kv->layer);
+            free(kv->free_ids);
+            return k3c_error_context("kv cache (%d MLA layers x %zu bytes): ", n_mla, kv->layer_bytes);
+        }
+        /* zeroed so that a bug reading unwritten rows gives a finite, reproducible result */
+        be->fill_bytes(be, kv->base, 0, kv->layer_bytes * n_mla);
+        int i = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            if (c->layer_attn[l] == K3C_ATTN_MLA) kv->layer[l] = (char *)kv->base + kv->layer_bytes * i++;
+    }
+    /* lowest ids on top of the stack */
+    for (int b = 0; b < num_blocks; b++) kv->free_ids[b] = num_blocks - 1 - b;
+    kv->num_free = num_blocks;
+    return K3C_OK;
+}
+
+void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be) {
+    if (kv->base) be->free(be, kv->base);
+    free(kv->layer);
+    free(kv->free_ids);
+    memset(kv, 0, sizeof *kv);
+}
+
+int k3c_kv_cache_take(k3c_kv_cache *kv) { return kv->num_free > 0 ? kv->free_ids[--kv->num_free] : -1; }
+
+void k3c_kv_cache_give(k3c_kv_cache *kv, k3c_backend *be, int block, int poison) {
+    if (poison) {
+        size_t bb = (size_t)kv->block_size * kv->latent * be->kv_elem_bytes;
+        for (int l = 0; l < kv->num_layers; l++)
+            if (kv->layer[l]) be->fill_bytes(be, (char *)kv->layer[l] + bb * block, 0xff, bb);
+    }
+    kv->free_ids[kv->num_free++] = block;
+}

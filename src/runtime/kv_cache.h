@@ -1,0 +1,30 @@
+/* The paged MLA latent cache: per MLA layer one buffer [num_blocks, block_size, kv_lora + rope] on the
+ * backend (element = be->kv_elem_bytes), shared block ids across layers (a request's block table is the
+ * same for every layer), and a free list of blocks. Allocated once at engine creation. */
+#ifndef K3C_RUNTIME_KV_CACHE_H
+#define K3C_RUNTIME_KV_CACHE_H
+
+#include <stddef.h>
+
+#include "model/config.h"
+#include "stock/backend.h"
+
+typedef struct k3c_kv_cache {
+    int num_layers, num_blocks, block_size;
+    int latent;           /* kv_lora + rope */
+    void *base;           /* one allocation for every MLA layer */
+    void **layer;         /* [num_layers]: the layer's cache, NULL for KDA layers */
+    size_t layer_bytes;
+    int *free_ids;        /* stack of free block ids */
+    int num_free;
+} k3c_kv_cache;
+
+int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size);
+void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be);
+/* Pops a free block; -1 when none is left. */
+int k3c_kv_cache_take(k3c_kv_cache *kv);
+/* Returns a block to the free list. With poison set its contents in every layer are overwritten with NaN
+ * first (a debug hook: any later read of a stale row shows up as NaN). */
+void k3c_kv_cache_give(k3c_kv_cache *kv, k3c_backend *be, int block, int poison);
+
+#endif

@@ -1,0 +1,97 @@
+/* Token sampling from one row of logits: greedy, or temperature with optional top-k and top-p (nucleus)
+ * filtering, from a seeded generator (util/rng.h) so a run is reproducible. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3c.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+struct k3c_sampler {
+    k3c_sampling s;
+    int vocab;
+    k3c_rng rng;
+    int *idx;     /* [vocab] candidate ids */
+    float *prob;  /* [vocab] */
+};
+
+int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out) {
+    *out = NULL;
+    if (vocab <= 0) return k3c_errorf("sampler: vocab %d", vocab);
+    if (s->top_k < 0) return k3c_errorf("sampler: top_k %d is negative", s->top_k);
+    k3c_sampler *x = calloc(1, sizeof *x);
+    if (!x) return k3c_errorf("sampler: out of memory");
+    x->s = *s;
+    x->vocab = vocab;
+    x->idx = malloc(sizeof(int) * (size_t)vocab);
+    x->prob = malloc(sizeof(float) * (size_t)vocab);
+    if (!x->idx || !x->prob) {
+        k3c_sampler_free(x);
+        return k3c_errorf("sampler: out of memory (vocab %d)", vocab);
+    }
+    k3c_rng_seed(&x->rng, s->seed);
+    *out = x;
+    return K3C_OK;
+}
+
+void k3c_sampler_free(k3c_sampler *s) {
+    if (!s) return;
+    free(s->idx);
+    free(s->prob);
+    free(s);
+}
+
+static const float *cmp_logits;
+static int cmp_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    float x = cmp_logits[i], y = cmp_logits[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i - j;
+}
+
+static int32_t argmax(const float *l, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best] || (isnan(l[best]) && !isnan(l[i]))) best = i;
+    return best;
+}
+
+int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
+    int V = s->vocab;
+    if (s->s.temperature <= 0) return argmax(logits, V);
+    int n = V;
+    for (int i = 0; i < V; i++) s->idx[i] = i;
+    /* candidates in descending logit order (ties: lower id); qsort is not reentrant-safe with a global,
+     * but the sampler is used by one thread */
+    cmp_logits = logits;
+    qsort(s->idx, (size_t)V, sizeof(int), cmp_desc);
+    if (s->s.top_k > 0 && s->s.top_k < n) n = s->s.top_k;
+    double mx = logits[s->idx[0]], sum = 0;
+    for (int i = 0; i < n; i++) {
+        double p = exp(((double)logits[s->idx[i]] - mx) / s->s.temperature);
+        s->prob[i] = (float)p;
+        sum += p;
+    }
+    if (s->s.top_p > 0 && s->s.top_p < 1) {
+        double acc = 0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            acc += s->prob[i] / sum;
+            if (acc >= s->s.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+        sum = 0;
+        for (int i = 0; i < n; i++) sum += s->prob[i];
+    }
+    /* uniform in [0, sum) from the top 53 bits */
+    double u = (double)(k3c_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[i];
+        if (u < acc) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}

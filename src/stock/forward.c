@@ -1,0 +1,391 @@
+/* The stock forward (spec k3-architecture.md §7): the layer loop over backend ops.
+ *
+ * Rounding contract (what every backend must reproduce; "rnd" = round to nearest-even bf16, stored in the
+ * activation buffer; everything else is f32):
+ *   embedding rows                 exact bf16 weights
+ *   AttnRes Mix output             rnd  (as HF: Mix rounded, then RMSNorm)
+ *   AttnRes prefix P, blocks       rnd  (every add P + A, P + F rounded; blocks are copies of P)
+ *   plain residual h               rnd  (h + A, h + F rounded)
+ *   RMSNorm outputs                rnd  (input / post norms, MLA q_a / kv_a norms, final norm)
+ *   every matmul output            rnd  (projections, f_a/f_b, g_a/g_b, b_proj, o_proj, MLP, ...),
+ *                                       except the final logits (f32)
+ *   KDA conv + SiLU output         rnd; the conv window keeps the rounded pre-conv matmul outputs
+ *   KDA q/k L2 norm (+ q scale)    f32; decay g, beta = sigmoid(b) f32; delta-rule state f32
+ *   KDA delta-rule output o        rnd;  gated norm output rnd
+ *   MLA latent row [c_normed|k_pe] rnd (kv_a matmul rnd, c normed rnd, k_pe as the matmul gave it)
+ *   MLA attention output o         rnd  (q_abs, scores, softmax, o_lat are f32 inside the op)
+ *   MLA output gate o*sigmoid(g)   rnd
+ *   gated activation (SwiGLU/SiTU) rnd
+ *   MoE                            see stock/backend.h (moe)
+ *
+ * Buffers: every activation is a backend buffer [max_rows, width]; a step uses the first T rows. The
+ * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops. */
+#include "stock/forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+struct k3c_forward {
+    k3c_backend *be;
+    const struct k3c_model *m;
+    const k3c_config *c;
+    k3c_forward_options o;
+    int *aux_layers;
+    int chunk_min;
+
+    void *arena; /* one backend allocation carved into the buffers below */
+    int nres;    /* residual buffers: num_attn_res_blocks + 1 with AttnRes, else 1 */
+    float **res; /* [nres] each [R, D] */
+    float *a_in, *x, *A, *F;             /* [R, D] */
+    float *kq, *kk, *kv, *cq, *ck, *cv;  /* [R, P] */
+    float *kf, *kg, *ko, *kz, *ky;        /* [R, P] */
+    float *klow;                         /* [R, dk] f_a / g_a output */
+    float *kb, *kbeta;                   /* [R, H] */
+    float *mqa, *mq, *mlat, *mo, *mg;    /* [R, q_lora], [R, Hm*qh], [R, lat], [R, Hm*v] x2 */
+    float *ga, *gu;                      /* [R, I] dense MLP */
+    float *G;                            /* [R, D] rows picked for logits */
+    float *logits;                       /* [R, V] f32 */
+
+    /* host metadata, sized once */
+    int32_t *ids;   /* [R] */
+    int *rows;      /* [R] */
+    k3c_seg *segs;  /* [max_segs] */
+    const float **srcs; /* [nres] Mix sources */
+};
+
+static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
+
+int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_forward_options *o, k3c_forward **out) {
+    *out = NULL;
+    const k3c_config *c = &m->config;
+    if (o->max_rows <= 0 || o->max_segs <= 0 || o->max_context <= 0 || o->block_size <= 0)
+        return k3c_errorf("forward: max_rows %d, max_segs %d, max_context %d, block_size %d must be positive",
+                          o->max_rows, o->max_segs, o->max_context, o->block_size);
+    for (int i = 0; i < o->num_aux; i++)
+        if (o->aux_layers[i] < 0 || o->aux_layers[i] >= c->num_layers)
+            return k3c_errorf("forward: aux layer %d outside 0..%d", o->aux_layers[i], c->num_layers - 1);
+    k3c_forward *f = calloc(1, sizeof *f);
+    if (!f) return k3c_errorf("forward: out of memory");
+    f->be = be;
+    f->m = m;
+    f->c = c;
+    f->o = *o;
+    f->chunk_min = o->chunk_min > 0 ? o->chunk_min : 16;
+    if (o->num_aux > 0) {
+        f->aux_layers = malloc(sizeof(int) * o->num_aux);
+        if (!f->aux_layers) goto oom;
+        memcpy(f->aux_layers, o->aux_layers, sizeof(int) * o->num_aux);
+    }
+    f->o.aux_layers = f->aux_layers;
+
+    k3c_backend_limits lim = {o->max_rows, o->max_segs, o->max_context, o->block_size};
+    if (be->init(be, m, &lim) != K3C_OK) {
+        free(f->aux_layers);
+        free(f);
+        return k3c_error_context("backend %s: init: ", be->name);
+    }
+
+    size_t R = o->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
+    size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
+    size_t lat = k3c_config_mla_latent(c), vh = c->v_head_dim, V = c->vocab_size;
+    size_t I = c->intermediate_size;
+    /* blocks are written at l % S == 0: ceil(L / S) of them, plus the partial prefix */
+    f->nres = c->attn_res_block_size > 0 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1
+                                         : 1;
+    /* widths, in the order they are carved */
+    size_t widths[64];
+    float **slots[64];
+    int n = 0;
+    f->res = calloc((size_t)f->nres, sizeof(float *));
+    f->srcs = calloc((size_t)f->nres, sizeof(float *));
+    f->ids = malloc(sizeof(int32_t) * R);
+    f->rows = malloc(sizeof(int) * R);
+    f->segs = calloc((size_t)o->max_segs, sizeof(k3c_seg));
+    if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs) goto oom;
+#define CARVE(ptr, w) (slots[n] = &(ptr), widths[n] = (w), n++)
+    CARVE(f->a_in, D); CARVE(f->x, D); CARVE(f->A, D); CARVE(f->F, D); CARVE(f->G, D);
+    CARVE(f->logits, V);
+    if (P) {
+        CARVE(f->kq, P); CARVE(f->kk, P); CARVE(f->kv, P); CARVE(f->cq, P); CARVE(f->ck, P); CARVE(f->cv, P);
+        CARVE(f->kf, P); CARVE(f->kg, P); CARVE(f->ko, P); CARVE(f->kz, P); CARVE(f->ky, P);
+        CARVE(f->klow, dk); CARVE(f->kb, H); CARVE(f->kbeta, H);
+    }
+    if (Hm) {
+        CARVE(f->mqa, maxz(c->q_lora_rank, 1)); CARVE(f->mq, Hm * qh); CARVE(f->mlat, lat);
+        CARVE(f->mo, Hm * vh); CARVE(f->mg, Hm * vh);
+    }
+    if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
+#undef CARVE
+    size_t total = (size_t)f->nres * D;
+    for (int i = 0; i < n; i++) total += widths[i];
+    total *= R;
+    f->arena = be->alloc(be, total * sizeof(float));
+    if (!f->arena) {
+        k3c_error_context("forward: activation buffers (%zu floats): ", total);
+        k3c_forward_free(f);
+        return K3C_ERR;
+    }
+    float *p = f->arena;
+    for (int i = 0; i < f->nres; i++, p += R * D) f->res[i] = p;
+    for (int i = 0; i < n; i++, p += R * widths[i]) *slots[i] = p;
+    *out = f;
+    return K3C_OK;
+oom:
+    k3c_forward_free(f);
+    return k3c_errorf("forward: out of host memory");
+}
+
+void k3c_forward_free(k3c_forward *f) {
+    if (!f) return;
+    if (f->arena) f->be->free(f->be, f->arena);
+    free(f->res);
+    free(f->srcs);
+    free(f->ids);
+    free(f->rows);
+    free(f->segs);
+    free(f->aux_layers);
+    free(f);
+}
+
+int k3c_forward_logit_rows(const k3c_fwd_req *reqs, int nreq) {
+    int n = 0;
+    for (int i = 0; i < nreq; i++) {
+        if (reqs[i].verify || reqs[i].logits == K3C_LOGITS_ALL) n += reqs[i].n;
+        else if (reqs[i].logits == K3C_LOGITS_LAST && reqs[i].n > 0) n += 1;
+    }
+    return n;
+}
+
+/* ---- layers ---- */
+
+/* KDA (spec §2): x [T, D] normed input -> f->A. */
+static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq, int T) {
+    k3c_backend *be = f->be;
+    const k3c_kda_weights *w = &f->m->weights.layers[l].kda;
+    size_t P = ks->P;
+    be->matmul(be, &w->q_proj, f->x, T, f->kq, 1);
+    be->matmul(be, &w->k_proj, f->x, T, f->kk, 1);
+    be->matmul(be, &w->v_proj, f->x, T, f->kv, 1);
+
+    /* per request: the committed slot, or (verify) a scratch copy of it; verify saves its pre-conv rows */
+    int nv = 0;
+    for (int s = 0; s < nreq; s++) {
+        k3c_seg *sg = &f->segs[s];
+        const k3c_fwd_req *r = &reqs[s];
+        float *state = ks->state[l] + (size_t)r->slot * ks->state_floats;
+        float *window = ks->window[l] + (size_t)r->slot * ks->window_floats;
+        if (r->verify) {
+            float *ss = ks->scratch_state + (size_t)nv * ks->state_floats;
+            float *sw = ks->scratch_window + (size_t)nv * ks->window_floats;
+            nv++;
+            be->copy(be, ss, state, ks->state_floats * sizeof(float));
+            be->copy(be, sw, window, ks->window_floats * sizeof(float));
+            state = ss;
+            window = sw;
+            float *st = k3c_kda_store(ks, l, r->slot);
+            const float *xs[3] = {f->kq, f->kk, f->kv};
+            for (int which = 0; which < 3; which++)
+                be->copy(be, st + k3c_kda_store_x(ks, which), xs[which] + (size_t)sg->row0 * P,
+                         (size_t)sg->n * P * sizeof(float));
+        }
+        sg->state = state;
+        sg->window = window;
+        sg->chunked = !r->verify && sg->n >= f->chunk_min;
+    }
+    be->kda_conv(be, f->kq, w->q_conv, 0, f->segs, nreq, f->cq);
+    be->kda_conv(be, f->kk, w->k_conv, 1, f->segs, nreq, f->ck);
+    be->kda_conv(be, f->kv, w->v_conv, 2, f->segs, nreq, f->cv);
+
+    be->matmul(be, &w->f_a, f->x, T, f->klow, 1);
+    be->matmul(be, &w->f_b, f->klow, T, f->kf, 1);
+    be->matmul(be, &w->b_proj, f->x, T, f->kb, 1);
+    be->kda_gate(be, f->kf, f->kb, w->a_log, w->dt_bias, T, f->kg, f->kbeta);
+    be->kda_qk_norm(be, f->cq, f->ck, T);
+
+    for (int s = 0; s < nreq; s++) {
+        if (!reqs[s].verify) continue;
+        const k3c_seg *sg = &f->segs[s];
+        float *st = k3c_kda_store(ks, l, reqs[s].slot);
+        size_t rows = (size_t)sg->n * P * sizeof(float), off = (size_t)sg->row0 * P;
+        be->copy(be, st + k3c_kda_store_k(ks), f->ck + off, rows);
+        be->copy(be, st + k3c_kda_store_v(ks), f->cv + off, rows);
+        be->copy(be, st + k3c_kda_store_g(ks), f->kg + off, rows);
+        be->copy(be, st + k3c_kda_store_beta(ks), f->kbeta + (size_t)sg->row0 * ks->H,
+                 (size_t)sg->n * ks->H * sizeof(float));
+    }
+    be->kda_delta(be, f->cq, f->ck, f->cv, f->kg, f->kbeta, f->segs, nreq, f->ko);
+
+    if (w->g_proj.w) {
+        be->matmul(be, &w->g_proj, f->x, T, f->kz, 1);
+    } else {
+        be->matmul(be, &w->g_a, f->x, T, f->klow, 1);
+        be->matmul(be, &w->g_b, f->klow, T, f->kz, 1);
+    }
+    be->kda_gated_norm(be, f->ko, f->kz, w->o_norm, T, f->ky);
+    be->matmul(be, &w->o_proj, f->ky, T, f->A, 1);
+}
+
+/* MLA, NoPE, absorbed (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first. */
+static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) {
+    k3c_backend *be = f->be;
+    const k3c_config *c = f->c;
+    const k3c_mla_weights *w = &f->m->weights.layers[l].mla;
+    int lat = k3c_config_mla_latent(c);
+    if (c->q_lora_rank > 0) {
+        be->matmul(be, &w->q_a, f->x, T, f->mqa, 1);
+        be->rmsnorm(be, f->mqa, c->q_lora_rank, w->q_a_norm, T, c->q_lora_rank, c->mla_lora_norm_eps, f->mqa,
+                    c->q_lora_rank);
+        be->matmul(be, &w->q_b, f->mqa, T, f->mq, 1);
+    } else {
+        be->matmul(be, &w->q_proj, f->x, T, f->mq, 1);
+    }
+    be->matmul(be, &w->kv_a, f->x, T, f->mlat, 1);
+    be->rmsnorm(be, f->mlat, lat, w->kv_a_norm, T, c->kv_lora_rank, c->mla_lora_norm_eps, f->mlat, lat);
+    be->mla_cache_write(be, f->mlat, f->segs, nreq, kv->layer[l]);
+    be->mla_attention(be, w, f->mq, f->segs, nreq, kv->layer[l], f->mo);
+    if (c->mla_use_output_gate && w->g_proj.w) {
+        be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
+        be->sigmoid_mul(be, f->mo, f->mg, (size_t)T * w->g_proj.rows);
+    }
+    be->matmul(be, &w->o_proj, f->mo, T, f->A, 1);
+}
+
+/* FFN: y = f->x (normed) -> f->F. */
+static void ffn_layer(k3c_forward *f, int l, int T) {
+    k3c_backend *be = f->be;
+    const k3c_layer_weights *lw = &f->m->weights.layers[l];
+    if (lw->is_moe) {
+        be->moe(be, &lw->moe, f->x, T, f->F);
+        return;
+    }
+    be->matmul(be, &lw->mlp.gate, f->x, T, f->ga, 1);
+    be->matmul(be, &lw->mlp.up, f->x, T, f->gu, 1);
+    be->gated_act(be, f->ga, f->gu, (size_t)T * lw->mlp.gate.rows, f->ga);
+    be->matmul(be, &lw->mlp.down, f->ga, T, f->F, 1);
+}
+
+/* AttnRes Mix of blocks[0..nb-1] ++ P into out. One source is that source exactly (softmax of one = 1). */
+static const float *mix(k3c_forward *f, int nb, const float *P, const float *proj, const float *norm, int T,
+                        float *out) {
+    if (nb == 0) return P;
+    for (int j = 0; j < nb; j++) f->srcs[j] = f->res[j];
+    f->srcs[nb] = P;
+    f->be->attnres_mix(f->be, f->srcs, nb + 1, T, f->c->hidden_size, proj, norm, f->c->rms_norm_eps, out);
+    return out;
+}
+
+int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                     float *logits, float *aux) {
+    k3c_backend *be = f->be;
+    const k3c_config *c = f->c;
+    const k3c_weights *W = &f->m->weights;
+    int D = c->hidden_size;
+    if (nreq <= 0) return K3C_OK;
+    if (nreq > f->o.max_segs) return k3c_errorf("forward step: %d requests, at most %d", nreq, f->o.max_segs);
+    int T = 0;
+    for (int s = 0; s < nreq; s++) {
+        const k3c_fwd_req *r = &reqs[s];
+        if (r->n <= 0) return k3c_errorf("forward step: request %d has %d tokens", s, r->n);
+        if (r->verify && r->n > ks->q_max)
+            return k3c_errorf("forward step: request %d verifies %d tokens, q_max is %d", s, r->n, ks->q_max);
+        if (r->pos + r->n > f->o.max_context)
+            return k3c_errorf("forward step: request %d reaches %d tokens, max_context is %d", s, r->pos + r->n,
+                              f->o.max_context);
+        if (r->slot < 0 || r->slot >= ks->num_slots)
+            return k3c_errorf("forward step: request %d slot %d outside 0..%d", s, r->slot, ks->num_slots - 1);
+        if (T + r->n > f->o.max_rows)
+            return k3c_errorf("forward step: more than max_rows %d rows", f->o.max_rows);
+        for (int i = 0; i < r->n; i++) {
+            if (r->ids[i] < 0 || r->ids[i] >= c->vocab_size)
+                return k3c_errorf("forward step: request %d token %d: id %d outside 0..%d", s, i, r->ids[i],
+                                  c->vocab_size - 1);
+            f->ids[T + i] = r->ids[i];
+        }
+        f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table};
+        T += r->n;
+    }
+    for (int s = 0; s < nreq; s++)
+        for (int j = 0; j < s; j++)
+            if (reqs[j].slot == reqs[s].slot)
+                return k3c_errorf("forward step: requests %d and %d share slot %d", j, s, reqs[s].slot);
+
+    int attnres = c->attn_res_block_size > 0;
+    int nb = 0, p_empty = 0;
+    float *P = f->res[0];
+    be->embed(be, &W->embed, f->ids, T, P);
+    size_t TD = (size_t)T * D;
+
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_layer_weights *lw = &W->layers[l];
+        /* ---- attention side ---- */
+        const float *a_in = P;
+        if (attnres) {
+            a_in = mix(f, nb, P, lw->attn_res_proj, lw->attn_res_norm, T, f->a_in);
+            if (k3c_config_is_block_start(c, l)) {
+                /* close the block: P's buffer becomes block nb; the prefix restarts empty in the next one */
+                nb++;
+                P = f->res[nb];
+                p_empty = 1;
+            }
+        }
+        be->rmsnorm(be, a_in, D, lw->input_norm, T, D, c->rms_norm_eps, f->x, D);
+        if (lw->kind == K3C_ATTN_KDA) kda_layer(f, l, ks, reqs, nreq, T);
+        else mla_layer(f, l, kv, nreq, T);
+        if (p_empty) be->copy(be, P, f->A, TD * sizeof(float));
+        else be->add(be, P, f->A, TD, P);
+        p_empty = 0;
+        /* ---- MLP side ---- */
+        const float *m_in = attnres ? mix(f, nb, P, lw->mlp_res_proj, lw->mlp_res_norm, T, f->a_in) : P;
+        be->rmsnorm(be, m_in, D, lw->post_norm, T, D, c->rms_norm_eps, f->x, D);
+        ffn_layer(f, l, T);
+        be->add(be, P, f->F, TD, P);
+        for (int i = 0; i < f->o.num_aux; i++)
+            if (f->aux_layers[i] == l && aux) be->download(be, aux + (size_t)i * TD, P, TD * sizeof(float));
+    }
+
+    int nrows = 0;
+    for (int s = 0; s < nreq; s++) {
+        const k3c_seg *sg = &f->segs[s];
+        if (reqs[s].verify || reqs[s].logits == K3C_LOGITS_ALL)
+            for (int i = 0; i < sg->n; i++) f->rows[nrows++] = sg->row0 + i;
+        else if (reqs[s].logits == K3C_LOGITS_LAST)
+            f->rows[nrows++] = sg->row0 + sg->n - 1;
+    }
+    if (nrows > 0) {
+        if (!logits) return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
+        const float *h = attnres ? mix(f, nb, P, W->out_res_proj, W->out_res_norm, T, f->a_in) : P;
+        be->gather_rows(be, h, f->rows, nrows, D, f->G);
+        be->rmsnorm(be, f->G, D, W->final_norm, nrows, D, c->rms_norm_eps, f->G, D);
+        be->matmul(be, &W->lm_head, f->G, nrows, f->logits, 0);
+        be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
+    }
+    if (be->sync(be) != K3C_OK) return k3c_error_context("forward step on %s: ", be->name);
+    return K3C_OK;
+}
+
+int k3c_forward_commit(k3c_forward *f, k3c_kda_slots *ks, int slot, int accepted) {
+    k3c_backend *be = f->be;
+    if (slot < 0 || slot >= ks->num_slots) return k3c_errorf("commit: slot %d outside 0..%d", slot, ks->num_slots - 1);
+    if (accepted < 0 || accepted > ks->q_max)
+        return k3c_errorf("commit: %d accepted tokens outside 0..%d", accepted, ks->q_max);
+    if (accepted == 0) return K3C_OK;
+    for (int l = 0; l < f->c->num_layers; l++) {
+        if (f->c->layer_attn[l] != K3C_ATTN_KDA) continue;
+        const k3c_kda_weights *w = &f->m->weights.layers[l].kda;
+        float *st = k3c_kda_store(ks, l, slot);
+        k3c_seg sg = {.row0 = 0, .n = accepted,
+                      .state = ks->state[l] + (size_t)slot * ks->state_floats,
+                      .window = ks->window[l] + (size_t)slot * ks->window_floats, .chunked = 0};
+        const float *taps[3] = {w->q_conv, w->k_conv, w->v_conv};
+        for (int which = 0; which < 3; which++)
+            be->kda_conv(be, st + k3c_kda_store_x(ks, which), taps[which], which, &sg, 1, ks->conv_out);
+        /* the recurrence with q = k: its output is discarded, only the state update matters */
+        const float *k = st + k3c_kda_store_k(ks);
+        be->kda_delta(be, k, k, st + k3c_kda_store_v(ks), st + k3c_kda_store_g(ks), st + k3c_kda_store_beta(ks),
+                      &sg, 1, NULL);
+    }
+    if (be->sync(be) != K3C_OK) return k3c_error_context("commit on %s: ", be->name);
+    return K3C_OK;
+}

@@ -1,0 +1,66 @@
+/* The stock forward: one call runs a batch of requests through every layer (spec k3-architecture.md §7)
+ * over a backend (stock/backend.h). Each request brings its own rows: a prompt or prompt chunk, one decode
+ * token, or q verify tokens; batches may mix them. Caches and KDA slots live in runtime/ and are passed in.
+ * All activation buffers are allocated at creation, sized for max_rows rows; a step allocates nothing. */
+#ifndef K3C_STOCK_FORWARD_H
+#define K3C_STOCK_FORWARD_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "runtime/kda_slots.h"
+#include "runtime/kv_cache.h"
+#include "stock/backend.h"
+
+typedef enum k3c_logits_mode {
+    K3C_LOGITS_NONE = 0,
+    K3C_LOGITS_LAST = 1, /* the request's last row */
+    K3C_LOGITS_ALL = 2,  /* every row of the request */
+} k3c_logits_mode;
+
+/* One request in a step. */
+typedef struct k3c_fwd_req {
+    const int32_t *ids;          /* [n] new tokens */
+    int n;
+    int pos;                     /* tokens already in the request's MLA cache (and folded into its KDA slot) */
+    const int32_t *block_table;  /* blocks covering positions 0 .. pos + n - 1 */
+    int slot;                    /* KDA slot */
+    int verify;                  /* 1: KDA slot read-only, inputs saved for k3c_forward_commit; n <= q_max */
+    k3c_logits_mode logits;      /* ALL is implied for verify */
+} k3c_fwd_req;
+
+typedef struct k3c_forward_options {
+    int max_rows;     /* most rows in a step */
+    int max_segs;     /* most requests in a step */
+    int max_context;  /* most tokens a request holds */
+    int block_size;   /* MLA cache block size */
+    /* Prompt rows of a request use the chunked delta rule when the request has at least this many rows in
+     * the step (and is not verifying); fewer rows use the recurrent form. 0 means 16. */
+    int chunk_min;
+    /* Aux hidden-state taps (spec §6): after layer aux_layers[i] the residual prefix P (plain residual: the
+     * hidden state) is copied out. */
+    const int *aux_layers;
+    int num_aux;
+} k3c_forward_options;
+
+typedef struct k3c_forward k3c_forward;
+
+/* Calls be->init(model, limits) and allocates the activation buffers on the backend. */
+int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_forward_options *o, k3c_forward **out);
+void k3c_forward_free(k3c_forward *f);
+
+/* Runs one step. logits (host, may be NULL when no request asks for any): the requested rows, request by
+ * request in order, each [vocab] f32. aux (host, may be NULL): [num_aux, T, D] with T = total rows.
+ * The caller has made every block table cover pos + n. */
+int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                     float *logits, float *aux);
+
+/* After a verify step of q tokens on `slot`, folds the first `accepted` (0 .. q) tokens into the slot's
+ * committed KDA state and conv window in every KDA layer. (The MLA side needs nothing: the caller's
+ * length moves by `accepted` and rows past it are overwritten later.) */
+int k3c_forward_commit(k3c_forward *f, k3c_kda_slots *ks, int slot, int accepted);
+
+/* Rows the logits buffer needs for this batch. */
+int k3c_forward_logit_rows(const k3c_fwd_req *reqs, int nreq);
+
+#endif
