@@ -16,8 +16,9 @@
  * Checking the fallbacks by hand (they are not what -march=native builds):
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=native -mno-avx512f -c src/cpu/matmul.c   (AVX2 path)
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=x86-64 -c src/cpu/matmul.c               (scalar path)
- * and to run the tests on them: make BUILD=build-avx2 ARCHFLAGS="-march=native -mno-avx512f" test,
- * make BUILD=build-scalar ARCHFLAGS="-march=x86-64" test. */
+ * and to run the tests on them (NVCC= skips the CUDA parts):
+ *   make BUILD=build-avx2 ARCHFLAGS="-march=native -mno-avx512f" NVCC= build-avx2/test_k3c && build-avx2/test_k3c cpu_
+ *   make BUILD=build-scalar ARCHFLAGS="-march=x86-64" NVCC= build-scalar/test_k3c && build-scalar/test_k3c cpu_ */
 #include <string.h>
 
 #include "cpu/ops.h"
@@ -45,6 +46,9 @@
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* The tile loops over rows and tokens have compile-time trip counts after inlining; they must be fully
+ * unrolled (GCC does not at -O2 by itself) so the accumulator arrays become registers. */
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* E2M1 code -> value (mxfp4.h: codes 8..15 are the negatives). Kept here so the kernel has no link-time
  * dependency on the codec. */
@@ -73,18 +77,25 @@ ALWAYS_INLINE __m512 bf16x16_load(const uint16_t *p) {
 ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
                              float *y, size_t ldy) {
     __m512 acc[MM_ROWS][MM_TOKS];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m512 wv[MM_ROWS];
+        UNROLL
         for (int r = 0; r < R; r++) wv[r] = bf16x16_load(w + r * ldw + c);
+        UNROLL
         for (int t = 0; t < NT; t++) {
             __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
+            UNROLL
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < NT; t++) {
             float s = _mm512_reduce_add_ps(acc[r][t]);
             for (int cc = c; cc < cols; cc++) s += bf16_to_f32(w[r * ldw + cc]) * x[t * ldx + cc];
@@ -107,18 +118,25 @@ ALWAYS_INLINE float hsum256(__m256 v) {
 ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
                              float *y, size_t ldy) {
     __m256 acc[MM_ROWS][MM_TOKS];
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     int c = 0;
     for (; c + 8 <= cols; c += 8) {
         __m256 wv[MM_ROWS];
+        UNROLL
         for (int r = 0; r < R; r++) wv[r] = bf16x8_load(w + r * ldw + c);
+        UNROLL
         for (int t = 0; t < NT; t++) {
             __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
+            UNROLL
             for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < NT; t++) {
             float s = hsum256(acc[r][t]);
             for (int cc = c; cc < cols; cc++) s += bf16_to_f32(w[r * ldw + cc]) * x[t * ldx + cc];
@@ -131,13 +149,18 @@ ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *
     float acc[MM_ROWS][MM_TOKS] = {{0}};
     for (int c = 0; c < cols; c++) {
         float wv[MM_ROWS];
+        UNROLL
         for (int r = 0; r < R; r++) wv[r] = bf16_to_f32(w[r * ldw + c]);
+        UNROLL
         for (int t = 0; t < NT; t++) {
             float xv = x[t * ldx + c];
+            UNROLL
             for (int r = 0; r < R; r++) acc[r][t] += wv[r] * xv;
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++)
+        UNROLL
         for (int t = 0; t < NT; t++) y[t * ldy + r] = acc[r][t];
 }
 #endif
@@ -205,8 +228,10 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
                            float *y, size_t ldy) {
     const __m512 tab = _mm512_loadu_ps(mx_e2m1);
     const __m128i low4 = _mm_set1_epi8(0x0f);
-    __m512 acc[MX_TOKS];
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    /* Two accumulators per token (one per half group): halves the FMA dependency chain. */
+    __m512 acc[MX_TOKS], acc2[MX_TOKS];
+    UNROLL
+    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         __m128i b = _mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16));
         __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
@@ -215,13 +240,15 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
         __m512 s = _mm512_set1_ps(mx_e8m0(sc[g]));
         __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c0), tab), s);
         __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c1), tab), s);
+        UNROLL
         for (int t = 0; t < NT; t++) {
             const float *xg = x + t * ldx + (size_t)g * 32;
             acc[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), acc[t]);
-            acc[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), acc[t]);
+            acc2[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), acc2[t]);
         }
     }
-    for (int t = 0; t < NT; t++) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
+    UNROLL
+    for (int t = 0; t < NT; t++) y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t], acc2[t]));
 }
 #elif defined(__AVX2__)
 /* 8 codes (bytes) -> 8 values: magnitude from an 8-entry table by the low 3 bits, sign from bit 3. */
@@ -236,8 +263,9 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
                            float *y, size_t ldy) {
     const __m256 mag = _mm256_loadu_ps(mx_e2m1);
     const __m128i low4 = _mm_set1_epi8(0x0f);
-    __m256 acc[MX_TOKS];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[MX_TOKS], acc2[MX_TOKS];
+    UNROLL
+    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
         __m128i b = _mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16));
         __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
@@ -248,12 +276,17 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
         w[1] = _mm256_mul_ps(mx_lookup8(_mm_srli_si128(c0, 8), mag), s);
         w[2] = _mm256_mul_ps(mx_lookup8(c1, mag), s);
         w[3] = _mm256_mul_ps(mx_lookup8(_mm_srli_si128(c1, 8), mag), s);
+        UNROLL
         for (int t = 0; t < NT; t++) {
             const float *xg = x + t * ldx + (size_t)g * 32;
-            for (int q = 0; q < 4; q++) acc[t] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(xg + 8 * q), acc[t]);
+            acc[t] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xg), acc[t]);
+            acc2[t] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), acc2[t]);
+            acc[t] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), acc[t]);
+            acc2[t] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), acc2[t]);
         }
     }
-    for (int t = 0; t < NT; t++) y[t * ldy] = hsum256(acc[t]);
+    UNROLL
+    for (int t = 0; t < NT; t++) y[t * ldy] = hsum256(_mm256_add_ps(acc[t], acc2[t]));
 }
 #else
 ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, size_t ldx, int NT,
@@ -266,11 +299,13 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
             w[2 * i] = mx_e2m1[b & 15] * s;
             w[2 * i + 1] = mx_e2m1[b >> 4] * s;
         }
+        UNROLL
         for (int t = 0; t < NT; t++) {
             const float *xg = x + t * ldx + (size_t)g * 32;
             for (int i = 0; i < 32; i++) acc[t] += w[i] * xg[i];
         }
     }
+    UNROLL
     for (int t = 0; t < NT; t++) y[t * ldy] = acc[t];
 }
 #endif
