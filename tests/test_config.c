@@ -543,3 +543,43 @@ TEST(config_validate_struct) {
     k3c_config_free(&c);
     CHECKF(same, "copy differs: %s", why);
 }
+
+/* Random corruptions of the published config (byte flips, truncations, digit swaps) never crash and are
+ * either accepted (a valid config) or rejected with a message naming the file. */
+TEST(config_random_corruptions) {
+    size_t len = 0;
+    char *orig = read_text(K3_FIXTURE, &len);
+    CHECK(orig && len > 100);
+    char *buf = malloc(len + 1);
+    CHECK(buf);
+    uint64_t s = test_seed() | 1;
+    int rejected = 0;
+    for (int iter = 0; iter < 400; iter++) {
+        memcpy(buf, orig, len + 1);
+        size_t n = len;
+        int edits = 1 + (int)(s % 4);
+        for (int e = 0; e < edits; e++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            if (n < 2) break;
+            size_t at = (size_t)(s % n);
+            switch ((s >> 32) % 4) {
+            case 0: buf[at] = (char)(s >> 40); break;                           /* any byte */
+            case 1: if (buf[at] >= '0' && buf[at] <= '9') buf[at] = (char)('0' + (s >> 40) % 10); break;
+            case 2: n = at ? at : 1; break;                                     /* truncate */
+            default: buf[at] = "{}[]\",:-e0"[(s >> 40) % 10]; break;            /* JSON punctuation */
+            }
+        }
+        k3c_config c;
+        k3c_error_clear();
+        if (k3c_config_parse_json(buf, n, "fuzz.json", &c) == K3C_OK) {
+            CHECK_OK(k3c_config_validate(&c));
+            k3c_config_free(&c);
+        } else {
+            rejected++;
+            CHECKF(strncmp(k3c_error_message(), "fuzz.json: ", 11) == 0, "message: %s", k3c_error_message());
+        }
+    }
+    free(buf);
+    free(orig);
+    CHECK(rejected > 0);
+}
