@@ -471,3 +471,59 @@ TEST(hardening_vision_tensors_are_skipped) {
     CHECK(m->checkpoint.num_tensors == m->inventory.count + 1);
     k3c_model_free(m);
 }
+
+/* VECTOR tensors may be stored as BF16, F16 or F32 whatever the published dtype: a norm re-stored as F32
+ * and the F32 o_norm re-stored as F16 load to the same (exactly representable) values. */
+static int widened_bytes;
+static void total_size_fn(cJSON *root) {
+    cJSON *ts = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "metadata"), "total_size");
+    cJSON_SetNumberValue(ts, ts->valuedouble + widened_bytes);
+}
+
+TEST(hardening_vector_dtypes_accepted) {
+    const fixture *f = get_fixture();
+    CHECK(f != NULL);
+    char dir[PATH_MAX], path[PATH_MAX], norm[200], onorm[200];
+    snprintf(dir, sizeof dir, "%s/hard_vec_dtypes", test_tmpdir());
+    CHECK(copy_dir(f->base, dir) == 0);
+    shard_path(path, sizeof path, dir, fx.kda_layer);
+    name_of(norm, sizeof norm, fx.kda_layer, "input_layernorm.weight");
+    name_of(onorm, sizeof onorm, fx.kda_layer, "self_attn.o_norm.weight");
+    shard_edit e;
+    CHECK(shard_load(&e, path) == 0);
+    /* Room for the re-stored tensors, appended after the data (the old bytes become an unused gap). */
+    cJSON *tn = cJSON_GetObjectItem(e.hdr, norm), *to = cJSON_GetObjectItem(e.hdr, onorm);
+    CHECK(tn && to && !strcmp(cJSON_GetObjectItem(to, "dtype")->valuestring, "F32"));
+    int dk = (int)cJSON_GetArrayItem(cJSON_GetObjectItem(to, "shape"), 0)->valuedouble;
+    size_t need = e.data_len + 4 * (size_t)fx.D + 2 * (size_t)dk;
+    e.data = realloc(e.data, need);
+    float *want_norm = malloc(sizeof(float) * (size_t)fx.D);
+    const uint8_t *old = e.data + tensor_begin(tn);
+    size_t at = e.data_len;
+    for (int i = 0; i < fx.D; i++) {
+        uint16_t b;
+        memcpy(&b, old + 2 * i, 2);
+        want_norm[i] = bf16_to_f32(b);
+        memcpy(e.data + at + 4 * (size_t)i, &want_norm[i], 4);
+    }
+    cJSON_ReplaceItemInObject(tn, "dtype", cJSON_CreateString("F32"));
+    cJSON_ReplaceItemInObject(tn, "data_offsets", cJSON_CreateDoubleArray((double[]){at, at + 4.0 * fx.D}, 2));
+    at += 4 * (size_t)fx.D;
+    for (int i = 0; i < dk; i++) {
+        uint16_t h = (uint16_t)(0x3C00 + i); /* f16 1 + i/1024 */
+        memcpy(e.data + at + 2 * (size_t)i, &h, 2);
+    }
+    cJSON_ReplaceItemInObject(to, "dtype", cJSON_CreateString("F16"));
+    cJSON_ReplaceItemInObject(to, "data_offsets", cJSON_CreateDoubleArray((double[]){at, at + 2.0 * dk}, 2));
+    e.data_len = need;
+    CHECK(shard_save(&e) == 0);
+    widened_bytes = 2 * fx.D - 2 * dk; /* BF16 -> F32 adds 2 bytes/elem, F32 -> F16 saves 2 */
+    CHECK(edit_json(dir, "model.safetensors.index.json", total_size_fn) == 0);
+    struct k3c_model *m;
+    CHECK_OK(k3c_model_load(dir, &m));
+    const k3c_layer_weights *lw = &m->weights.layers[fx.kda_layer];
+    for (int i = 0; i < fx.D; i++) CHECK(lw->input_norm[i] == want_norm[i]);
+    for (int i = 0; i < dk; i++) CHECK(lw->kda.o_norm[i] == 1.0f + i / 1024.0f);
+    free(want_norm);
+    k3c_model_free(m);
+}
