@@ -74,9 +74,9 @@ int cmd_synth(int argc, char **argv) {
         return 1;
     }
     if (!k3c_preset_has_weights(preset))
-        printf("wrote %s/config.json only: preset %s is a benchmark preset whose weights are generated in device "
-               "memory, not written to disk\n",
-               out, preset);
+        printf("note: preset %s has no weights on disk (a benchmark or full-size preset: benchmarks generate its "
+               "weights in device memory); wrote %s/config.json only\n",
+               preset, out);
     else
         printf("wrote preset %s (seed %" PRIu64 ") to %s\n", preset, seed, out);
     return 0;
