@@ -34,6 +34,8 @@
 
 /* Rows per register tile (both formats' weight-row blocks). */
 #define MM_ROWS 4
+/* Software prefetch distance (elements) in the multi-token tile: a small measured gain. */
+#define MM_PREFETCH 1024
 #if defined(__AVX512F__)
 #define MM_TOKS 4   /* 4x4 accumulators + 4 weight vectors + x: 21 of 32 zmm */
 #define MX_TOKS 8
@@ -85,7 +87,10 @@ ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *
     for (; c + 16 <= cols; c += 16) {
         __m512 wv[MM_ROWS];
         UNROLL
-        for (int r = 0; r < R; r++) wv[r] = bf16x16_load(w + r * ldw + c);
+        for (int r = 0; r < R; r++) {
+            _mm_prefetch((const char *)(w + r * ldw + c + MM_PREFETCH), _MM_HINT_T0);
+            wv[r] = bf16x16_load(w + r * ldw + c);
+        }
         UNROLL
         for (int t = 0; t < NT; t++) {
             __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
@@ -165,6 +170,45 @@ ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *
 }
 #endif
 
+/* Decode (T = 1): one row at a time with four accumulators across the columns. A single sequential
+ * stream per thread keeps the hardware prefetchers ahead; four rows interleaved (the tile above) measured
+ * ~25% less bandwidth on this machine. */
+#if defined(__AVX512F__)
+static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        a0 = _mm512_fmadd_ps(bf16x16_load(w + c), _mm512_loadu_ps(x + c), a0);
+        a1 = _mm512_fmadd_ps(bf16x16_load(w + c + 16), _mm512_loadu_ps(x + c + 16), a1);
+        a2 = _mm512_fmadd_ps(bf16x16_load(w + c + 32), _mm512_loadu_ps(x + c + 32), a2);
+        a3 = _mm512_fmadd_ps(bf16x16_load(w + c + 48), _mm512_loadu_ps(x + c + 48), a3);
+    }
+    for (; c + 16 <= cols; c += 16) a0 = _mm512_fmadd_ps(bf16x16_load(w + c), _mm512_loadu_ps(x + c), a0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; c < cols; c++) s += bf16_to_f32(w[c]) * x[c];
+    *y = s;
+}
+#elif defined(__AVX2__)
+static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        a0 = _mm256_fmadd_ps(bf16x8_load(w + c), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(bf16x8_load(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+        a2 = _mm256_fmadd_ps(bf16x8_load(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+        a3 = _mm256_fmadd_ps(bf16x8_load(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(bf16x8_load(w + c), _mm256_loadu_ps(x + c), a0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < cols; c++) s += bf16_to_f32(w[c]) * x[c];
+    *y = s;
+}
+#else
+static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
+    bf16_tile(w, (size_t)cols, 1, x, (size_t)cols, 1, cols, y, 1);
+}
+#endif
+
 /* Dispatch a runtime (R, NT) to the specialised tile. */
 #define BF16_TILE_CASE(RR, TT)                                                                                     \
     case (RR) * 16 + (TT): bf16_tile(w, ldw, RR, x, ldx, TT, cols, y, ldy); break;
@@ -195,6 +239,11 @@ static void bf16_rows(void *ctx, int b, int e) {
     const mm_job *j = ctx;
     const k3c_mat *W = j->W;
     size_t ldw = (size_t)W->cols;
+    if (j->T == 1) {
+        for (int r = b * MM_ROWS; r < e * MM_ROWS && r < W->rows; r++)
+            bf16_row1(W->w + (size_t)r * ldw, j->x, W->cols, j->y + r);
+        return;
+    }
     for (int rb = b; rb < e; rb++) {
         int r0 = rb * MM_ROWS;
         int R = W->rows - r0 < MM_ROWS ? W->rows - r0 : MM_ROWS;
