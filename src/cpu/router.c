@@ -61,9 +61,11 @@ void k3c_route(const k3c_config *c, const float *logits, const float *bias, int 
     int cnt = 0;
     for (int e = 0; e < E; e++) topk_insert(topv, idx, &cnt, k, sel[e], e);
 
+    /* cnt < k only when k > E, which config validation rejects; the unused slots get weight 0. */
+    for (int i = cnt; i < k; i++) idx[i] = 0;
     float sum = 0.0f;
     for (int i = 0; i < k; i++) {
-        weight[i] = score[idx[i]];
+        weight[i] = i < cnt ? score[idx[i]] : 0.0f;
         sum += weight[i];
     }
     /* transformers divides first, then scales: w / (sum + 1e-20) * factor. */
