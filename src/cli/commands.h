@@ -5,4 +5,23 @@
 int cmd_inspect(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 
+int cmd_generate(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+/* ---- helpers of the commands that run the model (cli_run.c) ---- */
+#include <stdint.h>
+
+#include "k3c.h"
+
+/* --name VALUE or --name=VALUE at argv[*i]: the value (advancing *i past a separate one), else NULL. */
+const char *cli_option(int argc, char **argv, int *i, const char *name);
+int cli_parse_int(const char *s, long lo, long hi, long *out);       /* 0 or -1 */
+int cli_parse_float(const char *s, double *out);                     /* 0 or -1 */
+/* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
+int cli_parse_ids(const char *s, int32_t **ids, int *n);
+/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
+int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
+int cli_check_device(const char *device); /* 0 for cpu / cuda */
+
 #endif

@@ -11,6 +11,10 @@ static const struct {
 } commands[] = {
     {"inspect", cmd_inspect, "inspect DIR                 validate a checkpoint and print its structure"},
     {"synth", cmd_synth, "synth --preset NAME --out DIR [--seed N]   write a synthetic checkpoint"},
+    {"generate", cmd_generate,
+     "generate [--model DIR] --prompt-ids 1,2,3 [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu]"},
+    {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu]"},
+    {"bench", cmd_bench, "bench [--device cpu] [--preset tiny|mini] [--steps N]   decode ms/token vs memory bandwidth"},
 };
 
 static void usage(FILE *f) {

@@ -71,7 +71,12 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     e->max_blocks_per_request = mbr;
     if (!strcmp(o.device, "cpu")) {
         e->be = k3c_backend_cpu_create(o.threads);
+        if (e->be && o.exact_f32) k3c_backend_cpu_set_exact(e->be, 1);
     } else if (!strcmp(o.device, "cuda")) {
+        if (o.exact_f32) {
+            free(e);
+            return k3c_errorf("engine: exact_f32 is a cpu-only diagnostic");
+        }
         if (!k3c_backend_cuda_create) {
             free(e);
             return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");

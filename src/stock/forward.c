@@ -129,7 +129,10 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     }
     float *p = f->arena;
     for (int i = 0; i < f->nres; i++, p += R * D) f->res[i] = p;
-    for (int i = 0; i < n; i++, p += R * widths[i]) *slots[i] = p;
+    for (int i = 0; i < n; i++) {
+        *slots[i] = p;
+        p += R * widths[i];
+    }
     *out = f;
     return K3C_OK;
 oom:

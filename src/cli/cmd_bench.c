@@ -1,0 +1,168 @@
+/* k3c bench: decode ms/token of synthesized presets (tiny, mini) next to the machine's memory bandwidth
+ * measured in the same run (a memcpy of a large buffer: bytes read + written per second, one thread), and
+ * the fraction of it a decode step reaches: (bytes one decode step must read) / time / bandwidth.
+ *
+ * Bytes a decode step must read: every weight a token touches once (all bf16 matrices except the
+ * embedding, of which one row is read, and of the routed experts only the k selected per MoE layer,
+ * counted as k/E of the expert bytes), the KDA states (read and written, f32) and the MLA latent rows of
+ * the context (at the backend's element size is not known here: counted as 4 bytes, the CPU layout). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/commands.h"
+#include "model/model.h"
+#include "util/error.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: k3c bench [--device cpu|cuda] [--preset tiny|mini] [--steps N] [--threads N]\n"
+               "without --preset both tiny and mini are measured\n");
+}
+
+/* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
+static double memcpy_bandwidth(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t = now_s();
+        memcpy(r & 1 ? a : b, r & 1 ? b : a, n);
+        t = now_s() - t;
+        if (t > 0 && 2.0 * n / t > best) best = 2.0 * n / t;
+    }
+    volatile char sink = a[n / 2] + b[n / 3];
+    (void)sink;
+    free(a);
+    free(b);
+    return best;
+}
+
+static double mat_bytes(const k3c_mat *m) { return m->w ? 2.0 * m->rows * m->cols : 0; }
+static double mx_bytes(const k3c_mxfp4_mat *m) {
+    return m->packed ? (double)m->rows * (m->cols / 2) + (double)m->rows * (m->cols / 32) : 0;
+}
+
+static double decode_bytes(const k3c_model *m, int context) {
+    const k3c_config *c = &m->config;
+    double total = (double)m->weight_bytes, experts = 0;
+    total -= mat_bytes(&m->weights.embed);
+    total += 2.0 * c->hidden_size;
+    if (m->weights.lm_head.w == m->weights.embed.w) total += mat_bytes(&m->weights.lm_head);
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_layer_weights *lw = &m->weights.layers[l];
+        if (lw->is_moe && lw->moe.experts) {
+            double le = 0;
+            for (int e = 0; e < c->num_experts; e++) {
+                const k3c_expert *x = &lw->moe.experts[e];
+                le += mat_bytes(&x->w1) + mat_bytes(&x->w2) + mat_bytes(&x->w3);
+                le += mx_bytes(&x->q1) + mx_bytes(&x->q2) + mx_bytes(&x->q3);
+            }
+            experts += le * (1.0 - (double)c->num_experts_per_token / c->num_experts);
+        }
+        if (c->layer_attn[l] == K3C_ATTN_KDA)
+            total += 2.0 * 4 * c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
+        else
+            total += 4.0 * context * k3c_config_mla_latent(c);
+    }
+    return total - experts;
+}
+
+static int bench_preset(const char *preset, const char *device, int threads, int steps, double bw) {
+    k3c_model *m = NULL;
+    k3c_engine *e = NULL;
+    int rc = K3C_ERR, id = -1, prompt = 16;
+    double t_load = now_s();
+    if (cli_load_model(NULL, preset, 1, &m) != K3C_OK) goto done;
+    t_load = now_s() - t_load;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.device = device;
+    o.threads = threads;
+    o.max_requests = 1;
+    o.max_context = prompt + steps + 1;
+    if (k3c_engine_create(m, &o, &e) != K3C_OK) goto done;
+    int V = k3c_engine_vocab(e);
+    float *lg = malloc(sizeof(float) * V);
+    int32_t ids[16];
+    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    if (!lg) {
+        k3c_errorf("out of memory");
+        goto done;
+    }
+    if (k3c_request_open(e, &id) != K3C_OK) goto free_lg;
+    k3c_step_item it = {.request = id, .tokens = ids, .n = prompt};
+    if (k3c_engine_step(e, &it, 1, lg) != K3C_OK) goto free_lg;
+    /* one warm-up decode step, then the timed ones (greedy feedback) */
+    int32_t tok = ids[0];
+    double t = 0;
+    for (int s = 0; s <= steps; s++) {
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        tok = best;
+        k3c_step_item d = {.request = id, .tokens = &tok, .n = 1};
+        double t0 = now_s();
+        if (k3c_engine_step(e, &d, 1, lg) != K3C_OK) goto free_lg;
+        if (s > 0) t += now_s() - t0;
+    }
+    double ms = 1e3 * t / steps, bytes = decode_bytes(m, prompt + steps / 2);
+    double reached = bytes / (t / steps);
+    printf("%-6s %-5s decode %8.3f ms/token (%7.1f tok/s)  reads %8.2f MB/token  -> %7.2f GB/s = %5.1f%% of "
+           "memcpy %.1f GB/s   [synth+load %.1f s]\n",
+           preset, device, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
+           t_load);
+    rc = K3C_OK;
+free_lg:
+    free(lg);
+done:
+    if (e && id >= 0) k3c_request_close(e, id);
+    k3c_engine_free(e);
+    if (m) k3c_free(m);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *device = "cpu", *preset = NULL;
+    long steps = 32, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int bad = 0;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            bench_usage(stdout);
+            return 0;
+        } else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
+        else if ((v = cli_option(argc, argv, &i, "--preset")))
+            bad = strcmp(preset = v, "tiny") && strcmp(v, "mini");
+        else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_parse_int(v, 1, 100000, &steps);
+        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
+        else bad = 1;
+        if (bad) {
+            fprintf(stderr, "k3c bench: bad or unexpected argument '%s'\n", argv[i]);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    double bw = memcpy_bandwidth();
+    printf("memory bandwidth (memcpy 256 MiB, read + write, 1 thread): %.1f GB/s\n", bw / 1e9);
+    const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
+    for (int i = 0; i < 2 && presets[i]; i++)
+        if (bench_preset(presets[i], device, (int)threads, (int)steps, bw) != K3C_OK) {
+            fprintf(stderr, "k3c bench: %s: %s\n", presets[i], k3c_last_error());
+            return 1;
+        }
+    return 0;
+}
