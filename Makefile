@@ -23,7 +23,7 @@ LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
 CU_SRC   := $(shell find src/cuda -name '*.cu' 2>/dev/null | sort)
-GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' 2>/dev/null | sort)
+GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' -not -name 'bench_*' 2>/dev/null | sort)
 
 ifneq ($(strip $(NVCC)),)
 HAVE_CUDA := 1
@@ -44,7 +44,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz clean deps
+.PHONY: all test gpu-test fuzz fuzz-deps clean deps
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
@@ -60,6 +60,10 @@ $(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
 $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS) -lstdc++
 
+# GPU kernel benchmark (tools/gpu-check.sh runs it): bandwidth of the big kernels vs a measured copy.
+$(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS) -lstdc++
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -71,19 +75,26 @@ $(BUILD)/%.o: %.cu
 test: $(BUILD)/k3c $(BUILD)/test_k3c
 	$(BUILD)/test_k3c
 
-gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu
+gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu
 
-# libFuzzer targets: clang with ASan + UBSan over the parsers of untrusted input.
+# libFuzzer targets: clang with ASan + UBSan over the parsers of untrusted input. New inputs go to
+# $(BUILD)/fuzz/corpus_* (the checked-in seeds under tests/fuzz/ are read, never written); a crash leaves
+# its input as $(BUILD)/fuzz/crash-*. `make fuzz-deps` installs clang and its fuzzer runtime (root).
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -pthread
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c
 FUZZ_SECONDS ?= 30
+FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
-	@mkdir -p $(BUILD)/fuzz
+	@mkdir -p $(BUILD)/fuzz/corpus_safetensors $(BUILD)/fuzz/corpus_index
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c $(FUZZ_LIB) -lcjson -lm
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_index tests/fuzz/fuzz_index.c $(FUZZ_LIB) -lcjson -lm
-	$(BUILD)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=65536 tests/fuzz/corpus_safetensors
-	$(BUILD)/fuzz/fuzz_index -max_total_time=$(FUZZ_SECONDS) -max_len=65536 tests/fuzz/corpus_index
+	$(BUILD)/fuzz/fuzz_safetensors $(FUZZ_RUN) -dict=tests/fuzz/safetensors.dict \
+	    $(BUILD)/fuzz/corpus_safetensors tests/fuzz/corpus_safetensors
+	$(BUILD)/fuzz/fuzz_index $(FUZZ_RUN) -dict=tests/fuzz/index.dict $(BUILD)/fuzz/corpus_index tests/fuzz/corpus_index
+
+fuzz-deps:
+	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
 
 deps:
 	apt-get update -qq && apt-get install -y -qq libcjson-dev

@@ -1,0 +1,37 @@
+/* CUDA error checking for library code: every runtime call and every launch is checked, and a failure
+ * becomes a k3c_errorf message naming the call, the CUDA error and where it happened. Library code returns
+ * the error (K3C_ERR); it never exits. Usable from .cu and .c files. */
+#ifndef K3C_CUDA_CHECK_H
+#define K3C_CUDA_CHECK_H
+
+#include <cuda_runtime_api.h>
+
+/* util/error.h has no C++ linkage guards: its functions have C linkage for the .cu files too. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "util/error.h"
+#ifdef __cplusplus
+}
+#endif
+
+/* Returns K3C_ERR from the enclosing function when `call` does not return cudaSuccess. */
+#define K3C_CUDA_TRY(call)                                                                                         \
+    do {                                                                                                           \
+        cudaError_t k3c_cuda_err_ = (call);                                                                        \
+        if (k3c_cuda_err_ != cudaSuccess)                                                                          \
+            return k3c_errorf("%s:%d: %s: CUDA error %s (%s)", __FILE__, __LINE__, #call,                        \
+                              cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_));                 \
+    } while (0)
+
+/* After a <<<...>>> launch: a bad configuration shows up here (the kernel's own faults surface at the next
+ * synchronizing call, which is checked the same way). */
+#define K3C_CUDA_LAUNCHED(what)                                                                                    \
+    do {                                                                                                           \
+        cudaError_t k3c_cuda_err_ = cudaGetLastError();                                                            \
+        if (k3c_cuda_err_ != cudaSuccess)                                                                          \
+            return k3c_errorf("%s:%d: launching %s: CUDA error %s (%s)", __FILE__, __LINE__, what,               \
+                              cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_));                 \
+    } while (0)
+
+#endif

@@ -1,0 +1,66 @@
+/* Device helpers shared by the k3c CUDA kernels (included by .cu files only). */
+#ifndef K3C_CUDA_COMMON_CUH
+#define K3C_CUDA_COMMON_CUH
+
+#include <stdint.h>
+
+/* bf16 -> f32: the bf16 bits are the upper half of the f32. */
+__device__ __forceinline__ float k3c_dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float k3c_dev_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float k3c_dev_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* f32 -> bf16 bits, round to nearest even, NaN kept quiet (as util/bf16.h). */
+__device__ __forceinline__ uint16_t k3c_dev_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* A 16-byte streaming load that skips L1: weights are read once per step. */
+__device__ __forceinline__ uint4 k3c_ld_stream16(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float k3c_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float k3c_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+ * `red` is shared scratch of 32 floats; the function syncs before reusing it. */
+__device__ __forceinline__ float k3c_block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = k3c_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = lane < nw ? red[lane] : 0.0f;
+    return k3c_warp_sum(s);
+}
+
+__device__ __forceinline__ float k3c_dev_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float k3c_dev_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The gated activation act(g) * lin(u) (cpu/ops.h k3c_gated_act): kind 1 SiLU, 2 SiTU. */
+__device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float beta_lin, float g, float u) {
+    if (kind == 2) {
+        float a = beta * tanhf(g / beta) * k3c_dev_sigmoid(g);
+        float l = beta_lin != 0.0f ? beta_lin * tanhf(u / beta_lin) : u;
+        return a * l;
+    }
+    return k3c_dev_silu(g) * u;
+}
+
+#endif

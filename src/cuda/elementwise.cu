@@ -1,0 +1,124 @@
+/* Row-wise and elementwise kernels. */
+#include "cuda/elementwise.h"
+
+#include "cuda/check.h"
+#include "cuda/common.cuh"
+
+static unsigned grid_for(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 4096 ? 4096 : (b ? b : 1));
+}
+
+/* One block per row; the sum of squares is reduced in a fixed tree (deterministic). */
+__global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
+                               float *y, int ys) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * xs;
+    float *yr = y + (size_t)blockIdx.x * ys;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = k3c_block_sum(ss, red);
+    float r = rsqrtf(ss / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] * r * w[i];
+        yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+    }
+}
+
+extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16,
+                                float *y, int y_stride, cudaStream_t stream) {
+    if (T <= 0 || n <= 0) return T == 0 ? K3C_OK : k3c_errorf("k3c_cuda_rmsnorm: bad shape T %d n %d", T, n);
+    rmsnorm_kernel<<<T, n >= 1024 ? 1024 : ((n + 31) / 32) * 32, 0, stream>>>(x, x_stride, w, n, eps, round_bf16, y, y_stride);
+    K3C_CUDA_LAUNCHED("rmsnorm");
+    return K3C_OK;
+}
+
+__global__ void gated_act_kernel(k3c_cuda_act act, const float *__restrict__ gate, int gs, const float *__restrict__ up,
+                                 int us, int T, int n, int round, float *out) {
+    size_t total = (size_t)T * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i / n), c = (int)(i % n);
+        float v = k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, gate[(size_t)t * gs + c], up[(size_t)t * us + c]);
+        out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+    }
+}
+
+extern "C" int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up,
+                                  int up_stride, int T, int n, int round_bf16, float *out, cudaStream_t stream) {
+    size_t total = (size_t)T * n;
+    if (!total) return K3C_OK;
+    gated_act_kernel<<<grid_for(total, 256), 256, 0, stream>>>(act, gate, gate_stride, up, up_stride, T, n, round_bf16, out);
+    K3C_CUDA_LAUNCHED("gated_act");
+    return K3C_OK;
+}
+
+__global__ void embed_kernel(const uint16_t *__restrict__ table, int V, int D, const int *__restrict__ ids,
+                             float *out) {
+    int id = ids[blockIdx.x];
+    float *o = out + (size_t)blockIdx.x * D;
+    int ok = id >= 0 && id < V;
+    const uint16_t *row = table + (size_t)(ok ? id : 0) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = ok ? k3c_dev_bf16(row[i]) : 0.0f;
+}
+
+extern "C" int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *ids, int T, float *out,
+                              cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    embed_kernel<<<T, 256, 0, stream>>>(table, V, D, ids, out);
+    K3C_CUDA_LAUNCHED("embed");
+    return K3C_OK;
+}
+
+__global__ void add_kernel(const float *a, const float *b, size_t n, int round, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float s = a[i] + b[i];
+        out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+}
+
+extern "C" int k3c_cuda_add(const float *a, const float *b, size_t n, int round_bf16, float *out,
+                            cudaStream_t stream) {
+    if (!n) return K3C_OK;
+    add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(a, b, n, round_bf16, out);
+    K3C_CUDA_LAUNCHED("add");
+    return K3C_OK;
+}
+
+__global__ void round_kernel(float *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = k3c_dev_bf16(k3c_dev_to_bf16(x[i]));
+}
+
+extern "C" int k3c_cuda_round_bf16(float *x, size_t n, cudaStream_t stream) {
+    if (!n) return K3C_OK;
+    round_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n);
+    K3C_CUDA_LAUNCHED("round_bf16");
+    return K3C_OK;
+}
+
+__global__ void sigmoid_kernel(const float *x, size_t n, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = k3c_dev_sigmoid(x[i]);
+}
+
+extern "C" int k3c_cuda_sigmoid(const float *x, size_t n, float *out, cudaStream_t stream) {
+    if (!n) return K3C_OK;
+    sigmoid_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, out);
+    K3C_CUDA_LAUNCHED("sigmoid");
+    return K3C_OK;
+}
+
+__global__ void mul_sigmoid_kernel(const float *x, const float *z, size_t n, int round, float *y) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = x[i] * k3c_dev_sigmoid(z[i]);
+        y[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+    }
+}
+
+extern "C" int k3c_cuda_mul_sigmoid(const float *x, const float *z, size_t n, int round_bf16, float *y,
+                                    cudaStream_t stream) {
+    if (!n) return K3C_OK;
+    mul_sigmoid_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, z, n, round_bf16, y);
+    K3C_CUDA_LAUNCHED("mul_sigmoid");
+    return K3C_OK;
+}

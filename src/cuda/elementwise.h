@@ -1,0 +1,45 @@
+/* Row-wise and elementwise kernels of the stock forward on the GPU (cpu/ops.h elementwise is the
+ * reference). Activations are f32 row-major [T, width]; all pointers are device pointers; calls are
+ * asynchronous on `stream`. */
+#ifndef K3C_CUDA_ELEMENTWISE_H
+#define K3C_CUDA_ELEMENTWISE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/moe.h" /* k3c_cuda_act */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[t, 0:n] = x[t, 0:n] * rsqrt(mean(x[t, 0:n]^2) + eps) * w for T rows with strides x_stride, y_stride
+ * (floats); y may alias x; round_bf16 rounds the output. */
+int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16, float *y,
+                     int y_stride, cudaStream_t stream);
+
+/* out[t, i] = act(gate[t*gate_stride + i], up[t*up_stride + i]) for T rows of n (strides let gate and up be
+ * the two halves of one fused projection's output). */
+int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up, int up_stride, int T,
+                       int n, int round_bf16, float *out, cudaStream_t stream);
+
+/* out[t] = f32(table[ids[t]]), table bf16 [V, D]. Ids must be validated by the caller (an id outside
+ * [0, V) gives a zero row). */
+int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *ids, int T, float *out, cudaStream_t stream);
+
+/* out = a + b over n elements (out may alias a or b); round_bf16: round the sum to bf16 (a bf16 store). */
+int k3c_cuda_add(const float *a, const float *b, size_t n, int round_bf16, float *out, cudaStream_t stream);
+/* x = bf16_round(x) in place. */
+int k3c_cuda_round_bf16(float *x, size_t n, cudaStream_t stream);
+/* out = sigmoid(x) (beta of KDA). */
+int k3c_cuda_sigmoid(const float *x, size_t n, float *out, cudaStream_t stream);
+/* y[i] = x[i] * sigmoid(z[i]) over n elements (the MLA output gate); y may alias x. */
+int k3c_cuda_mul_sigmoid(const float *x, const float *z, size_t n, int round_bf16, float *y, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

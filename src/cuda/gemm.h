@@ -1,0 +1,53 @@
+/* bf16 matrix products on the GPU: y[T, rows] = x[T, cols] * W^T with W bf16 row-major [rows, cols]
+ * (nn.Linear layout), x and y f32, f32 accumulation (cpu/ops.h k3c_matmul_bf16 is the reference).
+ *
+ * T <= K3C_CUDA_GEMV_MAX_T (decode, verify): a weight-streaming kernel that reads each weight row once for
+ * all T tokens with 16-byte loads, several rows per warp. Larger T (prefill): cuBLASLt on tensor cores, the
+ * activations first rounded to bf16 into a caller-provided staging buffer (so prefill products see bf16
+ * inputs, as the model's bf16 activations are anyway). All pointers are device pointers; calls are
+ * asynchronous on `stream`. */
+#ifndef K3C_CUDA_GEMM_H
+#define K3C_CUDA_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define K3C_CUDA_GEMV_MAX_T 8
+
+/* cuBLASLt state and the device scratch it uses (both owned by the caller's arena). */
+typedef struct k3c_cuda_gemm {
+    void *lt;                 /* cublasLtHandle_t; NULL: large T falls back to the streaming kernel */
+    void *workspace;          /* device, cuBLASLt workspace */
+    size_t workspace_bytes;
+    uint16_t *xbf;            /* device, bf16 staging for activations */
+    size_t xbf_elems;
+} k3c_cuda_gemm;
+
+/* Creates the cuBLASLt handle. workspace / xbf: device buffers the caller keeps alive (32 MiB of workspace
+ * is plenty on Hopper; xbf must hold T * cols elements of the largest prefill product). */
+int k3c_cuda_gemm_init(k3c_cuda_gemm *g, void *workspace, size_t workspace_bytes, uint16_t *xbf,
+                       size_t xbf_elems);
+void k3c_cuda_gemm_free(k3c_cuda_gemm *g);
+
+/* y[T, rows] = x[T, cols] W^T. g may be NULL (then only the streaming kernel is used, for any T). */
+int k3c_cuda_matmul_bf16(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x, int T,
+                         float *y, cudaStream_t stream);
+
+/* The streaming kernel alone, any T (it tiles tokens by K3C_CUDA_GEMV_MAX_T, re-reading W per tile). */
+int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
+                       cudaStream_t stream);
+
+/* x f32 -> bf16 bits (round to nearest even), n elements. */
+int k3c_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,201 @@
+/* MLA kernels: cache write, absorptions, paged attention with an online softmax. */
+#include "cuda/mla.h"
+
+#include "cuda/check.h"
+#include "cuda/common.cuh"
+
+__global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int *__restrict__ slots, int Lat,
+                                       int elem_bytes, void *cache) {
+    int t = blockIdx.x, slot = slots[t];
+    if (slot < 0) return;
+    const float *src = lat + (size_t)t * Lat;
+    for (int i = threadIdx.x; i < Lat; i += blockDim.x) {
+        if (elem_bytes == 2) ((uint16_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_bf16(src[i]);
+        else ((float *)cache)[(size_t)slot * Lat + i] = src[i];
+    }
+}
+
+extern "C" int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int T, int Lat, int elem_bytes,
+                                        void *cache, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (elem_bytes != 2 && elem_bytes != 4) return k3c_errorf("k3c_cuda_mla_cache_write: element size %d", elem_bytes);
+    mla_cache_write_kernel<<<T, 256, 0, stream>>>(lat, slots, Lat, elem_bytes, cache);
+    K3C_CUDA_LAUNCHED("mla_cache_write");
+    return K3C_OK;
+}
+
+#define ABS_TT 8
+
+/* grid (Hm, ceil(T / ABS_TT)); thread c of kvl accumulates ABS_TT tokens over the head's nope rows (each
+ * weight row read coalesced across threads, once per token tile). */
+__global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ q, int T, int Hm,
+                                    int nope, int rope, int vh, int kvl, float *q_abs) {
+    int h = blockIdx.x, t0 = blockIdx.y * ABS_TT, qh = nope + rope, Lat = kvl + rope;
+    int nt = min(ABS_TT, T - t0);
+    const uint16_t *Wk = kv_b + (size_t)h * (nope + vh) * kvl;
+    for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
+        float acc[ABS_TT];
+#pragma unroll
+        for (int j = 0; j < ABS_TT; j++) acc[j] = 0.0f;
+        for (int i = 0; i < nope; i++) {
+            float w = k3c_dev_bf16(Wk[(size_t)i * kvl + c]);
+#pragma unroll
+            for (int j = 0; j < ABS_TT; j++)
+                if (j < nt) acc[j] = fmaf(q[(size_t)(t0 + j) * Hm * qh + (size_t)h * qh + i], w, acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < ABS_TT; j++)
+            if (j < nt) q_abs[((size_t)(t0 + j) * Hm + h) * Lat + c] = acc[j];
+    }
+    for (int j = 0; j < nt; j++)
+        for (int r = threadIdx.x; r < rope; r += blockDim.x)
+            q_abs[((size_t)(t0 + j) * Hm + h) * Lat + kvl + r] = q[(size_t)(t0 + j) * Hm * qh + (size_t)h * qh + nope + r];
+}
+
+extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, int nope, int rope, int vh,
+                                     int kvl, float *q_abs, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    dim3 grid(Hm, (T + ABS_TT - 1) / ABS_TT);
+    mla_absorb_q_kernel<<<grid, kvl >= 512 ? 512 : ((kvl + 31) / 32) * 32, 0, stream>>>(kv_b, q, T, Hm, nope, rope, vh,
+                                                                                         kvl, q_abs);
+    K3C_CUDA_LAUNCHED("mla_absorb_q");
+    return K3C_OK;
+}
+
+/* One warp per (head, e) row of W_UV, lanes over kvl, ABS_TT tokens per pass. */
+__global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm,
+                                    int nope, int vh, int kvl, int round, float *o) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= Hm * vh) return;
+    int h = row / vh, e = row % vh;
+    const uint16_t *w = kv_b + ((size_t)h * (nope + vh) + nope + e) * kvl;
+    for (int t0 = 0; t0 < T; t0 += ABS_TT) {
+        int nt = min(ABS_TT, T - t0);
+        float acc[ABS_TT];
+#pragma unroll
+        for (int j = 0; j < ABS_TT; j++) acc[j] = 0.0f;
+        for (int c = lane; c < kvl; c += 32) {
+            float wc = k3c_dev_bf16(w[c]);
+#pragma unroll
+            for (int j = 0; j < ABS_TT; j++)
+                if (j < nt) acc[j] = fmaf(wc, o_lat[((size_t)(t0 + j) * Hm + h) * kvl + c], acc[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < ABS_TT; j++) {
+            float s = k3c_warp_sum(acc[j]);
+            if (lane == 0 && j < nt) {
+                if (round) s = k3c_dev_bf16(k3c_dev_to_bf16(s));
+                o[(size_t)(t0 + j) * Hm * vh + row] = s;
+            }
+        }
+    }
+}
+
+extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
+                                     int kvl, int round_bf16, float *o, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    int rows = Hm * vh;
+    mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o);
+    K3C_CUDA_LAUNCHED("mla_absorb_o");
+    return K3C_OK;
+}
+
+#define ATT_WARPS 4
+#define ATT_MAXJ 24 /* Lat <= 768: 24 elements per lane */
+
+template <int EB>
+__device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
+    if (EB == 2) return k3c_dev_bf16(((const uint16_t *)cache)[i]);
+    return ((const float *)cache)[i];
+}
+
+/* grid (T, Hm), ATT_WARPS warps: warp w takes positions w, w + ATT_WARPS, ...; lane l holds elements
+ * l + 32 j of the query and of its partial output. Each warp keeps its own running max / sum; the warps are
+ * merged at the end through shared memory. */
+template <int EB>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
+                  const int *__restrict__ tables, int bs, const void *__restrict__ cache, int Hm, int kvl, int rope,
+                  float scale, float *o_lat) {
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
+    int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int Lat = kvl + rope, len = lens[t];
+    const int *table = tables + table_off[t];
+    const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
+    float qr[ATT_MAXJ], acc[ATT_MAXJ];
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < Lat ? qv[i] : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int p = warp; p < len; p += ATT_WARPS) {
+        size_t base = ((size_t)table[p / bs] * bs + p % bs) * Lat;
+        float cv[ATT_MAXJ];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++) {
+            int i = lane + 32 * j;
+            cv[j] = i < Lat ? cache_elem<EB>(cache, base + i) : 0.0f;
+            s = fmaf(qr[j], cv[j], s);
+        }
+        s = k3c_warp_sum(s) * scale;
+        if (s > m) {
+            float r = expf(m - s); /* m = -inf on the first position: r = 0 */
+            l *= r;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXJ; j++) acc[j] *= r;
+            m = s;
+        }
+        float pr = expf(s - m);
+        l += pr;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++)
+            if (lane + 32 * j < kvl) acc[j] = fmaf(pr, cv[j], acc[j]);
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) {
+        int i = lane + 32 * j;
+        if (i < kvl) wo[warp * kvl + i] = acc[j];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
+    float inv = 1.0f / L;
+    float *out = o_lat + ((size_t)t * Hm + h) * kvl;
+    for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
+        float s = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
+        out[i] = s * inv;
+    }
+}
+
+extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
+                                   int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
+                                   float scale, float *o_lat, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (kvl + rope > 32 * ATT_MAXJ || kvl <= 0 || rope < 0 || block_size <= 0)
+        return k3c_errorf("k3c_cuda_mla_attend: unsupported latent %d + %d (at most %d) or block size %d", kvl, rope,
+                          32 * ATT_MAXJ, block_size);
+    dim3 grid(T, Hm);
+    size_t smem = (size_t)ATT_WARPS * kvl * sizeof(float);
+    if (elem_bytes == 2)
+        mla_attend_kernel<2><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
+                                                                      Hm, kvl, rope, scale, o_lat);
+    else if (elem_bytes == 4)
+        mla_attend_kernel<4><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
+                                                                      Hm, kvl, rope, scale, o_lat);
+    else
+        return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
+    K3C_CUDA_LAUNCHED("mla_attend");
+    return K3C_OK;
+}

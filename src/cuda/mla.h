@@ -1,0 +1,40 @@
+/* MLA (NoPE, absorbed form, spec §3.3) on the GPU: latent cache writes, the per-head absorptions through
+ * kv_b, and paged decode attention over block tables. cpu/ops.h k3c_mla_attend is the reference of the
+ * attention core. The cache of one layer is [num_blocks, block_size, Lat] with Lat = kv_lora + rope, row =
+ * [c_normed | k_pe], element bf16 (elem_bytes 2) or f32 (4). All pointers are device pointers. */
+#ifndef K3C_CUDA_MLA_H
+#define K3C_CUDA_MLA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* cache[slots[t]] = lat[t] for t < T (slot = block * block_size + offset; a negative slot is skipped). */
+int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int T, int Lat, int elem_bytes, void *cache,
+                             cudaStream_t stream);
+
+/* q_abs[t, h] = [W_UK[h]^T q_nope[t, h] | q_pe[t, h]] with W_UK[h] = kv_b rows h*(nope+vh) .. + nope
+ * ([nope, kvl] bf16). q: [T, Hm*(nope+rope)]; q_abs: [T, Hm, kvl + rope]. */
+int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, int nope, int rope, int vh, int kvl,
+                          float *q_abs, cudaStream_t stream);
+
+/* o[t, h*vh + e] = sum_c W_UV[h][e][c] o_lat[t, h, c], W_UV[h] = kv_b rows h*(nope+vh) + nope .. + vh. */
+int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh, int kvl,
+                          int round_bf16, float *o, cudaStream_t stream);
+
+/* Attention of T query rows: row t attends cache positions 0 .. lens[t]-1 of the request whose block table
+ * starts at tables + table_off[t] (position p in block tables[table_off[t] + p / block_size]). q_abs [T, Hm,
+ * kvl + rope]; o_lat [T, Hm, kvl]; softmax in f32 (online form). kvl + rope <= 768. */
+int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
+                        const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale,
+                        float *o_lat, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,289 @@
+/* GPU kernel benchmark (not a test): achieved bandwidth of the big decode kernels next to a measured
+ * device-to-device copy bandwidth (bytes read + written), in the same run. Weights are rotated among
+ * enough copies that each launch streams from HBM, not from the 60 MB L2. Times are medians of CUDA-event
+ * timed launches after warm-up. Prints one line per kernel:
+ *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth> */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/gemm.h"
+#include "cuda/kda.h"
+#include "cuda/mla.h"
+#include "cuda/moe.h"
+#include "format/mxfp4.h"
+#include "gpu_util.h"
+#include "util/error.h"
+
+#define REPS 30
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static double copy_gbs;
+
+static void report(const char *name, double bytes, float *ms, int n) {
+    qsort(ms, n, sizeof *ms, cmp_f);
+    double med = ms[n / 2] * 1e-3;
+    double gbs = bytes / med / 1e9;
+    printf("BENCH %-34s %12.0f %10.1f %8.0f %6.3f\n", name, bytes, med * 1e6, gbs, copy_gbs > 0 ? gbs / copy_gbs : 0);
+    fflush(stdout);
+}
+
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); exit(1); } while (0)
+#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) DIE("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
+#define OK(call) do { if ((call) != 0) DIE("%s: %s", #call, k3c_error_message()); } while (0)
+
+typedef int (*launch_fn)(void *ctx, int rep);
+
+static void time_it(const char *name, double bytes, launch_fn fn, void *ctx) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
+    CK(cudaDeviceSynchronize());
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        CK(cudaEventRecord(a, 0));
+        OK(fn(ctx, i));
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CK(cudaGetLastError());
+    report(name, bytes, ms, REPS);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
+/* ---- copy ---- */
+typedef struct { void *src, *dst; size_t n; } copy_ctx;
+static int run_copy(void *c, int rep) {
+    copy_ctx *x = c;
+    return cudaMemcpyAsync(x->dst, x->src, x->n, cudaMemcpyDeviceToDevice, 0) == cudaSuccess ? 0 : -1;
+}
+
+/* ---- gemv ---- */
+typedef struct { uint16_t **W; int copies, rows, cols, T; float *x, *y; k3c_cuda_gemm *g; } gemv_ctx;
+static int run_gemv(void *c, int rep) {
+    gemv_ctx *x = c;
+    return k3c_cuda_matmul_bf16(x->g, x->W[rep % x->copies], x->rows, x->cols, x->x, x->T, x->y, 0);
+}
+
+/* ---- moe ---- */
+typedef struct {
+    k3c_cuda_expert *tab;
+    int E, In, F, Out, T, k, mode; /* mode 0: all, 1: gate_up, 2: down */
+    int *idx[4];
+    float *w, *x, *h, *part, *out;
+} moe_ctx;
+static int run_moe(void *c, int rep) {
+    moe_ctx *m = c;
+    k3c_cuda_act act = {2, 4.0f, 25.0f};
+    int *idx = m->idx[rep % 4];
+    if (m->mode == 1) return k3c_cuda_moe_gate_up(m->tab, m->E, 1, m->In, m->F, m->x, m->T, idx, m->k, act, 1, m->h, 0);
+    if (m->mode == 2) return k3c_cuda_moe_down(m->tab, m->E, 1, m->F, m->Out, m->h, m->T * m->k, idx, 1, m->part, 0);
+    return k3c_cuda_moe_experts(m->tab, m->E, 1, m->In, m->F, m->Out, m->x, m->T, idx, m->w, m->k, act, 1, m->h, m->part,
+                                m->out, 0);
+}
+
+/* ---- kda ---- */
+typedef struct { float *S[4], *q, *k, *v, *g, *beta, *o; int H, dk, T; } kda_ctx;
+static int run_kda(void *c, int rep) {
+    kda_ctx *x = c;
+    return k3c_cuda_kda_recurrent(x->S[rep % 4], x->q, x->k, x->v, x->g, x->beta, x->T, x->H, x->dk, x->dk, 1, x->o,
+                                  NULL, 0);
+}
+
+/* ---- mla ---- */
+typedef struct { float *qabs, *olat; int *toff, *lens, *tables; void *cache; int Hm, T, bs; } mla_ctx;
+static int run_mla(void *c, int rep) {
+    mla_ctx *x = c;
+    return k3c_cuda_mla_attend(x->qabs, x->toff, x->lens, x->tables, x->bs, x->cache, 2, x->T, x->Hm, 512, 64,
+                               1.0f / sqrtf(192.0f), x->olat, 0);
+}
+
+static void *dmalloc_rand(size_t bytes, unsigned seed) {
+    void *d;
+    CK(cudaMalloc(&d, bytes));
+    /* random bytes from the host in 64 MiB pieces (never zeros: they can run faster than real data) */
+    size_t piece = 64u << 20;
+    unsigned char *h = malloc(piece);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < piece; i += 8) {
+        uint64_t v = k3c_splitmix64(&s);
+        /* keep bf16 / f32 values finite and moderate: clear the top exponent bits of each 16-bit half */
+        v &= 0xbfffbfffbfffbfffull;
+        memcpy(h + i, &v, 8);
+    }
+    for (size_t off = 0; off < bytes; off += piece)
+        CK(cudaMemcpy((char *)d + off, h, bytes - off < piece ? bytes - off : piece, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+int main(int argc, char **argv) {
+    int dev = 0;
+    CK(cudaSetDevice(dev));
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+    { /* copy bandwidth: 1 GiB, bytes read + written */
+        copy_ctx c = {dmalloc_rand(1u << 30, 1), NULL, 1u << 30};
+        CK(cudaMalloc(&c.dst, c.n));
+        copy_gbs = 0;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+        float ms[REPS];
+        for (int i = 0; i < 3; i++) run_copy(&c, i);
+        for (int i = 0; i < REPS; i++) {
+            CK(cudaEventRecord(a, 0)); run_copy(&c, i); CK(cudaEventRecord(b, 0)); CK(cudaEventSynchronize(b));
+            CK(cudaEventElapsedTime(&ms[i], a, b));
+        }
+        qsort(ms, REPS, sizeof *ms, cmp_f);
+        copy_gbs = 2.0 * c.n / (ms[REPS / 2] * 1e-3) / 1e9;
+        report("d2d_copy_1GiB(read+write)", 2.0 * c.n, ms, REPS);
+        cudaFree(c.src); cudaFree(c.dst);
+    }
+
+    { /* bf16 gemv / gemm at decode widths */
+        static const int shapes[][2] = {{12288, 7168}, {7168, 12288}, {4096, 4096}, {2048, 4096}, {576, 7168},
+                                        {163840, 7168}};
+        void *ws;
+        CK(cudaMalloc(&ws, 32u << 20));
+        uint16_t *xbf;
+        CK(cudaMalloc((void **)&xbf, 64 * 12288 * 2));
+        k3c_cuda_gemm g;
+        OK(k3c_cuda_gemm_init(&g, ws, 32u << 20, xbf, 64 * 12288));
+        float *x = dmalloc_rand(64 * 12288 * 4, 7), *y;
+        CK(cudaMalloc((void **)&y, (size_t)64 * 163840 * 4));
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            int rows = shapes[s][0], cols = shapes[s][1];
+            size_t bytes = (size_t)rows * cols * 2;
+            int copies = (int)((512u << 20) / bytes) + 1;
+            if (copies > 16) copies = 16;
+            if (bytes > (512u << 20)) copies = 1; /* lm_head-sized: far larger than L2 already */
+            uint16_t *W[16];
+            for (int i = 0; i < copies; i++) W[i] = dmalloc_rand(bytes, 100 + i);
+            static const int Ts[] = {1, 2, 4, 8, 16, 64};
+            for (int ti = 0; ti < 6; ti++) {
+                int T = Ts[ti];
+                if (rows == 163840 && T > 1) continue;
+                gemv_ctx c = {W, copies, rows, cols, T, x, y, &g};
+                char name[64];
+                snprintf(name, sizeof name, "gemm_bf16_%dx%d_T%d", rows, cols, T);
+                time_it(name, (double)bytes + (double)T * cols * 4 + (double)T * rows * 4, run_gemv, &c);
+            }
+            for (int i = 0; i < copies; i++) cudaFree(W[i]);
+        }
+        k3c_cuda_gemm_free(&g);
+        cudaFree(ws); cudaFree(xbf); cudaFree(x); cudaFree(y);
+    }
+
+    { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
+        int E = 64, In = 3584, F = 3072, Out = 3584, k = 16;
+        k3c_cuda_expert *tab = calloc(E, sizeof *tab);
+        size_t pgu = (size_t)F * In / 2, sgu = (size_t)F * In / 32, pd = (size_t)Out * F / 2, sd = (size_t)Out * F / 32;
+        for (int e = 0; e < E; e++) {
+            tab[e].gate_packed = dmalloc_rand(pgu, 1000 + 6 * e);
+            tab[e].up_packed = dmalloc_rand(pgu, 1001 + 6 * e);
+            tab[e].down_packed = dmalloc_rand(pd, 1002 + 6 * e);
+            /* scales: 2^-8 .. 2^7 around 127 */
+            uint8_t *hs = malloc(sgu > sd ? sgu : sd);
+            for (size_t i = 0; i < (sgu > sd ? sgu : sd); i++) hs[i] = (uint8_t)(119 + (i * 7 + e) % 16);
+            void *a, *b, *c;
+            CK(cudaMalloc(&a, sgu)); CK(cudaMalloc(&b, sgu)); CK(cudaMalloc(&c, sd));
+            CK(cudaMemcpy(a, hs, sgu, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(b, hs, sgu, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(c, hs, sd, cudaMemcpyHostToDevice));
+            tab[e].gate_scale = a; tab[e].up_scale = b; tab[e].down_scale = c;
+            free(hs);
+        }
+        k3c_cuda_expert *dtab;
+        CK(cudaMalloc((void **)&dtab, sizeof *tab * E));
+        CK(cudaMemcpy(dtab, tab, sizeof *tab * E, cudaMemcpyHostToDevice));
+        for (int T = 1; T <= 4; T *= 4) {
+            moe_ctx m;
+            memset(&m, 0, sizeof m);
+            m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k;
+            for (int r = 0; r < 4; r++) {
+                /* 4 rotating selections of 16 distinct experts per token (quarters of the 64) */
+                int *hi = malloc(sizeof(int) * T * k);
+                for (int t = 0; t < T; t++)
+                    for (int j = 0; j < k; j++) hi[t * k + j] = (r * 16 + j + t * 5) % E;
+                CK(cudaMalloc((void **)&m.idx[r], sizeof(int) * T * k));
+                CK(cudaMemcpy(m.idx[r], hi, sizeof(int) * T * k, cudaMemcpyHostToDevice));
+                free(hi);
+            }
+            float *hw = malloc(sizeof(float) * T * k);
+            for (int i = 0; i < T * k; i++) hw[i] = 1.0f / k;
+            CK(cudaMalloc((void **)&m.w, sizeof(float) * T * k));
+            CK(cudaMemcpy(m.w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
+            free(hw);
+            m.x = dmalloc_rand((size_t)T * In * 4, 9);
+            CK(cudaMalloc((void **)&m.h, (size_t)T * k * F * 4));
+            CK(cudaMalloc((void **)&m.part, (size_t)T * k * Out * 4));
+            CK(cudaMalloc((void **)&m.out, (size_t)T * Out * 4));
+            /* distinct experts touched per launch: T = 1: 16; T = 4: all selections overlap into <= 64 */
+            int distinct = T == 1 ? 16 : (16 + 3 * 5 < E ? 16 + 3 * 5 : E);
+            double gu = (double)distinct * 2 * (pgu + sgu), dn = (double)distinct * (pd + sd);
+            char name[64];
+            m.mode = 1;
+            snprintf(name, sizeof name, "moe_mxfp4_gate_up_T%d_k16", T);
+            time_it(name, gu, run_moe, &m);
+            m.mode = 2;
+            CK(cudaMemset(m.h, 0, (size_t)T * k * F * 4));
+            snprintf(name, sizeof name, "moe_mxfp4_down_T%d_k16", T);
+            time_it(name, dn, run_moe, &m);
+            m.mode = 0;
+            snprintf(name, sizeof name, "moe_mxfp4_all_T%d_k16", T);
+            time_it(name, gu + dn, run_moe, &m);
+            for (int r = 0; r < 4; r++) cudaFree(m.idx[r]);
+            cudaFree(m.w); cudaFree(m.x); cudaFree(m.h); cudaFree(m.part); cudaFree(m.out);
+        }
+    }
+
+    { /* KDA recurrent decode step, K3 heads: state read + written once */
+        kda_ctx c;
+        memset(&c, 0, sizeof c);
+        c.H = 96; c.dk = 128; c.T = 1;
+        size_t ns = (size_t)c.H * c.dk * c.dk;
+        for (int i = 0; i < 4; i++) {
+            c.S[i] = dmalloc_rand(ns * 4, 20 + i);
+            CK(cudaMemset(c.S[i], 0, ns * 4)); /* a fresh state; decays keep it bounded */
+        }
+        size_t n = (size_t)c.T * c.H * c.dk;
+        c.q = dmalloc_rand(n * 4, 30); c.k = dmalloc_rand(n * 4, 31); c.v = dmalloc_rand(n * 4, 32);
+        CK(cudaMalloc((void **)&c.g, n * 4)); CK(cudaMemset(c.g, 0, n * 4));
+        CK(cudaMalloc((void **)&c.beta, (size_t)c.T * c.H * 4)); CK(cudaMemset(c.beta, 0, (size_t)c.T * c.H * 4));
+        CK(cudaMalloc((void **)&c.o, n * 4));
+        time_it("kda_recurrent_H96_128x128_T1", 2.0 * ns * 4, run_kda, &c);
+        for (int i = 0; i < 4; i++) cudaFree(c.S[i]);
+        cudaFree(c.q); cudaFree(c.k); cudaFree(c.v); cudaFree(c.g); cudaFree(c.beta); cudaFree(c.o);
+    }
+
+    { /* MLA paged decode attention, bf16 cache, 96 heads, 1 row at 8192 positions */
+        mla_ctx c;
+        memset(&c, 0, sizeof c);
+        c.Hm = 96; c.T = 1; c.bs = 64;
+        int len = 8192, nb = len / c.bs;
+        c.cache = dmalloc_rand((size_t)nb * c.bs * 576 * 2, 40);
+        int *tab = malloc(sizeof(int) * nb);
+        for (int i = 0; i < nb; i++) tab[i] = (i * 37) % nb;
+        CK(cudaMalloc((void **)&c.tables, sizeof(int) * nb));
+        CK(cudaMemcpy(c.tables, tab, sizeof(int) * nb, cudaMemcpyHostToDevice));
+        free(tab);
+        int zero = 0;
+        CK(cudaMalloc((void **)&c.toff, sizeof(int))); CK(cudaMemcpy(c.toff, &zero, sizeof(int), cudaMemcpyHostToDevice));
+        CK(cudaMalloc((void **)&c.lens, sizeof(int))); CK(cudaMemcpy(c.lens, &len, sizeof(int), cudaMemcpyHostToDevice));
+        c.qabs = dmalloc_rand((size_t)c.Hm * 576 * 4, 41);
+        CK(cudaMalloc((void **)&c.olat, (size_t)c.Hm * 512 * 4));
+        time_it("mla_attend_H96_len8192_bf16", (double)len * 576 * 2, run_mla, &c);
+        cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
+    }
+    return 0;
+}

@@ -1,0 +1,689 @@
+/* GPU kernels against their CPU counterparts (cpu/ops.h), on fresh random inputs (seeded from test_seed()),
+ * outputs poisoned (NaN) before each launch, awkward sizes. Metric: relative L2 error ||gpu - cpu|| / ||cpu||
+ * (NaN anywhere fails); each test states its threshold. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/ops.h"
+#include "cuda/attnres.h"
+#include "cuda/elementwise.h"
+#include "cuda/gemm.h"
+#include "cuda/kda.h"
+#include "cuda/mla.h"
+#include "cuda/moe.h"
+#include "cuda/router.h"
+#include "format/mxfp4.h"
+#include "gpu_util.h"
+#include "../test.h"
+#include "util/error.h"
+
+#define CUDA_OK(call) CHECKF((call) == cudaSuccess, "%s failed", #call)
+
+static k3c_rng rng_for(const char *name) {
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(name));
+    return r;
+}
+
+/* Worst error per kernel and threshold, printed as "METRIC <kernel> rel_l2 <threshold> <worst>" lines at exit
+ * (tools/gpu-check.sh turns them into its summary table). */
+static struct { const char *kernel; double thr, worst; } notes[64];
+static int num_notes;
+
+static void note(const char *kernel, double thr, double e) {
+    int i = 0;
+    while (i < num_notes && !(strcmp(notes[i].kernel, kernel) == 0 && notes[i].thr == thr)) i++;
+    if (i == num_notes) {
+        if (num_notes == 64) return;
+        notes[num_notes++] = (typeof(notes[0])){kernel, thr, 0.0};
+    }
+    if (!(e <= notes[i].worst)) notes[i].worst = e; /* NaN sticks */
+}
+
+__attribute__((destructor)) static void print_notes(void) {
+    for (int i = 0; i < num_notes; i++)
+        printf("METRIC %-28s rel_l2 %8.1e %10.3e\n", notes[i].kernel, notes[i].thr, notes[i].worst);
+}
+
+static void round_host(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
+/* ---- gemv / gemm ---- */
+
+/* Streaming kernel (f32 activations, so only the summation order differs): rel L2 < 1e-5. cuBLASLt path
+ * (T > 8, activations rounded to bf16 first): against the CPU on the rounded activations, rel L2 < 1e-4. */
+TEST(gpu_matmul_bf16) {
+    k3c_rng r = rng_for("matmul");
+    static const int rows_l[] = {1, 3, 17, 64, 1000}, cols_l[] = {8, 20, 264, 1032};
+    static const int T_l[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 40};
+    void *ws = NULL;
+    CUDA_OK(cudaMalloc(&ws, 8 << 20));
+    uint16_t *xbf = NULL;
+    CUDA_OK(cudaMalloc((void **)&xbf, 40 * 1032 * 2));
+    k3c_cuda_gemm g;
+    CHECK_OK(k3c_cuda_gemm_init(&g, ws, 8 << 20, xbf, 40 * 1032));
+    for (size_t a = 0; a < sizeof rows_l / sizeof *rows_l; a++)
+        for (size_t b = 0; b < sizeof cols_l / sizeof *cols_l; b++)
+            for (size_t c = 0; c < sizeof T_l / sizeof *T_l; c++) {
+                int rows = rows_l[a], cols = cols_l[b], T = T_l[c];
+                uint16_t *W = malloc((size_t)rows * cols * 2);
+                float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows), *ref = fmalloc((size_t)T * rows);
+                fill_bf16(&r, W, (size_t)rows * cols, 1.0f);
+                fill_normal(&r, x, (size_t)T * cols, 1.0f);
+                int lt = T > K3C_CUDA_GEMV_MAX_T;
+                float *xr = fmalloc((size_t)T * cols);
+                memcpy(xr, x, (size_t)T * cols * 4);
+                if (lt) round_host(xr, (size_t)T * cols);
+                k3c_mat m = {W, rows, cols};
+                poison_f32(ref, (size_t)T * rows);
+                k3c_matmul_bf16(NULL, &m, xr, T, ref);
+                void *dW = dev_upload(W, (size_t)rows * cols * 2), *dx = dev_upload(x, (size_t)T * cols * 4);
+                float *dy = dev_poisoned((size_t)T * rows * 4);
+                CHECK(dW && dx && dy);
+                CHECK_OK(k3c_cuda_matmul_bf16(&g, dW, rows, cols, dx, T, dy, 0));
+                CHECK(dev_download(y, dy, (size_t)T * rows * 4) == 0);
+                double e = rel_l2_f32f32(y, ref, (size_t)T * rows);
+                note(lt ? "gemm_bf16_cublaslt" : "gemv_bf16_stream", lt ? 1e-4 : 1e-5, e);
+                CHECKF(e < (lt ? 1e-4 : 1e-5), "rows %d cols %d T %d: rel L2 %.3g", rows, cols, T, e);
+                cudaFree(dW); cudaFree(dx); cudaFree(dy);
+                free(W); free(x); free(xr); free(y); free(ref);
+            }
+    k3c_cuda_gemm_free(&g);
+    cudaFree(ws);
+    cudaFree(xbf);
+}
+
+/* ---- MoE experts ---- */
+
+static void config_act(k3c_config *c, int situ) {
+    memset(c, 0, sizeof *c);
+    c->hidden_act = situ ? K3C_ACT_SITU : K3C_ACT_SILU;
+    c->situ_beta = 4.0f;
+    c->situ_linear_beta = 25.0f;
+}
+
+typedef struct host_expert {
+    k3c_mxfp4_mat q[3]; /* gate, up, down */
+    k3c_mat b[3];
+} host_expert;
+
+static int make_mx(k3c_rng *r, int rows, int cols, k3c_mxfp4_mat *m) {
+    uint8_t *p = malloc((size_t)rows * cols / 2), *s = malloc((size_t)rows * cols / 32);
+    float *row = fmalloc(cols);
+    if (!p || !s || !row) return -1;
+    for (int i = 0; i < rows; i++) {
+        fill_normal(r, row, cols, 1.0f);
+        /* vary the group magnitudes so the scales differ */
+        for (int c = 0; c < cols; c++) row[c] *= ldexpf(1.0f, (c / 32 + i) % 7 - 3);
+        k3c_mxfp4_quant_row(row, cols, p + (size_t)i * cols / 2, s + (size_t)i * cols / 32);
+    }
+    free(row);
+    m->packed = p;
+    m->scale = s;
+    m->rows = rows;
+    m->cols = cols;
+    return 0;
+}
+
+/* Routed experts (gate/up fused with the activation, then down, weighted sum) against the CPU matmuls and
+ * activation, per (token, slot) pair. Unrounded: rel L2 < 1e-5; with the stock roundings on both sides
+ * (a bf16 tie can flip an ulp): rel L2 < 1e-2. */
+static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round) {
+    k3c_rng r = rng_for("moe");
+    k3c_config cfg;
+    config_act(&cfg, situ);
+    host_expert *he = calloc(E, sizeof *he);
+    k3c_cuda_expert *de = calloc(E, sizeof *de);
+    int dims[3][2] = {{F, In}, {F, In}, {Out, F}};
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            if (mxfp4) {
+                CHECK(make_mx(&r, dims[m][0], dims[m][1], &he[e].q[m]) == 0);
+                const uint8_t *p = dev_upload(he[e].q[m].packed, (size_t)dims[m][0] * dims[m][1] / 2);
+                const uint8_t *s = dev_upload(he[e].q[m].scale, (size_t)dims[m][0] * dims[m][1] / 32);
+                CHECK(p && s);
+                if (m == 0) { de[e].gate_packed = p; de[e].gate_scale = s; }
+                if (m == 1) { de[e].up_packed = p; de[e].up_scale = s; }
+                if (m == 2) { de[e].down_packed = p; de[e].down_scale = s; }
+            } else {
+                size_t n = (size_t)dims[m][0] * dims[m][1];
+                uint16_t *w = malloc(n * 2);
+                fill_bf16(&r, w, n, 0.1f);
+                he[e].b[m] = (k3c_mat){w, dims[m][0], dims[m][1]};
+                const uint16_t *d = dev_upload(w, n * 2);
+                CHECK(d);
+                if (m == 0) de[e].gate_w = d;
+                if (m == 1) de[e].up_w = d;
+                if (m == 2) de[e].down_w = d;
+            }
+        }
+    float *x = fmalloc((size_t)T * In), *wt = fmalloc((size_t)T * k);
+    int *idx = malloc(sizeof(int) * T * k);
+    fill_normal(&r, x, (size_t)T * In, mxfp4 ? 0.05f : 1.0f);
+    if (round) round_host(x, (size_t)T * In);
+    for (int i = 0; i < T * k; i++) {
+        idx[i] = (int)(k3c_rng_next(&r) % (uint64_t)(E + 1)) - (i == 1 ? 1 : 0); /* pair 1 may be invalid (-1) */
+        if (idx[i] >= E) idx[i] = E - 1;
+        wt[i] = (float)k3c_rng_uniform(&r);
+    }
+    /* CPU reference */
+    float *ga = fmalloc(F), *ua = fmalloc(F), *d = fmalloc(Out), *ref = fmalloc((size_t)T * Out);
+    for (int t = 0; t < T; t++) {
+        float *o = ref + (size_t)t * Out;
+        for (int i = 0; i < Out; i++) o[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int e = idx[t * k + j];
+            if (e < 0) continue;
+            const float *xt = x + (size_t)t * In;
+            if (mxfp4) {
+                k3c_matmul_mxfp4(NULL, &he[e].q[0], xt, 1, ga);
+                k3c_matmul_mxfp4(NULL, &he[e].q[1], xt, 1, ua);
+            } else {
+                k3c_matmul_bf16(NULL, &he[e].b[0], xt, 1, ga);
+                k3c_matmul_bf16(NULL, &he[e].b[1], xt, 1, ua);
+            }
+            if (round) { round_host(ga, F); round_host(ua, F); }
+            k3c_gated_act(&cfg, ga, ua, F, ga);
+            if (round) round_host(ga, F);
+            if (mxfp4) k3c_matmul_mxfp4(NULL, &he[e].q[2], ga, 1, d);
+            else k3c_matmul_bf16(NULL, &he[e].b[2], ga, 1, d);
+            if (round) round_host(d, Out);
+            for (int i = 0; i < Out; i++) o[i] += wt[t * k + j] * d[i];
+        }
+        if (round) round_host(o, Out);
+    }
+    k3c_cuda_expert *dtab = dev_upload(de, sizeof *de * E);
+    float *dx = dev_upload(x, (size_t)T * In * 4), *dwt = dev_upload(wt, (size_t)T * k * 4);
+    int *didx = dev_upload(idx, sizeof(int) * T * k);
+    float *dh = dev_poisoned((size_t)T * k * F * 4), *dpart = dev_poisoned((size_t)T * k * Out * 4);
+    float *dout = dev_poisoned((size_t)T * Out * 4), *out = fmalloc((size_t)T * Out);
+    CHECK(dtab && dx && dwt && didx && dh && dpart && dout);
+    k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+    CHECK_OK(k3c_cuda_moe_experts(dtab, E, mxfp4, In, F, Out, dx, T, didx, dwt, k, act, round, dh, dpart, dout, 0));
+    CHECK(dev_download(out, dout, (size_t)T * Out * 4) == 0);
+    double e = rel_l2_f32f32(out, ref, (size_t)T * Out);
+    note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"),
+         round ? 1e-2 : 1e-5, e);
+    CHECKF(e < (round ? 1e-2 : 1e-5), "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
+           situ, In, F, Out, E, T, k, round, e);
+    for (int i = 0; i < E; i++) {
+        cudaFree((void *)de[i].gate_packed); cudaFree((void *)de[i].gate_scale);
+        cudaFree((void *)de[i].up_packed); cudaFree((void *)de[i].up_scale);
+        cudaFree((void *)de[i].down_packed); cudaFree((void *)de[i].down_scale);
+        cudaFree((void *)de[i].gate_w); cudaFree((void *)de[i].up_w); cudaFree((void *)de[i].down_w);
+        for (int m = 0; m < 3; m++) {
+            free((void *)he[i].q[m].packed); free((void *)he[i].q[m].scale); free((void *)he[i].b[m].w);
+        }
+    }
+    cudaFree(dtab); cudaFree(dx); cudaFree(dwt); cudaFree(didx); cudaFree(dh); cudaFree(dpart); cudaFree(dout);
+    free(he); free(de); free(x); free(wt); free(idx); free(ga); free(ua); free(d); free(ref); free(out);
+}
+
+TEST(gpu_moe_mxfp4) {
+    moe_case(1, 1, 96, 64, 17, 5, 3, 3, 0);
+    moe_case(1, 0, 32, 32, 1, 2, 1, 2, 0);
+    moe_case(1, 1, 1056, 96, 64, 4, 2, 2, 0);
+    moe_case(1, 1, 3584, 3072, 3584, 4, 2, 2, 0); /* K3's expert shape */
+    moe_case(1, 1, 96, 64, 17, 5, 3, 3, 1);
+}
+
+TEST(gpu_moe_bf16) {
+    moe_case(0, 0, 64, 24, 17, 5, 3, 3, 0);
+    moe_case(0, 1, 8, 8, 3, 2, 1, 1, 0);
+    moe_case(0, 0, 2304, 1024, 2304, 3, 2, 2, 0); /* Kimi Linear's expert shape */
+    moe_case(0, 0, 64, 24, 17, 5, 3, 3, 1);
+}
+
+/* ---- elementwise ---- */
+
+/* rmsnorm with strided rows: rel L2 < 1e-6; columns past n untouched (still poisoned). */
+TEST(gpu_rmsnorm) {
+    k3c_rng r = rng_for("rmsnorm");
+    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 7168};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++) {
+            int T = T_l[a], n = n_l[b], xs = n + 3, ys = n + 5;
+            float *x = fmalloc((size_t)T * xs), *w = fmalloc(n), *ref = fmalloc((size_t)T * n), *y = fmalloc((size_t)T * ys);
+            fill_normal(&r, x, (size_t)T * xs, 2.0f);
+            fill_normal(&r, w, n, 1.0f);
+            for (int t = 0; t < T; t++) k3c_rmsnorm(x + (size_t)t * xs, w, n, 1e-5f, ref + (size_t)t * n);
+            float *dx = dev_upload(x, (size_t)T * xs * 4), *dw = dev_upload(w, (size_t)n * 4);
+            float *dy = dev_poisoned((size_t)T * ys * 4);
+            CHECK(dx && dw && dy);
+            CHECK_OK(k3c_cuda_rmsnorm(dx, xs, dw, T, n, 1e-5f, 0, dy, ys, 0));
+            CHECK(dev_download(y, dy, (size_t)T * ys * 4) == 0);
+            float *yc = fmalloc((size_t)T * n);
+            for (int t = 0; t < T; t++) {
+                memcpy(yc + (size_t)t * n, y + (size_t)t * ys, (size_t)n * 4);
+                for (int i = n; i < ys; i++) CHECKF(isnan(y[(size_t)t * ys + i]), "column %d past n written", i);
+            }
+            double e = rel_l2_f32f32(yc, ref, (size_t)T * n);
+            note("rmsnorm", 1e-6, e);
+            CHECKF(e < 1e-6, "T %d n %d: rel L2 %.3g", T, n, e);
+            cudaFree(dx); cudaFree(dw); cudaFree(dy);
+            free(x); free(w); free(ref); free(y); free(yc);
+        }
+}
+
+/* SiLU and SiTU gated activation, strided inputs: rel L2 < 1e-6. */
+TEST(gpu_gated_act) {
+    k3c_rng r = rng_for("act");
+    for (int situ = 0; situ < 2; situ++) {
+        int T = 5, n = 1001;
+        k3c_config cfg;
+        config_act(&cfg, situ);
+        float *gu = fmalloc((size_t)T * 2 * n), *ref = fmalloc((size_t)T * n), *out = fmalloc((size_t)T * n);
+        fill_normal(&r, gu, (size_t)T * 2 * n, 8.0f);
+        for (int t = 0; t < T; t++)
+            k3c_gated_act(&cfg, gu + (size_t)t * 2 * n, gu + (size_t)t * 2 * n + n, n, ref + (size_t)t * n);
+        float *dgu = dev_upload(gu, (size_t)T * 2 * n * 4), *dout = dev_poisoned((size_t)T * n * 4);
+        CHECK(dgu && dout);
+        k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+        CHECK_OK(k3c_cuda_gated_act(act, dgu, 2 * n, dgu + n, 2 * n, T, n, 0, dout, 0));
+        CHECK(dev_download(out, dout, (size_t)T * n * 4) == 0);
+        double e = rel_l2_f32f32(out, ref, (size_t)T * n);
+        note("gated_act", 1e-6, e);
+        CHECKF(e < 1e-6, "situ %d: rel L2 %.3g", situ, e);
+        cudaFree(dgu); cudaFree(dout);
+        free(gu); free(ref); free(out);
+    }
+}
+
+/* Embedding gather: exact. */
+TEST(gpu_embed) {
+    k3c_rng r = rng_for("embed");
+    int V = 1000, D = 77, T = 9;
+    uint16_t *E = malloc((size_t)V * D * 2);
+    fill_bf16(&r, E, (size_t)V * D, 1.0f);
+    int ids[9];
+    for (int t = 0; t < T; t++) ids[t] = (int)(k3c_rng_next(&r) % V);
+    ids[0] = V - 1;
+    float *ref = fmalloc((size_t)T * D), *out = fmalloc((size_t)T * D);
+    k3c_mat m = {E, V, D};
+    for (int t = 0; t < T; t++) k3c_bf16_row(&m, ids[t], ref + (size_t)t * D);
+    void *dE = dev_upload(E, (size_t)V * D * 2), *dids = dev_upload(ids, sizeof ids);
+    float *dout = dev_poisoned((size_t)T * D * 4);
+    CHECK(dE && dids && dout);
+    CHECK_OK(k3c_cuda_embed(dE, V, D, dids, T, dout, 0));
+    CHECK(dev_download(out, dout, (size_t)T * D * 4) == 0);
+    double e = rel_l2_f32f32(out, ref, (size_t)T * D);
+    note("embed(exact)", 0.0, e);
+    CHECK(e == 0.0);
+    cudaFree(dE); cudaFree(dids); cudaFree(dout);
+    free(E); free(ref); free(out);
+}
+
+/* ---- AttnRes ---- */
+
+/* Mix over 1, 2 and 9 sources: rel L2 < 1e-5. */
+TEST(gpu_attnres_mix) {
+    k3c_rng r = rng_for("attnres");
+    static const int n_l[] = {1, 2, 9}, T_l[] = {1, 5}, D_l[] = {7, 256, 7168};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 3; c++) {
+                int n = n_l[a], T = T_l[b], D = D_l[c];
+                float *src[9], *dsrc[9];
+                for (int j = 0; j < n; j++) {
+                    src[j] = fmalloc((size_t)T * D);
+                    fill_normal(&r, src[j], (size_t)T * D, 1.0f + j);
+                    dsrc[j] = dev_upload(src[j], (size_t)T * D * 4);
+                    CHECK(dsrc[j]);
+                }
+                float *proj = fmalloc(D), *norm = fmalloc(D), *ref = fmalloc((size_t)T * D), *out = fmalloc((size_t)T * D);
+                fill_normal(&r, proj, D, 0.3f);
+                fill_normal(&r, norm, D, 1.0f);
+                for (int t = 0; t < T; t++) {
+                    const float *rows[9];
+                    for (int j = 0; j < n; j++) rows[j] = src[j] + (size_t)t * D;
+                    k3c_attnres_mix(rows, n, D, proj, norm, 1e-5f, ref + (size_t)t * D);
+                }
+                void *dptr = dev_upload(dsrc, sizeof(float *) * n);
+                float *dproj = dev_upload(proj, (size_t)D * 4), *dnorm = dev_upload(norm, (size_t)D * 4);
+                float *dout = dev_poisoned((size_t)T * D * 4);
+                CHECK(dptr && dproj && dnorm && dout);
+                CHECK_OK(k3c_cuda_attnres_mix(dptr, n, T, D, dproj, dnorm, 1e-5f, 0, dout, 0));
+                CHECK(dev_download(out, dout, (size_t)T * D * 4) == 0);
+                double e = rel_l2_f32f32(out, ref, (size_t)T * D);
+                note("attnres_mix", 1e-5, e);
+                CHECKF(e < 1e-5, "n %d T %d D %d: rel L2 %.3g", n, T, D, e);
+                for (int j = 0; j < n; j++) { cudaFree(dsrc[j]); free(src[j]); }
+                cudaFree(dptr); cudaFree(dproj); cudaFree(dnorm); cudaFree(dout);
+                free(proj); free(norm); free(ref); free(out);
+            }
+}
+
+/* ---- router ---- */
+
+/* Same experts in the same order as k3c_route; weights rel L2 < 1e-6. */
+TEST(gpu_router) {
+    k3c_rng r = rng_for("router");
+    struct { int E, k, sigmoid, groups, topk_group, renorm; float scale; } cases[] = {
+        {896, 16, 1, 1, 1, 1, 1.0f}, {64, 1, 1, 1, 1, 1, 2.5f}, {256, 8, 1, 8, 3, 1, 2.446f},
+        {100, 7, 0, 1, 1, 0, 1.0f},  {17, 17, 0, 1, 1, 1, 1.0f}, {896, 16, 1, 32, 4, 0, 1.5f},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int E = cases[ci].E, k = cases[ci].k, T = 7;
+        k3c_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.num_experts = E;
+        cfg.num_experts_per_token = k;
+        cfg.router_sigmoid = cases[ci].sigmoid;
+        cfg.use_correction_bias = 1;
+        cfg.use_grouped_topk = cases[ci].groups > 1;
+        cfg.num_expert_group = cases[ci].groups;
+        cfg.topk_group = cases[ci].topk_group;
+        cfg.moe_renormalize = cases[ci].renorm;
+        cfg.routed_scaling_factor = cases[ci].scale;
+        float *lg = fmalloc((size_t)T * E), *bias = fmalloc(E), *wref = fmalloc((size_t)T * k), *w = fmalloc((size_t)T * k);
+        int *iref = malloc(sizeof(int) * T * k), *idx = malloc(sizeof(int) * T * k);
+        fill_normal(&r, lg, (size_t)T * E, 2.0f);
+        fill_normal(&r, bias, E, 0.1f);
+        for (int t = 0; t < T; t++) k3c_route(&cfg, lg + (size_t)t * E, bias, iref + t * k, wref + t * k);
+        k3c_cuda_router rc = {E, k, cases[ci].sigmoid, 1, cases[ci].groups, cases[ci].topk_group, cases[ci].renorm,
+                              cases[ci].scale};
+        float *dlg = dev_upload(lg, (size_t)T * E * 4), *db = dev_upload(bias, (size_t)E * 4);
+        float *dw = dev_poisoned((size_t)T * k * 4);
+        int *didx = dev_poisoned(sizeof(int) * T * k);
+        CHECK(dlg && db && dw && didx);
+        CHECK_OK(k3c_cuda_route(&rc, dlg, db, T, didx, dw, 0));
+        CHECK(dev_download(idx, didx, sizeof(int) * T * k) == 0);
+        CHECK(dev_download(w, dw, (size_t)T * k * 4) == 0);
+        for (int i = 0; i < T * k; i++) CHECKF(idx[i] == iref[i], "case %zu: slot %d: expert %d, cpu %d", ci, i, idx[i], iref[i]);
+        double e = rel_l2_f32f32(w, wref, (size_t)T * k);
+        note("router_weights(ids exact)", 1e-6, e);
+        CHECKF(e < 1e-6, "case %zu: weights rel L2 %.3g", ci, e);
+        cudaFree(dlg); cudaFree(db); cudaFree(dw); cudaFree(didx);
+        free(lg); free(bias); free(wref); free(w); free(iref); free(idx);
+    }
+}
+
+/* ---- KDA ---- */
+
+/* Conv + window over consecutive calls (token counts below and above W-1): rel L2 < 1e-6 for outputs and
+ * the final window. */
+TEST(gpu_kda_conv) {
+    k3c_rng r = rng_for("conv");
+    static const int C_l[] = {1, 17, 300};
+    static const int calls[] = {1, 2, 3, 5, 70, 1};
+    int W = 4;
+    for (int a = 0; a < 3; a++) {
+        int C = C_l[a];
+        float *taps = fmalloc((size_t)C * W), *win = fmalloc((size_t)(W - 1) * C);
+        fill_normal(&r, taps, (size_t)C * W, 0.5f);
+        fill_normal(&r, win, (size_t)(W - 1) * C, 1.0f);
+        float *dtaps = dev_upload(taps, (size_t)C * W * 4), *dwin = dev_upload(win, (size_t)(W - 1) * C * 4);
+        CHECK(dtaps && dwin);
+        for (int ci = 0; ci < 6; ci++) {
+            int T = calls[ci];
+            float *x = fmalloc((size_t)T * C), *ref = fmalloc((size_t)T * C), *out = fmalloc((size_t)T * C);
+            fill_normal(&r, x, (size_t)T * C, 1.0f);
+            k3c_kda_conv(x, T, C, W, taps, win, ref);
+            float *dx = dev_upload(x, (size_t)T * C * 4), *dout = dev_poisoned((size_t)T * C * 4);
+            CHECK(dx && dout);
+            CHECK_OK(k3c_cuda_kda_conv(dx, T, C, W, dtaps, dwin, 0, dout, 0));
+            CHECK(dev_download(out, dout, (size_t)T * C * 4) == 0);
+            double e = rel_l2_f32f32(out, ref, (size_t)T * C);
+            note("kda_conv", 1e-6, e);
+            CHECKF(e < 1e-6, "C %d call %d T %d: rel L2 %.3g", C, ci, T, e);
+            float *wgot = fmalloc((size_t)(W - 1) * C);
+            CHECK(dev_download(wgot, dwin, (size_t)(W - 1) * C * 4) == 0);
+            CHECKF(rel_l2_f32f32(wgot, win, (size_t)(W - 1) * C) == 0.0, "C %d call %d: window differs", C, ci);
+            cudaFree(dx); cudaFree(dout);
+            free(x); free(ref); free(out); free(wgot);
+        }
+        cudaFree(dtaps); cudaFree(dwin);
+        free(taps); free(win);
+    }
+}
+
+/* Both gate forms and beta: rel L2 < 1e-6; q/k norm: rel L2 < 1e-6. */
+TEST(gpu_kda_gate_qk_norm) {
+    k3c_rng r = rng_for("gate");
+    int T = 3, H = 5, dk = 32, P = H * dk;
+    for (int lb = 0; lb < 2; lb++) {
+        k3c_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.kda_num_heads = H;
+        cfg.kda_head_dim = dk;
+        cfg.kda_has_lower_bound = lb;
+        cfg.kda_gate_lower_bound = -5.0f;
+        float *f = fmalloc((size_t)T * P), *b = fmalloc((size_t)T * H), *alog = fmalloc(H), *dtb = fmalloc(P);
+        fill_normal(&r, f, (size_t)T * P, 8.0f); /* some above the softplus threshold 20 */
+        fill_normal(&r, b, (size_t)T * H, 2.0f);
+        fill_normal(&r, alog, H, 1.0f);
+        fill_normal(&r, dtb, P, 1.0f);
+        float *gref = fmalloc((size_t)T * P), *g = fmalloc((size_t)T * P), *beta = fmalloc((size_t)T * H);
+        k3c_kda_gate(&cfg, alog, dtb, f, T, gref);
+        float *df = dev_upload(f, (size_t)T * P * 4), *db = dev_upload(b, (size_t)T * H * 4);
+        float *dal = dev_upload(alog, (size_t)H * 4), *ddt = dev_upload(dtb, (size_t)P * 4);
+        float *dg = dev_poisoned((size_t)T * P * 4), *dbeta = dev_poisoned((size_t)T * H * 4);
+        CHECK(df && db && dal && ddt && dg && dbeta);
+        CHECK_OK(k3c_cuda_kda_gate(df, db, dal, ddt, T, H, dk, lb, -5.0f, dg, dbeta, 0));
+        CHECK(dev_download(g, dg, (size_t)T * P * 4) == 0);
+        CHECK(dev_download(beta, dbeta, (size_t)T * H * 4) == 0);
+        double e = rel_l2_f32f32(g, gref, (size_t)T * P);
+        note("kda_gate", 1e-6, e);
+        CHECKF(e < 1e-6, "lower bound %d: gate rel L2 %.3g", lb, e);
+        for (int i = 0; i < T * H; i++) CHECK_CLOSE(beta[i], k3c_sigmoidf(b[i]), 1e-7, 1e-6);
+        cudaFree(df); cudaFree(db); cudaFree(dal); cudaFree(ddt); cudaFree(dg); cudaFree(dbeta);
+        free(f); free(b); free(alog); free(dtb); free(gref); free(g); free(beta);
+    }
+    int dkn = 128;
+    size_t n = (size_t)T * H * dkn;
+    float *q = fmalloc(n), *k = fmalloc(n), *q2 = fmalloc(n), *k2 = fmalloc(n);
+    fill_normal(&r, q, n, 3.0f);
+    fill_normal(&r, k, n, 3.0f);
+    float *dq = dev_upload(q, n * 4), *dk_ = dev_upload(k, n * 4);
+    CHECK(dq && dk_);
+    k3c_kda_qk_norm(q, k, T, H, dkn);
+    CHECK_OK(k3c_cuda_kda_qk_norm(dq, dk_, T, H, dkn, 0));
+    CHECK(dev_download(q2, dq, n * 4) == 0);
+    CHECK(dev_download(k2, dk_, n * 4) == 0);
+    double eq = rel_l2_f32f32(q2, q, n), ek = rel_l2_f32f32(k2, k, n);
+    note("kda_qk_norm", 1e-6, eq > ek ? eq : ek);
+    CHECKF(eq < 1e-6 && ek < 1e-6, "qk norm rel L2 %.3g %.3g", eq, ek);
+    cudaFree(dq); cudaFree(dk_);
+    free(q); free(k); free(q2); free(k2);
+}
+
+/* Delta rule: outputs and final state against k3c_kda_recurrent (rel L2 < 1e-5), per-token states too, and
+ * the chunked entry against k3c_kda_chunked (chunk 64) over lengths crossing chunk boundaries (rel L2 < 1e-4). */
+static void delta_case(int H, int dk, int dv, int T, int chunked) {
+    k3c_rng r = rng_for("delta");
+    size_t nk = (size_t)T * H * dk, nv = (size_t)T * H * dv, ns = (size_t)H * dk * dv;
+    float *q = fmalloc(nk), *k = fmalloc(nk), *v = fmalloc(nv), *g = fmalloc(nk), *beta = fmalloc((size_t)T * H);
+    float *S = fmalloc(ns), *Sref = fmalloc(ns), *o = fmalloc(nv), *oref = fmalloc(nv);
+    fill_normal(&r, q, nk, 1.0f);
+    fill_normal(&r, k, nk, 1.0f);
+    fill_normal(&r, v, nv, 1.0f);
+    fill_normal(&r, S, ns, 0.3f);
+    for (size_t i = 0; i < nk; i++) g[i] = -5.0f * (float)k3c_rng_uniform(&r) * (float)k3c_rng_uniform(&r);
+    for (int i = 0; i < T * H; i++) beta[i] = (float)k3c_rng_uniform(&r);
+    k3c_kda_qk_norm(q, k, T, H, dk);
+    float *dq = dev_upload(q, nk * 4), *dk_ = dev_upload(k, nk * 4), *dv_ = dev_upload(v, nv * 4);
+    float *dg = dev_upload(g, nk * 4), *dbeta = dev_upload(beta, (size_t)T * H * 4), *dS = dev_upload(S, ns * 4);
+    float *dout = dev_poisoned(nv * 4), *dstates = chunked ? NULL : dev_poisoned(ns * T * 4);
+    CHECK(dq && dk_ && dv_ && dg && dbeta && dS && dout && (chunked || dstates));
+    memcpy(Sref, S, ns * 4);
+    float *sref = chunked ? NULL : fmalloc(ns * T);
+    if (chunked) k3c_kda_chunked(Sref, q, k, v, g, beta, T, H, dk, dv, 64, oref);
+    else k3c_kda_recurrent(Sref, q, k, v, g, beta, T, H, dk, dv, oref, sref);
+    if (chunked) CHECK_OK(k3c_cuda_kda_chunked(dS, dq, dk_, dv_, dg, dbeta, T, H, dk, dv, 64, 0, dout, 0));
+    else CHECK_OK(k3c_cuda_kda_recurrent(dS, dq, dk_, dv_, dg, dbeta, T, H, dk, dv, 0, dout, dstates, 0));
+    CHECK(dev_download(o, dout, nv * 4) == 0);
+    CHECK(dev_download(S, dS, ns * 4) == 0);
+    double tol = chunked ? 1e-4 : 1e-5;
+    double eo = rel_l2_f32f32(o, oref, nv), es = rel_l2_f32f32(S, Sref, ns);
+    note(chunked ? "kda_chunked(o,state)" : "kda_recurrent(o,state)", tol, eo > es ? eo : es);
+    CHECKF(eo < tol && es < tol, "H %d dk %d dv %d T %d chunked %d: o rel L2 %.3g, state %.3g", H, dk, dv, T, chunked,
+           eo, es);
+    if (!chunked) {
+        float *st = fmalloc(ns * T);
+        CHECK(dev_download(st, dstates, ns * T * 4) == 0);
+        double e = rel_l2_f32f32(st, sref, ns * T);
+        CHECKF(e < tol, "per-token states rel L2 %.3g", e);
+        free(st);
+        free(sref);
+        cudaFree(dstates);
+    }
+    cudaFree(dq); cudaFree(dk_); cudaFree(dv_); cudaFree(dg); cudaFree(dbeta); cudaFree(dS); cudaFree(dout);
+    free(q); free(k); free(v); free(g); free(beta); free(S); free(Sref); free(o); free(oref);
+}
+
+TEST(gpu_kda_recurrent) {
+    static const int T_l[] = {1, 2, 3, 5, 8};
+    for (int i = 0; i < 5; i++) delta_case(3, 128, 128, T_l[i], 0);
+    delta_case(2, 64, 32, 7, 0);
+    delta_case(1, 32, 96, 4, 0);
+}
+
+TEST(gpu_kda_chunked) {
+    static const int T_l[] = {1, 63, 64, 65, 130};
+    for (int i = 0; i < 5; i++) delta_case(2, 128, 128, T_l[i], 1);
+}
+
+/* Gated output norm, sigmoid and silu gates: rel L2 < 1e-6. */
+TEST(gpu_kda_gated_norm) {
+    k3c_rng r = rng_for("gnorm");
+    int T = 3, H = 5, dv = 128;
+    size_t n = (size_t)T * H * dv;
+    for (int silu = 0; silu < 2; silu++) {
+        float *o = fmalloc(n), *z = fmalloc(n), *w = fmalloc(dv), *ref = fmalloc(n), *y = fmalloc(n);
+        fill_normal(&r, o, n, 1.0f);
+        fill_normal(&r, z, n, 2.0f);
+        fill_normal(&r, w, dv, 1.0f);
+        k3c_kda_gated_norm(o, z, w, T, H, dv, 1e-5f, silu, ref);
+        float *d_o = dev_upload(o, n * 4), *dz = dev_upload(z, n * 4), *dw = dev_upload(w, (size_t)dv * 4);
+        float *dy = dev_poisoned(n * 4);
+        CHECK(d_o && dz && dw && dy);
+        CHECK_OK(k3c_cuda_kda_gated_norm(d_o, dz, dw, T, H, dv, 1e-5f, silu, 0, dy, 0));
+        CHECK(dev_download(y, dy, n * 4) == 0);
+        double e = rel_l2_f32f32(y, ref, n);
+        note("kda_gated_norm", 1e-6, e);
+        CHECKF(e < 1e-6, "silu %d: rel L2 %.3g", silu, e);
+        cudaFree(d_o); cudaFree(dz); cudaFree(dw); cudaFree(dy);
+        free(o); free(z); free(w); free(ref); free(y);
+    }
+}
+
+/* ---- MLA ---- */
+
+/* Two requests in one step (a 5-row prefill from position 0 and a 1-row decode at position 37), block size
+ * 16 with shuffled block tables, so rows cross block boundaries; bf16 and f32 caches. absorb_q, attention
+ * and absorb_o against a double-precision-free CPU path (k3c_mla_attend on the latents the cache holds):
+ * rel L2 < 1e-5. */
+static void mla_case(int Hm, int nope, int rope, int vh, int kvl, int eb) {
+    k3c_rng r = rng_for("mla");
+    int bs = 16, nblocks = 8, Lat = kvl + rope, qh = nope + rope;
+    int seg_pos[2] = {0, 37}, seg_n[2] = {5, 1}, T = 6;
+    int tables[2][4];
+    int perm[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int i = 7; i > 0; i--) {
+        int j = (int)(k3c_rng_next(&r) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 4; i++) tables[s][i] = perm[s * 4 + i];
+    /* Earlier positions of request 1 (0..36) are already cached; this step writes its row 37 and rows 0..4 of
+     * request 0. Host mirror of the cache in f32 (values the device cache holds). */
+    size_t cache_elems = (size_t)nblocks * bs * Lat;
+    float *cache = fmalloc(cache_elems);
+    fill_normal(&r, cache, cache_elems, 1.0f);
+    if (eb == 2) round_host(cache, cache_elems);
+    void *dcache;
+    if (eb == 2) {
+        uint16_t *cb = malloc(cache_elems * 2);
+        for (size_t i = 0; i < cache_elems; i++) cb[i] = f32_to_bf16(cache[i]);
+        dcache = dev_upload(cb, cache_elems * 2);
+        free(cb);
+    } else {
+        dcache = dev_upload(cache, cache_elems * 4);
+    }
+    float *lat = fmalloc((size_t)T * Lat), *q = fmalloc((size_t)T * Hm * qh);
+    fill_normal(&r, lat, (size_t)T * Lat, 1.0f);
+    round_host(lat, (size_t)T * Lat);
+    fill_normal(&r, q, (size_t)T * Hm * qh, 1.0f);
+    size_t nkvb = (size_t)Hm * (nope + vh) * kvl;
+    uint16_t *kvb = malloc(nkvb * 2);
+    fill_bf16(&r, kvb, nkvb, 0.1f);
+    int slots[6], toff[6], lens[6], flat[8];
+    for (int s = 0, row = 0; s < 2; s++)
+        for (int i = 0; i < seg_n[s]; i++, row++) {
+            int p = seg_pos[s] + i;
+            slots[row] = tables[s][p / bs] * bs + p % bs;
+            toff[row] = 4 * s;
+            lens[row] = p + 1;
+            memcpy(cache + (size_t)slots[row] * Lat, lat + (size_t)row * Lat, (size_t)Lat * 4);
+        }
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 4; i++) flat[4 * s + i] = tables[s][i];
+    /* CPU reference: absorb q, attend over each request's latents in position order, absorb o. */
+    float *qabs = fmalloc((size_t)T * Hm * Lat), *olat = fmalloc((size_t)T * Hm * kvl), *oref = fmalloc((size_t)T * Hm * vh);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hm; h++) {
+            for (int c = 0; c < kvl; c++) {
+                float acc = 0.0f;
+                for (int i = 0; i < nope; i++)
+                    acc += q[(size_t)t * Hm * qh + h * qh + i] * bf16_to_f32(kvb[((size_t)h * (nope + vh) + i) * kvl + c]);
+                qabs[((size_t)t * Hm + h) * Lat + c] = acc;
+            }
+            for (int i = 0; i < rope; i++)
+                qabs[((size_t)t * Hm + h) * Lat + kvl + i] = q[(size_t)t * Hm * qh + h * qh + nope + i];
+        }
+    float scale = 1.0f / sqrtf((float)qh);
+    float *rows = fmalloc((size_t)64 * Lat);
+    for (int s = 0, row0 = 0; s < 2; s++) {
+        int len = seg_pos[s] + seg_n[s];
+        for (int p = 0; p < len; p++)
+            memcpy(rows + (size_t)p * Lat, cache + ((size_t)tables[s][p / bs] * bs + p % bs) * Lat, (size_t)Lat * 4);
+        k3c_mla_attend(qabs + (size_t)row0 * Hm * Lat, seg_n[s], Hm, kvl, rope, rows, seg_pos[s], scale,
+                       olat + (size_t)row0 * Hm * kvl);
+        row0 += seg_n[s];
+    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hm; h++)
+            for (int e = 0; e < vh; e++) {
+                float acc = 0.0f;
+                for (int c = 0; c < kvl; c++)
+                    acc += bf16_to_f32(kvb[((size_t)h * (nope + vh) + nope + e) * kvl + c]) * olat[((size_t)t * Hm + h) * kvl + c];
+                oref[(size_t)t * Hm * vh + h * vh + e] = acc;
+            }
+    /* GPU */
+    float *dlat = dev_upload(lat, (size_t)T * Lat * 4), *dq = dev_upload(q, (size_t)T * Hm * qh * 4);
+    int *dslots = dev_upload(slots, sizeof slots), *dtoff = dev_upload(toff, sizeof toff);
+    int *dlens = dev_upload(lens, sizeof lens), *dflat = dev_upload(flat, sizeof flat);
+    uint16_t *dkvb = dev_upload(kvb, nkvb * 2);
+    float *dqabs = dev_poisoned((size_t)T * Hm * Lat * 4), *dolat = dev_poisoned((size_t)T * Hm * kvl * 4);
+    float *dout = dev_poisoned((size_t)T * Hm * vh * 4);
+    CHECK(dcache && dlat && dq && dslots && dtoff && dlens && dflat && dkvb && dqabs && dolat && dout);
+    CHECK_OK(k3c_cuda_mla_cache_write(dlat, dslots, T, Lat, eb, dcache, 0));
+    CHECK_OK(k3c_cuda_mla_absorb_q(dkvb, dq, T, Hm, nope, rope, vh, kvl, dqabs, 0));
+    CHECK_OK(k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, 0));
+    CHECK_OK(k3c_cuda_mla_absorb_o(dkvb, dolat, T, Hm, nope, vh, kvl, 0, dout, 0));
+    float *got = fmalloc((size_t)T * Hm * Lat);
+    CHECK(dev_download(got, dqabs, (size_t)T * Hm * Lat * 4) == 0);
+    double e1 = rel_l2_f32f32(got, qabs, (size_t)T * Hm * Lat);
+    CHECK(dev_download(got, dolat, (size_t)T * Hm * kvl * 4) == 0);
+    double e2 = rel_l2_f32f32(got, olat, (size_t)T * Hm * kvl);
+    CHECK(dev_download(got, dout, (size_t)T * Hm * vh * 4) == 0);
+    double e3 = rel_l2_f32f32(got, oref, (size_t)T * Hm * vh);
+    note("mla_absorb_q", 1e-5, e1);
+    note("mla_attend(paged)", 1e-5, e2);
+    note("mla_absorb_o", 1e-5, e3);
+    CHECKF(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5, "Hm %d kvl %d rope %d eb %d: q_abs %.3g o_lat %.3g o %.3g", Hm, kvl, rope,
+           eb, e1, e2, e3);
+    cudaFree(dcache); cudaFree(dlat); cudaFree(dq); cudaFree(dslots); cudaFree(dtoff); cudaFree(dlens);
+    cudaFree(dflat); cudaFree(dkvb); cudaFree(dqabs); cudaFree(dolat); cudaFree(dout);
+    free(cache); free(lat); free(q); free(kvb); free(qabs); free(olat); free(oref); free(rows); free(got);
+}
+
+TEST(gpu_mla) {
+    mla_case(3, 16, 32, 16, 64, 2);
+    mla_case(3, 16, 32, 16, 64, 4);
+    mla_case(4, 128, 64, 128, 512, 2); /* K3's head dims */
+    mla_case(1, 8, 0, 8, 32, 4);
+}
