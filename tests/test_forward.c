@@ -2,10 +2,12 @@
  * and against itself (chunked vs recurrent KDA, batched vs alone, verify + commit vs plain decode, reused
  * cache blocks), plus the transformers oracle (tests/fixtures/kimi_linear_hf).
  *
- * Tolerances: the engine stores activations in bf16 (stock/forward.c), the reference is exact float64 of
- * the same bf16 weights, so each logits row is compared by relative L2 error; measured on tiny and
- * tiny-grouped it is about 3e-3 .. 8e-3 per row, asserted < 2e-2. Top-1 must agree except where the
- * reference's own top-2 margin is below 1% of the row's logit scale (a near-tie bf16 noise may flip). */
+ * Tolerances. f32 activations (the exact_f32 diagnostic) against float64: rel L2 per row < 1e-4 (measured
+ * ~1e-6 .. 4e-6), top-1 equal. bf16 activations (the contract of stock/forward.c): a discrete expert choice
+ * with a small score margin flips under bf16 noise and then moves a row by 20-90%, so the bf16 contract
+ * is checked on the same presets with every expert selected (k = E): measured rel L2 per row mean
+ * ~0.9e-2 (kimi-linear-tiny) .. 2.5e-2 (tiny), worst ~5.5e-2; asserted worst < 8e-2, mean < 4e-2, top-1
+ * equal except where the reference's top-2 margin is below 10% of the row's logit rms. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,7 +71,6 @@ static int make_engine_x(fwd_env *env, int chunk_min, int exact, int poison, k3c
     return k3c_engine_create(env->m, &o, out);
 }
 
-static int make_engine(fwd_env *env, int chunk_min, k3c_engine **out) { return make_engine_x(env, chunk_min, 0, 0, out); }
 
 static void random_ids(uint64_t seed, int V, int n, int32_t *ids) {
     k3c_rng r;
@@ -173,3 +174,262 @@ TEST(forward_kimi_linear_tiny_f32_vs_ref) { check_vs_ref("kimi-linear-tiny", 0, 
 TEST(forward_tiny_bf16_vs_ref) { check_vs_ref("tiny", 1, 0, 8e-2); }
 TEST(forward_tiny_grouped_bf16_vs_ref) { check_vs_ref("tiny-grouped", 1, 0, 8e-2); }
 TEST(forward_kimi_linear_tiny_bf16_vs_ref) { check_vs_ref("kimi-linear-tiny", 1, 0, 8e-2); }
+
+/* ---- the engine against itself ---- */
+
+/* Runs a fresh engine over a 24-token prompt as one prefill and returns all logits. */
+static int prefill_all(fwd_env *env, int chunk_min, int exact, const int32_t *ids, int n, float *lg) {
+    k3c_engine *eng;
+    K3C_TRY(make_engine_x(env, chunk_min, exact, 0, &eng));
+    int one[1] = {n};
+    int rc = run_chunks(eng, ids, one, 1, env->V, lg);
+    k3c_engine_free(eng);
+    return rc;
+}
+
+/* The chunked delta rule (every request with >= 1 row) against the recurrent one (never chunked). */
+TEST(forward_chunked_equals_recurrent) {
+    fwd_env env;
+    CHECK_OK(env_open(&env, "tiny", 0));
+    int V = env.V, n = 40;
+    int32_t ids[40];
+    random_ids(test_seed() ^ 0xc4, V, n, ids);
+    float *a = malloc(sizeof(float) * n * V), *b = malloc(sizeof(float) * n * V);
+    CHECK(a && b);
+    poison_f32(a, (size_t)n * V);
+    poison_f32(b, (size_t)n * V);
+    CHECK_OK(prefill_all(&env, 1, 1, ids, n, a));
+    CHECK_OK(prefill_all(&env, 1 << 20, 1, ids, n, b));
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double e = rel_l2_f32f32(a + (size_t)i * V, b + (size_t)i * V, (size_t)V);
+        if (!(e <= worst)) worst = e;
+    }
+    printf("    chunked vs recurrent KDA (f32 activations, 40 rows): worst row rel L2 %.3g\n", worst);
+    CHECKF(worst < 1e-5, "chunked vs recurrent: rel L2 %.3g", worst);
+    free(a), free(b);
+    env_close(&env);
+}
+
+/* Requests in one mixed step (2 prefill chunks + 2 decodes) give what they give alone. */
+static void check_mixed(int exact) {
+    fwd_env env;
+    CHECK_OK(env_open(&env, "tiny", 0));
+    int V = env.V;
+    int32_t ids[4][24];
+    for (int r = 0; r < 4; r++) random_ids(test_seed() ^ (0x100 + r), V, 24, ids[r]);
+    int pre[4] = {0, 5, 10, 7};   /* tokens held before the mixed step */
+    int len[4] = {9, 6, 1, 1};    /* rows in the mixed step */
+    size_t rows = 0;
+    for (int r = 0; r < 4; r++) rows += len[r];
+    float *together = malloc(sizeof(float) * rows * V), *alone = malloc(sizeof(float) * rows * V);
+    float *scratch = malloc(sizeof(float) * 24 * V);
+    CHECK(together && alone && scratch);
+    /* together */
+    k3c_engine *eng;
+    CHECK_OK(make_engine_x(&env, 4, exact, 0, &eng));
+    int rid[4];
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(k3c_request_open(eng, &rid[r]));
+        if (pre[r]) {
+            k3c_step_item it = {.request = rid[r], .tokens = ids[r], .n = pre[r]};
+            CHECK_OK(k3c_engine_step(eng, &it, 1, scratch));
+        }
+    }
+    k3c_step_item items[4];
+    for (int r = 0; r < 4; r++)
+        items[r] = (k3c_step_item){.request = rid[r], .tokens = ids[r] + pre[r], .n = len[r], .all_logits = 1};
+    poison_f32(together, rows * V);
+    CHECK_OK(k3c_engine_step(eng, items, 4, together));
+    k3c_engine_free(eng);
+    /* alone, each on a fresh engine */
+    size_t off = 0;
+    for (int r = 0; r < 4; r++) {
+        CHECK_OK(make_engine_x(&env, 4, exact, 0, &eng));
+        int id;
+        CHECK_OK(k3c_request_open(eng, &id));
+        if (pre[r]) {
+            k3c_step_item it = {.request = id, .tokens = ids[r], .n = pre[r]};
+            CHECK_OK(k3c_engine_step(eng, &it, 1, scratch));
+        }
+        k3c_step_item it = {.request = id, .tokens = ids[r] + pre[r], .n = len[r], .all_logits = 1};
+        CHECK_OK(k3c_engine_step(eng, &it, 1, alone + off * V));
+        off += len[r];
+        k3c_engine_free(eng);
+    }
+    double worst = 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < rows; i++) {
+        double e = rel_l2_f32f32(together + i * V, alone + i * V, (size_t)V);
+        if (!(e <= worst)) worst = e;
+        differ += memcmp(together + i * V, alone + i * V, sizeof(float) * V) != 0;
+    }
+    printf("    mixed batch vs alone (%s): worst row rel L2 %.3g, %zu of %zu rows not bitwise equal\n",
+           exact ? "f32" : "bf16", worst, differ, rows);
+    CHECKF(worst < (exact ? 1e-5 : 1e-6), "mixed vs alone: rel L2 %.3g", worst);
+    free(together), free(alone), free(scratch);
+    env_close(&env);
+}
+
+TEST(forward_mixed_batch_equals_alone) { check_mixed(1); }
+
+/* Verify q tokens then commit a == decoding the a tokens one by one: the verified rows' logits, and every
+ * later step (which reads the committed KDA state, conv window and MLA length). */
+static void check_verify(int accepted) {
+    fwd_env env;
+    CHECK_OK(env_open(&env, "tiny", 0));
+    int V = env.V, q = 5, pre = 10, after = 3;
+    int32_t ids[32];
+    random_ids(test_seed() ^ (0x200 + accepted), V, 32, ids);
+    float *lv = malloc(sizeof(float) * q * V), *ld = malloc(sizeof(float) * q * V);
+    float *a2 = malloc(sizeof(float) * after * V), *b2 = malloc(sizeof(float) * after * V);
+    float *scratch = malloc(sizeof(float) * V);
+    CHECK(lv && ld && a2 && b2 && scratch);
+    k3c_engine *eng;
+    CHECK_OK(make_engine_x(&env, 4, 1, 0, &eng));
+    int A, B;
+    CHECK_OK(k3c_request_open(eng, &A));
+    CHECK_OK(k3c_request_open(eng, &B));
+    k3c_step_item it[2] = {{.request = A, .tokens = ids, .n = pre}, {.request = B, .tokens = ids, .n = pre}};
+    float *two = malloc(sizeof(float) * 2 * V);
+    CHECK(two);
+    CHECK_OK(k3c_engine_step(eng, it, 2, two));
+    /* A verifies q tokens (the last q - accepted are "rejected" drafts), B decodes the accepted ones */
+    int32_t drafts[5];
+    for (int i = 0; i < q; i++) drafts[i] = i < accepted ? ids[pre + i] : (ids[pre + i] + 1) % V;
+    poison_f32(lv, (size_t)q * V);
+    k3c_step_item v = {.request = A, .tokens = drafts, .n = q, .verify = 1};
+    CHECK_OK(k3c_engine_step(eng, &v, 1, lv));
+    CHECK(k3c_request_length(eng, A) == pre);
+    CHECK_OK(k3c_request_commit(eng, A, accepted));
+    CHECK(k3c_request_length(eng, A) == pre + accepted);
+    for (int i = 0; i < accepted; i++) {
+        k3c_step_item d = {.request = B, .tokens = ids + pre + i, .n = 1};
+        CHECK_OK(k3c_engine_step(eng, &d, 1, ld + (size_t)i * V));
+    }
+    double worst = 0;
+    for (int i = 0; i < accepted; i++) {
+        double e = rel_l2_f32f32(lv + (size_t)i * V, ld + (size_t)i * V, (size_t)V);
+        if (!(e <= worst)) worst = e;
+    }
+    /* later steps, both requests in one step */
+    for (int s = 0; s < after; s++) {
+        k3c_step_item st[2] = {{.request = A, .tokens = ids + 20 + s, .n = 1}, {.request = B, .tokens = ids + 20 + s, .n = 1}};
+        CHECK_OK(k3c_engine_step(eng, st, 2, two));
+        memcpy(a2 + (size_t)s * V, two, sizeof(float) * V);
+        memcpy(b2 + (size_t)s * V, two + V, sizeof(float) * V);
+    }
+    double later = 0;
+    for (int s = 0; s < after; s++) {
+        double e = rel_l2_f32f32(a2 + (size_t)s * V, b2 + (size_t)s * V, (size_t)V);
+        if (!(e <= later)) later = e;
+    }
+    for (size_t i = 0; i < (size_t)q * V; i++) CHECKF(!isnan(lv[i]), "verify logits NaN at %zu", i);
+    printf("    verify %d, commit %d: verified rows vs decode rel L2 %.3g; later steps rel L2 %.3g\n", q, accepted,
+           worst, later);
+    CHECKF(worst < 1e-5 && later < 1e-5, "verify/commit %d: rows %.3g, later %.3g", accepted, worst, later);
+    k3c_engine_free(eng);
+    free(lv), free(ld), free(a2), free(b2), free(scratch), free(two);
+    env_close(&env);
+}
+
+TEST(forward_verify_commit_partial) { check_verify(3); }
+TEST(forward_verify_commit_none) { check_verify(0); }
+TEST(forward_verify_commit_all) { check_verify(5); }
+
+/* Blocks freed by a closed request (poisoned with NaN) and reused by the next hold no stale influence. */
+TEST(forward_block_reuse) {
+    fwd_env env;
+    CHECK_OK(env_open(&env, "tiny", 0));
+    int V = env.V, n = 14;
+    int32_t first[14], second[14];
+    random_ids(test_seed() ^ 0x300, V, n, first);
+    random_ids(test_seed() ^ 0x301, V, n, second);
+    float *a = malloc(sizeof(float) * n * V), *b = malloc(sizeof(float) * n * V);
+    CHECK(a && b);
+    int plan[3] = {6, 1, 7};
+    k3c_engine *eng;
+    CHECK_OK(make_engine_x(&env, 0, 0, 1, &eng));
+    CHECK_OK(run_chunks(eng, first, plan, 3, V, a)); /* closes: its blocks are poisoned and freed */
+    poison_f32(a, (size_t)n * V);
+    CHECK_OK(run_chunks(eng, second, plan, 3, V, a));
+    k3c_engine_free(eng);
+    CHECK_OK(make_engine_x(&env, 0, 0, 0, &eng));
+    poison_f32(b, (size_t)n * V);
+    CHECK_OK(run_chunks(eng, second, plan, 3, V, b));
+    k3c_engine_free(eng);
+    CHECK(memcmp(a, b, sizeof(float) * n * V) == 0);
+    free(a), free(b);
+    env_close(&env);
+}
+
+/* ---- the transformers oracle: the `k3c logits` path (prefill 7, then cached decode) ---- */
+
+static int read_f32_file(const char *path, float *out, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t got = fread(out, sizeof *out, n, f);
+    int extra = fgetc(f);
+    fclose(f);
+    return got == n && extra == EOF ? 0 : -1;
+}
+
+static void check_oracle(int exact) {
+    static const int32_t ids[12] = {203, 290, 2, 239, 451, 327, 163, 54, 121, 360, 272, 272};
+    int n = 12, V = 512, prefill = 7;
+    k3c_model *m;
+    CHECK_OK(k3c_load(FIXTURE, &m));
+    CHECK(m->config.vocab_size == V);
+    float *lg = malloc(sizeof(float) * n * V), *full = malloc(sizeof(float) * n * V), *cached = malloc(sizeof(float) * n * V);
+    CHECK(lg && full && cached);
+    CHECK(read_f32_file(FIXTURE "/logits_full.f32", full, (size_t)n * V) == 0);
+    CHECK(read_f32_file(FIXTURE "/logits_cached.f32", cached, (size_t)n * V) == 0);
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.threads = 2, o.max_requests = 1, o.max_rows = prefill, o.q_max = 1, o.max_context = n, o.exact_f32 = exact;
+    k3c_engine *eng;
+    CHECK_OK(k3c_engine_create(m, &o, &eng));
+    int id;
+    CHECK_OK(k3c_request_open(eng, &id));
+    poison_f32(lg, (size_t)n * V);
+    k3c_step_item it = {.request = id, .tokens = ids, .n = prefill, .all_logits = 1};
+    CHECK_OK(k3c_engine_step(eng, &it, 1, lg));
+    for (int i = prefill; i < n; i++) {
+        k3c_step_item d = {.request = id, .tokens = ids + i, .n = 1};
+        CHECK_OK(k3c_engine_step(eng, &d, 1, lg + (size_t)i * V));
+    }
+    double wf = 0, wc = 0, mean = 0;
+    int argmax_eq = 0;
+    for (int i = 0; i < n; i++) {
+        double ef = rel_l2_f32f32(lg + (size_t)i * V, full + (size_t)i * V, V);
+        double ec = rel_l2_f32f32(lg + (size_t)i * V, cached + (size_t)i * V, V);
+        if (!(ef <= wf)) wf = ef;
+        if (!(ec <= wc)) wc = ec;
+        mean += ec / n;
+        int a = 0, r = 0;
+        for (int v = 1; v < V; v++) {
+            if (lg[(size_t)i * V + v] > lg[(size_t)i * V + a]) a = v;
+            if (cached[(size_t)i * V + v] > cached[(size_t)i * V + r]) r = v;
+        }
+        argmax_eq += a == r;
+    }
+    printf("    k3c logits path vs transformers (%s): worst row rel L2 %.3g (full), %.3g (cached), mean %.3g; "
+           "argmax equal on %d/%d rows\n", exact ? "f32 activations" : "bf16 activations", wf, wc, mean, argmax_eq, n);
+    if (exact) {
+        CHECKF(wf < 1e-4 && wc < 1e-4, "rel L2 %.3g / %.3g", wf, wc);
+        CHECK(argmax_eq == n);
+    } else {
+        /* bf16 activations against an fp32 run: token 0 meets a routing near-tie in layer 1 (top-2 of 8 experts,
+         * score margin ~7e-3), so the bf16 run picks another expert there and every later row, attending to
+         * row 0, inherits the difference. Only sanity is asserted here; the bf16 contract is checked with
+         * k = E above, and the math at f32 here. */
+        for (size_t i = 0; i < (size_t)n * V; i++) CHECKF(isfinite(lg[i]), "logit %zu not finite", i);
+        CHECK(wc < 1.5);
+    }
+    k3c_engine_free(eng);
+    k3c_free(m);
+    free(lg), free(full), free(cached);
+}
+
+TEST(forward_transformers_oracle_f32) { check_oracle(1); }
+TEST(forward_transformers_oracle_bf16) { check_oracle(0); }
