@@ -1,0 +1,92 @@
+/* Runtime pieces beside the forward: the sampler and the MLA block allocator. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3c.h"
+#include "runtime/kv_cache.h"
+#include "test.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+TEST(runtime_sampler_greedy_and_top_k1) {
+    int V = 1000;
+    float *lg = malloc(sizeof(float) * V);
+    CHECK(lg);
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    for (int i = 0; i < V; i++) lg[i] = (float)k3c_rng_normal(&r);
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (lg[i] > lg[best]) best = i;
+    k3c_sampler *g, *k1;
+    k3c_sampling sg = {0}, sk = {.temperature = 1.5f, .top_k = 1, .seed = test_seed()};
+    CHECK_OK(k3c_sampler_create(&sg, V, &g));
+    CHECK_OK(k3c_sampler_create(&sk, V, &k1));
+    for (int t = 0; t < 20; t++) {
+        CHECK(k3c_sampler_sample(g, lg) == best);
+        CHECK(k3c_sampler_sample(k1, lg) == best);
+    }
+    k3c_sampler_free(g);
+    k3c_sampler_free(k1);
+    free(lg);
+}
+
+/* Frequencies of temperature sampling follow softmax(l / T); top-p keeps the smallest nucleus. */
+TEST(runtime_sampler_distribution) {
+    float lg[4] = {0.0f, 1.0f, 2.0f, -1.0f};
+    double T = 0.7, p[4], z = 0;
+    for (int i = 0; i < 4; i++) z += p[i] = exp(lg[i] / T);
+    int cnt[4] = {0};
+    k3c_sampling s = {.temperature = (float)T, .seed = test_seed()};
+    k3c_sampler *x;
+    CHECK_OK(k3c_sampler_create(&s, 4, &x));
+    int N = 40000;
+    for (int i = 0; i < N; i++) cnt[k3c_sampler_sample(x, lg)]++;
+    k3c_sampler_free(x);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE((double)cnt[i] / N, p[i] / z, 0.015, 0);
+    /* top-p 0.5: p(2) alone is ~0.76 of the mass, so only token 2 remains */
+    k3c_sampling sp = {.temperature = (float)T, .top_p = 0.5f, .seed = test_seed() + 1};
+    CHECK_OK(k3c_sampler_create(&sp, 4, &x));
+    for (int i = 0; i < 200; i++) CHECK(k3c_sampler_sample(x, lg) == 2);
+    k3c_sampler_free(x);
+    /* same seed, same stream */
+    k3c_sampler *a, *b;
+    k3c_sampling ss = {.temperature = 1.0f, .top_k = 3, .seed = test_seed()};
+    CHECK_OK(k3c_sampler_create(&ss, 4, &a));
+    CHECK_OK(k3c_sampler_create(&ss, 4, &b));
+    for (int i = 0; i < 100; i++) {
+        int ta = k3c_sampler_sample(a, lg);
+        CHECK(ta == k3c_sampler_sample(b, lg));
+        CHECK(ta != 3); /* outside the top 3 */
+    }
+    k3c_sampler_free(a);
+    k3c_sampler_free(b);
+}
+
+/* The block free list hands out every block exactly once and takes them back. */
+TEST(runtime_kv_blocks) {
+    k3c_config c = {0};
+    k3c_attn_kind kinds[2] = {K3C_ATTN_KDA, K3C_ATTN_MLA};
+    c.num_layers = 2;
+    c.layer_attn = kinds;
+    c.kv_lora_rank = 8;
+    c.qk_rope_head_dim = 4;
+    k3c_backend *be = k3c_backend_cpu_create(1);
+    CHECK(be);
+    k3c_kv_cache kv;
+    CHECK_OK(k3c_kv_cache_init(&kv, be, &c, 5, 4));
+    CHECK(kv.layer[0] == NULL && kv.layer[1] != NULL);
+    int seen[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        int b = k3c_kv_cache_take(&kv);
+        CHECK(b >= 0 && b < 5 && !seen[b]);
+        seen[b] = 1;
+    }
+    CHECK(k3c_kv_cache_take(&kv) == -1);
+    k3c_kv_cache_give(&kv, be, 3, 1);
+    float *blk = (float *)kv.layer[1] + 3 * 4 * 12;
+    for (int i = 0; i < 4 * 12; i++) CHECK(isnan(blk[i]));
+    CHECK(k3c_kv_cache_take(&kv) == 3);
+    k3c_kv_cache_release(&kv, be);
+    be->destroy(be);
+}
