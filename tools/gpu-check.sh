@@ -55,5 +55,5 @@ grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ v = ($5 <= $4) ? "ok" : "FAIL"; i
     printf "%-30s %-8s %9s %11s %s\n", $2, $3, $4, $5, v }'
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
-echo "tests: $(tail -1 "$LOGDIR/test_gpu.log") (exit $test_rc); bench exit $bench_rc"
+echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log") (exit $test_rc); bench exit $bench_rc"
 [ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -8,6 +8,32 @@
 
 #define GEMV_WARPS 8
 
+/* acc[r][t] += W[row r, chunk c] . x[t, chunk c] for the TT tokens (8 bf16 weights per chunk). */
+template <int TT, int RPW>
+__device__ __forceinline__ void gemv_chunk(float (&acc)[RPW][TT], const uint4 (&wv)[RPW], const float *__restrict__ x,
+                                           int c, int cols, int T) {
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < T) {
+            const float4 *xp = (const float4 *)(x + (size_t)t * cols + (size_t)c * 8);
+            float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                float s = acc[r][t];
+                s = fmaf(k3c_dev_bf16_lo(wv[r].x), a.x, s);
+                s = fmaf(k3c_dev_bf16_hi(wv[r].x), a.y, s);
+                s = fmaf(k3c_dev_bf16_lo(wv[r].y), a.z, s);
+                s = fmaf(k3c_dev_bf16_hi(wv[r].y), a.w, s);
+                s = fmaf(k3c_dev_bf16_lo(wv[r].z), b.x, s);
+                s = fmaf(k3c_dev_bf16_hi(wv[r].z), b.y, s);
+                s = fmaf(k3c_dev_bf16_lo(wv[r].w), b.z, s);
+                s = fmaf(k3c_dev_bf16_hi(wv[r].w), b.w, s);
+                acc[r][t] = s;
+            }
+        }
+    }
+}
+
 /* A block of GEMV_WARPS warps is split into row groups of `wpr` warps (wpr divides GEMV_WARPS); each group
  * owns RPW consecutive rows and its warps split the row's 16-byte chunks (8 bf16) between them: lane l of
  * warp k reads chunks l + 32k, l + 32k + 32 wpr, ..., so a warp's loads of one row are 512 contiguous bytes
@@ -34,30 +60,19 @@ gemv_bf16_vec(const uint16_t *__restrict__ W, int rows, int cols, const float *_
         for (int t = 0; t < TT; t++) acc[r][t] = 0.0f;
 
     if (row0 < rows) {
-        for (int c = lane + 32 * k; c < chunks; c += 32 * wpr) {
-            uint4 wv[RPW];
+        /* Two chunks per row per step: 2 * RPW independent 16-byte loads in flight per lane. */
+        int step = 32 * wpr;
+        for (int c = lane + 32 * k; c < chunks; c += 2 * step) {
+            int c2 = c + step;
+            bool two = c2 < chunks;
+            uint4 wv[RPW], wv2[RPW];
 #pragma unroll
-            for (int r = 0; r < RPW; r++) wv[r] = k3c_ld_stream16(wr[r] + (size_t)c * 8);
-#pragma unroll
-            for (int t = 0; t < TT; t++) {
-                if (t < T) {
-                    const float4 *xp = (const float4 *)(x + (size_t)t * cols + (size_t)c * 8);
-                    float4 a = __ldg(xp), b = __ldg(xp + 1);
-#pragma unroll
-                    for (int r = 0; r < RPW; r++) {
-                        float s = acc[r][t];
-                        s = fmaf(k3c_dev_bf16_lo(wv[r].x), a.x, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r].x), a.y, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r].y), a.z, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r].y), a.w, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r].z), b.x, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r].z), b.y, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r].w), b.z, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r].w), b.w, s);
-                        acc[r][t] = s;
-                    }
-                }
+            for (int r = 0; r < RPW; r++) {
+                wv[r] = k3c_ld_stream16(wr[r] + (size_t)c * 8);
+                wv2[r] = two ? k3c_ld_stream16(wr[r] + (size_t)c2 * 8) : make_uint4(0, 0, 0, 0);
             }
+            gemv_chunk<TT, RPW>(acc, wv, x, c, cols, T);
+            if (two) gemv_chunk<TT, RPW>(acc, wv2, x, c2, cols, T);
         }
     }
 #pragma unroll
@@ -111,10 +126,10 @@ static int sm_count(void) {
     return count;
 }
 
-/* Fewest warps per row that still gives about two blocks per SM (more warps per row, fewer rows in flight). */
+/* Fewest warps per row that still gives about four blocks per SM (more warps per row, fewer rows in flight). */
 template <int TT, int RPW>
 static void launch_vec(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, cudaStream_t s) {
-    int wpr = 1, want = 2 * sm_count();
+    int wpr = 1, want = 4 * sm_count();
     while (wpr < GEMV_WARPS) {
         int rows_per_block = GEMV_WARPS / wpr * RPW;
         if ((rows + rows_per_block - 1) / rows_per_block >= want) break;
@@ -136,10 +151,8 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
         launch_vec<1, 4>(W, rows, cols, x, T, y, s);
     } else if (T == 2) {
         launch_vec<2, 4>(W, rows, cols, x, T, y, s);
-    } else if (T <= 4) {
-        launch_vec<4, 2>(W, rows, cols, x, T, y, s);
     } else {
-        launch_vec<8, 2>(W, rows, cols, x, T, y, s);
+        launch_vec<4, 2>(W, rows, cols, x, T, y, s);
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;

@@ -100,7 +100,8 @@ extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, i
     return K3C_OK;
 }
 
-#define ATT_WARPS 4
+#define ATT_WARPS 8
+#define ATT_P 4 /* positions per warp step */
 #define ATT_MAXJ 24 /* Lat <= 768: 24 elements per lane */
 
 template <int EB>
@@ -109,7 +110,7 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     return ((const float *)cache)[i];
 }
 
-/* grid (T, Hm), ATT_WARPS warps: warp w takes positions w, w + ATT_WARPS, ...; lane l holds elements
+/* grid (T, Hm), ATT_WARPS warps: warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P; lane l holds elements
  * l + 32 j of the query and of its partial output. Each warp keeps its own running max / sum; the warps are
  * merged at the end through shared memory. */
 template <int EB>
@@ -131,29 +132,52 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p = warp; p < len; p += ATT_WARPS) {
-        size_t base = ((size_t)table[p / bs] * bs + p % bs) * Lat;
-        float cv[ATT_MAXJ];
-        float s = 0.0f;
+    /* ATT_P consecutive positions per warp step: their loads and reductions are independent (latency
+     * overlaps); the accumulation re-reads the rows (L1 hits) instead of holding them in registers. */
+    for (int p0 = warp * ATT_P; p0 < len; p0 += ATT_WARPS * ATT_P) {
+        size_t base[ATT_P];
+        float s[ATT_P];
+#pragma unroll
+        for (int u = 0; u < ATT_P; u++) {
+            int p = min(p0 + u, len - 1);
+            base[u] = ((size_t)table[p / bs] * bs + p % bs) * Lat;
+            s[u] = 0.0f;
+        }
 #pragma unroll
         for (int j = 0; j < ATT_MAXJ; j++) {
             int i = lane + 32 * j;
-            cv[j] = i < Lat ? cache_elem<EB>(cache, base + i) : 0.0f;
-            s = fmaf(qr[j], cv[j], s);
+            if (i < Lat) {
+#pragma unroll
+                for (int u = 0; u < ATT_P; u++) s[u] = fmaf(qr[j], cache_elem<EB>(cache, base[u] + i), s[u]);
+            }
         }
-        s = k3c_warp_sum(s) * scale;
-        if (s > m) {
-            float r = expf(m - s); /* m = -inf on the first position: r = 0 */
+        float bm = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATT_P; u++) {
+            s[u] = p0 + u < len ? k3c_warp_sum(s[u]) * scale : -INFINITY;
+            bm = fmaxf(bm, s[u]);
+        }
+        if (bm > m) {
+            float r = expf(m - bm); /* m = -inf on the first step: r = 0 */
             l *= r;
 #pragma unroll
             for (int j = 0; j < ATT_MAXJ; j++) acc[j] *= r;
-            m = s;
+            m = bm;
         }
-        float pr = expf(s - m);
-        l += pr;
+        float pr[ATT_P];
 #pragma unroll
-        for (int j = 0; j < ATT_MAXJ; j++)
-            if (lane + 32 * j < kvl) acc[j] = fmaf(pr, cv[j], acc[j]);
+        for (int u = 0; u < ATT_P; u++) {
+            pr[u] = p0 + u < len ? expf(s[u] - m) : 0.0f;
+            l += pr[u];
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++) {
+            int i = lane + 32 * j;
+            if (i < kvl) {
+#pragma unroll
+                for (int u = 0; u < ATT_P; u++) acc[j] = fmaf(pr[u], cache_elem<EB>(cache, base[u] + i), acc[j]);
+            }
+        }
     }
     if (lane == 0) {
         wm[warp] = m;

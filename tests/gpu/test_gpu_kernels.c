@@ -52,8 +52,9 @@ static void round_host(float *x, size_t n) {
 
 /* ---- gemv / gemm ---- */
 
-/* Streaming kernel (f32 activations, so only the summation order differs): rel L2 < 1e-5. cuBLASLt path
- * (T > 8, activations rounded to bf16 first): against the CPU on the rounded activations, rel L2 < 1e-4. */
+/* Streaming kernel (f32 activations, so only the summation order differs), any T (tiles of
+ * K3C_CUDA_GEMV_MAX_T): rel L2 < 1e-5. k3c_cuda_matmul_bf16 with cuBLASLt (T > K3C_CUDA_GEMV_MAX_T,
+ * activations rounded to bf16 first): against the CPU on the rounded activations, rel L2 < 1e-4. */
 TEST(gpu_matmul_bf16) {
     k3c_rng r = rng_for("matmul");
     static const int rows_l[] = {1, 3, 17, 64, 1000}, cols_l[] = {8, 20, 264, 1032};
@@ -87,6 +88,15 @@ TEST(gpu_matmul_bf16) {
                 double e = rel_l2_f32f32(y, ref, (size_t)T * rows);
                 note(lt ? "gemm_bf16_cublaslt" : "gemv_bf16_stream", lt ? 1e-4 : 1e-5, e);
                 CHECKF(e < (lt ? 1e-4 : 1e-5), "rows %d cols %d T %d: rel L2 %.3g", rows, cols, T, e);
+                if (lt) { /* the streaming kernel on the same shape, f32 activations */
+                    k3c_matmul_bf16(NULL, &m, x, T, ref);
+                    CHECK(cudaMemset(dy, 0xff, (size_t)T * rows * 4) == cudaSuccess);
+                    CHECK_OK(k3c_cuda_gemv_bf16(dW, rows, cols, dx, T, dy, 0));
+                    CHECK(dev_download(y, dy, (size_t)T * rows * 4) == 0);
+                    e = rel_l2_f32f32(y, ref, (size_t)T * rows);
+                    note("gemv_bf16_stream", 1e-5, e);
+                    CHECKF(e < 1e-5, "stream rows %d cols %d T %d: rel L2 %.3g", rows, cols, T, e);
+                }
                 cudaFree(dW); cudaFree(dx); cudaFree(dy);
                 free(W); free(x); free(xr); free(y); free(ref);
             }
@@ -393,7 +403,7 @@ TEST(gpu_router) {
         CHECK(dev_download(w, dw, (size_t)T * k * 4) == 0);
         for (int i = 0; i < T * k; i++) CHECKF(idx[i] == iref[i], "case %zu: slot %d: expert %d, cpu %d", ci, i, idx[i], iref[i]);
         double e = rel_l2_f32f32(w, wref, (size_t)T * k);
-        note("router_weights(ids exact)", 1e-6, e);
+        note("router(ids_exact,weights)", 1e-6, e);
         CHECKF(e < 1e-6, "case %zu: weights rel L2 %.3g", ci, e);
         cudaFree(dlg); cudaFree(db); cudaFree(dw); cudaFree(didx);
         free(lg); free(bias); free(wref); free(w); free(iref); free(idx);
@@ -402,8 +412,8 @@ TEST(gpu_router) {
 
 /* ---- KDA ---- */
 
-/* Conv + window over consecutive calls (token counts below and above W-1): rel L2 < 1e-6 for outputs and
- * the final window. */
+/* Conv + window over consecutive calls (token counts below and above W-1): outputs rel L2 < 1e-5 (fma vs
+ * separate multiply-add; with C = 1 a single value's relative error), the window exactly. */
 TEST(gpu_kda_conv) {
     k3c_rng r = rng_for("conv");
     static const int C_l[] = {1, 17, 300};
@@ -426,8 +436,8 @@ TEST(gpu_kda_conv) {
             CHECK_OK(k3c_cuda_kda_conv(dx, T, C, W, dtaps, dwin, 0, dout, 0));
             CHECK(dev_download(out, dout, (size_t)T * C * 4) == 0);
             double e = rel_l2_f32f32(out, ref, (size_t)T * C);
-            note("kda_conv", 1e-6, e);
-            CHECKF(e < 1e-6, "C %d call %d T %d: rel L2 %.3g", C, ci, T, e);
+            note("kda_conv", 1e-5, e);
+            CHECKF(e < 1e-5, "C %d call %d T %d: rel L2 %.3g", C, ci, T, e);
             float *wgot = fmalloc((size_t)(W - 1) * C);
             CHECK(dev_download(wgot, dwin, (size_t)(W - 1) * C * 4) == 0);
             CHECKF(rel_l2_f32f32(wgot, win, (size_t)(W - 1) * C) == 0.0, "C %d call %d: window differs", C, ci);
