@@ -419,12 +419,12 @@ static void check_oracle(int exact) {
         CHECKF(wf < 1e-4 && wc < 1e-4, "rel L2 %.3g / %.3g", wf, wc);
         CHECK(argmax_eq == n);
     } else {
-        /* bf16 activations against an fp32 run: token 0 meets a routing near-tie in layer 1 (top-2 of 8 experts,
-         * score margin ~7e-3), so the bf16 run picks another expert there and every later row, attending to
-         * row 0, inherits the difference. Only sanity is asserted here; the bf16 contract is checked with
-         * k = E above, and the math at f32 here. */
-        for (size_t i = 0; i < (size_t)n * V; i++) CHECKF(isfinite(lg[i]), "logit %zu not finite", i);
-        CHECK(wc < 1.5);
+        /* bf16 activations (k3c's default path) against transformers' fp32 run. The fixture was generated
+         * with every router selection margin >= 0.01 (tools/hf_kimi_linear_fixture.py), above bf16 noise, so
+         * routing cannot flip and the difference is activation rounding alone: measured worst row 2.7e-2,
+         * mean 2.1e-2, argmax 12/12 (2026-11-29). */
+        CHECKF(wf < 5e-2 && wc < 5e-2 && mean < 3e-2, "rel L2 worst %.3g / %.3g, mean %.3g", wf, wc, mean);
+        CHECK(argmax_eq == n);
     }
     k3c_engine_free(eng);
     k3c_free(m);
