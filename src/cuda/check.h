@@ -6,14 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-/* util/error.h has no C++ linkage guards: its functions have C linkage for the .cu files too. */
-#ifdef __cplusplus
-extern "C" {
-#endif
 #include "util/error.h"
-#ifdef __cplusplus
-}
-#endif
 
 /* Returns K3C_ERR from the enclosing function when `call` does not return cudaSuccess. */
 #define K3C_CUDA_TRY(call)                                                                                         \

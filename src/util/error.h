@@ -6,6 +6,10 @@
 
 #include <stdarg.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define K3C_OK 0
 #define K3C_ERR (-1)
 
@@ -21,5 +25,9 @@ void k3c_error_clear(void);
     do {                                                                                                           \
         if ((expr) != K3C_OK) return K3C_ERR;                                                                      \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
