@@ -8,7 +8,7 @@
 #include "util/error.h"
 
 static void generate_usage(FILE *f) {
-    fprintf(f, "usage: k3c generate [--model DIR] --prompt-ids 1,2,3 [-n 32] [--temperature T] [--top-k K]\n"
+    fprintf(f, "usage: k3c generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T] [--top-k K]\n"
                "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N]\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
@@ -49,7 +49,10 @@ int cmd_generate(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (!ids_s || cli_parse_ids(ids_s, &ids, &n_ids)) {
+    /* No prompt given: start from token 1 (the synthesized presets' bos id), so the README's one-line
+     * command runs as it stands. */
+    if (!ids_s) ids_s = "1";
+    if (cli_parse_ids(ids_s, &ids, &n_ids)) {
         fprintf(stderr, "k3c generate: --prompt-ids needs a comma-separated list of token ids\n");
         generate_usage(stderr);
         return 2;
