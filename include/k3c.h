@@ -105,6 +105,66 @@ typedef int (*k3c_token_fn)(void *user, int32_t token);
 int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
                  k3c_token_fn on_token, void *user, k3c_generate_stats *stats);
 
+/* ---- runner: continuous batching over one engine ----
+ * A queue of requests; up to max_active of them hold engine requests at once. Each k3c_runner_step builds and
+ * runs ONE engine step: requests still prefilling contribute a prompt chunk (all chunks together within
+ * prefill_budget tokens), decoding requests one token, or with speculation a verify of q = 1 + d tokens (the
+ * last sampled token and d drafts from a prompt-lookup drafter). Requests join when a slot frees and finish
+ * (max_new tokens, or the stop token) between steps. Every step is routed by the specialized decode's plan
+ * (decode/plan.h) and counted per route; without a specialized executor (the CPU) every step runs the stock
+ * forward, and the counts say what an executor preparing every row count up to 64 would have taken.
+ *
+ * Speculation is greedy only: requests with temperature > 0 always decode one token (with speculation on
+ * they then make the step a mixed one). Drafts are checked against the argmax, so greedy streams are the
+ * same with and without speculation. */
+typedef struct k3c_runner k3c_runner;
+
+typedef struct k3c_runner_options {
+    int spec_tokens;    /* d: drafts per verify, 0 = no speculation; 1 + d must not exceed the engine's q_max */
+    int prefill_budget; /* prompt tokens per step, all requests together; 0 = the engine's max_rows */
+    int max_active;     /* requests holding engine slots at once; 0 = every slot the engine has free */
+} k3c_runner_options;
+
+typedef struct k3c_runner_request {
+    const int32_t *prompt; /* [n_prompt], copied by submit */
+    int n_prompt;
+    int max_new;           /* tokens to generate, >= 1 */
+    k3c_sampling sampling;
+    int32_t stop_token;    /* < 0: none; else generation ends after emitting it (it is part of the output) */
+} k3c_runner_request;
+
+/* Steps per route and per stock reason: indices are decode/plan.h's k3c_route and k3c_stock_reason. */
+#define K3C_RUNNER_ROUTES 4
+#define K3C_RUNNER_REASONS 8
+typedef struct k3c_runner_stats {
+    long steps;
+    long route_steps[K3C_RUNNER_ROUTES];          /* the plan's route of each step */
+    long stock_reason_steps[K3C_RUNNER_REASONS];  /* of the stock steps: the failing predicate */
+    long executor_steps;                          /* steps a specialized executor ran (0 without one) */
+    long prompt_tokens, generated;                /* prompt tokens prefilled, tokens emitted */
+    long verify_items;                            /* request verifies (one per request per verify step) */
+    long drafts_proposed;                         /* draft tokens verified, padding included */
+    long drafts_padded;                           /* of those, padding (the drafter had fewer than d) */
+    long drafts_accepted;
+    double seconds;                               /* wall time inside k3c_runner_step */
+} k3c_runner_stats;
+
+void k3c_runner_options_default(k3c_runner_options *o);
+/* The engine must outlive the runner; the runner opens and closes its requests. */
+int k3c_runner_create(k3c_engine *e, const k3c_runner_options *o, k3c_runner **out);
+void k3c_runner_free(k3c_runner *r);
+/* Queues a request; *handle (0, 1, 2, ... in submission order) names it until the runner is freed. */
+int k3c_runner_submit(k3c_runner *r, const k3c_runner_request *q, int *handle);
+/* Runs one step (admitting waiting requests first); *busy = 1 while requests wait or run afterwards. */
+int k3c_runner_step(k3c_runner *r, int *busy);
+/* Steps until every submitted request has finished. */
+int k3c_runner_run(k3c_runner *r);
+/* The tokens generated so far for a handle (valid until the next step); *finished = 1 once it ended. */
+int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, int *n, int *finished);
+void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out);
+const char *k3c_runner_route_name(int route);   /* "stock", "decode", "verify", "wide" */
+const char *k3c_runner_reason_name(int reason); /* decode/plan.h's k3c_stock_reason_name */
+
 #ifdef __cplusplus
 }
 #endif

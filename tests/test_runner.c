@@ -1,0 +1,555 @@
+/* The continuous-batching runner (runtime/runner.c) and the prompt-lookup drafter (runtime/drafter.c), on the
+ * synthesized tiny model, with requests that wait for slots, join and finish at different times:
+ *  - greedy with speculation (d = 1..4) emits exactly the streams greedy without it emits, and each stream
+ *    equals k3c_generate run alone for that request;
+ *  - a sampled request beside speculating ones, and stop tokens, keep those streams;
+ *  - a repetitive prompt gets drafts accepted and uniform verify steps planned;
+ *  - an executor takes the steps the plan routes to it;
+ *  - the drafter's lookup on hand-made histories.
+ * Exact equality is asserted with f32 activations (the engine's exact_f32 diagnostic): the stock forward is
+ * not bitwise batch-invariant (rows of one step can take other kernels than the same row alone, e.g. the
+ * one-row and multi-row matmul kernels sum in different orders), and in bf16 that noise flips greedy
+ * near-ties, MoE routing near-ties among them, after which streams legitimately part. In f32 the noise is
+ * ~1e-6 relative, far below the logit gaps. The bf16 test asserts bitwise equality where the runner takes
+ * k3c_generate's exact steps, and prints how often batched bf16 streams part. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3c.h"
+#include "model/presets.h"
+#include "model/synth.h"
+#include "format/safetensors.h"
+#include "runtime/drafter.h"
+#include "runtime/runner.h"
+#include "test.h"
+#include "util/error.h"
+#include "util/bf16.h"
+#include "util/rng.h"
+
+typedef struct run_env {
+    char dir[512];
+    k3c_model *m;
+    k3c_engine *e;
+    int V;
+} run_env;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/* Scales every bf16 tensor that writes into the residual stream (attention o_proj, the dense and shared
+ * down projections, the MoE latent up-projection) by `factor`, in place in the checkpoint's shards. The
+ * layers then add little to the embedding: the model becomes nearly a bigram model whose greedy stream
+ * falls into a loop, the behaviour a real model shows on repetitive text and a random one never does. */
+static int damp_residual_writes(const char *dir, float factor) {
+    for (int shard = 1;; shard++) {
+        char path[600];
+        int found = 0;
+        for (int total = 1; total < 1000 && !found; total++) {
+            snprintf(path, sizeof path, "%s/model-%05d-of-%06d.safetensors", dir, shard, total);
+            FILE *f = fopen(path, "rb");
+            if (f) found = 1, fclose(f);
+        }
+        if (!found) return shard > 1 ? K3C_OK : k3c_errorf("damp: no shards in %s", dir);
+        k3c_st_file st;
+        K3C_TRY(k3c_st_open(&st, path));
+        uint64_t hlen;
+        memcpy(&hlen, st.map, 8);
+        FILE *f = fopen(path, "r+b");
+        int rc = f ? K3C_OK : k3c_errorf("damp: cannot open %s", path);
+        for (size_t i = 0; i < st.header.num_tensors && rc == K3C_OK; i++) {
+            const k3c_st_tensor *t = &st.header.tensors[i];
+            if (t->dtype != K3C_DTYPE_BF16 || strstr(t->name, "routed_expert_down_proj") ||
+                !(ends_with(t->name, "o_proj.weight") || ends_with(t->name, "down_proj.weight") ||
+                  ends_with(t->name, "routed_expert_up_proj.weight")))
+                continue;
+            size_t n = (size_t)(t->end - t->begin) / 2;
+            k3c_bf16 *v = malloc(n * 2);
+            if (!v) rc = k3c_errorf("damp: out of memory");
+            for (size_t k = 0; rc == K3C_OK && k < n; k++)
+                v[k] = f32_to_bf16(factor * bf16_to_f32(((const k3c_bf16 *)t->data)[k]));
+            if (rc == K3C_OK && (fseek(f, (long)(8 + hlen + t->begin), SEEK_SET) || fwrite(v, 2, n, f) != n))
+                rc = k3c_errorf("damp: writing %s in %s", t->name, path);
+            free(v);
+        }
+        if (f && fclose(f)) rc = k3c_errorf("damp: closing %s", path);
+        k3c_st_close(&st);
+        K3C_TRY(rc);
+    }
+}
+
+/* tiny with a fresh seed (damp > 0: residual writes scaled by it); an engine with fewer slots than the
+ * tests' requests, so requests wait and join. exact: f32 activations (see below). */
+static int env_open(run_env *env, int max_requests, int exact, float damp) {
+    memset(env, 0, sizeof *env);
+    snprintf(env->dir, sizeof env->dir, "%s/runner-tiny%s", test_tmpdir(), damp > 0 ? "-damped" : "");
+    k3c_config c;
+    K3C_TRY(k3c_preset_config("tiny", &c));
+    int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
+    k3c_config_free(&c);
+    K3C_TRY(rc);
+    if (damp > 0) K3C_TRY(damp_residual_writes(env->dir, damp));
+    K3C_TRY(k3c_load(env->dir, &env->m));
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.threads = 2;
+    o.max_requests = max_requests;
+    o.max_rows = 128;
+    o.max_context = 160;
+    o.block_size = 8;
+    o.q_max = 6;
+    o.exact_f32 = exact;
+    K3C_TRY(k3c_engine_create(env->m, &o, &env->e));
+    env->V = k3c_engine_vocab(env->e);
+    return K3C_OK;
+}
+
+static void env_close(run_env *env) {
+    k3c_engine_free(env->e);
+    k3c_free(env->m);
+}
+
+#define NREQ 5
+#define MAXNEW 48
+
+typedef struct workload {
+    int32_t prompt[NREQ][64];
+    int n_prompt[NREQ];
+    int max_new[NREQ];
+    k3c_sampling sampling[NREQ];
+} workload;
+
+/* Prompts of different lengths (one over chunk_min, so the chunked KDA form runs), partly repetitive so the
+ * drafter finds matches, different max_new so requests finish at different times. */
+static void make_workload(workload *w, int V, uint64_t seed) {
+    static const int lens[NREQ] = {3, 11, 24, 6, 40};
+    static const int news[NREQ] = {MAXNEW, 30, MAXNEW, 17, 41};
+    k3c_rng rng;
+    k3c_rng_seed(&rng, seed);
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < NREQ; i++) {
+        w->n_prompt[i] = lens[i];
+        w->max_new[i] = news[i];
+        int period = 2 + i; /* request i repeats a random phrase of period 2 + i after its first half */
+        for (int t = 0; t < lens[i]; t++)
+            w->prompt[i][t] = t < lens[i] / 2 || t < period ? (int32_t)(k3c_rng_next(&rng) % (uint64_t)V)
+                                                            : w->prompt[i][t - period];
+    }
+}
+
+/* Runs the workload through a runner with d drafts; copies each stream to out[i] (lengths to n_out). */
+static int run_workload(run_env *env, const workload *w, int d, int32_t out[NREQ][MAXNEW], int n_out[NREQ],
+                        k3c_runner_stats *st) {
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    o.spec_tokens = d;
+    o.prefill_budget = 32; /* the 40-token prompt is prefilled in two chunks, beside other requests */
+    k3c_runner *r;
+    K3C_TRY(k3c_runner_create(env->e, &o, &r));
+    int h[NREQ], rc = K3C_OK;
+    for (int i = 0; i < NREQ && rc == K3C_OK; i++) {
+        k3c_runner_request q = {.prompt = w->prompt[i], .n_prompt = w->n_prompt[i], .max_new = w->max_new[i],
+                                .sampling = w->sampling[i], .stop_token = -1};
+        rc = k3c_runner_submit(r, &q, &h[i]);
+    }
+    if (rc == K3C_OK) rc = k3c_runner_run(r);
+    for (int i = 0; i < NREQ && rc == K3C_OK; i++) {
+        const int32_t *t;
+        int fin;
+        rc = k3c_runner_output(r, h[i], &t, &n_out[i], &fin);
+        if (rc == K3C_OK && (!fin || n_out[i] > MAXNEW)) rc = k3c_errorf("request %d: finished %d, %d tokens", i, fin, n_out[i]);
+        if (rc == K3C_OK) memcpy(out[i], t, sizeof(int32_t) * (size_t)n_out[i]);
+    }
+    if (st) k3c_runner_stats_get(r, st);
+    k3c_runner_free(r);
+    return rc;
+}
+
+typedef struct collect {
+    int32_t *t;
+    int n;
+} collect;
+static int collect_token(void *u, int32_t tok) {
+    collect *c = u;
+    c->t[c->n++] = tok;
+    return 0;
+}
+
+/* The plan counts add up: every step has one route, every stock step one reason. */
+static int stats_consistent(const k3c_runner_stats *st) {
+    long routes = 0, reasons = 0;
+    for (int i = 0; i < K3C_RUNNER_ROUTES; i++) routes += st->route_steps[i];
+    for (int i = 0; i < K3C_RUNNER_REASONS; i++) reasons += st->stock_reason_steps[i];
+    return routes == st->steps && reasons == st->route_steps[0] && st->stock_reason_steps[0] == 0 &&
+           st->executor_steps == 0 && st->drafts_accepted <= st->drafts_proposed;
+}
+
+TEST(runner_spec_greedy_same_streams_and_alone) {
+    run_env env;
+    CHECK_OK(env_open(&env, 3, 1, 0));
+    workload w;
+    make_workload(&w, env.V, test_seed() ^ 0x5eed);
+    static int32_t base[NREQ][MAXNEW], got[NREQ][MAXNEW], alone[MAXNEW];
+    int nb[NREQ], ng[NREQ];
+    k3c_runner_stats st;
+    for (int i = 0; i < NREQ; i++)
+        for (int t = 0; t < MAXNEW; t++) base[i][t] = got[i][t] = -7;
+    CHECK_OK(run_workload(&env, &w, 0, base, nb, &st));
+    CHECK(stats_consistent(&st));
+    CHECK(st.verify_items == 0 && st.drafts_proposed == 0);
+    CHECK(st.generated == 48 + 30 + 48 + 17 + 41);
+    CHECK(st.stock_reason_steps[K3C_STOCK_PROMPT_ROWS] > 0); /* prefills (and decodes beside them) */
+    CHECK(st.route_steps[K3C_ROUTE_DECODE] > 0);
+    for (int i = 0; i < NREQ; i++) CHECKF(nb[i] == w.max_new[i], "request %d: %d tokens, want %d", i, nb[i], w.max_new[i]);
+
+    /* (b) batching does not change results: each stream equals the request generated alone */
+    for (int i = 0; i < NREQ; i++) {
+        collect c = {alone, 0};
+        CHECK_OK(k3c_generate(env.e, w.prompt[i], w.n_prompt[i], w.max_new[i], &w.sampling[i], collect_token, &c,
+                              NULL));
+        CHECK(c.n == nb[i]);
+        int first = -1;
+        for (int t = 0; t < c.n && first < 0; t++)
+            if (alone[t] != base[i][t]) first = t;
+        CHECKF(first < 0, "request %d: batched stream differs from k3c_generate alone at token %d (%d vs %d)", i,
+               first, base[i][first], alone[first]);
+    }
+
+    /* (a) speculation changes nothing in greedy streams */
+    for (int d = 1; d <= 4; d++) {
+        CHECK_OK(run_workload(&env, &w, d, got, ng, &st));
+        CHECK(stats_consistent(&st));
+        CHECK(st.generated == 48 + 30 + 48 + 17 + 41);
+        CHECK(st.drafts_proposed <= st.verify_items * d && st.drafts_padded <= st.drafts_proposed);
+        for (int i = 0; i < NREQ; i++) {
+            CHECKF(ng[i] == nb[i], "d=%d request %d: %d tokens, want %d", d, i, ng[i], nb[i]);
+            for (int t = 0; t < nb[i]; t++)
+                CHECKF(got[i][t] == base[i][t], "d=%d request %d token %d: %d with speculation, %d without", d, i,
+                       t, got[i][t], base[i][t]);
+        }
+        /* fewer steps than tokens decoded one at a time whenever drafts were accepted */
+        CHECK(st.verify_items > 0);
+    }
+    env_close(&env);
+}
+
+/* The same comparisons with bf16 activations (the release path). The stock forward is not bitwise
+ * batch-invariant: the one-row matmul kernel and the multi-row tile sum in different orders, and a verify
+ * window, a decode row and a prompt chunk take different kernels. bf16 rounding then flips MoE routing
+ * near-ties (discrete expert choices: a flipped expert moves the logits by whole units, not by rounding),
+ * so once a batched greedy stream parts from the one generated alone, no logit-margin test can tell noise
+ * from error. So, in bf16: a runner that takes exactly k3c_generate's steps (one request at a time, whole
+ * prompts, no speculation) must match it bit for bit (the runner adds nothing of its own), and for batched
+ * and speculative runs the divergences are counted and printed, not asserted (exactness is asserted in
+ * f32, above). */
+TEST(runner_bf16_alone_exact_batched_divergences_counted) {
+    run_env env;
+    CHECK_OK(env_open(&env, 3, 0, 0));
+    workload w;
+    make_workload(&w, env.V, test_seed() ^ 0xbf16);
+    static int32_t alone[NREQ][MAXNEW], got[NREQ][MAXNEW];
+    int ng[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        collect c = {alone[i], 0};
+        CHECK_OK(k3c_generate(env.e, w.prompt[i], w.n_prompt[i], w.max_new[i], &w.sampling[i], collect_token, &c,
+                              NULL));
+    }
+    /* one at a time, whole prompts: the same steps as k3c_generate */
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    o.max_active = 1;
+    k3c_runner *r;
+    CHECK_OK(k3c_runner_create(env.e, &o, &r));
+    int h[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        k3c_runner_request q = {.prompt = w.prompt[i], .n_prompt = w.n_prompt[i], .max_new = w.max_new[i],
+                                .stop_token = -1};
+        CHECK_OK(k3c_runner_submit(r, &q, &h[i]));
+    }
+    CHECK_OK(k3c_runner_run(r));
+    for (int i = 0; i < NREQ; i++) {
+        const int32_t *t;
+        int n, fin;
+        CHECK_OK(k3c_runner_output(r, h[i], &t, &n, &fin));
+        CHECK(fin && n == w.max_new[i]);
+        for (int k = 0; k < n; k++)
+            CHECKF(t[k] == alone[i][k], "request %d token %d: %d in the runner, %d from k3c_generate", i, k, t[k],
+                   alone[i][k]);
+    }
+    k3c_runner_free(r);
+    /* batched (3 slots, prefill budget 32), with and without speculation */
+    static int32_t nospec[NREQ][MAXNEW];
+    for (int d = 0; d <= 4; d += 2) {
+        CHECK_OK(run_workload(&env, &w, d, got, ng, NULL));
+        int diverged = 0, sum_first = 0, tokens = 0, vs_nospec = 0;
+        for (int i = 0; i < NREQ; i++) {
+            CHECK(ng[i] == w.max_new[i]);
+            for (int k = 0; k < ng[i]; k++) CHECK(got[i][k] >= 0 && got[i][k] < env.V);
+            int t = 0;
+            while (t < ng[i] && got[i][t] == alone[i][t]) t++;
+            diverged += t < ng[i];
+            sum_first += t;
+            tokens += ng[i];
+            if (d == 0) memcpy(nospec[i], got[i], sizeof(int32_t) * (size_t)ng[i]);
+            else vs_nospec += memcmp(nospec[i], got[i], sizeof(int32_t) * (size_t)ng[i]) != 0;
+        }
+        printf("  [bf16, batched d=%d: %d of %d streams part from k3c_generate alone (%d of %d tokens before the "
+               "first difference); %d differ from the batched run without speculation]\n",
+               d, diverged, NREQ, sum_first, tokens, vs_nospec);
+    }
+    env_close(&env);
+}
+
+/* A sampled request (temperature > 0) never speculates; beside greedy verifies it makes steps mixed, and its
+ * stream still equals k3c_generate alone with the same seed (one sampler draw per token either way). */
+TEST(runner_sampled_request_beside_speculation) {
+    run_env env;
+    CHECK_OK(env_open(&env, 3, 1, 0));
+    workload w;
+    make_workload(&w, env.V, test_seed() ^ 0xa11);
+    w.sampling[1] = (k3c_sampling){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = test_seed()};
+    w.sampling[3] = (k3c_sampling){.temperature = 1.2f, .seed = test_seed() + 1};
+    static int32_t got[NREQ][MAXNEW], alone[MAXNEW];
+    int ng[NREQ];
+    k3c_runner_stats st;
+    CHECK_OK(run_workload(&env, &w, 3, got, ng, &st));
+    CHECK(stats_consistent(&st));
+    for (int i = 0; i < NREQ; i++) {
+        collect c = {alone, 0};
+        CHECK_OK(k3c_generate(env.e, w.prompt[i], w.n_prompt[i], w.max_new[i], &w.sampling[i], collect_token, &c,
+                              NULL));
+        CHECK(c.n == ng[i]);
+        for (int t = 0; t < c.n; t++)
+            CHECKF(alone[t] == got[i][t], "request %d token %d: %d in the runner, %d alone", i, t, got[i][t],
+                   alone[t]);
+    }
+    env_close(&env);
+}
+
+/* The stop token ends a request right after it is emitted, also from inside an accepted draft run. */
+TEST(runner_stop_token) {
+    run_env env;
+    CHECK_OK(env_open(&env, 2, 1, 0));
+    workload w;
+    make_workload(&w, env.V, test_seed() ^ 0x570);
+    static int32_t base[NREQ][MAXNEW];
+    int nb[NREQ];
+    CHECK_OK(run_workload(&env, &w, 0, base, nb, NULL));
+    for (int d = 0; d <= 3; d += 3) {
+        k3c_runner_options o;
+        k3c_runner_options_default(&o);
+        o.spec_tokens = d;
+        k3c_runner *r;
+        CHECK_OK(k3c_runner_create(env.e, &o, &r));
+        int h[NREQ], want[NREQ];
+        for (int i = 0; i < NREQ; i++) {
+            int32_t stop = base[i][nb[i] / 2];
+            want[i] = 0;
+            while (base[i][want[i]] != stop) want[i]++;
+            want[i]++;
+            k3c_runner_request q = {.prompt = w.prompt[i], .n_prompt = w.n_prompt[i], .max_new = w.max_new[i],
+                                    .stop_token = stop};
+            CHECK_OK(k3c_runner_submit(r, &q, &h[i]));
+        }
+        CHECK_OK(k3c_runner_run(r));
+        for (int i = 0; i < NREQ; i++) {
+            const int32_t *t;
+            int n, fin;
+            CHECK_OK(k3c_runner_output(r, h[i], &t, &n, &fin));
+            CHECKF(fin && n == want[i], "d=%d request %d: %d tokens (finished %d), want %d", d, i, n, fin, want[i]);
+            CHECK(memcmp(t, base[i], sizeof(int32_t) * (size_t)n) == 0);
+        }
+        k3c_runner_free(r);
+    }
+    env_close(&env);
+}
+
+/* (c) A repetitive prompt on the damped (near-bigram) tiny model, whose greedy stream falls into a loop: the
+ * drafter's proposals get accepted, the decode steps are planned as uniform verify steps (never mixed: the
+ * padding policy), and the streams equal greedy without speculation. The random tiny model itself never
+ * repeats (its streams look uniform over the vocab), so there the drafter finds almost nothing to accept;
+ * residual writes x0.05 keep every layer in the computation (and its state in the verify/commit path). */
+static int run_repetitive(run_env *env, int d, int32_t out[4][96], k3c_runner_stats *st) {
+    k3c_rng rng;
+    k3c_rng_seed(&rng, test_seed() ^ 0x4e9);
+    int32_t phrase[5], prompt[4][40];
+    for (int i = 0; i < 5; i++) phrase[i] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)env->V);
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 40; t++) prompt[j][t] = phrase[(t + j) % 5];
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    o.spec_tokens = d;
+    k3c_runner *r;
+    K3C_TRY(k3c_runner_create(env->e, &o, &r));
+    int rc = K3C_OK, h[4];
+    for (int j = 0; j < 4 && rc == K3C_OK; j++) {
+        k3c_runner_request q = {.prompt = prompt[j], .n_prompt = 40, .max_new = 96, .stop_token = -1};
+        rc = k3c_runner_submit(r, &q, &h[j]);
+    }
+    if (rc == K3C_OK) rc = k3c_runner_run(r);
+    for (int j = 0; j < 4 && rc == K3C_OK; j++) {
+        const int32_t *t;
+        int n, fin;
+        rc = k3c_runner_output(r, h[j], &t, &n, &fin);
+        if (rc == K3C_OK && (n != 96 || !fin)) rc = k3c_errorf("request %d: %d tokens, finished %d", j, n, fin);
+        if (rc == K3C_OK) memcpy(out[j], t, sizeof(int32_t) * 96);
+    }
+    k3c_runner_stats_get(r, st);
+    k3c_runner_free(r);
+    return rc;
+}
+
+TEST(runner_repetitive_prompt_accepts_drafts) {
+    run_env env;
+    CHECK_OK(env_open(&env, 4, 1, 0.05f));
+    static int32_t base[4][96], got[4][96];
+    k3c_runner_stats st;
+    CHECK_OK(run_repetitive(&env, 0, base, &st));
+    CHECK_OK(run_repetitive(&env, 3, got, &st));
+    CHECK(stats_consistent(&st));
+    printf("  [repetitive, d=3: %ld steps: stock %ld (prompt %ld, mixed %ld), decode %ld, verify %ld, wide %ld; "
+           "drafts accepted %ld / proposed %ld (padded %ld)]\n",
+           st.steps, st.route_steps[K3C_ROUTE_STOCK], st.stock_reason_steps[K3C_STOCK_PROMPT_ROWS],
+           st.stock_reason_steps[K3C_STOCK_MIXED_VERIFY], st.route_steps[K3C_ROUTE_DECODE],
+           st.route_steps[K3C_ROUTE_VERIFY], st.route_steps[K3C_ROUTE_WIDE], st.drafts_accepted,
+           st.drafts_proposed, st.drafts_padded);
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 96; t++)
+            CHECKF(got[j][t] == base[j][t], "request %d token %d: %d with speculation, %d without", j, t, got[j][t],
+                   base[j][t]);
+    CHECK(st.generated == 4 * 96);
+    CHECK(st.route_steps[K3C_ROUTE_VERIFY] > 0);
+    CHECK(st.stock_reason_steps[K3C_STOCK_MIXED_VERIFY] == 0); /* the padding policy keeps verifies uniform */
+    CHECK(st.drafts_accepted > 0);
+    env_close(&env);
+}
+
+/* The executor interface: a fake executor that prepared only the row counts 2, 4, 6, 8 runs the steps the
+ * plan routes to it (through the stock engine, counting them); everything else stays stock. */
+typedef struct fake_exec {
+    k3c_engine *e;
+    int ran[K3C_RUNNER_ROUTES];
+} fake_exec;
+static int fake_run(void *ctx, const k3c_plan *p, const k3c_step_item *items, int n, float *logits) {
+    fake_exec *f = ctx;
+    f->ran[p->route]++;
+    if (p->route == K3C_ROUTE_STOCK) return k3c_errorf("fake executor: got a stock step (%d items)", n);
+    return k3c_engine_step(f->e, items, n, logits);
+}
+
+TEST(runner_executor_takes_planned_steps) {
+    run_env env;
+    CHECK_OK(env_open(&env, 2, 1, 0));
+    static const int batches[] = {2, 4, 6, 8};
+    fake_exec f = {.e = env.e};
+    k3c_decode_executor x = {.plan_table = {.batches = batches, .num_batches = 4, .kv_prepared = 1},
+                             .ctx = &f, .run = fake_run};
+    workload w;
+    make_workload(&w, env.V, test_seed() ^ 0xe7ec);
+    static int32_t base[NREQ][MAXNEW];
+    int nb[NREQ];
+    CHECK_OK(run_workload(&env, &w, 0, base, nb, NULL));
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    o.spec_tokens = 1;
+    k3c_runner *r;
+    CHECK_OK(k3c_runner_create(env.e, &o, &r));
+    k3c_runner_set_executor(r, &x);
+    int h[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        k3c_runner_request q = {.prompt = w.prompt[i], .n_prompt = w.n_prompt[i], .max_new = w.max_new[i],
+                                .stop_token = -1};
+        CHECK_OK(k3c_runner_submit(r, &q, &h[i]));
+    }
+    CHECK_OK(k3c_runner_run(r));
+    k3c_runner_stats st;
+    k3c_runner_stats_get(r, &st);
+    for (int i = 0; i < NREQ; i++) {
+        const int32_t *t;
+        int n, fin;
+        CHECK_OK(k3c_runner_output(r, h[i], &t, &n, &fin));
+        CHECK(fin && n == nb[i] && memcmp(t, base[i], sizeof(int32_t) * (size_t)n) == 0);
+    }
+    k3c_runner_free(r);
+    CHECK(st.executor_steps == f.ran[K3C_ROUTE_DECODE] + f.ran[K3C_ROUTE_VERIFY]);
+    CHECK(st.executor_steps == st.route_steps[K3C_ROUTE_DECODE] + st.route_steps[K3C_ROUTE_VERIFY]);
+    CHECK(st.executor_steps > 0);
+    CHECK(f.ran[K3C_ROUTE_STOCK] == 0 && f.ran[K3C_ROUTE_WIDE] == 0);
+    env_close(&env);
+}
+
+/* (d) The drafter's lookup, expected drafts worked out by hand from the rule in runtime/drafter.h. */
+TEST(drafter_ngram_lookup) {
+    int32_t out[8];
+    struct {
+        int32_t h[12];
+        int n, d, want_n;
+        int32_t want[8];
+    } cases[] = {
+        /* suffix 1 2 3 occurs at 0: the tokens after it */
+        {{1, 2, 3, 4, 1, 2, 3}, 7, 3, 3, {4, 1, 2}},
+        /* the most recent occurrence of 5 6 (at 3, not at 0) */
+        {{5, 6, 7, 5, 6, 8, 5, 6}, 8, 2, 2, {8, 5}},
+        /* no earlier occurrence of any suffix */
+        {{1, 2, 3}, 3, 4, 0, {0}},
+        /* only the 1-gram 4 matches; the copy runs into the drafts it made: 7 4 7 */
+        {{9, 4, 7, 4}, 4, 3, 3, {7, 4, 7}},
+        /* a period-2 loop continues past the end of the history */
+        {{1, 2, 1, 2}, 4, 5, 5, {1, 2, 1, 2, 1}},
+        /* the 3-gram match (3 1 2 at 0) wins over a more recent 1-gram (2 at 5) */
+        {{3, 1, 2, 9, 7, 2, 5, 3, 1, 2}, 10, 2, 2, {9, 7}},
+        /* the 2-gram 1 2 at 0 wins over the 1-gram 2 at 3 */
+        {{1, 2, 8, 2, 6, 1, 2}, 7, 1, 1, {8}},
+        /* a single token has no earlier history */
+        {{4}, 1, 3, 0, {0}},
+        /* d = 0 proposes nothing */
+        {{1, 1, 1}, 3, 0, 0, {0}},
+        /* all-equal history: 1-gram... 3-gram 1 1 1 at 1 (most recent with i < n - 3 = 2) */
+        {{1, 1, 1, 1, 1}, 5, 4, 4, {1, 1, 1, 1}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int k = 0; k < 8; k++) out[k] = -1;
+        int n = k3c_draft_ngram(cases[c].h, cases[c].n, cases[c].d, out);
+        CHECKF(n == cases[c].want_n, "case %zu: %d drafts, want %d", c, n, cases[c].want_n);
+        for (int k = 0; k < n; k++)
+            CHECKF(out[k] == cases[c].want[k], "case %zu draft %d: %d, want %d", c, k, out[k], cases[c].want[k]);
+        for (int k = n; k < 8; k++) CHECKF(out[k] == -1, "case %zu: wrote past %d drafts", c, n);
+    }
+    CHECK(k3c_draft_ngram(NULL, 0, 3, out) == 0);
+}
+
+/* Bad requests are refused with a message and leave the runner usable. */
+TEST(runner_rejects_bad_requests) {
+    run_env env;
+    CHECK_OK(env_open(&env, 2, 1, 0));
+    k3c_runner *r;
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    o.spec_tokens = -1;
+    CHECK(k3c_runner_create(env.e, &o, &r) != 0);
+    o.spec_tokens = 2;
+    CHECK_OK(k3c_runner_create(env.e, &o, &r));
+    int32_t p[3] = {1, 2, env.V};
+    int h;
+    k3c_runner_request q = {.prompt = p, .n_prompt = 3, .max_new = 4, .stop_token = -1};
+    CHECK(k3c_runner_submit(r, &q, &h) != 0);
+    CHECK(strstr(k3c_error_message(), "outside") != NULL);
+    p[2] = 3;
+    q.max_new = 0;
+    CHECK(k3c_runner_submit(r, &q, &h) != 0);
+    q.max_new = 4;
+    q.n_prompt = 0;
+    CHECK(k3c_runner_submit(r, &q, &h) != 0);
+    q.n_prompt = 3;
+    CHECK_OK(k3c_runner_submit(r, &q, &h));
+    CHECK(h == 0);
+    CHECK_OK(k3c_runner_run(r));
+    const int32_t *t;
+    int n, fin;
+    CHECK_OK(k3c_runner_output(r, 0, &t, &n, &fin));
+    CHECK(n == 4 && fin);
+    CHECK(k3c_runner_output(r, 1, &t, &n, &fin) != 0);
+    k3c_runner_free(r);
+    env_close(&env);
+}
