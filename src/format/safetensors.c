@@ -160,8 +160,11 @@ static int check_layout(k3c_st_header *h, const char *where) {
     qsort(order, h->num_tensors, sizeof *order, by_offset);
     const k3c_st_tensor *furthest = NULL;
     int rc = K3C_OK;
+    /* data_size counts empty tensors' offsets too, so every tensor's [begin, end] lies within it. */
+    h->data_size = 0;
     for (size_t i = 0; i < h->num_tensors; i++) {
         const k3c_st_tensor *t = order[i];
+        if (t->end > h->data_size) h->data_size = t->end;
         if (t->begin == t->end) continue; /* an empty tensor occupies no bytes */
         if (furthest && t->begin < furthest->end) {
             rc = k3c_errorf("%s: tensors %s [%llu, %llu] and %s [%llu, %llu] overlap", where, furthest->name,
@@ -171,7 +174,6 @@ static int check_layout(k3c_st_header *h, const char *where) {
         }
         if (!furthest || t->end > furthest->end) furthest = t;
     }
-    h->data_size = furthest ? furthest->end : 0;
     free(order);
     return rc;
 }
