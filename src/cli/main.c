@@ -15,6 +15,8 @@ static const struct {
      "generate [--model DIR] --prompt-ids 1,2,3 [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu]"},
     {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu]"},
     {"bench", cmd_bench, "bench [--device cpu] [--preset tiny|mini] [--steps N]   decode ms/token vs memory bandwidth"},
+    {"run", cmd_run,
+     "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu]   batched runner"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,180 @@
+/* k3c run: several prompts through the continuous-batching runner (include/k3c.h, runner section), with
+ * optional prompt-lookup speculation. Prints each request's tokens (stdout) and a summary (stderr): steps per
+ * planned route with the stock reasons, drafts accepted / proposed, tokens/s. Without --model the `tiny`
+ * preset is synthesized on the fly. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: k3c run [--model DIR] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D] [--max-requests M]\n"
+            "               [--prefill-budget B] [--stop ID] [--temperature T --top-k K --top-p P --seed S]\n"
+            "               [--device cpu|cuda] [--threads N]\n"
+            "runs every prompt (';'-separated token-id lists) for -n tokens, at most M at once (default 4);\n"
+            "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
+            "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
+}
+
+/* "1,2;3,4,5" -> prompts (each malloc'd); 0 or -1. */
+static int parse_prompts(const char *s, int32_t ***prompts, int **lens, int *n) {
+    int cap = 8, cnt = 0;
+    int32_t **p = malloc(sizeof *p * cap);
+    int *l = malloc(sizeof *l * cap);
+    char *copy = strdup(s);
+    int rc = p && l && copy ? 0 : -1;
+    for (char *save = NULL, *tok = copy ? strtok_r(copy, ";", &save) : NULL; tok && rc == 0;
+         tok = strtok_r(NULL, ";", &save)) {
+        if (cnt == cap) {
+            cap *= 2;
+            int32_t **np = realloc(p, sizeof *p * cap);
+            int *nl = np ? realloc(l, sizeof *l * cap) : NULL;
+            if (np) p = np;
+            if (nl) l = nl;
+            if (!np || !nl) {
+                rc = -1;
+                break;
+            }
+        }
+        if (cli_parse_ids(tok, &p[cnt], &l[cnt])) rc = -1;
+        else cnt++;
+    }
+    free(copy);
+    if (rc || cnt == 0) {
+        for (int i = 0; i < cnt; i++) free(p[i]);
+        free(p);
+        free(l);
+        return -1;
+    }
+    *prompts = p;
+    *lens = l;
+    *n = cnt;
+    return 0;
+}
+
+static void print_summary(const k3c_runner_stats *st, const char *device, int with_executor) {
+    fprintf(stderr, "steps: %ld (", st->steps);
+    for (int r = 0; r < K3C_RUNNER_ROUTES; r++) {
+        fprintf(stderr, "%s%s %ld", r ? "; " : "", k3c_runner_route_name(r), st->route_steps[r]);
+        if (r == 0 && st->route_steps[0] > 0) {
+            fprintf(stderr, ":");
+            int first = 1;
+            for (int k = 1; k < K3C_RUNNER_REASONS; k++) {
+                if (!st->stock_reason_steps[k]) continue;
+                fprintf(stderr, "%s %s %ld", first ? "" : ",", k3c_runner_reason_name(k), st->stock_reason_steps[k]);
+                first = 0;
+            }
+        }
+    }
+    fprintf(stderr, ")%s\n",
+            with_executor ? "" : "\n       routes as planned; no specialized executor here, so every step ran stock");
+    if (st->drafts_proposed > 0)
+        fprintf(stderr, "drafts: accepted %ld / proposed %ld (%.1f%%; %ld of the proposed were padding), %ld verifies, "
+                        "%.2f tokens per verify\n",
+                st->drafts_accepted, st->drafts_proposed, 100.0 * st->drafts_accepted / st->drafts_proposed,
+                st->drafts_padded, st->verify_items,
+                st->verify_items ? (double)(st->drafts_accepted + st->verify_items) / st->verify_items : 0.0);
+    fprintf(stderr, "tokens: %ld prompt, %ld generated in %.3f s (%.1f generated tok/s, %.1f all tok/s) [%s]\n",
+            st->prompt_tokens, st->generated, st->seconds, st->seconds > 0 ? st->generated / st->seconds : 0,
+            st->seconds > 0 ? (st->generated + st->prompt_tokens) / st->seconds : 0, device);
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompts_s = NULL, *device = "cpu";
+    long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1, top_k = 0, threads = 0, seed = 0;
+    double temperature = 0, top_p = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int bad = 0;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            run_usage(stdout);
+            return 0;
+        } else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
+        else if ((v = cli_option(argc, argv, &i, "--prompts"))) prompts_s = v;
+        else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 1, 1 << 30, &n);
+        else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_parse_int(v, 0, 64, &spec);
+        else if ((v = cli_option(argc, argv, &i, "--max-requests"))) bad = cli_parse_int(v, 1, 4096, &max_req);
+        else if ((v = cli_option(argc, argv, &i, "--prefill-budget"))) bad = cli_parse_int(v, 0, 1 << 20, &budget);
+        else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_parse_int(v, 0, 0x7fffffffL, &stop);
+        else if ((v = cli_option(argc, argv, &i, "--temperature"))) bad = cli_parse_float(v, &temperature) || temperature < 0;
+        else if ((v = cli_option(argc, argv, &i, "--top-k"))) bad = cli_parse_int(v, 0, 1 << 30, &top_k);
+        else if ((v = cli_option(argc, argv, &i, "--top-p"))) bad = cli_parse_float(v, &top_p) || top_p <= 0 || top_p > 1;
+        else if ((v = cli_option(argc, argv, &i, "--seed"))) bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &seed);
+        else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
+        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
+        else bad = 1;
+        if (bad) {
+            fprintf(stderr, "k3c run: bad or unexpected argument '%s'\n", argv[i]);
+            run_usage(stderr);
+            return 2;
+        }
+    }
+    int32_t **prompts = NULL;
+    int *lens = NULL, n_prompts = 0;
+    if (!prompts_s || parse_prompts(prompts_s, &prompts, &lens, &n_prompts)) {
+        fprintf(stderr, "k3c run: --prompts needs ';'-separated lists of comma-separated token ids\n");
+        run_usage(stderr);
+        return 2;
+    }
+    int max_prompt = 0;
+    for (int i = 0; i < n_prompts; i++)
+        if (lens[i] > max_prompt) max_prompt = lens[i];
+
+    k3c_model *m = NULL;
+    k3c_engine *e = NULL;
+    k3c_runner *r = NULL;
+    int rc = 1;
+    if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.device = device;
+    o.threads = (int)threads;
+    o.max_requests = (int)max_req;
+    /* the runner never lets a verify write past where plain decoding would end: prompt + n - 1 tokens */
+    o.max_context = max_prompt + (int)n + 1;
+    o.q_max = (int)spec + 1 > o.q_max ? (int)spec + 1 : o.q_max;
+    if (o.max_rows < (int)max_req * ((int)spec + 1)) o.max_rows = (int)max_req * ((int)spec + 1);
+    if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    k3c_runner_options ro;
+    k3c_runner_options_default(&ro);
+    ro.spec_tokens = (int)spec;
+    ro.prefill_budget = (int)budget;
+    if (k3c_runner_create(e, &ro, &r) != K3C_OK) goto fail;
+    k3c_sampling s = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
+                      .seed = (uint64_t)seed};
+    for (int i = 0; i < n_prompts; i++) {
+        int h;
+        k3c_runner_request q = {.prompt = prompts[i], .n_prompt = lens[i], .max_new = (int)n, .sampling = s,
+                                .stop_token = (int32_t)stop};
+        q.sampling.seed = (uint64_t)seed + (uint64_t)i; /* independent draws per request, reproducible */
+        if (k3c_runner_submit(r, &q, &h) != K3C_OK) goto fail;
+    }
+    if (k3c_runner_run(r) != K3C_OK) goto fail;
+    for (int i = 0; i < n_prompts; i++) {
+        const int32_t *t;
+        int nt, fin;
+        if (k3c_runner_output(r, i, &t, &nt, &fin) != K3C_OK) goto fail;
+        printf("request %d (%d prompt tokens):", i, lens[i]);
+        for (int k = 0; k < nt; k++) printf(" %d", t[k]);
+        printf("\n");
+    }
+    fflush(stdout);
+    k3c_runner_stats st;
+    k3c_runner_stats_get(r, &st);
+    print_summary(&st, device, 0);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "k3c run: %s\n", k3c_last_error());
+done:
+    k3c_runner_free(r);
+    k3c_engine_free(e);
+    if (m) k3c_free(m);
+    for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(prompts);
+    free(lens);
+    return rc;
+}
