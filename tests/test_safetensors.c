@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "format/safetensors.h"
@@ -256,4 +257,45 @@ TEST(safetensors_random_corruption_never_crashes) {
         }
     }
     (void)opened;
+}
+
+/* A K3 MoE shard's header: 896 experts x 6 tensors plus the layer's others, ~0.8 MB of JSON. The writer and
+ * the strict reader must handle it quickly (nothing quadratic) and resolve every name. */
+TEST(safetensors_k3_sized_header) {
+    enum { EXPERTS = 896, N = EXPERTS * 6 + 24 };
+    static char names[N][96];
+    static k3c_st_entry entries[N];
+    for (int i = 0; i < N; i++) {
+        if (i < EXPERTS * 6)
+            snprintf(names[i], sizeof names[i], "language_model.model.layers.42.block_sparse_moe.experts.%d.w%d.weight_%s",
+                     i / 6, 1 + (i % 6) / 2, i % 2 ? "scale" : "packed");
+        else
+            snprintf(names[i], sizeof names[i], "language_model.model.layers.42.self_attn.extra_%d.weight", i);
+        entries[i] = (k3c_st_entry){names[i], i % 2 ? K3C_DTYPE_U8 : K3C_DTYPE_BF16, 2, {1 + i % 3, 16}};
+    }
+    uint8_t fill_src[96];
+    memset(fill_src, 0x5a, sizeof fill_src);
+    uint8_t **bytes = malloc(N * sizeof *bytes);
+    for (int i = 0; i < N; i++) bytes[i] = fill_src;
+    char path[512];
+    snprintf(path, sizeof path, "%s/k3_sized.safetensors", test_tmpdir());
+    fill_ctx ctx = {bytes, (size_t)-1};
+    CHECK_OK(k3c_st_write(path, entries, N, fill_from, &ctx));
+    free(bytes);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    k3c_st_file f;
+    CHECK_OK(k3c_st_open(&f, path));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | ((const uint8_t *)f.map)[i];
+    CHECKF(hlen > 700000, "header only %llu bytes", (unsigned long long)hlen);
+    CHECK(f.header.num_tensors == N);
+    for (int i = 0; i < N; i++) {
+        const k3c_st_tensor *t = k3c_st_header_find(&f.header, names[i]);
+        CHECK(t && t->shape[0] == 1 + i % 3 && ((const uint8_t *)t->data)[0] == 0x5a);
+    }
+    CHECKF(secs < 2.0, "opening a %llu-byte header took %.3f s", (unsigned long long)hlen, secs);
+    k3c_st_close(&f);
 }
