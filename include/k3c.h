@@ -155,7 +155,8 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *o, k3c_runner **o
 void k3c_runner_free(k3c_runner *r);
 /* Queues a request; *handle (0, 1, 2, ... in submission order) names it until the runner is freed. */
 int k3c_runner_submit(k3c_runner *r, const k3c_runner_request *q, int *handle);
-/* Runs one step (admitting waiting requests first); *busy = 1 while requests wait or run afterwards. */
+/* Runs one step (admitting waiting requests first); *busy = 1 while requests wait or run afterwards. After a
+ * failed step the state of the runner's requests is unknown: free the runner (it closes them). */
 int k3c_runner_step(k3c_runner *r, int *busy);
 /* Steps until every submitted request has finished. */
 int k3c_runner_run(k3c_runner *r);
