@@ -122,7 +122,10 @@ struct ref_model {
     double *final_norm;
     double *ores_w, *ores_n;
     ref_layer *layers;
+    long *route_counts; /* [L * E] selections per layer and expert, when a test asked for them */
 };
+
+void ref_count_routes(ref_model *m, long *counts) { m->route_counts = counts; }
 
 const k3c_config *ref_model_config(const ref_model *m) { return &m->cfg; }
 
@@ -722,6 +725,8 @@ static int moe_forward(const ref_model *m, const ref_layer *L, const double *y, 
     /* router on y (fp32 in the engines; double here) */
     if (linear(&L->router, y, n, logits)) goto done;
     for (int t = 0; t < n; t++) ref_route(c, logits + (size_t)t * E, L->bias, idx + (size_t)t * K, wts + (size_t)t * K);
+    if (m->route_counts)
+        for (int j = 0; j < n * K; j++) m->route_counts[(size_t)(L - m->layers) * E + idx[j]]++;
     const double *ein = y;
     if (R > 0) {
         if (linear(&L->rdown, y, n, z)) goto done;

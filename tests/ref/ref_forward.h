@@ -51,6 +51,10 @@ int ref_hidden(ref_model *m, const int *ids, int n, const int *layers, int num_l
 int ref_forward(ref_model *m, const int *ids, int n, double *logits, const int *layers, int num_layers,
                 double *out);
 
+/* Counts router selections: counts[l * num_experts + e] += 1 each time expert e of layer l is chosen by a
+ * later forward (NULL stops counting). The array belongs to the caller. */
+void ref_count_routes(ref_model *m, long *counts);
+
 /* ---- building blocks, exposed for hand-checkable tests ---- */
 
 /* AttnRes Mix (§4.2) for one token: sources[0..num_sources-1] (oldest block first, partial prefix last),
