@@ -149,7 +149,7 @@ static const fixture *get_fixture(void) {
 }
 
 static void shard_path(char *out, size_t n, const char *dir, int layer) {
-    snprintf(out, n, "%s/model-%05d-of-%06d.safetensors", dir, layer + 1, fx.L + 1);
+    snprintf(out, n, "%.3900s/model-%05d-of-%06d.safetensors", dir, layer + 1, fx.L + 1);
 }
 
 static void name_of(char *out, size_t n, int layer, const char *suffix) {
