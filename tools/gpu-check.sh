@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # GPU check, run on the GPU host from a fresh clone: builds everything (make -j16 all gpu-test), runs the GPU
-# kernel tests (build/test_gpu: every CUDA kernel against its CPU counterpart) and the kernel benchmark
-# (build/bench_gpu: achieved GB/s next to a measured device-to-device copy), and prints a short table last.
+# tests (build/test_gpu: every CUDA kernel against its CPU counterpart, and the whole stock forward on the
+# CUDA backend against the CPU backend), compute-sanitizer memcheck on a small forward and racecheck on the
+# KDA kernels and a device-synthetic forward (bounded time), the kernel benchmark (build/bench_gpu: achieved
+# GB/s next to a measured device-to-device copy), the stock decode benchmark (k3c bench --device cuda on
+# k3-slice and kimi-linear-48b), and prints a short table last. About 5-8 minutes on an H200.
 #
 # cJSON: when the host has no libcjson-dev (and nothing can be fetched), the Debian packages carried in
 # .debs/ (`apt-get download libcjson1 libcjson-dev` on a machine with a registry; plain C, needs only libc6 >=
 # 2.14) are unpacked into .debs/root and passed to make through CFLAGS / LDLIBS (environment, so the
 # Makefile's own flags are appended to them).
 #
-# Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check).
+# Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
+# SANITIZE (1: run compute-sanitizer when present), BENCH (1: run the stock decode benchmark).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 JOBS=${JOBS:-16}
 LOGDIR=${OUT:-/tmp/k3c-gpu-check}
+SANITIZE=${SANITIZE:-1}
+BENCH=${BENCH:-1}
 mkdir -p "$LOGDIR"
 
 if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
@@ -41,12 +47,43 @@ fi
 grep -E 'warning' "$LOGDIR/build.log" | head -20
 
 echo "== GPU tests"
-"$BUILD/test_gpu" 2>&1 | tee "$LOGDIR/test_gpu.log"
+timeout 360 "$BUILD/test_gpu" 2>&1 | tee "$LOGDIR/test_gpu.log"
 test_rc=${PIPESTATUS[0]}
+
+san_rc=0
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ "$SANITIZE" = 1 ] && [ -n "$SAN" ]; then
+    echo "== compute-sanitizer (memcheck: gpu_forward_tiny; racecheck: KDA recurrent kernel, device-synthetic forward)"
+    for run in "memcheck gpu_forward_tiny 150" "racecheck gpu_kda_recurrent 60" "racecheck gpu_synthetic_tiny 90"; do
+        set -- $run
+        timeout "$3" "$SAN" --tool "$1" --error-exitcode 99 "$BUILD/test_gpu" "$2" >"$LOGDIR/san_$1_$2.log" 2>&1
+        rc=$?
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGDIR/san_$1_$2.log" | tail -1)
+        echo "sanitizer $1 $2: exit $rc ${summary:-"(no summary)"}" | tee -a "$LOGDIR/sanitizer.log"
+        [ "$rc" -eq 124 ] && echo "  (timed out: log $LOGDIR/san_$1_$2.log)"
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && { san_rc=1; grep -m 20 -E "=========" "$LOGDIR/san_$1_$2.log"; }
+    done
+elif [ "$SANITIZE" = 1 ]; then
+    echo "gpu-check: compute-sanitizer not found, skipped" | tee "$LOGDIR/sanitizer.log"
+fi
 
 echo "== GPU kernel benchmark"
 "$BUILD/bench_gpu" 2>&1 | tee "$LOGDIR/bench_gpu.log"
 bench_rc=${PIPESTATUS[0]}
+
+stock_rc=0
+: >"$LOGDIR/bench_stock.log"
+if [ "$BENCH" = 1 ]; then
+    echo "== stock decode benchmark (k3c bench --device cuda)"
+    # short contexts: the stock MoE kernel re-reads each expert per (token, slot) pair, so prefilling 64
+    # requests x 512 tokens would take minutes; the KV share of a decode step is small at these sizes
+    timeout 240 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 --context 64 2>&1 |
+        tee -a "$LOGDIR/bench_stock.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || stock_rc=1
+    timeout 200 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8 --context 128 2>&1 |
+        tee -a "$LOGDIR/bench_stock.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || stock_rc=1
+fi
 
 echo
 echo "== summary (tests: worst rel L2 over all cases vs threshold; bench: median of 30 launches)"
@@ -55,5 +92,9 @@ grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ v = ($5 <= $4) ? "ok" : "FAIL"; i
     printf "%-30s %-8s %9s %11s %s\n", $2, $3, $4, $5, v }'
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
-echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log") (exit $test_rc); bench exit $bench_rc"
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+grep '^INFO' "$LOGDIR/test_gpu.log"
+cat "$LOGDIR/sanitizer.log" 2>/dev/null
+grep -E '^(bench |prefill|STEP)' "$LOGDIR/bench_stock.log"
+echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log") (exit $test_rc); bench exit $bench_rc;" \
+     "sanitizers $san_rc; stock bench $stock_rc"
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]

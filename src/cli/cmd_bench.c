@@ -1,4 +1,4 @@
-/* k3c bench: decode ms/token of synthesized presets (tiny, mini) next to the machine's memory bandwidth
+/* k3c bench (cpu; --device cuda is bench_cuda.c): decode ms/token of synthesized presets (tiny, mini) next to the machine's memory bandwidth
  * measured in the same run (a memcpy of a large buffer: bytes read + written per second, one thread), and
  * the fraction of it a decode step reaches: (bytes one decode step must read) / time / bandwidth.
  *
@@ -22,8 +22,12 @@ static double now_s(void) {
 }
 
 static void bench_usage(FILE *f) {
-    fprintf(f, "usage: k3c bench [--device cpu|cuda] [--preset tiny|mini] [--steps N] [--threads N]\n"
-               "without --preset both tiny and mini are measured\n");
+    fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N]\n"
+               "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--context N] [--steps N]\n"
+               "cpu: without --preset both tiny and mini are measured (synthesized checkpoints)\n"
+               "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
+               "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
+               "steps per batch size (default 20, median reported)\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
@@ -136,8 +140,8 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *device = "cpu", *preset = NULL;
-    long steps = 32, threads = 0;
+    const char *device = "cpu", *preset = NULL, *batches = NULL;
+    long steps = -1, threads = 0, context = 512;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -145,8 +149,9 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stdout);
             return 0;
         } else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--preset")))
-            bad = strcmp(preset = v, "tiny") && strcmp(v, "mini");
+        else if ((v = cli_option(argc, argv, &i, "--preset"))) preset = v;
+        else if ((v = cli_option(argc, argv, &i, "--batches"))) batches = v;
+        else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_parse_int(v, 1, 1 << 20, &context);
         else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_parse_int(v, 1, 100000, &steps);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
         else bad = 1;
@@ -156,6 +161,20 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
+    if (!strcmp(device, "cuda")) {
+        if (!preset) {
+            fprintf(stderr, "k3c bench: --device cuda needs --preset\n");
+            bench_usage(stderr);
+            return 2;
+        }
+        return bench_cuda(preset, batches, (int)context, steps > 0 ? (int)steps : 20);
+    }
+    if (batches || (preset && strcmp(preset, "tiny") && strcmp(preset, "mini"))) {
+        fprintf(stderr, "k3c bench: on the cpu only --preset tiny or mini, without --batches\n");
+        bench_usage(stderr);
+        return 2;
+    }
+    if (steps <= 0) steps = 32;
     double bw = memcpy_bandwidth();
     printf("memory bandwidth (memcpy 256 MiB, read + write, 1 thread): %.1f GB/s\n", bw / 1e9);
     const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};

@@ -25,4 +25,8 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n);
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
 int cli_check_device(const char *device); /* 0 for cpu / cuda */
 
+/* k3c bench --device cuda (bench_cuda.c): decode step times of a device-synthetic preset per batch size
+ * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. Returns the exit status. */
+int bench_cuda(const char *preset, const char *batches, int context, int steps);
+
 #endif

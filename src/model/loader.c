@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "format/config_json.h"
 #include "format/mxfp4.h"
@@ -221,5 +222,6 @@ void k3c_model_free(struct k3c_model *m) {
     k3c_inventory_free(&m->inventory);
     if (m->checkpoint.dir || m->checkpoint.shards) k3c_checkpoint_close(&m->checkpoint);
     k3c_config_free(&m->config);
+    if (m->synthetic_base) munmap(m->synthetic_base, m->synthetic_bytes);
     free(m);
 }

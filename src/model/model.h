@@ -14,6 +14,14 @@ struct k3c_model {
     k3c_weights weights;
     unsigned long long weight_bytes;   /* bytes of the bound tensors as stored */
     unsigned long long owned_bytes;    /* f32 copies of small vectors */
+    /* Device-synthetic (k3c_model_synthetic): every matrix and MXFP4 tensor points into one host address
+     * range reserved with PROT_NONE, never backed and never to be read on the host (a read faults); a
+     * device backend generates those weights in its own memory from synthetic_seed at init. The small
+     * vectors are real host arrays. Host backends refuse such a model. */
+    int device_synthetic;
+    unsigned long long synthetic_seed;
+    void *synthetic_base;              /* the reservation (munmap'ed by k3c_model_free) */
+    size_t synthetic_bytes;
 };
 
 /* Parses DIR/config.json, opens the checkpoint, checks every tensor of the inventory (present, dtype,
@@ -21,5 +29,10 @@ struct k3c_model {
  * projector ones are an error. */
 int k3c_model_load(const char *dir, struct k3c_model **out);
 void k3c_model_free(struct k3c_model *m);
+
+/* A device-synthetic model of config c (see device_synthetic above): inventory and binding as a load would
+ * give, vectors with the values synth would write for seed, no checkpoint anywhere. For benchmarks of
+ * presets too large to write to disk. */
+int k3c_model_synthetic(const k3c_config *c, uint64_t seed, struct k3c_model **out);
 
 #endif

@@ -381,3 +381,13 @@ int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed,
     if (preset_name && !k3c_preset_has_weights(preset_name)) return K3C_OK;
     return write_weights(c, seed, dir);
 }
+
+/* ------------------------------------------------------- device-synthetic ---- */
+
+double k3c_synth_matrix_std(const k3c_tensor_spec *s) { return matrix_std(s); }
+
+void k3c_synth_vector_values(const k3c_config *c, const k3c_tensor_spec *s, uint64_t seed, float *v, size_t n) {
+    k3c_rng r;
+    k3c_rng_seed(&r, seed ^ k3c_hash_str(s->name));
+    vector_values(c, s, &r, v, n);
+}

@@ -9,7 +9,10 @@
 
 #include <stdint.h>
 
+#include <stddef.h>
+
 #include "model/config.h"
+#include "model/inventory.h"
 
 /* Name of the marker file synth leaves in DIR, so that a later synth may overwrite its own output but
  * never a directory it did not write. */
@@ -20,5 +23,11 @@
  * output is replaced (its checkpoint files are removed first). Shards are written one at a time (tmp +
  * rename), the index last. preset_name may be NULL (an ad-hoc config: weights are written). */
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir);
+
+/* What synth would write, for device-synthetic models (model/synthetic.c): the standard deviation of a bf16
+ * matrix's entries, and the f32 values of a small vector tensor (all n stored entries, padding included),
+ * drawn from the same (seed, tensor name) stream as the file writer. */
+double k3c_synth_matrix_std(const k3c_tensor_spec *s);
+void k3c_synth_vector_values(const k3c_config *c, const k3c_tensor_spec *s, uint64_t seed, float *v, size_t n);
 
 #endif

@@ -11,8 +11,13 @@
 #include "stock/forward.h"
 #include "util/error.h"
 
-/* Defined only when the CUDA backend is linked in. */
-extern k3c_backend *k3c_backend_cuda_create(int device) __attribute__((weak));
+/* The CUDA backend exists only in builds with nvcc (K3C_HAVE_CUDA). The reference is strong there: a weak
+ * one would not pull backend_cuda.o out of the static library. */
+#ifdef K3C_HAVE_CUDA
+static k3c_backend *(*const cuda_create)(int device) = k3c_backend_cuda_create;
+#else
+static k3c_backend *(*const cuda_create)(int device) = NULL;
+#endif
 
 typedef struct engine_request {
     int open;
@@ -77,18 +82,18 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
             free(e);
             return k3c_errorf("engine: exact_f32 is a cpu-only diagnostic");
         }
-        if (!k3c_backend_cuda_create) {
+        if (!cuda_create) {
             free(e);
             return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
         }
-        e->be = k3c_backend_cuda_create(0);
+        e->be = cuda_create(0);
     } else {
         free(e);
         return k3c_errorf("engine: unknown device '%s' (expected cpu or cuda)", o.device);
     }
     if (!e->be) {
         free(e);
-        return k3c_error_context("engine: device %s: ", o.device);
+        return k3c_error_context("engine: device %s", o.device);
     }
     e->req = calloc((size_t)o.max_requests, sizeof *e->req);
     e->block_store = malloc(sizeof(int32_t) * (size_t)mbr * o.max_requests);

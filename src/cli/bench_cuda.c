@@ -1,0 +1,259 @@
+/* k3c bench --device cuda: decode step time of the stock path on the GPU against its memory floor
+ * (shared/spec/performance.md), on a device-synthetic model (weights generated in GPU memory: no checkpoint).
+ *
+ * Per batch size b: each of b requests holds `context` prefilled tokens; after warm-up, every decode step
+ * (one token per request, logits of every request downloaded, as the engine API does) is timed on the host
+ * around k3c_engine_step, which ends with a stream sync; the median of `steps` steps is reported.
+ *
+ * Bytes the step must move: every non-expert weight once (all matrices and vectors except the routed
+ * experts, the embedding counted as its b rows), the routed experts the step selects (distinct experts over
+ * the batch, ESTIMATED as E (1 - (1 - k/E)^b) per MoE layer, i.e. uniform routing), the MLA latent cache
+ * rows each request attends (read) and writes, each request's KDA state and conv window (read + written, f32).
+ * Activations are not counted. Floor = bytes / copy bandwidth, the bandwidth of a 1 GiB device-to-device
+ * cudaMemcpy measured in the same run (read + write bytes). The logits download (b x vocab floats to
+ * pageable host memory) is inside the step time; its own time is measured separately and printed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/commands.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "util/error.h"
+
+#ifdef K3C_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Read + write bytes per second of a 1 GiB device-to-device copy, best of 5 (CUDA events). */
+static double copy_bandwidth(void) {
+    size_t n = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    double best = 0;
+    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) goto done;
+    cudaMemset(a, 1, n);
+    cudaMemset(b, 2, n);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int r = 0; r < 6; r++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(r & 1 ? a : b, r & 1 ? b : a, n, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (r > 0 && ms > 0 && 2.0 * n / (ms * 1e-3) > best) best = 2.0 * n / (ms * 1e-3);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+done:
+    cudaFree(a);
+    cudaFree(b);
+    return best;
+}
+
+/* Seconds of one device -> pageable host copy of `bytes` (median of 5), as the engine's logits download. */
+static double d2h_seconds(size_t bytes) {
+    void *d = NULL;
+    void *h = malloc(bytes);
+    double t[5] = {0};
+    if (!h || cudaMalloc(&d, bytes) != cudaSuccess) {
+        free(h);
+        return 0;
+    }
+    cudaMemset(d, 0, bytes);
+    cudaDeviceSynchronize();
+    for (int r = 0; r < 5; r++) {
+        double t0 = now_s();
+        cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
+        t[r] = now_s() - t0;
+    }
+    cudaFree(d);
+    free(h);
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (t[j] < t[i]) {
+                double x = t[i];
+                t[i] = t[j];
+                t[j] = x;
+            }
+    return t[2];
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct step_bytes {
+    double dense, experts, kv, kda, distinct;
+} step_bytes;
+
+/* Bytes one decode step of batch b at mean context ctx must move (see the file comment). */
+static step_bytes bytes_for(const k3c_model *m, int b, double ctx) {
+    const k3c_config *c = &m->config;
+    step_bytes s = {0};
+    double expert_layer = 0; /* bytes of all experts of one MoE layer */
+    int moe_layers = 0;
+    for (size_t i = 0; i < m->inventory.count; i++) {
+        const k3c_tensor_spec *t = &m->inventory.specs[i];
+        double bytes = (double)k3c_tensor_spec_bytes(t);
+        if (t->expert >= 0) {
+            expert_layer += bytes;
+            continue;
+        }
+        if (t->mat == &m->weights.embed && !c->tie_word_embeddings) {
+            s.dense += 2.0 * b * c->hidden_size;
+            continue;
+        }
+        s.dense += bytes;
+    }
+    for (int l = 0; l < c->num_layers; l++) moe_layers += m->weights.layers[l].is_moe;
+    if (moe_layers > 0) expert_layer /= moe_layers;
+    double E = c->num_experts, k = c->num_experts_per_token;
+    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, b)) : 0;
+    s.experts = moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
+    double lat = k3c_config_mla_latent(c), P = k3c_config_kda_proj(c);
+    double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * 4;
+    double window = 3.0 * (c->kda_conv_kernel - 1) * P * 4;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->layer_attn[l] == K3C_ATTN_MLA) s.kv += b * (ctx + 1) * lat * 2 + b * lat * 2;
+        else s.kda += b * 2 * (state + window);
+    }
+    return s;
+}
+
+static int parse_batches(const char *s, int *b, int *n) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 64 || *n >= 16 || (*end && *end != ',')) return -1;
+        b[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+int bench_cuda(const char *preset, const char *batches_s, int context, int steps) {
+    int batches[16], nb = 0, maxb = 0, rc = 1;
+    if (parse_batches(batches_s ? batches_s : "1,2,4,8,16,32,64", batches, &nb) != 0) {
+        fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
+        return 2;
+    }
+    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    const int warm = 3;
+    k3c_config c;
+    k3c_model *m = NULL;
+    k3c_engine *e = NULL;
+    float *lg = NULL;
+    int32_t *ids = NULL;
+    int id[64];
+    double *t = NULL;
+    if (k3c_preset_config(preset, &c) != K3C_OK) goto fail;
+    int mrc = k3c_model_synthetic(&c, 1, &m);
+    k3c_config_free(&c);
+    if (mrc != K3C_OK) goto fail;
+    double bw = copy_bandwidth();
+    int V = m->config.vocab_size;
+    printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
+           "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)\n",
+           preset, m->weight_bytes / 1e9, m->config.num_layers, context, bw / 1e9);
+    fflush(stdout);
+
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.device = "cuda";
+    o.max_requests = 64;
+    int per_step = 512 / context > 0 ? 512 / context : 1;
+    o.max_rows = per_step * context > 64 ? per_step * context : 64;
+    o.max_context = context + nb * (warm + steps) + 8;
+    o.q_max = 1;
+    double t0 = now_s();
+    if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    fprintf(stderr, "engine ready in %.1f s\n", now_s() - t0);
+    lg = malloc(sizeof(float) * (size_t)o.max_rows * V);
+    ids = malloc(sizeof(int32_t) * (size_t)maxb * context);
+    t = malloc(sizeof(double) * (size_t)steps);
+    if (!lg || !ids || !t) {
+        k3c_errorf("out of host memory");
+        goto fail;
+    }
+    for (int i = 0; i < maxb * context; i++) ids[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % (uint64_t)V);
+    /* prefill: per_step requests of `context` tokens per step */
+    t0 = now_s();
+    for (int i = 0; i < maxb; i++)
+        if (k3c_request_open(e, &id[i]) != K3C_OK) goto fail;
+    for (int i0 = 0; i0 < maxb; i0 += per_step) {
+        k3c_step_item it[64];
+        int n = 0;
+        for (int i = i0; i < maxb && i < i0 + per_step; i++)
+            it[n++] = (k3c_step_item){.request = id[i], .tokens = ids + (size_t)i * context, .n = context};
+        if (k3c_engine_step(e, it, n, lg) != K3C_OK) goto fail;
+    }
+    double tp = now_s() - t0;
+    printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
+    printf("%-16s %5s %9s %9s %9s %9s %8s %10s %9s %9s\n", "STEP preset", "batch", "step_ms", "GB_moved", "floor_ms",
+           "of_floor", "tok/s", "experts_L", "kv+kda_MB", "d2h_ms");
+    for (int bi = 0; bi < nb; bi++) {
+        int b = batches[bi];
+        int32_t tok[64];
+        k3c_step_item it[64];
+        double ctx_sum = 0;
+        for (int s = 0; s < warm + steps; s++) {
+            for (int i = 0; i < b; i++) {
+                tok[i] = (int32_t)((s * 7919 + i * 104729 + 3) % V);
+                it[i] = (k3c_step_item){.request = id[i], .tokens = &tok[i], .n = 1};
+            }
+            double a = now_s();
+            if (k3c_engine_step(e, it, b, lg) != K3C_OK) goto fail;
+            double dt = now_s() - a;
+            if (s >= warm) {
+                t[s - warm] = dt;
+                for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]) - 1;
+            }
+        }
+        qsort(t, (size_t)steps, sizeof *t, cmp_double);
+        double med = t[steps / 2];
+        step_bytes sb = bytes_for(m, b, ctx_sum / ((double)steps * b));
+        double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
+        double floor_s = bw > 0 ? bytes / bw : 0;
+        printf("STEP %-11s %5d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", preset, b, med * 1e3, bytes / 1e9,
+               floor_s * 1e3, med > 0 ? floor_s / med : 0, b / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
+               d2h_seconds(sizeof(float) * (size_t)b * V) * 1e3);
+        fflush(stdout);
+    }
+    printf("(experts_L: distinct routed experts per MoE layer, estimated E(1-(1-k/E)^b); GB_moved: non-expert "
+           "weights + those experts + KV/KDA state; the step time includes the logits download d2h_ms)\n");
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "k3c bench: %s: %s\n", preset, k3c_last_error());
+done:
+    k3c_engine_free(e);
+    if (m) k3c_free(m);
+    free(lg);
+    free(ids);
+    free(t);
+    return rc;
+}
+
+#else
+
+int bench_cuda(const char *preset, const char *batches, int context, int steps) {
+    (void)batches;
+    (void)context;
+    (void)steps;
+    fprintf(stderr, "k3c bench: %s: this build has no CUDA backend (built without nvcc)\n", preset);
+    return 1;
+}
+
+#endif

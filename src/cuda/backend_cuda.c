@@ -1,0 +1,940 @@
+/* The CUDA backend of the stock forward (stock/backend.h): every op is one or a few launches of the kernels
+ * in src/cuda on one stream, so a step is queued without host waits until the forward's download/sync.
+ *
+ * Weights: init() copies every tensor of the model's inventory once into ONE device arena (matrices, MXFP4
+ * packed and scale bytes, f32 vectors, and per MoE layer a device array of k3c_cuda_expert), and keeps a
+ * table host pointer -> device pointer sorted by host address; ops translate the host views they are given
+ * (k3c_mat.w, vectors, the experts array) by binary search. A device-synthetic model (model.h) has no host
+ * bytes: its matrices are generated in the arena by fill kernels instead (bf16 N(0, std^2) with synth's std,
+ * MXFP4 random codes with scales that keep rows well-conditioned).
+ *
+ * Metadata (token ids, cache slots, block tables, segment arrays, source-pointer arrays): written into a
+ * pinned host staging area and copied with cudaMemcpyAsync into a device mirror at the same offset, both
+ * bump-allocated and reset at sync(). Stream order protects the device side; the host side is never reused
+ * before a sync (when a step overflows the area, the op waits for the stream and starts over at 0).
+ *
+ * MLA cache element: bf16 (kv_elem_bytes = 2); the latent rows are bf16-rounded by the contract, so this is
+ * exact. Errors: an op that fails records the first message and turns every later op into a no-op until
+ * sync() reports it. */
+#ifdef K3C_HAVE_CUDA /* the whole file: without nvcc the engine reports that CUDA is not built in */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/attnres.h"
+#include "cuda/backend_kernels.h"
+#include "cuda/check.h"
+#include "cuda/elementwise.h"
+#include "cuda/gemm.h"
+#include "cuda/kda.h"
+#include "cuda/mla.h"
+#include "cuda/moe.h"
+#include "cuda/router.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "stock/backend.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+typedef struct wmap_entry {
+    uintptr_t host; /* host view (key) */
+    size_t bytes;
+    void *dev;      /* its copy in the arena */
+} wmap_entry;
+
+typedef struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    const struct k3c_model *m;
+    const k3c_config *c;
+    k3c_backend_limits lim;
+    int silu_gate;
+    k3c_cuda_act act;
+    k3c_cuda_router router;
+
+    /* weights */
+    void *arena;
+    size_t arena_bytes;
+    wmap_entry *map; /* sorted by host */
+    size_t nmap;
+
+    /* metadata staging: pinned host area and its device mirror */
+    uint8_t *meta_host, *meta_dev;
+    size_t meta_cap, meta_used;
+
+    /* step scratch, one device allocation */
+    void *scratch;
+    float *q_abs, *o_lat;          /* MLA */
+    float *logits, *wts;           /* MoE router [R, E], [R, k] */
+    int *idx;                      /* [R, k] */
+    float *z, *h, *part, *r, *rup; /* MoE [R, Rin], [R*k, F], [R*k, Rin], [R, Rin], [R, D] */
+    float *sa, *su, *sh;           /* shared expert [R, Fs] x2, [R, D] */
+    float *kda_o;                  /* [R, P]: o of a commit when the caller passes none (unused by the kernels) */
+    k3c_cuda_gemm gemm;
+    void *gemm_ws;
+    uint16_t *xbf;
+    int gemm_ready;
+
+    /* host scratch for building metadata (pinned area is written directly) */
+    int failed;
+    char err[1024];
+} cuda_ctx;
+
+/* ---- errors ---- */
+
+static void record(cuda_ctx *x, const char *op) {
+    if (x->failed) return;
+    x->failed = 1;
+    snprintf(x->err, sizeof x->err, "%s: %s", op, k3c_error_message());
+}
+
+static void record_cuda(cuda_ctx *x, const char *op, cudaError_t e) {
+    if (x->failed) return;
+    x->failed = 1;
+    snprintf(x->err, sizeof x->err, "%s: CUDA error %s (%s)", op, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define OP_TRY(x, op, call)                                                                                        \
+    do {                                                                                                           \
+        if ((call) != K3C_OK) {                                                                                    \
+            record((x), (op));                                                                                     \
+            return;                                                                                                \
+        }                                                                                                          \
+    } while (0)
+
+#define OP_CUDA(x, op, call)                                                                                       \
+    do {                                                                                                           \
+        cudaError_t e_ = (call);                                                                                   \
+        if (e_ != cudaSuccess) {                                                                                   \
+            record_cuda((x), (op), e_);                                                                            \
+            return;                                                                                                \
+        }                                                                                                          \
+    } while (0)
+
+/* ---- weight table ---- */
+
+static int by_host(const void *a, const void *b) {
+    uintptr_t x = ((const wmap_entry *)a)->host, y = ((const wmap_entry *)b)->host;
+    return x < y ? -1 : x > y;
+}
+
+/* Device address of the host view p (anywhere inside an uploaded tensor), or NULL. */
+static void *wdev(const cuda_ctx *x, const void *p) {
+    uintptr_t h = (uintptr_t)p;
+    size_t lo = 0, hi = x->nmap;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->map[mid].host <= h) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return NULL;
+    const wmap_entry *e = &x->map[lo - 1];
+    if (h - e->host >= (e->bytes ? e->bytes : 1)) return NULL;
+    return (char *)e->dev + (h - e->host);
+}
+
+/* The device copy of a weight, or a recorded error naming the op. */
+#define WDEV(x, op, ptr, out)                                                                                      \
+    do {                                                                                                           \
+        (out) = wdev((x), (ptr));                                                                                  \
+        if (!(out)) {                                                                                              \
+            if (!(x)->failed) {                                                                                    \
+                (x)->failed = 1;                                                                                   \
+                snprintf((x)->err, sizeof (x)->err, "%s: weight at host address %p was not uploaded in init",     \
+                         (op), (const void *)(ptr));                                                               \
+            }                                                                                                      \
+            return;                                                                                                \
+        }                                                                                                          \
+    } while (0)
+
+/* ---- metadata staging ---- */
+
+/* Room for `bytes` of metadata: returns the pinned host pointer to fill, *dev its device mirror. NULL (error
+ * recorded) only when one request exceeds the whole area. */
+static void *meta_alloc(cuda_ctx *x, size_t bytes, void **dev) {
+    size_t need = (bytes + 15) & ~(size_t)15;
+    if (need > x->meta_cap) {
+        if (!x->failed) {
+            x->failed = 1;
+            snprintf(x->err, sizeof x->err, "metadata of %zu bytes exceeds the %zu-byte staging area", bytes,
+                     x->meta_cap);
+        }
+        return NULL;
+    }
+    if (x->meta_used + need > x->meta_cap) {
+        /* the earlier copies out of the area must have finished before it is rewritten */
+        cudaError_t e = cudaStreamSynchronize(x->stream);
+        if (e != cudaSuccess) {
+            record_cuda(x, "metadata staging: stream synchronize", e);
+            return NULL;
+        }
+        x->meta_used = 0;
+    }
+    void *h = x->meta_host + x->meta_used;
+    *dev = x->meta_dev + x->meta_used;
+    x->meta_used += need;
+    return h;
+}
+
+/* Queues the copy of a filled metadata block to its device mirror. */
+static int meta_send(cuda_ctx *x, const void *host, void *dev, size_t bytes) {
+    if (!bytes) return K3C_OK;
+    cudaError_t e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, x->stream);
+    if (e != cudaSuccess) {
+        record_cuda(x, "metadata copy", e);
+        return K3C_ERR;
+    }
+    return K3C_OK;
+}
+
+/* Copies n ints to the device through the staging area; NULL on failure (recorded). */
+static int *meta_ints(cuda_ctx *x, const int32_t *src, int n) {
+    void *dev;
+    int *h = meta_alloc(x, sizeof(int) * (size_t)(n > 0 ? n : 1), &dev);
+    if (!h) return NULL;
+    for (int i = 0; i < n; i++) h[i] = src[i];
+    return meta_send(x, h, dev, sizeof(int) * (size_t)n) == K3C_OK ? dev : NULL;
+}
+
+/* ---- lifetime ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct progress {
+    const char *what;
+    double total, done, t0, last;
+    int show;
+} progress;
+
+static void progress_update(progress *p, size_t add, int final) {
+    p->done += (double)add;
+    if (!p->show) return;
+    double t = now_s();
+    if (!final && t - p->last < 0.25) return;
+    p->last = t;
+    double rate = t > p->t0 ? p->done / (t - p->t0) : 0;
+    fprintf(stderr, "\rcuda: %s %7.2f / %.2f GB  %6.2f GB/s%s", p->what, p->done / 1e9, p->total / 1e9, rate / 1e9,
+            final ? "\n" : "");
+    fflush(stderr);
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Host bytes of one inventory tensor as bound (vectors: the f32 array of vec_len). */
+static const void *spec_host(const k3c_tensor_spec *s, size_t *bytes) {
+    switch (s->cls) {
+    case K3C_TENSOR_MATRIX:
+        *bytes = (size_t)k3c_tensor_spec_bytes(s);
+        return s->mat ? (const void *)s->mat->w : NULL;
+    case K3C_TENSOR_MXFP4_PACKED:
+        *bytes = (size_t)k3c_tensor_spec_bytes(s);
+        return s->mx ? (const void *)s->mx->packed : NULL;
+    case K3C_TENSOR_MXFP4_SCALE:
+        *bytes = (size_t)k3c_tensor_spec_bytes(s);
+        return s->mx ? (const void *)s->mx->scale : NULL;
+    case K3C_TENSOR_VECTOR:
+        *bytes = sizeof(float) * (size_t)s->vec_len;
+        return s->vec ? (const void *)*s->vec : NULL;
+    }
+    return NULL;
+}
+
+/* The MXFP4 scale byte of a synthetic matrix with `cols` inputs: E2M1 codes drawn uniformly have RMS 2.93,
+ * scales alternate between b and b-1 (mean square 0.625 * 4^(b-127)), so entries have RMS
+ * 2.32 * 2^(b-127) ~ 1/sqrt(cols), the scale of synth's N(0, 1/cols) matrices. */
+static int synthetic_scale_byte(int cols) {
+    return 127 + (int)lround(-log2(2.32 * sqrt((double)(cols > 0 ? cols : 1))));
+}
+
+/* Uploads (or, device-synthetic, generates) every inventory tensor into the arena entries already laid
+ * out in x->map order of the inventory; pinned double-buffered staging for real host bytes. */
+static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
+    const k3c_inventory *inv = &m->inventory;
+    size_t chunk = (size_t)64 << 20;
+    uint8_t *pin[2] = {NULL, NULL};
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int rc = K3C_ERR;
+    progress pg = {.what = m->device_synthetic ? "generating weights" : "uploading weights", .t0 = now_s()};
+    for (size_t i = 0; i < inv->count; i++) {
+        size_t b;
+        if (spec_host(&inv->specs[i], &b)) pg.total += (double)b;
+    }
+    pg.show = pg.total >= (double)(256u << 20);
+    pg.last = pg.t0;
+    if (cudaHostAlloc((void **)&pin[0], chunk, cudaHostAllocDefault) != cudaSuccess ||
+        cudaHostAlloc((void **)&pin[1], chunk, cudaHostAllocDefault) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ev[1], cudaEventDisableTiming) != cudaSuccess) {
+        k3c_errorf("cuda backend: cannot allocate 2 x %zu MiB of pinned upload staging", chunk >> 20);
+        goto done;
+    }
+    int cur = 0;
+    for (size_t i = 0; i < inv->count; i++) {
+        const k3c_tensor_spec *s = &inv->specs[i];
+        size_t bytes;
+        const uint8_t *src = spec_host(s, &bytes);
+        if (!src || !devs[i]) continue;
+        if (m->device_synthetic && s->cls != K3C_TENSOR_VECTOR) {
+            uint64_t seed = (uint64_t)m->synthetic_seed ^ k3c_hash_str(s->name);
+            if (s->cls == K3C_TENSOR_MATRIX) {
+                if (k3c_cuda_fill_bf16_normal(devs[i], bytes / 2, (float)k3c_synth_matrix_std(s), seed, x->stream))
+                    goto done;
+            } else {
+                int cols = s->mx ? s->mx->cols : 0;
+                int sb = synthetic_scale_byte(cols);
+                if (s->cls == K3C_TENSOR_MXFP4_PACKED) {
+                    if (k3c_cuda_fill_mxfp4(devs[i], bytes, NULL, 0, sb, seed, x->stream)) goto done;
+                } else if (k3c_cuda_fill_mxfp4(NULL, 0, devs[i], bytes, sb, seed, x->stream)) {
+                    goto done;
+                }
+            }
+            progress_update(&pg, bytes, 0);
+            continue;
+        }
+        for (size_t off = 0; off < bytes; off += chunk) {
+            size_t n = bytes - off < chunk ? bytes - off : chunk;
+            /* the copy that last used this buffer must be done before it is overwritten */
+            if (cudaEventSynchronize(ev[cur]) != cudaSuccess) {
+                k3c_errorf("cuda backend: upload of %s failed: %s", s->name, cudaGetErrorString(cudaGetLastError()));
+                goto done;
+            }
+            memcpy(pin[cur], src + off, n);
+            cudaError_t e = cudaMemcpyAsync((uint8_t *)devs[i] + off, pin[cur], n, cudaMemcpyHostToDevice, x->stream);
+            if (e == cudaSuccess) e = cudaEventRecord(ev[cur], x->stream);
+            if (e != cudaSuccess) {
+                k3c_errorf("cuda backend: upload of %s (%zu bytes at %zu): %s", s->name, n, off, cudaGetErrorString(e));
+                goto done;
+            }
+            cur ^= 1;
+            progress_update(&pg, n, 0);
+        }
+    }
+    cudaError_t e = cudaStreamSynchronize(x->stream);
+    if (e != cudaSuccess) {
+        k3c_errorf("cuda backend: weight upload: %s", cudaGetErrorString(e));
+        goto done;
+    }
+    progress_update(&pg, 0, 1);
+    rc = K3C_OK;
+done:
+    if (rc != K3C_OK && pg.show) fprintf(stderr, "\n");
+    if (ev[0]) cudaEventDestroy(ev[0]);
+    if (ev[1]) cudaEventDestroy(ev[1]);
+    if (pin[0]) cudaFreeHost(pin[0]);
+    if (pin[1]) cudaFreeHost(pin[1]);
+    return rc;
+}
+
+static void free_all(cuda_ctx *x) {
+    if (x->gemm_ready) k3c_cuda_gemm_free(&x->gemm);
+    x->gemm_ready = 0;
+    if (x->arena) cudaFree(x->arena);
+    if (x->scratch) cudaFree(x->scratch);
+    if (x->gemm_ws) cudaFree(x->gemm_ws);
+    if (x->xbf) cudaFree(x->xbf);
+    if (x->meta_dev) cudaFree(x->meta_dev);
+    if (x->meta_host) cudaFreeHost(x->meta_host);
+    free(x->map);
+    x->arena = x->scratch = x->gemm_ws = NULL;
+    x->xbf = NULL;
+    x->meta_dev = x->meta_host = NULL;
+    x->map = NULL;
+    x->nmap = 0;
+}
+
+static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
+    cuda_ctx *x = be->ctx;
+    const k3c_config *c = &m->config;
+    const k3c_inventory *inv = &m->inventory;
+    x->m = m;
+    x->c = c;
+    x->lim = *lim;
+    x->silu_gate = k3c_config_kda_silu_gate(c);
+    x->act = (k3c_cuda_act){c->hidden_act == K3C_ACT_SITU ? 2 : 1, c->situ_beta, c->situ_linear_beta};
+    int G = c->use_grouped_topk && c->num_expert_group > 1 ? c->num_expert_group : 1;
+    x->router = (k3c_cuda_router){c->num_experts, c->num_experts_per_token, c->router_sigmoid, c->use_correction_bias,
+                                  G, c->topk_group, c->moe_renormalize, c->routed_scaling_factor};
+    K3C_CUDA_TRY(cudaSetDevice(x->device));
+
+    /* ---- the arena: every inventory tensor, then each MoE layer's expert table ---- */
+    size_t n_moe = 0;
+    for (int l = 0; l < c->num_layers; l++) n_moe += m->weights.layers[l].is_moe && m->weights.layers[l].moe.experts;
+    x->map = calloc(inv->count + n_moe + 1, sizeof *x->map);
+    void **devs = calloc(inv->count + 1, sizeof *devs);
+    if (!x->map || !devs) {
+        free(devs);
+        return k3c_errorf("cuda backend: out of host memory for the weight table (%zu tensors)", inv->count);
+    }
+    size_t total = 0, max_cols = 1;
+    for (size_t i = 0; i < inv->count; i++) {
+        size_t b;
+        const void *h = spec_host(&inv->specs[i], &b);
+        if (!h) continue;
+        total += align256(b);
+        if (inv->specs[i].cls == K3C_TENSOR_MATRIX && (size_t)inv->specs[i].shape[1] > max_cols)
+            max_cols = (size_t)inv->specs[i].shape[1];
+    }
+    size_t experts_off = total;
+    total += n_moe * align256(sizeof(k3c_cuda_expert) * (size_t)c->num_experts);
+    cudaError_t e = cudaMalloc(&x->arena, total ? total : 256);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        free(devs);
+        x->arena = NULL;
+        return k3c_errorf("cuda backend: cannot allocate the weight arena of %.2f GB (device has %.2f GB free of "
+                          "%.2f GB): %s", total / 1e9, fr / 1e9, tot / 1e9, cudaGetErrorString(e));
+    }
+    x->arena_bytes = total;
+    size_t off = 0;
+    for (size_t i = 0; i < inv->count; i++) {
+        size_t b;
+        const void *h = spec_host(&inv->specs[i], &b);
+        if (!h) continue;
+        devs[i] = (char *)x->arena + off;
+        x->map[x->nmap++] = (wmap_entry){(uintptr_t)h, b, devs[i]};
+        off += align256(b);
+    }
+    qsort(x->map, x->nmap, sizeof *x->map, by_host);
+    for (size_t i = 1; i < x->nmap; i++)
+        if (x->map[i].host < x->map[i - 1].host + x->map[i - 1].bytes) {
+            free(devs);
+            return k3c_errorf("cuda backend: two weights share host bytes at %p (a tensor bound twice?)",
+                              (void *)x->map[i].host);
+        }
+    int rc = fill_arena(x, m, devs);
+    free(devs);
+    K3C_TRY(rc);
+
+    /* expert tables: device views of each expert's three matrices */
+    if (n_moe) {
+        size_t E = (size_t)c->num_experts;
+        k3c_cuda_expert *tab = calloc(E, sizeof *tab);
+        if (!tab) return k3c_errorf("cuda backend: out of host memory for an expert table of %zu", E);
+        size_t moff = experts_off;
+        int mx = c->expert_format == K3C_EXPERTS_MXFP4;
+        size_t first_table = x->nmap;
+        for (int l = 0; l < c->num_layers; l++) {
+            const k3c_moe_weights *w = &m->weights.layers[l].moe;
+            if (!m->weights.layers[l].is_moe || !w->experts) continue;
+            for (size_t j = 0; j < E; j++) {
+                const k3c_expert *ex = &w->experts[j];
+                k3c_cuda_expert d = {0};
+                if (mx) {
+                    d.gate_packed = wdev(x, ex->q1.packed); d.gate_scale = wdev(x, ex->q1.scale);
+                    d.up_packed = wdev(x, ex->q3.packed);   d.up_scale = wdev(x, ex->q3.scale);
+                    d.down_packed = wdev(x, ex->q2.packed); d.down_scale = wdev(x, ex->q2.scale);
+                    if (!d.gate_packed || !d.gate_scale || !d.up_packed || !d.up_scale || !d.down_packed ||
+                        !d.down_scale) {
+                        free(tab);
+                        return k3c_errorf("cuda backend: layer %d expert %zu: MXFP4 weights missing", l, j);
+                    }
+                } else {
+                    d.gate_w = wdev(x, ex->w1.w); d.up_w = wdev(x, ex->w3.w); d.down_w = wdev(x, ex->w2.w);
+                    if (!d.gate_w || !d.up_w || !d.down_w) {
+                        free(tab);
+                        return k3c_errorf("cuda backend: layer %d expert %zu: bf16 weights missing", l, j);
+                    }
+                }
+                tab[j] = d;
+            }
+            void *dev = (char *)x->arena + moff;
+            moff += align256(sizeof(k3c_cuda_expert) * E);
+            e = cudaMemcpy(dev, tab, sizeof(k3c_cuda_expert) * E, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) {
+                free(tab);
+                return k3c_errorf("cuda backend: expert table of layer %d: %s", l, cudaGetErrorString(e));
+            }
+            x->map[x->nmap++] = (wmap_entry){(uintptr_t)w->experts, sizeof(k3c_expert) * E, dev};
+        }
+        free(tab);
+        (void)first_table;
+        qsort(x->map, x->nmap, sizeof *x->map, by_host);
+    }
+
+    /* ---- step scratch ---- */
+    size_t R = (size_t)lim->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c);
+    size_t Hm = c->num_attention_heads, lat = k3c_config_mla_latent(c), kvl = c->kv_lora_rank;
+    size_t E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
+    size_t Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
+    size_t sizes[] = {R * Hm * lat, R * Hm * kvl, R * E, R * K, R * K, R * Rin, R * K * F, R * K * Rin,
+                      R * Rin, R * D, R * Fs, R * Fs, R * D, R * P};
+    void **slots[] = {(void **)&x->q_abs, (void **)&x->o_lat, (void **)&x->logits, (void **)&x->wts,
+                      (void **)&x->idx, (void **)&x->z, (void **)&x->h, (void **)&x->part, (void **)&x->r,
+                      (void **)&x->rup, (void **)&x->sa, (void **)&x->su, (void **)&x->sh, (void **)&x->kda_o};
+    size_t n_slots = sizeof sizes / sizeof sizes[0], stotal = 0;
+    for (size_t i = 0; i < n_slots; i++) stotal += align256(sizes[i] * 4 + 4);
+    e = cudaMalloc(&x->scratch, stotal);
+    if (e != cudaSuccess) {
+        x->scratch = NULL;
+        return k3c_errorf("cuda backend: step scratch of %.1f MB (max_rows %d): %s", stotal / 1e6, lim->max_rows,
+                          cudaGetErrorString(e));
+    }
+    char *p = x->scratch;
+    for (size_t i = 0; i < n_slots; i++) {
+        *slots[i] = p;
+        p += align256(sizes[i] * 4 + 4);
+    }
+
+    /* cuBLASLt for products of more than K3C_CUDA_GEMV_MAX_T rows */
+    size_t ws = (size_t)32 << 20, xbf_elems = R * max_cols;
+    if (cudaMalloc(&x->gemm_ws, ws) != cudaSuccess || cudaMalloc((void **)&x->xbf, xbf_elems * 2) != cudaSuccess)
+        return k3c_errorf("cuda backend: cuBLASLt workspace (%zu MiB) and staging (%zu elements)", ws >> 20,
+                          xbf_elems);
+    K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, xbf_elems));
+    x->gemm_ready = 1;
+
+    /* metadata staging: per layer at most two Mix source arrays, three KDA conv segment arrays and one delta
+     * array, or the MLA slots / row offsets / lengths / block tables; plus ids and logit rows. Twice that,
+     * so a step normally never waits. */
+    size_t nres = c->attn_res_block_size > 0 ? (size_t)c->num_layers / c->attn_res_block_size + 2 : 1;
+    size_t S = (size_t)lim->max_segs, bpr = ((size_t)lim->max_context + lim->block_size - 1) / lim->block_size;
+    size_t per_layer = 2 * (nres * 8 + 16) + 4 * (S * sizeof(k3c_cuda_seg) + 16) + 3 * (R * 4 + 16) +
+                       S * bpr * 4 + 16;
+    size_t cap = 2 * ((size_t)c->num_layers * per_layer + 2 * (R * 4 + 16) + nres * 8 + 16) + ((size_t)64 << 10);
+    x->meta_cap = cap;
+    if (cudaHostAlloc((void **)&x->meta_host, cap, cudaHostAllocDefault) != cudaSuccess ||
+        cudaMalloc((void **)&x->meta_dev, cap) != cudaSuccess)
+        return k3c_errorf("cuda backend: metadata staging of %zu KB", cap >> 10);
+    x->meta_used = 0;
+    K3C_CUDA_TRY(cudaStreamSynchronize(x->stream));
+    return K3C_OK;
+}
+
+static int cuda_init(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
+    cuda_ctx *x = be->ctx;
+    if (cuda_init_inner(be, m, lim) != K3C_OK) {
+        free_all(x);
+        return k3c_error_context("cuda backend (device %d)", x->device);
+    }
+    return K3C_OK;
+}
+
+static void cuda_destroy(k3c_backend *be) {
+    if (!be) return;
+    cuda_ctx *x = be->ctx;
+    if (x) {
+        if (x->stream) cudaStreamSynchronize(x->stream);
+        free_all(x);
+        if (x->stream) cudaStreamDestroy(x->stream);
+        free(x);
+    }
+    free(be);
+}
+
+static int cuda_sync(k3c_backend *be) {
+    cuda_ctx *x = be->ctx;
+    cudaError_t e = cudaStreamSynchronize(x->stream);
+    x->meta_used = 0;
+    if (e != cudaSuccess) record_cuda(x, "stream", e);
+    if (x->failed) {
+        x->failed = 0;
+        return k3c_errorf("cuda backend: %s", x->err);
+    }
+    return K3C_OK;
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(k3c_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        k3c_errorf("cuda backend: cannot allocate %zu bytes (%.2f GB free of %.2f GB): %s", bytes, fr / 1e9,
+                   tot / 1e9, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_freebuf(k3c_backend *be, void *p) {
+    cuda_ctx *x = be->ctx;
+    if (!p) return;
+    cudaStreamSynchronize(x->stream);
+    cudaFree(p);
+}
+
+static void cuda_upload(k3c_backend *be, void *dst, const void *host_src, size_t bytes) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !bytes) return;
+    OP_CUDA(x, "upload", cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, x->stream));
+}
+
+static void cuda_download(k3c_backend *be, void *host_dst, const void *src, size_t bytes) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !bytes) return;
+    OP_CUDA(x, "download", cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, x->stream));
+}
+
+static void cuda_copy(k3c_backend *be, void *dst, const void *src, size_t bytes) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !bytes || dst == src) return;
+    OP_CUDA(x, "copy", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->stream));
+}
+
+static void cuda_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !bytes) return;
+    OP_CUDA(x, "fill_bytes", cudaMemsetAsync(dst, byte, bytes, x->stream));
+}
+
+static void cuda_gather_rows(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || n <= 0) return;
+    int *d = meta_ints(x, rows, n);
+    if (!d) return;
+    OP_TRY(x, "gather_rows", k3c_cuda_gather_rows(src, d, n, D, dst, x->stream));
+}
+
+/* ---- dense ---- */
+
+static void cuda_embed(k3c_backend *be, const k3c_mat *E, const int32_t *ids, int T, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const uint16_t *w;
+    WDEV(x, "embed", E->w, w);
+    int *d = meta_ints(x, ids, T);
+    if (!d) return;
+    OP_TRY(x, "embed", k3c_cuda_embed(w, E->rows, E->cols, d, T, out, x->stream));
+}
+
+static void cuda_matmul(k3c_backend *be, const k3c_mat *W, const float *in, int T, float *y, int round) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const uint16_t *w;
+    WDEV(x, "matmul", W->w, w);
+    OP_TRY(x, "matmul", k3c_cuda_matmul_bf16(&x->gemm, w, W->rows, W->cols, in, T, y, x->stream));
+    if (round) OP_TRY(x, "matmul round", k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->stream));
+}
+
+static void cuda_rmsnorm(k3c_backend *be, const float *in, int x_stride, const float *w, int T, int n, float eps,
+                         float *y, int y_stride) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const float *wd;
+    WDEV(x, "rmsnorm", w, wd);
+    OP_TRY(x, "rmsnorm", k3c_cuda_rmsnorm(in, x_stride, wd, T, n, eps, 1, y, y_stride, x->stream));
+}
+
+static void cuda_add(k3c_backend *be, const float *a, const float *b, size_t n, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !n) return;
+    OP_TRY(x, "add", k3c_cuda_add(a, b, n, 1, out, x->stream));
+}
+
+static void cuda_attnres_mix(k3c_backend *be, const float *const *src, int nsrc, int T, int D, const float *proj,
+                             const float *norm, float eps, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const float *pd, *nd;
+    WDEV(x, "attnres_mix", proj, pd);
+    WDEV(x, "attnres_mix", norm, nd);
+    void *dev;
+    const float **h = meta_alloc(x, sizeof(float *) * (size_t)nsrc, &dev);
+    if (!h) return;
+    for (int i = 0; i < nsrc; i++) h[i] = src[i];
+    if (meta_send(x, h, dev, sizeof(float *) * (size_t)nsrc) != K3C_OK) return;
+    OP_TRY(x, "attnres_mix", k3c_cuda_attnres_mix(dev, nsrc, T, D, pd, nd, eps, 1, out, x->stream));
+}
+
+static void cuda_gated_act(k3c_backend *be, const float *gate, const float *up, size_t n, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !n) return;
+    if (n > 0x7fffffff) {
+        k3c_errorf("%zu elements (at most 2^31 - 1 per call)", n);
+        record(x, "gated_act");
+        return;
+    }
+    OP_TRY(x, "gated_act", k3c_cuda_gated_act(x->act, gate, (int)n, up, (int)n, 1, (int)n, 1, out, x->stream));
+}
+
+static void cuda_sigmoid_mul(k3c_backend *be, float *v, const float *g, size_t n) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !n) return;
+    OP_TRY(x, "sigmoid_mul", k3c_cuda_mul_sigmoid(v, g, n, 1, v, x->stream));
+}
+
+/* ---- KDA ---- */
+
+/* Device array of the segments with rows (chunked: 1 keeps only chunked ones, 0 only recurrent, -1 all);
+ * *count gets their number. NULL on failure or when none qualify. */
+static k3c_cuda_seg *stage_segs(cuda_ctx *x, const k3c_seg *segs, int nseg, int chunked, int *count) {
+    *count = 0;
+    void *dev;
+    k3c_cuda_seg *h = meta_alloc(x, sizeof(k3c_cuda_seg) * (size_t)(nseg > 0 ? nseg : 1), &dev);
+    if (!h) return NULL;
+    int n = 0;
+    for (int s = 0; s < nseg; s++) {
+        if (segs[s].n <= 0 || (chunked >= 0 && (segs[s].chunked != 0) != chunked)) continue;
+        h[n++] = (k3c_cuda_seg){segs[s].row0, segs[s].n, segs[s].state, segs[s].window};
+    }
+    if (!n || meta_send(x, h, dev, sizeof(k3c_cuda_seg) * (size_t)n) != K3C_OK) return NULL;
+    *count = n;
+    return dev;
+}
+
+static void cuda_kda_conv(k3c_backend *be, const float *in, const float *taps, int which, const k3c_seg *segs,
+                          int nseg, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    const float *td;
+    WDEV(x, "kda_conv", taps, td);
+    int n;
+    k3c_cuda_seg *d = stage_segs(x, segs, nseg, -1, &n);
+    if (!n) return;
+    OP_TRY(x, "kda_conv", k3c_cuda_kda_conv_segs(in, d, n, k3c_config_kda_proj(x->c), x->c->kda_conv_kernel, td,
+                                                 which, 1, out, x->stream));
+}
+
+static void cuda_kda_gate(k3c_backend *be, const float *f, const float *b, const float *a_log, const float *dt_bias,
+                          int T, float *g, float *beta) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const float *ad, *dd;
+    WDEV(x, "kda_gate", a_log, ad);
+    WDEV(x, "kda_gate", dt_bias, dd);
+    const k3c_config *c = x->c;
+    OP_TRY(x, "kda_gate", k3c_cuda_kda_gate(f, b, ad, dd, T, c->kda_num_heads, c->kda_head_dim, c->kda_has_lower_bound,
+                                            c->kda_gate_lower_bound, g, beta, x->stream));
+}
+
+static void cuda_kda_qk_norm(k3c_backend *be, float *q, float *k, int T) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    OP_TRY(x, "kda_qk_norm", k3c_cuda_kda_qk_norm(q, k, T, x->c->kda_num_heads, x->c->kda_head_dim, x->stream));
+}
+
+static void cuda_kda_delta(k3c_backend *be, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, const k3c_seg *segs, int nseg, float *o) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    int H = x->c->kda_num_heads, dk = x->c->kda_head_dim, P = H * dk;
+    /* prompt rows: the chunked launcher per request; everything else: one launch for all requests */
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *sg = &segs[s];
+        if (sg->n <= 0 || !sg->chunked) continue;
+        size_t off = (size_t)sg->row0 * P;
+        OP_TRY(x, "kda_delta (chunked)",
+               k3c_cuda_kda_chunked(sg->state, q + off, k + off, v + off, g + off, beta + (size_t)sg->row0 * H, sg->n,
+                                    H, dk, dk, 64, 1, o ? o + off : NULL, x->stream));
+    }
+    int n;
+    k3c_cuda_seg *d = stage_segs(x, segs, nseg, 0, &n);
+    if (!n) return;
+    OP_TRY(x, "kda_delta", k3c_cuda_kda_recurrent_segs(d, n, q, k, v, g, beta, H, dk, dk, 1, o, x->stream));
+}
+
+static void cuda_kda_gated_norm(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const float *wd;
+    WDEV(x, "kda_gated_norm", w, wd);
+    OP_TRY(x, "kda_gated_norm", k3c_cuda_kda_gated_norm(o, z, wd, T, x->c->kda_num_heads, x->c->kda_head_dim,
+                                                        x->c->rms_norm_eps, x->silu_gate, 1, y, x->stream));
+}
+
+/* ---- MLA ---- */
+
+static int rows_of(const k3c_seg *segs, int nseg) {
+    int T = 0;
+    for (int s = 0; s < nseg; s++)
+        if (segs[s].n > 0 && segs[s].row0 + segs[s].n > T) T = segs[s].row0 + segs[s].n;
+    return T;
+}
+
+static void cuda_mla_cache_write(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    int T = rows_of(segs, nseg), bs = x->lim.block_size;
+    if (T <= 0) return;
+    void *dev;
+    int *slots = meta_alloc(x, sizeof(int) * (size_t)T, &dev);
+    if (!slots) return;
+    for (int t = 0; t < T; t++) slots[t] = -1;
+    for (int s = 0; s < nseg; s++)
+        for (int i = 0; i < segs[s].n; i++) {
+            int p = segs[s].pos + i;
+            slots[segs[s].row0 + i] = segs[s].block_table[p / bs] * bs + p % bs;
+        }
+    if (meta_send(x, slots, dev, sizeof(int) * (size_t)T) != K3C_OK) return;
+    OP_TRY(x, "mla_cache_write", k3c_cuda_mla_cache_write(lat, dev, T, k3c_config_mla_latent(x->c), be->kv_elem_bytes,
+                                                          cache, x->stream));
+}
+
+static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
+                               int nseg, const void *cache, float *o) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    const k3c_config *c = x->c;
+    int Hm = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    int vh = c->v_head_dim, kvl = c->kv_lora_rank, bs = x->lim.block_size;
+    int T = rows_of(segs, nseg);
+    if (T <= 0) return;
+    const uint16_t *kvb;
+    WDEV(x, "mla_attention", w->kv_b.w, kvb);
+    /* per row: offset of its request's block table in `tables`, and the positions it attends */
+    size_t ntab = 0;
+    for (int s = 0; s < nseg; s++)
+        if (segs[s].n > 0) ntab += (size_t)(segs[s].pos + segs[s].n + bs - 1) / bs;
+    void *dev;
+    int *h = meta_alloc(x, sizeof(int) * (2 * (size_t)T + ntab), &dev);
+    if (!h) return;
+    int *off = h, *lens = h + T, *tab = h + 2 * T;
+    for (int t = 0; t < T; t++) off[t] = lens[t] = 0;
+    size_t k = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        int nb = (g->pos + g->n + bs - 1) / bs;
+        for (int i = 0; i < g->n; i++) {
+            off[g->row0 + i] = (int)k;
+            lens[g->row0 + i] = g->pos + i + 1;
+        }
+        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
+    }
+    if (meta_send(x, h, dev, sizeof(int) * (2 * (size_t)T + ntab)) != K3C_OK) return;
+    int *doff = dev, *dlens = doff + T, *dtab = doff + 2 * T;
+    float scale = 1.0f / sqrtf((float)(nope + rope));
+    OP_TRY(x, "mla absorb_q", k3c_cuda_mla_absorb_q(kvb, q, T, Hm, nope, rope, vh, kvl, x->q_abs, x->stream));
+    OP_TRY(x, "mla attend", k3c_cuda_mla_attend(x->q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, Hm, kvl,
+                                                rope, scale, x->o_lat, x->stream));
+    OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, o, x->stream));
+}
+
+/* ---- MoE ---- */
+
+static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const k3c_config *c = x->c;
+    int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
+    int Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size;
+    cudaStream_t st = x->stream;
+    const uint16_t *wr;
+    const k3c_cuda_expert *ex;
+    const float *bias = NULL;
+    WDEV(x, "moe router", w->router.w, wr);
+    WDEV(x, "moe experts", w->experts, ex);
+    if (c->use_correction_bias && w->correction_bias) WDEV(x, "moe bias", w->correction_bias, bias);
+
+    /* router: f32 logits of the rounded y, then the selection */
+    OP_TRY(x, "moe router", k3c_cuda_matmul_bf16(&x->gemm, wr, w->router.rows, w->router.cols, y, T, x->logits, st));
+    OP_TRY(x, "moe route", k3c_cuda_route(&x->router, x->logits, bias, T, x->idx, x->wts, st));
+
+    const float *z = y;
+    if (c->routed_expert_hidden_size > 0) {
+        const uint16_t *wd;
+        WDEV(x, "moe latent_down", w->latent_down.w, wd);
+        OP_TRY(x, "moe latent_down", k3c_cuda_matmul_bf16(&x->gemm, wd, w->latent_down.rows, w->latent_down.cols, y,
+                                                          T, x->z, st));
+        OP_TRY(x, "moe latent_down", k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
+        z = x->z;
+    }
+    OP_TRY(x, "moe experts", k3c_cuda_moe_experts(ex, E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, F, Rin, z, T,
+                                                  x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+    const float *routed = x->r;
+    if (c->routed_expert_hidden_size > 0) {
+        if (c->latent_moe_use_norm) {
+            const float *nd;
+            WDEV(x, "moe latent_norm", w->latent_norm, nd);
+            OP_TRY(x, "moe latent_norm", k3c_cuda_rmsnorm(x->r, Rin, nd, T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+        }
+        const uint16_t *wu;
+        WDEV(x, "moe latent_up", w->latent_up.w, wu);
+        OP_TRY(x, "moe latent_up", k3c_cuda_matmul_bf16(&x->gemm, wu, w->latent_up.rows, w->latent_up.cols, x->r, T,
+                                                        x->rup, st));
+        OP_TRY(x, "moe latent_up", k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
+        routed = x->rup;
+    }
+    if (w->shared.gate.w) {
+        int Fs = w->shared.gate.rows;
+        const uint16_t *sg, *su, *sd;
+        WDEV(x, "moe shared", w->shared.gate.w, sg);
+        WDEV(x, "moe shared", w->shared.up.w, su);
+        WDEV(x, "moe shared", w->shared.down.w, sd);
+        OP_TRY(x, "moe shared gate", k3c_cuda_matmul_bf16(&x->gemm, sg, Fs, D, y, T, x->sa, st));
+        OP_TRY(x, "moe shared up", k3c_cuda_matmul_bf16(&x->gemm, su, Fs, D, y, T, x->su, st));
+        OP_TRY(x, "moe shared gate", k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
+        OP_TRY(x, "moe shared up", k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
+        OP_TRY(x, "moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
+        OP_TRY(x, "moe shared down", k3c_cuda_matmul_bf16(&x->gemm, sd, D, Fs, x->sa, T, x->sh, st));
+        OP_TRY(x, "moe shared down", k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
+        OP_TRY(x, "moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st));
+    } else {
+        OP_CUDA(x, "moe out", cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
+    }
+}
+
+k3c_backend *k3c_backend_cuda_create(int device) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count <= 0) {
+        k3c_errorf("cuda backend: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        k3c_errorf("cuda backend: device %d outside 0..%d", device, count - 1);
+        return NULL;
+    }
+    k3c_backend *be = calloc(1, sizeof *be);
+    cuda_ctx *x = calloc(1, sizeof *x);
+    if (!be || !x) {
+        free(be);
+        free(x);
+        k3c_errorf("cuda backend: out of memory");
+        return NULL;
+    }
+    x->device = device;
+    if ((e = cudaSetDevice(device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        k3c_errorf("cuda backend: device %d: %s", device, cudaGetErrorString(e));
+        free(be);
+        free(x);
+        return NULL;
+    }
+    be->name = "cuda";
+    be->ctx = x;
+    be->kv_elem_bytes = 2;
+    be->init = cuda_init;
+    be->destroy = cuda_destroy;
+    be->sync = cuda_sync;
+    be->alloc = cuda_alloc;
+    be->free = cuda_freebuf;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->copy = cuda_copy;
+    be->fill_bytes = cuda_fill_bytes;
+    be->gather_rows = cuda_gather_rows;
+    be->embed = cuda_embed;
+    be->matmul = cuda_matmul;
+    be->rmsnorm = cuda_rmsnorm;
+    be->add = cuda_add;
+    be->attnres_mix = cuda_attnres_mix;
+    be->gated_act = cuda_gated_act;
+    be->sigmoid_mul = cuda_sigmoid_mul;
+    be->kda_conv = cuda_kda_conv;
+    be->kda_gate = cuda_kda_gate;
+    be->kda_qk_norm = cuda_kda_qk_norm;
+    be->kda_delta = cuda_kda_delta;
+    be->kda_gated_norm = cuda_kda_gated_norm;
+    be->mla_cache_write = cuda_mla_cache_write;
+    be->mla_attention = cuda_mla_attention;
+    be->moe = cuda_moe;
+    return be;
+}
+
+#else
+typedef int k3c_backend_cuda_not_built; /* ISO C wants a non-empty translation unit */
+#endif

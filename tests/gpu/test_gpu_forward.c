@@ -1,0 +1,423 @@
+/* The whole stock forward on the CUDA backend against the CPU backend, through the engine API, on
+ * synthesized checkpoints (tiny, mini, kimi-linear-tiny), fresh weights and ids per run (test_seed()).
+ *
+ * Both backends round at the same points (stock/forward.c's contract; the GPU's MLA cache is bf16, which
+ * holds the rounded latents exactly), so they differ only by f32 summation order, which flips an occasional
+ * bf16 rounding by one ulp. Thresholds, rel L2 per logit row:
+ *   - dense routing (every expert selected, k = E: no discrete decision exists): every row < 1e-2 (expected
+ *     ~1e-3 or below);
+ *   - the preset's own routing: a near-tie in a router can pick a different expert on one backend and move
+ *     that row and every later row of the request by 1e-2 .. 1e-1, so only the median row is asserted
+ *     (< 1e-2); rows above 1e-2 are counted and printed as probable routing flips.
+ * Greedy streams (128 steps, batch 1 and 4): identical, except that a divergence where the CPU's top-2
+ * logit margin is below 1e-2 is counted as a tie (that stream is not compared further) instead of failing.
+ * Each case prints "METRIC <name> rel_l2 <threshold> <value>" (tools/gpu-check.sh tabulates them) and an
+ * INFO line with the worst row and the counts. */
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3c.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "model/synth.h"
+#include "../test.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+#define ROW_THR 1e-2
+#define TIE_MARGIN 1e-2f
+#define MAX_ROWS 64
+
+/* ---- METRIC lines ---- */
+
+static struct { char name[64]; double thr, value; } metrics[64];
+static int num_metrics;
+
+static void metric(const char *name, double thr, double value) {
+    if (num_metrics == 64) return;
+    snprintf(metrics[num_metrics].name, sizeof metrics[0].name, "%s", name);
+    metrics[num_metrics].thr = thr;
+    metrics[num_metrics].value = value;
+    num_metrics++;
+}
+
+__attribute__((destructor)) static void print_metrics(void) {
+    for (int i = 0; i < num_metrics; i++)
+        printf("METRIC %-28s rel_l2 %8.1e %10.3e\n", metrics[i].name, metrics[i].thr, metrics[i].value);
+}
+
+/* ---- row statistics ---- */
+
+typedef struct stats {
+    double err[4096];
+    int n, over;
+    double worst;
+} stats;
+
+static void stats_add(stats *s, double e) {
+    if (s->n < 4096) s->err[s->n++] = e;
+    if (!(e <= s->worst)) s->worst = e; /* NaN sticks */
+    if (!(e <= ROW_THR)) s->over++;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double stats_median(stats *s) {
+    if (!s->n) return 0;
+    double *v = malloc(sizeof(double) * s->n);
+    memcpy(v, s->err, sizeof(double) * s->n);
+    for (int i = 0; i < s->n; i++)
+        if (v[i] != v[i]) v[i] = INFINITY;
+    qsort(v, s->n, sizeof *v, cmp_double);
+    double m = v[s->n / 2];
+    free(v);
+    return m;
+}
+
+/* ---- two engines over one model ---- */
+
+typedef struct env {
+    char dir[512];
+    k3c_model *m;
+    k3c_engine *cpu, *gpu;
+    int V;
+    float *lc, *lg; /* [MAX_ROWS, V] logits of the last step */
+} env;
+
+static void env_close(env *e) {
+    k3c_engine_free(e->cpu);
+    k3c_engine_free(e->gpu);
+    if (e->m) k3c_free(e->m);
+    free(e->lc);
+    free(e->lg);
+    memset(e, 0, sizeof *e);
+}
+
+/* dense: every expert selected (k = E, all groups kept). */
+static int env_open(env *e, const char *preset, int dense, const char *tag) {
+    memset(e, 0, sizeof *e);
+    snprintf(e->dir, sizeof e->dir, "%s/gpufwd-%s-%s%s", test_tmpdir(), preset, tag, dense ? "-dense" : "");
+    k3c_config c;
+    K3C_TRY(k3c_preset_config(preset, &c));
+    if (dense) {
+        c.num_experts_per_token = c.num_experts;
+        c.topk_group = c.num_expert_group;
+    }
+    int rc = k3c_synth_write(&c, dense ? NULL : preset, test_seed() ^ k3c_hash_str(tag), e->dir);
+    k3c_config_free(&c);
+    K3C_TRY(rc);
+    K3C_TRY(k3c_load(e->dir, &e->m));
+    e->V = e->m->config.vocab_size;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.max_requests = 4;
+    o.max_rows = MAX_ROWS;
+    o.max_context = 256;
+    o.block_size = 4; /* small blocks: every case crosses block boundaries */
+    o.q_max = 6;
+    o.poison_freed_blocks = 1;
+    o.device = "cpu";
+    K3C_TRY(k3c_engine_create(e->m, &o, &e->cpu));
+    o.device = "cuda";
+    K3C_TRY(k3c_engine_create(e->m, &o, &e->gpu));
+    e->lc = malloc(sizeof(float) * (size_t)MAX_ROWS * e->V);
+    e->lg = malloc(sizeof(float) * (size_t)MAX_ROWS * e->V);
+    if (!e->lc || !e->lg) return k3c_errorf("out of memory for logits");
+    return K3C_OK;
+}
+
+static int logit_rows(const k3c_step_item *it, int n) {
+    int r = 0;
+    for (int i = 0; i < n; i++) r += it[i].verify || it[i].all_logits ? it[i].n : 1;
+    return r;
+}
+
+/* One step on both engines (items name the same request ids on both: they are opened in the same order),
+ * every logit row compared. */
+static int step_both(env *e, const k3c_step_item *it, int n, stats *s) {
+    int rows = logit_rows(it, n);
+    if (rows > MAX_ROWS) return k3c_errorf("test: %d logit rows > %d", rows, MAX_ROWS);
+    poison_f32(e->lc, (size_t)rows * e->V);
+    poison_f32(e->lg, (size_t)rows * e->V);
+    if (k3c_engine_step(e->cpu, it, n, e->lc) != K3C_OK) return k3c_error_context("cpu step");
+    if (k3c_engine_step(e->gpu, it, n, e->lg) != K3C_OK) return k3c_error_context("cuda step");
+    for (int r = 0; r < rows; r++)
+        stats_add(s, rel_l2_f32f32(e->lg + (size_t)r * e->V, e->lc + (size_t)r * e->V, (size_t)e->V));
+    return K3C_OK;
+}
+
+static int open_both(env *e, int *id) {
+    int a, b;
+    K3C_TRY(k3c_request_open(e->cpu, &a));
+    K3C_TRY(k3c_request_open(e->gpu, &b));
+    if (a != b) return k3c_errorf("test: request ids differ (cpu %d, cuda %d)", a, b);
+    *id = a;
+    return K3C_OK;
+}
+
+static int close_both(env *e, int id) {
+    K3C_TRY(k3c_request_close(e->cpu, id));
+    return k3c_request_close(e->gpu, id);
+}
+
+static int commit_both(env *e, int id, int accepted) {
+    K3C_TRY(k3c_request_commit(e->cpu, id, accepted));
+    return k3c_request_commit(e->gpu, id, accepted);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static float top2_margin(const float *x, int n) {
+    int b = argmax(x, n);
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != b && x[i] > second) second = x[i];
+    return x[b] - second;
+}
+
+static void random_ids(k3c_rng *r, int V, int n, int32_t *ids) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(k3c_rng_next(r) % (uint64_t)V);
+}
+
+/* The forward cases: prefill (all rows) + token-by-token decode; the same prompt as a chunked prefill
+ * (16 + 16 + 8: chunked, chunked, recurrent KDA); a mixed batch of prompt chunks, decodes and a verify of 4
+ * tokens, committed with 2 accepted, then decodes of all three. */
+static int forward_cases(env *e, k3c_rng *r, stats *s) {
+    int32_t prompt[40], tok;
+    random_ids(r, e->V, 40, prompt);
+    int a, b;
+    K3C_TRY(open_both(e, &a));
+    k3c_step_item it = {.request = a, .tokens = prompt, .n = 40, .all_logits = 1};
+    K3C_TRY(step_both(e, &it, 1, s));
+    tok = argmax(e->lc + (size_t)39 * e->V, e->V);
+    for (int i = 0; i < 24; i++) {
+        k3c_step_item d = {.request = a, .tokens = &tok, .n = 1};
+        K3C_TRY(step_both(e, &d, 1, s));
+        tok = argmax(e->lc, e->V);
+    }
+    K3C_TRY(close_both(e, a));
+
+    K3C_TRY(open_both(e, &b));
+    static const int chunks[] = {16, 16, 8};
+    for (int i = 0, off = 0; i < 3; off += chunks[i++]) {
+        k3c_step_item c = {.request = b, .tokens = prompt + off, .n = chunks[i], .all_logits = 1};
+        K3C_TRY(step_both(e, &c, 1, s));
+    }
+    K3C_TRY(close_both(e, b));
+
+    /* mixed batch */
+    int q[3];
+    int32_t pa[12], pb[16], pc[20], ver[4], d1[3];
+    random_ids(r, e->V, 12, pa);
+    random_ids(r, e->V, 16, pb);
+    random_ids(r, e->V, 20, pc);
+    random_ids(r, e->V, 4, ver);
+    for (int i = 0; i < 3; i++) K3C_TRY(open_both(e, &q[i]));
+    k3c_step_item s1[2] = {{.request = q[0], .tokens = pa, .n = 12}, {.request = q[1], .tokens = pb, .n = 7}};
+    K3C_TRY(step_both(e, s1, 2, s));
+    random_ids(r, e->V, 3, d1);
+    k3c_step_item s2[3] = {{.request = q[0], .tokens = &d1[0], .n = 1},
+                           {.request = q[1], .tokens = pb + 7, .n = 9, .all_logits = 1},
+                           {.request = q[2], .tokens = pc, .n = 20}};
+    K3C_TRY(step_both(e, s2, 3, s));
+    k3c_step_item s3[3] = {{.request = q[0], .tokens = ver, .n = 4, .verify = 1},
+                           {.request = q[1], .tokens = &d1[1], .n = 1},
+                           {.request = q[2], .tokens = &d1[2], .n = 1}};
+    K3C_TRY(step_both(e, s3, 3, s));
+    K3C_TRY(commit_both(e, q[0], 2));
+    for (int rep = 0; rep < 4; rep++) {
+        random_ids(r, e->V, 3, d1);
+        k3c_step_item s4[3] = {{.request = q[0], .tokens = &d1[0], .n = 1},
+                               {.request = q[1], .tokens = &d1[1], .n = 1},
+                               {.request = q[2], .tokens = &d1[2], .n = 1}};
+        K3C_TRY(step_both(e, s4, 3, s));
+    }
+    for (int i = 0; i < 3; i++) K3C_TRY(close_both(e, q[i]));
+    return K3C_OK;
+}
+
+static stats st_dense, st_real; /* large: static */
+
+static void run_forward(const char *preset) {
+    char name[64];
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset));
+    env e;
+    /* dense routing: strict */
+    memset(&st_dense, 0, sizeof st_dense);
+    int rc = env_open(&e, preset, 1, "fwd");
+    if (rc == K3C_OK) rc = forward_cases(&e, &r, &st_dense);
+    env_close(&e);
+    CHECK_OK(rc);
+    snprintf(name, sizeof name, "fwd_%s_dense_worst", preset);
+    metric(name, ROW_THR, st_dense.worst);
+    printf("INFO %s dense routing: %d rows, worst rel L2 %.3e, median %.3e\n", preset, st_dense.n, st_dense.worst,
+           stats_median(&st_dense));
+    CHECKF(st_dense.worst <= ROW_THR, "%s dense routing: worst row rel L2 %.3e > %.0e", preset, st_dense.worst,
+           ROW_THR);
+
+    /* the preset's routing: median asserted, flips reported */
+    memset(&st_real, 0, sizeof st_real);
+    rc = env_open(&e, preset, 0, "fwd");
+    if (rc == K3C_OK) rc = forward_cases(&e, &r, &st_real);
+    env_close(&e);
+    CHECK_OK(rc);
+    double med = stats_median(&st_real);
+    snprintf(name, sizeof name, "fwd_%s_median", preset);
+    metric(name, ROW_THR, med);
+    printf("INFO %s preset routing: %d rows, median rel L2 %.3e, worst %.3e, %d rows above %.0e (probable routing "
+           "flips)\n", preset, st_real.n, med, st_real.worst, st_real.over, ROW_THR);
+    CHECKF(med <= ROW_THR, "%s: median row rel L2 %.3e > %.0e", preset, med, ROW_THR);
+}
+
+TEST(gpu_forward_tiny) { run_forward("tiny"); }
+TEST(gpu_forward_mini) { run_forward("mini"); }
+TEST(gpu_forward_kimi_linear_tiny) { run_forward("kimi-linear-tiny"); }
+
+/* ---- greedy streams ---- */
+
+static stats st_greedy;
+
+static int greedy(env *e, k3c_rng *r, int batch, int steps, int *identical, int *ties, int *compared) {
+    int id[4];
+    int32_t prompts[4][8], tc[4], tg[4];
+    int alive[4];
+    for (int i = 0; i < batch; i++) {
+        K3C_TRY(open_both(e, &id[i]));
+        random_ids(r, e->V, 8, prompts[i]);
+        alive[i] = 1;
+    }
+    k3c_step_item it[4];
+    for (int i = 0; i < batch; i++) it[i] = (k3c_step_item){.request = id[i], .tokens = prompts[i], .n = 8};
+    for (int s = 0; s <= steps; s++) {
+        if (s > 0) {
+            /* each engine continues its own stream */
+            for (int i = 0; i < batch; i++) it[i] = (k3c_step_item){.request = id[i], .tokens = &tc[i], .n = 1};
+            if (k3c_engine_step(e->cpu, it, batch, e->lc) != K3C_OK) return k3c_error_context("cpu step");
+            for (int i = 0; i < batch; i++) it[i].tokens = &tg[i];
+            if (k3c_engine_step(e->gpu, it, batch, e->lg) != K3C_OK) return k3c_error_context("cuda step");
+        } else {
+            if (k3c_engine_step(e->cpu, it, batch, e->lc) != K3C_OK) return k3c_error_context("cpu prefill");
+            if (k3c_engine_step(e->gpu, it, batch, e->lg) != K3C_OK) return k3c_error_context("cuda prefill");
+        }
+        if (s == steps) break;
+        for (int i = 0; i < batch; i++) {
+            const float *lc = e->lc + (size_t)i * e->V, *lg = e->lg + (size_t)i * e->V;
+            tc[i] = argmax(lc, e->V);
+            tg[i] = argmax(lg, e->V);
+            if (!alive[i]) continue;
+            stats_add(&st_greedy, rel_l2_f32f32(lg, lc, (size_t)e->V));
+            (*compared)++;
+            if (tc[i] == tg[i]) {
+                (*identical)++;
+                continue;
+            }
+            float margin = top2_margin(lc, e->V);
+            if (margin < TIE_MARGIN) {
+                printf("INFO greedy batch %d stream %d: near-tie at step %d (cpu %d, cuda %d, cpu top-2 margin %.2e): "
+                       "not compared further\n", batch, i, s, tc[i], tg[i], margin);
+                (*ties)++;
+                alive[i] = 0;
+                continue;
+            }
+            return k3c_errorf("greedy batch %d stream %d step %d: cpu %d, cuda %d with cpu top-2 margin %.3e "
+                              "(row rel L2 %.3e)", batch, i, s, tc[i], tg[i], margin,
+                              rel_l2_f32f32(lg, lc, (size_t)e->V));
+        }
+    }
+    for (int i = 0; i < batch; i++) K3C_TRY(close_both(e, id[i]));
+    return K3C_OK;
+}
+
+static void run_greedy(const char *preset) {
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset) ^ 0x6772656564ull);
+    env e;
+    CHECK_OK(env_open(&e, preset, 0, "greedy"));
+    static const int batches[] = {1, 4};
+    for (int b = 0; b < 2; b++) {
+        memset(&st_greedy, 0, sizeof st_greedy);
+        int identical = 0, ties = 0, compared = 0;
+        int rc = greedy(&e, &r, batches[b], 128, &identical, &ties, &compared);
+        if (rc != K3C_OK) env_close(&e);
+        CHECK_OK(rc);
+        char name[64];
+        snprintf(name, sizeof name, "greedy_%s_b%d_median", preset, batches[b]);
+        metric(name, ROW_THR, stats_median(&st_greedy));
+        printf("INFO greedy %s batch %d: %d of %d compared tokens identical, %d near-ties, row rel L2 median %.3e "
+               "worst %.3e\n", preset, batches[b], identical, compared, ties, stats_median(&st_greedy),
+               st_greedy.worst);
+    }
+    env_close(&e);
+}
+
+TEST(gpu_greedy_tiny) { run_greedy("tiny"); }
+TEST(gpu_greedy_mini) { run_greedy("mini"); }
+
+/* ---- device-synthetic models ---- */
+
+/* tiny as a device-synthetic model: the CPU engine refuses it; two CUDA engines generate the same weights
+ * and give bit-identical, finite, non-constant logits. */
+TEST(gpu_synthetic_tiny) {
+    k3c_config c;
+    CHECK_OK(k3c_preset_config("tiny", &c));
+    k3c_model *m = NULL;
+    int rc = k3c_model_synthetic(&c, test_seed(), &m);
+    k3c_config_free(&c);
+    CHECK_OK(rc);
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.max_requests = 2;
+    o.max_rows = 32;
+    o.max_context = 64;
+    k3c_engine *cpu = NULL, *g1 = NULL, *g2 = NULL;
+    CHECK(k3c_engine_create(m, &o, &cpu) != K3C_OK);
+    CHECK(strstr(k3c_last_error(), "device-synthetic") != NULL);
+    o.device = "cuda";
+    int V = m->config.vocab_size;
+    float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
+    rc = k3c_engine_create(m, &o, &g1);
+    if (rc == K3C_OK) rc = k3c_engine_create(m, &o, &g2);
+    int32_t ids[12];
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    random_ids(&r, V, 12, ids);
+    int a = -1, b = -1, same = 1, finite = 1;
+    if (rc == K3C_OK) rc = k3c_request_open(g1, &a);
+    if (rc == K3C_OK) rc = k3c_request_open(g2, &b);
+    double spread = 0;
+    for (int s = 0; rc == K3C_OK && s < 4; s++) {
+        k3c_step_item i1 = {.request = a, .tokens = s ? &ids[s + 7] : ids, .n = s ? 1 : 8};
+        k3c_step_item i2 = i1;
+        i2.request = b;
+        poison_f32(l1, V);
+        poison_f32(l2, V);
+        rc = k3c_engine_step(g1, &i1, 1, l1);
+        if (rc == K3C_OK) rc = k3c_engine_step(g2, &i2, 1, l2);
+        if (rc != K3C_OK) break;
+        same &= memcmp(l1, l2, sizeof(float) * V) == 0;
+        for (int v = 0; v < V; v++) {
+            finite &= isfinite(l1[v]);
+            spread = fmax(spread, fabs(l1[v] - l1[0]));
+        }
+    }
+    k3c_engine_free(g1);
+    k3c_engine_free(g2);
+    k3c_free(m);
+    free(l1);
+    free(l2);
+    CHECK_OK(rc);
+    CHECK(finite);
+    CHECK(same);
+    CHECK(spread > 1e-3);
+}
