@@ -1,17 +1,24 @@
 /* Matrix products y[t, r] = sum_c W[r, c] * x[t, c] with bf16 or MXFP4 weights and f32 activations.
  *
  * Decode (T = 1) is bound by the weight stream, so the loops read each weight byte exactly once per call:
- * the pool splits the rows, a thread takes a block of rows, and for that block runs over all tokens in
- * register tiles of (rows x tokens) accumulators. While the token loop runs, the block's rows stay in L1/L2,
- * so prefill does not re-stream the matrix from memory per token.
+ * the pool splits the rows into units, a thread takes a unit of rows, and for that unit runs over all tokens
+ * in register tiles of (rows x tokens) accumulators. While the token loop runs, the unit's rows stay in
+ * L1/L2, so prefill does not re-stream the matrix from memory per token.
  *
- * Three code paths, picked by what the compiler targets (the Makefile uses -march=native):
- *   __AVX512F__  16 lanes; bf16 -> f32 by widening u16 to u32 and shifting into the upper half;
- *                MXFP4 codes looked up in a 16-entry register table with permutexvar.
- *   __AVX2__     8 lanes; MXFP4 magnitude via permutevar8x32 over 8 entries, sign from code bit 3.
- *   otherwise    portable scalar loops.
- * All accumulate in f32; each output is the sum of per-lane partial sums (so the reduction order differs
- * from a sequential sum, within f32 rounding).
+ * Batch invariance: every output y[t, r] is computed with one fixed sequence of f32 operations that depends
+ * only on W's row r, x's row t and cols, never on T, on the tile a token lands in, or on the thread. So a
+ * token's outputs are bit-identical whether it is decoded alone or inside a batched / verify step.
+ *   bf16 (AVX-512): four 16-lane accumulators, accumulator k takes columns [64i + 16k, 64i + 16k + 16) for
+ *     i = 0, 1, ...; the remaining full 16-column blocks go to accumulator 0; then (a0 + a1) + (a2 + a3),
+ *     _mm512_reduce_add_ps, and the last cols % 16 products added one by one (fmaf).
+ *   bf16 (AVX2): the same with 8-lane accumulators (32-column stride) and a fixed horizontal sum.
+ *   MXFP4: per 32-column group, the 16 even columns go to accumulator `lo` and the 16 odd ones to `hi`
+ *     (AVX-512; AVX2: four 8-lane pieces alternating between two accumulators as below), weight =
+ *     e2m1 * 2^(s-127) exactly; then reduce(lo + hi).
+ *   scalar fallback: one running sum per output in column order.
+ * T = 1 takes the one-token tile of the same code, so decode pays nothing for this: a single sequential
+ * stream per row with four independent FMA chains (measured best on this machine; interleaving 2 or 4 rows
+ * per stream lost 25-50% of the bandwidth).
  *
  * Checking the fallbacks by hand (they are not what -march=native builds):
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=native -mno-avx512f -c src/cpu/matmul.c   (AVX2 path)
@@ -19,30 +26,41 @@
  * and to run the tests on them (NVCC= skips the CUDA parts):
  *   make BUILD=build-avx2 ARCHFLAGS="-march=native -mno-avx512f" NVCC= build-avx2/test_k3c && build-avx2/test_k3c cpu_
  *   make BUILD=build-scalar ARCHFLAGS="-march=x86-64" NVCC= build-scalar/test_k3c && build-scalar/test_k3c cpu_ */
+#include <math.h>
 #include <string.h>
 
 #include "cpu/ops.h"
 #include "format/mxfp4.h"
 #include "util/bf16.h"
 
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
-/* Below this many multiply-adds a call runs on the caller: waking workers would cost more. */
-#define MM_INLINE_WORK 65536
-
-/* Rows per register tile (both formats' weight-row blocks). */
-#define MM_ROWS 4
-/* Software prefetch distance (elements) in the multi-token tile: a small measured gain. */
-#define MM_PREFETCH 1024
 #if defined(__AVX512F__)
-#define MM_TOKS 4   /* 4x4 accumulators + 4 weight vectors + x: 21 of 32 zmm */
+#define MM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MM_AVX2 1
+#endif
+
+/* Below this many multiply-adds (over a whole batch) a call runs on the caller: waking workers would cost
+ * more than the work. */
+#define MM_INLINE_WORK 65536
+/* A unit of parallel work: about this many weight elements (whole rows, a multiple of MM_ROWS). */
+#define MM_UNIT_ELEMS 16384
+/* Software prefetch distance (elements) in multi-token tiles: a small measured gain. */
+#define MM_PREFETCH 1024
+
+#if defined(MM_AVX512)
+#define MM_ROWS 2 /* 2 rows x 3 tokens x 4 accumulators = 24 of 32 zmm */
+#define MM_TOKS 3
 #define MX_TOKS 8
-#elif defined(__AVX2__)
-#define MM_TOKS 2   /* 4x2 accumulators + 4 weight vectors + x: 13 of 16 ymm */
+#elif defined(MM_AVX2)
+#define MM_ROWS 1 /* 1 row x 3 tokens x 4 accumulators = 12 of 16 ymm */
+#define MM_TOKS 3
 #define MX_TOKS 4
 #else
+#define MM_ROWS 2
 #define MM_TOKS 4
 #define MX_TOKS 4
 #endif
@@ -59,55 +77,78 @@ static const float mx_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f
 
 /* 2^(e - 127) from the exponent bits (e = 0 is the subnormal 2^-127; 255 is NaN, rejected by the loader). */
 ALWAYS_INLINE float mx_e8m0(uint8_t e) {
-    if (e == 0) return 0x1p-127f;
-    uint32_t u = e == 255 ? 0x7fc00000u : (uint32_t)e << 23;
+    uint32_t u = e == 0 ? 0x00400000u : e == 255 ? 0x7fc00000u : (uint32_t)e << 23;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+ALWAYS_INLINE float mm_store(float s, int round) { return round ? bf16_round(s) : s; }
+
 /* ================================ bf16 ================================ */
 
 /* One tile: R weight rows (stride ldw) times NT tokens (stride ldx); y[t * ldy + r]. R and NT are
  * compile-time constants at every call site, so the accumulator arrays live in registers. */
-#if defined(__AVX512F__)
+#if defined(MM_AVX512)
 ALWAYS_INLINE __m512 bf16x16_load(const uint16_t *p) {
     __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
 }
 
 ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
-                             float *y, size_t ldy) {
-    __m512 acc[MM_ROWS][MM_TOKS];
+                             float *y, size_t ldy, int round) {
+    __m512 acc[MM_ROWS][MM_TOKS][4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < NT; t++)
+            UNROLL
+            for (int k = 0; k < 4; k++) acc[r][t][k] = _mm512_setzero_ps();
     int c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        if (NT > 1) {
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                _mm_prefetch((const char *)(w + r * ldw + c + MM_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w + r * ldw + c + MM_PREFETCH + 32), _MM_HINT_T0);
+            }
+        }
+        UNROLL
+        for (int k = 0; k < 4; k++) {
+            __m512 wv[MM_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) wv[r] = bf16x16_load(w + r * ldw + c + 16 * k);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                __m512 xv = _mm512_loadu_ps(x + t * ldx + c + 16 * k);
+                UNROLL
+                for (int r = 0; r < R; r++) acc[r][t][k] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][k]);
+            }
+        }
+    }
     for (; c + 16 <= cols; c += 16) {
         __m512 wv[MM_ROWS];
         UNROLL
-        for (int r = 0; r < R; r++) {
-            _mm_prefetch((const char *)(w + r * ldw + c + MM_PREFETCH), _MM_HINT_T0);
-            wv[r] = bf16x16_load(w + r * ldw + c);
-        }
+        for (int r = 0; r < R; r++) wv[r] = bf16x16_load(w + r * ldw + c);
         UNROLL
         for (int t = 0; t < NT; t++) {
             __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+            for (int r = 0; r < R; r++) acc[r][t][0] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][0]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int t = 0; t < NT; t++) {
-            float s = _mm512_reduce_add_ps(acc[r][t]);
-            for (int cc = c; cc < cols; cc++) s += bf16_to_f32(w[r * ldw + cc]) * x[t * ldx + cc];
-            y[t * ldy + r] = s;
+            __m512 a = _mm512_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][1]),
+                                     _mm512_add_ps(acc[r][t][2], acc[r][t][3]));
+            float s = _mm512_reduce_add_ps(a);
+            for (int cc = c; cc < cols; cc++) s = fmaf(bf16_to_f32(w[r * ldw + cc]), x[t * ldx + cc], s);
+            y[t * ldy + r] = mm_store(s, round);
         }
 }
-#elif defined(__AVX2__)
+#elif defined(MM_AVX2)
 ALWAYS_INLINE __m256 bf16x8_load(const uint16_t *p) {
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
@@ -121,13 +162,29 @@ ALWAYS_INLINE float hsum256(__m256 v) {
 }
 
 ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
-                             float *y, size_t ldy) {
-    __m256 acc[MM_ROWS][MM_TOKS];
+                             float *y, size_t ldy, int round) {
+    __m256 acc[MM_ROWS][MM_TOKS][4];
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < NT; t++)
+            UNROLL
+            for (int k = 0; k < 4; k++) acc[r][t][k] = _mm256_setzero_ps();
     int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        UNROLL
+        for (int k = 0; k < 4; k++) {
+            __m256 wv[MM_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) wv[r] = bf16x8_load(w + r * ldw + c + 8 * k);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                __m256 xv = _mm256_loadu_ps(x + t * ldx + c + 8 * k);
+                UNROLL
+                for (int r = 0; r < R; r++) acc[r][t][k] = _mm256_fmadd_ps(wv[r], xv, acc[r][t][k]);
+            }
+        }
+    }
     for (; c + 8 <= cols; c += 8) {
         __m256 wv[MM_ROWS];
         UNROLL
@@ -136,21 +193,23 @@ ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *
         for (int t = 0; t < NT; t++) {
             __m256 xv = _mm256_loadu_ps(x + t * ldx + c);
             UNROLL
-            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            for (int r = 0; r < R; r++) acc[r][t][0] = _mm256_fmadd_ps(wv[r], xv, acc[r][t][0]);
         }
     }
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
         for (int t = 0; t < NT; t++) {
-            float s = hsum256(acc[r][t]);
-            for (int cc = c; cc < cols; cc++) s += bf16_to_f32(w[r * ldw + cc]) * x[t * ldx + cc];
-            y[t * ldy + r] = s;
+            __m256 a = _mm256_add_ps(_mm256_add_ps(acc[r][t][0], acc[r][t][1]),
+                                     _mm256_add_ps(acc[r][t][2], acc[r][t][3]));
+            float s = hsum256(a);
+            for (int cc = c; cc < cols; cc++) s = fmaf(bf16_to_f32(w[r * ldw + cc]), x[t * ldx + cc], s);
+            y[t * ldy + r] = mm_store(s, round);
         }
 }
 #else
 ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
-                             float *y, size_t ldy) {
+                             float *y, size_t ldy, int round) {
     float acc[MM_ROWS][MM_TOKS] = {{0}};
     for (int c = 0; c < cols; c++) {
         float wv[MM_ROWS];
@@ -166,101 +225,47 @@ ALWAYS_INLINE void bf16_tile(const uint16_t *w, size_t ldw, int R, const float *
     UNROLL
     for (int r = 0; r < R; r++)
         UNROLL
-        for (int t = 0; t < NT; t++) y[t * ldy + r] = acc[r][t];
-}
-#endif
-
-/* Decode (T = 1): one row at a time with four accumulators across the columns. A single sequential
- * stream per thread keeps the hardware prefetchers ahead; four rows interleaved (the tile above) measured
- * ~25% less bandwidth on this machine. */
-#if defined(__AVX512F__)
-static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int c = 0;
-    for (; c + 64 <= cols; c += 64) {
-        a0 = _mm512_fmadd_ps(bf16x16_load(w + c), _mm512_loadu_ps(x + c), a0);
-        a1 = _mm512_fmadd_ps(bf16x16_load(w + c + 16), _mm512_loadu_ps(x + c + 16), a1);
-        a2 = _mm512_fmadd_ps(bf16x16_load(w + c + 32), _mm512_loadu_ps(x + c + 32), a2);
-        a3 = _mm512_fmadd_ps(bf16x16_load(w + c + 48), _mm512_loadu_ps(x + c + 48), a3);
-    }
-    for (; c + 16 <= cols; c += 16) a0 = _mm512_fmadd_ps(bf16x16_load(w + c), _mm512_loadu_ps(x + c), a0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; c < cols; c++) s += bf16_to_f32(w[c]) * x[c];
-    *y = s;
-}
-#elif defined(__AVX2__)
-static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        a0 = _mm256_fmadd_ps(bf16x8_load(w + c), _mm256_loadu_ps(x + c), a0);
-        a1 = _mm256_fmadd_ps(bf16x8_load(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
-        a2 = _mm256_fmadd_ps(bf16x8_load(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
-        a3 = _mm256_fmadd_ps(bf16x8_load(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
-    }
-    for (; c + 8 <= cols; c += 8) a0 = _mm256_fmadd_ps(bf16x8_load(w + c), _mm256_loadu_ps(x + c), a0);
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    for (; c < cols; c++) s += bf16_to_f32(w[c]) * x[c];
-    *y = s;
-}
-#else
-static void bf16_row1(const uint16_t *w, const float *x, int cols, float *y) {
-    bf16_tile(w, (size_t)cols, 1, x, (size_t)cols, 1, cols, y, 1);
+        for (int t = 0; t < NT; t++) y[t * ldy + r] = mm_store(acc[r][t], round);
 }
 #endif
 
 /* Dispatch a runtime (R, NT) to the specialised tile. */
 #define BF16_TILE_CASE(RR, TT)                                                                                     \
-    case (RR) * 16 + (TT): bf16_tile(w, ldw, RR, x, ldx, TT, cols, y, ldy); break;
+    case (RR) * 16 + (TT): bf16_tile(w, ldw, RR, x, ldx, TT, cols, y, ldy, round); break;
 
 static void bf16_tile_any(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols,
-                          float *y, size_t ldy) {
+                          float *y, size_t ldy, int round) {
     switch (R * 16 + NT) {
-        BF16_TILE_CASE(1, 1) BF16_TILE_CASE(2, 1) BF16_TILE_CASE(3, 1) BF16_TILE_CASE(4, 1)
-        BF16_TILE_CASE(1, 2) BF16_TILE_CASE(2, 2) BF16_TILE_CASE(3, 2) BF16_TILE_CASE(4, 2)
+        BF16_TILE_CASE(1, 1) BF16_TILE_CASE(1, 2) BF16_TILE_CASE(1, 3)
 #if MM_TOKS >= 4
-        BF16_TILE_CASE(1, 3) BF16_TILE_CASE(2, 3) BF16_TILE_CASE(3, 3) BF16_TILE_CASE(4, 3)
-        BF16_TILE_CASE(1, 4) BF16_TILE_CASE(2, 4) BF16_TILE_CASE(3, 4) BF16_TILE_CASE(4, 4)
+        BF16_TILE_CASE(1, 4)
+#endif
+#if MM_ROWS >= 2
+        BF16_TILE_CASE(2, 1) BF16_TILE_CASE(2, 2) BF16_TILE_CASE(2, 3)
+#if MM_TOKS >= 4
+        BF16_TILE_CASE(2, 4)
+#endif
 #endif
     default: break; /* unreachable: R <= MM_ROWS, NT <= MM_TOKS */
     }
 }
 
-typedef struct mm_job {
-    const void *W; /* k3c_mat or k3c_mxfp4_mat */
-    const float *x;
-    int T;
-    float *y;
-} mm_job;
-
-/* Rows [b*MM_ROWS, e*MM_ROWS) for all tokens: the block's rows are loaded from memory once, then reused
- * from cache by every token tile. */
-static void bf16_rows(void *ctx, int b, int e) {
-    const mm_job *j = ctx;
-    const k3c_mat *W = j->W;
+/* Rows [r0, r1) of W for all T tokens: one row at a time for decode (a single sequential stream), else
+ * tiles of MM_ROWS rows, each tile's rows reused from cache by every token tile. */
+static void bf16_rows(const k3c_mat *W, const float *x, int T, float *y, int round, int r0, int r1) {
     size_t ldw = (size_t)W->cols;
-    if (j->T == 1) {
-        for (int r = b * MM_ROWS; r < e * MM_ROWS && r < W->rows; r++)
-            bf16_row1(W->w + (size_t)r * ldw, j->x, W->cols, j->y + r);
+    if (T == 1) {
+        for (int r = r0; r < r1; r++) bf16_tile(W->w + (size_t)r * ldw, ldw, 1, x, ldw, 1, W->cols, y + r, 1, round);
         return;
     }
-    for (int rb = b; rb < e; rb++) {
-        int r0 = rb * MM_ROWS;
-        int R = W->rows - r0 < MM_ROWS ? W->rows - r0 : MM_ROWS;
-        for (int t0 = 0; t0 < j->T; t0 += MM_TOKS) {
-            int NT = j->T - t0 < MM_TOKS ? j->T - t0 : MM_TOKS;
-            bf16_tile_any(W->w + (size_t)r0 * ldw, ldw, R, j->x + (size_t)t0 * W->cols, (size_t)W->cols, NT,
-                          W->cols, j->y + (size_t)t0 * W->rows + r0, (size_t)W->rows);
+    for (int r = r0; r < r1; r += MM_ROWS) {
+        int R = r1 - r < MM_ROWS ? r1 - r : MM_ROWS;
+        for (int t0 = 0; t0 < T; t0 += MM_TOKS) {
+            int NT = T - t0 < MM_TOKS ? T - t0 : MM_TOKS;
+            bf16_tile_any(W->w + (size_t)r * ldw, ldw, R, x + (size_t)t0 * W->cols, (size_t)W->cols, NT, W->cols,
+                          y + (size_t)t0 * W->rows + r, (size_t)W->rows, round);
         }
     }
-}
-
-void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float *y) {
-    if (T <= 0 || W->rows <= 0) return;
-    mm_job j = {W, x, T, y};
-    int blocks = (W->rows + MM_ROWS - 1) / MM_ROWS;
-    if ((double)W->rows * W->cols * T < MM_INLINE_WORK) p = NULL;
-    k3c_pool_for(p, blocks, bf16_rows, &j);
 }
 
 void k3c_bf16_row(const k3c_mat *W, int row, float *out) {
@@ -271,35 +276,49 @@ void k3c_bf16_row(const k3c_mat *W, int row, float *out) {
 /* ================================ MXFP4 ================================ */
 
 /* One weight row times NT tokens. Each 32-element group is dequantized once in registers (codes -> table
- * values -> times the group's power-of-two scale, exact) and used by all NT tokens. */
-#if defined(__AVX512F__)
-ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, size_t ldx, int NT,
-                           float *y, size_t ldy) {
+ * values -> times the group's power-of-two scale, exact) and used by all NT tokens.
+ *
+ * AVX-512: the 16 packed bytes of a group widen to 16 dwords (one shuffle); permutexvar looks up the low
+ * nibble (even columns) directly, since it reads only the low 4 index bits, and the high nibble (odd
+ * columns) after a shift. The token side is split to match: xs holds x with each group's 32 values reordered
+ * as [16 even | 16 odd] (mx_split_x), made once per unit and token tile and reused by all of its rows. */
+#if defined(MM_AVX512)
+/* x [NT, cols] -> xs [NT, cols], per 32-group [even columns | odd columns]. */
+static void mx_split_x(const float *x, size_t ldx, int NT, int cols, float *xs) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int t = 0; t < NT; t++)
+        for (int c = 0; c < cols; c += 32) {
+            __m512 a = _mm512_loadu_ps(x + t * ldx + c), b = _mm512_loadu_ps(x + t * ldx + c + 16);
+            _mm512_storeu_ps(xs + (size_t)t * cols + c, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(xs + (size_t)t * cols + c + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
+}
+
+ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *xs, int NT, float *y,
+                           size_t ldy, int round) {
     const __m512 tab = _mm512_loadu_ps(mx_e2m1);
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    /* Two accumulators per token (one per half group): halves the FMA dependency chain. */
-    __m512 acc[MX_TOKS], acc2[MX_TOKS];
+    size_t ldx = (size_t)groups * 32;
+    __m512 lo[MX_TOKS], hi[MX_TOKS];
     UNROLL
-    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        __m128i b = _mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16));
-        __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-        /* Interleave: even columns are low nibbles, odd columns high nibbles. */
-        __m128i c0 = _mm_unpacklo_epi8(lo, hi), c1 = _mm_unpackhi_epi8(lo, hi);
+        __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16)));
         __m512 s = _mm512_set1_ps(mx_e8m0(sc[g]));
-        __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c0), tab), s);
-        __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(c1), tab), s);
+        __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), s);
+        __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), s);
         UNROLL
         for (int t = 0; t < NT; t++) {
-            const float *xg = x + t * ldx + (size_t)g * 32;
-            acc[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), acc[t]);
-            acc2[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), acc2[t]);
+            const float *xg = xs + t * ldx + (size_t)g * 32;
+            lo[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), lo[t]);
+            hi[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), hi[t]);
         }
     }
     UNROLL
-    for (int t = 0; t < NT; t++) y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t], acc2[t]));
+    for (int t = 0; t < NT; t++) y[t * ldy] = mm_store(_mm512_reduce_add_ps(_mm512_add_ps(lo[t], hi[t])), round);
 }
-#elif defined(__AVX2__)
+#else
+#if defined(MM_AVX2)
 /* 8 codes (bytes) -> 8 values: magnitude from an 8-entry table by the low 3 bits, sign from bit 3. */
 ALWAYS_INLINE __m256 mx_lookup8(__m128i codes8, __m256 mag) {
     __m256i idx = _mm256_cvtepu8_epi32(codes8);
@@ -308,10 +327,11 @@ ALWAYS_INLINE __m256 mx_lookup8(__m128i codes8, __m256 mag) {
     return _mm256_xor_ps(v, _mm256_castsi256_ps(sign));
 }
 
-ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, size_t ldx, int NT,
-                           float *y, size_t ldy) {
+ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, int NT, float *y,
+                           size_t ldy, int round) {
     const __m256 mag = _mm256_loadu_ps(mx_e2m1);
     const __m128i low4 = _mm_set1_epi8(0x0f);
+    size_t ldx = (size_t)groups * 32;
     __m256 acc[MX_TOKS], acc2[MX_TOKS];
     UNROLL
     for (int t = 0; t < NT; t++) acc[t] = acc2[t] = _mm256_setzero_ps();
@@ -335,11 +355,12 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
         }
     }
     UNROLL
-    for (int t = 0; t < NT; t++) y[t * ldy] = hsum256(_mm256_add_ps(acc[t], acc2[t]));
+    for (int t = 0; t < NT; t++) y[t * ldy] = mm_store(hsum256(_mm256_add_ps(acc[t], acc2[t])), round);
 }
 #else
-ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, size_t ldx, int NT,
-                           float *y, size_t ldy) {
+ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, int NT, float *y,
+                           size_t ldy, int round) {
+    size_t ldx = (size_t)groups * 32;
     float acc[MX_TOKS] = {0};
     for (int g = 0; g < groups; g++) {
         float s = mx_e8m0(sc[g]), w[32];
@@ -355,15 +376,16 @@ ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, con
         }
     }
     UNROLL
-    for (int t = 0; t < NT; t++) y[t * ldy] = acc[t];
+    for (int t = 0; t < NT; t++) y[t * ldy] = mm_store(acc[t], round);
 }
+#endif
 #endif
 
 #define MX_TILE_CASE(TT)                                                                                           \
-    case TT: mx_tile(pk, sc, groups, x, ldx, TT, y, ldy); break;
+    case TT: mx_tile(pk, sc, groups, xs, TT, y, ldy, round); break;
 
-static void mx_tile_any(const uint8_t *pk, const uint8_t *sc, int groups, const float *x, size_t ldx, int NT,
-                        float *y, size_t ldy) {
+static void mx_tile_any(const uint8_t *pk, const uint8_t *sc, int groups, const float *xs, int NT, float *y,
+                        size_t ldy, int round) {
     switch (NT) {
         MX_TILE_CASE(1) MX_TILE_CASE(2) MX_TILE_CASE(3) MX_TILE_CASE(4)
 #if MX_TOKS >= 8
@@ -373,25 +395,119 @@ static void mx_tile_any(const uint8_t *pk, const uint8_t *sc, int groups, const 
     }
 }
 
-static void mx_rows(void *ctx, int b, int e) {
-    const mm_job *j = ctx;
-    const k3c_mxfp4_mat *W = j->W;
-    int groups = W->cols / K3C_MXFP4_GROUP;
-    for (int r = b; r < e; r++) {
-        const uint8_t *pk = W->packed + (size_t)r * (W->cols / 2);
-        const uint8_t *sc = W->scale + (size_t)r * groups;
-        for (int t0 = 0; t0 < j->T; t0 += MX_TOKS) {
-            int NT = j->T - t0 < MX_TOKS ? j->T - t0 : MX_TOKS;
-            mx_tile_any(pk, sc, groups, j->x + (size_t)t0 * W->cols, (size_t)W->cols, NT,
-                        j->y + (size_t)t0 * W->rows + r, (size_t)W->rows);
+/* The split copy of x lives on the stack: at most this many floats (64 KiB); token tiles are cut to fit. */
+#define MX_SPLIT_FLOATS 16384
+
+/* Scalar form for rows wider than MX_SPLIT_FLOATS (no model has one: K3's experts are 3584 wide): one
+ * running sum in column order. It depends only on the row and the token, so it is batch invariant too. */
+static float mx_row_scalar(const uint8_t *pk, const uint8_t *sc, int groups, const float *x) {
+    float s = 0;
+    for (int g = 0; g < groups; g++) {
+        float scale = mx_e8m0(sc[g]);
+        for (int i = 0; i < 32; i++) {
+            uint8_t b = pk[(size_t)g * 16 + i / 2];
+            s = fmaf(mx_e2m1[i & 1 ? b >> 4 : b & 15] * scale, x[g * 32 + i], s);
         }
     }
+    return s;
+}
+
+/* Rows [r0, r1) for all tokens, token tile by token tile: the tile's x is split once (AVX-512), then every
+ * row of the range runs over it (the range's packed rows are re-read from L1/L2 per token tile). */
+static void mx_rows(const k3c_mxfp4_mat *W, const float *x, int T, float *y, int round, int r0, int r1) {
+    int cols = W->cols, groups = cols / K3C_MXFP4_GROUP;
+    size_t ldy = (size_t)W->rows;
+    if (cols > MX_SPLIT_FLOATS) {
+        for (int t = 0; t < T; t++)
+            for (int r = r0; r < r1; r++)
+                y[t * ldy + r] = mm_store(mx_row_scalar(W->packed + (size_t)r * (cols / 2),
+                                                        W->scale + (size_t)r * groups, groups, x + (size_t)t * cols),
+                                          round);
+        return;
+    }
+    int tt = MX_SPLIT_FLOATS / (cols > 0 ? cols : 1);
+    if (tt > MX_TOKS) tt = MX_TOKS;
+#if defined(MM_AVX512)
+    float xs_buf[MX_SPLIT_FLOATS];
+#endif
+    for (int t0 = 0; t0 < T; t0 += tt) {
+        int NT = T - t0 < tt ? T - t0 : tt;
+#if defined(MM_AVX512)
+        mx_split_x(x + (size_t)t0 * cols, (size_t)cols, NT, groups * 32, xs_buf);
+        const float *xs = xs_buf;
+#else
+        const float *xs = x + (size_t)t0 * cols;
+#endif
+        for (int r = r0; r < r1; r++)
+            mx_tile_any(W->packed + (size_t)r * (cols / 2), W->scale + (size_t)r * groups, groups, xs, NT,
+                        y + (size_t)t0 * ldy + r, ldy, round);
+    }
+}
+
+/* ================================ batches ================================ */
+
+typedef struct mm_batch {
+    const k3c_mm *mm;
+    int n;
+    const int *unit_rows; /* [n] rows per unit of product i */
+    const int *first;     /* [n + 1] first unit of product i */
+} mm_batch;
+
+static void mm_units(void *ctx, int b, int e) {
+    const mm_batch *j = ctx;
+    int i = 0;
+    while (i < j->n && j->first[i + 1] <= b) i++;
+    for (int u = b; u < e;) {
+        while (j->first[i + 1] <= u) i++;
+        const k3c_mm *m = &j->mm[i];
+        int ue = e < j->first[i + 1] ? e : j->first[i + 1];
+        int rows = m->W ? m->W->rows : m->Wq->rows;
+        int r0 = (u - j->first[i]) * j->unit_rows[i];
+        int r1 = (ue - j->first[i]) * j->unit_rows[i];
+        if (r1 > rows) r1 = rows;
+        if (m->W) bf16_rows(m->W, m->x, m->T, m->y, m->round, r0, r1);
+        else mx_rows(m->Wq, m->x, m->T, m->y, m->round, r0, r1);
+        u = ue;
+    }
+}
+
+void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n) {
+    int ur_stack[16], first_stack[17];
+    int *ur = ur_stack, *first = first_stack;
+    if (n > 16) {
+        /* More products than any layer issues at once: run them in groups of 16. */
+        for (int i = 0; i < n; i += 16) k3c_matmul_batch(p, mm + i, n - i < 16 ? n - i : 16);
+        return;
+    }
+    double work = 0;
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const k3c_mm *m = &mm[i];
+        int rows = m->W ? m->W->rows : m->Wq->rows, cols = m->W ? m->W->cols : m->Wq->cols;
+        if (m->T <= 0 || rows <= 0) {
+            ur[i] = 1;
+            first[i + 1] = first[i];
+            continue;
+        }
+        int u = MM_UNIT_ELEMS / (cols > 0 ? cols : 1);
+        u = (u + MM_ROWS - 1) / MM_ROWS * MM_ROWS;
+        if (u < MM_ROWS) u = MM_ROWS;
+        ur[i] = u;
+        first[i + 1] = first[i] + (rows + u - 1) / u;
+        work += (double)rows * cols * m->T;
+    }
+    if (work < MM_INLINE_WORK) p = NULL;
+    mm_batch j = {mm, n, ur, first};
+    k3c_pool_for(p, first[n], mm_units, &j);
+}
+
+void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float *y) {
+    k3c_mm m = {.W = W, .x = x, .T = T, .y = y};
+    k3c_matmul_batch(p, &m, 1);
 }
 
 /* cols must be a multiple of 32 (the loader checks it); a partial last group would be ignored. */
 void k3c_matmul_mxfp4(k3c_pool *p, const k3c_mxfp4_mat *W, const float *x, int T, float *y) {
-    if (T <= 0 || W->rows <= 0) return;
-    mm_job j = {W, x, T, y};
-    if ((double)W->rows * W->cols * T < MM_INLINE_WORK) p = NULL;
-    k3c_pool_for(p, W->rows, mx_rows, &j);
+    k3c_mm m = {.Wq = W, .x = x, .T = T, .y = y};
+    k3c_matmul_batch(p, &m, 1);
 }

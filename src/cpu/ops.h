@@ -24,6 +24,21 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
 /* x: [T, W.cols], y: [T, W.rows]. Each weight row is read once for all T tokens. */
 void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float *y);
 void k3c_matmul_mxfp4(k3c_pool *p, const k3c_mxfp4_mat *W, const float *x, int T, float *y);
+/* One product of a batch: y = W x for T tokens with bf16 (W) or MXFP4 (Wq) weights (exactly one set);
+ * round: each output rounded to bf16 (bf16_round) as it is stored. */
+typedef struct k3c_mm {
+    const k3c_mat *W;
+    const k3c_mxfp4_mat *Wq;
+    const float *x;
+    int T;
+    float *y;
+    int round;
+} k3c_mm;
+/* Independent products (none reads another's output) in one parallel-for over all their rows: one pool
+ * wake-up instead of n. Each output equals what k3c_matmul_bf16 / k3c_matmul_mxfp4 give for it (then
+ * rounded when round). All products here are batch invariant: an output depends on its weight row and
+ * token row only, never on T or on the other tokens (same f32 operation sequence for every T). */
+void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n);
 /* One row of a bf16 matrix as f32 (embedding lookup). */
 void k3c_bf16_row(const k3c_mat *W, int row, float *out);
 

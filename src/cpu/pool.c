@@ -1,13 +1,27 @@
 /* A fixed pool of worker threads for parallel-for over rows. The caller thread always takes part, so a pool
- * of N threads starts N-1 workers. Work is handed out dynamically in chunks (an atomic cursor), a few chunks
- * per thread, so a slow thread (another process on the core) does not hold up the rest.
+ * of N threads starts N-1 workers.
  *
- * Wake-up: workers spin briefly on a generation counter before sleeping on a condition variable, because
- * decode calls k3c_pool_for hundreds of times per token with ~10-100 us of work each, and a futex wake costs
- * about as much. Calls on one pool from several threads are serialised (call_mu); a call from inside fn on
- * the same pool would deadlock and is not supported. */
+ * Work is split into chunks that threads claim from one atomic cursor; a call returns when every chunk is
+ * *finished*, not when every worker has checked in. That matters on a loaded machine: decode calls
+ * k3c_pool_for hundreds of times per token with ~5-100 us of work each, and a worker that is descheduled (or
+ * still waking from sleep) when a job is published simply misses it; the caller and the other workers do
+ * its share. Waiting for every worker to acknowledge every job (the previous design) cost a scheduler time
+ * slice whenever a core was taken by another process: 2 threads were measured 10x slower than 1 on a busy
+ * 2-core machine. Only a worker that claimed a chunk and is then preempted still delays the call, by at most
+ * that chunk (chunks are small: POOL_CHUNKS_PER_THREAD per thread).
+ *
+ * The cursor packs (job generation, chunk count, next chunk) into 64 bits and is advanced by compare-and-swap
+ * only while next < count, so a worker that wakes late can never claim a chunk of a finished job: a claim
+ * succeeds only on the current job, and the job's fields (fn, ctx, n, chunk) are stable until all of its
+ * chunks, the claimed one included, are finished.
+ *
+ * Wake-up: workers spin briefly on the cursor before sleeping on a condition variable; the caller signals
+ * only when some worker sleeps. Calls on one pool from several threads are serialised (call_mu); a call from
+ * inside fn on the same pool would deadlock and is not supported. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -20,63 +34,77 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Spin iterations (~a few microseconds) before a waiting thread goes to sleep. */
+/* Spin iterations (~tens of microseconds) before a waiting worker goes to sleep. */
 #define POOL_SPIN 4000
-/* Chunks per thread: enough for load balance, few enough that the atomic cursor is not contended. */
-#define POOL_CHUNKS_PER_THREAD 4
+/* Spin iterations of the caller waiting for claimed chunks before it starts yielding its core. */
+#define POOL_CALLER_SPIN 20000
+/* Chunks per thread: enough for load balance and to bound what a preempted worker holds up, few enough
+ * that the cursor is not contended. */
+#define POOL_CHUNKS_PER_THREAD 8
+/* The cursor: gen in bits 32..63, chunk count in 16..31, next chunk in 0..15. */
+#define CUR_GEN(c) ((uint32_t)((c) >> 32))
+#define CUR_COUNT(c) ((int)(((c) >> 16) & 0xffff))
+#define CUR_NEXT(c) ((int)((c) & 0xffff))
+#define POOL_MAX_CHUNKS 0xffff
 
 struct k3c_pool {
     int threads;          /* including the caller */
     pthread_t *workers;   /* [threads - 1] */
-    pthread_mutex_t mu;   /* guards sleeping on wake / done */
-    pthread_cond_t wake;  /* a new job (gen changed) or stop */
-    pthread_cond_t done;  /* the last worker finished the job */
+    pthread_mutex_t mu;   /* guards sleeping on wake */
+    pthread_cond_t wake;  /* a new job or stop */
     pthread_mutex_t call_mu;
 
-    /* The current job, written by the caller before gen is bumped. */
+    /* The current job, written by the caller before the cursor is published. */
     void (*fn)(void *ctx, int begin, int end);
     void *ctx;
     int n, chunk;
-    atomic_int next;    /* next unclaimed index */
-    atomic_int active;  /* workers still inside the job */
-    atomic_uint gen;    /* job generation */
+    _Atomic uint64_t cursor;
+    atomic_int finished; /* chunks of the current job done */
+    atomic_int sleepers; /* workers blocked (or about to block) on wake */
     atomic_int stop;
 };
 
-/* Claims chunks until none are left. */
+/* Claims and runs chunks of the current job until none is left. */
 static void pool_run_chunks(k3c_pool *p) {
+    uint64_t c = atomic_load_explicit(&p->cursor, memory_order_acquire);
     for (;;) {
-        int b = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
-        if (b >= p->n) return;
+        if (CUR_NEXT(c) >= CUR_COUNT(c)) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->cursor, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* c reloaded */
+        int b = CUR_NEXT(c) * p->chunk;
         int e = b + p->chunk < p->n ? b + p->chunk : p->n;
         p->fn(p->ctx, b, e);
+        atomic_fetch_add_explicit(&p->finished, 1, memory_order_release);
+        c = atomic_load_explicit(&p->cursor, memory_order_acquire);
     }
 }
 
 static void *pool_worker(void *arg) {
     k3c_pool *p = arg;
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        unsigned g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+        uint64_t c;
+        while (CUR_GEN(c = atomic_load_explicit(&p->cursor, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
             if (++spins < POOL_SPIN) {
                 cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+            /* sleepers before the re-check (both seq_cst): the caller either sees a sleeper and signals
+             * under mu, or published before our re-check and we see its generation. */
+            atomic_fetch_add(&p->sleepers, 1);
+            while (CUR_GEN(atomic_load(&p->cursor)) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
+            spins = 0;
         }
         if (atomic_load(&p->stop)) return NULL;
-        seen = g;
+        seen = CUR_GEN(c);
         pool_run_chunks(p);
-        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
     }
 }
 
@@ -91,10 +119,9 @@ k3c_pool *k3c_pool_create(int threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->call_mu, NULL);
     pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->active, 0);
-    atomic_init(&p->gen, 0);
+    atomic_init(&p->cursor, 0);
+    atomic_init(&p->finished, 0);
+    atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
     if (threads > 1) {
         p->workers = calloc((size_t)threads - 1, sizeof *p->workers);
@@ -124,7 +151,6 @@ void k3c_pool_free(k3c_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->call_mu);
     pthread_cond_destroy(&p->wake);
-    pthread_cond_destroy(&p->done);
     free(p);
 }
 
@@ -138,29 +164,30 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
     }
     pthread_mutex_lock(&p->call_mu);
     int chunks = p->threads * POOL_CHUNKS_PER_THREAD;
+    if (chunks > POOL_MAX_CHUNKS) chunks = POOL_MAX_CHUNKS;
+    if (chunks > n) chunks = n;
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
     p->chunk = (n + chunks - 1) / chunks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->threads - 1, memory_order_relaxed);
-    /* The release on gen publishes the job fields to workers that acquire it. */
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+    int count = (n + p->chunk - 1) / p->chunk;
+    atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
+    uint32_t gen = CUR_GEN(atomic_load_explicit(&p->cursor, memory_order_relaxed)) + 1;
+    /* seq_cst: ordered before the sleepers load below (see pool_worker). */
+    atomic_store(&p->cursor, (uint64_t)gen << 32 | (uint64_t)count << 16);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
 
     pool_run_chunks(p);
 
+    /* Every chunk is claimed now; wait for the ones other threads hold. */
     int spins = 0;
-    while (atomic_load_explicit(&p->active, memory_order_acquire) != 0) {
-        if (++spins < POOL_SPIN) {
-            cpu_relax();
-            continue;
-        }
-        pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->active) != 0) pthread_cond_wait(&p->done, &p->mu);
-        pthread_mutex_unlock(&p->mu);
+    while (atomic_load_explicit(&p->finished, memory_order_acquire) != count) {
+        if (++spins < POOL_CALLER_SPIN) cpu_relax();
+        else sched_yield();
     }
     pthread_mutex_unlock(&p->call_mu);
 }
