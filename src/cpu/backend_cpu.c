@@ -7,10 +7,13 @@
 #include <string.h>
 
 #include "cpu/ops.h"
+#include "cpu/vec.h"
 #include "model/model.h"
 #include "stock/backend.h"
 #include "util/bf16.h"
 #include "util/error.h"
+
+#define MM_QUEUE 16
 
 typedef struct cpu_ctx {
     k3c_pool *pool;
@@ -37,7 +40,23 @@ typedef struct cpu_ctx {
     float *rup;        /* [rows, D] */
     float *sa, *su;    /* [rows, Fs] */
     float *sh;         /* [rows, D] */
+    int *inv;          /* [rows * k] sorted position of pair (row * k + j) */
+    k3c_mm *mm;        /* product lists handed to k3c_matmul_batch */
+    k3c_mat *uv;       /* [Hm] per-head W_UV views of kv_b */
+    /* Matmuls not yet run: consecutive independent products are merged into one k3c_matmul_batch (one pool
+     * wake-up and one load-balancing tail instead of several). Every other op runs flush() first, so the
+     * queue is invisible outside the backend; a matmul that reads or overwrites a queued product's output
+     * (or input) flushes before it is queued. */
+    k3c_mm pend[MM_QUEUE];
+    int npend;
 } cpu_ctx;
+
+static void flush(cpu_ctx *x) {
+    if (x->npend) {
+        k3c_matmul_batch(x->pool, x->pend, x->npend);
+        x->npend = 0;
+    }
+}
 
 /* The rounding of a bf16 store; a no-op in the diagnostic exact mode (k3c_backend_cpu_set_exact). */
 static inline float rnd(const cpu_ctx *x, float v) { return x->exact ? v : bf16_round(v); }
@@ -59,7 +78,7 @@ static void cpu_free_scratch(cpu_ctx *x) {
     free(x->kda_o); free(x->q_abs); free(x->o_lat); free(x->lat_rows);
     free(x->logits); free(x->idx); free(x->wts); free(x->z); free(x->pairs); free(x->counts);
     free(x->xe); free(x->ea); free(x->eu); free(x->d); free(x->r); free(x->rup);
-    free(x->sa); free(x->su); free(x->sh);
+    free(x->sa); free(x->su); free(x->sh); free(x->inv); free(x->mm); free(x->uv);
 }
 
 static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
@@ -86,15 +105,18 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     x->z = xcalloc(R * Rin, 4, &bad);
     x->pairs = xcalloc(R * K, sizeof(int), &bad);
     x->counts = xcalloc(E + 1, sizeof(int), &bad);
-    x->xe = xcalloc(R * Rin, 4, &bad);
-    x->ea = xcalloc(R * F, 4, &bad);
-    x->eu = xcalloc(R * F, 4, &bad);
+    x->xe = xcalloc(R * K * Rin, 4, &bad);
+    x->ea = xcalloc(R * K * F, 4, &bad);
+    x->eu = xcalloc(R * K * F, 4, &bad);
     x->d = xcalloc(R * K * Rin, 4, &bad);
     x->r = xcalloc(R * Rin, 4, &bad);
     x->rup = xcalloc(R * D, 4, &bad);
     x->sa = xcalloc(R * Fs, 4, &bad);
     x->su = xcalloc(R * Fs, 4, &bad);
     x->sh = xcalloc(R * D, 4, &bad);
+    x->inv = xcalloc(R * K, sizeof(int), &bad);
+    x->mm = xcalloc(2 * E + Hm + 8, sizeof(k3c_mm), &bad);
+    x->uv = xcalloc(Hm, sizeof(k3c_mat), &bad);
     if (bad) {
         cpu_free_scratch(x);
         memset(&x->kda_o, 0, sizeof *x - offsetof(cpu_ctx, kda_o));
@@ -115,7 +137,10 @@ static void cpu_destroy(k3c_backend *be) {
     free(be);
 }
 
-static int cpu_sync(k3c_backend *be) { return K3C_OK; }
+static int cpu_sync(k3c_backend *be) {
+    flush(be->ctx);
+    return K3C_OK;
+}
 
 /* ---- memory ---- */
 
@@ -127,25 +152,48 @@ static void *cpu_alloc(k3c_backend *be, size_t bytes) {
     }
     return p;
 }
-static void cpu_freebuf(k3c_backend *be, void *p) { free(p); }
+static void cpu_freebuf(k3c_backend *be, void *p) {
+    flush(be->ctx);
+    free(p);
+}
 static void cpu_copy(k3c_backend *be, void *dst, const void *src, size_t bytes) {
+    flush(be->ctx);
     if (bytes && dst != src) memmove(dst, src, bytes);
 }
-static void cpu_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) { memset(dst, byte, bytes); }
+static void cpu_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) {
+    flush(be->ctx);
+    memset(dst, byte, bytes);
+}
 static void cpu_gather_rows(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst) {
+    flush(be->ctx);
     for (int i = 0; i < n; i++) memmove(dst + (size_t)i * D, src + (size_t)rows[i] * D, (size_t)D * 4);
 }
 
 /* ---- dense ---- */
 
 static void cpu_embed(k3c_backend *be, const k3c_mat *E, const int32_t *ids, int T, float *out) {
+    flush(be->ctx);
     for (int t = 0; t < T; t++) k3c_bf16_row(E, ids[t], out + (size_t)t * E->cols);
+}
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    const char *pa = a, *pb = b;
+    return pa < pb + bn && pb < pa + an;
 }
 
 static void cpu_matmul(k3c_backend *be, const k3c_mat *W, const float *x, int T, float *y, int round) {
     cpu_ctx *c = be->ctx;
-    k3c_matmul_bf16(c->pool, W, x, T, y);
-    if (round) round_n(c, y, (size_t)T * W->rows);
+    size_t xn = (size_t)T * W->cols * 4, yn = (size_t)T * W->rows * 4;
+    for (int i = 0; i < c->npend; i++) {
+        const k3c_mm *q = &c->pend[i];
+        size_t qx = (size_t)q->T * q->W->cols * 4, qy = (size_t)q->T * q->W->rows * 4;
+        if (overlaps(x, xn, q->y, qy) || overlaps(y, yn, q->y, qy) || overlaps(y, yn, q->x, qx)) {
+            flush(c);
+            break;
+        }
+    }
+    c->pend[c->npend++] = (k3c_mm){.W = W, .x = x, .T = T, .y = y, .round = round && !c->exact};
+    if (c->npend == MM_QUEUE) flush(c);
 }
 
 typedef struct norm_job {
@@ -168,12 +216,14 @@ static void norm_rows(void *ctx, int b, int e) {
 static void cpu_rmsnorm(k3c_backend *be, const float *x, int x_stride, const float *w, int T, int n, float eps,
                         float *y, int y_stride) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     norm_job j = {c, x, w, x_stride, y_stride, n, eps, y};
     k3c_pool_for(T > 1 ? c->pool : NULL, T, norm_rows, &j);
 }
 
 static void cpu_add(k3c_backend *be, const float *a, const float *b, size_t n, float *out) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     for (size_t i = 0; i < n; i++) out[i] = rnd(c, a[i] + b[i]);
 }
 
@@ -203,18 +253,21 @@ static void mix_rows(void *ctx, int b, int e) {
 static void cpu_attnres_mix(k3c_backend *be, const float *const *src, int nsrc, int T, int D, const float *proj,
                             const float *norm, float eps, float *out) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     mix_job j = {c, src, nsrc, D, proj, norm, eps, out};
     k3c_pool_for(T > 1 ? c->pool : NULL, T, mix_rows, &j);
 }
 
 static void cpu_gated_act(k3c_backend *be, const float *gate, const float *up, size_t n, float *out) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     k3c_gated_act(c->c, gate, up, (int)n, out);
     round_n(c, out, n);
 }
 
 static void cpu_sigmoid_mul(k3c_backend *be, float *x, const float *g, size_t n) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     for (size_t i = 0; i < n; i++) x[i] = rnd(c, x[i] * k3c_sigmoidf(g[i]));
 }
 
@@ -223,6 +276,7 @@ static void cpu_sigmoid_mul(k3c_backend *be, float *x, const float *g, size_t n)
 static void cpu_kda_conv(k3c_backend *be, const float *x, const float *taps, int which, const k3c_seg *segs,
                          int nseg, float *out) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     int P = k3c_config_kda_proj(c->c), W = c->c->kda_conv_kernel;
     for (int s = 0; s < nseg; s++) {
         const k3c_seg *g = &segs[s];
@@ -236,6 +290,7 @@ static void cpu_kda_conv(k3c_backend *be, const float *x, const float *taps, int
 static void cpu_kda_gate(k3c_backend *be, const float *f, const float *b, const float *a_log, const float *dt_bias,
                          int T, float *g, float *beta) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     k3c_kda_gate(c->c, a_log, dt_bias, f, T, g);
     size_t n = (size_t)T * c->c->kda_num_heads;
     for (size_t i = 0; i < n; i++) beta[i] = k3c_sigmoidf(b[i]);
@@ -243,44 +298,60 @@ static void cpu_kda_gate(k3c_backend *be, const float *f, const float *b, const 
 
 static void cpu_kda_qk_norm(k3c_backend *be, float *q, float *k, int T) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     k3c_kda_qk_norm(q, k, T, c->c->kda_num_heads, c->c->kda_head_dim);
 }
 
+/* Heads of one segment per unit of parallel work: units = nseg * groups, group g of a segment takes heads
+ * [g * hg, (g + 1) * hg). Heads are independent, so the split changes nothing in the results. */
 typedef struct delta_job {
     cpu_ctx *c;
     const float *q, *k, *v, *g, *beta;
     const k3c_seg *segs;
+    int groups, hg;
     float *o;
 } delta_job;
 
-static void delta_segs(void *ctx, int b, int e) {
+static void head_groups(int H, int threads, int *groups, int *hg) {
+    int g = threads > 1 ? 2 * threads : 1;
+    if (g > H) g = H;
+    if (g < 1) g = 1;
+    *hg = (H + g - 1) / g;
+    *groups = (H + *hg - 1) / *hg;
+}
+
+static void delta_units(void *ctx, int b, int e) {
     delta_job *j = ctx;
     const k3c_config *c = j->c->c;
     int H = c->kda_num_heads, dk = c->kda_head_dim, P = H * dk;
-    for (int s = b; s < e; s++) {
-        const k3c_seg *sg = &j->segs[s];
-        if (sg->n <= 0) continue;
+    for (int u = b; u < e; u++) {
+        const k3c_seg *sg = &j->segs[u / j->groups];
+        int h0 = (u % j->groups) * j->hg, h1 = h0 + j->hg < H ? h0 + j->hg : H;
+        if (sg->n <= 0 || h0 >= h1) continue;
         size_t off = (size_t)sg->row0 * P;
         float *o = j->o + off;
         if (sg->chunked)
-            k3c_kda_chunked(sg->state, j->q + off, j->k + off, j->v + off, j->g + off, j->beta + (size_t)sg->row0 * H,
-                            sg->n, H, dk, dk, 64, o);
+            k3c_kda_chunked_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
+                                  j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, 64, o);
         else
-            k3c_kda_recurrent(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
-                              j->beta + (size_t)sg->row0 * H, sg->n, H, dk, dk, o, NULL);
-        round_n(j->c, o, (size_t)sg->n * P);
+            k3c_kda_recurrent_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
+                                    j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, o);
+        for (int t = 0; t < sg->n; t++) round_n(j->c, o + (size_t)t * P + (size_t)h0 * dk, (size_t)(h1 - h0) * dk);
     }
 }
 
 static void cpu_kda_delta(k3c_backend *be, const float *q, const float *k, const float *v, const float *g,
                           const float *beta, const k3c_seg *segs, int nseg, float *o) {
     cpu_ctx *c = be->ctx;
-    delta_job j = {c, q, k, v, g, beta, segs, o ? o : c->kda_o};
-    k3c_pool_for(nseg > 1 ? c->pool : NULL, nseg, delta_segs, &j);
+    flush(c);
+    delta_job j = {c, q, k, v, g, beta, segs, 1, 1, o ? o : c->kda_o};
+    head_groups(c->c->kda_num_heads, c->threads, &j.groups, &j.hg);
+    k3c_pool_for(c->pool, nseg * j.groups, delta_units, &j);
 }
 
 static void cpu_kda_gated_norm(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     int H = c->c->kda_num_heads, dv = c->c->kda_head_dim;
     k3c_kda_gated_norm(o, z, w, T, H, dv, c->c->rms_norm_eps, c->silu_gate, y);
     round_n(c, y, (size_t)T * H * dv);
@@ -290,6 +361,7 @@ static void cpu_kda_gated_norm(k3c_backend *be, const float *o, const float *z, 
 
 static void cpu_mla_cache_write(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache) {
     cpu_ctx *c = be->ctx;
+    flush(c);
     int L = k3c_config_mla_latent(c->c), bs = c->lim.block_size;
     float *cf = cache;
     for (int s = 0; s < nseg; s++) {
@@ -306,163 +378,185 @@ typedef struct absorb_job {
     const cpu_ctx *x;
     const k3c_config *c;
     const k3c_mla_weights *w;
-    const float *in;  /* q [T, Hm*(nope+rope)] or o_lat [T, Hm, kv_lora] */
-    float *out;       /* q_abs [T, Hm, lat] or o [T, Hm*v] */
+    const float *in;  /* q [T, Hm*(nope+rope)] */
+    float *out;       /* q_abs [T, Hm, lat] */
 } absorb_job;
 
-/* q_abs[t,h] = [W_UK[h]^T q_nope[t,h] | q_pe[t,h]]; W_UK[h] = kv_b rows h*(nope+v) .. + nope. */
+/* q_abs[t,h] = [W_UK[h]^T q_nope[t,h] | q_pe[t,h]]; W_UK[h] = kv_b rows h*(nope+v) .. + nope. Column c of
+ * the product sums q_i * W[i][c] over i in order (one FMA chain per column, 16 columns per vector). */
 static void absorb_q(void *ctx, int b, int e) {
     absorb_job *j = ctx;
     const k3c_config *c = j->c;
     int Hm = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
     int kvl = c->kv_lora_rank, vh = c->v_head_dim, qh = nope + rope, lat = kvl + rope;
     const uint16_t *kvb = j->w->kv_b.w;
-    float acc[kvl];
+    int kv16 = kvl / 16 * 16;
     for (int th = b; th < e; th++) {
         int t = th / Hm, h = th % Hm;
         const float *q = j->in + (size_t)t * Hm * qh + (size_t)h * qh;
         float *out = j->out + ((size_t)t * Hm + h) * lat;
-        memset(acc, 0, sizeof acc);
+        for (int cc = 0; cc < kvl; cc++) out[cc] = 0.0f;
         for (int i = 0; i < nope; i++) {
             const uint16_t *row = kvb + ((size_t)h * (nope + vh) + i) * kvl;
             float qi = q[i];
-            for (int cc = 0; cc < kvl; cc++) acc[cc] += qi * bf16_to_f32(row[cc]);
+            k3c_v16 qv = v16_splat(qi);
+            for (int cc = 0; cc < kv16; cc += 16) v16_store(out + cc, qv * v16_load_bf16(row + cc) + v16_load(out + cc));
+            for (int cc = kv16; cc < kvl; cc++) out[cc] = fmaf(qi, bf16_to_f32(row[cc]), out[cc]);
         }
-        memcpy(out, acc, sizeof acc);
         memcpy(out + kvl, q + nope, (size_t)rope * 4);
     }
 }
 
-/* o[t,h,e] = sum_c W_UV[h][e][c] o_lat[t,h,c]; W_UV[h] = kv_b rows h*(nope+v) + nope .. + v; rounded. */
-static void absorb_o(void *ctx, int b, int e) {
-    absorb_job *j = ctx;
-    const k3c_config *c = j->c;
-    int Hm = c->num_attention_heads, nope = c->qk_nope_head_dim, kvl = c->kv_lora_rank, vh = c->v_head_dim;
-    const uint16_t *kvb = j->w->kv_b.w;
-    for (int th = b; th < e; th++) {
-        int t = th / Hm, h = th % Hm;
-        const float *ol = j->in + ((size_t)t * Hm + h) * kvl;
-        float *o = j->out + (size_t)t * Hm * vh + (size_t)h * vh;
-        for (int ee = 0; ee < vh; ee++) {
-            const uint16_t *row = kvb + ((size_t)h * (nope + vh) + nope + ee) * kvl;
-            float acc = 0;
-            for (int cc = 0; cc < kvl; cc++) acc += bf16_to_f32(row[cc]) * ol[cc];
-            o[ee] = rnd(j->x, acc);
-        }
+typedef struct attend_job {
+    const cpu_ctx *x;
+    const k3c_seg *segs;
+    const float *cache;
+    int groups, hg;
+    float scale;
+} attend_job;
+
+static void attend_units(void *ctx, int b, int e) {
+    attend_job *j = ctx;
+    const k3c_config *c = j->x->c;
+    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, lat = kvl + rope;
+    for (int u = b; u < e; u++) {
+        const k3c_seg *g = &j->segs[u / j->groups];
+        int h0 = (u % j->groups) * j->hg, h1 = h0 + j->hg < Hm ? h0 + j->hg : Hm;
+        if (g->n <= 0 || h0 >= h1) continue;
+        k3c_mla_attend_paged(j->x->q_abs + (size_t)g->row0 * Hm * lat, g->n, Hm, h0, h1, kvl, rope, j->cache,
+                             g->block_table, j->x->lim.block_size, g->pos, j->scale,
+                             j->x->o_lat + (size_t)g->row0 * Hm * kvl);
     }
 }
 
 static void cpu_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
                               int nseg, const void *cache, float *o) {
     cpu_ctx *x = be->ctx;
+    flush(x);
     const k3c_config *c = x->c;
-    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, lat = kvl + rope;
-    int bs = x->lim.block_size;
+    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim;
+    int nope = c->qk_nope_head_dim, vh = c->v_head_dim;
     int T = 0;
     for (int s = 0; s < nseg; s++)
         if (segs[s].row0 + segs[s].n > T) T = segs[s].row0 + segs[s].n;
     absorb_job aj = {x, c, w, q, x->q_abs};
     k3c_pool_for(x->pool, T * Hm, absorb_q, &aj);
-    float scale = 1.0f / sqrtf((float)(c->qk_nope_head_dim + rope));
-    const float *cf = cache;
-    for (int s = 0; s < nseg; s++) {
-        const k3c_seg *g = &segs[s];
-        if (g->n <= 0) continue;
-        int len = g->pos + g->n;
-        for (int p = 0; p < len; p++) {
-            size_t slot = (size_t)g->block_table[p / bs] * bs + p % bs;
-            memcpy(x->lat_rows + (size_t)p * lat, cf + slot * lat, (size_t)lat * 4);
-        }
-        k3c_mla_attend(x->q_abs + (size_t)g->row0 * Hm * lat, g->n, Hm, kvl, rope, x->lat_rows, g->pos, scale,
-                       x->o_lat + (size_t)g->row0 * Hm * kvl);
+
+    attend_job tj = {x, segs, cache, 1, 1, 1.0f / sqrtf((float)(nope + rope))};
+    head_groups(Hm, x->threads, &tj.groups, &tj.hg);
+    k3c_pool_for(x->pool, nseg * tj.groups, attend_units, &tj);
+
+    /* o[t, h] = W_UV[h] o_lat[t, h], rounded: one strided product per head, all in one batch. W_UV[h] =
+     * kv_b rows h*(nope+v) + nope .. + v. */
+    for (int h = 0; h < Hm; h++) {
+        x->uv[h] = (k3c_mat){w->kv_b.w + ((size_t)h * (nope + vh) + nope) * kvl, vh, kvl};
+        x->mm[h] = (k3c_mm){.W = &x->uv[h], .x = x->o_lat + (size_t)h * kvl, .T = T, .y = o + (size_t)h * vh,
+                            .round = !x->exact, .ldx = (size_t)Hm * kvl, .ldy = (size_t)Hm * vh};
     }
-    absorb_job oj = {x, c, w, x->o_lat, o};
-    k3c_pool_for(x->pool, T * Hm, absorb_o, &oj);
+    k3c_matmul_batch(x->pool, x->mm, Hm);
 }
 
 /* ---- MoE ---- */
 
-static void expert_mm(cpu_ctx *x, const k3c_mat *Wb, const k3c_mxfp4_mat *Wq, const float *in, int n, float *out) {
-    if (x->c->expert_format == K3C_EXPERTS_MXFP4) {
-        k3c_matmul_mxfp4(x->pool, Wq, in, n, out);
-        round_n(x, out, (size_t)n * Wq->rows);
-    } else {
-        k3c_matmul_bf16(x->pool, Wb, in, n, out);
-        round_n(x, out, (size_t)n * Wb->rows);
-    }
+static k3c_mm expert_mm(const cpu_ctx *x, const k3c_mat *Wb, const k3c_mxfp4_mat *Wq, const float *in, int n,
+                        float *out) {
+    if (x->c->expert_format == K3C_EXPERTS_MXFP4) return (k3c_mm){.Wq = Wq, .x = in, .T = n, .y = out, .round = !x->exact};
+    return (k3c_mm){.W = Wb, .x = in, .T = n, .y = out, .round = !x->exact};
 }
 
+/* Three batches per layer whatever T and k are: {router, latent down, shared gate, shared up} (all read y),
+ * {W1, W3 of every selected expert}, {W2 of every selected expert, shared down}. The (row, j) pairs are
+ * grouped by expert; pair s of the grouped order has its input row at xe + s * Rin (or in place in z when
+ * the expert has one row), its hidden at ea + s * F, its output at d + s * Rin. */
 static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
     cpu_ctx *x = be->ctx;
+    flush(x);
     const k3c_config *c = x->c;
     int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
     int Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size;
+    int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL, rd = !x->exact;
+    int Fs = shared ? w->shared.gate.rows : 0;
+    k3c_mm *mm = x->mm;
+    int n = 0;
 
-    /* router: f32 logits from the rounded y */
-    k3c_matmul_bf16(x->pool, &w->router, y, T, x->logits);
+    /* router logits (f32, from the rounded y), z = rnd(W_rdown y), shared gate / up */
+    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0};
+    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = x->z, .round = rd};
+    if (shared) {
+        mm[n++] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd};
+        mm[n++] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd};
+    }
+    k3c_matmul_batch(x->pool, mm, n);
     for (int t = 0; t < T; t++)
         k3c_route(c, x->logits + (size_t)t * E, w->correction_bias, x->idx + (size_t)t * K, x->wts + (size_t)t * K);
-
-    const float *z = y;
-    if (c->routed_expert_hidden_size > 0) {
-        k3c_matmul_bf16(x->pool, &w->latent_down, y, T, x->z);
-        round_n(x, x->z, (size_t)T * Rin);
-        z = x->z;
-    }
+    const float *z = latent ? x->z : y;
 
     /* group (row, j) pairs by expert (counting sort keeps row order inside an expert) */
     memset(x->counts, 0, sizeof(int) * (E + 1));
     for (int i = 0; i < T * K; i++) x->counts[x->idx[i] + 1]++;
     for (int e = 0; e < E; e++) x->counts[e + 1] += x->counts[e];
-    {
-        /* reuse counts as cursors: fill then shift back */
-        for (int i = 0; i < T * K; i++) x->pairs[x->counts[x->idx[i]]++] = i;
-        for (int e = E; e > 0; e--) x->counts[e] = x->counts[e - 1];
-        x->counts[0] = 0;
-    }
+    for (int i = 0; i < T * K; i++) x->pairs[x->counts[x->idx[i]]++] = i;
+    for (int e = E; e > 0; e--) x->counts[e] = x->counts[e - 1];
+    x->counts[0] = 0;
+    for (int s = 0; s < T * K; s++) x->inv[x->pairs[s]] = s;
+
+    n = 0;
     for (int e = 0; e < E; e++) {
-        int b = x->counts[e], n = x->counts[e + 1] - b;
-        if (n == 0) continue;
-        for (int i = 0; i < n; i++)
-            memcpy(x->xe + (size_t)i * Rin, z + (size_t)(x->pairs[b + i] / K) * Rin, (size_t)Rin * 4);
+        int b = x->counts[e], ne = x->counts[e + 1] - b;
+        if (ne == 0) continue;
+        const float *in;
+        if (ne == 1) {
+            in = z + (size_t)(x->pairs[b] / K) * Rin;
+        } else {
+            for (int i = 0; i < ne; i++)
+                memcpy(x->xe + (size_t)(b + i) * Rin, z + (size_t)(x->pairs[b + i] / K) * Rin, (size_t)Rin * 4);
+            in = x->xe + (size_t)b * Rin;
+        }
         const k3c_expert *ex = &w->experts[e];
-        expert_mm(x, &ex->w1, &ex->q1, x->xe, n, x->ea);
-        expert_mm(x, &ex->w3, &ex->q3, x->xe, n, x->eu);
-        k3c_gated_act(c, x->ea, x->eu, n * F, x->ea);
-        round_n(x, x->ea, (size_t)n * F);
-        expert_mm(x, &ex->w2, &ex->q2, x->ea, n, x->xe); /* xe reused: [n, Rin] */
-        for (int i = 0; i < n; i++)
-            memcpy(x->d + (size_t)x->pairs[b + i] * Rin, x->xe + (size_t)i * Rin, (size_t)Rin * 4);
+        mm[n++] = expert_mm(x, &ex->w1, &ex->q1, in, ne, x->ea + (size_t)b * F);
+        mm[n++] = expert_mm(x, &ex->w3, &ex->q3, in, ne, x->eu + (size_t)b * F);
     }
+    k3c_matmul_batch(x->pool, mm, n);
+    k3c_gated_act(c, x->ea, x->eu, T * K * F, x->ea);
+    round_n(x, x->ea, (size_t)T * K * F);
+    if (shared) {
+        k3c_gated_act(c, x->sa, x->su, T * Fs, x->sa);
+        round_n(x, x->sa, (size_t)T * Fs);
+    }
+
+    n = 0;
+    for (int e = 0; e < E; e++) {
+        int b = x->counts[e], ne = x->counts[e + 1] - b;
+        if (ne == 0) continue;
+        const k3c_expert *ex = &w->experts[e];
+        mm[n++] = expert_mm(x, &ex->w2, &ex->q2, x->ea + (size_t)b * F, ne, x->d + (size_t)b * Rin);
+    }
+    if (shared) mm[n++] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = x->sh, .round = rd};
+    k3c_matmul_batch(x->pool, mm, n);
+
     /* weighted sum in j order */
     for (int t = 0; t < T; t++) {
         float *r = x->r + (size_t)t * Rin;
+        const float *dj[K];
+        for (int j = 0; j < K; j++) dj[j] = x->d + (size_t)x->inv[t * K + j] * Rin;
         for (int i = 0; i < Rin; i++) {
             float acc = 0;
-            for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * x->d[((size_t)t * K + j) * Rin + i];
+            for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * dj[j][i];
             r[i] = rnd(x, acc);
         }
     }
     const float *routed = x->r;
-    if (c->routed_expert_hidden_size > 0) {
+    if (latent) {
         if (c->latent_moe_use_norm) {
             norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
             k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
         }
-        k3c_matmul_bf16(x->pool, &w->latent_up, x->r, T, x->rup);
-        round_n(x, x->rup, (size_t)T * D);
+        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
+        k3c_matmul_batch(x->pool, mm, 1);
         routed = x->rup;
     }
-    if (w->shared.gate.w) {
-        int Fs = w->shared.gate.rows;
-        k3c_matmul_bf16(x->pool, &w->shared.gate, y, T, x->sa);
-        round_n(x, x->sa, (size_t)T * Fs);
-        k3c_matmul_bf16(x->pool, &w->shared.up, y, T, x->su);
-        round_n(x, x->su, (size_t)T * Fs);
-        k3c_gated_act(c, x->sa, x->su, T * Fs, x->sa);
-        round_n(x, x->sa, (size_t)T * Fs);
-        k3c_matmul_bf16(x->pool, &w->shared.down, x->sa, T, x->sh);
-        for (size_t i = 0; i < (size_t)T * D; i++) out[i] = rnd(x, routed[i] + rnd(x, x->sh[i]));
+    if (shared) {
+        for (size_t i = 0; i < (size_t)T * D; i++) out[i] = rnd(x, routed[i] + x->sh[i]);
     } else {
         memmove(out, routed, (size_t)T * D * 4);
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu/ops.h"
+#include "cpu/vec.h"
 
 void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out) {
     int h = W - 1; /* history length */
@@ -71,10 +72,42 @@ void k3c_kda_qk_norm(float *q, float *k, int T, int H, int dk) {
     }
 }
 
-/* One token of one head. u is scratch [dv]. */
+/* One token of one head. u is scratch [dv]. The vector form (dv % 16 == 0, every model) does per element
+ * exactly the scalar form's operations; the scalar loop serves other widths. */
 static void kda_step(float *restrict S, const float *restrict q, const float *restrict k, const float *restrict v,
                      const float *restrict g, float beta, int dk, int dv, float *restrict o, float *restrict u) {
-    /* Decay each key row, and accumulate S^T k from the decayed state. */
+    if (dv % 16 == 0) {
+        int nv = dv / 16;
+        k3c_v16 uv[nv], ov[nv];
+        for (int j = 0; j < nv; j++) uv[j] = v16_splat(0.0f);
+        /* Decay each key row, and accumulate S^T k from the decayed state. */
+        for (int d = 0; d < dk; d++) {
+            k3c_v16 a = v16_splat(expf(g[d])), kd = v16_splat(k[d]);
+            float *Sd = S + (size_t)d * dv;
+            for (int j = 0; j < nv; j++) {
+                k3c_v16 sv = v16_load(Sd + 16 * j) * a;
+                v16_store(Sd + 16 * j, sv);
+                uv[j] = kd * sv + uv[j];
+            }
+        }
+        k3c_v16 bv = v16_splat(beta);
+        for (int j = 0; j < nv; j++) {
+            uv[j] = bv * (v16_load(v + 16 * j) - uv[j]);
+            ov[j] = v16_splat(0.0f);
+        }
+        /* Rank-1 update, then the output from the updated state. */
+        for (int d = 0; d < dk; d++) {
+            k3c_v16 kd = v16_splat(k[d]), qd = v16_splat(q[d]);
+            float *Sd = S + (size_t)d * dv;
+            for (int j = 0; j < nv; j++) {
+                k3c_v16 sv = kd * uv[j] + v16_load(Sd + 16 * j);
+                v16_store(Sd + 16 * j, sv);
+                ov[j] = qd * sv + ov[j];
+            }
+        }
+        for (int j = 0; j < nv; j++) v16_store(o + 16 * j, ov[j]);
+        return;
+    }
     for (int e = 0; e < dv; e++) u[e] = 0.0f;
     for (int d = 0; d < dk; d++) {
         float a = expf(g[d]), kd = k[d];
@@ -88,7 +121,6 @@ static void kda_step(float *restrict S, const float *restrict q, const float *re
         u[e] = beta * (v[e] - u[e]);
         o[e] = 0.0f;
     }
-    /* Rank-1 update, then the output from the updated state. */
     for (int d = 0; d < dk; d++) {
         float kd = k[d], qd = q[d];
         float *Sd = S + (size_t)d * dv;
@@ -99,17 +131,27 @@ static void kda_step(float *restrict S, const float *restrict q, const float *re
     }
 }
 
-void k3c_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
-                       const float *beta, int T, int H, int dk, int dv, float *o, float *states) {
+void k3c_kda_recurrent_heads(float *state, const float *q, const float *k, const float *v, const float *g,
+                             const float *beta, int T, int H, int h0, int h1, int dk, int dv, float *o) {
     if (T <= 0 || H <= 0 || dv <= 0) return;
     float u[dv]; /* per-token scratch, dv floats (128 for K3) */
     size_t hs = (size_t)dk * dv;
-    for (int t = 0; t < T; t++) {
-        for (int h = 0; h < H; h++) {
+    for (int t = 0; t < T; t++)
+        for (int h = h0; h < h1; h++) {
             size_t rk = (size_t)t * H + h;
             kda_step(state + h * hs, q + rk * dk, k + rk * dk, v + rk * dv, g + rk * dk, beta[rk], dk, dv,
                      o + rk * dv, u);
         }
+}
+
+void k3c_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
+                       const float *beta, int T, int H, int dk, int dv, float *o, float *states) {
+    if (T <= 0 || H <= 0 || dv <= 0) return;
+    size_t hs = (size_t)dk * dv;
+    for (int t = 0; t < T; t++) {
+        size_t rk = (size_t)t * H;
+        k3c_kda_recurrent_heads(state, q + rk * dk, k + rk * dk, v + rk * dv, g + rk * dk, beta + rk, 1, H, 0, H, dk,
+                                dv, o + rk * dv);
         if (states) memcpy(states + (size_t)t * H * hs, state, (size_t)H * hs * sizeof(float));
     }
 }
@@ -225,8 +267,8 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
 #undef BETA
 }
 
-void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
-                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o) {
+void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk, float *o) {
     if (T <= 0 || H <= 0) return;
     int C = chunk > 0 ? chunk : 64;
     if (C > T) C = T;
@@ -234,7 +276,7 @@ void k3c_kda_chunked(float *state, const float *q, const float *k, const float *
     float *mem = malloc(need * sizeof(float));
     if (!mem) {
         /* The recurrence computes the same function with O(dv) scratch. */
-        k3c_kda_recurrent(state, q, k, v, g, beta, T, H, dk, dv, o, NULL);
+        k3c_kda_recurrent_heads(state, q, k, v, g, beta, T, H, h0, h1, dk, dv, o);
         return;
     }
     kda_chunk_buf b;
@@ -245,10 +287,15 @@ void k3c_kda_chunked(float *state, const float *q, const float *k, const float *
     b.U = b.Aqk + (size_t)C * C;
     b.a = b.U + (size_t)C * dv;
     size_t hs = (size_t)dk * dv;
-    for (int h = 0; h < H; h++)
+    for (int h = h0; h < h1; h++)
         for (int t0 = 0; t0 < T; t0 += C)
             kda_chunk(state + h * hs, q, k, v, g, beta, t0, T - t0 < C ? T - t0 : C, H, h, dk, dv, C, &b, o);
     free(mem);
+}
+
+void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o) {
+    k3c_kda_chunked_heads(state, q, k, v, g, beta, T, H, 0, H, dk, dv, chunk, o);
 }
 
 void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,

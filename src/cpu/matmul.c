@@ -252,18 +252,19 @@ static void bf16_tile_any(const uint16_t *w, size_t ldw, int R, const float *x, 
 
 /* Rows [r0, r1) of W for all T tokens: one row at a time for decode (a single sequential stream), else
  * tiles of MM_ROWS rows, each tile's rows reused from cache by every token tile. */
-static void bf16_rows(const k3c_mat *W, const float *x, int T, float *y, int round, int r0, int r1) {
+static void bf16_rows(const k3c_mat *W, const float *x, size_t ldx, int T, float *y, size_t ldy, int round, int r0,
+                      int r1) {
     size_t ldw = (size_t)W->cols;
     if (T == 1) {
-        for (int r = r0; r < r1; r++) bf16_tile(W->w + (size_t)r * ldw, ldw, 1, x, ldw, 1, W->cols, y + r, 1, round);
+        for (int r = r0; r < r1; r++) bf16_tile(W->w + (size_t)r * ldw, ldw, 1, x, ldx, 1, W->cols, y + r, ldy, round);
         return;
     }
     for (int r = r0; r < r1; r += MM_ROWS) {
         int R = r1 - r < MM_ROWS ? r1 - r : MM_ROWS;
         for (int t0 = 0; t0 < T; t0 += MM_TOKS) {
             int NT = T - t0 < MM_TOKS ? T - t0 : MM_TOKS;
-            bf16_tile_any(W->w + (size_t)r * ldw, ldw, R, x + (size_t)t0 * W->cols, (size_t)W->cols, NT, W->cols,
-                          y + (size_t)t0 * W->rows + r, (size_t)W->rows, round);
+            bf16_tile_any(W->w + (size_t)r * ldw, ldw, R, x + (size_t)t0 * ldx, ldx, NT, W->cols, y + (size_t)t0 * ldy + r,
+                          ldy, round);
         }
     }
 }
@@ -414,14 +415,14 @@ static float mx_row_scalar(const uint8_t *pk, const uint8_t *sc, int groups, con
 
 /* Rows [r0, r1) for all tokens, token tile by token tile: the tile's x is split once (AVX-512), then every
  * row of the range runs over it (the range's packed rows are re-read from L1/L2 per token tile). */
-static void mx_rows(const k3c_mxfp4_mat *W, const float *x, int T, float *y, int round, int r0, int r1) {
+static void mx_rows(const k3c_mxfp4_mat *W, const float *x, size_t ldx, int T, float *y, size_t ldy, int round,
+                    int r0, int r1) {
     int cols = W->cols, groups = cols / K3C_MXFP4_GROUP;
-    size_t ldy = (size_t)W->rows;
     if (cols > MX_SPLIT_FLOATS) {
         for (int t = 0; t < T; t++)
             for (int r = r0; r < r1; r++)
                 y[t * ldy + r] = mm_store(mx_row_scalar(W->packed + (size_t)r * (cols / 2),
-                                                        W->scale + (size_t)r * groups, groups, x + (size_t)t * cols),
+                                                        W->scale + (size_t)r * groups, groups, x + (size_t)t * ldx),
                                           round);
         return;
     }
@@ -433,10 +434,16 @@ static void mx_rows(const k3c_mxfp4_mat *W, const float *x, int T, float *y, int
     for (int t0 = 0; t0 < T; t0 += tt) {
         int NT = T - t0 < tt ? T - t0 : tt;
 #if defined(MM_AVX512)
-        mx_split_x(x + (size_t)t0 * cols, (size_t)cols, NT, groups * 32, xs_buf);
+        mx_split_x(x + (size_t)t0 * ldx, ldx, NT, groups * 32, xs_buf);
         const float *xs = xs_buf;
 #else
-        const float *xs = x + (size_t)t0 * cols;
+        /* mx_tile reads token t at xs + t * cols: copy when x is strided */
+        float xs_buf[MX_SPLIT_FLOATS];
+        const float *xs = x + (size_t)t0 * ldx;
+        if (ldx != (size_t)cols) {
+            for (int t = 0; t < NT; t++) memcpy(xs_buf + (size_t)t * cols, xs + t * ldx, (size_t)cols * sizeof(float));
+            xs = xs_buf;
+        }
 #endif
         for (int r = r0; r < r1; r++)
             mx_tile_any(W->packed + (size_t)r * (cols / 2), W->scale + (size_t)r * groups, groups, xs, NT,
@@ -461,24 +468,20 @@ static void mm_units(void *ctx, int b, int e) {
         while (j->first[i + 1] <= u) i++;
         const k3c_mm *m = &j->mm[i];
         int ue = e < j->first[i + 1] ? e : j->first[i + 1];
-        int rows = m->W ? m->W->rows : m->Wq->rows;
+        int rows = m->W ? m->W->rows : m->Wq->rows, cols = m->W ? m->W->cols : m->Wq->cols;
         int r0 = (u - j->first[i]) * j->unit_rows[i];
         int r1 = (ue - j->first[i]) * j->unit_rows[i];
         if (r1 > rows) r1 = rows;
-        if (m->W) bf16_rows(m->W, m->x, m->T, m->y, m->round, r0, r1);
-        else mx_rows(m->Wq, m->x, m->T, m->y, m->round, r0, r1);
+        size_t ldx = m->ldx ? m->ldx : (size_t)cols, ldy = m->ldy ? m->ldy : (size_t)rows;
+        if (m->W) bf16_rows(m->W, m->x, ldx, m->T, m->y, ldy, m->round, r0, r1);
+        else mx_rows(m->Wq, m->x, ldx, m->T, m->y, ldy, m->round, r0, r1);
         u = ue;
     }
 }
 
 void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n) {
-    int ur_stack[16], first_stack[17];
-    int *ur = ur_stack, *first = first_stack;
-    if (n > 16) {
-        /* More products than any layer issues at once: run them in groups of 16. */
-        for (int i = 0; i < n; i += 16) k3c_matmul_batch(p, mm + i, n - i < 16 ? n - i : 16);
-        return;
-    }
+    if (n <= 0) return;
+    int ur[n], first[n + 1]; /* n: a layer's products at most (2 per routed expert + a few) */
     double work = 0;
     first[0] = 0;
     for (int i = 0; i < n; i++) {

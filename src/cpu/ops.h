@@ -25,7 +25,8 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
 void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float *y);
 void k3c_matmul_mxfp4(k3c_pool *p, const k3c_mxfp4_mat *W, const float *x, int T, float *y);
 /* One product of a batch: y = W x for T tokens with bf16 (W) or MXFP4 (Wq) weights (exactly one set);
- * round: each output rounded to bf16 (bf16_round) as it is stored. */
+ * round: each output rounded to bf16 (bf16_round) as it is stored. ldx, ldy: floats between tokens of x
+ * and y (0: dense, W.cols and W.rows). */
 typedef struct k3c_mm {
     const k3c_mat *W;
     const k3c_mxfp4_mat *Wq;
@@ -33,6 +34,7 @@ typedef struct k3c_mm {
     int T;
     float *y;
     int round;
+    size_t ldx, ldy;
 } k3c_mm;
 /* Independent products (none reads another's output) in one parallel-for over all their rows: one pool
  * wake-up instead of n. Each output equals what k3c_matmul_bf16 / k3c_matmul_mxfp4 give for it (then
@@ -69,6 +71,12 @@ void k3c_kda_recurrent(float *state, const float *q, const float *k, const float
  * positive cumulative decay. Equal to k3c_kda_recurrent up to f32 rounding. */
 void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
                      const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
+/* The two above for heads [h0, h1) only (state, q, ... o as above, all H heads wide; states not kept).
+ * Heads are independent, so a head's result does not depend on the range it was run in. */
+void k3c_kda_recurrent_heads(float *state, const float *q, const float *k, const float *v, const float *g,
+                             const float *beta, int T, int H, int h0, int h1, int dk, int dv, float *o);
+void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk, float *o);
 /* Gated RMSNorm per head: y = o * rsqrt(mean(o^2) + eps) * w * act(z); act = sigmoid (K3) or silu
  * (Kimi Linear as transformers 5.17 computes it). o, z, y: [T, H, dv]. */
 void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
@@ -81,6 +89,12 @@ void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, i
  * o_lat: [Tq, Hm, kv_lora], the softmax-weighted sum of the first kv_lora entries. Softmax in f32. */
 void k3c_mla_attend(const float *q_abs, int Tq, int Hm, int kv_lora, int rope, const float *lat, int n_past,
                     float scale, float *o_lat);
+/* The same for heads [h0, h1) only, reading latent position p in place at cache row
+ * block_table[p / block_size] * block_size + p % block_size (the MLA cache layout). Per row and head the
+ * result is bit-identical to k3c_mla_attend over the gathered rows. */
+void k3c_mla_attend_paged(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
+                          const float *cache, const int32_t *block_table, int block_size, int n_past, float scale,
+                          float *o_lat);
 
 /* ---- AttnRes (cpu/attnres.c), spec §4.2 ---- */
 /* Mix of n sources (pointers to [D] rows): s_j = rsqrt(mean(v_j^2) + eps) * sum_d v_j[d] * norm[d] * proj[d];
