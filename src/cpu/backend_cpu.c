@@ -258,11 +258,32 @@ static void cpu_attnres_mix(k3c_backend *be, const float *const *src, int nsrc, 
     k3c_pool_for(T > 1 ? c->pool : NULL, T, mix_rows, &j);
 }
 
+/* The gated activation (libm tanhf / expf per element: ~0.1 us per 4 elements of SiTU) split over the pool
+ * in pieces of ACT_PIECE elements; elementwise, so the split changes nothing. */
+#define ACT_PIECE 512
+typedef struct act_job {
+    const cpu_ctx *c;
+    const float *gate, *up;
+    size_t n;
+    float *out;
+} act_job;
+
+static void act_pieces(void *ctx, int b, int e) {
+    act_job *j = ctx;
+    size_t i0 = (size_t)b * ACT_PIECE, i1 = (size_t)e * ACT_PIECE < j->n ? (size_t)e * ACT_PIECE : j->n;
+    k3c_gated_act(j->c->c, j->gate + i0, j->up + i0, (int)(i1 - i0), j->out + i0);
+    round_n(j->c, j->out + i0, i1 - i0);
+}
+
+static void gated_act_par(cpu_ctx *c, const float *gate, const float *up, size_t n, float *out) {
+    act_job j = {c, gate, up, n, out};
+    k3c_pool_for(c->pool, (int)((n + ACT_PIECE - 1) / ACT_PIECE), act_pieces, &j);
+}
+
 static void cpu_gated_act(k3c_backend *be, const float *gate, const float *up, size_t n, float *out) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    k3c_gated_act(c->c, gate, up, (int)n, out);
-    round_n(c, out, n);
+    gated_act_par(c, gate, up, n, out);
 }
 
 static void cpu_sigmoid_mul(k3c_backend *be, float *x, const float *g, size_t n) {
@@ -517,12 +538,8 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         mm[n++] = expert_mm(x, &ex->w3, &ex->q3, in, ne, x->eu + (size_t)b * F);
     }
     k3c_matmul_batch(x->pool, mm, n);
-    k3c_gated_act(c, x->ea, x->eu, T * K * F, x->ea);
-    round_n(x, x->ea, (size_t)T * K * F);
-    if (shared) {
-        k3c_gated_act(c, x->sa, x->su, T * Fs, x->sa);
-        round_n(x, x->sa, (size_t)T * Fs);
-    }
+    gated_act_par(x, x->ea, x->eu, (size_t)T * K * F, x->ea);
+    if (shared) gated_act_par(x, x->sa, x->su, (size_t)T * Fs, x->sa);
 
     n = 0;
     for (int e = 0; e < E; e++) {

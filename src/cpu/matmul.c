@@ -12,9 +12,9 @@
  *     i = 0, 1, ...; the remaining full 16-column blocks go to accumulator 0; then (a0 + a1) + (a2 + a3),
  *     _mm512_reduce_add_ps, and the last cols % 16 products added one by one (fmaf).
  *   bf16 (AVX2): the same with 8-lane accumulators (32-column stride) and a fixed horizontal sum.
- *   MXFP4: per 32-column group, the 16 even columns go to accumulator `lo` and the 16 odd ones to `hi`
- *     (AVX-512; AVX2: four 8-lane pieces alternating between two accumulators as below), weight =
- *     e2m1 * 2^(s-127) exactly; then reduce(lo + hi).
+ *   MXFP4 (AVX-512): per 32-column group g, the 16 even columns go to accumulator lo[g % 2] and the 16 odd
+ *     ones to hi[g % 2], weight = e2m1 * 2^(s-127) exactly; then reduce((lo0 + lo1) + (hi0 + hi1)).
+ *     (AVX2: four 8-lane pieces alternating between two accumulators, see mx_tile.)
  *   scalar fallback: one running sum per output in column order.
  * T = 1 takes the one-token tile of the same code, so decode pays nothing for this: a single sequential
  * stream per row with four independent FMA chains (measured best on this machine; interleaving 2 or 4 rows
@@ -48,13 +48,16 @@
 #define MM_INLINE_WORK 65536
 /* A unit of parallel work: about this many weight elements (whole rows, a multiple of MM_ROWS). */
 #define MM_UNIT_ELEMS 16384
+/* MXFP4: the split copy of x lives on the stack, at most this many floats (64 KiB); token tiles are cut to
+ * fit, and wider rows take the scalar path. */
+#define MX_SPLIT_FLOATS 16384
 /* Software prefetch distance (elements) in multi-token tiles: a small measured gain. */
 #define MM_PREFETCH 1024
 
 #if defined(MM_AVX512)
 #define MM_ROWS 2 /* 2 rows x 3 tokens x 4 accumulators = 24 of 32 zmm */
 #define MM_TOKS 3
-#define MX_TOKS 8
+#define MX_TOKS 4 /* 4 tokens x 4 accumulators = 16 zmm */
 #elif defined(MM_AVX2)
 #define MM_ROWS 1 /* 1 row x 3 tokens x 4 accumulators = 12 of 16 ymm */
 #define MM_TOKS 3
@@ -296,27 +299,64 @@ static void mx_split_x(const float *x, size_t ldx, int NT, int cols, float *xs) 
         }
 }
 
+/* The group scales of one row as floats (16 at a time: widen, shift into the exponent, patch e = 0 to the
+ * subnormal 2^-127 and e = 255 to NaN, as mx_e8m0), so the group loop broadcasts them from memory. */
+ALWAYS_INLINE void mx_scales(const uint8_t *sc, int groups, float *sf) {
+    int g = 0;
+    for (; g + 16 <= groups; g += 16) {
+        __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + g)));
+        __m512i v = _mm512_slli_epi32(u, 23);
+        v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(u, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
+        v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(u, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7fc00000));
+        _mm512_storeu_ps(sf + g, _mm512_castsi512_ps(v));
+    }
+    for (; g < groups; g++) sf[g] = mx_e8m0(sc[g]);
+}
+
+/* Accumulators per token: lo[p], hi[p] for groups g with g % 2 == p (two independent FMA chains per
+ * column parity: one chain per parity left the loop FMA-latency bound at ~4 cycles per group). */
 ALWAYS_INLINE void mx_tile(const uint8_t *pk, const uint8_t *sc, int groups, const float *xs, int NT, float *y,
                            size_t ldy, int round) {
     const __m512 tab = _mm512_loadu_ps(mx_e2m1);
     size_t ldx = (size_t)groups * 32;
-    __m512 lo[MX_TOKS], hi[MX_TOKS];
+    float sf[MX_SPLIT_FLOATS / 32];
+    mx_scales(sc, groups, sf);
+    __m512 lo[2][MX_TOKS], hi[2][MX_TOKS];
     UNROLL
-    for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; g++) {
+    for (int t = 0; t < NT; t++) lo[0][t] = hi[0][t] = lo[1][t] = hi[1][t] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        UNROLL
+        for (int q = 0; q < 2; q++) {
+            __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pk + (size_t)(g + q) * 16)));
+            __m512 s = _mm512_set1_ps(sf[g + q]);
+            __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), s);
+            __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), s);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                const float *xg = xs + t * ldx + (size_t)(g + q) * 32;
+                lo[q][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), lo[q][t]);
+                hi[q][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), hi[q][t]);
+            }
+        }
+    }
+    if (g < groups) {
         __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16)));
-        __m512 s = _mm512_set1_ps(mx_e8m0(sc[g]));
+        __m512 s = _mm512_set1_ps(sf[g]);
         __m512 w0 = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), s);
         __m512 w1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), s);
         UNROLL
         for (int t = 0; t < NT; t++) {
             const float *xg = xs + t * ldx + (size_t)g * 32;
-            lo[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), lo[t]);
-            hi[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), hi[t]);
+            lo[0][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg), lo[0][t]);
+            hi[0][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + 16), hi[0][t]);
         }
     }
     UNROLL
-    for (int t = 0; t < NT; t++) y[t * ldy] = mm_store(_mm512_reduce_add_ps(_mm512_add_ps(lo[t], hi[t])), round);
+    for (int t = 0; t < NT; t++) {
+        __m512 a = _mm512_add_ps(_mm512_add_ps(lo[0][t], lo[1][t]), _mm512_add_ps(hi[0][t], hi[1][t]));
+        y[t * ldy] = mm_store(_mm512_reduce_add_ps(a), round);
+    }
 }
 #else
 #if defined(MM_AVX2)
@@ -395,9 +435,6 @@ static void mx_tile_any(const uint8_t *pk, const uint8_t *sc, int groups, const 
     default: break; /* unreachable: NT <= MX_TOKS */
     }
 }
-
-/* The split copy of x lives on the stack: at most this many floats (64 KiB); token tiles are cut to fit. */
-#define MX_SPLIT_FLOATS 16384
 
 /* Scalar form for rows wider than MX_SPLIT_FLOATS (no model has one: K3's experts are 3584 wide): one
  * running sum in column order. It depends only on the row and the token, so it is batch invariant too. */
