@@ -42,7 +42,7 @@ typedef struct k3c_engine_options {
     int q_max;               /* most tokens one verify may hold; default 8 */
     int chunk_min;           /* prompt rows >= this use the chunked KDA form; 0 = 16 */
     int poison_freed_blocks; /* debug: fill blocks of closed requests with NaN */
-    /* diagnostic (cpu only): keep activations in f32, no bf16 rounding anywhere, to check the forward against
+    /* diagnostic (cpu and cuda): keep activations in f32, no bf16 rounding anywhere, to check the forward against
      * float64 / fp32 references far below bf16 noise (where routing near-ties would otherwise flip experts) */
     int exact_f32;
 } k3c_engine_options;

@@ -12,7 +12,9 @@
 # Makefile's own flags are appended to them).
 #
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
-# SANITIZE (1: run compute-sanitizer when present), BENCH (1: run the stock decode benchmark).
+# SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
+# stock decode benchmark), KBENCH (1: run the kernel benchmark), TESTS (space-separated test_gpu name filters;
+# default: all tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -20,6 +22,8 @@ JOBS=${JOBS:-16}
 LOGDIR=${OUT:-/tmp/k3c-gpu-check}
 SANITIZE=${SANITIZE:-1}
 BENCH=${BENCH:-1}
+KBENCH=${KBENCH:-1}
+SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:150 racecheck:gpu_kda_recurrent:60 racecheck:gpu_synthetic_tiny:90"}
 mkdir -p "$LOGDIR"
 
 if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
@@ -47,29 +51,25 @@ fi
 grep -E 'warning' "$LOGDIR/build.log" | head -20
 
 echo "== GPU tests"
-timeout 360 "$BUILD/test_gpu" 2>&1 | tee "$LOGDIR/test_gpu.log"
-test_rc=${PIPESTATUS[0]}
-
-san_rc=0
-SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [ "$SANITIZE" = 1 ] && [ -n "$SAN" ]; then
-    echo "== compute-sanitizer (memcheck: gpu_forward_tiny; racecheck: KDA recurrent kernel, device-synthetic forward)"
-    for run in "memcheck gpu_forward_tiny 150" "racecheck gpu_kda_recurrent 60" "racecheck gpu_synthetic_tiny 90"; do
-        set -- $run
-        timeout "$3" "$SAN" --tool "$1" --error-exitcode 99 "$BUILD/test_gpu" "$2" >"$LOGDIR/san_$1_$2.log" 2>&1
-        rc=$?
-        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGDIR/san_$1_$2.log" | tail -1)
-        echo "sanitizer $1 $2: exit $rc ${summary:-"(no summary)"}" | tee -a "$LOGDIR/sanitizer.log"
-        [ "$rc" -eq 124 ] && echo "  (timed out: log $LOGDIR/san_$1_$2.log)"
-        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && { san_rc=1; grep -m 20 -E "=========" "$LOGDIR/san_$1_$2.log"; }
+: >"$LOGDIR/test_gpu.log"
+test_rc=0
+if [ -z "${TESTS:-}" ]; then
+    timeout 360 "$BUILD/test_gpu" 2>&1 | tee "$LOGDIR/test_gpu.log"
+    test_rc=${PIPESTATUS[0]}
+else
+    for filter in $TESTS; do
+        timeout 300 "$BUILD/test_gpu" "$filter" 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
-elif [ "$SANITIZE" = 1 ]; then
-    echo "gpu-check: compute-sanitizer not found, skipped" | tee "$LOGDIR/sanitizer.log"
 fi
 
-echo "== GPU kernel benchmark"
-"$BUILD/bench_gpu" 2>&1 | tee "$LOGDIR/bench_gpu.log"
-bench_rc=${PIPESTATUS[0]}
+bench_rc=0
+: >"$LOGDIR/bench_gpu.log"
+if [ "$KBENCH" = 1 ]; then
+    echo "== GPU kernel benchmark"
+    "$BUILD/bench_gpu" 2>&1 | tee "$LOGDIR/bench_gpu.log"
+    bench_rc=${PIPESTATUS[0]}
+fi
 
 stock_rc=0
 : >"$LOGDIR/bench_stock.log"
@@ -85,6 +85,24 @@ if [ "$BENCH" = 1 ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || stock_rc=1
 fi
 
+san_rc=0
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ "$SANITIZE" = 1 ] && [ -n "$SAN" ]; then
+    echo "== compute-sanitizer ($SAN_RUNS)"
+    : >"$LOGDIR/sanitizer.log"
+    for run in $SAN_RUNS; do
+        set -- ${run//:/ }
+        timeout "$3" "$SAN" --tool "$1" --error-exitcode 99 "$BUILD/test_gpu" "$2" >"$LOGDIR/san_$1_$2.log" 2>&1
+        rc=$?
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGDIR/san_$1_$2.log" | tail -1)
+        echo "sanitizer $1 $2: exit $rc ${summary:-"(no summary)"}" | tee -a "$LOGDIR/sanitizer.log"
+        [ "$rc" -eq 124 ] && echo "  (timed out: log $LOGDIR/san_$1_$2.log)"
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && { san_rc=1; grep -m 20 -E "=========" "$LOGDIR/san_$1_$2.log"; }
+    done
+elif [ "$SANITIZE" = 1 ]; then
+    echo "gpu-check: compute-sanitizer not found, skipped" | tee "$LOGDIR/sanitizer.log"
+fi
+
 echo
 echo "== summary (tests: worst rel L2 over all cases vs threshold; bench: median of 30 launches)"
 printf '%-30s %-8s %9s %11s %s\n' kernel metric threshold result verdict
@@ -95,6 +113,6 @@ grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2,
 grep '^INFO' "$LOGDIR/test_gpu.log"
 cat "$LOGDIR/sanitizer.log" 2>/dev/null
 grep -E '^(bench |prefill|STEP)' "$LOGDIR/bench_stock.log"
-echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log") (exit $test_rc); bench exit $bench_rc;" \
+echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log" | tr '\n' ' ')(exit $test_rc); bench exit $bench_rc;" \
      "sanitizers $san_rc; stock bench $stock_rc"
 [ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]

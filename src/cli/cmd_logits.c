@@ -10,7 +10,7 @@
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
                "[--threads N] [--f32]\n"
-               "--f32 (cpu diagnostic): f32 activations, no bf16 rounding\n");
+               "--f32 (diagnostic): f32 activations, no bf16 rounding\n");
 }
 
 int cmd_logits(int argc, char **argv) {

@@ -55,6 +55,7 @@ typedef struct cuda_ctx {
     const k3c_config *c;
     k3c_backend_limits lim;
     int silu_gate;
+    int exact; /* diagnostic (k3c_backend_cuda_set_exact): no bf16 rounding, f32 MLA cache, no cuBLASLt */
     k3c_cuda_act act;
     k3c_cuda_router router;
 
@@ -116,6 +117,15 @@ static void record_cuda(cuda_ctx *x, const char *op, cudaError_t e) {
             return;                                                                                                \
         }                                                                                                          \
     } while (0)
+
+/* The round_bf16 argument of the launchers: the contract's bf16 stores, or none in the exact diagnostic. */
+#define RND(x) (!(x)->exact)
+
+/* y [T, rows] = x W^T. The exact diagnostic keeps f32 activations, so it avoids cuBLASLt (which reads them as
+ * bf16) and uses the streaming kernel for every T. */
+static int mm(cuda_ctx *x, const uint16_t *W, int rows, int cols, const float *in, int T, float *y) {
+    return k3c_cuda_matmul_bf16(x->exact ? NULL : &x->gemm, W, rows, cols, in, T, y, x->stream);
+}
 
 /* ---- weight table ---- */
 
@@ -423,7 +433,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
         if (!tab) return k3c_errorf("cuda backend: out of host memory for an expert table of %zu", E);
         size_t moff = experts_off;
         int mx = c->expert_format == K3C_EXPERTS_MXFP4;
-        size_t first_table = x->nmap;
+        size_t n_tables = x->nmap;
         for (int l = 0; l < c->num_layers; l++) {
             const k3c_moe_weights *w = &m->weights.layers[l].moe;
             if (!m->weights.layers[l].is_moe || !w->experts) continue;
@@ -455,10 +465,11 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
                 free(tab);
                 return k3c_errorf("cuda backend: expert table of layer %d: %s", l, cudaGetErrorString(e));
             }
-            x->map[x->nmap++] = (wmap_entry){(uintptr_t)w->experts, sizeof(k3c_expert) * E, dev};
+            /* appended past the sorted part, which the lookups above and below keep using */
+            x->map[n_tables++] = (wmap_entry){(uintptr_t)w->experts, sizeof(k3c_expert) * E, dev};
         }
         free(tab);
-        (void)first_table;
+        x->nmap = n_tables;
         qsort(x->map, x->nmap, sizeof *x->map, by_host);
     }
 
@@ -615,8 +626,8 @@ static void cuda_matmul(k3c_backend *be, const k3c_mat *W, const float *in, int 
     if (x->failed || T <= 0) return;
     const uint16_t *w;
     WDEV(x, "matmul", W->w, w);
-    OP_TRY(x, "matmul", k3c_cuda_matmul_bf16(&x->gemm, w, W->rows, W->cols, in, T, y, x->stream));
-    if (round) OP_TRY(x, "matmul round", k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->stream));
+    OP_TRY(x, "matmul", mm(x, w, W->rows, W->cols, in, T, y));
+    if (round && !x->exact) OP_TRY(x, "matmul round", k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->stream));
 }
 
 static void cuda_rmsnorm(k3c_backend *be, const float *in, int x_stride, const float *w, int T, int n, float eps,
@@ -625,13 +636,13 @@ static void cuda_rmsnorm(k3c_backend *be, const float *in, int x_stride, const f
     if (x->failed || T <= 0) return;
     const float *wd;
     WDEV(x, "rmsnorm", w, wd);
-    OP_TRY(x, "rmsnorm", k3c_cuda_rmsnorm(in, x_stride, wd, T, n, eps, 1, y, y_stride, x->stream));
+    OP_TRY(x, "rmsnorm", k3c_cuda_rmsnorm(in, x_stride, wd, T, n, eps, RND(x), y, y_stride, x->stream));
 }
 
 static void cuda_add(k3c_backend *be, const float *a, const float *b, size_t n, float *out) {
     cuda_ctx *x = be->ctx;
     if (x->failed || !n) return;
-    OP_TRY(x, "add", k3c_cuda_add(a, b, n, 1, out, x->stream));
+    OP_TRY(x, "add", k3c_cuda_add(a, b, n, RND(x), out, x->stream));
 }
 
 static void cuda_attnres_mix(k3c_backend *be, const float *const *src, int nsrc, int T, int D, const float *proj,
@@ -646,7 +657,7 @@ static void cuda_attnres_mix(k3c_backend *be, const float *const *src, int nsrc,
     if (!h) return;
     for (int i = 0; i < nsrc; i++) h[i] = src[i];
     if (meta_send(x, h, dev, sizeof(float *) * (size_t)nsrc) != K3C_OK) return;
-    OP_TRY(x, "attnres_mix", k3c_cuda_attnres_mix(dev, nsrc, T, D, pd, nd, eps, 1, out, x->stream));
+    OP_TRY(x, "attnres_mix", k3c_cuda_attnres_mix(dev, nsrc, T, D, pd, nd, eps, RND(x), out, x->stream));
 }
 
 static void cuda_gated_act(k3c_backend *be, const float *gate, const float *up, size_t n, float *out) {
@@ -657,13 +668,13 @@ static void cuda_gated_act(k3c_backend *be, const float *gate, const float *up, 
         record(x, "gated_act");
         return;
     }
-    OP_TRY(x, "gated_act", k3c_cuda_gated_act(x->act, gate, (int)n, up, (int)n, 1, (int)n, 1, out, x->stream));
+    OP_TRY(x, "gated_act", k3c_cuda_gated_act(x->act, gate, (int)n, up, (int)n, 1, (int)n, RND(x), out, x->stream));
 }
 
 static void cuda_sigmoid_mul(k3c_backend *be, float *v, const float *g, size_t n) {
     cuda_ctx *x = be->ctx;
     if (x->failed || !n) return;
-    OP_TRY(x, "sigmoid_mul", k3c_cuda_mul_sigmoid(v, g, n, 1, v, x->stream));
+    OP_TRY(x, "sigmoid_mul", k3c_cuda_mul_sigmoid(v, g, n, RND(x), v, x->stream));
 }
 
 /* ---- KDA ---- */
@@ -695,7 +706,7 @@ static void cuda_kda_conv(k3c_backend *be, const float *in, const float *taps, i
     k3c_cuda_seg *d = stage_segs(x, segs, nseg, -1, &n);
     if (!n) return;
     OP_TRY(x, "kda_conv", k3c_cuda_kda_conv_segs(in, d, n, k3c_config_kda_proj(x->c), x->c->kda_conv_kernel, td,
-                                                 which, 1, out, x->stream));
+                                                 which, RND(x), out, x->stream));
 }
 
 static void cuda_kda_gate(k3c_backend *be, const float *f, const float *b, const float *a_log, const float *dt_bias,
@@ -728,12 +739,12 @@ static void cuda_kda_delta(k3c_backend *be, const float *q, const float *k, cons
         size_t off = (size_t)sg->row0 * P;
         OP_TRY(x, "kda_delta (chunked)",
                k3c_cuda_kda_chunked(sg->state, q + off, k + off, v + off, g + off, beta + (size_t)sg->row0 * H, sg->n,
-                                    H, dk, dk, 64, 1, o ? o + off : NULL, x->stream));
+                                    H, dk, dk, 64, RND(x), o ? o + off : NULL, x->stream));
     }
     int n;
     k3c_cuda_seg *d = stage_segs(x, segs, nseg, 0, &n);
     if (!n) return;
-    OP_TRY(x, "kda_delta", k3c_cuda_kda_recurrent_segs(d, n, q, k, v, g, beta, H, dk, dk, 1, o, x->stream));
+    OP_TRY(x, "kda_delta", k3c_cuda_kda_recurrent_segs(d, n, q, k, v, g, beta, H, dk, dk, RND(x), o, x->stream));
 }
 
 static void cuda_kda_gated_norm(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y) {
@@ -742,7 +753,7 @@ static void cuda_kda_gated_norm(k3c_backend *be, const float *o, const float *z,
     const float *wd;
     WDEV(x, "kda_gated_norm", w, wd);
     OP_TRY(x, "kda_gated_norm", k3c_cuda_kda_gated_norm(o, z, wd, T, x->c->kda_num_heads, x->c->kda_head_dim,
-                                                        x->c->rms_norm_eps, x->silu_gate, 1, y, x->stream));
+                                                        x->c->rms_norm_eps, x->silu_gate, RND(x), y, x->stream));
 }
 
 /* ---- MLA ---- */
@@ -810,7 +821,7 @@ static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const 
     OP_TRY(x, "mla absorb_q", k3c_cuda_mla_absorb_q(kvb, q, T, Hm, nope, rope, vh, kvl, x->q_abs, x->stream));
     OP_TRY(x, "mla attend", k3c_cuda_mla_attend(x->q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, Hm, kvl,
                                                 rope, scale, x->o_lat, x->stream));
-    OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, o, x->stream));
+    OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, RND(x), o, x->stream));
 }
 
 /* ---- MoE ---- */
@@ -830,32 +841,30 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
     if (c->use_correction_bias && w->correction_bias) WDEV(x, "moe bias", w->correction_bias, bias);
 
     /* router: f32 logits of the rounded y, then the selection */
-    OP_TRY(x, "moe router", k3c_cuda_matmul_bf16(&x->gemm, wr, w->router.rows, w->router.cols, y, T, x->logits, st));
+    OP_TRY(x, "moe router", mm(x, wr, w->router.rows, w->router.cols, y, T, x->logits));
     OP_TRY(x, "moe route", k3c_cuda_route(&x->router, x->logits, bias, T, x->idx, x->wts, st));
 
     const float *z = y;
     if (c->routed_expert_hidden_size > 0) {
         const uint16_t *wd;
         WDEV(x, "moe latent_down", w->latent_down.w, wd);
-        OP_TRY(x, "moe latent_down", k3c_cuda_matmul_bf16(&x->gemm, wd, w->latent_down.rows, w->latent_down.cols, y,
-                                                          T, x->z, st));
-        OP_TRY(x, "moe latent_down", k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
+        OP_TRY(x, "moe latent_down", mm(x, wd, w->latent_down.rows, w->latent_down.cols, y, T, x->z));
+        if (!x->exact) OP_TRY(x, "moe latent_down", k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
         z = x->z;
     }
     OP_TRY(x, "moe experts", k3c_cuda_moe_experts(ex, E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, F, Rin, z, T,
-                                                  x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+                                                  x->idx, x->wts, K, x->act, RND(x), x->h, x->part, x->r, st));
     const float *routed = x->r;
     if (c->routed_expert_hidden_size > 0) {
         if (c->latent_moe_use_norm) {
             const float *nd;
             WDEV(x, "moe latent_norm", w->latent_norm, nd);
-            OP_TRY(x, "moe latent_norm", k3c_cuda_rmsnorm(x->r, Rin, nd, T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+            OP_TRY(x, "moe latent_norm", k3c_cuda_rmsnorm(x->r, Rin, nd, T, Rin, c->rms_norm_eps, RND(x), x->r, Rin, st));
         }
         const uint16_t *wu;
         WDEV(x, "moe latent_up", w->latent_up.w, wu);
-        OP_TRY(x, "moe latent_up", k3c_cuda_matmul_bf16(&x->gemm, wu, w->latent_up.rows, w->latent_up.cols, x->r, T,
-                                                        x->rup, st));
-        OP_TRY(x, "moe latent_up", k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
+        OP_TRY(x, "moe latent_up", mm(x, wu, w->latent_up.rows, w->latent_up.cols, x->r, T, x->rup));
+        if (!x->exact) OP_TRY(x, "moe latent_up", k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
         routed = x->rup;
     }
     if (w->shared.gate.w) {
@@ -864,17 +873,24 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
         WDEV(x, "moe shared", w->shared.gate.w, sg);
         WDEV(x, "moe shared", w->shared.up.w, su);
         WDEV(x, "moe shared", w->shared.down.w, sd);
-        OP_TRY(x, "moe shared gate", k3c_cuda_matmul_bf16(&x->gemm, sg, Fs, D, y, T, x->sa, st));
-        OP_TRY(x, "moe shared up", k3c_cuda_matmul_bf16(&x->gemm, su, Fs, D, y, T, x->su, st));
-        OP_TRY(x, "moe shared gate", k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
-        OP_TRY(x, "moe shared up", k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
-        OP_TRY(x, "moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
-        OP_TRY(x, "moe shared down", k3c_cuda_matmul_bf16(&x->gemm, sd, D, Fs, x->sa, T, x->sh, st));
-        OP_TRY(x, "moe shared down", k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
-        OP_TRY(x, "moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st));
+        OP_TRY(x, "moe shared gate", mm(x, sg, Fs, D, y, T, x->sa));
+        OP_TRY(x, "moe shared up", mm(x, su, Fs, D, y, T, x->su));
+        if (!x->exact) {
+            OP_TRY(x, "moe shared gate", k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
+            OP_TRY(x, "moe shared up", k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
+        }
+        OP_TRY(x, "moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, RND(x), x->sa, st));
+        OP_TRY(x, "moe shared down", mm(x, sd, D, Fs, x->sa, T, x->sh));
+        if (!x->exact) OP_TRY(x, "moe shared down", k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
+        OP_TRY(x, "moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, RND(x), out, st));
     } else {
         OP_CUDA(x, "moe out", cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
     }
+}
+
+void k3c_backend_cuda_set_exact(k3c_backend *be, int exact) {
+    ((cuda_ctx *)be->ctx)->exact = exact;
+    be->kv_elem_bytes = exact ? 4 : 2; /* f32 latents: nothing is rounded in this mode */
 }
 
 k3c_backend *k3c_backend_cuda_create(int device) {

@@ -151,5 +151,7 @@ k3c_backend *k3c_backend_cpu_create(int threads);
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact);
 /* Defined by src/cuda when built with CUDA; returns NULL with a message when no GPU is usable. */
 k3c_backend *k3c_backend_cuda_create(int device);
+/* The same diagnostic on the CUDA backend (f32 activations, f32 MLA cache); call before init. Tests only. */
+void k3c_backend_cuda_set_exact(k3c_backend *be, int exact);
 
 #endif

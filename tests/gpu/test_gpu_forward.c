@@ -1,18 +1,23 @@
 /* The whole stock forward on the CUDA backend against the CPU backend, through the engine API, on
  * synthesized checkpoints (tiny, mini, kimi-linear-tiny), fresh weights and ids per run (test_seed()).
  *
- * Both backends round at the same points (stock/forward.c's contract; the GPU's MLA cache is bf16, which
- * holds the rounded latents exactly), so they differ only by f32 summation order, which flips an occasional
- * bf16 rounding by one ulp. Thresholds, rel L2 per logit row:
- *   - dense routing (every expert selected, k = E: no discrete decision exists): every row < 1e-2 (expected
- *     ~1e-3 or below);
- *   - the preset's own routing: a near-tie in a router can pick a different expert on one backend and move
- *     that row and every later row of the request by 1e-2 .. 1e-1, so only the median row is asserted
- *     (< 1e-2); rows above 1e-2 are counted and printed as probable routing flips.
- * Greedy streams (128 steps, batch 1 and 4): identical, except that a divergence where the CPU's top-2
- * logit margin is below 1e-2 is counted as a tie (that stream is not compared further) instead of failing.
- * Each case prints "METRIC <name> rel_l2 <threshold> <value>" (tools/gpu-check.sh tabulates them) and an
- * INFO line with the worst row and the counts. */
+ * Two regimes, because bf16 rounding makes these models' outputs discontinuous:
+ *  - f32 activations (the engine's exact_f32 diagnostic, on both backends; the GPU then keeps an f32 MLA
+ *    cache and uses the streaming matmul for every T): the backends differ only by f32 summation order.
+ *    Asserted: every row < 1e-4 rel L2 with dense routing (every expert selected, k = E: no discrete
+ *    decision); with the preset's routing the median row < 1e-4 (a router near-tie may still pick another
+ *    expert and move that request's later rows: counted and printed). Greedy streams (128 steps, batch 1
+ *    and 4) identical, except a divergence where the CPU's top-2 logit margin is below 1e-2, counted as a
+ *    tie (that stream is not compared further).
+ *  - bf16 activations (the contract of stock/forward.c, the production path): the same rounding points on
+ *    both, but a one-ulp rounding flip from a different summation order grows through the layers of these
+ *    random models: on the CPU alone, the chunked vs the recurrent delta rule (same rounding points, other
+ *    f32 order) differ by mean/worst rel L2 per row 1.3e-2/2.6e-2 (tiny), 2.9e-2/1.0e-1 (mini),
+ *    6.9e-4/6.5e-3 (kimi-linear-tiny) with dense routing (measured 2026-11-29). So bf16 is asserted at that
+ *    scale only (dense routing: median row < 5e-2), and bf16 greedy streams are reported (tokens identical
+ *    before the first divergence), not asserted.
+ * Each case prints "METRIC <name> rel_l2 <threshold> <value>" (tools/gpu-check.sh tabulates them) and INFO
+ * lines with worst rows and counts. */
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,7 +31,8 @@
 #include "util/error.h"
 #include "util/rng.h"
 
-#define ROW_THR 1e-2
+#define F32_THR 1e-4  /* f32 activations: rel L2 per row */
+#define BF16_THR 5e-2 /* bf16 activations, dense routing: median row */
 #define TIE_MARGIN 1e-2f
 #define MAX_ROWS 64
 
@@ -53,13 +59,13 @@ __attribute__((destructor)) static void print_metrics(void) {
 typedef struct stats {
     double err[4096];
     int n, over;
-    double worst;
+    double worst, thr; /* over: rows above thr */
 } stats;
 
 static void stats_add(stats *s, double e) {
     if (s->n < 4096) s->err[s->n++] = e;
     if (!(e <= s->worst)) s->worst = e; /* NaN sticks */
-    if (!(e <= ROW_THR)) s->over++;
+    if (!(e <= s->thr)) s->over++;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -98,10 +104,11 @@ static void env_close(env *e) {
     memset(e, 0, sizeof *e);
 }
 
-/* dense: every expert selected (k = E, all groups kept). */
-static int env_open(env *e, const char *preset, int dense, const char *tag) {
+/* dense: every expert selected (k = E, all groups kept); exact: f32 activations on both engines. */
+static int env_open(env *e, const char *preset, int dense, int exact, const char *tag) {
     memset(e, 0, sizeof *e);
-    snprintf(e->dir, sizeof e->dir, "%s/gpufwd-%s-%s%s", test_tmpdir(), preset, tag, dense ? "-dense" : "");
+    snprintf(e->dir, sizeof e->dir, "%s/gpufwd-%s-%s%s%s", test_tmpdir(), preset, tag, dense ? "-dense" : "",
+             exact ? "-f32" : "");
     k3c_config c;
     K3C_TRY(k3c_preset_config(preset, &c));
     if (dense) {
@@ -121,6 +128,7 @@ static int env_open(env *e, const char *preset, int dense, const char *tag) {
     o.block_size = 4; /* small blocks: every case crosses block boundaries */
     o.q_max = 6;
     o.poison_freed_blocks = 1;
+    o.exact_f32 = exact;
     o.device = "cpu";
     K3C_TRY(k3c_engine_create(e->m, &o, &e->cpu));
     o.device = "cuda";
@@ -246,49 +254,64 @@ static int forward_cases(env *e, k3c_rng *r, stats *s) {
     return K3C_OK;
 }
 
-static stats st_dense, st_real; /* large: static */
+static stats st; /* large: static */
 
-static void run_forward(const char *preset) {
-    char name[64];
+/* One regime of the forward cases; returns the stats in st. */
+static int forward_regime(const char *preset, int dense, int exact, double thr) {
     k3c_rng r;
-    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset));
+    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset) ^ (uint64_t)(2 * dense + exact));
+    memset(&st, 0, sizeof st);
+    st.thr = thr;
     env e;
-    /* dense routing: strict */
-    memset(&st_dense, 0, sizeof st_dense);
-    int rc = env_open(&e, preset, 1, "fwd");
-    if (rc == K3C_OK) rc = forward_cases(&e, &r, &st_dense);
+    int rc = env_open(&e, preset, dense, exact, "fwd");
+    if (rc == K3C_OK) rc = forward_cases(&e, &r, &st);
     env_close(&e);
-    CHECK_OK(rc);
-    snprintf(name, sizeof name, "fwd_%s_dense_worst", preset);
-    metric(name, ROW_THR, st_dense.worst);
-    printf("INFO %s dense routing: %d rows, worst rel L2 %.3e, median %.3e\n", preset, st_dense.n, st_dense.worst,
-           stats_median(&st_dense));
-    CHECKF(st_dense.worst <= ROW_THR, "%s dense routing: worst row rel L2 %.3e > %.0e", preset, st_dense.worst,
-           ROW_THR);
-
-    /* the preset's routing: median asserted, flips reported */
-    memset(&st_real, 0, sizeof st_real);
-    rc = env_open(&e, preset, 0, "fwd");
-    if (rc == K3C_OK) rc = forward_cases(&e, &r, &st_real);
-    env_close(&e);
-    CHECK_OK(rc);
-    double med = stats_median(&st_real);
-    snprintf(name, sizeof name, "fwd_%s_median", preset);
-    metric(name, ROW_THR, med);
-    printf("INFO %s preset routing: %d rows, median rel L2 %.3e, worst %.3e, %d rows above %.0e (probable routing "
-           "flips)\n", preset, st_real.n, med, st_real.worst, st_real.over, ROW_THR);
-    CHECKF(med <= ROW_THR, "%s: median row rel L2 %.3e > %.0e", preset, med, ROW_THR);
+    return rc;
 }
 
-TEST(gpu_forward_tiny) { run_forward("tiny"); }
-TEST(gpu_forward_mini) { run_forward("mini"); }
-TEST(gpu_forward_kimi_linear_tiny) { run_forward("kimi-linear-tiny"); }
+/* bf16: also the bf16 dense regime (skipped for mini, whose CPU side is the slow part of the suite). */
+static void run_forward(const char *preset, int bf16) {
+    char name[64];
+    /* f32, dense routing: every row */
+    CHECK_OK(forward_regime(preset, 1, 1, F32_THR));
+    snprintf(name, sizeof name, "fwd_%s_f32_dense_worst", preset);
+    metric(name, F32_THR, st.worst);
+    printf("INFO %s f32 dense routing: %d rows, worst rel L2 %.3e, median %.3e\n", preset, st.n, st.worst,
+           stats_median(&st));
+    CHECKF(st.worst <= F32_THR, "%s f32 dense routing: worst row rel L2 %.3e > %.0e", preset, st.worst, F32_THR);
+
+    /* f32, the preset's routing: median; rows above the threshold are probable routing flips */
+    CHECK_OK(forward_regime(preset, 0, 1, F32_THR));
+    double med = stats_median(&st);
+    snprintf(name, sizeof name, "fwd_%s_f32_median", preset);
+    metric(name, F32_THR, med);
+    printf("INFO %s f32 preset routing: %d rows, median rel L2 %.3e, worst %.3e, %d rows above %.0e (probable "
+           "routing flips)\n", preset, st.n, med, st.worst, st.over, F32_THR);
+    CHECKF(med <= F32_THR, "%s f32: median row rel L2 %.3e > %.0e", preset, med, F32_THR);
+
+    if (!bf16) return;
+    /* bf16 (the contract), dense routing: at the scale of the CPU's own order sensitivity */
+    CHECK_OK(forward_regime(preset, 1, 0, BF16_THR));
+    med = stats_median(&st);
+    snprintf(name, sizeof name, "fwd_%s_bf16_dense_median", preset);
+    metric(name, BF16_THR, med);
+    printf("INFO %s bf16 dense routing: %d rows, median rel L2 %.3e, worst %.3e\n", preset, st.n, med, st.worst);
+    CHECKF(med <= BF16_THR, "%s bf16 dense routing: median row rel L2 %.3e > %.0e", preset, med, BF16_THR);
+}
+
+TEST(gpu_forward_tiny) { run_forward("tiny", 1); }
+TEST(gpu_forward_mini) { run_forward("mini", 0); }
+TEST(gpu_forward_kimi_linear_tiny) { run_forward("kimi-linear-tiny", 1); }
 
 /* ---- greedy streams ---- */
 
 static stats st_greedy;
 
-static int greedy(env *e, k3c_rng *r, int batch, int steps, int *identical, int *ties, int *compared) {
+/* Greedy streams of `batch` requests (8-token prompts) for `steps` tokens, each engine feeding back its own
+ * argmax. strict: a divergence with the CPU's top-2 margin >= TIE_MARGIN fails; otherwise (bf16) every
+ * divergence only ends the comparison of that stream. */
+static int greedy(env *e, k3c_rng *r, int batch, int steps, int strict, int *identical, int *ties, int *compared,
+                  int *first_div) {
     int id[4];
     int32_t prompts[4][8], tc[4], tg[4];
     int alive[4];
@@ -296,21 +319,17 @@ static int greedy(env *e, k3c_rng *r, int batch, int steps, int *identical, int 
         K3C_TRY(open_both(e, &id[i]));
         random_ids(r, e->V, 8, prompts[i]);
         alive[i] = 1;
+        first_div[i] = -1;
     }
     k3c_step_item it[4];
     for (int i = 0; i < batch; i++) it[i] = (k3c_step_item){.request = id[i], .tokens = prompts[i], .n = 8};
-    for (int s = 0; s <= steps; s++) {
-        if (s > 0) {
-            /* each engine continues its own stream */
+    for (int s = 0; s < steps; s++) {
+        if (s > 0) /* each engine continues its own stream */
             for (int i = 0; i < batch; i++) it[i] = (k3c_step_item){.request = id[i], .tokens = &tc[i], .n = 1};
-            if (k3c_engine_step(e->cpu, it, batch, e->lc) != K3C_OK) return k3c_error_context("cpu step");
+        if (k3c_engine_step(e->cpu, it, batch, e->lc) != K3C_OK) return k3c_error_context("cpu step %d", s);
+        if (s > 0)
             for (int i = 0; i < batch; i++) it[i].tokens = &tg[i];
-            if (k3c_engine_step(e->gpu, it, batch, e->lg) != K3C_OK) return k3c_error_context("cuda step");
-        } else {
-            if (k3c_engine_step(e->cpu, it, batch, e->lc) != K3C_OK) return k3c_error_context("cpu prefill");
-            if (k3c_engine_step(e->gpu, it, batch, e->lg) != K3C_OK) return k3c_error_context("cuda prefill");
-        }
-        if (s == steps) break;
+        if (k3c_engine_step(e->gpu, it, batch, e->lg) != K3C_OK) return k3c_error_context("cuda step %d", s);
         for (int i = 0; i < batch; i++) {
             const float *lc = e->lc + (size_t)i * e->V, *lg = e->lg + (size_t)i * e->V;
             tc[i] = argmax(lc, e->V);
@@ -323,46 +342,59 @@ static int greedy(env *e, k3c_rng *r, int batch, int steps, int *identical, int 
                 continue;
             }
             float margin = top2_margin(lc, e->V);
+            alive[i] = 0;
+            first_div[i] = s;
             if (margin < TIE_MARGIN) {
-                printf("INFO greedy batch %d stream %d: near-tie at step %d (cpu %d, cuda %d, cpu top-2 margin %.2e): "
-                       "not compared further\n", batch, i, s, tc[i], tg[i], margin);
+                printf("INFO greedy batch %d stream %d: near-tie at token %d (cpu %d, cuda %d, cpu top-2 margin "
+                       "%.2e): not compared further\n", batch, i, s, tc[i], tg[i], margin);
                 (*ties)++;
-                alive[i] = 0;
                 continue;
             }
-            return k3c_errorf("greedy batch %d stream %d step %d: cpu %d, cuda %d with cpu top-2 margin %.3e "
-                              "(row rel L2 %.3e)", batch, i, s, tc[i], tg[i], margin,
-                              rel_l2_f32f32(lg, lc, (size_t)e->V));
+            if (strict)
+                return k3c_errorf("greedy batch %d stream %d token %d: cpu %d, cuda %d with cpu top-2 margin %.3e "
+                                  "(row rel L2 %.3e)", batch, i, s, tc[i], tg[i], margin,
+                                  rel_l2_f32f32(lg, lc, (size_t)e->V));
         }
     }
     for (int i = 0; i < batch; i++) K3C_TRY(close_both(e, id[i]));
     return K3C_OK;
 }
 
-static void run_greedy(const char *preset) {
-    k3c_rng r;
-    k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset) ^ 0x6772656564ull);
-    env e;
-    CHECK_OK(env_open(&e, preset, 0, "greedy"));
-    static const int batches[] = {1, 4};
-    for (int b = 0; b < 2; b++) {
-        memset(&st_greedy, 0, sizeof st_greedy);
-        int identical = 0, ties = 0, compared = 0;
-        int rc = greedy(&e, &r, batches[b], 128, &identical, &ties, &compared);
+/* f32: streams asserted; bf16 (when bf16): reported. */
+static void run_greedy(const char *preset, int bf16) {
+    for (int exact = 1; exact >= (bf16 ? 0 : 1); exact--) {
+        k3c_rng r;
+        k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(preset) ^ 0x6772656564ull);
+        env e;
+        int rc = env_open(&e, preset, 0, exact, "greedy");
         if (rc != K3C_OK) env_close(&e);
         CHECK_OK(rc);
-        char name[64];
-        snprintf(name, sizeof name, "greedy_%s_b%d_median", preset, batches[b]);
-        metric(name, ROW_THR, stats_median(&st_greedy));
-        printf("INFO greedy %s batch %d: %d of %d compared tokens identical, %d near-ties, row rel L2 median %.3e "
-               "worst %.3e\n", preset, batches[b], identical, compared, ties, stats_median(&st_greedy),
-               st_greedy.worst);
+        static const int batches[] = {1, 4};
+        for (int b = 0; b < 2; b++) {
+            memset(&st_greedy, 0, sizeof st_greedy);
+            st_greedy.thr = F32_THR;
+            int identical = 0, ties = 0, compared = 0, first_div[4];
+            rc = greedy(&e, &r, batches[b], 128, exact, &identical, &ties, &compared, first_div);
+            if (rc != K3C_OK) env_close(&e);
+            CHECK_OK(rc);
+            char name[64], divs[64] = "";
+            for (int i = 0, n = 0; i < batches[b]; i++)
+                n += snprintf(divs + n, sizeof divs - (size_t)n, "%s%d", i ? "," : "", first_div[i]);
+            if (exact) {
+                snprintf(name, sizeof name, "greedy_%s_b%d_f32_median", preset, batches[b]);
+                metric(name, F32_THR, stats_median(&st_greedy));
+            }
+            printf("INFO greedy %s %s batch %d: %d of %d compared tokens identical, %d near-ties, first divergence "
+                   "per stream [%s] (-1: none in 128), row rel L2 median %.3e worst %.3e\n",
+                   preset, exact ? "f32" : "bf16", batches[b], identical, compared, ties, divs,
+                   stats_median(&st_greedy), st_greedy.worst);
+        }
+        env_close(&e);
     }
-    env_close(&e);
 }
 
-TEST(gpu_greedy_tiny) { run_greedy("tiny"); }
-TEST(gpu_greedy_mini) { run_greedy("mini"); }
+TEST(gpu_greedy_tiny) { run_greedy("tiny", 1); }
+TEST(gpu_greedy_mini) { run_greedy("mini", 1); }
 
 /* ---- device-synthetic models ---- */
 
