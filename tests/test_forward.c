@@ -272,6 +272,8 @@ static void check_mixed(int exact) {
 }
 
 TEST(forward_mixed_batch_equals_alone) { check_mixed(1); }
+/* bf16 rounding on: the CPU kernels are batch invariant (cpu/matmul.c), so rows match bit for bit. */
+TEST(forward_mixed_batch_equals_alone_bf16) { check_mixed(0); }
 
 /* Verify q tokens then commit a == decoding the a tokens one by one: the verified rows' logits, and every
  * later step (which reads the committed KDA state, conv window and MLA length). */
