@@ -26,10 +26,13 @@ __global__ void attnres_mix_kernel(const float *const *__restrict__ src, int nsr
     for (int j = 0; j < nsrc; j++) mx = fmaxf(mx, alpha[j]);
     for (int j = 0; j < nsrc; j++) sum += expf(alpha[j] - mx);
     float inv = 1.0f / sum;
+    __syncthreads(); /* every thread has read the logits */
+    for (int j = threadIdx.x; j < nsrc; j += blockDim.x) alpha[j] = expf(alpha[j] - mx) * inv;
+    __syncthreads();
     /* Element by element over all sources, so out may alias a source. */
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < nsrc; j++) acc = fmaf(expf(alpha[j] - mx) * inv, src[j][row + d], acc);
+        for (int j = 0; j < nsrc; j++) acc = fmaf(alpha[j], src[j][row + d], acc);
         out[row + d] = round ? k3c_dev_bf16(k3c_dev_to_bf16(acc)) : acc;
     }
 }
@@ -39,7 +42,10 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     if (T == 0) return K3C_OK;
     if (nsrc <= 0 || D <= 0 || T < 0)
         return k3c_errorf("k3c_cuda_attnres_mix: bad shape nsrc %d T %d D %d", nsrc, T, D);
-    attnres_mix_kernel<<<T, 256, (size_t)nsrc * sizeof(float), stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
+    /* The weights array is padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read
+     * past a 1- or 2-entry array in the forward test). */
+    size_t smem = ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float);
+    attnres_mix_kernel<<<T, 256, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
                                                                           out);
     K3C_CUDA_LAUNCHED("attnres_mix");
     return K3C_OK;

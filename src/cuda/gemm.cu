@@ -6,96 +6,179 @@
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 
-#define GEMV_WARPS 8
+#include "cuda/mma.cuh"
 
-/* acc[r][t] += W[row r, chunk c] . x[t, chunk c] for the TT tokens (8 bf16 weights per chunk). */
-template <int TT, int RPW>
-__device__ __forceinline__ void gemv_chunk(float (&acc)[RPW][TT], const uint4 (&wv)[RPW], const float *__restrict__ x,
-                                           int c, int cols, int T) {
+#define GEMV_WARPS 8
+#define T1_RPW 2 /* T = 1: rows per warp */
+#define T1_U 4   /* T = 1: 16-byte chunks per row in flight per lane */
+#define MM_U 4   /* T = 2..8: 32-element k steps in flight per lane (2 x 16 bytes each) */
+
+/* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
+ * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
+ * through shared memory: deterministic) so that every block gets the same number of work items. Measured
+ * before (NOTES.md): one block per row group left a partial last wave that cost 10-50% of the time. */
+
+/* T = 1: a warp owns T1_RPW rows; lane l of warp k of the row's group reads chunks (b*wpr + k)*32*T1_U +
+ * 32 u + l, so each load instruction of the warp is 512 contiguous bytes, and keeps T1_RPW * T1_U 16-byte
+ * loads in flight. The token vector is read through L1 (shared by all warps of the SM). */
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
+               float *__restrict__ y, int wpr, int items) {
+    __shared__ float part[GEMV_WARPS][T1_RPW];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    int chunks = cols >> 3;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int row0 = (item * groups + group) * T1_RPW;
+        float acc[T1_RPW];
 #pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (t < T) {
-            const float4 *xp = (const float4 *)(x + (size_t)t * cols + (size_t)c * 8);
-            float4 a = __ldg(xp), b = __ldg(xp + 1);
+        for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
+        if (row0 < rows) {
+            const uint16_t *wr[T1_RPW];
 #pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                float s = acc[r][t];
-                s = fmaf(k3c_dev_bf16_lo(wv[r].x), a.x, s);
-                s = fmaf(k3c_dev_bf16_hi(wv[r].x), a.y, s);
-                s = fmaf(k3c_dev_bf16_lo(wv[r].y), a.z, s);
-                s = fmaf(k3c_dev_bf16_hi(wv[r].y), a.w, s);
-                s = fmaf(k3c_dev_bf16_lo(wv[r].z), b.x, s);
-                s = fmaf(k3c_dev_bf16_hi(wv[r].z), b.y, s);
-                s = fmaf(k3c_dev_bf16_lo(wv[r].w), b.z, s);
-                s = fmaf(k3c_dev_bf16_hi(wv[r].w), b.w, s);
-                acc[r][t] = s;
+            for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
+            for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
+                uint4 wv[T1_RPW][T1_U];
+#pragma unroll
+                for (int u = 0; u < T1_U; u++) {
+                    int c = base + 32 * u + lane;
+#pragma unroll
+                    for (int r = 0; r < T1_RPW; r++)
+                        wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < T1_U; u++) {
+                    int c = base + 32 * u + lane;
+                    if (c < chunks) {
+                        const float4 *xp = (const float4 *)(x + (size_t)c * 8);
+                        float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                        for (int r = 0; r < T1_RPW; r++) {
+                            float s = acc[r];
+                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].x), a.x, s);
+                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].x), a.y, s);
+                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].y), a.z, s);
+                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].y), a.w, s);
+                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].z), b.x, s);
+                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].z), b.y, s);
+                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].w), b.z, s);
+                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].w), b.w, s);
+                            acc[r] = s;
+                        }
+                    }
+                }
             }
         }
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
+        if (wpr == 1) {
+            float v = acc[0];
+#pragma unroll
+            for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
+            if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = v;
+            continue;
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
+        __syncthreads();
+        if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
+            float s = 0.0f;
+            for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
+            y[row0 + lane] = s;
+        }
+        __syncthreads();
     }
 }
 
-/* A block of GEMV_WARPS warps is split into row groups of `wpr` warps (wpr divides GEMV_WARPS); each group
- * owns RPW consecutive rows and its warps split the row's 16-byte chunks (8 bf16) between them: lane l of
- * warp k reads chunks l + 32k, l + 32k + 32 wpr, ..., so a warp's loads of one row are 512 contiguous bytes
- * (coalesced). Splitting a row over several warps keeps enough loads in flight when a matrix has few rows.
- * The TT token vectors are read through L1 (small and shared by every warp of the SM), one pair of float4
- * per chunk per token, reused for all RPW rows. Partial sums are reduced across the warp, then across the
- * group's warps in a fixed order (deterministic). */
-template <int TT, int RPW>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16_vec(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
-              float *__restrict__ y, int wpr) {
-    __shared__ float part[GEMV_WARPS][RPW][TT];
-    int warp_in_block = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int group = warp_in_block / wpr, k = warp_in_block % wpr;
-    int row0 = (blockIdx.x * (GEMV_WARPS / wpr) + group) * RPW;
-    int chunks = cols >> 3;
-    const uint16_t *wr[RPW];
+/* T = 2..8 on tensor cores (mma.cuh): a warp owns a band of 16 rows; per 32-element k step s lane (g, q)
+ * loads chunk 4 s + q (16 bytes) of rows g and g + 8 and the same 8 activations of token g, split into
+ * bf16 terms. Steps are taken MM_U at a time (2 MM_U 16-byte weight loads in flight per lane); the warps of
+ * a row group split the steps in runs of MM_U. Each run's products are summed into a fresh fragment and
+ * then added to the f32 accumulator. */
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
+                float *__restrict__ y, int wpr, int items) {
+    __shared__ float part[GEMV_WARPS][4][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    int chunks = cols >> 3, steps = (chunks + 3) >> 2;
+    bool tok = g < T;
+    const float *xg = x + (size_t)(tok ? g : 0) * cols;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int row0 = (item * groups + group) * 16;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (row0 < rows) {
+            const uint16_t *wa = W + (size_t)min(row0 + g, rows - 1) * cols;
+            const uint16_t *wb = W + (size_t)min(row0 + g + 8, rows - 1) * cols;
+            for (int base = kw * MM_U; base < steps; base += wpr * MM_U) {
+                uint4 va[MM_U], vb[MM_U];
 #pragma unroll
-    for (int r = 0; r < RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
-    float acc[RPW][TT];
+                for (int u = 0; u < MM_U; u++) {
+                    int c = (base + u) * 4 + q;
+                    bool ok = c < chunks;
+                    va[u] = ok ? k3c_ld_stream16(wa + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    vb[u] = ok ? k3c_ld_stream16(wb + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                }
+                /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U
+                 * dependent mma was latency-bound: run 3 measured 0.55 of copy bandwidth) */
+                float d[MM_U][4];
 #pragma unroll
-    for (int r = 0; r < RPW; r++)
+                for (int u = 0; u < MM_U; u++) {
+                    int c = (base + u) * 4 + q;
+                    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                    if (tok && c < chunks) {
+                        x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
+                        x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
+                    }
 #pragma unroll
-        for (int t = 0; t < TT; t++) acc[r][t] = 0.0f;
-
-    if (row0 < rows) {
-        /* Two chunks per row per step: 2 * RPW independent 16-byte loads in flight per lane. */
-        int step = 32 * wpr;
-        for (int c = lane + 32 * k; c < chunks; c += 2 * step) {
-            int c2 = c + step;
-            bool two = c2 < chunks;
-            uint4 wv[RPW], wv2[RPW];
+                    for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+                    if (__all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1))) {
+                        k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, k3c_pack_hi16(x0.x, x0.y),
+                                     k3c_pack_hi16(x0.z, x0.w));
+                        k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, k3c_pack_hi16(x1.x, x1.y),
+                                     k3c_pack_hi16(x1.z, x1.w));
+                    } else {
+                        uint32_t b0[3], b1[3], b2[3], b3[3];
+                        k3c_split3(x0.x, x0.y, b0);
+                        k3c_split3(x0.z, x0.w, b1);
+                        k3c_split3(x1.x, x1.y, b2);
+                        k3c_split3(x1.z, x1.w, b3);
 #pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                wv[r] = k3c_ld_stream16(wr[r] + (size_t)c * 8);
-                wv2[r] = two ? k3c_ld_stream16(wr[r] + (size_t)c2 * 8) : make_uint4(0, 0, 0, 0);
+                        for (int k = 0; k < 3; k++) {
+                            k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, b0[k], b1[k]);
+                            k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, b2[k], b3[k]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < MM_U; u++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[i] += d[u][i];
             }
-            gemv_chunk<TT, RPW>(acc, wv, x, c, cols, T);
-            if (two) gemv_chunk<TT, RPW>(acc, wv2, x, c2, cols, T);
         }
-    }
+        /* acc: (row g, token 2q), (row g, token 2q+1), (row g+8, token 2q), (row g+8, token 2q+1) */
+        if (wpr > 1) {
 #pragma unroll
-    for (int r = 0; r < RPW; r++)
+            for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+            __syncthreads();
+            if (kw == 0) {
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
-            float s = k3c_warp_sum(acc[r][t]);
-            if (wpr == 1) {
-                if (lane == 0 && t < T && row0 + r < rows) y[(size_t)t * rows + row0 + r] = s;
-            } else if (lane == 0) {
-                part[warp_in_block][r][t] = s;
+                for (int i = 0; i < 4; i++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < wpr; j++) s += part[warp + j][i][lane];
+                    acc[i] = s;
+                }
             }
         }
-    if (wpr == 1) return;
-    __syncthreads();
-    /* The group's first warp sums the wpr partials of each (row, token), lanes over (row, token) pairs. */
-    if (k == 0) {
-        for (int i = lane; i < RPW * TT; i += 32) {
-            int r = i / TT, t = i % TT;
-            float s = 0.0f;
-            for (int j = 0; j < wpr; j++) s += part[warp_in_block + j][r][t];
-            if (t < T && row0 + r < rows) y[(size_t)t * rows + row0 + r] = s;
+        if (kw == 0 && row0 < rows) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = row0 + g + (i >> 1) * 8, t = 2 * q + (i & 1);
+                if (row < rows && t < T) y[(size_t)t * rows + row] = acc[i];
+            }
         }
+        if (wpr > 1) __syncthreads();
     }
 }
 
@@ -126,33 +209,67 @@ static int sm_count(void) {
     return count;
 }
 
-/* Fewest warps per row that still gives about four blocks per SM (more warps per row, fewer rows in flight). */
-template <int TT, int RPW>
-static void launch_vec(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, cudaStream_t s) {
-    int wpr = 1, want = 4 * sm_count();
-    while (wpr < GEMV_WARPS) {
-        int rows_per_block = GEMV_WARPS / wpr * RPW;
-        if ((rows + rows_per_block - 1) / rows_per_block >= want) break;
-        if (32 * 2 * wpr > (cols >> 3)) break; /* no point splitting a short row further */
-        wpr *= 2;
+/* Resident blocks of GEMV_WARPS warps per SM for a kernel (queried once). */
+template <typename K>
+static int resident_blocks(K kernel, int *cache) {
+    if (!*cache) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_WARPS * 32, 0) != cudaSuccess || n < 1)
+            n = 1;
+        *cache = n;
     }
-    int rows_per_block = GEMV_WARPS / wpr * RPW;
-    int blocks = (rows + rows_per_block - 1) / rows_per_block;
-    gemv_bf16_vec<TT, RPW><<<blocks, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, T, y, wpr);
+    return *cache * sm_count();
+}
+
+/* units: row groups of one warp; batches: runs of loads along one row (a warp of a split row gets at least
+ * one). Chooses warps per row (1..8) and the grid: items of one block = GEMV_WARPS / wpr row groups; when
+ * there are more items than resident blocks, the best choice spreads them evenly (items / (waves * cap)
+ * near 1); with fewer, enough warps to keep about 16 per SM streaming. */
+static void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_out, int *items_out) {
+    int best_wpr = 1;
+    double best = -1.0;
+    for (int wpr = 1; wpr <= GEMV_WARPS; wpr *= 2) {
+        if (wpr > 1 && batches < wpr) break;
+        int groups = GEMV_WARPS / wpr;
+        int items = (units + groups - 1) / groups;
+        double eff;
+        if (items <= cap) {
+            eff = (double)items * GEMV_WARPS / (16.0 * sm_count());
+            if (eff > 1.0) eff = 1.0;
+        } else {
+            int waves = (items + cap - 1) / cap;
+            eff = (double)items / ((double)waves * cap);
+        }
+        if (eff > best + 0.02) {
+            best = eff;
+            best_wpr = wpr;
+        }
+    }
+    int groups = GEMV_WARPS / best_wpr;
+    int items = (units + groups - 1) / groups;
+    *wpr_out = best_wpr;
+    *items_out = items;
+    *grid_out = items < cap ? items : cap;
 }
 
 static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, cudaStream_t s) {
+    static int occ_t1, occ_mma;
     int aligned = cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    int wpr, grid, items;
     if (!aligned) {
         long long warps = (long long)rows * T;
         gemv_bf16_scalar<<<(unsigned)((warps + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_WARPS * 32, 0, s>>>(W, rows, cols,
                                                                                                       x, T, y);
     } else if (T == 1) {
-        launch_vec<1, 4>(W, rows, cols, x, T, y, s);
-    } else if (T == 2) {
-        launch_vec<2, 4>(W, rows, cols, x, T, y, s);
+        int chunks = cols >> 3;
+        plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
+                  resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
+        gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items);
     } else {
-        launch_vec<4, 2>(W, rows, cols, x, T, y, s);
+        int steps = ((cols >> 3) + 3) >> 2;
+        plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,
+                  &grid, &items);
+        gemv_mma_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, T, y, wpr, items);
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;

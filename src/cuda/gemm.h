@@ -18,9 +18,9 @@
 extern "C" {
 #endif
 
-/* Measured on an H200: the streaming kernel beats cuBLASLt up to T = 4; at T = 8 its per-token activation
- * reads through L1 dominate (0.3 of copy bandwidth vs 0.7 for cuBLASLt at T = 16). */
-#define K3C_CUDA_GEMV_MAX_T 4
+/* The streaming kernel covers T <= 8 (T = 1 on CUDA cores, 2..8 on tensor cores with one 8-token mma
+ * column per token: the weights are read once for all of them); larger T goes to cuBLASLt. */
+#define K3C_CUDA_GEMV_MAX_T 8
 
 /* cuBLASLt state and the device scratch it uses (both owned by the caller's arena). */
 typedef struct k3c_cuda_gemm {

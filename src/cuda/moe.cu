@@ -6,194 +6,331 @@
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 
+#include "cuda/mma.cuh"
+
 #define MOE_WARPS 8
-#define MOE_RPW 2
-
-/* The input vector is staged in shared memory with 4 floats of padding after every 32, so that the float4
- * reads of a warp whose lanes own consecutive 32-element (MXFP4) or 8-element (bf16) runs fall in distinct
- * banks (4 wavefronts per 512 bytes, the minimum). */
-__device__ __forceinline__ int pad_idx(int i) { return i + ((i >> 5) << 2); }
-static size_t pad_floats(int n) { return (size_t)n + (size_t)((n + 31) / 32) * 4; }
-
-__device__ void stage_vector(float *sx, const float *__restrict__ x, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sx[pad_idx(i)] = x[i];
-    __syncthreads();
-}
 
 __device__ __forceinline__ float rnd(float x, int round) { return round ? k3c_dev_bf16(k3c_dev_to_bf16(x)) : x; }
 
-/* 2^(e - 127) for an E8M0 byte (e = 0: 2^-127, a subnormal; 255 never reaches here: the loader rejects it). */
-__device__ __forceinline__ float e8m0(uint32_t e) { return e ? __uint_as_float(e << 23) : 0x1p-127f; }
-
-/* Dot of one 32-element MXFP4 group (16 packed bytes) with xs[0..31] (padded staging, one run).
- * Nibble i of each 32-bit word (elements 8j+i) pairs with nibble i+4 (16 bits up): shifted so that their
- * sign bits land on bits 15 and 31, with the 3 magnitude bits moved to bits 9..11 / 25..27 they form a
- * half2 whose values are e2m1 * 2^-14 (code 1 becomes the fp16 subnormal 2^-15, exactly 0.5 * 2^-14). */
-__device__ __forceinline__ float mxfp4_group_dot(uint4 p, const float *xs) {
-    uint32_t words[4] = {p.x, p.y, p.z, p.w};
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float4 a = *(const float4 *)(xs + 8 * j), b = *(const float4 *)(xs + 8 * j + 4);
-        float xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t t = words[j] << (12 - 4 * i);
-            uint32_t hb = (t & 0x80008000u) | ((t >> 3) & 0x0e000e00u);
-            __half2 h = *reinterpret_cast<__half2 *>(&hb);
-            float2 f = __half22float2(h);
-            s = fmaf(f.x, xa[i], s);
-            s = fmaf(f.y, xb[i], s);
-        }
-    }
-    return s * 16384.0f;
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
 }
 
-/* Dot of 8 bf16 weights with xs[0..7]. */
-__device__ __forceinline__ float bf16_chunk_dot(uint4 w, const float *xs) {
-    float4 a = *(const float4 *)xs, b = *(const float4 *)(xs + 4);
-    float s = 0.0f;
-    s = fmaf(k3c_dev_bf16_lo(w.x), a.x, s);
-    s = fmaf(k3c_dev_bf16_hi(w.x), a.y, s);
-    s = fmaf(k3c_dev_bf16_lo(w.y), a.z, s);
-    s = fmaf(k3c_dev_bf16_hi(w.y), a.w, s);
-    s = fmaf(k3c_dev_bf16_lo(w.z), b.x, s);
-    s = fmaf(k3c_dev_bf16_hi(w.z), b.y, s);
-    s = fmaf(k3c_dev_bf16_lo(w.w), b.z, s);
-    s = fmaf(k3c_dev_bf16_hi(w.w), b.w, s);
-    return s;
+/* MXFP4 -> bf16 pairs, the scale folded in. Nibbles i and i + 4 of a 32-bit word (elements 8j + i and
+ * 8j + i + 4) sit 16 bits apart: one shift puts their signs on bits 15 / 31 and their 3 magnitude bits
+ * (e1 e0 m) on the bf16 exponent's low bits and the mantissa's top bit, which reads as e2m1 * 2^-126 (code
+ * 1 as the bf16 subnormal 2^-127); one bf16x2 multiply by 2^(E - 1) makes it e2m1 * 2^(E - 127), exactly
+ * (at most 2 significant bits). mul: 2^(E-1) as bf16x2 when E <= 128, else 2^127, then mul2 = 2^(E-128). */
+template <int I>
+__device__ __forceinline__ uint32_t mx_pair(uint32_t w, uint32_t mul, uint32_t mul2, bool big) {
+    uint32_t t = w << (12 - 4 * I);
+    uint32_t b = (t & 0x80008000u) | ((t >> 6) & 0x01c001c0u);
+    b = bf16x2_mul(b, mul);
+    return big ? bf16x2_mul(b, mul2) : b;
 }
 
-/* Row r of a matrix dotted with the staged vector, this lane's share (chunks lane, lane+32, ...). A chunk is
- * 16 bytes: 32 MXFP4 elements (one scale group) or 8 bf16 elements. */
-template <bool MX>
-__device__ __forceinline__ float row_dot_lane(const uint8_t *packed, const uint8_t *scale, const uint16_t *w, int row,
-                                              int cols, const float *sx, int lane) {
-    float acc = 0.0f;
-    if (MX) {
-        int chunks = cols >> 5;
-        const uint8_t *pr = packed + (size_t)row * (cols >> 1), *sr = scale + (size_t)row * chunks;
-        for (int c = lane; c < chunks; c += 32) {
-            uint4 p = k3c_ld_stream16(pr + (size_t)c * 16);
-            float sc = e8m0(__ldg(sr + c));
-            acc = fmaf(mxfp4_group_dot(p, sx + 36 * c), sc, acc);
-        }
-    } else {
-        int chunks = cols >> 3;
-        const uint16_t *wr = w + (size_t)row * cols;
-        for (int c = lane; c < chunks; c += 32) {
-            uint4 v = k3c_ld_stream16(wr + (size_t)c * 8);
-            acc += bf16_chunk_dot(v, sx + pad_idx(8 * c));
-        }
-    }
-    return acc;
+__device__ __forceinline__ void mx_scale(uint32_t e, uint32_t &mul, uint32_t &mul2, bool &big) {
+    big = e > 128;
+    uint32_t f = big ? 254u : e + 126u;
+    mul = (f << 7) | (f << 23);
+    uint32_t f2 = e - 1u; /* used only when e > 128 */
+    mul2 = (f2 << 7) | (f2 << 23);
 }
 
-/* grid (ceil(F / rows per block), pairs): the block stages x of its pair's token, each warp computes MOE_RPW
- * rows of gate and up and writes act(gate, up). */
-template <bool MX>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-moe_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int In, int F,
-                   const float *__restrict__ x, const int *__restrict__ idx, int k, k3c_cuda_act act, int round, float *h) {
-    extern __shared__ float sx[];
-    int p = blockIdx.y, t = p / k;
-    int e = idx[p];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int row0 = (blockIdx.x * MOE_WARPS + warp) * MOE_RPW;
-    float *hp = h + (size_t)p * F;
+/* Grouped experts on tensor cores (mma.cuh layout). Block (band group, pair p): only the first pair that
+ * chose an expert (the leader) works; it gathers every pair with the same expert, in pair order, and runs
+ * them as the B columns of the mma, 8 per pass, so each selected expert's weights stream from memory once
+ * per step for all the tokens that chose it (later passes re-read from L2). A warp owns a band of 16 output
+ * rows (of gate and up together when UP); the wpr warps of a row group split the k steps in runs of U.
+ * k step: bf16: 8 elements per lane (chunk 4 s + q of the row, 16 bytes), one mma pair; MXFP4: one
+ * 32-element scale group per lane (group 4 s + q, 16 bytes), four mma pairs. x rows: token p / k of each
+ * pair (gate/up) or the pair's own row (down). Invalid experts: the pair's rows are written as 0. */
+template <bool MX, bool UP, int U>
+__global__ void __launch_bounds__(MOE_WARPS * 32, 2)
+moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
+               int x_by_token, const int *__restrict__ idx, int npairs, int k, k3c_cuda_act act, int round,
+               float *__restrict__ out, int wpr) {
+    constexpr int NM = UP ? 2 : 1;
+    extern __shared__ int plist[];
+    __shared__ float part[MOE_WARPS][NM][4][32];
+    __shared__ int s_n;
+    int p = blockIdx.y, e = idx[p];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int groups = MOE_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    int row0 = (blockIdx.x * groups + group) * 16;
     if (e < 0 || e >= num_experts) {
-        for (int r = 0; r < MOE_RPW; r++)
-            if (lane == 0 && row0 + r < F) hp[row0 + r] = 0.0f;
+        for (int i = threadIdx.x; i < groups * 16; i += blockDim.x) {
+            int row = blockIdx.x * groups * 16 + i;
+            if (row < R) out[(size_t)p * R + row] = 0.0f;
+        }
         return;
     }
+    int earlier = 0;
+    for (int i = threadIdx.x; i < p; i += blockDim.x) earlier |= __ldg(idx + i) == e;
+    if (__syncthreads_or(earlier)) return;
+    if (warp == 0) {
+        int n = 0;
+        for (int i0 = p; i0 < npairs; i0 += 32) {
+            int i = i0 + lane;
+            bool m = i < npairs && __ldg(idx + i) == e;
+            unsigned bal = __ballot_sync(0xffffffffu, m);
+            if (m) plist[n + __popc(bal & ((1u << lane) - 1u))] = i;
+            n += __popc(bal);
+        }
+        if (lane == 0) s_n = n;
+    }
+    __syncthreads();
+    int n = s_n;
     const k3c_cuda_expert ex = experts[e];
-    stage_vector(sx, x + (size_t)t * In, In);
-    if (row0 >= F) return;
-    /* All 2 * MOE_RPW rows (gate and up) advance together so that each lane has 2 * MOE_RPW 16-byte loads in
-     * flight per step; rows past F re-read the last row and are not stored. */
-    const uint8_t *gp[MOE_RPW], *up[MOE_RPW], *gs[MOE_RPW], *us[MOE_RPW];
-    const uint16_t *gw[MOE_RPW], *uw[MOE_RPW];
+    const uint8_t *wbase[NM], *sbase[NM];
+    if (MX) {
+        wbase[0] = UP ? ex.gate_packed : ex.down_packed;
+        sbase[0] = UP ? ex.gate_scale : ex.down_scale;
+        if (UP) {
+            wbase[NM - 1] = ex.up_packed;
+            sbase[NM - 1] = ex.up_scale;
+        }
+    } else {
+        wbase[0] = (const uint8_t *)(UP ? ex.gate_w : ex.down_w);
+        if (UP) wbase[NM - 1] = (const uint8_t *)ex.up_w;
+        sbase[0] = sbase[NM - 1] = NULL;
+    }
+    size_t row_bytes = MX ? (size_t)K / 2 : (size_t)K * 2;
+    int nchunk = MX ? K >> 5 : K >> 3; /* 16-byte pieces of a row */
+    int steps = (nchunk + 3) >> 2;
+    int ra = min(row0 + g, R - 1), rb = min(row0 + g + 8, R - 1);
+    for (int t0 = 0; t0 < n; t0 += 8) {
+        int pn = t0 + g < n ? plist[t0 + g] : -1;
+        const float *xg = x + (size_t)(pn < 0 ? 0 : (x_by_token ? pn / k : pn)) * K;
+        float acc[NM][4];
 #pragma unroll
-    for (int r = 0; r < MOE_RPW; r++) {
-        size_t row = (size_t)min(row0 + r, F - 1);
-        if (MX) {
-            gp[r] = ex.gate_packed + row * (In >> 1);
-            up[r] = ex.up_packed + row * (In >> 1);
-            gs[r] = ex.gate_scale + row * (In >> 5);
-            us[r] = ex.up_scale + row * (In >> 5);
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+        if (row0 < R) {
+            for (int base = kw * U; base < steps; base += wpr * U) {
+                uint4 va[NM][U], vb[NM][U];
+                uint32_t sa[NM][U], sb[NM][U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int c = (base + u) * 4 + q;
+                    bool ok = c < nchunk;
+#pragma unroll
+                    for (int m = 0; m < NM; m++) {
+                        va[m][u] = ok ? k3c_ld_stream16(wbase[m] + ra * row_bytes + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+                        vb[m][u] = ok ? k3c_ld_stream16(wbase[m] + rb * row_bytes + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+                        if (MX) {
+                            sa[m][u] = ok ? __ldg(sbase[m] + (size_t)ra * nchunk + c) : 127u;
+                            sb[m][u] = ok ? __ldg(sbase[m] + (size_t)rb * nchunk + c) : 127u;
+                        }
+                    }
+                }
+                /* CH independent accumulator chains per matrix (one per MXFP4 sub-step, one per bf16 step):
+                 * a single chain of dependent mma was latency-bound (run 3: 0.31 of copy bandwidth). */
+                constexpr int CH = MX ? 4 : U;
+                float d[NM][CH][4];
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int j = 0; j < CH; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) d[m][j][i] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int c = (base + u) * 4 + q;
+                    bool ok = pn >= 0 && c < nchunk;
+                    if (MX) {
+                        uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
+                        bool biga[NM], bigb[NM];
+#pragma unroll
+                        for (int m = 0; m < NM; m++) {
+                            mx_scale(sa[m][u], mula[m], mul2a[m], biga[m]);
+                            mx_scale(sb[m][u], mulb[m], mul2b[m], bigb[m]);
+                        }
+#pragma unroll
+                        for (int sub = 0; sub < 4; sub++) {
+                            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                            if (ok) {
+                                x0 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub));
+                                x1 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub) + 1);
+                            }
+                            /* pairs (i, i + 4): B rows follow the A pairing of mx_pair */
+                            uint32_t b0[3], b1[3], b2[3], b3[3];
+                            bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
+                            if (exact) {
+                                b0[0] = k3c_pack_hi16(x0.x, x1.x);
+                                b1[0] = k3c_pack_hi16(x0.y, x1.y);
+                                b2[0] = k3c_pack_hi16(x0.z, x1.z);
+                                b3[0] = k3c_pack_hi16(x0.w, x1.w);
+                            } else {
+                                k3c_split3(x0.x, x1.x, b0);
+                                k3c_split3(x0.y, x1.y, b1);
+                                k3c_split3(x0.z, x1.z, b2);
+                                k3c_split3(x0.w, x1.w, b3);
+                            }
+#pragma unroll
+                            for (int m = 0; m < NM; m++) {
+                                uint32_t wa = sub == 0 ? va[m][u].x : sub == 1 ? va[m][u].y : sub == 2 ? va[m][u].z : va[m][u].w;
+                                uint32_t wb = sub == 0 ? vb[m][u].x : sub == 1 ? vb[m][u].y : sub == 2 ? vb[m][u].z : vb[m][u].w;
+                                uint32_t a0 = mx_pair<0>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a1 = mx_pair<1>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a2 = mx_pair<2>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a3 = mx_pair<3>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t c0 = mx_pair<0>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c1 = mx_pair<1>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c2 = mx_pair<2>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c3 = mx_pair<3>(wb, mulb[m], mul2b[m], bigb[m]);
+                                k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[0], b1[0]);
+                                k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[0], b3[0]);
+                                if (!exact) {
+#pragma unroll
+                                    for (int t = 1; t < 3; t++) {
+                                        k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[t], b1[t]);
+                                        k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[t], b3[t]);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
+                        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                        if (ok) {
+                            x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
+                            x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
+                        }
+                        uint32_t b0[3], b1[3], b2[3], b3[3];
+                        bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
+                        if (exact) {
+                            b0[0] = k3c_pack_hi16(x0.x, x0.y);
+                            b1[0] = k3c_pack_hi16(x0.z, x0.w);
+                            b2[0] = k3c_pack_hi16(x1.x, x1.y);
+                            b3[0] = k3c_pack_hi16(x1.z, x1.w);
+                        } else {
+                            k3c_split3(x0.x, x0.y, b0);
+                            k3c_split3(x0.z, x0.w, b1);
+                            k3c_split3(x1.x, x1.y, b2);
+                            k3c_split3(x1.z, x1.w, b3);
+                        }
+#pragma unroll
+                        for (int m = 0; m < NM; m++) {
+                            const uint4 A = va[m][u], B = vb[m][u];
+                            float(&dd)[4] = d[m][MX ? 0 : u];
+                            k3c_mma_bf16(dd, A.x, B.x, A.y, B.y, b0[0], b1[0]);
+                            k3c_mma_bf16(dd, A.z, B.z, A.w, B.w, b2[0], b3[0]);
+                            if (!exact) {
+#pragma unroll
+                                for (int t = 1; t < 3; t++) {
+                                    k3c_mma_bf16(dd, A.x, B.x, A.y, B.y, b0[t], b1[t]);
+                                    k3c_mma_bf16(dd, A.z, B.z, A.w, B.w, b2[t], b3[t]);
+                                }
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int j = 0; j < CH; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[m][i] += d[m][j][i];
+            }
+        }
+        if (wpr > 1) {
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
+            __syncthreads();
+            if (kw == 0) {
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < wpr; j++) s += part[warp + j][m][i][lane];
+                        acc[m][i] = s;
+                    }
+            }
+        }
+        /* acc[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
+        if (kw == 0 && row0 < R) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = row0 + g + (i >> 1) * 8, col = t0 + 2 * q + (i & 1);
+                if (row < R && col < n) {
+                    float v;
+                    if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(acc[0][i], round),
+                                                      rnd(acc[NM - 1][i], round)), round);
+                    else v = rnd(acc[0][i], round);
+                    out[(size_t)plist[col] * R + row] = v;
+                }
+            }
+        }
+        if (wpr > 1) __syncthreads();
+    }
+}
+
+static int sm_count(void) {
+    static int count;
+    if (!count) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            n = 132;
+        count = n > 0 ? n : 132;
+    }
+    return count;
+}
+
+/* Warps per band: the leaders (distinct experts) are not known on the host; estimate min(pairs, experts)
+ * and spread bands x leaders evenly over the resident blocks (as gemm.cu's plan). */
+static int moe_wpr(int bands, int leaders, int steps, int U, int cap) {
+    int best_wpr = 1;
+    double best = -1.0;
+    for (int wpr = 1; wpr <= MOE_WARPS; wpr *= 2) {
+        if (wpr > 1 && (steps + U - 1) / U < wpr) break;
+        int groups = MOE_WARPS / wpr;
+        long long items = (long long)((bands + groups - 1) / groups) * leaders;
+        double eff;
+        if (items <= cap) {
+            eff = (double)items * MOE_WARPS / (16.0 * sm_count());
+            if (eff > 1.0) eff = 1.0;
         } else {
-            gw[r] = ex.gate_w + row * In;
-            uw[r] = ex.up_w + row * In;
+            long long waves = (items + cap - 1) / cap;
+            eff = (double)items / ((double)waves * cap);
+        }
+        if (eff > best + 0.02) {
+            best = eff;
+            best_wpr = wpr;
         }
     }
-    float ga[MOE_RPW], ua[MOE_RPW];
-#pragma unroll
-    for (int r = 0; r < MOE_RPW; r++) ga[r] = ua[r] = 0.0f;
-    if (MX) {
-        int chunks = In >> 5;
-        for (int c = lane; c < chunks; c += 32) {
-            uint4 pg[MOE_RPW], pu[MOE_RPW];
-            float sg[MOE_RPW], su[MOE_RPW];
-#pragma unroll
-            for (int r = 0; r < MOE_RPW; r++) {
-                pg[r] = k3c_ld_stream16(gp[r] + (size_t)c * 16);
-                pu[r] = k3c_ld_stream16(up[r] + (size_t)c * 16);
-                sg[r] = e8m0(__ldg(gs[r] + c));
-                su[r] = e8m0(__ldg(us[r] + c));
-            }
-#pragma unroll
-            for (int r = 0; r < MOE_RPW; r++) {
-                ga[r] = fmaf(mxfp4_group_dot(pg[r], sx + 36 * c), sg[r], ga[r]);
-                ua[r] = fmaf(mxfp4_group_dot(pu[r], sx + 36 * c), su[r], ua[r]);
-            }
-        }
-    } else {
-        int chunks = In >> 3;
-        for (int c = lane; c < chunks; c += 32) {
-            uint4 vg[MOE_RPW], vu[MOE_RPW];
-#pragma unroll
-            for (int r = 0; r < MOE_RPW; r++) {
-                vg[r] = k3c_ld_stream16(gw[r] + (size_t)c * 8);
-                vu[r] = k3c_ld_stream16(uw[r] + (size_t)c * 8);
-            }
-#pragma unroll
-            for (int r = 0; r < MOE_RPW; r++) {
-                ga[r] += bf16_chunk_dot(vg[r], sx + pad_idx(8 * c));
-                ua[r] += bf16_chunk_dot(vu[r], sx + pad_idx(8 * c));
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < MOE_RPW; r++) {
-        float g = rnd(k3c_warp_sum(ga[r]), round), u = rnd(k3c_warp_sum(ua[r]), round);
-        if (lane == 0 && row0 + r < F) hp[row0 + r] = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
-    }
+    return best_wpr;
 }
 
-template <bool MX>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-moe_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int F, int Out,
-                const float *__restrict__ h, const int *__restrict__ idx, int round, float *part) {
-    extern __shared__ float sx[];
-    int p = blockIdx.y;
-    int e = idx[p];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int row0 = (blockIdx.x * MOE_WARPS + warp) * MOE_RPW;
-    float *pp = part + (size_t)p * Out;
-    if (e < 0 || e >= num_experts) {
-        for (int r = 0; r < MOE_RPW; r++)
-            if (lane == 0 && row0 + r < Out) pp[row0 + r] = 0.0f;
-        return;
+template <bool MX, bool UP, int U>
+static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
+                      const int *idx, int npairs, int k, k3c_cuda_act act, int round, float *out, cudaStream_t s) {
+    static int occ;
+    auto kernel = moe_mma_kernel<MX, UP, U>;
+    size_t smem = (size_t)npairs * sizeof(int);
+    if (smem > 48 * 1024) K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            (int)smem));
+    if (!occ) {
+        int b = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, 16 * sizeof(int)) != cudaSuccess ||
+            b < 1)
+            b = 1;
+        occ = b;
     }
-    const k3c_cuda_expert ex = experts[e];
-    stage_vector(sx, h + (size_t)p * F, F);
-#pragma unroll
-    for (int r = 0; r < MOE_RPW; r++) {
-        int row = row0 + r;
-        if (row >= Out) break;
-        float d = k3c_warp_sum(row_dot_lane<MX>(ex.down_packed, ex.down_scale, ex.down_w, row, F, sx, lane));
-        if (lane == 0) pp[row] = rnd(d, round);
-    }
+    int bands = (R + 15) / 16, nchunk = MX ? K >> 5 : K >> 3, steps = (nchunk + 3) >> 2;
+    int leaders = npairs < num_experts ? npairs : num_experts;
+    int wpr = moe_wpr(bands, leaders, steps, U, occ * sm_count());
+    int groups = MOE_WARPS / wpr;
+    dim3 grid((bands + groups - 1) / groups, npairs);
+    kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
+                                              out, wpr);
+    return K3C_OK;
 }
 
 /* out[t, r] = sum_j weight[t, j] * part[t*k + j, r], j in order; invalid experts contribute nothing. */
@@ -212,13 +349,6 @@ __global__ void moe_combine_kernel(const float *__restrict__ part, const float *
     }
 }
 
-template <typename K>
-static int smem_opt_in(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024) K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            (int)bytes));
-    return K3C_OK;
-}
-
 static int check_dims(int mxfp4, int a, const char *what) {
     int q = mxfp4 ? 32 : 8;
     if (a <= 0 || a % q) return k3c_errorf("moe experts: %s = %d must be a positive multiple of %d", what, a, q);
@@ -231,16 +361,8 @@ extern "C" int k3c_cuda_moe_gate_up(const k3c_cuda_expert *experts, int num_expe
     K3C_TRY(check_dims(mxfp4, In, "input width"));
     if (F <= 0) return k3c_errorf("moe experts: intermediate width %d", F);
     if (T * k == 0) return K3C_OK;
-    size_t smem = pad_floats(In) * sizeof(float);
-    dim3 grid((F + MOE_WARPS * MOE_RPW - 1) / (MOE_WARPS * MOE_RPW), T * k);
-    if (mxfp4) {
-        K3C_TRY(smem_opt_in(moe_gate_up_kernel<true>, smem));
-        moe_gate_up_kernel<true><<<grid, MOE_WARPS * 32, smem, stream>>>(experts, num_experts, In, F, x, idx, k, act, round_bf16, h);
-    } else {
-        K3C_TRY(smem_opt_in(moe_gate_up_kernel<false>, smem));
-        moe_gate_up_kernel<false><<<grid, MOE_WARPS * 32, smem, stream>>>(experts, num_experts, In, F, x, idx, k, act,
-                                                                         round_bf16, h);
-    }
+    if (mxfp4) K3C_TRY((moe_launch<true, true, 1>(experts, num_experts, In, F, x, 1, idx, T * k, k, act, round_bf16, h, stream)));
+    else K3C_TRY((moe_launch<false, true, 2>(experts, num_experts, In, F, x, 1, idx, T * k, k, act, round_bf16, h, stream)));
     K3C_CUDA_LAUNCHED("moe_gate_up");
     return K3C_OK;
 }
@@ -251,15 +373,9 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
     K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
     if (Out <= 0) return k3c_errorf("moe experts: output width %d", Out);
     if (pairs == 0) return K3C_OK;
-    size_t smem = pad_floats(F) * sizeof(float);
-    dim3 grid((Out + MOE_WARPS * MOE_RPW - 1) / (MOE_WARPS * MOE_RPW), pairs);
-    if (mxfp4) {
-        K3C_TRY(smem_opt_in(moe_down_kernel<true>, smem));
-        moe_down_kernel<true><<<grid, MOE_WARPS * 32, smem, stream>>>(experts, num_experts, F, Out, h, idx, round_bf16, part);
-    } else {
-        K3C_TRY(smem_opt_in(moe_down_kernel<false>, smem));
-        moe_down_kernel<false><<<grid, MOE_WARPS * 32, smem, stream>>>(experts, num_experts, F, Out, h, idx, round_bf16, part);
-    }
+    k3c_cuda_act none = {1, 0.0f, 0.0f};
+    if (mxfp4) K3C_TRY((moe_launch<true, false, 2>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, none, round_bf16, part, stream)));
+    else K3C_TRY((moe_launch<false, false, 4>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, none, round_bf16, part, stream)));
     K3C_CUDA_LAUNCHED("moe_down");
     return K3C_OK;
 }

@@ -59,6 +59,30 @@ static void time_it(const char *name, double bytes, launch_fn fn, void *ctx) {
     cudaEventDestroy(b);
 }
 
+/* BATCH_N launches back to back between two events (rotating inputs as above), time per launch: the
+ * per-launch event gap is gone and launch latency overlaps the previous kernel, as in a decode step. */
+#define BATCH_N 20
+static void time_batch(const char *name, double bytes, launch_fn fn, void *ctx) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
+    CK(cudaDeviceSynchronize());
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        CK(cudaEventRecord(a, 0));
+        for (int j = 0; j < BATCH_N; j++) OK(fn(ctx, i * BATCH_N + j));
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[i], a, b));
+        ms[i] /= BATCH_N;
+    }
+    CK(cudaGetLastError());
+    report(name, bytes, ms, REPS);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
 /* ---- copy ---- */
 typedef struct { void *src, *dst; size_t n; } copy_ctx;
 static int run_copy(void *c, int rep) {
@@ -106,7 +130,14 @@ static int run_mla(void *c, int rep) {
                                1.0f / sqrtf(192.0f), x->olat, 0);
 }
 
-static void *dmalloc_rand(size_t bytes, unsigned seed) {
+static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask);
+static void *dmalloc_rand(size_t bytes, unsigned seed) { return dmalloc_rand_mask(bytes, seed, 0xbfffbfffbfffbfffull); }
+/* f32 activations that are bf16 values (low 16 bits zero), as the model's bf16 path produces: the tensor-core
+ * kernels then need one mma term instead of three. */
+static void *dmalloc_rand_bf16x(size_t bytes, unsigned seed) {
+    return dmalloc_rand_mask(bytes, seed, 0xbfff0000bfff0000ull);
+}
+static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask) {
     void *d;
     CK(cudaMalloc(&d, bytes));
     /* random bytes from the host in 64 MiB pieces (never zeros: they can run faster than real data) */
@@ -116,7 +147,7 @@ static void *dmalloc_rand(size_t bytes, unsigned seed) {
     for (size_t i = 0; i < piece; i += 8) {
         uint64_t v = k3c_splitmix64(&s);
         /* keep bf16 / f32 values finite and moderate: clear the top exponent bits of each 16-bit half */
-        v &= 0xbfffbfffbfffbfffull;
+        v &= mask;
         memcpy(h + i, &v, 8);
     }
     for (size_t off = 0; off < bytes; off += piece)
@@ -159,7 +190,7 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&xbf, 64 * 12288 * 2));
         k3c_cuda_gemm g;
         OK(k3c_cuda_gemm_init(&g, ws, 32u << 20, xbf, 64 * 12288));
-        float *x = dmalloc_rand(64 * 12288 * 4, 7), *y;
+        float *x = dmalloc_rand_bf16x(64 * 12288 * 4, 7), *xf = dmalloc_rand(64 * 12288 * 4, 8), *y;
         CK(cudaMalloc((void **)&y, (size_t)64 * 163840 * 4));
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             int rows = shapes[s][0], cols = shapes[s][1];
@@ -177,11 +208,21 @@ int main(int argc, char **argv) {
                 char name[64];
                 snprintf(name, sizeof name, "gemm_bf16_%dx%d_T%d", rows, cols, T);
                 time_it(name, (double)bytes + (double)T * cols * 4 + (double)T * rows * 4, run_gemv, &c);
+                if (T == 1 || T == 8) {
+                    snprintf(name, sizeof name, "gemm_bf16_%dx%d_T%d_b2b", rows, cols, T);
+                    time_batch(name, (double)bytes + (double)T * cols * 4 + (double)T * rows * 4, run_gemv, &c);
+                }
+                if (T == 8 && rows == 12288) { /* f32 activations: three mma terms */
+                    gemv_ctx cf = c;
+                    cf.x = xf;
+                    snprintf(name, sizeof name, "gemm_bf16_%dx%d_T%d_f32x", rows, cols, T);
+                    time_it(name, (double)bytes + (double)T * cols * 4 + (double)T * rows * 4, run_gemv, &cf);
+                }
             }
             for (int i = 0; i < copies; i++) cudaFree(W[i]);
         }
         k3c_cuda_gemm_free(&g);
-        cudaFree(ws); cudaFree(xbf); cudaFree(x); cudaFree(y);
+        cudaFree(ws); cudaFree(xbf); cudaFree(x); cudaFree(xf); cudaFree(y);
     }
 
     { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
@@ -206,7 +247,7 @@ int main(int argc, char **argv) {
         k3c_cuda_expert *dtab;
         CK(cudaMalloc((void **)&dtab, sizeof *tab * E));
         CK(cudaMemcpy(dtab, tab, sizeof *tab * E, cudaMemcpyHostToDevice));
-        for (int T = 1; T <= 4; T *= 4) {
+        for (int T = 1; T <= 8; T = T == 1 ? 4 : T * 2) {
             moe_ctx m;
             memset(&m, 0, sizeof m);
             m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k;
@@ -224,24 +265,33 @@ int main(int argc, char **argv) {
             CK(cudaMalloc((void **)&m.w, sizeof(float) * T * k));
             CK(cudaMemcpy(m.w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
             free(hw);
-            m.x = dmalloc_rand((size_t)T * In * 4, 9);
+            m.x = dmalloc_rand_bf16x((size_t)T * In * 4, 9);
             CK(cudaMalloc((void **)&m.h, (size_t)T * k * F * 4));
             CK(cudaMalloc((void **)&m.part, (size_t)T * k * Out * 4));
             CK(cudaMalloc((void **)&m.out, (size_t)T * Out * 4));
             /* distinct experts touched per launch: T = 1: 16; T = 4: all selections overlap into <= 64 */
-            int distinct = T == 1 ? 16 : (16 + 3 * 5 < E ? 16 + 3 * 5 : E);
+            int distinct = 16 + (T - 1) * 5 < E ? 16 + (T - 1) * 5 : E;
             double gu = (double)distinct * 2 * (pgu + sgu), dn = (double)distinct * (pd + sd);
             char name[64];
             m.mode = 1;
             snprintf(name, sizeof name, "moe_mxfp4_gate_up_T%d_k16", T);
             time_it(name, gu, run_moe, &m);
-            m.mode = 2;
-            CK(cudaMemset(m.h, 0, (size_t)T * k * F * 4));
+            m.mode = 2; /* h as gate/up left it: bf16 values (round_bf16), not zeros */
             snprintf(name, sizeof name, "moe_mxfp4_down_T%d_k16", T);
             time_it(name, dn, run_moe, &m);
             m.mode = 0;
             snprintf(name, sizeof name, "moe_mxfp4_all_T%d_k16", T);
             time_it(name, gu + dn, run_moe, &m);
+            snprintf(name, sizeof name, "moe_mxfp4_all_T%d_k16_b2b", T);
+            time_batch(name, gu + dn, run_moe, &m);
+            if (T == 1) { /* f32 activations (three mma terms); h of the down half stays as gate/up left it */
+                float *xb = m.x;
+                m.x = dmalloc_rand((size_t)T * In * 4, 10);
+                m.mode = 1;
+                time_it("moe_mxfp4_gate_up_T1_k16_f32x", gu, run_moe, &m);
+                cudaFree(m.x);
+                m.x = xb;
+            }
             for (int r = 0; r < 4; r++) cudaFree(m.idx[r]);
             cudaFree(m.w); cudaFree(m.x); cudaFree(m.h); cudaFree(m.part); cudaFree(m.out);
         }
@@ -262,6 +312,7 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&c.beta, (size_t)c.T * c.H * 4)); CK(cudaMemset(c.beta, 0, (size_t)c.T * c.H * 4));
         CK(cudaMalloc((void **)&c.o, n * 4));
         time_it("kda_recurrent_H96_128x128_T1", 2.0 * ns * 4, run_kda, &c);
+        time_batch("kda_recurrent_H96_128x128_T1_b2b", 2.0 * ns * 4, run_kda, &c);
         for (int i = 0; i < 4; i++) cudaFree(c.S[i]);
         cudaFree(c.q); cudaFree(c.k); cudaFree(c.v); cudaFree(c.g); cudaFree(c.beta); cudaFree(c.o);
     }
@@ -283,6 +334,7 @@ int main(int argc, char **argv) {
         c.qabs = dmalloc_rand((size_t)c.Hm * 576 * 4, 41);
         CK(cudaMalloc((void **)&c.olat, (size_t)c.Hm * 512 * 4));
         time_it("mla_attend_H96_len8192_bf16", (double)len * 576 * 2, run_mla, &c);
+        time_batch("mla_attend_H96_len8192_bf16_b2b", (double)len * 576 * 2, run_mla, &c);
         cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
     }
     return 0;

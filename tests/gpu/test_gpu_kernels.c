@@ -237,6 +237,8 @@ TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 1056, 96, 64, 4, 2, 2, 0);
     moe_case(1, 1, 3584, 3072, 3584, 4, 2, 2, 0); /* K3's expert shape */
     moe_case(1, 1, 96, 64, 17, 5, 3, 3, 1);
+    moe_case(1, 1, 160, 64, 40, 2, 9, 2, 0); /* 9 pairs per expert: two 8-column passes of the grouped kernel */
+    moe_case(1, 0, 160, 64, 40, 3, 11, 3, 1);
 }
 
 TEST(gpu_moe_bf16) {
@@ -244,6 +246,7 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 1, 8, 8, 3, 2, 1, 1, 0);
     moe_case(0, 0, 2304, 1024, 2304, 3, 2, 2, 0); /* Kimi Linear's expert shape */
     moe_case(0, 0, 64, 24, 17, 5, 3, 3, 1);
+    moe_case(0, 1, 72, 40, 24, 2, 9, 2, 0);
 }
 
 /* ---- elementwise ---- */
