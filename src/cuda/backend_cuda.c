@@ -888,6 +888,24 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
     }
 }
 
+/* ---- views for the specialized decode executor (declared in cuda/backend_cuda.h by its owner) ---- */
+
+int k3c_backend_is_cuda(const k3c_backend *be) {
+    return be && be->init == cuda_init && be->ctx && ((const cuda_ctx *)be->ctx)->arena;
+}
+
+void *k3c_backend_cuda_weight(k3c_backend *be, const void *host) { return wdev(be->ctx, host); }
+
+void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes) {
+    const cuda_ctx *x = be->ctx;
+    *base = x->arena;
+    *bytes = x->arena_bytes;
+}
+
+int k3c_backend_cuda_device(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->device; }
+
+int k3c_backend_cuda_exact(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->exact; }
+
 void k3c_backend_cuda_set_exact(k3c_backend *be, int exact) {
     ((cuda_ctx *)be->ctx)->exact = exact;
     be->kv_elem_bytes = exact ? 4 : 2; /* f32 latents: nothing is rounded in this mode */
