@@ -5,6 +5,7 @@
 
 #include "k3c.h"
 #include "model/model.h"
+#include "runtime/engine_internal.h"
 #include "runtime/kda_slots.h"
 #include "runtime/kv_cache.h"
 #include "stock/backend.h"
@@ -165,8 +166,15 @@ int k3c_request_length(const k3c_engine *e, int id) {
     return e->req[id].length;
 }
 
-int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
-    if (n <= 0) return K3C_OK;
+void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v) {
+    *v = (k3c_engine_view){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
+                           .max_rows = e->o.max_rows, .max_context = e->o.max_context,
+                           .block_size = e->o.block_size, .q_max = e->o.q_max,
+                           .max_blocks_per_request = e->max_blocks_per_request};
+}
+
+int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs) {
+    *reqs = e->fr;
     if (n > e->o.max_requests) return k3c_errorf("engine step: %d items, at most %d", n, e->o.max_requests);
     for (int i = 0; i < n; i++) {
         const k3c_step_item *it = &items[i];
@@ -193,12 +201,23 @@ int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *log
                                  .slot = it->request, .verify = it->verify,
                                  .logits = (it->verify || it->all_logits) ? K3C_LOGITS_ALL : K3C_LOGITS_LAST};
     }
-    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, e->fr, n, logits, NULL));
+    return K3C_OK;
+}
+
+void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
     for (int i = 0; i < n; i++) {
         engine_request *r = &e->req[items[i].request];
         if (items[i].verify) r->pending = items[i].n;
         else r->length += items[i].n;
     }
+}
+
+int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
+    if (n <= 0) return K3C_OK;
+    const k3c_fwd_req *fr;
+    K3C_TRY(k3c_engine_step_begin(e, items, n, &fr));
+    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, NULL));
+    k3c_engine_step_end(e, items, n);
     return K3C_OK;
 }
 

@@ -1,0 +1,22 @@
+/* What the CUDA backend shows to the specialized decode executor (decode/executor_cuda.c), which reads the
+ * backend's weights in place (it never copies or modifies them) and checks them in its tests. */
+#ifndef K3C_CUDA_BACKEND_CUDA_H
+#define K3C_CUDA_BACKEND_CUDA_H
+
+#include <stddef.h>
+
+#include "stock/backend.h"
+
+/* 1 when be is an initialised CUDA backend. */
+int k3c_backend_is_cuda(const k3c_backend *be);
+/* The device copy of the weight whose host view is (or contains) host, or NULL when it was not uploaded
+ * (also for the MoE expert arrays: their device k3c_cuda_expert table). */
+void *k3c_backend_cuda_weight(k3c_backend *be, const void *host);
+/* The weight arena: every backbone weight lives in [*base, *base + *bytes). */
+void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes);
+/* The backend's CUDA device. */
+int k3c_backend_cuda_device(const k3c_backend *be);
+/* 1 when the exact f32 diagnostic is on (no bf16 rounding): the executor then plans every step stock. */
+int k3c_backend_cuda_exact(const k3c_backend *be);
+
+#endif

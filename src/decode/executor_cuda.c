@@ -1,0 +1,623 @@
+/* The specialized decode executor on CUDA (decode/executor_cuda.h says what it is and what is not built
+ * yet). Layout of this file: build (buffers, weight addresses), the recorded step (the layer loop as
+ * launches on fixed buffers, captured once per shape), prepare_kv / capture, run (metadata fill, replay,
+ * logits), the plan table callbacks. */
+#include "decode/executor_cuda.h"
+
+#ifdef K3C_HAVE_CUDA
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/attnres.h"
+#include "cuda/backend_cuda.h"
+#include "cuda/backend_kernels.h"
+#include "cuda/check.h"
+#include "cuda/decode_copy.h"
+#include "cuda/elementwise.h"
+#include "cuda/gemm.h"
+#include "cuda/kda.h"
+#include "cuda/mla.h"
+#include "cuda/moe.h"
+#include "cuda/router.h"
+#include "decode/prepared.h"
+#include "runtime/engine_internal.h"
+#include "util/error.h"
+
+#define PMAX K3C_PREPARED_MAX
+#define QMAX K3C_PREPARED_Q_MAX
+#define PRE_COPIES 5  /* per verifying request per KDA layer: state, window, pre-conv q, k, v rows */
+#define POST_COPIES 4 /* after the q/k norm: k, v, g, beta rows */
+
+struct k3c_decode_cuda {
+    k3c_engine *e;
+    k3c_engine_view v;
+    const k3c_model *m;
+    const k3c_config *c;
+    cudaStream_t st;
+    k3c_cuda_gemm gemm;
+    int gemm_ready;
+    void *gemm_ws;
+    uint16_t *xbf;
+    k3c_cuda_act act;
+    k3c_cuda_router router;
+    int silu_gate, nres, nkda, *kda_ord; /* kda_ord[l]: ordinal of KDA layer l, -1 for MLA */
+
+    /* device activations and scratch, one allocation */
+    void *dev;
+    float **res, **res_dev; /* host array of the AttnRes buffers; its device copy (Mix source arrays) */
+    float *a_in, *x, *A, *F, *G, *logits;
+    float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *kb, *kbeta;
+    float *mqa, *mq, *mlat, *mo, *mg, *ga, *gu;
+    float *q_abs, *o_lat, *rlog, *wts, *z, *h, *part, *r, *rup, *sa, *su, *sh;
+    int *idx;
+
+    /* metadata: pinned host block and its device mirror, same layout (offsets below), copied whole per step */
+    uint8_t *meta_h, *meta_d;
+    size_t meta_bytes, off_ids, off_slots, off_aoff, off_alen, off_tab, off_segs, off_pre, off_post;
+    float *logits_h; /* pinned [PMAX, V] */
+
+    int kv_prepared, eager, mbr, bs;
+    cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
+    unsigned char seen[PMAX + 1][QMAX + 1];
+    int num_captured;
+    long replays, wide_stock;
+    int batches[K3C_PREPARED_NUM_BATCHES];
+    k3c_decode_executor ex;
+};
+
+/* ---- build ---- */
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Device address of a backbone weight, or an error naming it. */
+#define DW(x, host, out, what)                                                                                     \
+    do {                                                                                                           \
+        (out) = k3c_backend_cuda_weight((x)->v.be, (host));                                                        \
+        if (!(out)) return k3c_errorf("decode executor: weight %s (host %p) has no device copy", (what),          \
+                                      (const void *)(host));                                                     \
+    } while (0)
+
+static int alloc_buffers(k3c_decode_cuda *x) {
+    const k3c_config *c = x->c;
+    size_t R = PMAX, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
+    size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
+    size_t lat = k3c_config_mla_latent(c), vh = c->v_head_dim, V = c->vocab_size, I = c->intermediate_size;
+    size_t kvl = c->kv_lora_rank, E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
+    size_t Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
+    size_t qa = c->q_lora_rank > 0 ? (size_t)c->q_lora_rank : 1;
+    float **fl[] = {&x->a_in, &x->x, &x->A, &x->F, &x->G, &x->logits, &x->kq, &x->kk, &x->kv, &x->cq, &x->ck,
+                    &x->cv, &x->kf, &x->kg, &x->ko, &x->kz, &x->ky, &x->klow, &x->kb, &x->kbeta, &x->mqa, &x->mq,
+                    &x->mlat, &x->mo, &x->mg, &x->ga, &x->gu, &x->q_abs, &x->o_lat, &x->rlog, &x->wts, &x->z,
+                    &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx};
+    _Static_assert(sizeof fl / sizeof fl[0] == 40, "buffer list");
+    size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
+                  I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K};
+    size_t n = sizeof w / sizeof w[0], total = (size_t)x->nres * al256(R * D * 4);
+    for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
+    total += al256(sizeof(float *) * (size_t)x->nres);
+    K3C_CUDA_TRY(cudaMalloc(&x->dev, total));
+    char *p = x->dev;
+    x->res = calloc((size_t)x->nres, sizeof(float *));
+    if (!x->res) return k3c_errorf("decode executor: out of host memory");
+    for (int i = 0; i < x->nres; i++, p += al256(R * D * 4)) x->res[i] = (float *)p;
+    for (size_t i = 0; i < n; i++) {
+        *fl[i] = (float *)p;
+        p += al256(R * (w[i] ? w[i] : 1) * 4);
+    }
+    x->res_dev = (float **)p;
+    K3C_CUDA_TRY(cudaMemcpy(x->res_dev, x->res, sizeof(float *) * (size_t)x->nres, cudaMemcpyHostToDevice));
+
+    /* cuBLASLt (rows > K3C_CUDA_GEMV_MAX_T), as the backend sizes it: the same workspace gives the same
+     * heuristic choice, hence the same products as the stock path */
+    size_t ws = (size_t)32 << 20, max_cols = 1;
+    const k3c_inventory *inv = &x->m->inventory;
+    for (size_t i = 0; i < inv->count; i++)
+        if (inv->specs[i].cls == K3C_TENSOR_MATRIX && (size_t)inv->specs[i].shape[1] > max_cols)
+            max_cols = (size_t)inv->specs[i].shape[1];
+    K3C_CUDA_TRY(cudaMalloc(&x->gemm_ws, ws));
+    K3C_CUDA_TRY(cudaMalloc((void **)&x->xbf, R * max_cols * 2));
+    K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
+    x->gemm_ready = 1;
+    K3C_CUDA_TRY(cudaHostAlloc((void **)&x->logits_h, R * V * 4, cudaHostAllocDefault));
+    return K3C_OK;
+}
+
+/* Every weight the recorded step uses must resolve (checked once here, so recording cannot fail on it). */
+static int check_weights(k3c_decode_cuda *x) {
+    const k3c_weights *W = &x->m->weights;
+    const void *d;
+    DW(x, W->embed.w, d, "embed");
+    DW(x, W->lm_head.w, d, "lm_head");
+    DW(x, W->final_norm, d, "final_norm");
+    for (int l = 0; l < x->c->num_layers; l++) {
+        const k3c_layer_weights *lw = &W->layers[l];
+        DW(x, lw->input_norm, d, "input_norm");
+        DW(x, lw->post_norm, d, "post_norm");
+        if (lw->is_moe) {
+            DW(x, lw->moe.router.w, d, "router");
+            DW(x, lw->moe.experts, d, "experts");
+        }
+    }
+    (void)d;
+    return K3C_OK;
+}
+
+int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cuda **out) {
+    *out = NULL;
+    if (rank != 0 || world_size != 1)
+        return k3c_errorf("decode executor: rank %d of %d: only (0, 1) is built (no tensor parallelism yet)", rank,
+                          world_size);
+    k3c_engine_view v;
+    k3c_engine_view_get(e, &v);
+    if (!k3c_backend_is_cuda(v.be)) return k3c_errorf("decode executor: the engine's backend is %s, not cuda", v.be->name);
+    if (k3c_backend_cuda_exact(v.be))
+        return k3c_errorf("decode executor: the backend runs the exact f32 diagnostic (no specialized path)");
+    k3c_decode_cuda *x = calloc(1, sizeof *x);
+    if (!x) return k3c_errorf("decode executor: out of memory");
+    x->e = e;
+    x->v = v;
+    x->m = v.m;
+    x->c = &v.m->config;
+    const k3c_config *c = x->c;
+    x->silu_gate = k3c_config_kda_silu_gate(c);
+    x->act = (k3c_cuda_act){c->hidden_act == K3C_ACT_SITU ? 2 : 1, c->situ_beta, c->situ_linear_beta};
+    int G = c->use_grouped_topk && c->num_expert_group > 1 ? c->num_expert_group : 1;
+    x->router = (k3c_cuda_router){c->num_experts, c->num_experts_per_token, c->router_sigmoid, c->use_correction_bias,
+                                  G, c->topk_group, c->moe_renormalize, c->routed_scaling_factor};
+    x->nres = c->attn_res_block_size > 0 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1
+                                         : 1;
+    x->kda_ord = malloc(sizeof(int) * (size_t)c->num_layers);
+    if (!x->kda_ord) {
+        free(x);
+        return k3c_errorf("decode executor: out of memory");
+    }
+    for (int l = 0; l < c->num_layers; l++) x->kda_ord[l] = c->layer_attn[l] == K3C_ATTN_KDA ? x->nkda++ : -1;
+    memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
+    x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
+                                                 .wide_max = v.max_rows, .kv_prepared = 0, .needs_graphs = 1},
+                                  .ctx = x};
+    cudaError_t ce = cudaSetDevice(k3c_backend_cuda_device(v.be));
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        k3c_decode_cuda_free(x);
+        return k3c_errorf("decode executor: stream: %s", cudaGetErrorString(ce));
+    }
+    if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK) {
+        k3c_error_context("decode executor build: ");
+        k3c_decode_cuda_free(x);
+        return K3C_ERR;
+    }
+    *out = x;
+    return K3C_OK;
+}
+
+void k3c_decode_cuda_free(k3c_decode_cuda *x) {
+    if (!x) return;
+    for (int r = 0; r <= PMAX; r++)
+        for (int q = 0; q <= QMAX; q++)
+            if (x->graph[r][q]) cudaGraphExecDestroy(x->graph[r][q]);
+    if (x->gemm_ready) k3c_cuda_gemm_free(&x->gemm);
+    if (x->dev) cudaFree(x->dev);
+    if (x->gemm_ws) cudaFree(x->gemm_ws);
+    if (x->xbf) cudaFree(x->xbf);
+    if (x->meta_d) cudaFree(x->meta_d);
+    if (x->meta_h) cudaFreeHost(x->meta_h);
+    if (x->logits_h) cudaFreeHost(x->logits_h);
+    if (x->st) cudaStreamDestroy(x->st);
+    free(x->res);
+    free(x->kda_ord);
+    free(x);
+}
+
+/* ---- the recorded step: the stock forward's layer loop (stock/forward.c) as the CUDA backend's launches,
+ * on this executor's fixed buffers and metadata. T = rows, b = T / q requests of q rows each. ---- */
+
+typedef struct rec {
+    k3c_decode_cuda *x;
+    int T, q, b;
+} rec;
+
+#define L_TRY(call) K3C_TRY(call)
+#define WPTR(host) k3c_backend_cuda_weight(x->v.be, (host))
+
+static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
+    if (!WPTR(W->w)) return k3c_errorf("decode executor: a [%d x %d] matrix has no device copy", W->rows, W->cols);
+    L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, x->st));
+    if (round) L_TRY(k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->st));
+    return K3C_OK;
+}
+
+static k3c_cuda_seg *segs_of(k3c_decode_cuda *x, int l) {
+    return (k3c_cuda_seg *)(x->meta_d + x->off_segs) + (size_t)x->kda_ord[l] * PMAX;
+}
+
+static int rec_kda(const rec *s, int l) {
+    k3c_decode_cuda *x = s->x;
+    const k3c_config *c = x->c;
+    const k3c_kda_weights *w = &x->m->weights.layers[l].kda;
+    int T = s->T, P = k3c_config_kda_proj(c), H = c->kda_num_heads, dk = c->kda_head_dim, Wc = c->kda_conv_kernel;
+    int k = x->kda_ord[l];
+    L_TRY(mm(x, &w->q_proj, x->x, T, x->kq, 1));
+    L_TRY(mm(x, &w->k_proj, x->x, T, x->kk, 1));
+    L_TRY(mm(x, &w->v_proj, x->x, T, x->kv, 1));
+    if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
+        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
+                                  s->b * PRE_COPIES, x->st));
+    k3c_cuda_seg *sg = segs_of(x, l);
+    L_TRY(k3c_cuda_kda_conv_segs(x->kq, sg, s->b, P, Wc, WPTR(w->q_conv), 0, 1, x->cq, x->st));
+    L_TRY(k3c_cuda_kda_conv_segs(x->kk, sg, s->b, P, Wc, WPTR(w->k_conv), 1, 1, x->ck, x->st));
+    L_TRY(k3c_cuda_kda_conv_segs(x->kv, sg, s->b, P, Wc, WPTR(w->v_conv), 2, 1, x->cv, x->st));
+    L_TRY(mm(x, &w->f_a, x->x, T, x->klow, 1));
+    L_TRY(mm(x, &w->f_b, x->klow, T, x->kf, 1));
+    L_TRY(mm(x, &w->b_proj, x->x, T, x->kb, 1));
+    L_TRY(k3c_cuda_kda_gate(x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), T, H, dk, c->kda_has_lower_bound,
+                            c->kda_gate_lower_bound, x->kg, x->kbeta, x->st));
+    L_TRY(k3c_cuda_kda_qk_norm(x->cq, x->ck, T, H, dk, x->st));
+    if (s->q > 1)
+        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
+                                  s->b * POST_COPIES, x->st));
+    L_TRY(k3c_cuda_kda_recurrent_segs(sg, s->b, x->cq, x->ck, x->cv, x->kg, x->kbeta, H, dk, dk, 1, x->ko, x->st));
+    if (w->g_proj.w) {
+        L_TRY(mm(x, &w->g_proj, x->x, T, x->kz, 1));
+    } else {
+        L_TRY(mm(x, &w->g_a, x->x, T, x->klow, 1));
+        L_TRY(mm(x, &w->g_b, x->klow, T, x->kz, 1));
+    }
+    L_TRY(k3c_cuda_kda_gated_norm(x->ko, x->kz, WPTR(w->o_norm), T, H, dk, c->rms_norm_eps, x->silu_gate, 1, x->ky,
+                                  x->st));
+    return mm(x, &w->o_proj, x->ky, T, x->A, 1);
+}
+
+static int rec_mla(const rec *s, int l) {
+    k3c_decode_cuda *x = s->x;
+    const k3c_config *c = x->c;
+    const k3c_mla_weights *w = &x->m->weights.layers[l].mla;
+    int T = s->T, lat = k3c_config_mla_latent(c), Hm = c->num_attention_heads, nope = c->qk_nope_head_dim;
+    int rope = c->qk_rope_head_dim, vh = c->v_head_dim, kvl = c->kv_lora_rank;
+    if (c->q_lora_rank > 0) {
+        L_TRY(mm(x, &w->q_a, x->x, T, x->mqa, 1));
+        L_TRY(k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
+                               x->mqa, c->q_lora_rank, x->st));
+        L_TRY(mm(x, &w->q_b, x->mqa, T, x->mq, 1));
+    } else {
+        L_TRY(mm(x, &w->q_proj, x->x, T, x->mq, 1));
+    }
+    L_TRY(mm(x, &w->kv_a, x->x, T, x->mlat, 1));
+    L_TRY(k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
+    void *cache = x->v.kv->layer[l];
+    int eb = x->v.be->kv_elem_bytes;
+    L_TRY(k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
+    const uint16_t *kvb = WPTR(w->kv_b.w);
+    float scale = 1.0f / sqrtf((float)(nope + rope));
+    L_TRY(k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
+    L_TRY(k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
+                              (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
+                              x->o_lat, x->st));
+    L_TRY(k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
+    if (c->mla_use_output_gate && w->g_proj.w) {
+        L_TRY(mm(x, &w->g_proj, x->x, T, x->mg, 1));
+        L_TRY(k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+    }
+    return mm(x, &w->o_proj, x->mo, T, x->A, 1);
+}
+
+/* cuda_moe of the backend, launch for launch. */
+static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, float *out) {
+    const k3c_config *c = x->c;
+    int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
+    int Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size;
+    cudaStream_t st = x->st;
+    const float *bias = c->use_correction_bias && w->correction_bias ? WPTR(w->correction_bias) : NULL;
+    L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->router.w), w->router.rows, w->router.cols, y, T, x->rlog, st));
+    L_TRY(k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
+    const float *z = y;
+    if (c->routed_expert_hidden_size > 0) {
+        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->latent_down.w), w->latent_down.rows, w->latent_down.cols, y, T,
+                                   x->z, st));
+        L_TRY(k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
+        z = x->z;
+    }
+    L_TRY(k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin, z, T, x->idx,
+                               x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+    const float *routed = x->r;
+    if (c->routed_expert_hidden_size > 0) {
+        if (c->latent_moe_use_norm)
+            L_TRY(k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->latent_up.w), w->latent_up.rows, w->latent_up.cols, x->r, T,
+                                   x->rup, st));
+        L_TRY(k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
+        routed = x->rup;
+    }
+    if (w->shared.gate.w) {
+        int Fs = w->shared.gate.rows;
+        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.gate.w), Fs, D, y, T, x->sa, st));
+        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.up.w), Fs, D, y, T, x->su, st));
+        L_TRY(k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
+        L_TRY(k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
+        L_TRY(k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
+        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.down.w), D, Fs, x->sa, T, x->sh, st));
+        L_TRY(k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
+        return k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st);
+    }
+    K3C_CUDA_TRY(cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
+    return K3C_OK;
+}
+
+static int rec_ffn(k3c_decode_cuda *x, int l, int T) {
+    const k3c_layer_weights *lw = &x->m->weights.layers[l];
+    if (lw->is_moe) return rec_moe(x, &lw->moe, x->x, T, x->F);
+    L_TRY(mm(x, &lw->mlp.gate, x->x, T, x->ga, 1));
+    L_TRY(mm(x, &lw->mlp.up, x->x, T, x->gu, 1));
+    int n = T * lw->mlp.gate.rows;
+    L_TRY(k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
+    return mm(x, &lw->mlp.down, x->ga, T, x->F, 1);
+}
+
+/* AttnRes Mix of res[0..nb] (the blocks, then the prefix, which is res[nb]: see the loop below). */
+static const float *rec_mix(k3c_decode_cuda *x, int nb, const float *proj, const float *norm, int T, int *rc) {
+    if (nb == 0) return x->res[0];
+    *rc = k3c_cuda_attnres_mix((const float *const *)x->res_dev, nb + 1, T, x->c->hidden_size, WPTR(proj), WPTR(norm),
+                               x->c->rms_norm_eps, 1, x->a_in, x->st);
+    return x->a_in;
+}
+
+static int record_step(k3c_decode_cuda *x, int T, int q) {
+    const k3c_config *c = x->c;
+    const k3c_weights *W = &x->m->weights;
+    rec s = {x, T, q, T / q};
+    int D = c->hidden_size, attnres = c->attn_res_block_size > 0, nb = 0, p_empty = 0, rc = K3C_OK;
+    size_t TD = (size_t)T * D;
+    float *P = x->res[0];
+    L_TRY(k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T, P,
+                         x->st));
+    for (int l = 0; l < c->num_layers; l++) {
+        const k3c_layer_weights *lw = &W->layers[l];
+        const float *a_in = P;
+        if (attnres) {
+            a_in = rec_mix(x, nb, lw->attn_res_proj, lw->attn_res_norm, T, &rc);
+            L_TRY(rc);
+            if (k3c_config_is_block_start(c, l)) {
+                nb++;
+                P = x->res[nb];
+                p_empty = 1;
+            }
+        }
+        L_TRY(k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        L_TRY(lw->kind == K3C_ATTN_KDA ? rec_kda(&s, l) : rec_mla(&s, l));
+        if (p_empty) K3C_CUDA_TRY(cudaMemcpyAsync(P, x->A, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
+        else L_TRY(k3c_cuda_add(P, x->A, TD, 1, P, x->st));
+        p_empty = 0;
+        const float *m_in = P;
+        if (attnres) {
+            m_in = rec_mix(x, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
+            L_TRY(rc);
+        }
+        L_TRY(k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        L_TRY(rec_ffn(x, l, T));
+        L_TRY(k3c_cuda_add(P, x->F, TD, 1, P, x->st));
+    }
+    /* every row is a logits row (decode: a request's only row; verify: all of them), so the stock path's
+     * row gather is the identity; final norm in the same kernel and order as stock (stock/forward.c) */
+    const float *h = P;
+    if (attnres) {
+        h = rec_mix(x, nb, W->out_res_proj, W->out_res_norm, T, &rc);
+        L_TRY(rc);
+    }
+    K3C_CUDA_TRY(cudaMemcpyAsync(x->G, h, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
+    L_TRY(k3c_cuda_rmsnorm(x->G, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
+    return mm(x, &W->lm_head, x->G, T, x->logits, 0);
+}
+
+/* ---- prepare_kv, capture ---- */
+
+int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
+    const k3c_engine_view *v = &x->v;
+    if (!v->kv || !v->kv->base || !v->ks)
+        return k3c_errorf("decode executor: prepare_kv: the engine has no bound caches");
+    if (x->meta_h) return k3c_errorf("decode executor: prepare_kv called twice");
+    x->bs = v->block_size;
+    x->mbr = v->max_blocks_per_request;
+    size_t off = 0;
+#define CARVE(field, bytes) (x->field = off, off += al256(bytes))
+    CARVE(off_ids, sizeof(int) * PMAX);
+    CARVE(off_slots, sizeof(int) * PMAX);
+    CARVE(off_aoff, sizeof(int) * PMAX);
+    CARVE(off_alen, sizeof(int) * PMAX);
+    CARVE(off_tab, sizeof(int) * (size_t)PMAX * x->mbr);
+    CARVE(off_segs, sizeof(k3c_cuda_seg) * (size_t)PMAX * (x->nkda ? x->nkda : 1));
+    CARVE(off_pre, sizeof(k3c_cuda_copy) * (size_t)PMAX * PRE_COPIES * (x->nkda ? x->nkda : 1));
+    CARVE(off_post, sizeof(k3c_cuda_copy) * (size_t)PMAX * POST_COPIES * (x->nkda ? x->nkda : 1));
+#undef CARVE
+    x->meta_bytes = off;
+    K3C_CUDA_TRY(cudaHostAlloc((void **)&x->meta_h, off, cudaHostAllocDefault));
+    memset(x->meta_h, 0, off);
+    K3C_CUDA_TRY(cudaMalloc((void **)&x->meta_d, off));
+    K3C_CUDA_TRY(cudaMemset(x->meta_d, 0, off));
+    x->kv_prepared = 1;
+    x->eager = eager;
+    x->ex.plan_table.kv_prepared = 1;
+    if (!eager) return K3C_OK;
+    int shapes[128][2];
+    int n = k3c_prepared_shapes(v->q_max, v->max_requests, shapes, 128);
+    for (int i = 0; i < n && i < 128; i++) K3C_TRY(k3c_decode_cuda_capture(x, shapes[i][0], shapes[i][1]));
+    return K3C_OK;
+}
+
+int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
+    if (!x->kv_prepared) return k3c_errorf("decode executor: capture before prepare_kv");
+    if (!k3c_prepared_shape(rows, q, x->v.q_max, x->v.max_requests))
+        return k3c_errorf("decode executor: (%d rows, q %d) is not a prepared shape", rows, q);
+    if (x->graph[rows][q]) return K3C_OK;
+    cudaGraph_t g = NULL;
+    K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
+    int rc = record_step(x, rows, q);
+    cudaError_t ce = cudaStreamEndCapture(x->st, &g);
+    if (rc != K3C_OK) {
+        if (g) cudaGraphDestroy(g);
+        return k3c_error_context("decode executor: capturing (%d rows, q %d): ", rows, q);
+    }
+    if (ce != cudaSuccess)
+        return k3c_errorf("decode executor: capturing (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+    cudaGraphExec_t ge = NULL;
+    ce = cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphDestroy(g);
+    if (ce != cudaSuccess)
+        return k3c_errorf("decode executor: instantiating (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+    x->graph[rows][q] = ge;
+    x->num_captured++;
+    return K3C_OK;
+}
+
+int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) {
+    /* No derived copies exist yet (no packed projections): the graphs read the backbone in place, so new
+     * weights in the same storage are used by the next replay. Check the addresses did not move. */
+    return check_weights(x);
+}
+
+/* ---- plan table callbacks and run ---- */
+
+static int captured_cb(void *ctx, int rows, int q) {
+    k3c_decode_cuda *x = ctx;
+    if (rows < 1 || rows > PMAX || q < 1 || q > QMAX || !x->kv_prepared) return 0;
+    if (x->graph[rows][q]) return 1;
+    if (!k3c_prepared_shape(rows, q, x->v.q_max, x->v.max_requests)) return 0;
+    /* lazy: the first time runs stock (warms the kernels and their host-side caches up), the second
+     * captures; a capture failure keeps the shape on the stock path */
+    if (!x->seen[rows][q]) {
+        x->seen[rows][q] = 1;
+        return 0;
+    }
+    if (x->seen[rows][q] == 2) return 0;
+    if (k3c_decode_cuda_capture(x, rows, q) != K3C_OK) {
+        x->seen[rows][q] = 2;
+        k3c_error_clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* Fills the metadata of one step (b requests of q rows) into the pinned block. */
+static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) {
+    const k3c_engine_view *v = &x->v;
+    const k3c_kda_slots *ks = v->ks;
+    int *ids = (int *)(x->meta_h + x->off_ids), *slots = (int *)(x->meta_h + x->off_slots);
+    int *aoff = (int *)(x->meta_h + x->off_aoff), *alen = (int *)(x->meta_h + x->off_alen);
+    int *tab = (int *)(x->meta_h + x->off_tab);
+    k3c_cuda_seg *segs = (k3c_cuda_seg *)(x->meta_h + x->off_segs);
+    k3c_cuda_copy *pre = (k3c_cuda_copy *)(x->meta_h + x->off_pre), *post = (k3c_cuda_copy *)(x->meta_h + x->off_post);
+    int bs = x->bs, V = x->c->vocab_size;
+    size_t sf = ks ? ks->state_floats : 0, wf = ks ? ks->window_floats : 0;
+    for (int i = 0; i < b; i++) {
+        const k3c_fwd_req *r = &reqs[i];
+        if (r->n != q) return k3c_errorf("decode executor: request %d runs %d tokens in a q = %d step", i, r->n, q);
+        if ((q > 1) != (r->verify != 0))
+            return k3c_errorf("decode executor: request %d: verify flag %d in a q = %d step", i, r->verify, q);
+        if (r->pos + q > v->max_context)
+            return k3c_errorf("decode executor: request %d reaches %d tokens, max_context %d", i, r->pos + q,
+                              v->max_context);
+        int nbk = (r->pos + q + bs - 1) / bs;
+        for (int k = 0; k < x->mbr; k++) tab[(size_t)i * x->mbr + k] = k < nbk ? r->block_table[k] : 0;
+        for (int j = 0; j < q; j++) {
+            int t = i * q + j, p = r->pos + j;
+            if (r->ids[j] < 0 || r->ids[j] >= V)
+                return k3c_errorf("decode executor: request %d token %d: id %d outside 0..%d", i, j, r->ids[j], V - 1);
+            ids[t] = r->ids[j];
+            slots[t] = r->block_table[p / bs] * bs + p % bs;
+            aoff[t] = i * x->mbr;
+            alen[t] = p + 1;
+        }
+        for (int l = 0; l < x->c->num_layers; l++) {
+            int k = x->kda_ord[l];
+            if (k < 0) continue;
+            float *state = ks->state[l] + (size_t)r->slot * sf, *window = ks->window[l] + (size_t)r->slot * wf;
+            if (q > 1) {
+                float *ss = ks->scratch_state + (size_t)i * sf, *sw = ks->scratch_window + (size_t)i * wf;
+                float *stv = k3c_kda_store(ks, l, r->slot);
+                size_t P = ks->P, rows = (size_t)q * P, row0 = (size_t)i * q;
+                k3c_cuda_copy *c0 = pre + ((size_t)k * PMAX + i) * PRE_COPIES;
+                c0[0] = (k3c_cuda_copy){state, ss, (long long)sf};
+                c0[1] = (k3c_cuda_copy){window, sw, (long long)wf};
+                c0[2] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
+                c0[3] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
+                c0[4] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
+                k3c_cuda_copy *c1 = post + ((size_t)k * PMAX + i) * POST_COPIES;
+                c1[0] = (k3c_cuda_copy){x->ck + row0 * P, stv + k3c_kda_store_k(ks), (long long)rows};
+                c1[1] = (k3c_cuda_copy){x->cv + row0 * P, stv + k3c_kda_store_v(ks), (long long)rows};
+                c1[2] = (k3c_cuda_copy){x->kg + row0 * P, stv + k3c_kda_store_g(ks), (long long)rows};
+                c1[3] = (k3c_cuda_copy){x->kbeta + row0 * ks->H, stv + k3c_kda_store_beta(ks), (long long)q * ks->H};
+                state = ss;
+                window = sw;
+            }
+            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window};
+        }
+    }
+    return K3C_OK;
+}
+
+static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits) {
+    k3c_decode_cuda *x = ctx;
+    if (plan->route == K3C_ROUTE_WIDE) { /* not specialized yet: the stock forward (see the header) */
+        x->wide_stock++;
+        return k3c_engine_step(x->e, items, n, logits);
+    }
+    int q = plan->q, T = plan->rows;
+    if (q < 1 || q > QMAX || T < 1 || T > PMAX || n * q != T || !x->graph[T][q])
+        return k3c_errorf("decode executor: no captured graph for %d items, %d rows, q %d", n, T, q);
+    for (int i = 0; i < n; i++)
+        if (items[i].verify != (q > 1)) /* a q = 1 verify (or a decode in a verify step): stock handles it */
+            return k3c_engine_step(x->e, items, n, logits);
+    const k3c_fwd_req *reqs;
+    K3C_TRY(k3c_engine_step_begin(x->e, items, n, &reqs));
+    K3C_TRY(x->v.be->sync(x->v.be)); /* the backend's stream is idle before this stream touches its caches */
+    K3C_TRY(fill_meta(x, reqs, n, q));
+    size_t V = (size_t)x->c->vocab_size;
+    K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
+    K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
+    K3C_CUDA_TRY(cudaMemcpyAsync(x->logits_h, x->logits, sizeof(float) * (size_t)T * V, cudaMemcpyDeviceToHost, x->st));
+    K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+    memcpy(logits, x->logits_h, sizeof(float) * (size_t)T * V);
+    k3c_engine_step_end(x->e, items, n);
+    x->replays++;
+    return K3C_OK;
+}
+
+const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) {
+    x->ex.run = run_cb;
+    x->ex.plan_table.captured = captured_cb;
+    x->ex.plan_table.captured_ctx = x;
+    return &x->ex;
+}
+
+int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x) { return x->num_captured; }
+
+void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock) {
+    if (replays) *replays = x->replays;
+    if (wide_stock) *wide_stock = x->wide_stock;
+}
+
+#else /* no CUDA in this build */
+
+#include "util/error.h"
+
+int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cuda **out) {
+    (void)e, (void)rank, (void)world_size;
+    *out = NULL;
+    return k3c_errorf("decode executor: this build has no CUDA");
+}
+int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) { (void)x, (void)rows, (void)q; return k3c_errorf("decode executor: no CUDA"); }
+int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) { (void)x, (void)eager; return k3c_errorf("decode executor: no CUDA"); }
+int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) { (void)x; return k3c_errorf("decode executor: no CUDA"); }
+const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) { (void)x; return NULL; }
+int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x) { (void)x; return 0; }
+void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock) {
+    (void)x;
+    if (replays) *replays = 0;
+    if (wide_stock) *wide_stock = 0;
+}
+void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
+
+#endif
