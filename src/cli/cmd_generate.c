@@ -5,11 +5,15 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "decode/executor_cuda.h"
+#include "runtime/runner.h"
 #include "util/error.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f, "usage: k3c generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T] [--top-k K]\n"
-               "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N]\n"
+               "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N] [--stock]\n"
+               "with --device cuda the runner takes the specialized decode executor (graph-captured steps) unless\n"
+               "--stock forces the stock forward; a summary of steps per path goes to stderr\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
@@ -21,9 +25,45 @@ static int print_token(void *user, int32_t tok) {
     return 0;
 }
 
+/* --device cuda (without --stock): the continuous-batching runner with the specialized decode executor
+ * (decode/executor_cuda.h); prints the steps each path took. */
+static int generate_specialized(k3c_engine *e, const int32_t *ids, int n_ids, int n, const k3c_sampling *s) {
+    k3c_decode_cuda *x = NULL;
+    k3c_runner *r = NULL;
+    int rc = 1;
+    if (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK) goto out;
+    k3c_runner_options o;
+    k3c_runner_options_default(&o);
+    if (k3c_runner_create(e, &o, &r) != K3C_OK) goto out;
+    k3c_runner_set_executor(r, k3c_decode_cuda_executor(x));
+    k3c_runner_request q = {.prompt = ids, .n_prompt = n_ids, .max_new = n, .sampling = *s, .stop_token = -1};
+    int h;
+    if (k3c_runner_submit(r, &q, &h) != K3C_OK || k3c_runner_run(r) != K3C_OK) goto out;
+    const int32_t *tok;
+    int nt, fin;
+    if (k3c_runner_output(r, h, &tok, &nt, &fin) != K3C_OK) goto out;
+    for (int i = 0; i < nt; i++) printf(i ? " %d" : "%d", tok[i]);
+    printf("\n");
+    k3c_runner_stats st;
+    k3c_runner_stats_get(r, &st);
+    fprintf(stderr, "%ld steps in %.3f s: %ld specialized (decode %ld, verify %ld, wide %ld), %ld stock;",
+            st.steps, st.seconds, st.executor_steps, st.route_steps[K3C_ROUTE_DECODE], st.route_steps[K3C_ROUTE_VERIFY],
+            st.route_steps[K3C_ROUTE_WIDE], st.route_steps[K3C_ROUTE_STOCK]);
+    for (int i = 1; i < K3C_RUNNER_REASONS; i++)
+        if (st.stock_reason_steps[i]) fprintf(stderr, " %s: %ld", k3c_runner_reason_name(i), st.stock_reason_steps[i]);
+    fprintf(stderr, "; %d graphs captured [cuda, specialized; --stock for the stock path]\n",
+            k3c_decode_cuda_num_captured(x));
+    rc = 0;
+out:
+    k3c_runner_free(r);
+    k3c_decode_cuda_free(x);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *device = "cpu";
     long n = 32, top_k = 0, threads = 0, seed = 0;
+    int stock = 0;
     double temperature = 0, top_p = 1;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -31,7 +71,8 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             generate_usage(stdout);
             return 0;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
+        } else if (!strcmp(argv[i], "--stock")) stock = 1;
+        else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 0, 1 << 30, &n);
         else if ((v = cli_option(argc, argv, &i, "--temperature"))) bad = cli_parse_float(v, &temperature) || temperature < 0;
@@ -70,6 +111,11 @@ int cmd_generate(int argc, char **argv) {
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     k3c_sampling s = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
                       .seed = (uint64_t)seed};
+    if (!strcmp(device, "cuda") && !stock) {
+        rc = generate_specialized(e, ids, n_ids, (int)n, &s);
+        if (rc) goto fail;
+        goto done;
+    }
     k3c_generate_stats st;
     int first = 1;
     if (k3c_generate(e, ids, n_ids, (int)n, &s, print_token, &first, &st) != K3C_OK) {
