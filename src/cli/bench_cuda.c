@@ -19,6 +19,8 @@
 #include <time.h>
 
 #include "cli/commands.h"
+#include "decode/executor_cuda.h"
+#include "decode/prepared.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "util/error.h"
@@ -154,6 +156,7 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
     k3c_config c;
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
+    k3c_decode_cuda *x = NULL;
     float *lg = NULL;
     int32_t *ids = NULL;
     int id[64];
@@ -230,7 +233,39 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
                floor_s * 1e3, med > 0 ? floor_s / med : 0, b / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
                d2h_seconds(sizeof(float) * (size_t)b * V) * 1e3);
         fflush(stdout);
+        /* the same decode steps through the specialized executor (one captured graph per batch size) */
+        if (!x && (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK))
+            goto fail;
+        if (!k3c_prepared_shape(b, 1, 1, 64)) continue;
+        if (k3c_decode_cuda_capture(x, b, 1) != K3C_OK) goto fail;
+        const k3c_decode_executor *ex = k3c_decode_cuda_executor(x);
+        k3c_plan plan = {.route = K3C_ROUTE_DECODE, .rows = b, .q = 1};
+        ctx_sum = 0;
+        for (int s = 0; s < warm + steps; s++) {
+            for (int i = 0; i < b; i++) {
+                tok[i] = (int32_t)((s * 7919 + i * 104729 + 3) % V);
+                it[i] = (k3c_step_item){.request = id[i], .tokens = &tok[i], .n = 1};
+            }
+            double a = now_s();
+            if (ex->run(ex->ctx, &plan, it, b, lg) != K3C_OK) goto fail;
+            double dt = now_s() - a;
+            if (s >= warm) {
+                t[s - warm] = dt;
+                for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]) - 1;
+            }
+        }
+        qsort(t, (size_t)steps, sizeof *t, cmp_double);
+        med = t[steps / 2];
+        sb = bytes_for(m, b, ctx_sum / ((double)steps * b));
+        bytes = sb.dense + sb.experts + sb.kv + sb.kda;
+        floor_s = bw > 0 ? bytes / bw : 0;
+        printf("SPEC %-11s %5d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", preset, b, med * 1e3, bytes / 1e9,
+               floor_s * 1e3, med > 0 ? floor_s / med : 0, b / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
+               d2h_seconds(sizeof(float) * (size_t)b * V) * 1e3);
+        fflush(stdout);
     }
+    printf("(SPEC: the same steps replayed by the specialized decode executor, graph per batch size; q > 1 not "
+           "benchmarked yet)\n");
     printf("(experts_L: distinct routed experts per MoE layer, estimated E(1-(1-k/E)^b); GB_moved: non-expert "
            "weights + those experts + KV/KDA state; the step time includes the logits download d2h_ms)\n");
     rc = 0;
@@ -238,6 +273,7 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
 fail:
     fprintf(stderr, "k3c bench: %s: %s\n", preset, k3c_last_error());
 done:
+    k3c_decode_cuda_free(x);
     k3c_engine_free(e);
     if (m) k3c_free(m);
     free(lg);
