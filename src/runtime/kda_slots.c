@@ -23,6 +23,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->state_floats = (size_t)ks->H * ks->dk * ks->dk;
     ks->window_floats = (size_t)3 * (ks->W - 1) * ks->P;
     ks->store_floats = (size_t)q_max * (6 * (size_t)ks->P + ks->H);
+    if (c->num_layers <= 0) return k3c_errorf("kda slots: num_layers %d must be positive", c->num_layers);
     int n_kda = 0;
     for (int l = 0; l < c->num_layers; l++) n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
     ks->state = calloc((size_t)c->num_layers, sizeof(float *));

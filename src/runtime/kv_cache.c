@@ -15,6 +15,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
     kv->block_size = block_size;
     kv->latent = k3c_config_mla_latent(c);
     kv->layer_bytes = (size_t)num_blocks * block_size * kv->latent * be->kv_elem_bytes;
+    if (c->num_layers <= 0) return k3c_errorf("kv cache: num_layers %d must be positive", c->num_layers);
     int n_mla = 0;
     for (int l = 0; l < c->num_layers; l++) n_mla += c->layer_attn[l] == K3C_ATTN_MLA;
     kv->layer = calloc((size_t)c->num_layers, sizeof *kv->layer);
