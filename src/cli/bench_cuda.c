@@ -178,7 +178,7 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
     o.max_requests = 64;
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
-    o.max_context = context + nb * (warm + steps) + 8;
+    o.max_context = context + 2 * nb * (warm + steps) + 8; /* stock, then the specialized steps (SPEC) */
     o.q_max = 1;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;

@@ -8,8 +8,9 @@
  * and without the executor must be identical, except after a step where the stock top-2 margin is below
  * TIE_MARGIN (counted and reported, that request is not compared further). Also: the executor never writes
  * the backbone weights (arena checksum before build and after the stream runs), a verify leaves the
- * committed KDA state bitwise unchanged, commit(a) after an executor verify equals decoding those a tokens
- * one at a time on the stock path (rel L2 < 3e-3), and after new weights are written into the same device
+ * committed KDA state bitwise unchanged, commit(a) after an executor verify leaves the state bitwise equal to
+ * commit(a) after a stock verify (the fold itself equals the prefix recurrence: test_forward on the CPU; the
+ * distance to one-at-a-time decoding is reported), and after new weights are written into the same device
  * storage the captured graphs follow them (no re-capture). Not covered: AttnRes prefix/block tensors
  * (internal to the captured step; equal by construction, same kernels). */
 #include <math.h>
@@ -39,9 +40,19 @@ typedef struct xenv {
     k3c_engine *e;
     k3c_decode_cuda *x;
     int V, max_requests;
+    int open[256], n_open; /* requests the step checks opened: closed even after a failed check */
 } xenv;
 
+static void close_open(xenv *v) {
+    for (int i = 0; i < v->n_open; i++) {
+        k3c_request_close(v->e, v->open[i]);
+        k3c_error_clear();
+    }
+    v->n_open = 0;
+}
+
 static void xenv_close(xenv *v) {
+    if (v->e) close_open(v);
     k3c_decode_cuda_free(v->x);
     k3c_engine_free(v->e);
     if (v->m) k3c_free(v->m);
@@ -206,6 +217,7 @@ static int open_sets(xenv *v, int b, k3c_rng *r, int *ids) {
         for (int j = 0; j < n; j++) prompt[j] = (int32_t)(k3c_rng_next(r) % (uint64_t)v->V);
         for (int s = 0; s < 3; s++) {
             K3C_TRY(k3c_request_open(v->e, &ids[s * b + i]));
+            v->open[v->n_open++] = ids[s * b + i];
             k3c_step_item it = {.request = ids[s * b + i], .tokens = prompt, .n = n};
             float *lg = malloc(sizeof(float) * v->V);
             int rc = k3c_engine_step(v->e, &it, 1, lg);
@@ -250,6 +262,7 @@ static size_t state_total(xenv *v) {
 }
 
 static void check_steps(xenv *v, const char *name, int b, int q) {
+    close_open(v); /* a failed earlier check may have left its requests open */
     if (3 * b > v->max_requests || !k3c_prepared_shape(b * q, q, 8, v->max_requests)) return;
     k3c_rng r;
     k3c_rng_seed(&r, test_seed() ^ k3c_hash_str(name) ^ (uint64_t)(b * 16 + q));
@@ -291,7 +304,11 @@ static void check_steps(xenv *v, const char *name, int b, int q) {
         /* verify leaves the committed state untouched */
         CHECK_OK(slot_state(v, ids[b], s1));
         CHECKF(!memcmp(s0, s1, sizeof(float) * SF), "%s b=%d q=%d: verify changed the committed KDA state", name, b, q);
-        /* commit(a) == decoding the a tokens one at a time (set C, stock) */
+        /* commit(a) after the executor's verify == commit(a) after the stock verify (set A), bitwise: the
+         * fold inputs it saved are the stock path's. Against decoding the a tokens one at a time (set C)
+         * only reported: those steps run the projections at T = 1 (another matmul kernel, other f32 order
+         * than T = q), and one-ulp bf16 flips grow through these random models' layers, so that
+         * comparison measures the stock path's batch variance, not the fold. */
         int a = 1 + (int)(k3c_rng_next(&r) % (uint64_t)q);
         for (int i = 0; i < b; i++) {
             CHECK_OK(k3c_request_commit(v->e, ids[i], a));
@@ -301,21 +318,30 @@ static void check_steps(xenv *v, const char *name, int b, int q) {
                 CHECK_OK(k3c_engine_step(v->e, &it, 1, lc));
             }
         }
+        int same = 1;
+        for (int i = 0; i < b && same; i++) {
+            CHECK_OK(slot_state(v, ids[i], s0));
+            CHECK_OK(slot_state(v, ids[b + i], s1));
+            same = !memcmp(s0, s1, sizeof(float) * SF);
+        }
         CHECK_OK(slot_state(v, ids[b], s1));
         CHECK_OK(slot_state(v, ids[2 * b], s2));
         double num = 0, den = 0;
         for (size_t i = 0; i < SF; i++) num += (double)(s1[i] - s2[i]) * (s1[i] - s2[i]), den += (double)s2[i] * s2[i];
         double rel = sqrt(num / (den + 1e-300));
-        printf("INFO commit %s b=%d q=%d a=%d: rel L2 vs one-at-a-time decode %.3e\n", name, b, q, a, rel);
-        CHECKF(rel < 3e-3, "%s: commit vs prefix recurrence rel L2 %.3e", name, rel);
+        printf("INFO commit %s b=%d q=%d a=%d: state after executor verify + commit %s the stock one's; rel L2 vs "
+               "one-at-a-time stock decode %.3e (batch variance, not asserted)\n", name, b, q, a,
+               same ? "bitwise equals" : "DIFFERS from", rel);
+        CHECKF(same, "%s b=%d q=%d: committed KDA state after the executor's verify differs from stock's", name, b, q);
     }
-    for (int i = 0; i < 3 * b; i++) CHECK_OK(k3c_request_close(v->e, ids[i]));
+    close_open(v);
     free(la), free(lb), free(lc), free(s0), free(s1), free(s2), free(tok);
 }
 
 /* New weights in the same storage: graphs follow them without re-capture. */
 static void check_reload(xenv *v, const char *name) {
     int b = 4;
+    close_open(v);
     if (3 * b > v->max_requests) return;
     k3c_rng r;
     k3c_rng_seed(&r, test_seed() ^ 0x72656c6f6164ull);
@@ -361,7 +387,7 @@ static void check_reload(xenv *v, const char *name) {
            "%d\n", name, worst, same_old, b);
     CHECKF(worst > 0.9999, "%s: after reload the executor does not follow the new weights (cosine %.6f)", name, worst);
     CHECKF(same_old == 0, "%s: after reload %d rows still equal the old weights' logits", name, same_old);
-    for (int i = 0; i < 3 * b; i++) CHECK_OK(k3c_request_close(v->e, ids[i]));
+    close_open(v);
     free(la), free(lb), free(lc);
 }
 
@@ -382,6 +408,7 @@ static void run_model(const char *preset, int layers, int max_requests, const in
     static const int bs[] = {1, 4, 8, 16};
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) check_steps(&v, name, bs[i], qs[j]);
+    close_open(&v);
     check_streams(&v, name, batches, nb, specs, ns, max_new);
     uint64_t h1 = arena_hash(v.e);
     printf("INFO %s: weight arena checksum %016llx before build, %016llx after the runs\n", name,
