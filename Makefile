@@ -82,7 +82,7 @@ gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu
 # its input as $(BUILD)/fuzz/crash-*. `make fuzz-deps` installs clang and its fuzzer runtime (root).
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -pthread
-FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c
+FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
 FUZZ_SECONDS ?= 30
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:

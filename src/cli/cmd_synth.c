@@ -18,16 +18,6 @@ static void synth_usage(FILE *f) {
     fprintf(f, "\n");
 }
 
-/* --name VALUE or --name=VALUE; returns the value or NULL (and advances *i past a separate value). */
-static const char *option_value(int argc, char **argv, int *i, const char *name) {
-    size_t n = strlen(name);
-    if (strncmp(argv[*i], name, n) != 0) return NULL;
-    if (argv[*i][n] == '=') return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0') return NULL;
-    if (*i + 1 >= argc) return NULL;
-    return argv[++*i];
-}
-
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *seed_str = NULL;
     for (int i = 1; i < argc; i++) {
@@ -35,11 +25,11 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             synth_usage(stdout);
             return 0;
-        } else if ((v = option_value(argc, argv, &i, "--preset"))) {
+        } else if ((v = cli_option(argc, argv, &i, "--preset"))) {
             preset = v;
-        } else if ((v = option_value(argc, argv, &i, "--out"))) {
+        } else if ((v = cli_option(argc, argv, &i, "--out"))) {
             out = v;
-        } else if ((v = option_value(argc, argv, &i, "--seed"))) {
+        } else if ((v = cli_option(argc, argv, &i, "--seed"))) {
             seed_str = v;
         } else {
             fprintf(stderr, "k3c synth: unexpected argument '%s' (or missing value)\n", argv[i]);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "format/checkpoint.h"
+#include "format/json_kind.h"
 #include "util/error.h"
 
 typedef struct {
@@ -50,19 +51,8 @@ static int by_pair_name(const void *a, const void *b) {
     return strcmp(((const index_pair *)a)->name, ((const index_pair *)b)->name);
 }
 
-static const char *json_kind(const cJSON *v) {
-    if (!v) return "nothing";
-    if (cJSON_IsObject(v)) return "an object";
-    if (cJSON_IsArray(v)) return "an array";
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsNumber(v)) return "a number";
-    if (cJSON_IsBool(v)) return "a boolean";
-    if (cJSON_IsNull(v)) return "null";
-    return "an invalid value";
-}
-
 static int parse_metadata(const cJSON *meta, const char *where, k3c_index *out) {
-    if (!cJSON_IsObject(meta)) return k3c_errorf("%s: metadata: expected an object, got %s", where, json_kind(meta));
+    if (!cJSON_IsObject(meta)) return k3c_errorf("%s: metadata: expected an object, got %s", where, k3c_json_kind(meta));
     /* Only total_size is interpreted; other metadata keys are informational and ignored. */
     int seen = 0;
     for (const cJSON *m = meta->child; m; m = m->next) {
@@ -71,7 +61,7 @@ static int parse_metadata(const cJSON *meta, const char *where, k3c_index *out) 
         double d = cJSON_IsNumber(m) ? m->valuedouble : -1.0;
         /* cJSON numbers are doubles: only integers up to 2^53 are exact. */
         if (!(d >= 0.0) || d > 9007199254740992.0 || d != (double)(unsigned long long)d)
-            return k3c_errorf("%s: metadata.total_size: expected a non-negative integer, got %s", where, json_kind(m));
+            return k3c_errorf("%s: metadata.total_size: expected a non-negative integer, got %s", where, k3c_json_kind(m));
         out->total_size = (unsigned long long)d;
     }
     return K3C_OK;
@@ -101,7 +91,7 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
             goto done;
         }
     if (!cJSON_IsObject(root)) {
-        k3c_errorf("%s: expected a JSON object, got %s", where, json_kind(root));
+        k3c_errorf("%s: expected a JSON object, got %s", where, k3c_json_kind(root));
         goto done;
     }
     const cJSON *map = NULL, *meta = NULL;
@@ -126,7 +116,7 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
         goto done;
     }
     if (!cJSON_IsObject(map)) {
-        k3c_errorf("%s: weight_map: expected an object, got %s", where, json_kind(map));
+        k3c_errorf("%s: weight_map: expected an object, got %s", where, k3c_json_kind(map));
         goto done;
     }
     size_t n = 0;
@@ -146,7 +136,7 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
             goto done;
         }
         if (!cJSON_IsString(e)) {
-            k3c_errorf("%s: weight_map[%s]: expected a file name string, got %s", where, e->string, json_kind(e));
+            k3c_errorf("%s: weight_map[%s]: expected a file name string, got %s", where, e->string, k3c_json_kind(e));
             goto done;
         }
         const char *file = e->valuestring;

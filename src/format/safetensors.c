@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "format/json_kind.h"
 #include "util/error.h"
 
 /* A header larger than this is not a real checkpoint (K3's largest is ~1 MB); refusing it early keeps a
@@ -43,18 +44,6 @@ static int json_to_u64(const cJSON *v, uint64_t *out) {
     return 1;
 }
 
-/* Describes a JSON value for "got ..." in messages. */
-static const char *json_kind(const cJSON *v) {
-    if (!v) return "nothing";
-    if (cJSON_IsObject(v)) return "an object";
-    if (cJSON_IsArray(v)) return "an array";
-    if (cJSON_IsString(v)) return "a string";
-    if (cJSON_IsNumber(v)) return "a number";
-    if (cJSON_IsBool(v)) return "a boolean";
-    if (cJSON_IsNull(v)) return "null";
-    return "an invalid value";
-}
-
 static int by_name(const void *a, const void *b) {
     return strcmp(((const k3c_st_tensor *)a)->name, ((const k3c_st_tensor *)b)->name);
 }
@@ -67,18 +56,18 @@ static int by_offset(const void *a, const void *b) {
 }
 
 static int parse_metadata(const cJSON *meta, const char *where) {
-    if (!cJSON_IsObject(meta)) return k3c_errorf("%s: __metadata__: expected an object, got %s", where, json_kind(meta));
+    if (!cJSON_IsObject(meta)) return k3c_errorf("%s: __metadata__: expected an object, got %s", where, k3c_json_kind(meta));
     for (const cJSON *m = meta->child; m; m = m->next)
         if (!cJSON_IsString(m))
             return k3c_errorf("%s: __metadata__ key \"%s\": expected a string value, got %s", where,
-                              m->string ? m->string : "", json_kind(m));
+                              m->string ? m->string : "", k3c_json_kind(m));
     return K3C_OK;
 }
 
 /* Fills t (everything but name and data) from one header entry. */
 static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_size, const char *where,
                        k3c_st_tensor *t) {
-    if (!cJSON_IsObject(e)) return k3c_errorf("%s: tensor %s: expected an object, got %s", where, name, json_kind(e));
+    if (!cJSON_IsObject(e)) return k3c_errorf("%s: tensor %s: expected an object, got %s", where, name, k3c_json_kind(e));
     const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
     for (const cJSON *f = e->child; f; f = f->next) {
         const cJSON **slot = NULL;
@@ -95,13 +84,13 @@ static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_si
     if (!shape) return k3c_errorf("%s: tensor %s: missing field shape", where, name);
     if (!offsets) return k3c_errorf("%s: tensor %s: missing field data_offsets", where, name);
 
-    if (!cJSON_IsString(dtype)) return k3c_errorf("%s: tensor %s: dtype: expected a string, got %s", where, name, json_kind(dtype));
+    if (!cJSON_IsString(dtype)) return k3c_errorf("%s: tensor %s: dtype: expected a string, got %s", where, name, k3c_json_kind(dtype));
     t->dtype = k3c_dtype_parse(dtype->valuestring);
     if (t->dtype == K3C_DTYPE_INVALID)
         return k3c_errorf("%s: tensor %s: unknown dtype \"%s\" (expected BF16, F16, F32, F64, U8, I8, I32, I64 or F8_E4M3)",
                           where, name, dtype->valuestring);
 
-    if (!cJSON_IsArray(shape)) return k3c_errorf("%s: tensor %s: shape: expected an array, got %s", where, name, json_kind(shape));
+    if (!cJSON_IsArray(shape)) return k3c_errorf("%s: tensor %s: shape: expected an array, got %s", where, name, k3c_json_kind(shape));
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > K3C_ST_MAX_DIMS)
         return k3c_errorf("%s: tensor %s: shape has %d dimensions, at most %d supported", where, name, ndim, K3C_ST_MAX_DIMS);
@@ -112,7 +101,7 @@ static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_si
         uint64_t v;
         if (!json_to_u64(d, &v) || v > (uint64_t)INT64_MAX)
             return k3c_errorf("%s: tensor %s: shape[%d]: expected a non-negative integer, got %s%s", where, name, i,
-                              json_kind(d), cJSON_IsNumber(d) ? " that is negative, fractional or too large" : "");
+                              k3c_json_kind(d), cJSON_IsNumber(d) ? " that is negative, fractional or too large" : "");
         t->shape[i] = (int64_t)v;
         if (__builtin_mul_overflow(numel, v, &numel))
             return k3c_errorf("%s: tensor %s: shape product overflows 64 bits", where, name);
@@ -125,7 +114,7 @@ static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_si
 
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2)
         return k3c_errorf("%s: tensor %s: data_offsets: expected an array [begin, end], got %s", where, name,
-                          cJSON_IsArray(offsets) ? "an array of a different length" : json_kind(offsets));
+                          cJSON_IsArray(offsets) ? "an array of a different length" : k3c_json_kind(offsets));
     uint64_t begin, end;
     if (!json_to_u64(offsets->child, &begin) || !json_to_u64(offsets->child->next, &end))
         return k3c_errorf("%s: tensor %s: data_offsets: expected two non-negative integers", where, name);
@@ -206,7 +195,7 @@ int k3c_st_parse_header(const char *json, size_t len, uint64_t data_region_size,
             goto done;
         }
     if (!cJSON_IsObject(root)) {
-        k3c_errorf("%s: header: expected a JSON object, got %s", where, json_kind(root));
+        k3c_errorf("%s: header: expected a JSON object, got %s", where, k3c_json_kind(root));
         goto done;
     }
     size_t n = 0;

@@ -1,0 +1,12 @@
+#include "format/json_kind.h"
+
+const char *k3c_json_kind(const cJSON *v) {
+    if (!v) return "nothing";
+    if (cJSON_IsObject(v)) return "an object";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsNull(v)) return "null";
+    return "an invalid value";
+}
