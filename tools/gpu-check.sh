@@ -48,7 +48,7 @@ if ! make -j"$JOBS" BUILD="$BUILD" all gpu-test >"$LOGDIR/build.log" 2>&1; then
     echo "gpu-check: build failed (log: $LOGDIR/build.log)" >&2
     exit 1
 fi
-grep -E 'warning' "$LOGDIR/build.log" | head -20
+grep -E 'warning:' "$LOGDIR/build.log" | head -20
 
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
