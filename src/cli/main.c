@@ -12,11 +12,11 @@ static const struct {
     {"inspect", cmd_inspect, "inspect DIR                 validate a checkpoint and print its structure"},
     {"synth", cmd_synth, "synth --preset NAME --out DIR [--seed N]   write a synthetic checkpoint"},
     {"generate", cmd_generate,
-     "generate [--model DIR] --prompt-ids 1,2,3 [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu]"},
-    {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu]"},
-    {"bench", cmd_bench, "bench [--device cpu] [--preset tiny|mini] [--steps N]   decode ms/token vs memory bandwidth"},
+     "generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
+    {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
+    {"bench", cmd_bench, "bench [--device cpu|cuda] [--preset NAME] [--batches 1,8,64]   decode step time vs its bandwidth floor"},
     {"run", cmd_run,
-     "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu]   batched runner"},
+     "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
 };
 
 static void usage(FILE *f) {
