@@ -15,9 +15,10 @@ BUILD   ?= build
 # -march: the CPU kernels use AVX2/AVX-512 where the compiler targets them, a portable path elsewhere.
 ARCHFLAGS ?= -march=native
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
+# override: CFLAGS/LDLIBS given on the command line (e.g. sanitizer flags) are extended, not replaced.
+override CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
            -fno-strict-aliasing -pthread $(ARCHFLAGS) -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lcjson -lm -pthread
+override LDLIBS  += -lcjson -lm -pthread
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
@@ -28,11 +29,11 @@ GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' -not -name 'bench_*' 2>/dev/n
 ifneq ($(strip $(NVCC)),)
 HAVE_CUDA := 1
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
+override NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
              -Xcompiler -Wall,-Wno-unused-parameter -Werror all-warnings -MMD -MP
-CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 # cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU.
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
+override LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else
 CU_OBJ  :=
