@@ -90,3 +90,51 @@ TEST(runtime_kv_blocks) {
     k3c_kv_cache_release(&kv, be);
     be->destroy(be);
 }
+
+/* Cache sizing from caller options is 64-bit: max_context x max_requests beyond an int is refused with a
+ * message, never an overflowed (undefined, then undersized) block count; an oversized step is refused too. */
+TEST(runtime_engine_rejects_oversized_options) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/engine-opts-tiny", test_tmpdir());
+    CHECK_OK(k3c_synthesize("tiny", test_seed(), dir));
+    k3c_model *m = NULL;
+    CHECK_OK(k3c_load(dir, &m));
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.max_requests = 4096;
+    o.max_context = 0x7ffffff0;
+    k3c_engine *e = NULL;
+    CHECK(k3c_engine_create(m, &o, &e) != K3C_OK);
+    CHECKF(strstr(k3c_last_error(), "cache blocks") != NULL, "message: %s", k3c_last_error());
+    CHECK(e == NULL);
+
+    k3c_engine_options_default(&o);
+    o.max_requests = 1;
+    o.max_context = 8;
+    o.max_rows = 4;
+    o.q_max = 1;
+    CHECK_OK(k3c_engine_create(m, &o, &e));
+    int id = -1;
+    CHECK_OK(k3c_request_open(e, &id));
+    int32_t tok = 1;
+    k3c_step_item it = {.request = id, .tokens = &tok, .n = 0x7fffffff};
+    float lg[1];
+    CHECK(k3c_engine_step(e, &it, 1, lg) != K3C_OK);
+    CHECKF(strstr(k3c_last_error(), "max_context") != NULL, "message: %s", k3c_last_error());
+    k3c_engine_free(e);
+    k3c_free(m);
+}
+
+/* A NaN temperature or top_p is refused at creation instead of sampling from NaN probabilities. */
+TEST(runtime_sampler_rejects_nan) {
+    k3c_sampler *x = NULL;
+    k3c_sampling s = {.temperature = NAN};
+    CHECK(k3c_sampler_create(&s, 10, &x) != K3C_OK && x == NULL);
+    s = (k3c_sampling){.temperature = INFINITY};
+    CHECK(k3c_sampler_create(&s, 10, &x) != K3C_OK && x == NULL);
+    s = (k3c_sampling){.temperature = 1.0f, .top_p = NAN};
+    CHECK(k3c_sampler_create(&s, 10, &x) != K3C_OK && x == NULL);
+    s = (k3c_sampling){.temperature = -1.0f, .top_p = 2.0f}; /* documented: greedy, top-p off */
+    CHECK_OK(k3c_sampler_create(&s, 10, &x));
+    k3c_sampler_free(x);
+}

@@ -1,5 +1,6 @@
 /* The engine of include/k3c.h: a backend, the stock forward, the paged MLA cache, the KDA slots and the
  * request table, all allocated at creation. A step only takes cache blocks from the free list. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,8 +70,17 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (o.q_max <= 0) o.q_max = d.q_max;
     }
     if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
-    int mbr = (o.max_context + o.block_size - 1) / o.block_size;
-    if (o.num_blocks <= 0) o.num_blocks = mbr * o.max_requests;
+    /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
+    int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
+    if (o.num_blocks <= 0) {
+        int64_t blocks = mbr64 * o.max_requests;
+        if (blocks > INT32_MAX)
+            return k3c_errorf("engine: max_context %d x max_requests %d needs %lld cache blocks of %d tokens, "
+                              "more than %d", o.max_context, o.max_requests, (long long)blocks, o.block_size,
+                              INT32_MAX);
+        o.num_blocks = (int)blocks;
+    }
+    int mbr = (int)mbr64;
 
     k3c_engine *e = calloc(1, sizeof *e);
     if (!e) return k3c_errorf("engine: out of memory");
@@ -110,7 +120,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
-        return k3c_error_context("engine: ");
+        return k3c_error_context("engine");
     }
     *out = e;
     return K3C_OK;
@@ -187,9 +197,9 @@ int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, cons
             if (items[j].request == it->request)
                 return k3c_errorf("engine step: request %d appears twice", it->request);
         if (it->n <= 0 || !it->tokens) return k3c_errorf("engine step: item %d has no tokens", i);
-        if (r->length + it->n > e->o.max_context)
-            return k3c_errorf("engine step: request %d would hold %d tokens, max_context is %d", it->request,
-                              r->length + it->n, e->o.max_context);
+        if (it->n > e->o.max_context - r->length)
+            return k3c_errorf("engine step: request %d would hold %lld tokens, max_context is %d", it->request,
+                              (long long)r->length + it->n, e->o.max_context);
         /* blocks covering every row written this step */
         int need = (r->length + it->n + e->o.block_size - 1) / e->o.block_size;
         while (r->nblocks < need) {

@@ -40,7 +40,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->base = be->alloc(be, total * sizeof(float));
     if (!ks->base) {
         k3c_kda_slots_release(ks, be);
-        return k3c_error_context("kda slots (%d layers x %d slots, q_max %d): ", n_kda, num_slots, q_max);
+        return k3c_error_context("kda slots (%d layers x %d slots, q_max %d)", n_kda, num_slots, q_max);
     }
     be->fill_bytes(be, ks->base, 0, total * sizeof(float));
     float *p = ks->base;

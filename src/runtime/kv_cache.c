@@ -30,7 +30,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
         if (!kv->base) {
             free(kv->layer);
             free(kv->free_ids);
-            return k3c_error_context("kv cache (%d MLA layers x %zu bytes): ", n_mla, kv->layer_bytes);
+            return k3c_error_context("kv cache (%d MLA layers x %zu bytes)", n_mla, kv->layer_bytes);
         }
         /* zeroed so that a bug reading unwritten rows gives a finite, reproducible result */
         be->fill_bytes(be, kv->base, 0, kv->layer_bytes * n_mla);

@@ -116,7 +116,7 @@ static int probe_slots(k3c_engine *e, int *slots) {
     for (int i = 0; i < n; i++)
         if (k3c_request_close(e, ids[i]) != K3C_OK) rc = K3C_ERR;
     free(ids);
-    if (rc != K3C_OK) return k3c_error_context("runner: probing the engine's request slots: ");
+    if (rc != K3C_OK) return k3c_error_context("runner: probing the engine's request slots");
     if (n == 0) return k3c_errorf("runner: the engine has no free request slot");
     *slots = n;
     return K3C_OK;
@@ -229,7 +229,7 @@ static int admit(k3c_runner *r) {
             q->id = -1;
             k3c_sampler_free(q->smp);
             q->smp = NULL;
-            return k3c_error_context("runner: request %d: ", r->next_wait);
+            return k3c_error_context("runner: request %d", r->next_wait);
         }
         q->state = REQ_ACTIVE;
         r->active[r->n_active++] = r->next_wait++;
@@ -335,7 +335,7 @@ static int finish_step(k3c_runner *r, int n) {
             }
             row += (size_t)it->n * V;
             if (k3c_request_commit(r->e, q->id, 1 + acc) != K3C_OK)
-                return k3c_error_context("runner: request %d: ", r->item_req[i]);
+                return k3c_error_context("runner: request %d", r->item_req[i]);
             r->st.drafts_accepted += acc;
             for (int j = 0; j < acc && !done; j++) done = emit(r, q, it->tokens[1 + j]);
             if (!done) done = emit(r, q, next);
@@ -368,11 +368,11 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
     if (plan.route == K3C_ROUTE_STOCK) r->st.stock_reason_steps[plan.reason]++;
     if (r->x && plan.route != K3C_ROUTE_STOCK) {
         if (r->x->run(r->x->ctx, &plan, r->items, n, r->logits) != K3C_OK)
-            return k3c_error_context("runner: executor step (%s, %d rows): ", k3c_runner_route_name(plan.route),
+            return k3c_error_context("runner: executor step (%s, %d rows)", k3c_runner_route_name(plan.route),
                                      rows);
         r->st.executor_steps++;
     } else if (k3c_engine_step(r->e, r->items, n, r->logits) != K3C_OK) {
-        return k3c_error_context("runner: stock step (%d items, %d rows): ", n, rows);
+        return k3c_error_context("runner: stock step (%d items, %d rows)", n, rows);
     }
     K3C_TRY(finish_step(r, n));
     /* retire finished requests, keeping the admission order of the rest */
@@ -384,7 +384,7 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
             q->id = -1;
             k3c_sampler_free(q->smp);
             q->smp = NULL;
-            if (k3c_request_close(r->e, id) != K3C_OK) return k3c_error_context("runner: request %d: ", r->active[a]);
+            if (k3c_request_close(r->e, id) != K3C_OK) return k3c_error_context("runner: request %d", r->active[a]);
         } else {
             r->active[k++] = r->active[a];
         }

@@ -1,5 +1,6 @@
 /* Token sampling from one row of logits: greedy, or temperature with optional top-k and top-p (nucleus)
  * filtering, from a seeded generator (util/rng.h) so a run is reproducible. */
+#define _GNU_SOURCE /* qsort_r: the comparison gets the logits without a global, so samplers on other threads never race */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,10 @@ int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out) {
     *out = NULL;
     if (vocab <= 0) return k3c_errorf("sampler: vocab %d", vocab);
     if (s->top_k < 0) return k3c_errorf("sampler: top_k %d is negative", s->top_k);
+    /* NaN fails every comparison below silently (exp(x / NaN) makes every probability NaN) */
+    if (isnan(s->temperature) || isinf(s->temperature))
+        return k3c_errorf("sampler: temperature %g, expected a finite number (<= 0: greedy)", (double)s->temperature);
+    if (isnan(s->top_p)) return k3c_errorf("sampler: top_p is NaN");
     k3c_sampler *x = calloc(1, sizeof *x);
     if (!x) return k3c_errorf("sampler: out of memory");
     x->s = *s;
@@ -42,10 +47,10 @@ void k3c_sampler_free(k3c_sampler *s) {
     free(s);
 }
 
-static const float *cmp_logits;
-static int cmp_desc(const void *a, const void *b) {
+static int cmp_desc(const void *a, const void *b, void *logits) {
     int i = *(const int *)a, j = *(const int *)b;
-    float x = cmp_logits[i], y = cmp_logits[j];
+    const float *l = logits;
+    float x = l[i], y = l[j];
     if (x != y) return x > y ? -1 : 1;
     return i - j;
 }
@@ -62,10 +67,8 @@ int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
     if (s->s.temperature <= 0) return argmax(logits, V);
     int n = V;
     for (int i = 0; i < V; i++) s->idx[i] = i;
-    /* candidates in descending logit order (ties: lower id); qsort is not reentrant-safe with a global,
-     * but the sampler is used by one thread */
-    cmp_logits = logits;
-    qsort(s->idx, (size_t)V, sizeof(int), cmp_desc);
+    /* candidates in descending logit order (ties: lower id) */
+    qsort_r(s->idx, (size_t)V, sizeof(int), cmp_desc, (void *)logits);
     if (s->s.top_k > 0 && s->s.top_k < n) n = s->s.top_k;
     double mx = logits[s->idx[0]], sum = 0;
     for (int i = 0; i < n; i++) {

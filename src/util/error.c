@@ -19,6 +19,9 @@ int k3c_error_context(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
+    /* the ": " separator is added here; a prefix written with its own ("loading x: ") would double it */
+    size_t n = strlen(prefix);
+    while (n > 0 && (prefix[n - 1] == ' ' || prefix[n - 1] == ':')) prefix[--n] = 0;
     memcpy(old, error_buffer, sizeof old);
     snprintf(error_buffer, sizeof error_buffer, "%.1000s: %.1040s", prefix, old);
     return K3C_ERR;

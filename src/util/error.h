@@ -15,7 +15,8 @@ extern "C" {
 
 /* Sets the message (printf format) and returns K3C_ERR, so callers write `return k3c_errorf(...)`. */
 int k3c_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Prefixes the current message with more context ("loading x: " + old message); returns K3C_ERR. */
+/* Prefixes the current message with more context: "loading x" + ": " + old message (a trailing ": " of the
+ * prefix is dropped, so the separator never doubles); returns K3C_ERR. */
 int k3c_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *k3c_error_message(void);
 void k3c_error_clear(void);
