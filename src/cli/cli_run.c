@@ -2,6 +2,7 @@
  * lists, loading a checkpoint or synthesizing a preset into a temporary directory. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,7 @@ int cli_parse_float(const char *s, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || !*s || *end) return -1;
+    if (errno || !*s || *end || !isfinite(v)) return -1; /* strtod takes "nan" and "inf" */
     *out = v;
     return 0;
 }

@@ -1,8 +1,10 @@
 /* k3c logits: the first N prompt tokens as one prefill, then the rest one cached decode step at a time;
  * writes the logits of every position as float32 [len, vocab], row-major, to FILE. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "util/error.h"
@@ -55,7 +57,6 @@ int cmd_logits(int argc, char **argv) {
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     float *lg = NULL;
-    FILE *f = NULL;
     int rc = 1, id;
     if (k3c_load(model, &m) != K3C_OK) goto fail;
     k3c_engine_options o;
@@ -81,24 +82,27 @@ int cmd_logits(int argc, char **argv) {
         k3c_step_item d = {.request = id, .tokens = ids + i, .n = 1};
         if (k3c_engine_step(e, &d, 1, lg + (size_t)i * V) != K3C_OK) goto fail;
     }
-    f = fopen(out, "wb");
+    FILE *f = fopen(out, "wb");
     if (!f) {
-        k3c_errorf("cannot open %s for writing", out);
+        k3c_errorf("cannot open %s for writing: %s", out, strerror(errno));
         goto fail;
     }
-    if (fwrite(lg, sizeof(float), (size_t)n * V, f) != (size_t)n * V || fclose(f) != 0) {
-        f = NULL;
-        k3c_errorf("writing %s failed", out);
+    struct stat st;
+    int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+    size_t wrote = fwrite(lg, sizeof(float), (size_t)n * V, f);
+    int close_rc = fclose(f);
+    if (wrote != (size_t)n * V || close_rc != 0) {
+        k3c_errorf("writing %s: %s", out, strerror(errno));
+        /* a short logits file would read as valid rows; a device (/dev/full) is never unlinked */
+        if (regular) remove(out);
         goto fail;
     }
-    f = NULL;
     fprintf(stderr, "wrote %d x %d float32 logits to %s\n", n, V, out);
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "k3c logits: %s\n", k3c_last_error());
 done:
-    if (f) fclose(f);
     free(lg);
     k3c_engine_free(e);
     if (m) k3c_free(m);
