@@ -337,9 +337,7 @@ static int read_decoder(const jreader *r, const cJSON *root, k3c_config *c) {
     if (c->attn_res_block_size < 0)
         return k3c_errorf("%s: %sattn_res_block_size = %d: must not be negative", r->where, r->prefix,
                           c->attn_res_block_size);
-    c->num_attn_res_blocks = c->attn_res_block_size > 0
-                                 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size
-                                 : 0;
+    c->num_attn_res_blocks = k3c_config_attn_res_blocks(c->num_layers, c->attn_res_block_size);
 
     /* KDA: linear_attn_config (official) or linear_* (transformers 5.x) */
     const cJSON *lac = jget(r, "linear_attn_config");

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,28 @@ static int validate_moe(const k3c_config *c, const char *prefix) {
     return K3C_OK;
 }
 
+/* Every width the code derives from two fields (config.h helpers, projection shapes) is an int: each must
+ * fit, or a hostile config.json would overflow (undefined behaviour) before any shape check could catch it. */
+static int validate_widths(const k3c_config *c, const char *prefix) {
+    const int64_t H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    const struct {
+        const char *what;
+        int64_t value;
+    } w[] = {
+        {"linear_attn_config.num_heads x head_dim", (int64_t)c->kda_num_heads * c->kda_head_dim},
+        {"linear_attn_config.num_heads x head_dim x head_dim (KDA state)",
+         (int64_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim},
+        {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * (nope + rope)},
+        {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (nope + c->v_head_dim)},
+        {"kv_lora_rank + qk_rope_head_dim", (int64_t)c->kv_lora_rank + rope},
+        {"num_shared_experts x moe_intermediate_size", (int64_t)c->num_shared_experts * c->moe_intermediate_size},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (w[i].value > INT_MAX)
+            return k3c_errorf("%s%s = %lld: larger than %d", prefix, w[i].what, (long long)w[i].value, INT_MAX);
+    return K3C_OK;
+}
+
 int k3c_config_validate_named(const k3c_config *c, const char *prefix) {
     if (!prefix) prefix = "";
     if (c->family != K3C_FAMILY_K3 && c->family != K3C_FAMILY_KIMI_LINEAR)
@@ -167,7 +190,11 @@ int k3c_config_validate_named(const k3c_config *c, const char *prefix) {
     }
 
     NONNEGATIVE("attn_res_block_size", c->attn_res_block_size);
-    int blocks = c->attn_res_block_size > 0 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size : 0;
+    /* the stock forward sizes its tables as (L + S - 1) / S in int */
+    if (c->attn_res_block_size > INT_MAX - c->num_layers)
+        return k3c_errorf("%sattn_res_block_size = %d: too large (at most %d for %d layers)", prefix,
+                          c->attn_res_block_size, INT_MAX - c->num_layers, c->num_layers);
+    int blocks = k3c_config_attn_res_blocks(c->num_layers, c->attn_res_block_size);
     if (c->num_attn_res_blocks != blocks)
         return k3c_errorf("%sattn_res_block_size = %d: num_attn_res_blocks is %d, expected %d for %d layers", prefix,
                           c->attn_res_block_size, c->num_attn_res_blocks, blocks, c->num_layers);
@@ -198,6 +225,8 @@ int k3c_config_validate_named(const k3c_config *c, const char *prefix) {
     if (c->kda_has_lower_bound && !(isfinite(c->kda_gate_lower_bound) && c->kda_gate_lower_bound < 0))
         return k3c_errorf("%slinear_attn_config.gate_lower_bound = %g: must be a negative finite number", prefix,
                           (double)c->kda_gate_lower_bound);
+
+    K3C_TRY(validate_widths(c, prefix));
 
     /* Token ids: -1 = absent (null); otherwise an embedding row. */
     const struct {

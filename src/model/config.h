@@ -128,6 +128,10 @@ static inline int k3c_config_shared_width(const k3c_config *c) { return c->num_s
 static inline int k3c_config_expert_in(const k3c_config *c) {
     return c->routed_expert_hidden_size > 0 ? c->routed_expert_hidden_size : c->hidden_size;
 }
+/* ceil(L / S) AttnRes blocks, 0 without AttnRes (S = 0); in 64 bits, as S comes from config.json. */
+static inline int k3c_config_attn_res_blocks(int num_layers, int block_size) {
+    return block_size > 0 && num_layers > 0 ? (int)(((int64_t)num_layers + block_size - 1) / block_size) : 0;
+}
 /* 1 where layer l starts an AttnRes block (l % S == 0). */
 static inline int k3c_config_is_block_start(const k3c_config *c, int l) {
     return c->attn_res_block_size > 0 && l % c->attn_res_block_size == 0;

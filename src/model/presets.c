@@ -129,8 +129,7 @@ static int set_schedule(k3c_config *c, const int *full_attn_1based, int n_full) 
         c->layer_is_moe[l] = (uint8_t)k3c_config_rule_is_moe(c->first_k_dense_replace, c->moe_layer_freq, l);
     }
     for (int i = 0; i < n_full; i++) c->layer_attn[full_attn_1based[i] - 1] = K3C_ATTN_MLA;
-    c->num_attn_res_blocks =
-        c->attn_res_block_size > 0 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size : 0;
+    c->num_attn_res_blocks = k3c_config_attn_res_blocks(c->num_layers, c->attn_res_block_size);
     return K3C_OK;
 }
 
