@@ -52,8 +52,8 @@ static int by_tensor_name(const void *a, const void *b) {
     return strcmp((*(const k3c_st_tensor *const *)a)->name, (*(const k3c_st_tensor *const *)b)->name);
 }
 
-/* Which shard a tensor record belongs to (records live in each shard's header array). */
-static const char *shard_path_of(const k3c_checkpoint *ck, const k3c_st_tensor *t) {
+/* Records live in each shard's header array: the shard is the one whose array holds the pointer. */
+const char *k3c_checkpoint_shard_path(const k3c_checkpoint *ck, const k3c_st_tensor *t) {
     for (int s = 0; s < ck->num_shards; s++) {
         const k3c_st_header *h = &ck->shards[s].header;
         if (t >= h->tensors && t < h->tensors + h->num_tensors) return ck->shards[s].path;
@@ -126,7 +126,8 @@ static int build_table(k3c_checkpoint *ck) {
     for (size_t i = 1; i < n; i++)
         if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
             return k3c_errorf("%s: tensor %s is in two shards: %s and %s", ck->dir, ck->tensors[i]->name,
-                              shard_path_of(ck, ck->tensors[i - 1]), shard_path_of(ck, ck->tensors[i]));
+                              k3c_checkpoint_shard_path(ck, ck->tensors[i - 1]),
+                              k3c_checkpoint_shard_path(ck, ck->tensors[i]));
     return K3C_OK;
 }
 
@@ -218,14 +219,19 @@ void k3c_checkpoint_close(k3c_checkpoint *ck) {
     memset(ck, 0, sizeof *ck);
 }
 
-const k3c_st_tensor *k3c_checkpoint_find(const k3c_checkpoint *ck, const char *name) {
+long k3c_checkpoint_index(const k3c_checkpoint *ck, const char *name) {
     size_t lo = 0, hi = ck->num_tensors;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(ck->tensors[mid]->name, name);
-        if (c == 0) return ck->tensors[mid];
+        if (c == 0) return (long)mid;
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
-    return NULL;
+    return -1;
+}
+
+const k3c_st_tensor *k3c_checkpoint_find(const k3c_checkpoint *ck, const char *name) {
+    long i = k3c_checkpoint_index(ck, name);
+    return i < 0 ? NULL : ck->tensors[i];
 }

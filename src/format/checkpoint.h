@@ -37,5 +37,9 @@ typedef struct k3c_checkpoint {
 int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir);
 void k3c_checkpoint_close(k3c_checkpoint *ck);
 const k3c_st_tensor *k3c_checkpoint_find(const k3c_checkpoint *ck, const char *name);
+/* Position of name in ck->tensors, or -1 when absent. */
+long k3c_checkpoint_index(const k3c_checkpoint *ck, const char *name);
+/* Path of the shard whose header holds t (a record of ck->tensors), for messages; "?" for a foreign record. */
+const char *k3c_checkpoint_shard_path(const k3c_checkpoint *ck, const k3c_st_tensor *t);
 
 #endif

@@ -23,30 +23,6 @@ static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape) {
     if (n < size) snprintf(buf + n, size - n, "]");
 }
 
-/* Index of name in the checkpoint's sorted tensor list, or -1. */
-static long checkpoint_index(const k3c_checkpoint *ck, const char *name) {
-    size_t lo = 0, hi = ck->num_tensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int cmp = strcmp(ck->tensors[mid]->name, name);
-        if (cmp == 0) return (long)mid;
-        if (cmp < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return -1;
-}
-
-/* The shard file a tensor record lives in (for messages). */
-static const char *shard_of(const k3c_checkpoint *ck, const k3c_st_tensor *t) {
-    for (int i = 0; i < ck->num_shards; i++) {
-        const k3c_st_header *h = &ck->shards[i].header;
-        if (t >= h->tensors && t < h->tensors + h->num_tensors) return ck->shards[i].path;
-    }
-    return "?";
-}
-
 static int check_dtype(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file) {
     int ok;
     switch (s->cls) {
@@ -172,13 +148,13 @@ static int load_into(struct k3c_model *m, const char *dir) {
     uint64_t weight_bytes = 0, owned = 0;
     for (size_t i = 0; i < m->inventory.count; i++) {
         const k3c_tensor_spec *s = &m->inventory.specs[i];
-        long ix = checkpoint_index(ck, s->name);
+        long ix = k3c_checkpoint_index(ck, s->name);
         if (ix < 0) {
             free(used);
             return k3c_errorf("tensor %s: missing from the checkpoint in %s (the config implies it)", s->name, dir);
         }
         const k3c_st_tensor *t = ck->tensors[ix];
-        if (bind_spec(s, t, shard_of(ck, t), &owned) != K3C_OK) {
+        if (bind_spec(s, t, k3c_checkpoint_shard_path(ck, t), &owned) != K3C_OK) {
             free(used);
             return K3C_ERR;
         }
@@ -194,7 +170,7 @@ static int load_into(struct k3c_model *m, const char *dir) {
             continue;
         free(used);
         return k3c_errorf("unexpected tensor %s in %s (not part of the model the config describes)", t->name,
-                          shard_of(ck, t));
+                          k3c_checkpoint_shard_path(ck, t));
     }
     free(used);
     if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed;
