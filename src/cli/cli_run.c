@@ -105,3 +105,25 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
 int cli_check_device(const char *device) {
     return !strcmp(device, "cpu") || !strcmp(device, "cuda") ? 0 : -1;
 }
+
+int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad) {
+    const char *v;
+    double d = 0;
+    long l = 0;
+    if ((v = cli_option(argc, argv, i, "--temperature"))) {
+        *bad = cli_parse_float(v, &d) || d < 0;
+        s->temperature = (float)d;
+    } else if ((v = cli_option(argc, argv, i, "--top-k"))) {
+        *bad = cli_parse_int(v, 0, 1 << 30, &l);
+        s->top_k = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--top-p"))) {
+        *bad = cli_parse_float(v, &d) || d <= 0 || d > 1;
+        s->top_p = (float)d;
+    } else if ((v = cli_option(argc, argv, i, "--seed"))) {
+        *bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &l);
+        s->seed = (uint64_t)l;
+    } else {
+        return 0;
+    }
+    return 1;
+}

@@ -62,9 +62,9 @@ out:
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *device = "cpu";
-    long n = 32, top_k = 0, threads = 0, seed = 0;
+    long n = 32, threads = 0;
     int stock = 0;
-    double temperature = 0, top_p = 1;
+    k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -75,10 +75,7 @@ int cmd_generate(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 0, 1 << 30, &n);
-        else if ((v = cli_option(argc, argv, &i, "--temperature"))) bad = cli_parse_float(v, &temperature) || temperature < 0;
-        else if ((v = cli_option(argc, argv, &i, "--top-k"))) bad = cli_parse_int(v, 0, 1 << 30, &top_k);
-        else if ((v = cli_option(argc, argv, &i, "--top-p"))) bad = cli_parse_float(v, &top_p) || top_p <= 0 || top_p > 1;
-        else if ((v = cli_option(argc, argv, &i, "--seed"))) bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &seed);
+        else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
         else bad = 1;
@@ -109,8 +106,6 @@ int cmd_generate(int argc, char **argv) {
     o.max_requests = 1;
     o.max_context = n_ids + (int)n + 1;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
-    k3c_sampling s = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
-                      .seed = (uint64_t)seed};
     if (!strcmp(device, "cuda") && !stock) {
         rc = generate_specialized(e, ids, n_ids, (int)n, &s);
         if (rc) goto fail;

@@ -84,8 +84,8 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompts_s = NULL, *device = "cpu";
-    long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1, top_k = 0, threads = 0, seed = 0;
-    double temperature = 0, top_p = 1;
+    long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1, threads = 0;
+    k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -99,10 +99,7 @@ int cmd_run(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--max-requests"))) bad = cli_parse_int(v, 1, 4096, &max_req);
         else if ((v = cli_option(argc, argv, &i, "--prefill-budget"))) bad = cli_parse_int(v, 0, 1 << 20, &budget);
         else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_parse_int(v, 0, 0x7fffffffL, &stop);
-        else if ((v = cli_option(argc, argv, &i, "--temperature"))) bad = cli_parse_float(v, &temperature) || temperature < 0;
-        else if ((v = cli_option(argc, argv, &i, "--top-k"))) bad = cli_parse_int(v, 0, 1 << 30, &top_k);
-        else if ((v = cli_option(argc, argv, &i, "--top-p"))) bad = cli_parse_float(v, &top_p) || top_p <= 0 || top_p > 1;
-        else if ((v = cli_option(argc, argv, &i, "--seed"))) bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &seed);
+        else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
         else bad = 1;
@@ -143,13 +140,11 @@ int cmd_run(int argc, char **argv) {
     ro.spec_tokens = (int)spec;
     ro.prefill_budget = (int)budget;
     if (k3c_runner_create(e, &ro, &r) != K3C_OK) goto fail;
-    k3c_sampling s = {.temperature = (float)temperature, .top_k = (int)top_k, .top_p = (float)top_p,
-                      .seed = (uint64_t)seed};
     for (int i = 0; i < n_prompts; i++) {
         int h;
         k3c_runner_request q = {.prompt = prompts[i], .n_prompt = lens[i], .max_new = (int)n, .sampling = s,
                                 .stop_token = (int32_t)stop};
-        q.sampling.seed = (uint64_t)seed + (uint64_t)i; /* independent draws per request, reproducible */
+        q.sampling.seed = s.seed + (uint64_t)i; /* independent draws per request, reproducible */
         if (k3c_runner_submit(r, &q, &h) != K3C_OK) goto fail;
     }
     if (k3c_runner_run(r) != K3C_OK) goto fail;
