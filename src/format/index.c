@@ -58,11 +58,10 @@ static int parse_metadata(const cJSON *meta, const char *where, k3c_index *out) 
     for (const cJSON *m = meta->child; m; m = m->next) {
         if (strcmp(m->string, "total_size") != 0) continue;
         if (seen++) return k3c_errorf("%s: metadata: duplicate key total_size", where);
-        double d = cJSON_IsNumber(m) ? m->valuedouble : -1.0;
-        /* cJSON numbers are doubles: only integers up to 2^53 are exact. */
-        if (!(d >= 0.0) || d > 9007199254740992.0 || d != (double)(unsigned long long)d)
+        uint64_t v;
+        if (!k3c_json_exact_u64(m, &v))
             return k3c_errorf("%s: metadata.total_size: expected a non-negative integer, got %s", where, k3c_json_kind(m));
-        out->total_size = (unsigned long long)d;
+        out->total_size = v;
     }
     return K3C_OK;
 }

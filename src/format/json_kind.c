@@ -10,3 +10,11 @@ const char *k3c_json_kind(const cJSON *v) {
     if (cJSON_IsNull(v)) return "null";
     return "an invalid value";
 }
+
+int k3c_json_exact_u64(const cJSON *v, uint64_t *out) {
+    if (!cJSON_IsNumber(v)) return 0;
+    double d = v->valuedouble;
+    if (!(d >= 0.0) || d > 9007199254740992.0 || d != (double)(uint64_t)d) return 0;
+    *out = (uint64_t)d;
+    return 1;
+}

@@ -26,22 +26,10 @@
 /* A header larger than this is not a real checkpoint (K3's largest is ~1 MB); refusing it early keeps a
  * hostile length prefix from making us allocate and parse gigabytes. */
 #define ST_MAX_HEADER (100ull << 20)
-/* cJSON stores numbers as doubles: integers above 2^53 would silently lose precision, so they are refused. */
-#define ST_MAX_EXACT_INT 9007199254740992.0
-
 uint64_t k3c_st_numel(const k3c_st_tensor *t) {
     uint64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
     return n;
-}
-
-/* A JSON number that is a non-negative integer exactly representable in a double. */
-static int json_to_u64(const cJSON *v, uint64_t *out) {
-    if (!cJSON_IsNumber(v)) return 0;
-    double d = v->valuedouble;
-    if (!(d >= 0.0) || d > ST_MAX_EXACT_INT || d != (double)(uint64_t)d) return 0;
-    *out = (uint64_t)d;
-    return 1;
 }
 
 static int by_name(const void *a, const void *b) {
@@ -99,7 +87,7 @@ static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_si
     int i = 0;
     for (const cJSON *d = shape->child; d; d = d->next, i++) {
         uint64_t v;
-        if (!json_to_u64(d, &v) || v > (uint64_t)INT64_MAX)
+        if (!k3c_json_exact_u64(d, &v) || v > (uint64_t)INT64_MAX)
             return k3c_errorf("%s: tensor %s: shape[%d]: expected a non-negative integer, got %s%s", where, name, i,
                               k3c_json_kind(d), cJSON_IsNumber(d) ? " that is negative, fractional or too large" : "");
         t->shape[i] = (int64_t)v;
@@ -116,7 +104,7 @@ static int parse_entry(const cJSON *e, const char *name, uint64_t data_region_si
         return k3c_errorf("%s: tensor %s: data_offsets: expected an array [begin, end], got %s", where, name,
                           cJSON_IsArray(offsets) ? "an array of a different length" : k3c_json_kind(offsets));
     uint64_t begin, end;
-    if (!json_to_u64(offsets->child, &begin) || !json_to_u64(offsets->child->next, &end))
+    if (!k3c_json_exact_u64(offsets->child, &begin) || !k3c_json_exact_u64(offsets->child->next, &end))
         return k3c_errorf("%s: tensor %s: data_offsets: expected two non-negative integers", where, name);
     if (end < begin)
         return k3c_errorf("%s: tensor %s: data_offsets [%llu, %llu]: end < begin", where, name,

@@ -70,6 +70,13 @@ static k3c_tensor_spec *add(builder *b, k3c_tensor_class cls, k3c_dtype dtype, i
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 
+/* Points a matrix spec at its slot (NULL: inventory without weights); the slot learns its shape now and its
+ * data when the loader binds it. */
+static void bind_mat(k3c_tensor_spec *s, k3c_mat *m) {
+    s->mat = m;
+    if (m) *m = (k3c_mat){.w = NULL, .rows = (int)s->shape[0], .cols = (int)s->shape[1]};
+}
+
 /* A bf16 matrix [rows, cols] bound to *m (m may be NULL). */
 static int add_mat(builder *b, k3c_mat *m, int layer, int64_t rows, int64_t cols, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
@@ -81,12 +88,7 @@ static int add_mat(builder *b, k3c_mat *m, int layer, int64_t rows, int64_t cols
     va_end(ap);
     k3c_tensor_spec *s = add(b, K3C_TENSOR_MATRIX, K3C_DTYPE_BF16, layer, -1, 2, SHAPE(rows, cols), "%s", name);
     if (!s) return K3C_ERR;
-    s->mat = m;
-    if (m) {
-        m->rows = (int)rows;
-        m->cols = (int)cols;
-        m->w = NULL;
-    }
+    bind_mat(s, m);
     return K3C_OK;
 }
 
@@ -132,12 +134,7 @@ static int add_expert_proj(builder *b, k3c_expert *ex, int which, int layer, int
     k3c_tensor_spec *s = add(b, K3C_TENSOR_MATRIX, K3C_DTYPE_BF16, layer, e, 2, SHAPE(rows, cols),
                              "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight", layer, e, which);
     if (!s) return K3C_ERR;
-    s->mat = m;
-    if (m) {
-        m->rows = (int)rows;
-        m->cols = (int)cols;
-        m->w = NULL;
-    }
+    bind_mat(s, m);
     return K3C_OK;
 }
 
