@@ -434,7 +434,7 @@ static int run_status(const char *cmd) {
 }
 
 TEST(cli_synth_and_inspect) {
-    char bin[PATH_MAX], dir[PATH_MAX], cmd[3 * PATH_MAX], out[PATH_MAX];
+    char bin[PATH_MAX], dir[PATH_MAX], cmd[4 * PATH_MAX], out[PATH_MAX];
     CHECK(k3c_binary(bin, sizeof bin));
     path_join(dir, sizeof dir, test_tmpdir(), "cli_tiny");
     path_join(out, sizeof out, test_tmpdir(), "cli_inspect.txt");
@@ -461,6 +461,13 @@ TEST(cli_synth_and_inspect) {
     snprintf(cmd, sizeof cmd, "'%s' inspect >/dev/null 2>&1", bin);
     CHECK(run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' inspect '%s/nonexistent' >/dev/null 2>&1", bin, dir);
+    CHECK(run_status(cmd) == 1);
+    /* non-finite floats are bad values (strtod takes "nan"); cache sizing beyond an int is an error */
+    snprintf(cmd, sizeof cmd, "'%s' generate --temperature nan -n 1 >/dev/null 2>&1", bin);
+    CHECK(run_status(cmd) == 2);
+    snprintf(cmd, sizeof cmd, "'%s' run --prompts 1 --top-p inf >/dev/null 2>&1", bin);
+    CHECK(run_status(cmd) == 2);
+    snprintf(cmd, sizeof cmd, "'%s' run --prompts '1;2' --max-requests 4096 -n 1073741824 >/dev/null 2>&1", bin);
     CHECK(run_status(cmd) == 1);
 }
 
