@@ -42,6 +42,8 @@ typedef struct cpu_ctx {
     float *sh;         /* [rows, D] */
     int *inv;          /* [rows * k] sorted position of pair (row * k + j) */
     k3c_mm *mm;        /* product lists handed to k3c_matmul_batch */
+    k3c_mm *mla_mm;    /* [max_segs * Hm] W_UV products of the absorbed MLA, per segment and head */
+    int *mla_rows;     /* [rows] rows of the segments an MLA call serves */
     k3c_mat *uv;       /* [Hm] per-head W_UV views of kv_b */
     /* Matmuls not yet run: consecutive independent products are merged into one k3c_matmul_batch (one pool
      * wake-up and one load-balancing tail instead of several). Every other op runs flush() first, so the
@@ -79,6 +81,7 @@ static void cpu_free_scratch(cpu_ctx *x) {
     free(x->logits); free(x->idx); free(x->wts); free(x->z); free(x->pairs); free(x->counts);
     free(x->xe); free(x->ea); free(x->eu); free(x->d); free(x->r); free(x->rup);
     free(x->sa); free(x->su); free(x->sh); free(x->inv); free(x->mm); free(x->uv);
+    free(x->mla_mm); free(x->mla_rows);
 }
 
 static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
@@ -117,6 +120,8 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     x->inv = xcalloc(R * K, sizeof(int), &bad);
     x->mm = xcalloc(2 * E + Hm + 8, sizeof(k3c_mm), &bad);
     x->uv = xcalloc(Hm, sizeof(k3c_mat), &bad);
+    x->mla_mm = xcalloc((size_t)lim->max_segs * Hm, sizeof(k3c_mm), &bad);
+    x->mla_rows = xcalloc(R, sizeof(int), &bad);
     if (bad) {
         cpu_free_scratch(x);
         memset(&x->kda_o, 0, sizeof *x - offsetof(cpu_ctx, kda_o));
@@ -400,6 +405,7 @@ typedef struct absorb_job {
     const k3c_config *c;
     const k3c_mla_weights *w;
     const float *in;  /* q [T, Hm*(nope+rope)] */
+    const int *rows;  /* the rows to absorb (those of the call's segments) */
     float *out;       /* q_abs [T, Hm, lat] */
 } absorb_job;
 
@@ -413,7 +419,7 @@ static void absorb_q(void *ctx, int b, int e) {
     const uint16_t *kvb = j->w->kv_b.w;
     int kv16 = kvl / 16 * 16;
     for (int th = b; th < e; th++) {
-        int t = th / Hm, h = th % Hm;
+        int t = j->rows[th / Hm], h = th % Hm;
         const float *q = j->in + (size_t)t * Hm * qh + (size_t)h * qh;
         float *out = j->out + ((size_t)t * Hm + h) * lat;
         for (int cc = 0; cc < kvl; cc++) out[cc] = 0.0f;
@@ -457,24 +463,75 @@ static void cpu_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const f
     const k3c_config *c = x->c;
     int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim;
     int nope = c->qk_nope_head_dim, vh = c->v_head_dim;
-    int T = 0;
+    /* only the rows of these segments: the forward may hand the prompt segments of the step to
+     * mla_attention_expanded, and their rows are neither computed nor written here */
+    int nrows = 0;
     for (int s = 0; s < nseg; s++)
-        if (segs[s].row0 + segs[s].n > T) T = segs[s].row0 + segs[s].n;
-    absorb_job aj = {x, c, w, q, x->q_abs};
-    k3c_pool_for(x->pool, T * Hm, absorb_q, &aj);
+        for (int i = 0; i < segs[s].n; i++) x->mla_rows[nrows++] = segs[s].row0 + i;
+    absorb_job aj = {x, c, w, q, x->mla_rows, x->q_abs};
+    k3c_pool_for(x->pool, nrows * Hm, absorb_q, &aj);
 
     attend_job tj = {x, segs, cache, 1, 1, 1.0f / sqrtf((float)(nope + rope))};
     head_groups(Hm, x->threads, &tj.groups, &tj.hg);
     k3c_pool_for(x->pool, nseg * tj.groups, attend_units, &tj);
 
-    /* o[t, h] = W_UV[h] o_lat[t, h], rounded: one strided product per head, all in one batch. W_UV[h] =
-     * kv_b rows h*(nope+v) + nope .. + v. */
-    for (int h = 0; h < Hm; h++) {
-        x->uv[h] = (k3c_mat){w->kv_b.w + ((size_t)h * (nope + vh) + nope) * kvl, vh, kvl};
-        x->mm[h] = (k3c_mm){.W = &x->uv[h], .x = x->o_lat + (size_t)h * kvl, .T = T, .y = o + (size_t)h * vh,
-                            .round = !x->exact, .ldx = (size_t)Hm * kvl, .ldy = (size_t)Hm * vh};
+    /* o[t, h] = W_UV[h] o_lat[t, h], rounded: one strided product per segment and head, all in one batch
+     * (batch invariant: a row's output does not depend on the segment's row count). W_UV[h] = kv_b rows
+     * h*(nope+v) + nope .. + v. */
+    int n = 0;
+    for (int h = 0; h < Hm; h++) x->uv[h] = (k3c_mat){w->kv_b.w + ((size_t)h * (nope + vh) + nope) * kvl, vh, kvl};
+    for (int s = 0; s < nseg; s++) {
+        if (segs[s].n <= 0) continue;
+        size_t r0 = (size_t)segs[s].row0;
+        for (int h = 0; h < Hm; h++)
+            x->mla_mm[n++] = (k3c_mm){.W = &x->uv[h], .x = x->o_lat + (r0 * Hm + h) * kvl, .T = segs[s].n,
+                                      .y = o + (r0 * Hm + h) * vh, .round = !x->exact, .ldx = (size_t)Hm * kvl,
+                                      .ldy = (size_t)Hm * vh};
     }
-    k3c_matmul_batch(x->pool, x->mm, Hm);
+    k3c_matmul_batch(x->pool, x->mla_mm, n);
+}
+
+/* The expanded form (spec §3.2) for prompt segments: per (segment, head group) unit, the cached latents
+ * are decompressed through kv_b once and shared by the segment's rows (cpu/mla.c). The decompressed
+ * k_nope and v are rounded to bf16 (they are outputs of a bf16 matmul in the contract of
+ * stock/forward.c), except in the exact diagnostic; o is rounded after the kernel. */
+typedef struct expand_job {
+    const cpu_ctx *x;
+    const k3c_mla_weights *w;
+    const float *q;
+    const k3c_seg *segs;
+    const float *cache;
+    int groups, hg;
+    float scale;
+    float *o;
+} expand_job;
+
+static void expand_units(void *ctx, int b, int e) {
+    expand_job *j = ctx;
+    const k3c_config *c = j->x->c;
+    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim;
+    int nope = c->qk_nope_head_dim, vh = c->v_head_dim;
+    for (int u = b; u < e; u++) {
+        const k3c_seg *g = &j->segs[u / j->groups];
+        int h0 = (u % j->groups) * j->hg, h1 = h0 + j->hg < Hm ? h0 + j->hg : Hm;
+        if (g->n <= 0 || h0 >= h1) continue;
+        float *o = j->o + (size_t)g->row0 * Hm * vh;
+        k3c_mla_attend_expanded(j->q + (size_t)g->row0 * Hm * (nope + rope), g->n, Hm, h0, h1, nope, rope, vh, kvl,
+                                &j->w->kv_b, j->cache, g->block_table, j->x->lim.block_size, g->pos, j->scale,
+                                !j->x->exact, o);
+        for (int t = 0; t < g->n; t++) round_n(j->x, o + ((size_t)t * Hm + h0) * vh, (size_t)(h1 - h0) * vh);
+    }
+}
+
+static void cpu_mla_attention_expanded(k3c_backend *be, const k3c_mla_weights *w, const float *q,
+                                       const k3c_seg *segs, int nseg, const void *cache, float *o) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    const k3c_config *c = x->c;
+    expand_job j = {x, w, q, segs, cache, 1, 1, 1.0f / sqrtf((float)(c->qk_nope_head_dim + c->qk_rope_head_dim)),
+                    o};
+    head_groups(c->num_attention_heads, x->threads, &j.groups, &j.hg);
+    k3c_pool_for(x->pool, nseg * j.groups, expand_units, &j);
 }
 
 /* ---- MoE ---- */
@@ -581,6 +638,10 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
 
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact) { ((cpu_ctx *)be->ctx)->exact = exact; }
 
+/* Test hook (stock/backend.h): whether backends created from now on offer the expanded MLA op. */
+static int cpu_mla_expanded_default = 1;
+void k3c_backend_cpu_test_mla_expanded(int on) { cpu_mla_expanded_default = on != 0; }
+
 k3c_backend *k3c_backend_cpu_create(int threads) {
     k3c_backend *be = calloc(1, sizeof *be);
     cpu_ctx *x = calloc(1, sizeof *x);
@@ -625,6 +686,7 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->kda_gated_norm = cpu_kda_gated_norm;
     be->mla_cache_write = cpu_mla_cache_write;
     be->mla_attention = cpu_mla_attention;
+    be->mla_attention_expanded = cpu_mla_expanded_default ? cpu_mla_attention_expanded : NULL;
     be->moe = cpu_moe;
     return be;
 }

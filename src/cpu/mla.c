@@ -1,4 +1,6 @@
-/* MLA attention core in the absorbed form (spec §3.3), NoPE: each query row dots its per-head 576-vector
+/* MLA attention core, NoPE, in two forms that are equal in exact arithmetic.
+ *
+ * Absorbed (spec §3.3; decode, verify): each query row dots its per-head 576-vector
  * [W_UK^T q_nope | q_pe] with the cached latents [c_normed | k_pe], softmax over the causal prefix, and
  * averages the first kv_lora entries of the latents.
  *
@@ -8,11 +10,14 @@
  * table (no gathered copy of the context). The softmax is the online form (running max and sum, output
  * rescaled when the max grows), which equals subtract-max softmax up to f32 rounding and needs no scratch
  * proportional to the context length. A row's result depends only on its own query and the positions it
- * sees: not on Tq, nor on the head range, nor on the paging. */
+ * sees: not on Tq, nor on the head range, nor on the paging.
+ *
+ * Expanded (spec §3.2; prompt chunks): see k3c_mla_attend_expanded below. */
 #include <math.h>
 
 #include "cpu/ops.h"
 #include "cpu/vec.h"
+#include "util/bf16.h"
 
 #define MLA_BLOCK 64
 
@@ -96,4 +101,127 @@ void k3c_mla_attend_paged(const float *q_abs, int Tq, int Hm, int h0, int h1, in
                           const float *cache, const int32_t *block_table, int block_size, int n_past, float scale,
                           float *o_lat) {
     mla_attend_rows(q_abs, Tq, Hm, h0, h1, kv_lora, rope, cache, block_table, block_size, n_past, scale, o_lat);
+}
+
+/* ---- expanded form (spec §3.2) ----
+ *
+ * Per head, the cached latents are decompressed a block of MLA_EXP_BLOCK positions at a time through that
+ * head's slice of kv_b ([W_UK[h] (nope rows) | W_UV[h] (v rows)], each [kv_lora]) into k_nope [blk, nope]
+ * and v [blk, v], and every query row of the call that sees the block consumes it (online softmax, as in
+ * the absorbed kernel). The decompression, O(context x (nope + v) x kv_lora) per head, is done once per
+ * call and shared by the Tq query rows: that is what makes this form worth it for prompt chunks, and not
+ * for decode (Tq = 1), where the absorbed form reads each latent once per head with no decompression.
+ * Scratch is the block (k, v, four weight rows in f32) and the running max / sum per row, on the stack:
+ * (blk * (nope + v) + 4 * kv_lora + 2 * Tq) floats. */
+#define MLA_EXP_BLOCK 32
+
+/* The 16 dots of 4 f32 rows w[0..3] with 4 rows a[0..3] (n floats each): 8 loads per 16 FMAs, so the
+ * loop is bound by the FMAs, not the loads. Each dot out[r][k] = w[r] . a[k] is reduced like mla_dot:
+ * 16-lane partial sums over full vectors, v16_sum, then the tail in order, whatever the blocking. */
+static inline void mla_dot4x4(const float *const *w, const float *const *a, int n, float out[4][4]) {
+    /* named accumulators: GCC keeps them in registers (an array of vectors was spilled) */
+    k3c_v16 z = v16_splat(0.0f);
+    k3c_v16 s00 = z, s01 = z, s02 = z, s03 = z, s10 = z, s11 = z, s12 = z, s13 = z;
+    k3c_v16 s20 = z, s21 = z, s22 = z, s23 = z, s30 = z, s31 = z, s32 = z, s33 = z;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        k3c_v16 a0 = v16_load(a[0] + i), a1 = v16_load(a[1] + i), a2 = v16_load(a[2] + i), a3 = v16_load(a[3] + i);
+        k3c_v16 w0 = v16_load(w[0] + i);
+        s00 = w0 * a0 + s00, s01 = w0 * a1 + s01, s02 = w0 * a2 + s02, s03 = w0 * a3 + s03;
+        k3c_v16 w1 = v16_load(w[1] + i);
+        s10 = w1 * a0 + s10, s11 = w1 * a1 + s11, s12 = w1 * a2 + s12, s13 = w1 * a3 + s13;
+        k3c_v16 w2 = v16_load(w[2] + i);
+        s20 = w2 * a0 + s20, s21 = w2 * a1 + s21, s22 = w2 * a2 + s22, s23 = w2 * a3 + s23;
+        k3c_v16 w3 = v16_load(w[3] + i);
+        s30 = w3 * a0 + s30, s31 = w3 * a1 + s31, s32 = w3 * a2 + s32, s33 = w3 * a3 + s33;
+    }
+    out[0][0] = v16_sum(s00), out[0][1] = v16_sum(s01), out[0][2] = v16_sum(s02), out[0][3] = v16_sum(s03);
+    out[1][0] = v16_sum(s10), out[1][1] = v16_sum(s11), out[1][2] = v16_sum(s12), out[1][3] = v16_sum(s13);
+    out[2][0] = v16_sum(s20), out[2][1] = v16_sum(s21), out[2][2] = v16_sum(s22), out[2][3] = v16_sum(s23);
+    out[3][0] = v16_sum(s30), out[3][1] = v16_sum(s31), out[3][2] = v16_sum(s32), out[3][3] = v16_sum(s33);
+    for (; i < n; i++)
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 4; k++) out[r][k] = fmaf(w[r][i], a[k][i], out[r][k]);
+}
+
+void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int nope, int rope, int vh,
+                             int kv_lora, const k3c_mat *kv_b, const float *cache, const int32_t *block_table,
+                             int block_size, int n_past, float scale, int round_kv, float *o) {
+    int Dq = kv_lora + rope, qh = nope + rope, kvw = nope + vh, n = n_past + Tq;
+    if (Tq <= 0 || h1 <= h0) return;
+    float kb[MLA_EXP_BLOCK * (nope > 0 ? nope : 1)], vb[MLA_EXP_BLOCK * vh], wf[4 * kv_lora];
+    float m[Tq], l[Tq];
+    int kv16 = kv_lora / 16 * 16;
+    for (int h = h0; h < h1; h++) {
+        for (int i = 0; i < Tq; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+            float *out = o + ((size_t)i * Hm + h) * vh;
+            for (int e = 0; e < vh; e++) out[e] = 0.0f;
+        }
+        for (int t0 = 0; t0 < n; t0 += MLA_EXP_BLOCK) {
+            int nb = n - t0 < MLA_EXP_BLOCK ? n - t0 : MLA_EXP_BLOCK;
+            const float *rows[MLA_EXP_BLOCK + 3];
+            for (int tt = 0; tt < nb; tt++) rows[tt] = mla_row(cache, block_table, block_size, Dq, t0 + tt);
+            for (int tt = nb; tt < nb + 3; tt++) rows[tt] = rows[0]; /* padding for the 4-wide dots */
+
+            /* decompress: rows d .. d+3 of the head's kv_b slice (widened to f32 once per block) against
+             * every latent of the block; each value is rounded to bf16 (round_kv) as the output of a bf16
+             * matmul is in the stock rounding contract. Past the slice's last row the row index is clamped
+             * (computed, not stored). */
+            for (int d0 = 0; d0 < kvw; d0 += 4) {
+                const float *wp[4];
+                for (int r = 0; r < 4; r++) {
+                    int d = d0 + r < kvw ? d0 + r : kvw - 1;
+                    const uint16_t *wr = kv_b->w + ((size_t)h * kvw + d) * kv_lora;
+                    float *f = wf + (size_t)r * kv_lora;
+                    for (int c = 0; c < kv16; c += 16) v16_store(f + c, v16_load_bf16(wr + c));
+                    for (int c = kv16; c < kv_lora; c++) f[c] = bf16_to_f32(wr[c]);
+                    wp[r] = f;
+                }
+                for (int tt = 0; tt < nb; tt += 4) {
+                    float r4[4][4];
+                    mla_dot4x4(wp, rows + tt, kv_lora, r4);
+                    for (int r = 0; r < 4 && d0 + r < kvw; r++) {
+                        int d = d0 + r;
+                        float *dst = d < nope ? kb + d : vb + (d - nope);
+                        int stride = d < nope ? nope : vh;
+                        for (int k = 0; k < 4 && tt + k < nb; k++)
+                            dst[(size_t)(tt + k) * stride] = round_kv ? bf16_round(r4[r][k]) : r4[r][k];
+                    }
+                }
+            }
+
+            /* rows that see the block: row i sees positions 0 .. n_past + i */
+            int i0 = t0 - n_past > 0 ? t0 - n_past : 0;
+            for (int i = i0; i < Tq; i++) {
+                int nv = n_past + i + 1 - t0;
+                if (nv > nb) nv = nb;
+                const float *qv = q + ((size_t)i * Hm + h) * qh;
+                float *out = o + ((size_t)i * Hm + h) * vh;
+                float sc[MLA_EXP_BLOCK], bm = -INFINITY;
+                for (int tt = 0; tt < nv; tt++) {
+                    sc[tt] = (mla_dot(qv, kb + (size_t)tt * nope, nope) + mla_dot(qv + nope, rows[tt] + kv_lora, rope)) *
+                             scale;
+                    if (sc[tt] > bm) bm = sc[tt];
+                }
+                float r = 1.0f;
+                if (bm > m[i]) {
+                    r = expf(m[i] - bm); /* m = -inf on the first block: r = 0, and l, out are 0 */
+                    l[i] *= r;
+                    m[i] = bm;
+                }
+                for (int tt = 0; tt < nv; tt++) {
+                    float p = expf(sc[tt] - m[i]);
+                    l[i] += p;
+                    mla_axpy(out, tt == 0 ? r : 1.0f, p, vb + (size_t)tt * vh, vh);
+                }
+            }
+        }
+        for (int i = 0; i < Tq; i++) {
+            float *out = o + ((size_t)i * Hm + h) * vh;
+            float inv = 1.0f / l[i];
+            for (int e = 0; e < vh; e++) out[e] *= inv;
+        }
+    }
 }

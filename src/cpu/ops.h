@@ -95,6 +95,18 @@ void k3c_mla_attend(const float *q_abs, int Tq, int Hm, int kv_lora, int rope, c
 void k3c_mla_attend_paged(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
                           const float *cache, const int32_t *block_table, int block_size, int n_past, float scale,
                           float *o_lat);
+/* The same attention in the expanded form (spec §3.2), for heads [h0, h1) of Tq query rows of one request:
+ * q [Tq, Hm, nope + rope] per head [q_nope | q_pe]; every latent [c | k_pe] of positions 0 .. n_past + Tq - 1
+ * (cache read as in k3c_mla_attend_paged; block_table NULL: contiguous rows [n_past + Tq, kv_lora + rope])
+ * is decompressed per head through kv_b ([Hm * (nope + vh), kv_lora], rows per head [k_nope | v]) in f32:
+ * k_nope = W_UK[h] c, v = W_UV[h] c, each rounded to bf16 when round_kv (as a bf16 matmul output is in the
+ * stock rounding contract); score = (q_nope . k_nope + q_pe . k_pe) * scale, causal softmax in f32,
+ * o [Tq, Hm * vh] (heads [h0, h1) written, not rounded) = sum p v. Equal to the absorbed form in exact
+ * arithmetic. Decompression costs O(context x (nope + vh) x kv_lora) per head and call, shared by the Tq
+ * rows: meant for prompt chunks, not decode. A row's result does not depend on Tq or the head range. */
+void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int nope, int rope, int vh,
+                             int kv_lora, const k3c_mat *kv_b, const float *cache, const int32_t *block_table,
+                             int block_size, int n_past, float scale, int round_kv, float *o);
 
 /* ---- AttnRes (cpu/attnres.c), spec §4.2 ---- */
 /* Mix of n sources (pointers to [D] rows): s_j = rsqrt(mean(v_j^2) + eps) * sum_d v_j[d] * norm[d] * proj[d];

@@ -120,16 +120,28 @@ struct k3c_backend {
      * for Kimi Linear, chosen from the config in init); rounded. */
     void (*kda_gated_norm)(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y);
 
-    /* ---- MLA (NoPE, absorbed) ---- */
+    /* ---- MLA (NoPE; absorbed, and optionally expanded for prompt rows) ---- */
     /* Writes latent rows lat [T, kv_lora + rope] (already rounded) of each seg to the cache at positions
      * pos .. pos + n - 1 through the seg's block table. cache: one layer's [num_blocks, block_size, lat]. */
     void (*mla_cache_write)(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache);
     /* Attention of each seg's query rows over its cached latents (positions 0 .. pos + i for row i), the
      * rows of this step included (written before). q [T, Hm * (nope + rope)] per head [q_nope | q_pe];
      * inside, in f32: q_abs[h] = W_UK[h]^T q_nope[h], scores = [q_abs | q_pe] . [c | k_pe] / sqrt(nope + rope),
-     * softmax, o_lat[h] = sum p c, o[h] = W_UV[h] o_lat[h] (W_UK, W_UV from kv_b). o [T, Hm * v] rounded. */
+     * softmax, o_lat[h] = sum p c, o[h] = W_UV[h] o_lat[h] (W_UK, W_UV from kv_b). o [T, Hm * v] rounded.
+     * When the backend has mla_attention_expanded, segs may be a subset of the step's segments (the
+     * others go to the expanded op, which the forward calls after this one: rows of other segments that
+     * this op writes are overwritten there). */
     void (*mla_attention)(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
                           int nseg, const void *cache, float *o);
+    /* Optional, NULL when the backend lacks it (the forward then uses mla_attention for every segment).
+     * The same attention in the expanded form (spec §3.2), for prompt segments: per head, every cached
+     * latent c of positions 0 .. pos + n - 1 is decompressed through kv_b, once per call and shared by the
+     * segment's rows: k_nope[h] = rnd(W_UK[h] c), v[h] = rnd(W_UV[h] c) (f32 accumulate, rounded like every
+     * matmul output); scores = (q_nope . k_nope + q_pe . k_pe) / sqrt(nope + rope), causal softmax (f32),
+     * o[h] = sum p v. Same arguments as mla_attention; o rounded; writes only the rows of segs. Equal to
+     * mla_attention in exact arithmetic (the k/v rounding is the only contract difference). */
+    void (*mla_attention_expanded)(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
+                                   int nseg, const void *cache, float *o);
 
     /* ---- MoE ---- */
     /* out [T, D] = latent MoE / MoE of y [T, D] (y already rounded), per row, rounding ("rnd") exactly at:
@@ -149,6 +161,9 @@ k3c_backend *k3c_backend_cpu_create(int threads);
 /* Diagnostic: with exact = 1 the CPU backend skips every bf16 rounding of activations (f32 throughout), so
  * the forward can be checked against the float64 reference far below bf16 noise. Tests only. */
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact);
+/* Tests only: CPU backends created after this call offer mla_attention_expanded (on = 1, the default) or
+ * leave it NULL (on = 0: every MLA step absorbed), so a test can compare the two forms through the engine. */
+void k3c_backend_cpu_test_mla_expanded(int on);
 /* Defined by src/cuda when built with CUDA; returns NULL with a message when no GPU is usable. */
 k3c_backend *k3c_backend_cuda_create(int device);
 /* The same diagnostic on the CUDA backend (f32 activations, f32 MLA cache); call before init. Tests only. */

@@ -13,10 +13,22 @@
  *   KDA q/k L2 norm (+ q scale)    f32; decay g, beta = sigmoid(b) f32; delta-rule state f32
  *   KDA delta-rule output o        rnd;  gated norm output rnd
  *   MLA latent row [c_normed|k_pe] rnd (kv_a matmul rnd, c normed rnd, k_pe as the matmul gave it)
- *   MLA attention output o         rnd  (q_abs, scores, softmax, o_lat are f32 inside the op)
+ *   MLA attention output o         rnd  (absorbed: q_abs, scores, softmax, o_lat are f32 inside the op)
+ *   MLA expanded (prompt segments) decompressed k_nope = W_UK c and v = W_UV c rnd (outputs of the kv_b
+ *                                  matmul, f32 accumulate); scores, softmax, sum p v f32; o rnd
  *   MLA output gate o*sigmoid(g)   rnd
  *   gated activation (SwiGLU/SiTU) rnd
  *   MoE                            see stock/backend.h (moe)
+ *
+ * MLA form per segment: a prompt segment (not verifying and n >= chunk_min, the rule that selects the
+ * chunked KDA form) uses the backend's expanded op (spec §3.2: latents decompressed once per step and
+ * shared by the segment's rows) when the backend has one; decode, verify and short chunks use the
+ * absorbed op (spec §3.3: no decompression, each latent read once per head). Both are the same function
+ * in exact arithmetic; in the contract they differ only by the rounding of the decompressed k / v.
+ * Cost: the expanded form decompresses context x (nope + v) x kv_lora per head and step, the absorbed one
+ * spends about (2 kv_lora + rope) per row, position and head (plus q_abs and W_UV per row); at K3's shapes
+ * the expanded form is cheaper in arithmetic only for chunks of more than ~170 rows (~340 for a chunk that
+ * starts the context, whose rows see half of it on average): chunk_min decides, not that break-even.
  *
  * Buffers: every activation is a backend buffer [max_rows, width]; a step uses the first T rows. The
  * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops. */
@@ -52,6 +64,8 @@ struct k3c_forward {
     int32_t *ids;   /* [R] */
     int *rows;      /* [R] */
     k3c_seg *segs;  /* [max_segs] */
+    k3c_seg *mla_segs; /* [max_segs] this step's segments for MLA: absorbed [0, mla_nabs), expanded after */
+    int mla_nabs, mla_nexp;
     const float **srcs; /* [nres] Mix sources */
 };
 
@@ -103,7 +117,8 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->ids = malloc(sizeof(int32_t) * R);
     f->rows = malloc(sizeof(int) * R);
     f->segs = calloc((size_t)o->max_segs, sizeof(k3c_seg));
-    if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs) goto oom;
+    f->mla_segs = calloc((size_t)o->max_segs, sizeof(k3c_seg));
+    if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->mla_segs) goto oom;
 #define CARVE(ptr, w) (slots[n] = &(ptr), widths[n] = (w), n++)
     CARVE(f->a_in, D); CARVE(f->x, D); CARVE(f->A, D); CARVE(f->F, D); CARVE(f->G, D);
     CARVE(f->logits, V);
@@ -148,6 +163,7 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->ids);
     free(f->rows);
     free(f->segs);
+    free(f->mla_segs);
     free(f->aux_layers);
     free(f);
 }
@@ -230,7 +246,13 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
     be->matmul(be, &w->o_proj, f->ky, T, f->A, 1);
 }
 
-/* MLA, NoPE, absorbed (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first. */
+/* Whether a request's rows attend in the expanded MLA form: prompt rows (not verify, n >= chunk_min). */
+static int mla_expands(const k3c_forward *f, const k3c_fwd_req *r) {
+    return f->be->mla_attention_expanded && !r->verify && r->n >= f->chunk_min;
+}
+
+/* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends
+ * absorbed or expanded per segment (f->mla_segs, see the top of this file). */
 static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
@@ -247,7 +269,10 @@ static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) 
     be->matmul(be, &w->kv_a, f->x, T, f->mlat, 1);
     be->rmsnorm(be, f->mlat, lat, w->kv_a_norm, T, c->kv_lora_rank, c->mla_lora_norm_eps, f->mlat, lat);
     be->mla_cache_write(be, f->mlat, f->segs, nreq, kv->layer[l]);
-    be->mla_attention(be, w, f->mq, f->segs, nreq, kv->layer[l], f->mo);
+    /* absorbed first: the expanded op writes only its segments' rows, the absorbed one may write others */
+    if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_segs, f->mla_nabs, kv->layer[l], f->mo);
+    if (f->mla_nexp)
+        be->mla_attention_expanded(be, w, f->mq, f->mla_segs + f->mla_nabs, f->mla_nexp, kv->layer[l], f->mo);
     if (c->mla_use_output_gate && w->g_proj.w) {
         be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
         be->sigmoid_mul(be, f->mo, f->mg, (size_t)T * w->g_proj.rows);
@@ -313,6 +338,13 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         for (int j = 0; j < s; j++)
             if (reqs[j].slot == reqs[s].slot)
                 return k3c_errorf("forward step: requests %d and %d share slot %d", j, s, reqs[s].slot);
+
+    /* MLA form per segment: prompt segments expanded when the backend can (the chunked-KDA rule) */
+    f->mla_nabs = f->mla_nexp = 0;
+    for (int s = 0; s < nreq; s++)
+        if (!mla_expands(f, &reqs[s])) f->mla_segs[f->mla_nabs++] = f->segs[s];
+    for (int s = 0; s < nreq; s++)
+        if (mla_expands(f, &reqs[s])) f->mla_segs[f->mla_nabs + f->mla_nexp++] = f->segs[s];
 
     int attnres = c->attn_res_block_size > 0;
     int nb = 0, p_empty = 0;
