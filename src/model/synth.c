@@ -372,11 +372,14 @@ done:
 
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir) {
     if (k3c_config_validate(c) != K3C_OK) return k3c_error_context("synth %s", preset_name ? preset_name : dir);
+    /* every file path below is dir + "/" + a name of at most 40 bytes, formatted into 4096-byte buffers:
+     * checked once here, so none of them can be truncated into a different path */
+    if (strlen(dir) + 64 > 4096)
+        return k3c_errorf("synth: directory path too long (%zu bytes): %.80s...", strlen(dir), dir);
     K3C_TRY(prepare_dir(dir));
     K3C_TRY(write_marker(dir, preset_name, seed));
     char path[4096];
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
-        return k3c_errorf("synth: path too long: %s", dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
     K3C_TRY(k3c_config_write_json(c, path));
     if (preset_name && !k3c_preset_has_weights(preset_name)) return K3C_OK;
     return write_weights(c, seed, dir);

@@ -8,11 +8,12 @@
 int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
                        int max_segs) {
     memset(ks, 0, sizeof *ks);
-    if (c->num_layers <= 0) return k3c_errorf("%s: config has %d layers", "kda slots", c->num_layers);
+    const int L = c->num_layers; /* a local: the stores through ks below would make the compiler re-read it */
+    if (L <= 0) return k3c_errorf("kda slots: num_layers %d must be positive", L);
     if (num_slots <= 0 || q_max <= 0 || max_segs <= 0)
         return k3c_errorf("kda slots: num_slots %d, q_max %d, max_segs %d must be positive", num_slots, q_max,
                           max_segs);
-    ks->num_layers = c->num_layers;
+    ks->num_layers = L;
     ks->num_slots = num_slots;
     ks->q_max = q_max;
     ks->max_segs = max_segs;
@@ -23,12 +24,11 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->state_floats = (size_t)ks->H * ks->dk * ks->dk;
     ks->window_floats = (size_t)3 * (ks->W - 1) * ks->P;
     ks->store_floats = (size_t)q_max * (6 * (size_t)ks->P + ks->H);
-    if (c->num_layers <= 0) return k3c_errorf("kda slots: num_layers %d must be positive", c->num_layers);
     int n_kda = 0;
-    for (int l = 0; l < c->num_layers; l++) n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
-    ks->state = calloc((size_t)c->num_layers, sizeof(float *));
-    ks->window = calloc((size_t)c->num_layers, sizeof(float *));
-    ks->store = calloc((size_t)c->num_layers, sizeof(float *));
+    for (int l = 0; l < L; l++) n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
+    ks->state = calloc((size_t)L, sizeof(float *));
+    ks->window = calloc((size_t)L, sizeof(float *));
+    ks->store = calloc((size_t)L, sizeof(float *));
     if (!ks->state || !ks->window || !ks->store) {
         k3c_kda_slots_release(ks, be);
         return k3c_errorf("kda slots: out of host memory");
@@ -44,7 +44,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     }
     be->fill_bytes(be, ks->base, 0, total * sizeof(float));
     float *p = ks->base;
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < L; l++) {
         if (c->layer_attn[l] != K3C_ATTN_KDA) continue;
         ks->state[l] = p;
         p += (size_t)num_slots * ks->state_floats;

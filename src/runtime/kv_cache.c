@@ -7,18 +7,18 @@
 
 int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size) {
     memset(kv, 0, sizeof *kv);
-    if (c->num_layers <= 0) return k3c_errorf("%s: config has %d layers", "kv cache", c->num_layers);
+    const int L = c->num_layers; /* a local: the stores through kv below would make the compiler re-read it */
+    if (L <= 0) return k3c_errorf("kv cache: num_layers %d must be positive", L);
     if (num_blocks <= 0 || block_size <= 0)
         return k3c_errorf("kv cache: num_blocks %d and block_size %d must be positive", num_blocks, block_size);
     kv->num_blocks = num_blocks;
-    kv->num_layers = c->num_layers;
+    kv->num_layers = L;
     kv->block_size = block_size;
     kv->latent = k3c_config_mla_latent(c);
     kv->layer_bytes = (size_t)num_blocks * block_size * kv->latent * be->kv_elem_bytes;
-    if (c->num_layers <= 0) return k3c_errorf("kv cache: num_layers %d must be positive", c->num_layers);
     int n_mla = 0;
-    for (int l = 0; l < c->num_layers; l++) n_mla += c->layer_attn[l] == K3C_ATTN_MLA;
-    kv->layer = calloc((size_t)c->num_layers, sizeof *kv->layer);
+    for (int l = 0; l < L; l++) n_mla += c->layer_attn[l] == K3C_ATTN_MLA;
+    kv->layer = calloc((size_t)L, sizeof *kv->layer);
     kv->free_ids = malloc(sizeof(int) * (size_t)num_blocks);
     if (!kv->layer || !kv->free_ids) {
         free(kv->layer);
@@ -35,7 +35,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
         /* zeroed so that a bug reading unwritten rows gives a finite, reproducible result */
         be->fill_bytes(be, kv->base, 0, kv->layer_bytes * n_mla);
         int i = 0;
-        for (int l = 0; l < c->num_layers; l++)
+        for (int l = 0; l < L; l++)
             if (c->layer_attn[l] == K3C_ATTN_MLA) kv->layer[l] = (char *)kv->base + kv->layer_bytes * i++;
     }
     /* lowest ids on top of the stack */
