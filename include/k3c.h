@@ -41,6 +41,7 @@ typedef struct k3c_engine_options {
     int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
     int q_max;               /* most tokens one verify may hold; default 8 */
     int chunk_min;           /* prompt rows >= this use the chunked KDA form; 0 = 16 */
+    int mla_expand_min;      /* prompt rows >= this use the expanded MLA form (where the backend has it); 0 = 128 */
     int poison_freed_blocks; /* debug: fill blocks of closed requests with NaN */
     /* diagnostic (cpu and cuda): keep activations in f32, no bf16 rounding anywhere, to check the forward against
      * float64 / fp32 references far below bf16 noise (where routing near-ties would otherwise flip experts) */

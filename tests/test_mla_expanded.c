@@ -282,7 +282,7 @@ static int run_plans(xenv *e, int exact, const int32_t *ids, float *lg) {
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.threads = 2, o.max_rows = 32, o.max_context = 64, o.block_size = 4, o.q_max = 4;
-    o.chunk_min = 4, o.exact_f32 = exact;
+    o.chunk_min = 4, o.mla_expand_min = 4, o.exact_f32 = exact;
     k3c_engine *eng;
     K3C_TRY(k3c_engine_create(e->m, &o, &eng));
     for (int p = 0; p < NPLANS; p++) {

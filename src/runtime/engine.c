@@ -115,7 +115,8 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     for (int i = 0; i < o.max_requests; i++) e->req[i].blocks = e->block_store + (size_t)i * mbr;
 
     k3c_forward_options fo = {.max_rows = o.max_rows, .max_segs = o.max_requests, .max_context = o.max_context,
-                              .block_size = o.block_size, .chunk_min = o.chunk_min};
+                              .block_size = o.block_size, .chunk_min = o.chunk_min,
+                              .mla_expand_min = o.mla_expand_min};
     if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK ||
         k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {

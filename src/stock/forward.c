@@ -20,15 +20,15 @@
  *   gated activation (SwiGLU/SiTU) rnd
  *   MoE                            see stock/backend.h (moe)
  *
- * MLA form per segment: a prompt segment (not verifying and n >= chunk_min, the rule that selects the
- * chunked KDA form) uses the backend's expanded op (spec §3.2: latents decompressed once per step and
+ * MLA form per segment: a prompt segment (not verifying and n >= mla_expand_min) uses the backend's
+ * expanded op (spec §3.2: latents decompressed once per step and
  * shared by the segment's rows) when the backend has one; decode, verify and short chunks use the
  * absorbed op (spec §3.3: no decompression, each latent read once per head). Both are the same function
  * in exact arithmetic; in the contract they differ only by the rounding of the decompressed k / v.
  * Cost: the expanded form decompresses context x (nope + v) x kv_lora per head and step, the absorbed one
  * spends about (2 kv_lora + rope) per row, position and head (plus q_abs and W_UV per row); at K3's shapes
  * the expanded form is cheaper in arithmetic only for chunks of more than ~170 rows (~340 for a chunk that
- * starts the context, whose rows see half of it on average): chunk_min decides, not that break-even.
+ * starts the context, whose rows see half of it on average), hence a default threshold of 128 rows.
  *
  * Buffers: every activation is a backend buffer [max_rows, width]; a step uses the first T rows. The
  * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops. */
@@ -46,6 +46,7 @@ struct k3c_forward {
     k3c_forward_options o;
     int *aux_layers;
     int chunk_min;
+    int mla_expand_min;
 
     void *arena; /* one backend allocation carved into the buffers below */
     int nres;    /* residual buffers: num_attn_res_blocks + 1 with AttnRes, else 1 */
@@ -87,6 +88,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->c = c;
     f->o = *o;
     f->chunk_min = o->chunk_min > 0 ? o->chunk_min : 16;
+    f->mla_expand_min = o->mla_expand_min > 0 ? o->mla_expand_min : 128;
     if (o->num_aux > 0) {
         f->aux_layers = malloc(sizeof(int) * o->num_aux);
         if (!f->aux_layers) goto oom;
@@ -246,9 +248,9 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
     be->matmul(be, &w->o_proj, f->ky, T, f->A, 1);
 }
 
-/* Whether a request's rows attend in the expanded MLA form: prompt rows (not verify, n >= chunk_min). */
+/* Whether a request's rows attend in the expanded MLA form: prompt rows (not verify, n >= mla_expand_min). */
 static int mla_expands(const k3c_forward *f, const k3c_fwd_req *r) {
-    return f->be->mla_attention_expanded && !r->verify && r->n >= f->chunk_min;
+    return f->be->mla_attention_expanded && !r->verify && r->n >= f->mla_expand_min;
 }
 
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends

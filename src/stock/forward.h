@@ -37,6 +37,10 @@ typedef struct k3c_forward_options {
     /* Prompt rows of a request use the chunked delta rule when the request has at least this many rows in
      * the step (and is not verifying); fewer rows use the recurrent form. 0 means 16. */
     int chunk_min;
+    /* Prompt rows of a request attend in the expanded MLA form (when the backend has it) when the request has
+     * at least this many rows in the step and is not verifying; fewer rows use the absorbed form. 0 means 128
+     * (near the arithmetic break-even of the two forms at K3's shapes, see forward.c). */
+    int mla_expand_min;
     /* Aux hidden-state taps (spec §6): after layer aux_layers[i] the residual prefix P (plain residual: the
      * hidden state) is copied out. */
     const int *aux_layers;
