@@ -81,7 +81,9 @@ static void random_ids(uint64_t seed, int V, int n, int32_t *ids) {
 /* Compares rows [0, n) of logits with ref (float64); returns worst rel L2, counts top-1 disagreements that
  * are not near-ties. */
 static double last_mean_err;
-/* top-2 margin, relative to the row's logit rms, below which a top-1 flip counts as a near-tie */
+/* top-2 margin, relative to the row's logit rms, below which a top-1 flip counts as a near-tie; a flip also
+ * counts as one when the margin is below 4x the row's own RMS logit error (e * scale): the reference's order
+ * of two logits closer than the noise of the path is not a property of the function */
 static double near_tie = 0.01;
 static double compare_ref(const float *lg, const double *ref, int n, int V, int *bad_top1, int *ties) {
     double worst = 0;
@@ -105,7 +107,7 @@ static double compare_ref(const float *lg, const double *ref, int n, int V, int 
             if (v != ar && (ar2 < 0 || r[v] > r[ar2])) ar2 = v;
         scale = sqrt(scale / V);
         if (ax != ar) {
-            if (r[ar] - r[ar2] < near_tie * scale) (*ties)++;
+            if (r[ar] - r[ar2] < fmax(near_tie, 4 * e) * scale) (*ties)++;
             else (*bad_top1)++;
         }
     }
@@ -126,7 +128,7 @@ static int run_chunks(k3c_engine *eng, const int32_t *ids, const int *chunks, in
 
 /* Every plan (one prefill, chunked prefill, token by token, prefill + decode) against the reference.
  * exact: f32 activations, tolerance tol; else bf16 activations. */
-static void check_vs_ref(const char *preset, int dense_routing, int exact, double tol) {
+static void check_vs_ref(const char *preset, int dense_routing, int exact, double tol, double mean_tol) {
     fwd_env env;
     CHECKF(env_open_cfg(&env, preset, 1, dense_routing) == K3C_OK, "%s: %s", preset, k3c_error_message());
     int V = env.V, n = 20;
@@ -157,8 +159,8 @@ static void check_vs_ref(const char *preset, int dense_routing, int exact, doubl
                dense_routing ? " (k = E)" : "", exact ? "f32" : "bf16", plans[p].name, last_mean_err, worst, bad,
                ties);
         CHECKF(worst < tol, "%s %s: rel L2 %.3g >= %.3g", preset, plans[p].name, worst, tol);
-        CHECKF(last_mean_err < tol / 2, "%s %s: mean rel L2 %.3g >= %.3g", preset, plans[p].name, last_mean_err,
-               tol / 2);
+        CHECKF(last_mean_err < mean_tol, "%s %s: mean rel L2 %.3g >= %.3g", preset, plans[p].name, last_mean_err,
+               mean_tol);
         CHECKF(bad == 0, "%s %s: %d top-1 mismatches", preset, plans[p].name, bad);
     }
     k3c_engine_free(eng);
@@ -167,13 +169,16 @@ static void check_vs_ref(const char *preset, int dense_routing, int exact, doubl
 }
 
 /* The math, far below bf16 noise: f32 activations against float64. */
-TEST(forward_tiny_f32_vs_ref) { check_vs_ref("tiny", 0, 1, 1e-4); }
-TEST(forward_tiny_grouped_f32_vs_ref) { check_vs_ref("tiny-grouped", 0, 1, 1e-4); }
-TEST(forward_kimi_linear_tiny_f32_vs_ref) { check_vs_ref("kimi-linear-tiny", 0, 1, 1e-4); }
+TEST(forward_tiny_f32_vs_ref) { check_vs_ref("tiny", 0, 1, 1e-4, 5e-5); }
+TEST(forward_tiny_grouped_f32_vs_ref) { check_vs_ref("tiny-grouped", 0, 1, 1e-4, 5e-5); }
+TEST(forward_kimi_linear_tiny_f32_vs_ref) { check_vs_ref("kimi-linear-tiny", 0, 1, 1e-4, 5e-5); }
 /* The bf16 contract: with every expert selected no expert choice can flip, so the error is bf16 noise. */
-TEST(forward_tiny_bf16_vs_ref) { check_vs_ref("tiny", 1, 0, 8e-2); }
-TEST(forward_tiny_grouped_bf16_vs_ref) { check_vs_ref("tiny-grouped", 1, 0, 8e-2); }
-TEST(forward_kimi_linear_tiny_bf16_vs_ref) { check_vs_ref("kimi-linear-tiny", 1, 0, 8e-2); }
+/* bf16 activations against float64: the bf16 noise of these small random models, measured over 80 seeds
+ * x 4 plans (2026-11-29): mean row rel L2 at most 0.026, worst row at most 0.095 (tiny / tiny-grouped;
+ * kimi-linear-tiny about 0.011). Bounds leave headroom over that spread. */
+TEST(forward_tiny_bf16_vs_ref) { check_vs_ref("tiny", 1, 0, 0.15, 0.04); }
+TEST(forward_tiny_grouped_bf16_vs_ref) { check_vs_ref("tiny-grouped", 1, 0, 0.15, 0.04); }
+TEST(forward_kimi_linear_tiny_bf16_vs_ref) { check_vs_ref("kimi-linear-tiny", 1, 0, 0.05, 0.02); }
 
 /* ---- the engine against itself ---- */
 
