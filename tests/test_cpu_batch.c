@@ -9,6 +9,7 @@
 #include "cpu/ops.h"
 #include "test.h"
 #include "util/bf16.h"
+#include "util/error.h"
 #include "util/rng.h"
 
 static k3c_rng batch_rng(void) {
@@ -188,9 +189,11 @@ TEST(cpu_kda_head_ranges_equal_all_heads) {
         poison_f32(oa, (size_t)T * P);
         poison_f32(ob, (size_t)T * P);
         if (chunked) {
-            k3c_kda_chunked(sa, q, k, v, g, beta, T, H, dk, dv, 8, oa);
-            k3c_kda_chunked_heads(sb, q, k, v, g, beta, T, H, 1, H, dk, dv, 8, ob);
-            k3c_kda_chunked_heads(sb, q, k, v, g, beta, T, H, 0, 1, dk, dv, 8, ob);
+            float *scratch = fnew(k3c_kda_chunk_scratch(8, dk, dv));
+            CHECK_OK(k3c_kda_chunked(sa, q, k, v, g, beta, T, H, dk, dv, 8, oa));
+            k3c_kda_chunked_heads(sb, q, k, v, g, beta, T, H, 1, H, dk, dv, 8, scratch, ob);
+            k3c_kda_chunked_heads(sb, q, k, v, g, beta, T, H, 0, 1, dk, dv, 8, scratch, ob);
+            free(scratch);
         } else {
             k3c_kda_recurrent(sa, q, k, v, g, beta, T, H, dk, dv, oa, NULL);
             k3c_kda_recurrent_heads(sb, q, k, v, g, beta, T, H, 2, H, dk, dv, ob);

@@ -7,6 +7,7 @@
 #include "cpu/ops.h"
 #include "test.h"
 #include "util/bf16.h"
+#include "util/error.h"
 #include "util/rng.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -67,6 +68,51 @@ TEST(cpu_pool_covers_range_once) {
             }
         }
         k3c_pool_for(p, 0, pool_mark, NULL); /* empty range: fn not called */
+        k3c_pool_free(p);
+    }
+}
+
+/* k3c_pool_for_worker: every index once, worker numbers in [0, threads), and no worker number in use by two
+ * calls at once (each call holds its number's flag for a while and fails if it finds it taken). */
+typedef struct pool_worker_ctx {
+    atomic_int *hits;
+    atomic_int *busy; /* [threads] */
+    int threads;
+    atomic_int bad_worker, overlap;
+} pool_worker_ctx;
+
+static void pool_mark_worker(void *ctx, int b, int e, int worker) {
+    pool_worker_ctx *c = ctx;
+    if (worker < 0 || worker >= c->threads) {
+        atomic_fetch_add(&c->bad_worker, 1);
+        return;
+    }
+    if (atomic_exchange(&c->busy[worker], 1)) atomic_fetch_add(&c->overlap, 1);
+    for (int i = b; i < e; i++) atomic_fetch_add(&c->hits[i], 1);
+    for (volatile int spin = 0; spin < 2000; spin++) {
+    }
+    atomic_store(&c->busy[worker], 0);
+}
+
+TEST(cpu_pool_worker_numbers_distinct) {
+    int sizes[] = {1, 2, 7, 100, 10007};
+    for (int threads = 0; threads <= 4; threads++) {
+        k3c_pool *p = threads ? k3c_pool_create(threads) : NULL;
+        CHECK(threads == 0 || p != NULL);
+        int nt = k3c_pool_threads(p);
+        atomic_int busy[8] = {0};
+        for (int rep = 0; rep < 20; rep++) {
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                int n = sizes[s];
+                atomic_int *hits = calloc((size_t)n, sizeof *hits);
+                pool_worker_ctx c = {hits, busy, nt, 0, 0};
+                k3c_pool_for_worker(p, n, pool_mark_worker, &c);
+                for (int i = 0; i < n; i++) CHECKF(hits[i] == 1, "threads %d n %d: index %d hit %d times", threads, n, i, (int)hits[i]);
+                CHECKF(c.bad_worker == 0 && c.overlap == 0, "threads %d n %d: %d out-of-range worker numbers, %d overlaps",
+                       threads, n, (int)c.bad_worker, (int)c.overlap);
+                free(hits);
+            }
+        }
         k3c_pool_free(p);
     }
 }
@@ -490,7 +536,7 @@ TEST(cpu_kda_chunked_equals_recurrent) {
                 poison_f32(o_r, no);
                 poison_f32(o_c, no);
                 k3c_kda_recurrent(st_r, c.q, c.k, c.v, c.g, c.beta, T, H, dk, dv, o_r, NULL);
-                k3c_kda_chunked(st_c, c.q, c.k, c.v, c.g, c.beta, T, H, dk, dv, ci == 1 ? 0 : C, o_c);
+                CHECK_OK(k3c_kda_chunked(st_c, c.q, c.k, c.v, c.g, c.beta, T, H, dk, dv, ci == 1 ? 0 : C, o_c));
                 double e_oc = rel_l2_f32(o_c, o_ref, no), e_sc = rel_l2_f32(st_c, S, hs);
                 double e_or = rel_l2_f32(o_r, o_ref, no), e_rc = rel_l2_f32f32(o_c, o_r, no);
                 CHECKF(e_oc < 1e-5 && e_sc < 1e-5 && e_or < 1e-5 && e_rc < 1e-5,

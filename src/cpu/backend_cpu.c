@@ -14,6 +14,8 @@
 #include "util/error.h"
 
 #define MM_QUEUE 16
+/* Tokens per chunk of the chunked delta rule (the form of prompt segments). */
+#define KDA_CHUNK 64
 
 typedef struct cpu_ctx {
     k3c_pool *pool;
@@ -22,8 +24,10 @@ typedef struct cpu_ctx {
     k3c_backend_limits lim;
     int silu_gate;
     int exact; /* diagnostic: no bf16 rounding anywhere (validates the math against the float64 reference) */
-    /* KDA: o of a commit (discarded) */
+    /* KDA: o of a commit (discarded); chunked-form scratch, kda_scratch_n floats per pool thread */
     float *kda_o;
+    float *kda_scratch;
+    size_t kda_scratch_n;
     /* MLA: q_abs [rows, Hm, lat], o_lat [rows, Hm, kv_lora], gathered latents [max_context, lat] */
     float *q_abs, *o_lat, *lat_rows;
     /* MoE */
@@ -77,7 +81,7 @@ static void *xcalloc(size_t n, size_t size, int *bad) {
 }
 
 static void cpu_free_scratch(cpu_ctx *x) {
-    free(x->kda_o); free(x->q_abs); free(x->o_lat); free(x->lat_rows);
+    free(x->kda_o); free(x->kda_scratch); free(x->q_abs); free(x->o_lat); free(x->lat_rows);
     free(x->logits); free(x->idx); free(x->wts); free(x->z); free(x->pairs); free(x->counts);
     free(x->xe); free(x->ea); free(x->eu); free(x->d); free(x->r); free(x->rup);
     free(x->sa); free(x->su); free(x->sh); free(x->inv); free(x->mm); free(x->uv);
@@ -99,6 +103,10 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     size_t Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
     int bad = 0;
     x->kda_o = xcalloc(R * P, 4, &bad);
+    if (c->kda_num_heads > 0) {
+        x->kda_scratch_n = k3c_kda_chunk_scratch(KDA_CHUNK, c->kda_head_dim, c->kda_head_dim);
+        x->kda_scratch = xcalloc((size_t)x->threads * x->kda_scratch_n, 4, &bad);
+    }
     x->q_abs = xcalloc(R * Hm * lat, 4, &bad);
     x->o_lat = xcalloc(R * Hm * kvl, 4, &bad);
     x->lat_rows = xcalloc((size_t)lim->max_context * lat, 4, &bad);
@@ -346,7 +354,7 @@ static void head_groups(int H, int threads, int *groups, int *hg) {
     *groups = (H + *hg - 1) / *hg;
 }
 
-static void delta_units(void *ctx, int b, int e) {
+static void delta_units(void *ctx, int b, int e, int worker) {
     delta_job *j = ctx;
     const k3c_config *c = j->c->c;
     int H = c->kda_num_heads, dk = c->kda_head_dim, P = H * dk;
@@ -358,7 +366,8 @@ static void delta_units(void *ctx, int b, int e) {
         float *o = j->o + off;
         if (sg->chunked)
             k3c_kda_chunked_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
-                                  j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, 64, o);
+                                  j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, KDA_CHUNK,
+                                  j->c->kda_scratch + (size_t)worker * j->c->kda_scratch_n, o);
         else
             k3c_kda_recurrent_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
                                     j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, o);
@@ -372,7 +381,7 @@ static void cpu_kda_delta(k3c_backend *be, const float *q, const float *k, const
     flush(c);
     delta_job j = {c, q, k, v, g, beta, segs, 1, 1, o ? o : c->kda_o};
     head_groups(c->c->kda_num_heads, c->threads, &j.groups, &j.hg);
-    k3c_pool_for(c->pool, nseg * j.groups, delta_units, &j);
+    k3c_pool_for_worker(c->pool, nseg * j.groups, delta_units, &j);
 }
 
 static void cpu_kda_gated_norm(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y) {

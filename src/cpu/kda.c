@@ -7,6 +7,7 @@
 
 #include "cpu/ops.h"
 #include "cpu/vec.h"
+#include "util/error.h"
 
 void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out) {
     int h = W - 1; /* history length */
@@ -156,7 +157,7 @@ void k3c_kda_recurrent(float *state, const float *q, const float *k, const float
     }
 }
 
-/* Scratch of one chunk of one head, carved from one allocation per call. */
+/* Scratch of one chunk of one head, carved from the caller's scratch (k3c_kda_chunk_scratch floats). */
 typedef struct kda_chunk_buf {
     float *gam; /* [C, dk] cumulative log decay within the chunk, non-increasing in i */
     float *L;   /* [C, C]  L[i][j] = beta_i sum_d k_i k_j exp(gam_i - gam_j), j < i */
@@ -267,20 +268,20 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
 #undef BETA
 }
 
+size_t k3c_kda_chunk_scratch(int chunk, int dk, int dv) {
+    size_t C = chunk > 0 ? (size_t)chunk : 64;
+    return C * dk * 2 + C * C * 2 + C * dv + (size_t)dk;
+}
+
 void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const float *v, const float *g,
-                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk, float *o) {
+                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk,
+                           float *scratch, float *o) {
     if (T <= 0 || H <= 0) return;
     int C = chunk > 0 ? chunk : 64;
     if (C > T) C = T;
-    size_t need = (size_t)C * dk * 2 + (size_t)C * C * 2 + (size_t)C * dv + (size_t)dk;
-    float *mem = malloc(need * sizeof(float));
-    if (!mem) {
-        /* The recurrence computes the same function with O(dv) scratch. */
-        k3c_kda_recurrent_heads(state, q, k, v, g, beta, T, H, h0, h1, dk, dv, o);
-        return;
-    }
+    /* Carved for C = min(chunk, T) <= chunk rows, inside the k3c_kda_chunk_scratch(chunk, ...) floats. */
     kda_chunk_buf b;
-    b.gam = mem;
+    b.gam = scratch;
     b.W = b.gam + (size_t)C * dk;
     b.L = b.W + (size_t)C * dk;
     b.Aqk = b.L + (size_t)C * C;
@@ -290,12 +291,19 @@ void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const f
     for (int h = h0; h < h1; h++)
         for (int t0 = 0; t0 < T; t0 += C)
             kda_chunk(state + h * hs, q, k, v, g, beta, t0, T - t0 < C ? T - t0 : C, H, h, dk, dv, C, &b, o);
-    free(mem);
 }
 
-void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
-                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o) {
-    k3c_kda_chunked_heads(state, q, k, v, g, beta, T, H, 0, H, dk, dv, chunk, o);
+int k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
+                    const float *beta, int T, int H, int dk, int dv, int chunk, float *o) {
+    if (T <= 0 || H <= 0) return K3C_OK;
+    size_t need = k3c_kda_chunk_scratch(chunk, dk, dv);
+    float *scratch = malloc(need * sizeof(float));
+    if (!scratch)
+        return k3c_errorf("kda chunked: out of memory for %zu floats of chunk scratch (chunk %d, dk %d, dv %d)",
+                          need, chunk, dk, dv);
+    k3c_kda_chunked_heads(state, q, k, v, g, beta, T, H, 0, H, dk, dv, chunk, scratch, o);
+    free(scratch);
+    return K3C_OK;
 }
 
 void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,

@@ -19,6 +19,10 @@ int k3c_pool_threads(const k3c_pool *p);
 /* Calls fn(ctx, begin, end) on disjoint ranges covering [0, n), in parallel; returns when all are done.
  * p == NULL runs fn(ctx, 0, n) on the caller. */
 void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end), void *ctx);
+/* As k3c_pool_for, and fn also gets the number of the thread running it: in [0, k3c_pool_threads(p)) (the
+ * caller is 0), never the same for two calls of fn running at the same time, so it can index scratch
+ * allocated once per thread. */
+void k3c_pool_for_worker(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end, int worker), void *ctx);
 
 /* ---- matrix products (cpu/matmul.c): y[t, r] = sum_c W[r, c] * x[t, c] ---- */
 /* x: [T, W.cols], y: [T, W.rows]. Each weight row is read once for all T tokens. */
@@ -67,16 +71,24 @@ void k3c_kda_qk_norm(float *q, float *k, int T, int H, int dk);
  * When states != NULL the state after token t is also copied to states + t*H*dk*dv (verify). */
 void k3c_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
                        const float *beta, int T, int H, int dk, int dv, float *o, float *states);
-/* The same function in chunked form (spec §2.3), chunks of `chunk` tokens; never exponentiates a
- * positive cumulative decay. Equal to k3c_kda_recurrent up to f32 rounding. */
-void k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
-                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
+/* The same function in chunked form (spec §2.3), chunks of `chunk` tokens (<= 0: 64); never exponentiates
+ * a positive cumulative decay. Equal to k3c_kda_recurrent up to f32 rounding. A convenience for tests and
+ * references: it allocates its scratch per call (K3C_ERR when that fails); the step path uses
+ * k3c_kda_chunked_heads with scratch allocated once. */
+int k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
+                    const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
+/* Floats of scratch k3c_kda_chunked_heads needs for this chunk (<= 0: 64), whatever T and the head range:
+ * chunk * (2 dk + 2 chunk + dv) + dk (for K3, chunk 64, dk = dv = 128: 32,896 floats). */
+size_t k3c_kda_chunk_scratch(int chunk, int dk, int dv);
 /* The two above for heads [h0, h1) only (state, q, ... o as above, all H heads wide; states not kept).
- * Heads are independent, so a head's result does not depend on the range it was run in. */
+ * Heads are independent, so a head's result does not depend on the range it was run in.
+ * scratch (chunked): k3c_kda_chunk_scratch(chunk, dk, dv) floats, not shared with a concurrent call; it is
+ * required (no fallback: the recurrent form rounds differently), and its contents do not matter. */
 void k3c_kda_recurrent_heads(float *state, const float *q, const float *k, const float *v, const float *g,
                              const float *beta, int T, int H, int h0, int h1, int dk, int dv, float *o);
 void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const float *v, const float *g,
-                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk, float *o);
+                           const float *beta, int T, int H, int h0, int h1, int dk, int dv, int chunk,
+                           float *scratch, float *o);
 /* Gated RMSNorm per head: y = o * rsqrt(mean(o^2) + eps) * w * act(z); act = sigmoid (K3) or silu
  * (Kimi Linear as transformers 5.17 computes it). o, z, y: [T, H, dv]. */
 void k3c_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,

@@ -58,16 +58,18 @@ struct k3c_pool {
 
     /* The current job, written by the caller before the cursor is published. */
     void (*fn)(void *ctx, int begin, int end);
+    void (*fnw)(void *ctx, int begin, int end, int worker); /* instead of fn for k3c_pool_for_worker */
     void *ctx;
     int n, chunk;
     _Atomic uint64_t cursor;
     atomic_int finished; /* chunks of the current job done */
     atomic_int sleepers; /* workers blocked (or about to block) on wake */
     atomic_int stop;
+    atomic_int next_worker; /* worker numbers handed out at thread start (the caller is 0) */
 };
 
-/* Claims and runs chunks of the current job until none is left. */
-static void pool_run_chunks(k3c_pool *p) {
+/* Claims and runs chunks of the current job until none is left; worker: the number of the calling thread. */
+static void pool_run_chunks(k3c_pool *p, int worker) {
     uint64_t c = atomic_load_explicit(&p->cursor, memory_order_acquire);
     for (;;) {
         if (CUR_NEXT(c) >= CUR_COUNT(c)) return;
@@ -76,7 +78,8 @@ static void pool_run_chunks(k3c_pool *p) {
             continue; /* c reloaded */
         int b = CUR_NEXT(c) * p->chunk;
         int e = b + p->chunk < p->n ? b + p->chunk : p->n;
-        p->fn(p->ctx, b, e);
+        if (p->fnw) p->fnw(p->ctx, b, e, worker);
+        else p->fn(p->ctx, b, e);
         atomic_fetch_add_explicit(&p->finished, 1, memory_order_release);
         c = atomic_load_explicit(&p->cursor, memory_order_acquire);
     }
@@ -84,6 +87,7 @@ static void pool_run_chunks(k3c_pool *p) {
 
 static void *pool_worker(void *arg) {
     k3c_pool *p = arg;
+    int worker = atomic_fetch_add(&p->next_worker, 1) + 1;
     uint32_t seen = 0;
     for (;;) {
         int spins = 0;
@@ -106,7 +110,7 @@ static void *pool_worker(void *arg) {
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = CUR_GEN(c);
-        pool_run_chunks(p);
+        pool_run_chunks(p, worker);
     }
 }
 
@@ -125,6 +129,7 @@ k3c_pool *k3c_pool_create(int threads) {
     atomic_init(&p->finished, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->next_worker, 0);
     if (threads > 1) {
         p->workers = calloc((size_t)threads - 1, sizeof *p->workers);
         if (!p->workers) {
@@ -158,10 +163,19 @@ void k3c_pool_free(k3c_pool *p) {
 
 int k3c_pool_threads(const k3c_pool *p) { return p ? p->threads : 1; }
 
-void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end), void *ctx) {
+/* One parallel-for: exactly one of fn, fnw is set. */
+static void pool_run(k3c_pool *p, int n, void (*fn)(void *, int, int), void (*fnw)(void *, int, int, int),
+                     void *ctx) {
     if (n <= 0) return;
     if (!p || p->threads <= 1 || n == 1) {
-        fn(ctx, 0, n);
+        if (fn) {
+            fn(ctx, 0, n);
+            return;
+        }
+        /* Under call_mu, so that worker 0 is not in use by a concurrent call on the same pool. */
+        if (p) pthread_mutex_lock(&p->call_mu);
+        fnw(ctx, 0, n, 0);
+        if (p) pthread_mutex_unlock(&p->call_mu);
         return;
     }
     pthread_mutex_lock(&p->call_mu);
@@ -169,6 +183,7 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
     if (chunks > POOL_MAX_CHUNKS) chunks = POOL_MAX_CHUNKS;
     if (chunks > n) chunks = n;
     p->fn = fn;
+    p->fnw = fnw;
     p->ctx = ctx;
     p->n = n;
     p->chunk = (n + chunks - 1) / chunks;
@@ -183,7 +198,7 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
         pthread_mutex_unlock(&p->mu);
     }
 
-    pool_run_chunks(p);
+    pool_run_chunks(p, 0);
 
     /* Every chunk is claimed now; wait for the ones other threads hold. */
     int spins = 0;
@@ -192,4 +207,12 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
         else sched_yield();
     }
     pthread_mutex_unlock(&p->call_mu);
+}
+
+void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end), void *ctx) {
+    pool_run(p, n, fn, NULL, ctx);
+}
+
+void k3c_pool_for_worker(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end, int worker), void *ctx) {
+    pool_run(p, n, NULL, fn, ctx);
 }
