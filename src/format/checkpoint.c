@@ -2,13 +2,12 @@
  * name resolves to exactly one mapped tensor or the open fails naming the shard. */
 #include "format/checkpoint.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
 #define SINGLE_NAME "model.safetensors"
@@ -23,30 +22,8 @@ static char *join_path(const char *dir, const char *file) {
     return p;
 }
 
-static int read_whole_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return k3c_errorf("%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) goto io_error;
-    long size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) goto io_error;
-    char *buf = malloc((size_t)size + 1);
-    if (!buf) {
-        fclose(f);
-        return k3c_errorf("%s: out of memory for %ld bytes", path, size);
-    }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        free(buf);
-        goto io_error;
-    }
-    fclose(f);
-    buf[size] = 0;
-    *data = buf;
-    *len = (size_t)size;
-    return K3C_OK;
-io_error:
-    fclose(f);
-    return k3c_errorf("%s: read error", path);
-}
+/* K3's index maps 497,220 tensor names to shard files (~60 MB of JSON); a file above this is not an index. */
+#define INDEX_MAX_BYTES ((size_t)1 << 30)
 
 static int by_tensor_name(const void *a, const void *b) {
     return strcmp((*(const k3c_st_tensor *const *)a)->name, (*(const k3c_st_tensor *const *)b)->name);
@@ -145,7 +122,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
     struct stat st;
     if (stat(index_path, &st) == 0) {
         size_t len = 0;
-        if (read_whole_file(index_path, &json, &len) != K3C_OK) goto done;
+        if (k3c_read_file(index_path, INDEX_MAX_BYTES, &json, &len) != K3C_OK) goto done;
         if (k3c_index_parse(json, len, index_path, &ix) != K3C_OK) goto done;
         free(json);
         json = NULL;

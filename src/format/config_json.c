@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 /* ======================================================================================================
  * Reading
@@ -574,31 +574,10 @@ done:
 }
 
 int k3c_config_load(const char *path, k3c_config *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return k3c_errorf("%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return k3c_errorf("%s: not a regular file", path);
-    }
+    char *buf = NULL;
+    size_t n = 0;
     /* A config.json is a few KB; K3's is ~10 KB. Refuse absurd sizes instead of reading them. */
-    if (st.st_size > (64 << 20)) {
-        fclose(f);
-        return k3c_errorf("%s: %lld bytes: too large for a config.json", path, (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return k3c_errorf("%s: out of memory reading %zu bytes", path, n);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return k3c_errorf("%s: read %zu of %zu bytes", path, got, n);
-    }
-    buf[n] = 0;
+    if (k3c_read_file(path, (size_t)64 << 20, &buf, &n) != K3C_OK) return K3C_ERR;
     int rc = k3c_config_parse_json(buf, n, path, out);
     free(buf);
     return rc;
