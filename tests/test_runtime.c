@@ -63,6 +63,78 @@ TEST(runtime_sampler_distribution) {
     k3c_sampler_free(b);
 }
 
+/* Top-k sampling (with and without top-p) picks exactly what ranking the whole vocabulary would: a
+ * reference that sorts every id (logit descending, ties to the lower id), keeps the first k, forms softmax(l / T)
+ * in double over that order, cuts the nucleus, and draws one uniform from the top 53 bits of the same seeded
+ * generator. Logits are quantised so that ties are frequent (the order among equal logits matters). */
+typedef struct ranked {
+    float l;
+    int id;
+} ranked;
+
+static int ranked_desc(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->l != y->l) return x->l > y->l ? -1 : 1;
+    return x->id - y->id;
+}
+
+static int ref_sample(const float *lg, int V, const k3c_sampling *s, k3c_rng *rng, ranked *rk, float *prob) {
+    for (int i = 0; i < V; i++) rk[i] = (ranked){lg[i], i};
+    qsort(rk, (size_t)V, sizeof *rk, ranked_desc);
+    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += prob[i] = (float)exp(((double)rk[i].l - rk[0].l) / s->temperature);
+    if (s->top_p > 0 && s->top_p < 1) {
+        double acc = 0;
+        for (int i = 0; i < n; i++) {
+            acc += prob[i] / sum;
+            if (acc >= s->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+        sum = 0;
+        for (int i = 0; i < n; i++) sum += prob[i];
+    }
+    double u = (double)(k3c_rng_next(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += prob[i];
+        if (u < acc) return rk[i].id;
+    }
+    return rk[n - 1].id;
+}
+
+TEST(runtime_sampler_top_k_matches_full_ranking) {
+    int V = 5000;
+    float *lg = malloc(sizeof(float) * V), *prob = malloc(sizeof(float) * V);
+    ranked *rk = malloc(sizeof *rk * V);
+    CHECK(lg && prob && rk);
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ 0x70b4);
+    int ks[] = {1, 2, 7, 40, 1000, V - 1, V};
+    float ps[] = {0.0f, 0.9f, 1.0f};
+    for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+        for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
+            if (ks[ki] == V && ps[pi] != 0.9f) continue; /* no filter at all: the unranked path */
+            k3c_sampling s = {.temperature = 0.5f + (float)k3c_rng_uniform(&r), .top_k = ks[ki], .top_p = ps[pi],
+                              .seed = k3c_rng_next(&r)};
+            k3c_sampler *x;
+            CHECK_OK(k3c_sampler_create(&s, V, &x));
+            k3c_rng ref;
+            k3c_rng_seed(&ref, s.seed);
+            for (int t = 0; t < 30; t++) {
+                /* a step of 1/8 over a few units: hundreds of ids share each value */
+                for (int i = 0; i < V; i++) lg[i] = (float)(int)(k3c_rng_normal(&r) * 16) / 8.0f;
+                int want = ref_sample(lg, V, &s, &ref, rk, prob);
+                int got = k3c_sampler_sample(x, lg);
+                CHECKF(got == want, "top_k %d top_p %g token %d: sampled %d, full ranking %d", s.top_k,
+                       (double)s.top_p, t, got, want);
+            }
+            k3c_sampler_free(x);
+        }
+    free(lg), free(prob), free(rk);
+}
+
 /* The block free list hands out every block exactly once and takes them back. */
 TEST(runtime_kv_blocks) {
     k3c_config c = {0};

@@ -62,14 +62,68 @@ static int32_t argmax(const float *l, int n) {
     return best;
 }
 
+/* Heap of the k best ids seen so far in s->idx[0..k), the worst (last in cmp_desc order) at the root. */
+static void heap_down(int *h, int k, int at, const float *logits) {
+    for (;;) {
+        int l = 2 * at + 1, r = l + 1, w = at;
+        if (l < k && cmp_desc(&h[l], &h[w], (void *)logits) > 0) w = l;
+        if (r < k && cmp_desc(&h[r], &h[w], (void *)logits) > 0) w = r;
+        if (w == at) return;
+        int t = h[at];
+        h[at] = h[w];
+        h[w] = t;
+        at = w;
+    }
+}
+
+/* s->idx[0..k) = the first k ids of the cmp_desc order, in that order: the same prefix a full sort gives
+ * (cmp_desc is a total order on ids: ties go to the lower id), in O(V log k) instead of O(V log V). */
+static void top_k_sorted(k3c_sampler *s, const float *logits, int k) {
+    int *h = s->idx;
+    for (int i = 0; i < k; i++) h[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) heap_down(h, k, i, logits);
+    for (int i = k; i < s->vocab; i++) {
+        if (cmp_desc(&i, &h[0], (void *)logits) >= 0) continue; /* not better than the worst kept */
+        h[0] = i;
+        heap_down(h, k, 0, logits);
+    }
+    qsort_r(h, (size_t)k, sizeof(int), cmp_desc, (void *)logits);
+}
+
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
     int V = s->vocab;
     if (s->s.temperature <= 0) return argmax(logits, V);
-    int n = V;
-    for (int i = 0; i < V; i++) s->idx[i] = i;
-    /* candidates in descending logit order (ties: lower id) */
-    qsort_r(s->idx, (size_t)V, sizeof(int), cmp_desc, (void *)logits);
-    if (s->s.top_k > 0 && s->s.top_k < n) n = s->s.top_k;
+    int k = s->s.top_k > 0 && s->s.top_k < V ? s->s.top_k : V;
+    int nucleus = s->s.top_p > 0 && s->s.top_p < 1;
+    if (k == V && !nucleus) {
+        /* Plain temperature sampling needs no order: the walk below visits ids in id order (the same
+         * distribution as visiting them by rank; one generator draw per token, as on every path). */
+        float mx = logits[0];
+        for (int i = 1; i < V; i++)
+            if (logits[i] > mx) mx = logits[i];
+        /* sum of the stored (float) probabilities, in the walk's order: the walk's running sum ends exactly
+         * at sum, so u < sum always lands on an id (the fallback below is for NaN logits only) */
+        double sum = 0;
+        for (int i = 0; i < V; i++) {
+            s->prob[i] = (float)exp(((double)logits[i] - mx) / s->s.temperature);
+            sum += s->prob[i];
+        }
+        double u = (double)(k3c_rng_next(&s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
+        for (int i = 0; i < V; i++) {
+            acc += s->prob[i];
+            if (u < acc) return i;
+        }
+        return V - 1;
+    }
+    /* candidates in descending logit order (ties: lower id): only the top k when top-k filters, all of
+     * them when only top-p does (its nucleus needs the normaliser over every id, summed in rank order) */
+    int n = k;
+    if (k < V) {
+        top_k_sorted(s, logits, k);
+    } else {
+        for (int i = 0; i < V; i++) s->idx[i] = i;
+        qsort_r(s->idx, (size_t)V, sizeof(int), cmp_desc, (void *)logits);
+    }
     double mx = logits[s->idx[0]], sum = 0;
     for (int i = 0; i < n; i++) {
         double p = exp(((double)logits[s->idx[i]] - mx) / s->s.temperature);
