@@ -14,6 +14,10 @@ void test_register(const char *name, test_fn fn);
 void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A fresh per-run seed (time-based unless K3C_TEST_SEED is set); printed on failure so a run can be replayed. */
 uint64_t test_seed(void);
+/* The directory holding the test binary (BUILD-dependent), for files built beside it. */
+const char *test_exe_dir(void);
+/* Writes the path of the k3c CLI built next to the test binary; 0 when it is not there (or does not fit). */
+int test_k3c_binary(char *out, size_t n);
 /* A scratch directory for this test run (removed at the end unless K3C_TEST_KEEP is set). */
 const char *test_tmpdir(void);
 

@@ -414,17 +414,6 @@ static const hard_case cases[] = {
     {"config_fewer_layers", config_fewer_layers, "num_hidden_layers = ", 0},
 };
 
-static int k3c_binary(char *out, size_t n) {
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return 0;
-    exe[len] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = '\0';
-    if ((size_t)snprintf(out, n, "%s/k3c", exe) >= n) return 0;
-    return access(out, X_OK) == 0;
-}
-
 TEST(hardening_malformed_checkpoints_are_rejected) {
     const fixture *f = get_fixture();
     CHECKF(f != NULL, "could not synthesize the tiny base checkpoint: %s", k3c_error_message());
@@ -433,7 +422,7 @@ TEST(hardening_malformed_checkpoints_are_rejected) {
     CHECK_OK(k3c_model_load(f->base, &m));
     k3c_model_free(m);
     char bin[PATH_MAX];
-    int have_bin = k3c_binary(bin, sizeof bin);
+    int have_bin = test_k3c_binary(bin, sizeof bin);
     CHECK(have_bin);
     int n = (int)(sizeof cases / sizeof cases[0]);
     CHECK(n >= 15);

@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <time.h>
@@ -37,6 +38,23 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
 }
 
 uint64_t test_seed(void) { return run_seed; }
+
+const char *test_exe_dir(void) {
+    static char dir[PATH_MAX];
+    if (!dir[0]) {
+        ssize_t len = readlink("/proc/self/exe", dir, sizeof dir - 1);
+        if (len <= 0) return ".";
+        dir[len] = '\0';
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+    }
+    return dir;
+}
+
+int test_k3c_binary(char *out, size_t n) {
+    if ((size_t)snprintf(out, n, "%s/k3c", test_exe_dir()) >= n) return 0;
+    return access(out, X_OK) == 0;
+}
 const char *test_tmpdir(void) { return tmpdir; }
 
 double rel_l2_f32(const float *x, const double *ref, size_t n) {

@@ -311,13 +311,7 @@ static int fixture_dir(char *out, size_t n) {
     const char *rel = "tests/fixtures/kimi_linear_hf";
     snprintf(out, n, "%s", rel);
     if (file_exists(out)) return 1;
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return 0;
-    exe[len] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = '\0';
-    if ((size_t)snprintf(out, n, "%s/../%s", exe, rel) >= n) return 0;
+    if ((size_t)snprintf(out, n, "%s/../%s", test_exe_dir(), rel) >= n) return 0;
     return file_exists(out);
 }
 
@@ -416,18 +410,6 @@ TEST(k3_inventory_matches_published_counts) {
     k3c_config_free(&c);
 }
 
-/* The CLI binary next to the test binary (BUILD-dependent). */
-static int k3c_binary(char *out, size_t n) {
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0) return 0;
-    exe[len] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash) *slash = '\0';
-    if ((size_t)snprintf(out, n, "%s/k3c", exe) >= n) return 0;
-    return access(out, X_OK) == 0;
-}
-
 static int run_status(const char *cmd) {
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -435,7 +417,7 @@ static int run_status(const char *cmd) {
 
 TEST(cli_synth_and_inspect) {
     char bin[PATH_MAX], dir[PATH_MAX], cmd[4 * PATH_MAX], out[PATH_MAX];
-    CHECK(k3c_binary(bin, sizeof bin));
+    CHECK(test_k3c_binary(bin, sizeof bin));
     path_join(dir, sizeof dir, test_tmpdir(), "cli_tiny");
     path_join(out, sizeof out, test_tmpdir(), "cli_inspect.txt");
     snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --out '%s' --seed 7 >/dev/null", bin, dir);
