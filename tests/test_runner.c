@@ -6,11 +6,14 @@
  *  - a repetitive prompt gets drafts accepted and uniform verify steps planned;
  *  - an executor takes the steps the plan routes to it;
  *  - the drafter's lookup on hand-made histories.
- * Exact equality is asserted with f32 activations (the engine's exact_f32 diagnostic): the stock forward is
- * not bitwise batch-invariant (rows of one step can take other kernels than the same row alone, e.g. the
- * one-row and multi-row matmul kernels sum in different orders), and in bf16 that noise flips greedy
- * near-ties, MoE routing near-ties among them, after which streams legitimately part. In f32 the noise is
- * ~1e-6 relative, far below the logit gaps. The bf16 test asserts bitwise equality where the runner takes
+ * Exact equality is asserted with f32 activations (the engine's exact_f32 diagnostic) on a model that routes
+ * to every expert (k = E): the stock forward is not bitwise invariant to how a prompt is split into chunks
+ * (chunked KDA sums over other chunk boundaries), so a batched stream carries ~1e-6 relative noise. A
+ * discrete expert choice can sit within that noise of a tie (seen: seed 82061441138195 flipped one expert
+ * and moved a logit row by 0.5 relative), so the exact tests route densely, where the noise stays ~1e-6 in
+ * the logits. A greedy argmax tie within that noise is still possible (about 1 in 10^5 tokens): where two
+ * streams part, streams_agree recomputes the logits of that step and accepts the parting only when the two
+ * tokens' logits are within 1e-4 (printed). The bf16 test asserts bitwise equality where the runner takes
  * k3c_generate's exact steps, and prints how often batched bf16 streams part. */
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +89,7 @@ static int env_open(run_env *env, int max_requests, int exact, float damp) {
     snprintf(env->dir, sizeof env->dir, "%s/runner-tiny%s", test_tmpdir(), damp > 0 ? "-damped" : "");
     k3c_config c;
     K3C_TRY(k3c_preset_config("tiny", &c));
+    if (exact) c.num_experts_per_token = c.num_experts; /* dense routing: no discrete near-ties (see top) */
     int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
     k3c_config_free(&c);
     K3C_TRY(rc);
@@ -108,6 +112,51 @@ static int env_open(run_env *env, int max_requests, int exact, float damp) {
 static void env_close(run_env *env) {
     k3c_engine_free(env->e);
     k3c_free(env->m);
+}
+
+/* The absolute logit gap under which two greedy streams may part: f32 noise between prompt splits is ~1e-6
+ * relative on logits of magnitude ~3; 1e-4 leaves a 30x margin and is far below typical top-2 gaps (~0.3). */
+#define NEAR_TIE 1e-4f
+
+/* Streams `want` and `got` of one request (n tokens each) are equal, or part at a step where the two tokens
+ * are a greedy near-tie: the logits of that step come from one f32 prefill of prompt + common prefix. */
+static int streams_agree_at(run_env *env, const int32_t *prompt, int n_prompt, const int32_t *want,
+                            const int32_t *got, int n, const char *what, int *part_at) {
+    int t = 0;
+    while (t < n && want[t] == got[t]) t++;
+    if (part_at) *part_at = t;
+    if (t == n) return K3C_OK;
+    int len = n_prompt + t, id, rc;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)len);
+    float *lg = malloc(sizeof(float) * (size_t)len * (size_t)env->V);
+    if (!ids || !lg) {
+        free(ids), free(lg);
+        return k3c_errorf("%s: out of memory", what);
+    }
+    memcpy(ids, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    memcpy(ids + n_prompt, want, sizeof(int32_t) * (size_t)t);
+    rc = k3c_request_open(env->e, &id);
+    if (rc == K3C_OK) {
+        k3c_step_item it = {.request = id, .tokens = ids, .n = len, .all_logits = 1};
+        rc = k3c_engine_step(env->e, &it, 1, lg);
+        k3c_request_close(env->e, id);
+    }
+    if (rc == K3C_OK) {
+        const float *row = lg + (size_t)(len - 1) * env->V;
+        float gap = row[want[t]] - row[got[t]];
+        if (fabsf(gap) < NEAR_TIE)
+            printf("  [%s: streams part at token %d (%d vs %d), a near-tie: logit gap %.3g]\n", what, t, want[t],
+                   got[t], gap);
+        else
+            rc = k3c_errorf("%s: streams part at token %d (%d vs %d), logit gap %.3g is no near-tie", what, t,
+                            want[t], got[t], gap);
+    }
+    free(ids), free(lg);
+    return rc;
+}
+static int streams_agree(run_env *env, const int32_t *prompt, int n_prompt, const int32_t *want,
+                         const int32_t *got, int n, const char *what) {
+    return streams_agree_at(env, prompt, n_prompt, want, got, n, what, NULL);
 }
 
 #define NREQ 5
@@ -209,11 +258,9 @@ TEST(runner_spec_greedy_same_streams_and_alone) {
         CHECK_OK(k3c_generate(env.e, w.prompt[i], w.n_prompt[i], w.max_new[i], &w.sampling[i], collect_token, &c,
                               NULL));
         CHECK(c.n == nb[i]);
-        int first = -1;
-        for (int t = 0; t < c.n && first < 0; t++)
-            if (alone[t] != base[i][t]) first = t;
-        CHECKF(first < 0, "request %d: batched stream differs from k3c_generate alone at token %d (%d vs %d)", i,
-               first, base[i][first], alone[first]);
+        char what[64];
+        snprintf(what, sizeof what, "request %d alone vs batched", i);
+        CHECK_OK(streams_agree(&env, w.prompt[i], w.n_prompt[i], alone, base[i], c.n, what));
     }
 
     /* (a) speculation changes nothing in greedy streams */
@@ -224,9 +271,9 @@ TEST(runner_spec_greedy_same_streams_and_alone) {
         CHECK(st.drafts_proposed <= st.verify_items * d && st.drafts_padded <= st.drafts_proposed);
         for (int i = 0; i < NREQ; i++) {
             CHECKF(ng[i] == nb[i], "d=%d request %d: %d tokens, want %d", d, i, ng[i], nb[i]);
-            for (int t = 0; t < nb[i]; t++)
-                CHECKF(got[i][t] == base[i][t], "d=%d request %d token %d: %d with speculation, %d without", d, i,
-                       t, got[i][t], base[i][t]);
+            char what[64];
+            snprintf(what, sizeof what, "d=%d request %d without vs with speculation", d, i);
+            CHECK_OK(streams_agree(&env, w.prompt[i], w.n_prompt[i], base[i], got[i], nb[i], what));
         }
         /* fewer steps than tokens decoded one at a time whenever drafts were accepted */
         CHECK(st.verify_items > 0);
@@ -320,9 +367,16 @@ TEST(runner_sampled_request_beside_speculation) {
         CHECK_OK(k3c_generate(env.e, w.prompt[i], w.n_prompt[i], w.max_new[i], &w.sampling[i], collect_token, &c,
                               NULL));
         CHECK(c.n == ng[i]);
-        for (int t = 0; t < c.n; t++)
-            CHECKF(alone[t] == got[i][t], "request %d token %d: %d in the runner, %d alone", i, t, got[i][t],
-                   alone[t]);
+        if (w.sampling[i].temperature == 0) {
+            char what[64];
+            snprintf(what, sizeof what, "greedy request %d alone vs beside sampling", i);
+            CHECK_OK(streams_agree(&env, w.prompt[i], w.n_prompt[i], alone, got[i], c.n, what));
+        } else {
+            /* one draw per token either way; a draw within ~1e-6 of a CDF boundary is ~1e-6 per token */
+            for (int t = 0; t < c.n; t++)
+                CHECKF(alone[t] == got[i][t], "sampled request %d token %d: %d in the runner, %d alone", i, t,
+                       got[i][t], alone[t]);
+        }
     }
     env_close(&env);
 }
@@ -357,8 +411,15 @@ TEST(runner_stop_token) {
             const int32_t *t;
             int n, fin;
             CHECK_OK(k3c_runner_output(r, h[i], &t, &n, &fin));
+            /* other join times split prompts differently: the streams may part at a near-tie, and then the
+             * stop token comes elsewhere */
+            char what[64];
+            int part;
+            snprintf(what, sizeof what, "d=%d request %d with a stop token", d, i);
+            CHECK_OK(streams_agree_at(&env, w.prompt[i], w.n_prompt[i], base[i], t, n < want[i] ? n : want[i],
+                                      what, &part));
+            if (part < (n < want[i] ? n : want[i])) continue;
             CHECKF(fin && n == want[i], "d=%d request %d: %d tokens (finished %d), want %d", d, i, n, fin, want[i]);
-            CHECK(memcmp(t, base[i], sizeof(int32_t) * (size_t)n) == 0);
         }
         k3c_runner_free(r);
     }
@@ -370,13 +431,18 @@ TEST(runner_stop_token) {
  * padding policy), and the streams equal greedy without speculation. The random tiny model itself never
  * repeats (its streams look uniform over the vocab), so there the drafter finds almost nothing to accept;
  * residual writes x0.05 keep every layer in the computation (and its state in the verify/commit path). */
-static int run_repetitive(run_env *env, int d, int32_t out[4][96], k3c_runner_stats *st) {
+static void repetitive_prompts(int V, int32_t prompt[4][40]) {
     k3c_rng rng;
     k3c_rng_seed(&rng, test_seed() ^ 0x4e9);
-    int32_t phrase[5], prompt[4][40];
-    for (int i = 0; i < 5; i++) phrase[i] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)env->V);
+    int32_t phrase[5];
+    for (int i = 0; i < 5; i++) phrase[i] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)V);
     for (int j = 0; j < 4; j++)
         for (int t = 0; t < 40; t++) prompt[j][t] = phrase[(t + j) % 5];
+}
+
+static int run_repetitive(run_env *env, int d, int32_t out[4][96], k3c_runner_stats *st) {
+    int32_t prompt[4][40];
+    repetitive_prompts(env->V, prompt);
     k3c_runner_options o;
     k3c_runner_options_default(&o);
     o.spec_tokens = d;
@@ -414,10 +480,13 @@ TEST(runner_repetitive_prompt_accepts_drafts) {
            st.stock_reason_steps[K3C_STOCK_MIXED_VERIFY], st.route_steps[K3C_ROUTE_DECODE],
            st.route_steps[K3C_ROUTE_VERIFY], st.route_steps[K3C_ROUTE_WIDE], st.drafts_accepted,
            st.drafts_proposed, st.drafts_padded);
-    for (int j = 0; j < 4; j++)
-        for (int t = 0; t < 96; t++)
-            CHECKF(got[j][t] == base[j][t], "request %d token %d: %d with speculation, %d without", j, t, got[j][t],
-                   base[j][t]);
+    int32_t prompt[4][40];
+    repetitive_prompts(env.V, prompt);
+    for (int j = 0; j < 4; j++) {
+        char what[64];
+        snprintf(what, sizeof what, "repetitive request %d without vs with speculation", j);
+        CHECK_OK(streams_agree(&env, prompt[j], 40, base[j], got[j], 96, what));
+    }
     CHECK(st.generated == 4 * 96);
     CHECK(st.route_steps[K3C_ROUTE_VERIFY] > 0);
     CHECK(st.stock_reason_steps[K3C_STOCK_MIXED_VERIFY] == 0); /* the padding policy keeps verifies uniform */
@@ -469,7 +538,10 @@ TEST(runner_executor_takes_planned_steps) {
         const int32_t *t;
         int n, fin;
         CHECK_OK(k3c_runner_output(r, h[i], &t, &n, &fin));
-        CHECK(fin && n == nb[i] && memcmp(t, base[i], sizeof(int32_t) * (size_t)n) == 0);
+        CHECK(fin && n == nb[i]);
+        char what[64];
+        snprintf(what, sizeof what, "request %d stock vs executor steps", i);
+        CHECK_OK(streams_agree(&env, w.prompt[i], w.n_prompt[i], base[i], t, n, what));
     }
     k3c_runner_free(r);
     CHECK(st.executor_steps == f.ran[K3C_ROUTE_DECODE] + f.ran[K3C_ROUTE_VERIFY]);
