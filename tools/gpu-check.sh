@@ -6,10 +6,11 @@
 # GB/s next to a measured device-to-device copy), the stock decode benchmark (k3c bench --device cuda on
 # k3-slice and kimi-linear-48b), and prints a short table last. About 5-8 minutes on an H200.
 #
-# cJSON: when the host has no libcjson-dev (and nothing can be fetched), the Debian packages carried in
-# .debs/ (`apt-get download libcjson1 libcjson-dev` on a machine with a registry; plain C, needs only libc6 >=
-# 2.14) are unpacked into .debs/root and passed to make through CFLAGS / LDLIBS (environment, so the
-# Makefile's own flags are appended to them).
+# cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
+# committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
+# `apt-get download libcjson1 libcjson-dev`; plain C, needs only libc6 >= 2.14) are unpacked into
+# $BUILD/debs-root and passed to make through CFLAGS / LDLIBS (environment, so the Makefile's own flags are
+# appended to them). A fresh clone therefore builds on such a host with nothing carried beside it.
 #
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
@@ -27,16 +28,17 @@ SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:150 racecheck:gpu_kda_recurrent:
 mkdir -p "$LOGDIR"
 
 if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
-    if ! ls .debs/libcjson*.deb >/dev/null 2>&1; then
-        echo "gpu-check: cJSON headers not installed and no .debs/libcjson*.deb to unpack" >&2
+    if ! ls tools/debs/libcjson*.deb >/dev/null 2>&1; then
+        echo "gpu-check: cJSON headers not installed and no tools/debs/libcjson*.deb to unpack" >&2
         exit 1
     fi
-    prefix=$PWD/.debs/root
-    for f in .debs/libcjson*.deb; do dpkg -x "$f" "$prefix" || exit 1; done
+    mkdir -p "$BUILD"
+    prefix=$PWD/$BUILD/debs-root
+    for f in tools/debs/libcjson*.deb; do dpkg -x "$f" "$prefix" || exit 1; done
     libdir=$(dirname "$(find "$prefix" -name 'libcjson.so*' | head -1)")
     export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
     export LDLIBS="${LDLIBS:-} -L$libdir -Wl,-rpath,$libdir"
-    echo "gpu-check: cJSON from .debs ($libdir)"
+    echo "gpu-check: cJSON from tools/debs ($libdir)"
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
