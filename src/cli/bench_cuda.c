@@ -3,7 +3,10 @@
  *
  * Per batch size b: each of b requests holds `context` prefilled tokens; after warm-up, every decode step
  * (one token per request, logits of every request downloaded, as the engine API does) is timed on the host
- * around k3c_engine_step, which ends with a stream sync; the median of `steps` steps is reported.
+ * around k3c_engine_step, which ends with a stream sync; the median of `steps` steps is reported. Verify
+ * widths q > 1 (--verify): every request verifies q tokens (logits of all q rows downloaded) and then commits
+ * q - 1 of them (the KDA fold included in the timed step), as a speculative step that accepts all but one
+ * draft would; the step's tokens/s counts the q verified tokens.
  *
  * Bytes the step must move: every non-expert weight once (all matrices and vectors except the routed
  * experts, the embedding counted as its b rows), the routed experts the step selects (distinct experts over
@@ -100,7 +103,7 @@ typedef struct step_bytes {
 } step_bytes;
 
 /* Bytes one decode step of batch b at mean context ctx must move (see the file comment). */
-static step_bytes bytes_for(const k3c_model *m, int b, double ctx) {
+static step_bytes bytes_for(const k3c_model *m, int b, int q, double ctx) {
     const k3c_config *c = &m->config;
     step_bytes s = {0};
     double expert_layer = 0; /* bytes of all experts of one MoE layer */
@@ -121,37 +124,81 @@ static step_bytes bytes_for(const k3c_model *m, int b, double ctx) {
     for (int l = 0; l < c->num_layers; l++) moe_layers += m->weights.layers[l].is_moe;
     if (moe_layers > 0) expert_layer /= moe_layers;
     double E = c->num_experts, k = c->num_experts_per_token;
-    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, b)) : 0;
+    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)b * q)) : 0; /* over all b x q rows */
     s.experts = moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
     double lat = k3c_config_mla_latent(c), P = k3c_config_kda_proj(c);
     double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * 4;
     double window = 3.0 * (c->kda_conv_kernel - 1) * P * 4;
     for (int l = 0; l < c->num_layers; l++) {
-        if (c->layer_attn[l] == K3C_ATTN_MLA) s.kv += b * (ctx + 1) * lat * 2 + b * lat * 2;
+        /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
+        if (c->layer_attn[l] == K3C_ATTN_MLA) s.kv += b * (ctx + q) * lat * 2 + b * q * lat * 2;
         else s.kda += b * 2 * (state + window);
     }
     return s;
 }
 
-static int parse_batches(const char *s, int *b, int *n) {
+static int parse_list(const char *s, int hi, int *b, int *n) {
     *n = 0;
     while (*s) {
         char *end;
         long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 64 || *n >= 16 || (*end && *end != ',')) return -1;
+        if (end == s || v < 1 || v > hi || *n >= 16 || (*end && *end != ',')) return -1;
         b[(*n)++] = (int)v;
         s = *end ? end + 1 : end;
     }
     return *n > 0 ? 0 : -1;
 }
 
-int bench_cuda(const char *preset, const char *batches_s, int context, int steps) {
-    int batches[16], nb = 0, maxb = 0, rc = 1;
-    if (parse_batches(batches_s ? batches_s : "1,2,4,8,16,32,64", batches, &nb) != 0) {
+/* Times warm + steps steps of b requests x q tokens (q = 1 decode, q > 1 verify + commit of q - 1) through
+ * the stock engine (ex NULL) or the executor's run with the given plan; *med: median step seconds, *ctx_mean:
+ * mean tokens each request held before a timed step. */
+static int time_steps(k3c_engine *e, const k3c_decode_executor *ex, const k3c_plan *plan, const int *id, int b,
+                      int q, int warm, int steps, int V, float *lg, double *t, double *med, double *ctx_mean) {
+    int32_t tok[64 * K3C_PREPARED_Q_MAX];
+    k3c_step_item it[64];
+    double ctx_sum = 0;
+    for (int s = 0; s < warm + steps; s++) {
+        for (int i = 0; i < b; i++) {
+            for (int j = 0; j < q; j++) tok[i * q + j] = (int32_t)((s * 7919 + i * 104729 + j * 31 + 3) % V);
+            it[i] = (k3c_step_item){.request = id[i], .tokens = &tok[i * q], .n = q, .verify = q > 1};
+        }
+        if (s >= warm)
+            for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]);
+        double a = now_s();
+        K3C_TRY(ex ? ex->run(ex->ctx, plan, it, b, lg) : k3c_engine_step(e, it, b, lg));
+        for (int i = 0; i < b && q > 1; i++) K3C_TRY(k3c_request_commit(e, id[i], q - 1));
+        double dt = now_s() - a;
+        if (s >= warm) t[s - warm] = dt;
+    }
+    qsort(t, (size_t)steps, sizeof *t, cmp_double);
+    *med = t[steps / 2];
+    *ctx_mean = ctx_sum / ((double)steps * b);
+    return K3C_OK;
+}
+
+static void print_row(const char *path, const char *preset, const k3c_model *m, int b, int q, double med,
+                      double ctx, double bw) {
+    step_bytes sb = bytes_for(m, b, q, ctx);
+    double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
+    double floor_s = bw > 0 ? bytes / bw : 0;
+    printf("%s %-11s %5d %2d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", path, preset, b, q, med * 1e3,
+           bytes / 1e9, floor_s * 1e3, med > 0 ? floor_s / med : 0, b * q / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
+           d2h_seconds(sizeof(float) * (size_t)b * q * m->config.vocab_size) * 1e3);
+    fflush(stdout);
+}
+
+int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, int context, int steps) {
+    int batches[16], nb = 0, maxb = 0, qs[16], nq = 0, maxq = 0, qsum = 0, rc = 1;
+    if (parse_list(batches_s ? batches_s : "1,2,4,8,16,32,64", 64, batches, &nb) != 0) {
         fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
         return 2;
     }
+    if (parse_list(verify_s ? verify_s : "1", K3C_PREPARED_Q_MAX, qs, &nq) != 0) {
+        fprintf(stderr, "k3c bench: --verify wants a comma-separated list of 1..%d\n", K3C_PREPARED_Q_MAX);
+        return 2;
+    }
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    for (int i = 0; i < nq; i++) maxq = qs[i] > maxq ? qs[i] : maxq, qsum += qs[i] > 1 ? qs[i] - 1 : 1;
     const int warm = 3;
     k3c_config c;
     k3c_model *m = NULL;
@@ -160,7 +207,7 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
     float *lg = NULL;
     int32_t *ids = NULL;
     int id[64];
-    double *t = NULL;
+    double *t = NULL, ms1[2][16];
     if (k3c_preset_config(preset, &c) != K3C_OK) goto fail;
     int mrc = k3c_model_synthetic(&c, 1, &m);
     k3c_config_free(&c);
@@ -178,8 +225,10 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
     o.max_requests = 64;
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
-    o.max_context = context + 2 * nb * (warm + steps) + 8; /* stock, then the specialized steps (SPEC) */
-    o.q_max = 1;
+    if (o.max_rows < maxb * maxq) o.max_rows = maxb * maxq;
+    /* every (batch, q) runs warm + steps stock steps, then as many specialized ones; each adds max(1, q - 1) */
+    o.max_context = context + 2 * nb * (warm + steps) * qsum + maxq + 8;
+    o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     fprintf(stderr, "engine ready in %.1f s\n", now_s() - t0);
@@ -204,69 +253,38 @@ int bench_cuda(const char *preset, const char *batches_s, int context, int steps
     }
     double tp = now_s() - t0;
     printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
-    printf("%-16s %5s %9s %9s %9s %9s %8s %10s %9s %9s\n", "STEP preset", "batch", "step_ms", "GB_moved", "floor_ms",
-           "of_floor", "tok/s", "experts_L", "kv+kda_MB", "d2h_ms");
+    printf("%-16s %5s %2s %9s %9s %9s %9s %8s %10s %9s %9s\n", "STEP preset", "batch", "q", "step_ms", "GB_moved",
+           "floor_ms", "of_floor", "tok/s", "experts_L", "kv+kda_MB", "d2h_ms");
     for (int bi = 0; bi < nb; bi++) {
         int b = batches[bi];
-        int32_t tok[64];
-        k3c_step_item it[64];
-        double ctx_sum = 0;
-        for (int s = 0; s < warm + steps; s++) {
-            for (int i = 0; i < b; i++) {
-                tok[i] = (int32_t)((s * 7919 + i * 104729 + 3) % V);
-                it[i] = (k3c_step_item){.request = id[i], .tokens = &tok[i], .n = 1};
+        for (int qi = 0; qi < nq; qi++) {
+            int q = qs[qi];
+            double med, ctx;
+            if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, t, &med, &ctx) != K3C_OK) goto fail;
+            print_row("STEP", preset, m, b, q, med, ctx, bw);
+            if (q == 1) ms1[0][bi] = med;
+            if (q == 4) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
+            /* the same steps through the specialized executor (one captured graph per shape) */
+            if (!x && (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK))
+                goto fail;
+            if (!k3c_prepared_shape(b * q, q, o.q_max, o.max_requests)) {
+                printf("SPEC %-11s %5d %2d (rows %d: not a prepared shape, runs stock)\n", preset, b, q, b * q);
+                continue;
             }
-            double a = now_s();
-            if (k3c_engine_step(e, it, b, lg) != K3C_OK) goto fail;
-            double dt = now_s() - a;
-            if (s >= warm) {
-                t[s - warm] = dt;
-                for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]) - 1;
-            }
+            if (k3c_decode_cuda_capture(x, b * q, q) != K3C_OK) goto fail;
+            k3c_plan plan = {.route = q > 1 ? K3C_ROUTE_VERIFY : K3C_ROUTE_DECODE, .rows = b * q, .q = q};
+            if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, t, &med, &ctx) !=
+                K3C_OK)
+                goto fail;
+            print_row("SPEC", preset, m, b, q, med, ctx, bw);
+            if (q == 1) ms1[1][bi] = med;
+            if (q == 4) printf("RATIO %-10s %5d q=4/q=1 spec  %.3f\n", preset, b, med / ms1[1][bi]);
         }
-        qsort(t, (size_t)steps, sizeof *t, cmp_double);
-        double med = t[steps / 2];
-        step_bytes sb = bytes_for(m, b, ctx_sum / ((double)steps * b));
-        double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
-        double floor_s = bw > 0 ? bytes / bw : 0;
-        printf("STEP %-11s %5d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", preset, b, med * 1e3, bytes / 1e9,
-               floor_s * 1e3, med > 0 ? floor_s / med : 0, b / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
-               d2h_seconds(sizeof(float) * (size_t)b * V) * 1e3);
-        fflush(stdout);
-        /* the same decode steps through the specialized executor (one captured graph per batch size) */
-        if (!x && (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK))
-            goto fail;
-        if (!k3c_prepared_shape(b, 1, 1, 64)) continue;
-        if (k3c_decode_cuda_capture(x, b, 1) != K3C_OK) goto fail;
-        const k3c_decode_executor *ex = k3c_decode_cuda_executor(x);
-        k3c_plan plan = {.route = K3C_ROUTE_DECODE, .rows = b, .q = 1};
-        ctx_sum = 0;
-        for (int s = 0; s < warm + steps; s++) {
-            for (int i = 0; i < b; i++) {
-                tok[i] = (int32_t)((s * 7919 + i * 104729 + 3) % V);
-                it[i] = (k3c_step_item){.request = id[i], .tokens = &tok[i], .n = 1};
-            }
-            double a = now_s();
-            if (ex->run(ex->ctx, &plan, it, b, lg) != K3C_OK) goto fail;
-            double dt = now_s() - a;
-            if (s >= warm) {
-                t[s - warm] = dt;
-                for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]) - 1;
-            }
-        }
-        qsort(t, (size_t)steps, sizeof *t, cmp_double);
-        med = t[steps / 2];
-        sb = bytes_for(m, b, ctx_sum / ((double)steps * b));
-        bytes = sb.dense + sb.experts + sb.kv + sb.kda;
-        floor_s = bw > 0 ? bytes / bw : 0;
-        printf("SPEC %-11s %5d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", preset, b, med * 1e3, bytes / 1e9,
-               floor_s * 1e3, med > 0 ? floor_s / med : 0, b / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
-               d2h_seconds(sizeof(float) * (size_t)b * V) * 1e3);
-        fflush(stdout);
     }
-    printf("(SPEC: the same steps replayed by the specialized decode executor, graph per batch size; q > 1 not "
-           "benchmarked yet)\n");
-    printf("(experts_L: distinct routed experts per MoE layer, estimated E(1-(1-k/E)^b); GB_moved: non-expert "
+    printf("(SPEC: the same steps replayed by the specialized decode executor, one graph per (rows, q) shape; "
+           "q > 1: verify of q tokens + commit of q - 1, tok/s counts verified tokens; RATIO needs q=1 before "
+           "q=4 in --verify)\n");
+    printf("(experts_L: distinct routed experts per MoE layer, estimated E(1-(1-k/E)^(b q)); GB_moved: non-expert "
            "weights + those experts + KV/KDA state; the step time includes the logits download d2h_ms)\n");
     rc = 0;
     goto done;
@@ -284,8 +302,9 @@ done:
 
 #else
 
-int bench_cuda(const char *preset, const char *batches, int context, int steps) {
+int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps) {
     (void)batches;
+    (void)verify;
     (void)context;
     (void)steps;
     fprintf(stderr, "k3c bench: %s: this build has no CUDA backend (built without nvcc)\n", preset);

@@ -23,11 +23,13 @@ static double now_s(void) {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N]\n"
-               "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--context N] [--steps N]\n"
+               "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
+               "                 [--steps N]\n"
                "cpu: without --preset both tiny and mini are measured (synthesized checkpoints)\n"
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
-               "steps per batch size (default 20, median reported)\n");
+               "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
+               "decode only; q > 1: verify q tokens, commit q - 1)\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
@@ -140,7 +142,7 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *device = "cpu", *preset = NULL, *batches = NULL;
+    const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL;
     long steps = -1, threads = 0, context = 512;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -151,6 +153,7 @@ int cmd_bench(int argc, char **argv) {
         } else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--preset"))) preset = v;
         else if ((v = cli_option(argc, argv, &i, "--batches"))) batches = v;
+        else if ((v = cli_option(argc, argv, &i, "--verify"))) verify = v;
         else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_parse_int(v, 1, 1 << 20, &context);
         else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_parse_int(v, 1, 100000, &steps);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
@@ -167,10 +170,10 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stderr);
             return 2;
         }
-        return bench_cuda(preset, batches, (int)context, steps > 0 ? (int)steps : 20);
+        return bench_cuda(preset, batches, verify, (int)context, steps > 0 ? (int)steps : 20);
     }
-    if (batches || (preset && strcmp(preset, "tiny") && strcmp(preset, "mini"))) {
-        fprintf(stderr, "k3c bench: on the cpu only --preset tiny or mini, without --batches\n");
+    if (batches || verify || (preset && strcmp(preset, "tiny") && strcmp(preset, "mini"))) {
+        fprintf(stderr, "k3c bench: on the cpu only --preset tiny or mini, without --batches or --verify\n");
         bench_usage(stderr);
         return 2;
     }

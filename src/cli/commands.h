@@ -30,6 +30,6 @@ int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad
 
 /* k3c bench --device cuda (bench_cuda.c): decode step times of a device-synthetic preset per batch size
  * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. Returns the exit status. */
-int bench_cuda(const char *preset, const char *batches, int context, int steps);
+int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps);
 
 #endif
