@@ -106,6 +106,13 @@ int cli_check_device(const char *device) {
     return !strcmp(device, "cpu") || !strcmp(device, "cuda") ? 0 : -1;
 }
 
+int cli_parse_kv_cache(const char *s, int *fp8) {
+    if (!strcmp(s, "bf16")) *fp8 = 0;
+    else if (!strcmp(s, "fp8")) *fp8 = 1;
+    else return -1;
+    return 0;
+}
+
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad) {
     const char *v;
     double d = 0;

@@ -12,8 +12,10 @@
 static void generate_usage(FILE *f) {
     fprintf(f, "usage: k3c generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T] [--top-k K]\n"
                "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N] [--stock]\n"
+               "                    [--kv-cache bf16|fp8]\n"
                "with --device cuda the runner takes the specialized decode executor (graph-captured steps) unless\n"
                "--stock forces the stock forward; a summary of steps per path goes to stderr\n"
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (cpu only so far; default bf16)\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
@@ -63,7 +65,7 @@ out:
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *device = "cpu";
     long n = 32, threads = 0;
-    int stock = 0;
+    int stock = 0, kv_fp8 = 0;
     k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -78,6 +80,7 @@ int cmd_generate(int argc, char **argv) {
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
+        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c generate: bad or unexpected argument '%s'\n", argv[i]);
@@ -105,6 +108,7 @@ int cmd_generate(int argc, char **argv) {
     o.threads = (int)threads;
     o.max_requests = 1;
     o.max_context = n_ids + (int)n + 1;
+    o.kv_fp8 = kv_fp8;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     if (!strcmp(device, "cuda") && !stock) {
         rc = generate_specialized(e, ids, n_ids, (int)n, &s);

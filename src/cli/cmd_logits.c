@@ -11,14 +11,15 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
-               "[--threads N] [--f32]\n"
-               "--f32 (diagnostic): f32 activations, no bf16 rounding\n");
+               "[--threads N] [--f32] [--kv-cache bf16|fp8]\n"
+               "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (cpu only so far; default bf16)\n");
 }
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *out = NULL, *device = "cpu";
     long prefill = -1, threads = 0;
-    int f32 = 0;
+    int f32 = 0, kv_fp8 = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -33,6 +34,7 @@ int cmd_logits(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--out"))) out = v;
         else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
+        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c logits: bad or unexpected argument '%s'\n", argv[i]);
@@ -67,6 +69,7 @@ int cmd_logits(int argc, char **argv) {
     o.max_rows = (int)prefill;
     o.q_max = 1;
     o.exact_f32 = f32;
+    o.kv_fp8 = kv_fp8;
     o.max_context = n;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     int V = k3c_engine_vocab(e);

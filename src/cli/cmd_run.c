@@ -13,7 +13,7 @@ static void run_usage(FILE *f) {
     fprintf(f,
             "usage: k3c run [--model DIR] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D] [--max-requests M]\n"
             "               [--prefill-budget B] [--stop ID] [--temperature T --top-k K --top-p P --seed S]\n"
-            "               [--device cpu|cuda] [--threads N]\n"
+            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8]\n"
             "runs every prompt (';'-separated token-id lists) for -n tokens, at most M at once (default 4);\n"
             "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
             "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
@@ -85,6 +85,7 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompts_s = NULL, *device = "cpu";
     long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1, threads = 0;
+    int kv_fp8 = 0;
     k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -102,6 +103,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
+        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c run: bad or unexpected argument '%s'\n", argv[i]);
@@ -130,6 +132,7 @@ int cmd_run(int argc, char **argv) {
     o.device = device;
     o.threads = (int)threads;
     o.max_requests = (int)max_req;
+    o.kv_fp8 = kv_fp8;
     /* the runner never lets a verify write past where plain decoding would end: prompt + n - 1 tokens */
     o.max_context = max_prompt + (int)n + 1;
     o.q_max = (int)spec + 1 > o.q_max ? (int)spec + 1 : o.q_max;

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "stock/backend.h"
 #include "util/bf16.h"
+#include "util/fp8.h"
 #include "util/error.h"
 
 #define MM_QUEUE 16
@@ -404,7 +405,10 @@ static void cpu_mla_cache_write(k3c_backend *be, const float *lat, const k3c_seg
         for (int i = 0; i < g->n; i++) {
             int p = g->pos + i;
             size_t slot = (size_t)g->block_table[p / bs] * bs + p % bs;
-            memcpy(cf + slot * L, lat + (size_t)(g->row0 + i) * L, (size_t)L * 4);
+            const float *src = lat + (size_t)(g->row0 + i) * L;
+            if (c->lim.kv_fp8)
+                for (int j = 0; j < L; j++) cf[slot * L + j] = k3c_e4m3_round(src[j]);
+            else memcpy(cf + slot * L, src, (size_t)L * 4);
         }
     }
 }

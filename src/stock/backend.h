@@ -35,6 +35,8 @@ typedef struct k3c_backend_limits {
     int max_segs;     /* most requests in one step */
     int max_context;  /* most tokens one request may hold in the MLA cache */
     int block_size;   /* MLA cache block size (tokens) */
+    int kv_fp8;       /* 1: mla_cache_write stores latents rounded to FP8 E4M3 (util/fp8.h); a backend that
+                       * cannot fails init() with a message */
 } k3c_backend_limits;
 
 /* One request's share of a step: rows [row0, row0 + n) of every activation buffer. */
@@ -122,7 +124,9 @@ struct k3c_backend {
 
     /* ---- MLA (NoPE; absorbed, and optionally expanded for prompt rows) ---- */
     /* Writes latent rows lat [T, kv_lora + rope] (already rounded) of each seg to the cache at positions
-     * pos .. pos + n - 1 through the seg's block table. cache: one layer's [num_blocks, block_size, lat]. */
+     * pos .. pos + n - 1 through the seg's block table. cache: one layer's [num_blocks, block_size, lat].
+     * With limits.kv_fp8 every element is stored rounded to FP8 E4M3 (util/fp8.h k3c_e4m3_round), so every
+     * later read of the cache (absorbed or expanded attention) sees the E4M3 value. */
     void (*mla_cache_write)(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache);
     /* Attention of each seg's query rows over its cached latents (positions 0 .. pos + i for row i), the
      * rows of this step included (written before). q [T, Hm * (nope + rope)] per head [q_nope | q_pe];

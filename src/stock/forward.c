@@ -96,7 +96,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     }
     f->o.aux_layers = f->aux_layers;
 
-    k3c_backend_limits lim = {o->max_rows, o->max_segs, o->max_context, o->block_size};
+    k3c_backend_limits lim = {o->max_rows, o->max_segs, o->max_context, o->block_size, o->kv_fp8};
     if (be->init(be, m, &lim) != K3C_OK) {
         free(f->aux_layers);
         free(f);

@@ -41,6 +41,8 @@ typedef struct k3c_forward_options {
      * at least this many rows in the step and is not verifying; fewer rows use the absorbed form. 0 means 128
      * (near the arithmetic break-even of the two forms at K3's shapes, see forward.c). */
     int mla_expand_min;
+    /* 1: the MLA latent cache holds FP8 E4M3 values (k3c_backend_limits.kv_fp8). */
+    int kv_fp8;
     /* Aux hidden-state taps (spec §6): after layer aux_layers[i] the residual prefix P (plain residual: the
      * hidden state) is copied out. */
     const int *aux_layers;

@@ -123,9 +123,11 @@ struct ref_model {
     double *ores_w, *ores_n;
     ref_layer *layers;
     long *route_counts; /* [L * E] selections per layer and expert, when a test asked for them */
+    double (*latent_round)(double); /* applied to every cached MLA latent value when set (a cache format) */
 };
 
 void ref_count_routes(ref_model *m, long *counts) { m->route_counts = counts; }
+void ref_set_latent_round(ref_model *m, double (*round_fn)(double)) { m->latent_round = round_fn; }
 
 const k3c_config *ref_model_config(const ref_model *m) { return &m->cfg; }
 
@@ -648,6 +650,12 @@ static int mla_forward(const ref_model *m, const ref_layer *L, const double *x, 
     if (linear(&L->kva, x, n, ckv)) goto done;
     for (int t = 0; t < n; t++)
         rmsnorm(ckv + (size_t)t * (R + rope), L->kva_norm, R, c->mla_lora_norm_eps, c_n + (size_t)t * R);
+    if (m->latent_round) /* what a cache stores: c_normed and k_pe, every later use reads these */
+        for (int t = 0; t < n; t++) {
+            for (int d = 0; d < R; d++) c_n[(size_t)t * R + d] = m->latent_round(c_n[(size_t)t * R + d]);
+            for (int d = 0; d < rope; d++)
+                ckv[(size_t)t * (R + rope) + R + d] = m->latent_round(ckv[(size_t)t * (R + rope) + R + d]);
+        }
     if (linear(&L->kvb, c_n, n, kv)) goto done; /* per head [k_nope | v] */
     double scale = 1.0 / sqrt((double)qh);
     for (int i = 0; i < n; i++)

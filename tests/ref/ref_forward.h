@@ -55,6 +55,10 @@ int ref_forward(ref_model *m, const int *ids, int n, double *logits, const int *
  * later forward (NULL stops counting). The array belongs to the caller. */
 void ref_count_routes(ref_model *m, long *counts);
 
+/* Rounds every MLA latent value a cache would hold (c_normed and k_pe, per token and layer) through fn
+ * before any use, as a cache in that format does (NULL: exact). */
+void ref_set_latent_round(ref_model *m, double (*fn)(double));
+
 /* ---- building blocks, exposed for hand-checkable tests ---- */
 
 /* AttnRes Mix (§4.2) for one token: sources[0..num_sources-1] (oldest block first, partial prefix last),
