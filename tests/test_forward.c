@@ -16,6 +16,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "ref/ref_forward.h"
+#include "ref/ref_fp8.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -57,7 +58,7 @@ static void env_close(fwd_env *e) {
     if (e->m) k3c_free(e->m);
 }
 
-static int make_engine_x(fwd_env *env, int chunk_min, int exact, int poison, k3c_engine **out) {
+static int make_engine_kv(fwd_env *env, int chunk_min, int exact, int poison, int kv_fp8, k3c_engine **out) {
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.threads = 2;
@@ -68,7 +69,12 @@ static int make_engine_x(fwd_env *env, int chunk_min, int exact, int poison, k3c
     o.chunk_min = chunk_min;
     o.exact_f32 = exact;
     o.poison_freed_blocks = poison;
+    o.kv_fp8 = kv_fp8;
     return k3c_engine_create(env->m, &o, out);
+}
+
+static int make_engine_x(fwd_env *env, int chunk_min, int exact, int poison, k3c_engine **out) {
+    return make_engine_kv(env, chunk_min, exact, poison, 0, out);
 }
 
 
@@ -165,6 +171,54 @@ static void check_vs_ref(const char *preset, int dense_routing, int exact, doubl
     }
     k3c_engine_free(eng);
     free(ref), free(lg);
+    env_close(&env);
+}
+
+/* The fp8 (E4M3) latent cache (engine option kv_fp8), f32 activations, k = E (no routing choice for the
+ * rounding to flip): against the float64 reference whose cached latents (c_normed, k_pe) are rounded by the
+ * independent tests/ref/ref_fp8.c. The fp8 engine must sit far closer to that reference than to the exact one:
+ * the rounding is applied where and as the format says. Measured on tiny: 1.5e-6 .. 1.9e-6 vs the E4M3
+ * reference, 2.0e-2 .. 3.9e-2 vs the exact one (two seeds). A latent within f32 noise of an E4M3 midpoint
+ * may round the other way than in float64 (one E4M3 step of one element): the bound 2e-3 leaves room for that. */
+static double ref_round_e4m3(double x) { return ref_e4m3_nearest(x); }
+
+TEST(forward_kv_fp8_vs_ref_e4m3_latents) {
+    fwd_env env;
+    CHECK_OK(env_open_cfg(&env, "tiny", 1, 1));
+    int V = env.V, n = 20;
+    int32_t ids[20];
+    int iids[20];
+    random_ids(test_seed() ^ 0xf80, V, n, ids);
+    for (int i = 0; i < n; i++) iids[i] = ids[i];
+    double *exact = malloc(sizeof(double) * n * V), *rounded = malloc(sizeof(double) * n * V);
+    float *lg = malloc(sizeof(float) * n * V);
+    CHECK(exact && rounded && lg);
+    CHECK_OK(ref_logits(env.ref, iids, n, exact));
+    ref_set_latent_round(env.ref, ref_round_e4m3);
+    CHECK_OK(ref_logits(env.ref, iids, n, rounded));
+    k3c_engine *eng;
+    CHECK_OK(make_engine_kv(&env, 0, 1, 0, 1, &eng));
+    struct { const char *name; int chunks[20]; int nchunks; } plans[] = {
+        {"prefill", {20}, 1},
+        {"token by token", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 20},
+        {"prefill 12 + decode", {12, 1, 1, 1, 1, 1, 1, 1, 1}, 9},
+    };
+    near_tie = 1e-4;
+    for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++) {
+        poison_f32(lg, (size_t)n * V);
+        CHECK_OK(run_chunks(eng, ids, plans[p].chunks, plans[p].nchunks, V, lg));
+        int bad, ties;
+        double vs_exact = compare_ref(lg, exact, n, V, &bad, &ties);
+        double vs_rounded = compare_ref(lg, rounded, n, V, &bad, &ties);
+        printf("    tiny (k = E) f32, fp8 cache, %s: worst row rel L2 %.3g vs the E4M3-latent reference, %.3g vs "
+               "the exact one\n", plans[p].name, vs_rounded, vs_exact);
+        CHECKF(vs_rounded < 2e-3, "%s: %.3g from the E4M3-latent reference", plans[p].name, vs_rounded);
+        CHECKF(vs_rounded * 4 < vs_exact, "%s: %.3g from the E4M3 reference, %.3g from the exact one",
+               plans[p].name, vs_rounded, vs_exact);
+        CHECKF(bad == 0, "%s: %d top-1 mismatches against the E4M3-latent reference", plans[p].name, bad);
+    }
+    k3c_engine_free(eng);
+    free(exact), free(rounded), free(lg);
     env_close(&env);
 }
 

@@ -1,6 +1,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +36,11 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "\n");
     current_failed = 1;
+}
+
+int test_run_status(const char *cmd) {
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 uint64_t test_seed(void) { return run_seed; }

@@ -410,20 +410,15 @@ TEST(k3_inventory_matches_published_counts) {
     k3c_config_free(&c);
 }
 
-static int run_status(const char *cmd) {
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 TEST(cli_synth_and_inspect) {
     char bin[PATH_MAX], dir[PATH_MAX], cmd[4 * PATH_MAX], out[PATH_MAX];
     CHECK(test_k3c_binary(bin, sizeof bin));
     path_join(dir, sizeof dir, test_tmpdir(), "cli_tiny");
     path_join(out, sizeof out, test_tmpdir(), "cli_inspect.txt");
     snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --out '%s' --seed 7 >/dev/null", bin, dir);
-    CHECK(run_status(cmd) == 0);
+    CHECK(test_run_status(cmd) == 0);
     snprintf(cmd, sizeof cmd, "'%s' inspect '%s' > '%s' 2>&1", bin, dir, out);
-    CHECK(run_status(cmd) == 0);
+    CHECK(test_run_status(cmd) == 0);
     FILE *f = fopen(out, "r");
     CHECK(f != NULL);
     char text[65536];
@@ -437,20 +432,20 @@ TEST(cli_synth_and_inspect) {
     CHECK(strstr(text, "block 0 start") != NULL);
     /* usage errors exit 2, runtime errors 1 */
     snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny >/dev/null 2>&1", bin);
-    CHECK(run_status(cmd) == 2);
+    CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' synth --preset no-such-preset --out '%s/x' >/dev/null 2>&1", bin, dir);
-    CHECK(run_status(cmd) == 1);
+    CHECK(test_run_status(cmd) == 1);
     snprintf(cmd, sizeof cmd, "'%s' inspect >/dev/null 2>&1", bin);
-    CHECK(run_status(cmd) == 2);
+    CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' inspect '%s/nonexistent' >/dev/null 2>&1", bin, dir);
-    CHECK(run_status(cmd) == 1);
+    CHECK(test_run_status(cmd) == 1);
     /* non-finite floats are bad values (strtod takes "nan"); cache sizing beyond an int is an error */
     snprintf(cmd, sizeof cmd, "'%s' generate --temperature nan -n 1 >/dev/null 2>&1", bin);
-    CHECK(run_status(cmd) == 2);
+    CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' run --prompts 1 --top-p inf >/dev/null 2>&1", bin);
-    CHECK(run_status(cmd) == 2);
+    CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' run --prompts '1;2' --max-requests 4096 -n 1073741824 >/dev/null 2>&1", bin);
-    CHECK(run_status(cmd) == 1);
+    CHECK(test_run_status(cmd) == 1);
 }
 
 TEST(synth_config_only_presets) {
