@@ -207,7 +207,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     float *lg = NULL;
     int32_t *ids = NULL;
     int id[64];
-    double *t = NULL, ms1[2][16];
+    double *t = NULL, ms1[2][16] = {{0}}; /* q = 1 step times per batch (stock, spec), for the RATIO lines */
     if (k3c_preset_config(preset, &c) != K3C_OK) goto fail;
     int mrc = k3c_model_synthetic(&c, 1, &m);
     k3c_config_free(&c);
@@ -263,7 +263,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, t, &med, &ctx) != K3C_OK) goto fail;
             print_row("STEP", preset, m, b, q, med, ctx, bw);
             if (q == 1) ms1[0][bi] = med;
-            if (q == 4) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
+            if (q == 4 && ms1[0][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
             /* the same steps through the specialized executor (one captured graph per shape) */
             if (!x && (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK))
                 goto fail;
@@ -278,7 +278,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 goto fail;
             print_row("SPEC", preset, m, b, q, med, ctx, bw);
             if (q == 1) ms1[1][bi] = med;
-            if (q == 4) printf("RATIO %-10s %5d q=4/q=1 spec  %.3f\n", preset, b, med / ms1[1][bi]);
+            if (q == 4 && ms1[1][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 spec  %.3f\n", preset, b, med / ms1[1][bi]);
         }
     }
     printf("(SPEC: the same steps replayed by the specialized decode executor, one graph per (rows, q) shape; "
