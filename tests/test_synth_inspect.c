@@ -446,6 +446,15 @@ TEST(cli_synth_and_inspect) {
     CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' run --prompts '1;2' --max-requests 4096 -n 1073741824 >/dev/null 2>&1", bin);
     CHECK(test_run_status(cmd) == 1);
+    /* bench: --verify is for the GPU bench; widths outside 1..8 are usage errors before any device is touched */
+    snprintf(cmd, sizeof cmd, "'%s' bench --device cpu --verify 2 >/dev/null 2>&1", bin);
+    CHECK(test_run_status(cmd) == 2);
+#ifdef K3C_HAVE_CUDA
+    snprintf(cmd, sizeof cmd, "'%s' bench --device cuda --preset tiny --verify 1,9 >/dev/null 2>&1", bin);
+    CHECK(test_run_status(cmd) == 2);
+    snprintf(cmd, sizeof cmd, "'%s' bench --device cuda --preset tiny --batches 1,65 >/dev/null 2>&1", bin);
+    CHECK(test_run_status(cmd) == 2);
+#endif
 }
 
 TEST(synth_config_only_presets) {
