@@ -85,9 +85,14 @@ static int ref_sample(const float *lg, int V, const k3c_sampling *s, k3c_rng *rn
     double sum = 0;
     for (int i = 0; i < n; i++) sum += prob[i] = (float)exp(((double)rk[i].l - rk[0].l) / s->temperature);
     if (s->top_p > 0 && s->top_p < 1) {
-        double acc = 0;
+        /* the nucleus share: over the kept top-k, or (top-p alone) over every id, summed in id order */
+        double z = sum, acc = 0;
+        if (n == V) {
+            z = 0;
+            for (int i = 0; i < V; i++) z += exp(((double)lg[i] - rk[0].l) / s->temperature);
+        }
         for (int i = 0; i < n; i++) {
-            acc += prob[i] / sum;
+            acc += prob[i] / z;
             if (acc >= s->top_p) {
                 n = i + 1;
                 break;
@@ -112,10 +117,10 @@ TEST(runtime_sampler_top_k_matches_full_ranking) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed() ^ 0x70b4);
     int ks[] = {1, 2, 7, 40, 1000, V - 1, V};
-    float ps[] = {0.0f, 0.9f, 1.0f};
+    float ps[] = {0.0f, 0.5f, 0.9f, 0.99f, 1.0f};
     for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
         for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
-            if (ks[ki] == V && ps[pi] != 0.9f) continue; /* no filter at all: the unranked path */
+            if (ks[ki] == V && (ps[pi] == 0.0f || ps[pi] == 1.0f)) continue; /* no filter: the unranked path */
             k3c_sampling s = {.temperature = 0.5f + (float)k3c_rng_uniform(&r), .top_k = ks[ki], .top_p = ps[pi],
                               .seed = k3c_rng_next(&r)};
             k3c_sampler *x;
@@ -123,8 +128,11 @@ TEST(runtime_sampler_top_k_matches_full_ranking) {
             k3c_rng ref;
             k3c_rng_seed(&ref, s.seed);
             for (int t = 0; t < 30; t++) {
-                /* a step of 1/8 over a few units: hundreds of ids share each value */
-                for (int i = 0; i < V; i++) lg[i] = (float)(int)(k3c_rng_normal(&r) * 16) / 8.0f;
+                /* a step of 1/8 over a few units: hundreds of ids share each value; every other token peaked
+                 * (8x wider spread: a nucleus of a few to a few hundred ids, the partial-ranking path of
+                 * top-p alone) */
+                float spread = t % 2 ? 8.0f : 1.0f;
+                for (int i = 0; i < V; i++) lg[i] = (float)(int)(k3c_rng_normal(&r) * 16 * spread) / 8.0f;
                 int want = ref_sample(lg, V, &s, &ref, rk, prob);
                 int got = k3c_sampler_sample(x, lg);
                 CHECKF(got == want, "top_k %d top_p %g token %d: sampled %d, full ranking %d", s.top_k,
