@@ -37,7 +37,10 @@ def main():
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device("cuda"):
-        model = KimiLinearForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+        try:
+            model = KimiLinearForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+        except TypeError:  # transformers before 5.0 spelled it torch_dtype
+            model = KimiLinearForCausalLM._from_config(cfg, torch_dtype=torch.bfloat16)
     model.eval()
     torch.cuda.synchronize()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
