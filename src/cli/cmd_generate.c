@@ -46,6 +46,7 @@ static int generate_specialized(k3c_engine *e, const int32_t *ids, int n_ids, in
     if (k3c_runner_output(r, h, &tok, &nt, &fin) != K3C_OK) goto out;
     for (int i = 0; i < nt; i++) printf(i ? " %d" : "%d", tok[i]);
     printf("\n");
+    fflush(stdout); /* the tokens before the summary on stderr, also when both go to one pipe */
     k3c_runner_stats st;
     k3c_runner_stats_get(r, &st);
     fprintf(stderr, "%ld steps in %.3f s: %ld specialized (decode %ld, verify %ld, wide %ld), %ld stock;",
@@ -122,6 +123,7 @@ int cmd_generate(int argc, char **argv) {
         goto fail;
     }
     printf("\n");
+    fflush(stdout); /* the tokens before the summary on stderr, also when both go to one pipe */
     int decode_steps = st.generated > 0 ? st.generated - 1 : 0;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s) [%s]\n",
             st.prompt_tokens, st.prefill_seconds, st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0,
