@@ -9,7 +9,10 @@ static unsigned grid_for(size_t n, int threads) {
     return (unsigned)(b > 4096 ? 4096 : (b ? b : 1));
 }
 
-/* One block per row; the sum of squares is reduced in a fixed tree (deterministic). */
+/* One block per row; the sum of squares is reduced in a fixed order that depends only on n: thread t
+ * accumulates x[t], x[t + B], ... by fmaf in index order (B = min(1024, n rounded up to 32 threads)), then
+ * k3c_block_sum adds the B partials by the warp butterfly and the warp sums in warp order. Independent of T
+ * and of the other rows of the step: the final norm's order (stock/forward.c) relies on it. */
 __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
                                float *y, int ys) {
     __shared__ float red[32];

@@ -394,6 +394,12 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         if (!logits) return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
         const float *h = attnres ? mix(f, nb, P, W->out_res_proj, W->out_res_norm, T, f->a_in) : P;
         be->gather_rows(be, h, f->rows, nrows, D, f->G);
+        /* The final norm (decode-executor.md §7): row by row, each row's sum of squares in an order that depends
+         * only on D, never on how many rows the step has or which other requests share it (CPU: four strided
+         * partial sums, cpu/elementwise.c; CUDA: one block per row, fmaf partials per thread then a fixed tree,
+         * cuda/elementwise.cu). So a row's final-normed hidden state, and its logits, are the same whether it
+         * came from a prefill, a decode or a verify step, and the executor (same kernel, executor_cuda.c)
+         * returns exactly what this path returns. */
         be->rmsnorm(be, f->G, D, W->final_norm, nrows, D, c->rms_norm_eps, f->G, D);
         be->matmul(be, &W->lm_head, f->G, nrows, f->logits, 0);
         be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
