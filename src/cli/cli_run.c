@@ -106,11 +106,22 @@ int cli_check_device(const char *device) {
     return !strcmp(device, "cpu") || !strcmp(device, "cuda") ? 0 : -1;
 }
 
-int cli_parse_kv_cache(const char *s, int *fp8) {
-    if (!strcmp(s, "bf16")) *fp8 = 0;
-    else if (!strcmp(s, "fp8")) *fp8 = 1;
-    else return -1;
-    return 0;
+int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad) {
+    const char *v;
+    long l = 0;
+    if ((v = cli_option(argc, argv, i, "--device"))) {
+        *bad = cli_check_device(v);
+        o->device = v;
+    } else if ((v = cli_option(argc, argv, i, "--threads"))) {
+        *bad = cli_parse_int(v, 0, 4096, &l);
+        o->threads = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--kv-cache"))) {
+        *bad = strcmp(v, "bf16") && strcmp(v, "fp8");
+        o->kv_fp8 = !strcmp(v, "fp8");
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad) {

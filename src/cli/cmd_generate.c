@@ -64,9 +64,11 @@ out:
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *device = "cpu";
-    long n = 32, threads = 0;
-    int stock = 0, kv_fp8 = 0;
+    const char *model = NULL, *ids_s = NULL;
+    long n = 32;
+    int stock = 0;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
     k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -79,9 +81,7 @@ int cmd_generate(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 0, 1 << 30, &n);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
-        else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
-        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
+        else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c generate: bad or unexpected argument '%s'\n", argv[i]);
@@ -103,15 +103,10 @@ int cmd_generate(int argc, char **argv) {
     k3c_engine *e = NULL;
     int rc = 1;
     if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
-    k3c_engine_options o;
-    k3c_engine_options_default(&o);
-    o.device = device;
-    o.threads = (int)threads;
     o.max_requests = 1;
     o.max_context = n_ids + (int)n + 1;
-    o.kv_fp8 = kv_fp8;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
-    if (!strcmp(device, "cuda") && !stock) {
+    if (!strcmp(o.device, "cuda") && !stock) {
         rc = generate_specialized(e, ids, n_ids, (int)n, &s);
         if (rc) goto fail;
         goto done;
@@ -127,7 +122,7 @@ int cmd_generate(int argc, char **argv) {
     int decode_steps = st.generated > 0 ? st.generated - 1 : 0;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s) [%s]\n",
             st.prompt_tokens, st.prefill_seconds, st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0,
-            decode_steps, st.decode_seconds, st.decode_seconds > 0 ? decode_steps / st.decode_seconds : 0, device);
+            decode_steps, st.decode_seconds, st.decode_seconds > 0 ? decode_steps / st.decode_seconds : 0, o.device);
     rc = 0;
     goto done;
 fail:

@@ -17,9 +17,11 @@ static void logits_usage(FILE *f) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *out = NULL, *device = "cpu";
-    long prefill = -1, threads = 0;
-    int f32 = 0, kv_fp8 = 0;
+    const char *model = NULL, *ids_s = NULL, *out = NULL;
+    long prefill = -1;
+    int f32 = 0;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -32,9 +34,7 @@ int cmd_logits(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_parse_int(v, 1, 1 << 30, &prefill);
         else if ((v = cli_option(argc, argv, &i, "--out"))) out = v;
-        else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
-        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
+        else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c logits: bad or unexpected argument '%s'\n", argv[i]);
@@ -61,15 +61,10 @@ int cmd_logits(int argc, char **argv) {
     float *lg = NULL;
     int rc = 1, id;
     if (k3c_load(model, &m) != K3C_OK) goto fail;
-    k3c_engine_options o;
-    k3c_engine_options_default(&o);
-    o.device = device;
-    o.threads = (int)threads;
     o.max_requests = 1;
     o.max_rows = (int)prefill;
     o.q_max = 1;
     o.exact_f32 = f32;
-    o.kv_fp8 = kv_fp8;
     o.max_context = n;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     int V = k3c_engine_vocab(e);

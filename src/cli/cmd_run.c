@@ -83,9 +83,10 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompts_s = NULL, *device = "cpu";
-    long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1, threads = 0;
-    int kv_fp8 = 0;
+    const char *model = NULL, *prompts_s = NULL;
+    long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
     k3c_sampling s = {.top_p = 1}; /* greedy unless --temperature */
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -101,9 +102,7 @@ int cmd_run(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prefill-budget"))) bad = cli_parse_int(v, 0, 1 << 20, &budget);
         else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_parse_int(v, 0, 0x7fffffffL, &stop);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
-        else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
-        else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) bad = cli_parse_kv_cache(v, &kv_fp8);
+        else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = 1;
         if (bad) {
             fprintf(stderr, "k3c run: bad or unexpected argument '%s'\n", argv[i]);
@@ -127,12 +126,7 @@ int cmd_run(int argc, char **argv) {
     k3c_runner *r = NULL;
     int rc = 1;
     if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
-    k3c_engine_options o;
-    k3c_engine_options_default(&o);
-    o.device = device;
-    o.threads = (int)threads;
     o.max_requests = (int)max_req;
-    o.kv_fp8 = kv_fp8;
     /* the runner never lets a verify write past where plain decoding would end: prompt + n - 1 tokens */
     o.max_context = max_prompt + (int)n + 1;
     o.q_max = (int)spec + 1 > o.q_max ? (int)spec + 1 : o.q_max;
@@ -162,7 +156,7 @@ int cmd_run(int argc, char **argv) {
     fflush(stdout);
     k3c_runner_stats st;
     k3c_runner_stats_get(r, &st);
-    print_summary(&st, device, 0);
+    print_summary(&st, o.device, 0);
     rc = 0;
     goto done;
 fail:

@@ -24,8 +24,9 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n);
 /* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
 int cli_check_device(const char *device); /* 0 for cpu / cuda */
-/* --kv-cache bf16|fp8 -> *fp8 (0 / 1); 0 or -1 on another value. */
-int cli_parse_kv_cache(const char *s, int *fp8);
+/* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8)
+ * at argv[*i], parsed into *o: 1 when argv[*i] is one of them (*bad = 1 for a bad value). */
+int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* The sampling options of generate and run (--temperature T >= 0, --top-k K >= 0, --top-p P in (0, 1],
  * --seed S >= 0) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad = 1 for a bad value). */
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad);
