@@ -18,6 +18,8 @@ uint64_t test_seed(void);
 const char *test_exe_dir(void);
 /* Writes the path of the k3c CLI built next to the test binary; 0 when it is not there (or does not fit). */
 int test_k3c_binary(char *out, size_t n);
+/* Reads exactly n floats from a file of exactly that size: 0, or -1 (missing, short or longer file). */
+int test_read_f32(const char *path, float *out, size_t n);
 /* Runs a shell command; its exit status, or -1 when it did not exit normally. */
 int test_run_status(const char *cmd);
 /* A scratch directory for this test run (removed at the end unless K3C_TEST_KEEP is set). */

@@ -426,14 +426,6 @@ TEST(forward_block_reuse) {
 
 /* ---- the transformers oracle: the `k3c logits` path (prefill 7, then cached decode) ---- */
 
-static int read_f32_file(const char *path, float *out, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t got = fread(out, sizeof *out, n, f);
-    int extra = fgetc(f);
-    fclose(f);
-    return got == n && extra == EOF ? 0 : -1;
-}
 
 static void check_oracle(int exact) {
     static const int32_t ids[12] = {203, 290, 2, 239, 451, 327, 163, 54, 121, 360, 272, 272};
@@ -443,8 +435,8 @@ static void check_oracle(int exact) {
     CHECK(m->config.vocab_size == V);
     float *lg = malloc(sizeof(float) * n * V), *full = malloc(sizeof(float) * n * V), *cached = malloc(sizeof(float) * n * V);
     CHECK(lg && full && cached);
-    CHECK(read_f32_file(FIXTURE "/logits_full.f32", full, (size_t)n * V) == 0);
-    CHECK(read_f32_file(FIXTURE "/logits_cached.f32", cached, (size_t)n * V) == 0);
+    CHECK(test_read_f32(FIXTURE "/logits_full.f32", full, (size_t)n * V) == 0);
+    CHECK(test_read_f32(FIXTURE "/logits_cached.f32", cached, (size_t)n * V) == 0);
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.threads = 2, o.max_requests = 1, o.max_rows = prefill, o.q_max = 1, o.max_context = n, o.exact_f32 = exact;

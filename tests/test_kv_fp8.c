@@ -13,6 +13,7 @@
 #include "k3c.h"
 #include "test.h"
 #include "util/error.h"
+#include "util/file.h"
 #include "util/fp8.h"
 #include "ref/ref_fp8.h"
 #include "util/rng.h"
@@ -68,11 +69,9 @@ TEST(kv_fp8_cli_option) {
     CHECK(test_run_status(cmd) == 2);
     snprintf(cmd, sizeof cmd, "'%s' generate -n 4 --device cuda --kv-cache fp8 >'%s' 2>&1", bin, out);
     CHECK(test_run_status(cmd) == 1);
-    FILE *f = fopen(out, "r");
-    CHECK(f != NULL);
-    char text[4096];
-    size_t len = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[len] = '\0';
+    char *text;
+    size_t len;
+    CHECK_OK(k3c_read_file(out, 1 << 20, &text, &len));
     CHECKF(strstr(text, "kv_fp8") != NULL && strstr(text, "cuda") != NULL, "message: %s", text);
+    free(text);
 }

@@ -38,6 +38,15 @@ void test_fail(const char *file, int line, const char *fmt, ...) {
     current_failed = 1;
 }
 
+int test_read_f32(const char *path, float *out, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t got = fread(out, sizeof *out, n, f);
+    int extra = fgetc(f);
+    fclose(f);
+    return got == n && extra == EOF ? 0 : -1;
+}
+
 int test_run_status(const char *cmd) {
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;

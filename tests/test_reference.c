@@ -15,14 +15,6 @@
 /* The prompt of oracle.json ("prompt_ids"), vocab 512. */
 static const int oracle_ids[12] = {203, 290, 2, 239, 451, 327, 163, 54, 121, 360, 272, 272};
 
-static int read_f32(const char *path, float *out, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t got = fread(out, sizeof *out, n, f);
-    int extra = fgetc(f);
-    fclose(f);
-    return got == n && extra == EOF ? 0 : -1;
-}
 
 /* ||x - ref|| / ||ref|| with x double, ref float. */
 static double rel_l2_df(const double *x, const float *ref, size_t n) {
@@ -46,8 +38,8 @@ TEST(ref_matches_transformers_kimi_linear) {
     float *full = malloc((size_t)n * V * sizeof *full), *cached = malloc((size_t)n * V * sizeof *cached);
     CHECK(lg && full && cached);
     for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN;
-    CHECK(read_f32(FIXTURE "/logits_full.f32", full, (size_t)n * V) == 0);
-    CHECK(read_f32(FIXTURE "/logits_cached.f32", cached, (size_t)n * V) == 0);
+    CHECK(test_read_f32(FIXTURE "/logits_full.f32", full, (size_t)n * V) == 0);
+    CHECK(test_read_f32(FIXTURE "/logits_cached.f32", cached, (size_t)n * V) == 0);
     int rc = ref_logits(m, oracle_ids, n, lg);
     CHECKF(rc == 0, "ref_logits: %s", k3c_error_message());
     double worst_full = 0, worst_cached = 0;
