@@ -34,6 +34,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kda.h"
 #include "cuda/mla.h"
+#include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
 #include "cuda/router.h"
 #include "model/model.h"
@@ -81,6 +82,9 @@ typedef struct cuda_ctx {
     void *gemm_ws;
     uint16_t *xbf;
     int gemm_ready;
+    /* MLA expanded form (cuda/mla_expanded.h): its own allocation, passes of mla_chunk positions */
+    void *mla_x;
+    int mla_chunk;
 
     /* host scratch for building metadata (pinned area is written directly) */
     int failed;
@@ -352,6 +356,8 @@ static void free_all(cuda_ctx *x) {
     if (x->scratch) cudaFree(x->scratch);
     if (x->gemm_ws) cudaFree(x->gemm_ws);
     if (x->xbf) cudaFree(x->xbf);
+    if (x->mla_x) cudaFree(x->mla_x);
+    x->mla_x = NULL;
     if (x->meta_dev) cudaFree(x->meta_dev);
     if (x->meta_host) cudaFreeHost(x->meta_host);
     free(x->map);
@@ -497,8 +503,26 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
         p += align256(sizes[i] * 4 + 4);
     }
 
-    /* cuBLASLt for products of more than K3C_CUDA_GEMV_MAX_T rows */
+    /* MLA expanded form: passes of up to K3C_CUDA_MLA_EXP_CHUNK positions (decompressed k/v of one pass, the
+     * latents it gathers, and the running softmax state of max_rows rows between passes) */
+    x->mla_chunk = lim->max_context < K3C_CUDA_MLA_EXP_CHUNK ? lim->max_context : K3C_CUDA_MLA_EXP_CHUNK;
+    if (x->mla_chunk < 1) x->mla_chunk = 1;
+    if (Hm > 0 && c->v_head_dim > 0 && kvl > 0) {
+        size_t xb = k3c_cuda_mla_expanded_scratch_bytes(x->mla_chunk, lim->max_rows, c->num_attention_heads,
+                                                        c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim,
+                                                        c->kv_lora_rank);
+        e = cudaMalloc(&x->mla_x, xb);
+        if (e != cudaSuccess) {
+            x->mla_x = NULL;
+            return k3c_errorf("cuda backend: expanded MLA scratch of %.1f MB (passes of %d positions, max_rows %d): "
+                              "%s", xb / 1e6, x->mla_chunk, lim->max_rows, cudaGetErrorString(e));
+        }
+    }
+
+    /* cuBLASLt for products of more than K3C_CUDA_GEMV_MAX_T rows (also the expanded MLA's kv_b product of
+     * mla_chunk latent rows) */
     size_t ws = (size_t)32 << 20, xbf_elems = R * max_cols;
+    if ((size_t)x->mla_chunk * kvl > xbf_elems) xbf_elems = (size_t)x->mla_chunk * kvl;
     if (cudaMalloc(&x->gemm_ws, ws) != cudaSuccess || cudaMalloc((void **)&x->xbf, xbf_elems * 2) != cudaSuccess)
         return k3c_errorf("cuda backend: cuBLASLt workspace (%zu MiB) and staging (%zu elements)", ws >> 20,
                           xbf_elems);
@@ -825,6 +849,57 @@ static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const 
     OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, RND(x), o, x->stream));
 }
 
+/* The expanded form (spec §3.2) for prompt segments: per segment, passes over its context that gather the
+ * cached latents, decompress them through kv_b (cuBLASLt; the f32 streaming kernel in the exact diagnostic)
+ * and attend (cuda/mla_expanded.h). Segments run one after another on the stream, sharing the scratch. */
+static void cuda_mla_attention_expanded(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
+                                        int nseg, const void *cache, float *o) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    const k3c_config *c = x->c;
+    int Hm = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    int vh = c->v_head_dim, kvl = c->kv_lora_rank, bs = x->lim.block_size;
+    const uint16_t *kvb;
+    WDEV(x, "mla_attention_expanded", w->kv_b.w, kvb);
+    size_t ntab = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        if (!x->mla_x || g->n > x->lim.max_rows || g->pos < 0 || g->pos + g->n > x->lim.max_context) {
+            k3c_errorf("segment %d: rows %d at position %d exceed the limits the scratch was sized for (max_rows "
+                       "%d, max_context %d)%s", s, g->n, g->pos, x->lim.max_rows, x->lim.max_context,
+                       x->mla_x ? "" : " (no MLA scratch)");
+            record(x, "mla_attention_expanded");
+            return;
+        }
+        ntab += (size_t)(g->pos + g->n + bs - 1) / bs;
+    }
+    if (!ntab) return;
+    void *dev;
+    int *tab = meta_alloc(x, sizeof(int) * ntab, &dev);
+    if (!tab) return;
+    size_t k = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        int nb = (g->pos + g->n + bs - 1) / bs;
+        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
+    }
+    if (meta_send(x, tab, dev, sizeof(int) * ntab) != K3C_OK) return;
+    float scale = 1.0f / sqrtf((float)(nope + rope));
+    k = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        OP_TRY(x, "mla_attention_expanded",
+               k3c_cuda_mla_expanded(x->exact ? NULL : &x->gemm, kvb, q + (size_t)g->row0 * Hm * (nope + rope), g->n,
+                                     g->pos, (const int *)dev + k, bs, cache, be->kv_elem_bytes, Hm, nope, rope, vh,
+                                     kvl, scale, RND(x), x->mla_x, x->mla_chunk, x->lim.max_rows,
+                                     o + (size_t)g->row0 * Hm * vh, x->stream));
+        k += (size_t)(g->pos + g->n + bs - 1) / bs;
+    }
+}
+
 /* ---- MoE ---- */
 
 static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
@@ -966,6 +1041,7 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->kda_gated_norm = cuda_kda_gated_norm;
     be->mla_cache_write = cuda_mla_cache_write;
     be->mla_attention = cuda_mla_attention;
+    be->mla_attention_expanded = cuda_mla_attention_expanded;
     be->moe = cuda_moe;
     return be;
 }

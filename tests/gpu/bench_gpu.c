@@ -11,6 +11,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kda.h"
 #include "cuda/mla.h"
+#include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
 #include "format/mxfp4.h"
 #include "gpu_util.h"
@@ -336,6 +337,54 @@ int main(int argc, char **argv) {
         time_it("mla_attend_H96_len8192_bf16", (double)len * 576 * 2, run_mla, &c);
         time_batch("mla_attend_H96_len8192_bf16_b2b", (double)len * 576 * 2, run_mla, &c);
         cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
+    }
+
+    { /* MLA expanded form (prompt), Kimi Linear 48B dims: 32 heads, nope 128, rope 64, v 128, kv_lora 512; one
+       * 4096-token prompt from position 0, bf16 cache in blocks of 64, bf16 rounding, cuBLASLt decompression.
+       * FLOPs: decompression 2 N kvl Hm (nope + v) + causal attention 2 Hm (qh + v) N (N + 1) / 2. Passes of
+       * K3C_CUDA_MLA_EXP_CHUNK positions (the backend's) and one pass over all 4096. */
+        int Hm = 32, nope = 128, rope = 64, vh = 128, kvl = 512, N = 4096, bs = 64, nb = N / bs, Lat = kvl + rope;
+        void *cache = dmalloc_rand((size_t)nb * bs * Lat * 2, 50); /* bf16 values, |v| < 2 */
+        float *q = dmalloc_rand_bf16x((size_t)N * Hm * (nope + rope) * 4, 51), *o;
+        uint16_t *kvb = dmalloc_rand((size_t)Hm * (nope + vh) * kvl * 2, 52), *xbf;
+        int *tab = malloc(sizeof(int) * nb), *dtab;
+        for (int i = 0; i < nb; i++) tab[i] = (i * 37) % nb;
+        CK(cudaMalloc((void **)&dtab, sizeof(int) * nb));
+        CK(cudaMemcpy(dtab, tab, sizeof(int) * nb, cudaMemcpyHostToDevice));
+        free(tab);
+        CK(cudaMalloc((void **)&o, (size_t)N * Hm * vh * 4));
+        void *ws;
+        CK(cudaMalloc(&ws, 32u << 20));
+        CK(cudaMalloc((void **)&xbf, (size_t)N * kvl * 2));
+        k3c_cuda_gemm g;
+        OK(k3c_cuda_gemm_init(&g, ws, 32u << 20, xbf, (size_t)N * kvl));
+        double fl_dec = 2.0 * N * kvl * Hm * (nope + vh), fl_att = 2.0 * Hm * (nope + rope + vh) * N * (N + 1.0) / 2;
+        static const int chunks[] = {K3C_CUDA_MLA_EXP_CHUNK, 4096};
+        for (int ci = 0; ci < 2; ci++) {
+            void *scr;
+            CK(cudaMalloc(&scr, k3c_cuda_mla_expanded_scratch_bytes(chunks[ci], N, Hm, nope, rope, vh, kvl)));
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+            float ms[5];
+            for (int i = -1; i < 5; i++) { /* one warm-up */
+                CK(cudaEventRecord(a, 0));
+                OK(k3c_cuda_mla_expanded(&g, kvb, q, N, 0, dtab, bs, cache, 2, Hm, nope, rope, vh, kvl,
+                                         1.0f / sqrtf(192.0f), 1, scr, chunks[ci], N, o, 0));
+                CK(cudaEventRecord(b, 0));
+                CK(cudaEventSynchronize(b));
+                if (i >= 0) CK(cudaEventElapsedTime(&ms[i], a, b));
+            }
+            qsort(ms, 5, sizeof *ms, cmp_f);
+            double sec = ms[2] * 1e-3;
+            printf("BENCH mla_expanded_H32_n4096_chunk%-5d %10.1f us %7.2f TFLOP/s (%.1f GFLOP: decompression %.1f, "
+                   "attention %.1f)\n", chunks[ci], sec * 1e6, (fl_dec + fl_att) / sec / 1e12, (fl_dec + fl_att) / 1e9,
+                   fl_dec / 1e9, fl_att / 1e9);
+            fflush(stdout);
+            cudaEventDestroy(a); cudaEventDestroy(b);
+            cudaFree(scr);
+        }
+        k3c_cuda_gemm_free(&g);
+        cudaFree(cache); cudaFree(q); cudaFree(o); cudaFree(kvb); cudaFree(xbf); cudaFree(ws); cudaFree(dtab);
     }
     return 0;
 }
