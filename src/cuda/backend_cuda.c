@@ -756,18 +756,15 @@ static void cuda_kda_delta(k3c_backend *be, const float *q, const float *k, cons
                            const float *beta, const k3c_seg *segs, int nseg, float *o) {
     cuda_ctx *x = be->ctx;
     if (x->failed) return;
-    int H = x->c->kda_num_heads, dk = x->c->kda_head_dim, P = H * dk;
-    /* prompt rows: the chunked launcher per request; everything else: one launch for all requests */
-    for (int s = 0; s < nseg; s++) {
-        const k3c_seg *sg = &segs[s];
-        if (sg->n <= 0 || !sg->chunked) continue;
-        size_t off = (size_t)sg->row0 * P;
-        OP_TRY(x, "kda_delta (chunked)",
-               k3c_cuda_kda_chunked(sg->state, q + off, k + off, v + off, g + off, beta + (size_t)sg->row0 * H, sg->n,
-                                    H, dk, dk, 64, RND(x), o ? o + off : NULL, x->stream));
-    }
+    int H = x->c->kda_num_heads, dk = x->c->kda_head_dim;
+    /* prompt rows: one chunked launch for all prompt requests; everything else: one recurrent launch */
     int n;
-    k3c_cuda_seg *d = stage_segs(x, segs, nseg, 0, &n);
+    k3c_cuda_seg *d = stage_segs(x, segs, nseg, 1, &n);
+    if (x->failed) return;
+    if (n)
+        OP_TRY(x, "kda_delta (chunked)",
+               k3c_cuda_kda_chunked_segs(d, n, q, k, v, g, beta, H, dk, dk, RND(x), o, x->stream));
+    d = stage_segs(x, segs, nseg, 0, &n);
     if (!n) return;
     OP_TRY(x, "kda_delta", k3c_cuda_kda_recurrent_segs(d, n, q, k, v, g, beta, H, dk, dk, RND(x), o, x->stream));
 }

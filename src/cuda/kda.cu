@@ -1,4 +1,6 @@
-/* KDA kernels: conv, gate, q/k norm, the gated delta rule, gated output norm. */
+/* KDA kernels: conv, gate, q/k norm, the gated delta rule (recurrent and chunked), gated output norm. The
+ * multi-request (_segs) forms of the conv, recurrent and chunked kernels are the same kernels as the
+ * single-request ones, with the request read from a device array. */
 #include "cuda/kda.h"
 
 #include "cuda/check.h"
@@ -8,28 +10,35 @@ __device__ __forceinline__ float maybe_round(float x, int round) {
     return round ? k3c_dev_bf16(k3c_dev_to_bf16(x)) : x;
 }
 
-/* One thread per channel, tokens in order; the window is read before it is advanced (same thread). */
-__global__ void kda_conv_kernel(const float *__restrict__ x, int T, int C, int W, const float *__restrict__ taps,
-                                float *window, int round, float *out) {
+/* grid (ceil(C / 256), nseg): one thread per (channel, request), the request's tokens in order; the window
+ * is read before it is advanced (same thread). The request is segs[blockIdx.y], or `one` when segs is NULL
+ * (the single-request launcher): one kernel, so both launchers give the same bits. */
+__global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one,
+                                int C, int W, const float *__restrict__ taps, int which, int round, float *out) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int h = W - 1;
+    k3c_cuda_seg sg = segs ? segs[blockIdx.y] : one;
+    int T = sg.n, h = W - 1;
+    if (T <= 0) return;
+    const float *xs = x + (size_t)sg.row0 * C;
+    float *os = out + (size_t)sg.row0 * C;
+    float *window = sg.window + (size_t)which * h * C;
     const float *tap = taps + (size_t)c * W;
     for (int t = 0; t < T; t++) {
         float s = 0.0f;
         for (int j = 0; j < W; j++) {
             int ti = t - h + j;
-            float v = ti >= 0 ? x[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
+            float v = ti >= 0 ? xs[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
             s = fmaf(tap[j], v, s);
         }
-        out[(size_t)t * C + c] = maybe_round(k3c_dev_silu(s), round);
+        os[(size_t)t * C + c] = maybe_round(k3c_dev_silu(s), round);
     }
     /* New window = the last h rows of [window ; x]. */
     if (T >= h) {
-        for (int i = 0; i < h; i++) window[(size_t)i * C + c] = x[(size_t)(T - h + i) * C + c];
+        for (int i = 0; i < h; i++) window[(size_t)i * C + c] = xs[(size_t)(T - h + i) * C + c];
     } else {
         for (int i = 0; i < h - T; i++) window[(size_t)i * C + c] = window[(size_t)(i + T) * C + c];
-        for (int i = 0; i < T; i++) window[(size_t)(h - T + i) * C + c] = x[(size_t)i * C + c];
+        for (int i = 0; i < T; i++) window[(size_t)(h - T + i) * C + c] = xs[(size_t)i * C + c];
     }
 }
 
@@ -37,8 +46,21 @@ extern "C" int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const floa
                                  int round_bf16, float *out, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (T < 0 || C <= 0 || W <= 0) return k3c_errorf("k3c_cuda_kda_conv: bad shape T %d C %d W %d", T, C, W);
-    kda_conv_kernel<<<(C + 255) / 256, 256, 0, stream>>>(x, T, C, W, taps, window, round_bf16, out);
+    k3c_cuda_seg one = {0, T, NULL, window};
+    kda_conv_kernel<<<(C + 255) / 256, 256, 0, stream>>>(x, NULL, one, C, W, taps, 0, round_bf16, out);
     K3C_CUDA_LAUNCHED("kda_conv");
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_kda_conv_segs(const float *x, const k3c_cuda_seg *segs, int nseg, int C, int W,
+                                      const float *taps, int which, int round_bf16, float *out, cudaStream_t stream) {
+    if (nseg <= 0) return K3C_OK;
+    if (C <= 0 || W <= 0 || nseg > 65535)
+        return k3c_errorf("k3c_cuda_kda_conv_segs: bad shape C %d W %d nseg %d", C, W, nseg);
+    k3c_cuda_seg none = {0, 0, NULL, NULL};
+    dim3 grid((C + 255) / 256, nseg);
+    kda_conv_kernel<<<grid, 256, 0, stream>>>(x, segs, none, C, W, taps, which, round_bf16, out);
+    K3C_CUDA_LAUNCHED("kda_conv_segs");
     return K3C_OK;
 }
 
@@ -102,17 +124,24 @@ extern "C" int k3c_cuda_kda_qk_norm(float *q, float *k, int T, int H, int dk, cu
 #define KDA_ROWS 32 /* key rows of the state per thread */
 #define KDA_SLICE 32 /* value columns per block */
 
-/* grid (H, ceil(dv / KDA_SLICE)): the value columns of the state are independent (S^T k, u, the rank-1
- * update and S^T q are all per column e), so each block owns a slice of at most KDA_SLICE columns of one
- * head: thread (part, e) holds S[part*32 .. part*32+31][e] in registers, (dk / 32) * slice threads. Per
- * token: decay and S^T k (partials over parts reduced through shared memory), u = beta (v - S^T k), rank-1
- * update, o = S^T q from the updated state (spec §2.2 step 7, FLA naive_recurrent_kda order). Splitting the
- * columns gives H * dv / 32 blocks instead of H (measured before: 96 blocks, 0.26 of copy bandwidth). */
+/* grid (H, ceil(dv / KDA_SLICE), nseg): the value columns of the state are independent (S^T k, u, the
+ * rank-1 update and S^T q are all per column e), so each block owns a slice of at most KDA_SLICE columns of
+ * one head of one request: thread (part, e) holds S[part*32 .. part*32+31][e] in registers, (dk / 32) *
+ * slice threads. Per token: decay and S^T k (partials over parts reduced through shared memory), u = beta
+ * (v - S^T k), rank-1 update, o = S^T q from the updated state (spec §2.2 step 7, FLA naive_recurrent_kda
+ * order). Splitting the columns gives H * dv / 32 blocks per request instead of H (measured before: 96
+ * blocks, 0.26 of copy bandwidth). The request is segs[blockIdx.z] (its state and rows [row0, row0 + n)),
+ * or `one` when segs is NULL: the single- and multi-request launchers run this one kernel, so a column's
+ * arithmetic and reduction order do not depend on which launcher ran it. states (single request only,
+ * may be NULL) receives the state after each token. */
 __global__ void __launch_bounds__(512)
-kda_recurrent_kernel(float *state, const float *__restrict__ q, const float *__restrict__ k,
-                     const float *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta, int T,
-                     int H, int dk, int dv, int sw, int round, float *o, float *states) {
+kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, const float *__restrict__ q,
+                     const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ g,
+                     const float *__restrict__ beta, int H, int dk, int dv, int sw, int round, float *o,
+                     float *states) {
     extern __shared__ float sm[];
+    k3c_cuda_seg sg = segs ? segs[blockIdx.z] : one;
+    if (sg.n <= 0) return;
     int parts = dk / KDA_ROWS;
     float *qs = sm, *ks = qs + dk, *as = ks + dk, *vs = as + dk, *red1 = vs + sw, *red2 = red1 + parts * sw;
     int h = blockIdx.x, tid = threadIdx.x, el = tid % sw, part = tid / sw, d0 = part * KDA_ROWS;
@@ -120,12 +149,12 @@ kda_recurrent_kernel(float *state, const float *__restrict__ q, const float *__r
     bool live = e < dv;
     int ec = live ? e : dv - 1;
     size_t hs = (size_t)dk * dv;
-    float *S = state + (size_t)h * hs;
+    float *S = sg.state + (size_t)h * hs;
     float s[KDA_ROWS];
 #pragma unroll
     for (int i = 0; i < KDA_ROWS; i++) s[i] = S[(size_t)(d0 + i) * dv + ec];
-    for (int t = 0; t < T; t++) {
-        size_t rk = (size_t)t * H + h;
+    for (int t = 0; t < sg.n; t++) {
+        size_t rk = (size_t)(sg.row0 + t) * H + h;
         for (int i = tid; i < dk; i += blockDim.x) {
             qs[i] = q[rk * dk + i];
             ks[i] = k[rk * dk + i];
@@ -157,6 +186,8 @@ kda_recurrent_kernel(float *state, const float *__restrict__ q, const float *__r
 #pragma unroll
             for (int i = 0; i < KDA_ROWS; i++) St[(size_t)(d0 + i) * dv + e] = s[i];
         }
+        /* after this barrier nobody reads qs/ks/as/vs or red1 of this token, so the next token may overwrite
+         * them; red2 is rewritten only after the next token's second barrier */
         __syncthreads();
         if (part == 0 && o && live) {
             float acc = 0.0f;
@@ -169,27 +200,292 @@ kda_recurrent_kernel(float *state, const float *__restrict__ q, const float *__r
         for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + e] = s[i];
 }
 
+/* Shape check and launch of kda_recurrent_kernel for nseg requests (segs NULL: the one request `one`). */
+static int kda_recurrent_launch(const char *what, const k3c_cuda_seg *segs, int nseg, k3c_cuda_seg one,
+                                const float *q, const float *k, const float *v, const float *g, const float *beta,
+                                int H, int dk, int dv, int round_bf16, float *o, float *states, cudaStream_t stream) {
+    if (dk <= 0 || dk % KDA_ROWS || dv <= 0 || (dk / KDA_ROWS) * (dv < KDA_SLICE ? dv : KDA_SLICE) > 512 || H <= 0 ||
+        nseg > 65535)
+        return k3c_errorf("%s: unsupported shape H %d dk %d dv %d nseg %d (dk a multiple of %d, dk/%d*min(dv,%d) "
+                          "<= 512)", what, H, dk, dv, nseg, KDA_ROWS, KDA_ROWS, KDA_SLICE);
+    int parts = dk / KDA_ROWS, sw = dv < KDA_SLICE ? dv : KDA_SLICE;
+    size_t smem = (3 * (size_t)dk + sw + 2 * (size_t)parts * sw) * sizeof(float);
+    dim3 grid(H, (dv + sw - 1) / sw, nseg);
+    kda_recurrent_kernel<<<grid, parts * sw, smem, stream>>>(segs, one, q, k, v, g, beta, H, dk, dv, sw, round_bf16,
+                                                             o, states);
+    K3C_CUDA_LAUNCHED(what);
+    return K3C_OK;
+}
+
 extern "C" int k3c_cuda_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
                                       const float *beta, int T, int H, int dk, int dv, int round_bf16, float *o,
                                       float *states, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
-    if (dk <= 0 || dk % KDA_ROWS || dv <= 0 || (dk / KDA_ROWS) * (dv < KDA_SLICE ? dv : KDA_SLICE) > 512 || H <= 0 ||
-        T < 0)
-        return k3c_errorf("k3c_cuda_kda_recurrent: unsupported shape H %d dk %d dv %d (dk a multiple of %d, "
-                          "dk/%d*min(dv,%d) <= 512)", H, dk, dv, KDA_ROWS, KDA_ROWS, KDA_SLICE);
-    int parts = dk / KDA_ROWS, sw = dv < KDA_SLICE ? dv : KDA_SLICE;
-    size_t smem = (3 * (size_t)dk + sw + 2 * (size_t)parts * sw) * sizeof(float);
-    dim3 grid(H, (dv + sw - 1) / sw);
-    kda_recurrent_kernel<<<grid, parts * sw, smem, stream>>>(state, q, k, v, g, beta, T, H, dk, dv, sw, round_bf16, o,
-                                                             states);
-    K3C_CUDA_LAUNCHED("kda_recurrent");
+    if (T < 0) return k3c_errorf("k3c_cuda_kda_recurrent: bad token count %d", T);
+    k3c_cuda_seg one = {0, T, state, NULL};
+    return kda_recurrent_launch("k3c_cuda_kda_recurrent", NULL, 1, one, q, k, v, g, beta, H, dk, dv, round_bf16, o,
+                                states, stream);
+}
+
+extern "C" int k3c_cuda_kda_recurrent_segs(const k3c_cuda_seg *segs, int nseg, const float *q, const float *k,
+                                           const float *v, const float *g, const float *beta, int H, int dk, int dv,
+                                           int round_bf16, float *o, cudaStream_t stream) {
+    if (nseg <= 0) return K3C_OK;
+    k3c_cuda_seg none = {0, 0, NULL, NULL};
+    return kda_recurrent_launch("k3c_cuda_kda_recurrent_segs", segs, nseg, none, q, k, v, g, beta, H, dk, dv,
+                                round_bf16, o, NULL, stream);
+}
+
+/* ---- chunked gated delta rule (spec §2.3) ----
+ *
+ * Chunks of KDA_CC = 32 tokens (fixed; the launchers' `chunk` argument is not used: the chunk length only
+ * changes rounding). Block = KDA_CT = 256 threads (8 warps) for one (head, slice of KDA_CW = 32 value
+ * columns, request); grid (H, dv / 32, nseg). As in the recurrent kernel the value columns are independent:
+ * the key-side matrices of a chunk (L, Aqk, T below) do not depend on v or S, so each slice block computes
+ * them itself (4x redundant at dv = 128, cheap next to giving the GPU H * dv / 32 blocks instead of H).
+ * The block keeps its slice of the state, S[dk][32], in shared memory across the chunks.
+ *
+ * Per chunk of n <= 32 tokens, rows i, j in 0..31; rows n..31 are zero padding (q = k = v = beta = 0, g = 0,
+ * so gam stays at its last real value), which makes every padded term vanish exactly (see below):
+ *  0. load q, k, v (the slice), beta; gam[i][d] = sum_{t <= i} g_t[d] (one thread per key channel, f32,
+ *     tokens in order), gl[d] = gam[31][d] (= gam[n-1][d]).
+ *  1. L[i][j] = beta_i sum_d k_i k_j exp(gam_i - gam_j) (j < i), Aqk[i][j] = sum_d q_i k_j exp(gam_i - gam_j)
+ *     (j <= i): one warp per row i (rows w, 15-w, 16+w, 31-w: 66 (i, j) pairs per warp), lanes split d,
+ *     butterfly warp sums.
+ *  2. warp 0: Tm = (I + L)^-1 Diag(beta), lower triangular, by forward substitution, lane c owning column c
+ *     (Tm[j][c] only depends on column c, so no barrier inside): Tm[c][c] = beta_c,
+ *     Tm[i][c] = -sum_{c <= j < i} L[i][j] Tm[j][c]. The other 7 warps meanwhile rewrite in place
+ *     q -> q exp(gam), gam -> k exp(gam) ("Ke"), k -> k exp(gl - gam) ("Kd").
+ *  3. R = V - Ke S, O1 = (q exp(gam)) S (registers), both from the incoming state.
+ *  4. V' = Tm R (= U - W S of the spec: Tm V - Tm (Ke) S).
+ *  5. o_i = O1_i + sum_{j <= i} Aqk[i][j] V'_j (rows < n written); S <- Diag(exp(gl)) S + Kd^T V'.
+ * Phases 3-5 map thread (w, lane) to value column lane and rows w + 8 r (r < 4) or key rows w + 8 r.
+ * Every exponent is gam_i - gam_j with i >= j, gam_i itself or gl - gam_i, all <= 0 for g <= 0: they may
+ * underflow to 0 (strong decay: gam reaches -160 at g = -5), never overflow; exp(-gam) is never formed.
+ * Padding: a padded row i has beta_i = 0 and k_i = 0, so L[i][*] = 0, Tm[i][*] = 0 (and Tm[*][i] = 0),
+ * V'_i = 0, Kd_i = 0: padded rows add exactly nothing to the state, and their o is not written. */
+#define KDA_CC 32          /* tokens per chunk */
+#define KDA_CW 32          /* value columns per block (one per lane) */
+#define KDA_CT 256         /* threads per block */
+#define KDA_CWARPS (KDA_CT / 32)
+#define KDA_CR (KDA_CC / KDA_CWARPS) /* rows per thread in phases 3-5 */
+#define KDA_CMAXK 256      /* largest dk: dk / 32 registers per lane in phase 1 */
+static_assert(KDA_CC == 32 && KDA_CWARPS == 8, "phase 1's row pairing and phase 2's lane-per-column assume these");
+
+/* Shared floats for key dim dk: q, k, gam [32][dk]; L, Aqk, Tm [32][32]; S [dk][32]; R, V' [32][32];
+ * beta [32]; gl [dk]. dk = 128: 21,664 floats (86,656 bytes). */
+static size_t kda_chunk_smem(int dk) {
+    return (3 * (size_t)KDA_CC * dk + 3 * (size_t)KDA_CC * KDA_CC + (size_t)dk * KDA_CW +
+            2 * (size_t)KDA_CC * KDA_CW + KDA_CC + (size_t)dk) * sizeof(float);
+}
+
+__global__ void __launch_bounds__(KDA_CT)
+kda_chunked_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, const float *__restrict__ q,
+                   const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ g,
+                   const float *__restrict__ beta, int H, int dk, int dv, int round, float *o) {
+    extern __shared__ float sm[];
+    k3c_cuda_seg sg = segs ? segs[blockIdx.z] : one;
+    if (sg.n <= 0) return; /* block-uniform, before any barrier */
+    const int C = KDA_CC;
+    float *Qs = sm;                     /* [C][dk] q, then q exp(gam) */
+    float *Ks = Qs + (size_t)C * dk;    /* [C][dk] k, then Kd = k exp(gl - gam) */
+    float *Gs = Ks + (size_t)C * dk;    /* [C][dk] gam, then Ke = k exp(gam) */
+    float *Ls = Gs + (size_t)C * dk;    /* [C][C] L (strictly lower part used) */
+    float *As = Ls + C * C;             /* [C][C] Aqk (lower part with diagonal used) */
+    float *Ts = As + C * C;             /* [C][C] Tm (fully written, zeros above the diagonal) */
+    float *Ss = Ts + C * C;             /* [dk][KDA_CW] this slice of the state */
+    float *Rs = Ss + (size_t)dk * KDA_CW; /* [C][KDA_CW] v, then R = V - Ke S */
+    float *Vp = Rs + C * KDA_CW;        /* [C][KDA_CW] V' */
+    float *bs = Vp + C * KDA_CW;        /* [C] beta */
+    float *gl = bs + C;                 /* [dk] gam of the chunk's last token */
+    const int h = blockIdx.x, e0 = blockIdx.y * KDA_CW, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int nm = dk / 32;
+    const size_t hs = (size_t)dk * dv;
+    float *S = sg.state + (size_t)h * hs;
+
+    for (int i = tid; i < dk * KDA_CW; i += KDA_CT) Ss[i] = S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW];
+
+    for (int t0 = 0; t0 < sg.n; t0 += C) {
+        const int n = sg.n - t0 < C ? sg.n - t0 : C;
+        const size_t r0 = (size_t)sg.row0 + t0; /* activation row of chunk row 0 */
+
+        /* 0. Loads (padded rows zero) and the cumulative decay, tokens in order per key channel. */
+        for (int i = tid; i < C * dk; i += KDA_CT) {
+            int ri = i / dk, d = i % dk;
+            size_t at = ((r0 + ri) * H + h) * dk + d;
+            Qs[i] = ri < n ? q[at] : 0.0f;
+            Ks[i] = ri < n ? k[at] : 0.0f;
+        }
+        for (int i = tid; i < C * KDA_CW; i += KDA_CT) {
+            int ri = i / KDA_CW;
+            Rs[i] = ri < n ? v[((r0 + ri) * H + h) * dv + e0 + i % KDA_CW] : 0.0f;
+        }
+        if (tid < C) bs[tid] = tid < n ? beta[(r0 + tid) * H + h] : 0.0f;
+        for (int d = tid; d < dk; d += KDA_CT) {
+            float gam = 0.0f;
+            for (int i = 0; i < C; i++) {
+                if (i < n) gam += g[((r0 + i) * H + h) * dk + d];
+                Gs[(size_t)i * dk + d] = gam;
+            }
+            gl[d] = gam;
+        }
+        __syncthreads();
+
+        /* 1. L and Aqk, one warp per row; lane holds row i's q, k, gam at d = lane + 32 m. */
+        {
+            const int rows[4] = {w, 15 - w, 16 + w, 31 - w};
+#pragma unroll 1
+            for (int ri = 0; ri < 4; ri++) {
+                const int i = rows[ri];
+                float qi[KDA_CMAXK / 32], ki[KDA_CMAXK / 32], gi[KDA_CMAXK / 32];
+#pragma unroll
+                for (int m = 0; m < KDA_CMAXK / 32; m++)
+                    if (m < nm) {
+                        size_t at = (size_t)i * dk + lane + 32 * m;
+                        qi[m] = Qs[at];
+                        ki[m] = Ks[at];
+                        gi[m] = Gs[at];
+                    }
+                for (int j = 0; j <= i; j++) {
+                    float kk = 0.0f, qk = 0.0f;
+#pragma unroll
+                    for (int m = 0; m < KDA_CMAXK / 32; m++)
+                        if (m < nm) {
+                            size_t at = (size_t)j * dk + lane + 32 * m;
+                            float a = expf(gi[m] - Gs[at]) * Ks[at];
+                            kk = fmaf(ki[m], a, kk);
+                            qk = fmaf(qi[m], a, qk);
+                        }
+                    kk = k3c_warp_sum(kk);
+                    qk = k3c_warp_sum(qk);
+                    if (lane == 0) {
+                        Ls[i * C + j] = j < i ? bs[i] * kk : 0.0f;
+                        As[i * C + j] = qk;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+
+        /* 2. Warp 0: Tm by forward substitution, lane c = column c, right-looking (acc[i] collects
+         * -sum_j L[i][j] Tm[j][c] as the Tm[j][c] become known; for j < c Tm[j][c] = 0 adds nothing).
+         * Warps 1-7: the exponentiated copies of q and k, in place (phase 1 is done with q, k, gam). */
+        if (w == 0) {
+            const int c = lane;
+            float acc[KDA_CC];
+#pragma unroll
+            for (int i = 0; i < KDA_CC; i++) acc[i] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KDA_CC; j++) {
+                float t = j < c ? 0.0f : (j == c ? bs[c] : acc[j]);
+                Ts[j * C + c] = t;
+#pragma unroll
+                for (int i = j + 1; i < KDA_CC; i++) acc[i] = fmaf(-Ls[i * C + j], t, acc[i]);
+            }
+        } else {
+            for (int i = tid - 32; i < C * dk; i += KDA_CT - 32) {
+                int d = i % dk;
+                float gi = Gs[i], kv = Ks[i];
+                Qs[i] *= expf(gi);
+                Gs[i] = kv * expf(gi);
+                Ks[i] = kv * expf(gl[d] - gi);
+            }
+        }
+        __syncthreads();
+
+        /* 3. R = V - Ke S and O1 = (q exp(gam)) S for rows w + 8 r, column lane. */
+        float o1[KDA_CR];
+        {
+            float rk[KDA_CR];
+#pragma unroll
+            for (int r = 0; r < KDA_CR; r++) rk[r] = o1[r] = 0.0f;
+            for (int d = 0; d < dk; d++) {
+                float s = Ss[d * KDA_CW + lane];
+#pragma unroll
+                for (int r = 0; r < KDA_CR; r++) {
+                    size_t at = (size_t)(w + KDA_CWARPS * r) * dk + d;
+                    rk[r] = fmaf(Gs[at], s, rk[r]);
+                    o1[r] = fmaf(Qs[at], s, o1[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < KDA_CR; r++) Rs[(w + KDA_CWARPS * r) * KDA_CW + lane] -= rk[r];
+        }
+        __syncthreads();
+
+        /* 4. V' = Tm R (Tm lower triangular). */
+#pragma unroll
+        for (int r = 0; r < KDA_CR; r++) {
+            const int i = w + KDA_CWARPS * r;
+            float a = 0.0f;
+            for (int c = 0; c <= i; c++) a = fmaf(Ts[i * C + c], Rs[c * KDA_CW + lane], a);
+            Vp[i * KDA_CW + lane] = a;
+        }
+        __syncthreads();
+
+        /* 5. Outputs from the incoming state plus the intra-chunk part; then the state moves to the chunk's
+         * end (each thread updates its own elements S[w + 8 r'][lane], which nobody else reads here). */
+        if (o) {
+#pragma unroll
+            for (int r = 0; r < KDA_CR; r++) {
+                const int i = w + KDA_CWARPS * r;
+                if (i < n) {
+                    float a = o1[r];
+                    for (int j = 0; j <= i; j++) a = fmaf(As[i * C + j], Vp[j * KDA_CW + lane], a);
+                    o[((r0 + i) * H + h) * dv + e0 + lane] = maybe_round(a, round);
+                }
+            }
+        }
+        for (int d = w; d < dk; d += KDA_CWARPS) {
+            float a = Ss[d * KDA_CW + lane] * expf(gl[d]);
+            for (int i = 0; i < C; i++) a = fmaf(Ks[(size_t)i * dk + d], Vp[i * KDA_CW + lane], a);
+            Ss[d * KDA_CW + lane] = a;
+        }
+        /* the next chunk's loads overwrite q, k, gam, R, beta, gl, which phase 5 reads */
+        __syncthreads();
+    }
+
+    for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
+}
+
+/* Whether the chunked kernel takes these dims (else the launchers run the recurrent kernel). */
+static bool kda_chunk_fits(int dk, int dv) {
+    return dk >= 32 && dk <= KDA_CMAXK && dk % 32 == 0 && dv >= KDA_CW && dv % KDA_CW == 0;
+}
+
+static int kda_chunked_launch(const k3c_cuda_seg *segs, int nseg, k3c_cuda_seg one, const float *q, const float *k,
+                              const float *v, const float *g, const float *beta, int H, int dk, int dv,
+                              int round_bf16, float *o, cudaStream_t stream) {
+    size_t smem = kda_chunk_smem(dk);
+    /* above 48 KB of dynamic shared memory needs the opt-in (per kernel, cheap to repeat) */
+    K3C_CUDA_TRY(cudaFuncSetAttribute(kda_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(H, dv / KDA_CW, nseg);
+    kda_chunked_kernel<<<grid, KDA_CT, smem, stream>>>(segs, one, q, k, v, g, beta, H, dk, dv, round_bf16, o);
+    K3C_CUDA_LAUNCHED("kda_chunked");
     return K3C_OK;
 }
 
 extern "C" int k3c_cuda_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
                                     const float *beta, int T, int H, int dk, int dv, int chunk, int round_bf16,
                                     float *o, cudaStream_t stream) {
-    return k3c_cuda_kda_recurrent(state, q, k, v, g, beta, T, H, dk, dv, round_bf16, o, NULL, stream);
+    if (T == 0) return K3C_OK;
+    if (T < 0 || H <= 0) return k3c_errorf("k3c_cuda_kda_chunked: bad shape T %d H %d", T, H);
+    if (!kda_chunk_fits(dk, dv))
+        return k3c_cuda_kda_recurrent(state, q, k, v, g, beta, T, H, dk, dv, round_bf16, o, NULL, stream);
+    k3c_cuda_seg one = {0, T, state, NULL};
+    return kda_chunked_launch(NULL, 1, one, q, k, v, g, beta, H, dk, dv, round_bf16, o, stream);
+}
+
+extern "C" int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, const float *q, const float *k,
+                                         const float *v, const float *g, const float *beta, int H, int dk, int dv,
+                                         int round_bf16, float *o, cudaStream_t stream) {
+    if (nseg <= 0) return K3C_OK;
+    if (!kda_chunk_fits(dk, dv))
+        return k3c_cuda_kda_recurrent_segs(segs, nseg, q, k, v, g, beta, H, dk, dv, round_bf16, o, stream);
+    if (H <= 0 || nseg > 65535)
+        return k3c_errorf("k3c_cuda_kda_chunked_segs: bad shape H %d nseg %d", H, nseg);
+    k3c_cuda_seg none = {0, 0, NULL, NULL};
+    return kda_chunked_launch(segs, nseg, none, q, k, v, g, beta, H, dk, dv, round_bf16, o, stream);
 }
 
 /* One warp per (token, head) row. */

@@ -10,10 +10,23 @@
 extern "C" {
 #endif
 
+/* One request's rows of a step and its KDA state / conv window for the current layer (device copy of the
+ * host k3c_seg's fields the kernels need), for the multi-request (_segs) launchers below. */
+typedef struct k3c_cuda_seg {
+    int row0, n;
+    float *state;  /* [H, dk, dv] */
+    float *window; /* [3][W-1][P]; the conv adds which * (W-1) * P */
+} k3c_cuda_seg;
+
 /* Causal depthwise conv + SiLU of T tokens of C channels; window [W-1, C] (oldest first) is read and
  * advanced in place; taps [C, W] (tap W-1 multiplies the current token); out [T, C]. */
 int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, int round_bf16,
                       float *out, cudaStream_t stream);
+/* The same for nseg requests at once (segs: a device array): seg s's rows [row0, row0 + n) of x [*, C]
+ * against its window segs[s].window + which * (W-1) * C, advanced in place. One kernel with the above, so
+ * a channel's result is the same bits through either launcher. */
+int k3c_cuda_kda_conv_segs(const float *x, const k3c_cuda_seg *segs, int nseg, int C, int W, const float *taps,
+                           int which, int round_bf16, float *out, cudaStream_t stream);
 
 /* g [T, H*dk] from f: safe gate lb * sigmoid(exp(A_log[h]) (f + dt_bias)) when has_lower_bound, else
  * -exp(A_log[h]) softplus(f + dt_bias); beta [T, H] = sigmoid(b) when b and beta are not NULL. */
@@ -23,18 +36,34 @@ int k3c_cuda_kda_gate(const float *f, const float *b, const float *a_log, const 
 /* Per (token, head) L2 norm of q and k in place (x / sqrt(sum x^2 + 1e-6)), q also scaled by dk^-1/2. */
 int k3c_cuda_kda_qk_norm(float *q, float *k, int T, int H, int dk, cudaStream_t stream);
 
-/* Gated delta rule over T tokens, one block per head, the head's state in registers (dk/32 slices of 32 key
- * rows per value column). dk must be a multiple of 32 and (dk/32) * dv <= 512. o [T, H, dv] may be NULL;
- * states (may be NULL) receives the state after each token ([T, H, dk, dv], verify). */
+/* Gated delta rule over T tokens, token by token; per block one head and a slice of <= 32 value columns,
+ * the slice's state in registers (dk/32 parts of 32 key rows per value column). dk must be a multiple of 32
+ * and (dk/32) * min(dv, 32) <= 512. o [T, H, dv] may be NULL; states (may be NULL) receives the state after
+ * each token ([T, H, dk, dv], verify). */
 int k3c_cuda_kda_recurrent(float *state, const float *q, const float *k, const float *v, const float *g,
                            const float *beta, int T, int H, int dk, int dv, int round_bf16, float *o, float *states,
                            cudaStream_t stream);
+/* The same for nseg requests at once, each on its own segs[s].state; rows of seg s are [row0, row0 + n) of
+ * q, k, g [*, H*dk], v [*, H*dv], beta [*, H]; o may be NULL. One kernel with the above (same arithmetic and
+ * order, bit-identical per request); same shape limits. */
+int k3c_cuda_kda_recurrent_segs(const k3c_cuda_seg *segs, int nseg, const float *q, const float *k, const float *v,
+                                const float *g, const float *beta, int H, int dk, int dv, int round_bf16, float *o,
+                                cudaStream_t stream);
 
-/* The chunked (prefill) form: equal to the recurrence up to f32 rounding. For now it runs the recurrent
- * kernel over the tokens (correct first; a chunked tensor-core kernel is a later step). */
+/* The chunked (prefill) form (spec §2.3): equal to the recurrence up to f32 rounding, same contract as
+ * k3c_cuda_kda_recurrent without `states`. Fixed internal chunks of 32 tokens (`chunk` is ignored; it only
+ * changes rounding); any T >= 1. Per block one head and 32 value columns, 256 threads working on a chunk
+ * at a time (decay-weighted K K^T and Q K^T, the triangular solve, outputs and the state carried between
+ * chunks; f32 CUDA-core math), 85 KB of shared memory at dk = 128. Takes dk a multiple of 32 in [32, 256]
+ * and dv a multiple of 32 (every preset: dk = dv = 128); other dims run the recurrent kernel instead. */
 int k3c_cuda_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
                          const float *beta, int T, int H, int dk, int dv, int chunk, int round_bf16, float *o,
                          cudaStream_t stream);
+/* The chunked form for nseg requests in one launch (segs as k3c_cuda_kda_recurrent_segs); per request the
+ * same bits as k3c_cuda_kda_chunked. Dims it does not take run k3c_cuda_kda_recurrent_segs. */
+int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, const float *q, const float *k, const float *v,
+                              const float *g, const float *beta, int H, int dk, int dv, int round_bf16, float *o,
+                              cudaStream_t stream);
 
 /* y = o * rsqrt(mean(o^2) + eps) * w * act(z) per (token, head) row of dv; act = silu when silu_gate,
  * else sigmoid. */
