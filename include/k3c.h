@@ -47,9 +47,9 @@ typedef struct k3c_engine_options {
      * float64 / fp32 references far below bf16 noise (where routing near-ties would otherwise flip experts) */
     int exact_f32;
     /* 1: the MLA latent cache stores FP8 E4M3 values (scale 1, round to nearest even, saturating at +-448;
-     * util/fp8.h) instead of bf16: half the cache bytes a decode step reads, at E4M3's 3 mantissa bits. CPU
-     * backend only so far (there it stores the E4M3 values in f32 slots: the same function, not the memory
-     * saving); an engine on cuda refuses it. */
+     * util/fp8.h) instead of bf16: half the cache bytes a decode step reads, at E4M3's 3 mantissa bits. The
+     * CUDA backend stores E4M3 bytes; the CPU backend stores the E4M3 values in f32 slots (the same function,
+     * not the memory saving). */
     int kv_fp8;
 } k3c_engine_options;
 

@@ -4,8 +4,7 @@
  *    all codes, on fresh random inputs and on exact midpoints;
  *    (tests/ref/ref_fp8.c, also the rounding the float64 reference applies to its latents in
  *    test_forward.c's forward_kv_fp8_vs_ref_e4m3_latents);
- *  - the CLI option: accepted on the cpu, a bad value is a usage error, and an engine on cuda refuses it with
- *    a message (checked without a GPU: the engine refuses before it creates the device backend). */
+ *  - the CLI option: accepted, a bad value is a usage error. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +12,6 @@
 #include "k3c.h"
 #include "test.h"
 #include "util/error.h"
-#include "util/file.h"
 #include "util/fp8.h"
 #include "ref/ref_fp8.h"
 #include "util/rng.h"
@@ -67,11 +65,7 @@ TEST(kv_fp8_cli_option) {
     CHECK(test_run_status(cmd) == 0);
     snprintf(cmd, sizeof cmd, "'%s' generate -n 4 --kv-cache fp4 >/dev/null 2>&1", bin);
     CHECK(test_run_status(cmd) == 2);
-    snprintf(cmd, sizeof cmd, "'%s' generate -n 4 --device cuda --kv-cache fp8 >'%s' 2>&1", bin, out);
-    CHECK(test_run_status(cmd) == 1);
-    char *text;
-    size_t len;
-    CHECK_OK(k3c_read_file(out, 1 << 20, &text, &len));
-    CHECKF(strstr(text, "kv_fp8") != NULL && strstr(text, "cuda") != NULL, "message: %s", text);
-    free(text);
+    /* on cuda the option is accepted (the run itself needs a GPU: gpu_forward_tiny_kv_fp8 checks it there) */
+    snprintf(cmd, sizeof cmd, "'%s' generate -n 4 --device cuda --kv-cache fp8 >/dev/null 2>&1", bin);
+    CHECK(test_run_status(cmd) != 2);
 }

@@ -15,7 +15,7 @@ static void generate_usage(FILE *f) {
                "                    [--kv-cache bf16|fp8]\n"
                "with --device cuda the runner takes the specialized decode executor (graph-captured steps) unless\n"
                "--stock forces the stock forward; a summary of steps per path goes to stderr\n"
-               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (cpu only so far; default bf16)\n"
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 

@@ -13,7 +13,7 @@ static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
                "[--threads N] [--f32] [--kv-cache bf16|fp8]\n"
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
-               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (cpu only so far; default bf16)\n");
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n");
 }
 
 int cmd_logits(int argc, char **argv) {

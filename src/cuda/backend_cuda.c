@@ -548,7 +548,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
 
 static int cuda_init(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
     cuda_ctx *x = be->ctx;
-    if (lim->kv_fp8) return k3c_errorf("cuda backend: the fp8 MLA latent cache (kv_fp8) is not implemented here yet");
+    if (lim->kv_fp8) be->kv_elem_bytes = 1; /* E4M3 bytes, written and read by the MLA kernels (cuda/mla.cu) */
     if (cuda_init_inner(be, m, lim) != K3C_OK) {
         free_all(x);
         return k3c_error_context("cuda backend (device %d)", x->device);

@@ -4,6 +4,9 @@
 
 #include <stdint.h>
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 /* bf16 -> f32: the bf16 bits are the upper half of the f32. */
 __device__ __forceinline__ float k3c_dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float k3c_dev_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -15,6 +18,16 @@ __device__ __forceinline__ uint16_t k3c_dev_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+
+/* FP8 E4M3 (the optional MLA latent cache element): the hardware conversions, round to nearest even,
+ * saturating finite values at +-448 (util/fp8.h is the host codec with the same rounding). */
+__device__ __forceinline__ uint8_t k3c_dev_to_e4m3(float f) {
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
+    return __half2float(__half(h));
 }
 
 /* A 16-byte streaming load that skips L1: weights are read once per step. */

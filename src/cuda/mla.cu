@@ -11,6 +11,7 @@ __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int 
     const float *src = lat + (size_t)t * Lat;
     for (int i = threadIdx.x; i < Lat; i += blockDim.x) {
         if (elem_bytes == 2) ((uint16_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_bf16(src[i]);
+        else if (elem_bytes == 1) ((uint8_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_e4m3(src[i]);
         else ((float *)cache)[(size_t)slot * Lat + i] = src[i];
     }
 }
@@ -18,7 +19,8 @@ __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int 
 extern "C" int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int T, int Lat, int elem_bytes,
                                         void *cache, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
-    if (elem_bytes != 2 && elem_bytes != 4) return k3c_errorf("k3c_cuda_mla_cache_write: element size %d", elem_bytes);
+    if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
+        return k3c_errorf("k3c_cuda_mla_cache_write: element size %d", elem_bytes);
     mla_cache_write_kernel<<<T, 256, 0, stream>>>(lat, slots, Lat, elem_bytes, cache);
     K3C_CUDA_LAUNCHED("mla_cache_write");
     return K3C_OK;
@@ -107,6 +109,7 @@ extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, i
 template <int EB>
 __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     if (EB == 2) return k3c_dev_bf16(((const uint16_t *)cache)[i]);
+    if (EB == 1) return k3c_dev_e4m3(((const uint8_t *)cache)[i]);
     return ((const float *)cache)[i];
 }
 
@@ -214,6 +217,9 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
     size_t smem = (size_t)ATT_WARPS * kvl * sizeof(float);
     if (elem_bytes == 2)
         mla_attend_kernel<2><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
+                                                                      Hm, kvl, rope, scale, o_lat);
+    else if (elem_bytes == 1)
+        mla_attend_kernel<1><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
                                                                       Hm, kvl, rope, scale, o_lat);
     else if (elem_bytes == 4)
         mla_attend_kernel<4><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,

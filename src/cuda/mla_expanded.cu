@@ -15,7 +15,9 @@ __global__ void mla_exp_gather_kernel(const void *__restrict__ cache, int elem_b
     int j = blockIdx.x, p = p0 + j, Lat = kvl + rope;
     size_t base = ((size_t)table[p / bs] * bs + p % bs) * Lat;
     for (int e = threadIdx.x; e < Lat; e += blockDim.x) {
-        float v = elem_bytes == 2 ? k3c_dev_bf16(((const uint16_t *)cache)[base + e]) : ((const float *)cache)[base + e];
+        float v = elem_bytes == 2   ? k3c_dev_bf16(((const uint16_t *)cache)[base + e])
+                  : elem_bytes == 1 ? k3c_dev_e4m3(((const uint8_t *)cache)[base + e])
+                                    : ((const float *)cache)[base + e];
         if (e < kvl) c[(size_t)j * kvl + e] = v;
         else pe[(size_t)j * rope + (e - kvl)] = v;
     }
@@ -224,8 +226,8 @@ extern "C" int k3c_cuda_mla_expanded(k3c_cuda_gemm *gemm, const uint16_t *kv_b, 
                           "block_size %d chunk %d", n, pos, Hm, nope, rope, vh, kvl, block_size, chunk);
     if (n > max_rows)
         return k3c_errorf("k3c_cuda_mla_expanded: %d query rows, scratch sized for %d (max_rows)", n, max_rows);
-    if (elem_bytes != 2 && elem_bytes != 4)
-        return k3c_errorf("k3c_cuda_mla_expanded: cache element of %d bytes (2 or 4)", elem_bytes);
+    if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
+        return k3c_errorf("k3c_cuda_mla_expanded: cache element of %d bytes (1, 2 or 4)", elem_bytes);
     if (vh > K3C_CUDA_MLA_EXP_MAX_V)
         return k3c_errorf("k3c_cuda_mla_expanded: v_head_dim %d > %d", vh, K3C_CUDA_MLA_EXP_MAX_V);
     int dev = 0, optin = 0;

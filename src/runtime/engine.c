@@ -70,9 +70,6 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (o.q_max <= 0) o.q_max = d.q_max;
     }
     if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
-    if (o.kv_fp8 && strcmp(o.device, "cpu"))
-        return k3c_errorf("engine: kv_fp8: the fp8 MLA latent cache is implemented on the cpu backend only, not on "
-                          "device '%s'", o.device);
     /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
     int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
     if (o.num_blocks <= 0) {

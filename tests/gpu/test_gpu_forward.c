@@ -104,6 +104,9 @@ static void env_close(env *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* 1: both engines keep an FP8 E4M3 MLA latent cache (engine option kv_fp8). */
+static int env_kv_fp8;
+
 /* dense: every expert selected (k = E, all groups kept); exact: f32 activations on both engines. */
 static int env_open(env *e, const char *preset, int dense, int exact, const char *tag) {
     memset(e, 0, sizeof *e);
@@ -129,6 +132,7 @@ static int env_open(env *e, const char *preset, int dense, int exact, const char
     o.q_max = 6;
     o.poison_freed_blocks = 1;
     o.exact_f32 = exact;
+    o.kv_fp8 = env_kv_fp8;
     o.device = "cpu";
     K3C_TRY(k3c_engine_create(e->m, &o, &e->cpu));
     o.device = "cuda";
@@ -300,6 +304,21 @@ static void run_forward(const char *preset, int bf16) {
 }
 
 TEST(gpu_forward_tiny) { run_forward("tiny", 1); }
+
+/* The fp8 latent cache: CUDA (E4M3 bytes, hardware conversion) against the CPU (E4M3 values in f32 slots,
+ * util/fp8.h), f32 activations, dense routing. Both round the same latents to nearest even, but a latent
+ * within f32 noise of an E4M3 midpoint can round differently on the two (one E4M3 step of one element):
+ * worst row bounded by 2e-3 (the CPU's own fp8-vs-float64-E4M3 bound, test_forward.c), median by F32_THR. */
+TEST(gpu_forward_tiny_kv_fp8) {
+    env_kv_fp8 = 1;
+    int rc = forward_regime("tiny", 1, 1, 2e-3);
+    env_kv_fp8 = 0;
+    CHECK_OK(rc);
+    double med = stats_median(&st);
+    metric("fwd_tiny_kv_fp8_f32_worst", 2e-3, st.worst);
+    printf("INFO tiny kv_fp8 f32 dense routing: %d rows, worst rel L2 %.3e, median %.3e\n", st.n, st.worst, med);
+    CHECKF(st.worst <= 2e-3 && med <= F32_THR, "tiny kv_fp8: worst %.3e, median %.3e", st.worst, med);
+}
 TEST(gpu_forward_mini) { run_forward("mini", 0); }
 TEST(gpu_forward_kimi_linear_tiny) { run_forward("kimi-linear-tiny", 1); }
 
