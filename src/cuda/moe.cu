@@ -85,7 +85,7 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     extern __shared__ __align__(16) unsigned char moe_smem[];
     int *plist = (int *)moe_smem;
     __shared__ float part[MOE_WARPS][NM][4][32];
-    __shared__ int s_n;
+    __shared__ int s_n, s_scan;
     int p = blockIdx.y, e = idx[p];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int groups = MOE_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
@@ -100,19 +100,6 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     int earlier = 0;
     for (int i = threadIdx.x; i < p; i += blockDim.x) earlier |= __ldg(idx + i) == e;
     if (__syncthreads_or(earlier)) return;
-    if (warp == 0) {
-        int n = 0;
-        for (int i0 = p; i0 < npairs; i0 += 32) {
-            int i = i0 + lane;
-            bool m = i < npairs && __ldg(idx + i) == e;
-            unsigned bal = __ballot_sync(0xffffffffu, m);
-            if (m) plist[n + __popc(bal & ((1u << lane) - 1u))] = i;
-            n += __popc(bal);
-        }
-        if (lane == 0) s_n = n;
-    }
-    __syncthreads();
-    int n = s_n;
     unsigned char *ring = moe_smem + (size_t)plist_cap * sizeof(int) + (size_t)warp * S * SB;
     const k3c_cuda_expert ex = experts[e];
     const uint8_t *wbase[NM], *sbase[NM];
@@ -159,171 +146,190 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
         }
     };
 
-    for (int t0 = 0; t0 < n; t0 += 8) {
-        int pn = t0 + g < n ? plist[t0 + g] : -1;
-        const float *xg = x + (size_t)(pn < 0 ? 0 : (x_by_token ? pn / k : pn)) * K;
-        float acc[NM][4];
-#pragma unroll
-        for (int m = 0; m < NM; m++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
-        if (row0 < R) {
-#pragma unroll
-            for (int j = 0; j < S - 1; j++) {
-                if (j < ns) issue(s_lo + j, j);
-                cp_async_commit();
+    /* The pairs that chose e, in pair order, gathered into plist a window of at most plist_cap at a time
+     * (plist_cap >= 32: a whole ballot always fits), so shared memory does not grow with the step's pairs. */
+    for (int scan = p; scan < npairs;) {
+        __syncthreads(); /* every warp is done with the previous window's plist */
+        if (warp == 0) {
+            int n = 0, i0 = scan;
+            for (; i0 < npairs && n + 32 <= plist_cap; i0 += 32) {
+                int i = i0 + lane;
+                bool m = i < npairs && __ldg(idx + i) == e;
+                unsigned bal = __ballot_sync(0xffffffffu, m);
+                if (m) plist[n + __popc(bal & ((1u << lane) - 1u))] = i;
+                n += __popc(bal);
             }
-            for (int j = 0; j < ns; j++) {
-                if (j + S - 1 < ns) issue(s_lo + j + S - 1, (j + S - 1) % S);
-                cp_async_commit();
-                cp_async_wait<S - 1>();
-                __syncwarp();
-                const unsigned char *st = ring + (size_t)(j % S) * SB;
-                int c = (s_lo + j) * 4 + q;
-                bool ok = pn >= 0 && c < nchunk;
-                uint4 va[NM], vb[NM];
+            if (lane == 0) s_n = n, s_scan = i0;
+        }
+        __syncthreads();
+        int n = s_n;
+        scan = s_scan;
+        for (int t0 = 0; t0 < n; t0 += 8) {
+            int pn = t0 + g < n ? plist[t0 + g] : -1;
+            const float *xg = x + (size_t)(pn < 0 ? 0 : (x_by_token ? pn / k : pn)) * K;
+            float acc[NM][4];
 #pragma unroll
-                for (int m = 0; m < NM; m++) {
-                    va[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + g * MOE_ROW_BYTES + q * 16);
-                    vb[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + (g + 8) * MOE_ROW_BYTES + q * 16);
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+            if (row0 < R) {
+#pragma unroll
+                for (int j = 0; j < S - 1; j++) {
+                    if (j < ns) issue(s_lo + j, j);
+                    cp_async_commit();
                 }
-                /* independent accumulator chains per step (one per MXFP4 sub-step): a single chain of
-                 * dependent mma was latency-bound (NOTES.md run 3) */
-                constexpr int CH = MX ? 4 : 1;
-                float d[NM][CH][4];
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-#pragma unroll
-                    for (int jj = 0; jj < CH; jj++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) d[m][jj][i] = 0.0f;
-                if (MX) {
-                    uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
-                    bool biga[NM], bigb[NM];
+                for (int j = 0; j < ns; j++) {
+                    if (j + S - 1 < ns) issue(s_lo + j + S - 1, (j + S - 1) % S);
+                    cp_async_commit();
+                    cp_async_wait<S - 1>();
+                    __syncwarp();
+                    const unsigned char *st = ring + (size_t)(j % S) * SB;
+                    int c = (s_lo + j) * 4 + q;
+                    bool ok = pn >= 0 && c < nchunk;
+                    uint4 va[NM], vb[NM];
 #pragma unroll
                     for (int m = 0; m < NM; m++) {
-                        uint32_t sa = st[WB + (m * 16 + g) * 4 + q], sb = st[WB + (m * 16 + g + 8) * 4 + q];
-                        mx_scale(sa, mula[m], mul2a[m], biga[m]);
-                        mx_scale(sb, mulb[m], mul2b[m], bigb[m]);
+                        va[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + g * MOE_ROW_BYTES + q * 16);
+                        vb[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + (g + 8) * MOE_ROW_BYTES + q * 16);
                     }
+                    /* independent accumulator chains per step (one per MXFP4 sub-step): a single chain of
+                     * dependent mma was latency-bound (NOTES.md run 3) */
+                    constexpr int CH = MX ? 4 : 1;
+                    float d[NM][CH][4];
 #pragma unroll
-                    for (int sub = 0; sub < 4; sub++) {
+                    for (int m = 0; m < NM; m++)
+#pragma unroll
+                        for (int jj = 0; jj < CH; jj++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) d[m][jj][i] = 0.0f;
+                    if (MX) {
+                        uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
+                        bool biga[NM], bigb[NM];
+#pragma unroll
+                        for (int m = 0; m < NM; m++) {
+                            uint32_t sa = st[WB + (m * 16 + g) * 4 + q], sb = st[WB + (m * 16 + g + 8) * 4 + q];
+                            mx_scale(sa, mula[m], mul2a[m], biga[m]);
+                            mx_scale(sb, mulb[m], mul2b[m], bigb[m]);
+                        }
+#pragma unroll
+                        for (int sub = 0; sub < 4; sub++) {
+                            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                            if (ok) {
+                                x0 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub));
+                                x1 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub) + 1);
+                            }
+                            /* pairs (i, i + 4): B rows follow the A pairing of mx_pair */
+                            uint32_t b0[3], b1[3], b2[3], b3[3];
+                            bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
+                            if (exact) {
+                                b0[0] = k3c_pack_hi16(x0.x, x1.x);
+                                b1[0] = k3c_pack_hi16(x0.y, x1.y);
+                                b2[0] = k3c_pack_hi16(x0.z, x1.z);
+                                b3[0] = k3c_pack_hi16(x0.w, x1.w);
+                            } else {
+                                k3c_split3(x0.x, x1.x, b0);
+                                k3c_split3(x0.y, x1.y, b1);
+                                k3c_split3(x0.z, x1.z, b2);
+                                k3c_split3(x0.w, x1.w, b3);
+                            }
+#pragma unroll
+                            for (int m = 0; m < NM; m++) {
+                                uint32_t wa = sub == 0 ? va[m].x : sub == 1 ? va[m].y : sub == 2 ? va[m].z : va[m].w;
+                                uint32_t wb = sub == 0 ? vb[m].x : sub == 1 ? vb[m].y : sub == 2 ? vb[m].z : vb[m].w;
+                                uint32_t a0 = mx_pair<0>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a1 = mx_pair<1>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a2 = mx_pair<2>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t a3 = mx_pair<3>(wa, mula[m], mul2a[m], biga[m]);
+                                uint32_t c0 = mx_pair<0>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c1 = mx_pair<1>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c2 = mx_pair<2>(wb, mulb[m], mul2b[m], bigb[m]);
+                                uint32_t c3 = mx_pair<3>(wb, mulb[m], mul2b[m], bigb[m]);
+                                k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[0], b1[0]);
+                                k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[0], b3[0]);
+                                if (!exact) {
+#pragma unroll
+                                    for (int t = 1; t < 3; t++) {
+                                        k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[t], b1[t]);
+                                        k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[t], b3[t]);
+                                    }
+                                }
+                            }
+                        }
+                    } else {
                         float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
                         if (ok) {
-                            x0 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub));
-                            x1 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub) + 1);
+                            x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
+                            x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
                         }
-                        /* pairs (i, i + 4): B rows follow the A pairing of mx_pair */
                         uint32_t b0[3], b1[3], b2[3], b3[3];
                         bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
                         if (exact) {
-                            b0[0] = k3c_pack_hi16(x0.x, x1.x);
-                            b1[0] = k3c_pack_hi16(x0.y, x1.y);
-                            b2[0] = k3c_pack_hi16(x0.z, x1.z);
-                            b3[0] = k3c_pack_hi16(x0.w, x1.w);
+                            b0[0] = k3c_pack_hi16(x0.x, x0.y);
+                            b1[0] = k3c_pack_hi16(x0.z, x0.w);
+                            b2[0] = k3c_pack_hi16(x1.x, x1.y);
+                            b3[0] = k3c_pack_hi16(x1.z, x1.w);
                         } else {
-                            k3c_split3(x0.x, x1.x, b0);
-                            k3c_split3(x0.y, x1.y, b1);
-                            k3c_split3(x0.z, x1.z, b2);
-                            k3c_split3(x0.w, x1.w, b3);
+                            k3c_split3(x0.x, x0.y, b0);
+                            k3c_split3(x0.z, x0.w, b1);
+                            k3c_split3(x1.x, x1.y, b2);
+                            k3c_split3(x1.z, x1.w, b3);
                         }
 #pragma unroll
                         for (int m = 0; m < NM; m++) {
-                            uint32_t wa = sub == 0 ? va[m].x : sub == 1 ? va[m].y : sub == 2 ? va[m].z : va[m].w;
-                            uint32_t wb = sub == 0 ? vb[m].x : sub == 1 ? vb[m].y : sub == 2 ? vb[m].z : vb[m].w;
-                            uint32_t a0 = mx_pair<0>(wa, mula[m], mul2a[m], biga[m]);
-                            uint32_t a1 = mx_pair<1>(wa, mula[m], mul2a[m], biga[m]);
-                            uint32_t a2 = mx_pair<2>(wa, mula[m], mul2a[m], biga[m]);
-                            uint32_t a3 = mx_pair<3>(wa, mula[m], mul2a[m], biga[m]);
-                            uint32_t c0 = mx_pair<0>(wb, mulb[m], mul2b[m], bigb[m]);
-                            uint32_t c1 = mx_pair<1>(wb, mulb[m], mul2b[m], bigb[m]);
-                            uint32_t c2 = mx_pair<2>(wb, mulb[m], mul2b[m], bigb[m]);
-                            uint32_t c3 = mx_pair<3>(wb, mulb[m], mul2b[m], bigb[m]);
-                            k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[0], b1[0]);
-                            k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[0], b3[0]);
+                            const uint4 A = va[m], B = vb[m];
+                            k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[0], b1[0]);
+                            k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[0], b3[0]);
                             if (!exact) {
 #pragma unroll
                                 for (int t = 1; t < 3; t++) {
-                                    k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[t], b1[t]);
-                                    k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[t], b3[t]);
+                                    k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[t], b1[t]);
+                                    k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[t], b3[t]);
                                 }
                             }
                         }
                     }
-                } else {
-                    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                    if (ok) {
-                        x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
-                        x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
-                    }
-                    uint32_t b0[3], b1[3], b2[3], b3[3];
-                    bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
-                    if (exact) {
-                        b0[0] = k3c_pack_hi16(x0.x, x0.y);
-                        b1[0] = k3c_pack_hi16(x0.z, x0.w);
-                        b2[0] = k3c_pack_hi16(x1.x, x1.y);
-                        b3[0] = k3c_pack_hi16(x1.z, x1.w);
-                    } else {
-                        k3c_split3(x0.x, x0.y, b0);
-                        k3c_split3(x0.z, x0.w, b1);
-                        k3c_split3(x1.x, x1.y, b2);
-                        k3c_split3(x1.z, x1.w, b3);
-                    }
 #pragma unroll
-                    for (int m = 0; m < NM; m++) {
-                        const uint4 A = va[m], B = vb[m];
-                        k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[0], b1[0]);
-                        k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[0], b3[0]);
-                        if (!exact) {
+                    for (int m = 0; m < NM; m++)
 #pragma unroll
-                            for (int t = 1; t < 3; t++) {
-                                k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[t], b1[t]);
-                                k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[t], b3[t]);
-                            }
+                        for (int jj = 0; jj < CH; jj++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++) acc[m][i] += d[m][jj][i];
+                    __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
+                }
+            }
+            if (wpr > 1) {
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
+                __syncthreads();
+                if (kw == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            float s = 0.0f;
+                            for (int j = 0; j < wpr; j++) s += part[warp + j][m][i][lane];
+                            acc[m][i] = s;
                         }
-                    }
-                }
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-#pragma unroll
-                    for (int jj = 0; jj < CH; jj++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[m][i] += d[m][jj][i];
-                __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
-            }
-        }
-        if (wpr > 1) {
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
-            __syncthreads();
-            if (kw == 0) {
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float s = 0.0f;
-                        for (int j = 0; j < wpr; j++) s += part[warp + j][m][i][lane];
-                        acc[m][i] = s;
-                    }
-            }
-        }
-        /* acc[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
-        if (kw == 0 && row0 < R) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = row0 + g + (i >> 1) * 8, col = t0 + 2 * q + (i & 1);
-                if (row < R && col < n) {
-                    float v;
-                    if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(acc[0][i], round),
-                                                      rnd(acc[NM - 1][i], round)), round);
-                    else v = rnd(acc[0][i], round);
-                    out[(size_t)plist[col] * R + row] = v;
                 }
             }
+            /* acc[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
+            if (kw == 0 && row0 < R) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int row = row0 + g + (i >> 1) * 8, col = t0 + 2 * q + (i & 1);
+                    if (row < R && col < n) {
+                        float v;
+                        if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(acc[0][i], round),
+                                                          rnd(acc[NM - 1][i], round)), round);
+                        else v = rnd(acc[0][i], round);
+                        out[(size_t)plist[col] * R + row] = v;
+                    }
+                }
+            }
+            if (wpr > 1) __syncthreads();
         }
-        if (wpr > 1) __syncthreads();
     }
 }
 
@@ -370,7 +376,10 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
     static int occ, smem_set;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
-    int plist_cap = (npairs + 3) & ~3; /* the ring starts 16-byte aligned */
+    /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the ring
+     * starts 16-byte aligned, and >= 32 so one ballot always fits */
+    int plist_cap = npairs < 2048 ? (npairs + 3) & ~3 : 2048;
+    if (plist_cap < 32) plist_cap = 32;
     size_t smem = (size_t)plist_cap * sizeof(int) + ring;
     if ((int)smem > smem_set) {
         K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
