@@ -31,6 +31,9 @@
 #ifdef K3C_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/backend_cuda.h"
+#include "runtime/engine_internal.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -227,7 +230,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
     if (o.max_rows < maxb * maxq) o.max_rows = maxb * maxq;
     /* every (batch, q) runs warm + steps stock steps, then as many specialized ones; each adds max(1, q - 1) */
-    o.max_context = context + 2 * nb * (warm + steps) * qsum + maxq + 8;
+    o.max_context = context + 2 * nb * (warm + steps) * qsum + nb * nq * maxq + maxq + 8; /* + profiled steps */
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
@@ -262,6 +265,18 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             double med, ctx;
             if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, t, &med, &ctx) != K3C_OK) goto fail;
             print_row("STEP", preset, m, b, q, med, ctx, bw);
+            /* K3C_CUDA_PROFILE=1: GPU time per op of one more stock step of this shape */
+            k3c_engine_view view;
+            k3c_engine_view_get(e, &view);
+            k3c_op_profile *prof = k3c_backend_cuda_profile(view.be);
+            if (prof) {
+                double pmed, pctx;
+                k3c_op_profile_reset(prof);
+                if (time_steps(e, NULL, NULL, id, b, q, 0, 1, V, lg, t, &pmed, &pctx) != K3C_OK) goto fail;
+                printf("PROF %s batch %d q %d: one stock step\n", preset, b, q);
+                k3c_op_profile_report(prof, stdout, pmed * 1e3);
+                k3c_op_profile_reset(prof);
+            }
             if (q == 1) ms1[0][bi] = med;
             if (q == 4 && ms1[0][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
             /* the same steps through the specialized executor (one captured graph per shape) */

@@ -37,6 +37,7 @@
 #include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
 #include "cuda/router.h"
+#include "cuda/op_profile.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "stock/backend.h"
@@ -86,6 +87,8 @@ typedef struct cuda_ctx {
     void *mla_x;
     int mla_chunk;
 
+    k3c_op_profile *prof; /* NULL unless K3C_CUDA_PROFILE */
+
     /* host scratch for building metadata (pinned area is written directly) */
     int failed;
     char err[1024];
@@ -105,12 +108,15 @@ static void record_cuda(cuda_ctx *x, const char *op, cudaError_t e) {
     snprintf(x->err, sizeof x->err, "%s: CUDA error %s (%s)", op, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* Also the timing site of the op profile (cuda/op_profile.h; a no-op unless K3C_CUDA_PROFILE is set). */
 #define OP_TRY(x, op, call)                                                                                        \
     do {                                                                                                           \
+        int prof_slot_ = k3c_op_profile_begin((x)->prof, (op), (x)->stream);                                       \
         if ((call) != K3C_OK) {                                                                                    \
             record((x), (op));                                                                                     \
             return;                                                                                                \
         }                                                                                                          \
+        k3c_op_profile_end((x)->prof, prof_slot_, (x)->stream);                                                    \
     } while (0)
 
 #define OP_CUDA(x, op, call)                                                                                       \
@@ -549,6 +555,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
 static int cuda_init(k3c_backend *be, const struct k3c_model *m, const k3c_backend_limits *lim) {
     cuda_ctx *x = be->ctx;
     if (lim->kv_fp8) be->kv_elem_bytes = 1; /* E4M3 bytes, written and read by the MLA kernels (cuda/mla.cu) */
+    x->prof = k3c_op_profile_create_from_env(); /* once per lifetime, like every other allocation of init */
     if (cuda_init_inner(be, m, lim) != K3C_OK) {
         free_all(x);
         return k3c_error_context("cuda backend (device %d)", x->device);
@@ -562,6 +569,7 @@ static void cuda_destroy(k3c_backend *be) {
     if (x) {
         if (x->stream) cudaStreamSynchronize(x->stream);
         free_all(x);
+        k3c_op_profile_free(x->prof);
         if (x->stream) cudaStreamDestroy(x->stream);
         free(x);
     }
@@ -573,6 +581,7 @@ static int cuda_sync(k3c_backend *be) {
     cudaError_t e = cudaStreamSynchronize(x->stream);
     x->meta_used = 0;
     if (e != cudaSuccess) record_cuda(x, "stream", e);
+    else k3c_op_profile_collect(x->prof);
     if (x->failed) {
         x->failed = 0;
         return k3c_errorf("cuda backend: %s", x->err);
@@ -978,6 +987,10 @@ void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes) {
 int k3c_backend_cuda_device(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->device; }
 
 int k3c_backend_cuda_exact(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->exact; }
+
+k3c_op_profile *k3c_backend_cuda_profile(k3c_backend *be) {
+    return be && be->name && !strcmp(be->name, "cuda") ? ((cuda_ctx *)be->ctx)->prof : NULL;
+}
 
 void k3c_backend_cuda_set_exact(k3c_backend *be, int exact) {
     ((cuda_ctx *)be->ctx)->exact = exact;

@@ -1,0 +1,32 @@
+/* GPU time per stock-forward op (a diagnostic: K3C_CUDA_PROFILE=1 when the CUDA backend is created).
+ *
+ * The CUDA backend brackets each launcher call of an op (the OP_TRY sites of cuda/backend_cuda.c) with two
+ * CUDA events on its stream; after each stream sync the elapsed times are added up per op name. A report
+ * gives, per name, calls, total and share of the summed op time; the difference between a step's wall time
+ * and that sum is launch gaps and host work. Events are created once (a fixed pool); calls beyond the pool
+ * within one sync interval are not timed (counted as dropped). Ops launched while the stream is capturing a
+ * graph are never timed. */
+#ifndef K3C_CUDA_OP_PROFILE_H
+#define K3C_CUDA_OP_PROFILE_H
+
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
+
+typedef struct k3c_op_profile k3c_op_profile;
+
+/* NULL (and nothing allocated) unless K3C_CUDA_PROFILE is set to a non-zero value. */
+k3c_op_profile *k3c_op_profile_create_from_env(void);
+void k3c_op_profile_free(k3c_op_profile *p);
+/* Slot to pass to end(), or -1 when this call is not timed. */
+int k3c_op_profile_begin(k3c_op_profile *p, const char *op, cudaStream_t s);
+void k3c_op_profile_end(k3c_op_profile *p, int slot, cudaStream_t s);
+/* After the stream was synchronized: adds the pending intervals to the per-op totals. */
+void k3c_op_profile_collect(k3c_op_profile *p);
+/* Forgets the totals. */
+void k3c_op_profile_reset(k3c_op_profile *p);
+/* Prints "PROF" lines (name, calls, total us, share of the op sum), largest first, and the op sum against
+ * step_ms when step_ms > 0. */
+void k3c_op_profile_report(const k3c_op_profile *p, FILE *f, double step_ms);
+
+#endif
