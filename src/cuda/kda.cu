@@ -1,6 +1,7 @@
-/* KDA kernels: conv, gate, q/k norm, the gated delta rule (recurrent and chunked), gated output norm. The
- * multi-request (_segs) forms of the conv, recurrent and chunked kernels are the same kernels as the
- * single-request ones, with the request read from a device array. */
+/* KDA kernels: conv, gate, q/k norm, the gated delta rule (recurrent and chunked), gated output norm, and
+ * the fused decode kernel that runs all of them but the chunked one for decode / verify rows, through the
+ * same per-element device functions. The multi-request (_segs) forms of the conv, recurrent and chunked
+ * kernels are the same kernels as the single-request ones, with the request read from a device array. */
 #include "cuda/kda.h"
 
 #include "cuda/check.h"
@@ -8,6 +9,112 @@
 
 __device__ __forceinline__ float maybe_round(float x, int round) {
     return round ? k3c_dev_bf16(k3c_dev_to_bf16(x)) : x;
+}
+
+/* ---- per-element / per-row math, shared by the separate kernels and the fused decode kernel ----
+ * Each function below is the whole arithmetic of one output element (or of one warp's row) of a separate
+ * kernel; the separate kernels and kda_decode_fused_kernel call them, so the fused kernel gives the same
+ * bits (same operations, same order, same rounding points; the contractions are the explicit fmaf). */
+
+/* Conv + SiLU of channel c at token t of x rows xs [*, C] (token 0 = row 0), the W - 1 tokens before the
+ * first one read from window [W-1, C] (oldest first; not yet advanced). */
+__device__ __forceinline__ float kda_conv_value(const float *xs, const float *window, const float *tap, int C,
+                                                int c, int W, int t, int round) {
+    int h = W - 1;
+    float s = 0.0f;
+    for (int j = 0; j < W; j++) {
+        int ti = t - h + j;
+        float v = ti >= 0 ? xs[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
+        s = fmaf(tap[j], v, s);
+    }
+    return maybe_round(k3c_dev_silu(s), round);
+}
+
+/* Advances channel c of the window past T tokens of xs: new window = the last W - 1 rows of [window ; x]. */
+__device__ __forceinline__ void kda_conv_advance(const float *xs, float *window, int C, int c, int W, int T) {
+    int h = W - 1;
+    if (T >= h) {
+        for (int i = 0; i < h; i++) window[(size_t)i * C + c] = xs[(size_t)(T - h + i) * C + c];
+    } else {
+        for (int i = 0; i < h - T; i++) window[(size_t)i * C + c] = window[(size_t)(i + T) * C + c];
+        for (int i = 0; i < T; i++) window[(size_t)(h - T + i) * C + c] = xs[(size_t)i * C + c];
+    }
+}
+
+/* Decay gate of one element: f the f projection, dtb its dt_bias, alog its head's A_log. */
+__device__ __forceinline__ float kda_gate_value(float f, float dtb, float alog, int has_lb, float lb) {
+    float A = expf(alog);
+    float x = f + dtb;
+    if (has_lb) return lb * k3c_dev_sigmoid(A * x);
+    float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus threshold 20 */
+    return -A * sp;
+}
+
+/* The q and k L2-norm factors of one (token, head) row, by one whole warp (lanes stride d, butterfly sum);
+ * every lane gets both. The normed values are qr[d] * rq and kr[d] * rk. */
+__device__ __forceinline__ void kda_qk_norm_factors(const float *qr, const float *kr, int dk, float qscale, int lane,
+                                                    float *rq, float *rk) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int d = lane; d < dk; d += 32) {
+        sq = fmaf(qr[d], qr[d], sq);
+        sk = fmaf(kr[d], kr[d], sk);
+    }
+    sq = k3c_warp_sum(sq);
+    sk = k3c_warp_sum(sk);
+    *rq = qscale / sqrtf(sq + 1e-6f);
+    *rk = 1.0f / sqrtf(sk + 1e-6f);
+}
+
+#define KDA_ROWS 32 /* key rows of the state per thread */
+#define KDA_SLICE 32 /* value columns per block */
+
+/* The recurrence's per-thread steps for one token; s = S[d0 .. d0+31][e] of value column e in registers,
+ * ks / qs / as the token's k, q, exp(g) rows. First: decay, and this thread's part of (S^T k)[e]. */
+__device__ __forceinline__ float kda_rec_decay_ks(float (&s)[KDA_ROWS], const float *ks, const float *as, int d0) {
+    float kS = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KDA_ROWS; i++) {
+        s[i] *= as[d0 + i];
+        kS = fmaf(ks[d0 + i], s[i], kS);
+    }
+    return kS;
+}
+
+/* Sum of the parts' partials of column el (red [parts][sw]), parts in order. */
+__device__ __forceinline__ float kda_rec_sum(const float *red, int parts, int sw, int el) {
+    float tot = 0.0f;
+    for (int p = 0; p < parts; p++) tot += red[p * sw + el];
+    return tot;
+}
+
+/* u = beta (v - S^T k) from the summed S^T k. */
+__device__ __forceinline__ float kda_rec_u(float b, float v, float tot) { return b * (v - tot); }
+
+/* Rank-1 update with u, and this thread's part of (S^T q)[e] from the updated state. */
+__device__ __forceinline__ float kda_rec_update_oq(float (&s)[KDA_ROWS], const float *ks, const float *qs, float u,
+                                                   int d0) {
+    float oq = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KDA_ROWS; i++) {
+        s[i] = fmaf(ks[d0 + i], u, s[i]);
+        oq = fmaf(qs[d0 + i], s[i], oq);
+    }
+    return oq;
+}
+
+/* Gated RMSNorm of one (token, head) row of dv by one whole warp: yrow[e] = o * rsqrt(mean(o^2) + eps) *
+ * w * act(z). */
+__device__ __forceinline__ void kda_gated_norm_row(const float *orow, const float *zrow, const float *w, int dv,
+                                                   float eps, int silu, int round, float *yrow, int lane) {
+    float ss = 0.0f;
+    for (int e = lane; e < dv; e += 32) ss = fmaf(orow[e], orow[e], ss);
+    ss = k3c_warp_sum(ss);
+    float rs = 1.0f / sqrtf(ss / (float)dv + eps);
+    for (int e = lane; e < dv; e += 32) {
+        float zz = zrow[e];
+        float gate = silu ? k3c_dev_silu(zz) : k3c_dev_sigmoid(zz);
+        yrow[e] = maybe_round(orow[e] * rs * w[e] * gate, round);
+    }
 }
 
 /* grid (ceil(C / 256), nseg): one thread per (channel, request), the request's tokens in order; the window
@@ -18,28 +125,14 @@ __global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg 
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     k3c_cuda_seg sg = segs ? segs[blockIdx.y] : one;
-    int T = sg.n, h = W - 1;
+    int T = sg.n;
     if (T <= 0) return;
     const float *xs = x + (size_t)sg.row0 * C;
     float *os = out + (size_t)sg.row0 * C;
-    float *window = sg.window + (size_t)which * h * C;
+    float *window = sg.window + (size_t)which * (W - 1) * C;
     const float *tap = taps + (size_t)c * W;
-    for (int t = 0; t < T; t++) {
-        float s = 0.0f;
-        for (int j = 0; j < W; j++) {
-            int ti = t - h + j;
-            float v = ti >= 0 ? xs[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
-            s = fmaf(tap[j], v, s);
-        }
-        os[(size_t)t * C + c] = maybe_round(k3c_dev_silu(s), round);
-    }
-    /* New window = the last h rows of [window ; x]. */
-    if (T >= h) {
-        for (int i = 0; i < h; i++) window[(size_t)i * C + c] = xs[(size_t)(T - h + i) * C + c];
-    } else {
-        for (int i = 0; i < h - T; i++) window[(size_t)i * C + c] = window[(size_t)(i + T) * C + c];
-        for (int i = 0; i < T; i++) window[(size_t)(h - T + i) * C + c] = xs[(size_t)i * C + c];
-    }
+    for (int t = 0; t < T; t++) os[(size_t)t * C + c] = kda_conv_value(xs, window, tap, C, c, W, t, round);
+    kda_conv_advance(xs, window, C, c, W, T);
 }
 
 extern "C" int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window,
@@ -70,14 +163,7 @@ __global__ void kda_gate_kernel(const float *__restrict__ f, const float *__rest
     size_t P = (size_t)H * dk, n = (size_t)T * P;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t ch = i % P;
-        float A = expf(a_log[ch / dk]);
-        float x = f[i] + dt_bias[ch];
-        if (has_lb) {
-            g[i] = lb * k3c_dev_sigmoid(A * x);
-        } else {
-            float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus threshold 20 */
-            g[i] = -A * sp;
-        }
+        g[i] = kda_gate_value(f[i], dt_bias[ch], a_log[ch / dk], has_lb, lb);
         if (beta && b && i < (size_t)T * H) beta[i] = k3c_dev_sigmoid(b[i]);
     }
 }
@@ -99,14 +185,8 @@ __global__ void kda_qk_norm_kernel(float *q, float *k, int rows, int dk, float q
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     float *qr = q + (size_t)r * dk, *kr = k + (size_t)r * dk;
-    float sq = 0.0f, sk = 0.0f;
-    for (int d = lane; d < dk; d += 32) {
-        sq = fmaf(qr[d], qr[d], sq);
-        sk = fmaf(kr[d], kr[d], sk);
-    }
-    sq = k3c_warp_sum(sq);
-    sk = k3c_warp_sum(sk);
-    float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+    float rq, rk;
+    kda_qk_norm_factors(qr, kr, dk, qscale, lane, &rq, &rk);
     for (int d = lane; d < dk; d += 32) {
         qr[d] *= rq;
         kr[d] *= rk;
@@ -120,9 +200,6 @@ extern "C" int k3c_cuda_kda_qk_norm(float *q, float *k, int T, int H, int dk, cu
     K3C_CUDA_LAUNCHED("kda_qk_norm");
     return K3C_OK;
 }
-
-#define KDA_ROWS 32 /* key rows of the state per thread */
-#define KDA_SLICE 32 /* value columns per block */
 
 /* grid (H, ceil(dv / KDA_SLICE), nseg): the value columns of the state are independent (S^T k, u, the
  * rank-1 update and S^T q are all per column e), so each block owns a slice of at most KDA_SLICE columns of
@@ -163,24 +240,10 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
         for (int i = tid; i < sw; i += blockDim.x) vs[i] = v[rk * dv + min(blockIdx.y * sw + i, dv - 1)];
         float b = beta[rk];
         __syncthreads();
-        float kS = 0.0f;
-#pragma unroll
-        for (int i = 0; i < KDA_ROWS; i++) {
-            s[i] *= as[d0 + i];
-            kS = fmaf(ks[d0 + i], s[i], kS);
-        }
-        red1[part * sw + el] = kS;
+        red1[part * sw + el] = kda_rec_decay_ks(s, ks, as, d0);
         __syncthreads();
-        float tot = 0.0f;
-        for (int p = 0; p < parts; p++) tot += red1[p * sw + el];
-        float u = b * (vs[el] - tot);
-        float oq = 0.0f;
-#pragma unroll
-        for (int i = 0; i < KDA_ROWS; i++) {
-            s[i] = fmaf(ks[d0 + i], u, s[i]);
-            oq = fmaf(qs[d0 + i], s[i], oq);
-        }
-        red2[part * sw + el] = oq;
+        float u = kda_rec_u(b, vs[el], kda_rec_sum(red1, parts, sw, el));
+        red2[part * sw + el] = kda_rec_update_oq(s, ks, qs, u, d0);
         if (states && live) {
             float *St = states + ((size_t)t * H + h) * hs;
 #pragma unroll
@@ -189,11 +252,7 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
         /* after this barrier nobody reads qs/ks/as/vs or red1 of this token, so the next token may overwrite
          * them; red2 is rewritten only after the next token's second barrier */
         __syncthreads();
-        if (part == 0 && o && live) {
-            float acc = 0.0f;
-            for (int p = 0; p < parts; p++) acc += red2[p * sw + el];
-            o[rk * dv + e] = maybe_round(acc, round);
-        }
+        if (part == 0 && o && live) o[rk * dv + e] = maybe_round(kda_rec_sum(red2, parts, sw, el), round);
     }
     if (live)
 #pragma unroll
@@ -494,16 +553,7 @@ __global__ void kda_gated_norm_kernel(const float *__restrict__ o, const float *
                                       float *y) {
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
-    const float *orow = o + (size_t)r * dv, *zrow = z + (size_t)r * dv;
-    float ss = 0.0f;
-    for (int e = lane; e < dv; e += 32) ss = fmaf(orow[e], orow[e], ss);
-    ss = k3c_warp_sum(ss);
-    float rs = 1.0f / sqrtf(ss / (float)dv + eps);
-    for (int e = lane; e < dv; e += 32) {
-        float zz = zrow[e];
-        float gate = silu ? k3c_dev_silu(zz) : k3c_dev_sigmoid(zz);
-        y[(size_t)r * dv + e] = maybe_round(orow[e] * rs * w[e] * gate, round);
-    }
+    kda_gated_norm_row(o + (size_t)r * dv, z + (size_t)r * dv, w, dv, eps, silu, round, y + (size_t)r * dv, lane);
 }
 
 extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
@@ -512,5 +562,192 @@ extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const flo
     if (!rows) return K3C_OK;
     kda_gated_norm_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(o, z, w, rows, dv, eps, silu_gate, round_bf16, y);
     K3C_CUDA_LAUNCHED("kda_gated_norm");
+    return K3C_OK;
+}
+
+/* ---- the fused KDA decode provider (decode-executor.md §3) ----
+ *
+ * One block per (head, request), grid (H, nseg), owning all dv value columns of the head: thread (part, e)
+ * = threadIdx.x = part * dv + e holds S[part*32 .. part*32+31][e] in registers exactly as the recurrent
+ * kernel's thread of column e does (that kernel splits the columns into slices of 32 only for parallelism;
+ * a column's arithmetic and its reduction over the parts, in part order, do not depend on the slice), so
+ * (dk / 32) * dv threads (512 at dk = dv = 128; the same thread count per head as the recurrent kernel's
+ * dv / 32 slice blocks), rounded up to whole warps (the extra lanes hold no state but take part in the
+ * barriers and the warp-per-row phases). Owning the whole head is what the gated norm needs: its RMS is over
+ * the head's dv outputs, which are all in this block's shared memory after the recurrence.
+ *
+ * The tokens of the request run in passes of up to ft (<= 8) tokens; per pass, each phase calls the separate
+ * kernels' per-element functions above, so every value is the one the separate kernel writes:
+ *  A. conv + SiLU (+ round) of the head's 2 dk + dv q, k, v channels, one thread per channel, tokens in order
+ *     (the window is read, not advanced: a channel's window is advanced by its own thread after the last
+ *     pass, as the conv kernel does after its last token); the gate g and exp(g) of the head's dk channels,
+ *     beta = sigmoid(b). cv, g, beta are written out (the commit store copies them), q, k, v, exp(g), beta
+ *     kept in shared memory.
+ *  B. q / k L2 norms, one warp per token row (the qk_norm kernel's row math); the normed q, k go to shared
+ *     memory and out to cq, ck.
+ *  C. the gated delta rule, token by token (the recurrent kernel's token body, same barriers); o (rounded)
+ *     into shared memory, and out to o when o is not NULL.
+ *  D. the gated RMSNorm, one warp per token row (the gated_norm kernel's row math) -> y.
+ * Nothing the fused kernel writes is read back from global memory, so the outputs may be read by any later
+ * launch (verify's commit copies of ck, cv, g, beta run after it). */
+#define KDA_FT 8           /* tokens per pass (K3C_PREPARED_Q_MAX: one pass for every prepared step) */
+#define KDA_FMAXT 512      /* threads per block */
+#define KDA_FSMEM 49152    /* dynamic shared memory per block without the opt-in */
+
+static int kda_fused_threads(int dk, int dv) { return ((dk / KDA_ROWS) * dv + 31) / 32 * 32; }
+
+/* Shared floats for a pass of ft tokens: q, k, exp(g) [ft][dk]; v, o [ft][dv]; beta [ft]; two reduction
+ * rows [parts][dv]. */
+static size_t kda_fused_smem_floats(int dk, int dv, int ft) {
+    return (size_t)ft * (3 * (size_t)dk + 2 * (size_t)dv + 1) + 2 * (size_t)(dk / KDA_ROWS) * dv;
+}
+
+/* Tokens per pass for these dims, 0 when the fused kernel does not take them. */
+static int kda_fused_ft(int dk, int dv) {
+    if (dk <= 0 || dk % KDA_ROWS || dv <= 0 || (dk / KDA_ROWS) * dv > KDA_FMAXT) return 0;
+    int ft = KDA_FT;
+    while (ft > 0 && kda_fused_smem_floats(dk, dv, ft) * sizeof(float) > KDA_FSMEM) ft--;
+    return ft;
+}
+
+__global__ void __launch_bounds__(KDA_FMAXT)
+kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__restrict__ xq,
+                        const float *__restrict__ xk, const float *__restrict__ xv, const float *__restrict__ tq,
+                        const float *__restrict__ tk, const float *__restrict__ tv, int W, const float *__restrict__ f,
+                        const float *__restrict__ b, const float *__restrict__ a_log,
+                        const float *__restrict__ dt_bias, int has_lb, float lb, const float *__restrict__ z,
+                        const float *__restrict__ nw, float eps, int silu, int H, int dk, int dv, float qscale, int ft,
+                        int round, float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y) {
+    extern __shared__ float sm[];
+    const k3c_cuda_seg sg = segs[blockIdx.y];
+    if (sg.n <= 0) return; /* block-uniform, before any barrier */
+    const int h = blockIdx.x, tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    const int nwarp = nthr >> 5, parts = dk / KDA_ROWS, el = tid % dv, part = tid / dv, d0 = part * KDA_ROWS;
+    const bool live = tid < parts * dv; /* holds state column el, rows d0 .. d0+31 */
+    const int Ck = H * dk, Cv = H * dv, nch = 2 * dk + dv;
+    float *qs = sm, *ks = qs + (size_t)ft * dk, *as = ks + (size_t)ft * dk, *vs = as + (size_t)ft * dk;
+    float *os = vs + (size_t)ft * dv, *bs = os + (size_t)ft * dv, *red1 = bs + ft, *red2 = red1 + parts * dv;
+    float *S = sg.state + (size_t)h * dk * dv;
+    float s[KDA_ROWS];
+    if (live)
+#pragma unroll
+        for (int i = 0; i < KDA_ROWS; i++) s[i] = S[(size_t)(d0 + i) * dv + el];
+
+    for (int t0 = 0; t0 < sg.n; t0 += ft) {
+        const int m = sg.n - t0 < ft ? sg.n - t0 : ft;
+        const size_t r0 = (size_t)sg.row0 + t0; /* activation row of the pass's first token */
+
+        /* A. conv of channel i of the head (q: 0..dk-1, k: dk..2dk-1, v: 2dk..), gate, beta */
+        for (int i = tid; i < nch; i += nthr) {
+            const int which = i < dk ? 0 : i < 2 * dk ? 1 : 2, d = i - which * dk;
+            const int C = which == 2 ? Cv : Ck, c = h * (which == 2 ? dv : dk) + d;
+            const float *xs = (which == 0 ? xq : which == 1 ? xk : xv) + (size_t)sg.row0 * C;
+            const float *tap = (which == 0 ? tq : which == 1 ? tk : tv) + (size_t)c * W;
+            const float *win = sg.window + (size_t)which * (W - 1) * C;
+            float *dst = which == 0 ? qs : which == 1 ? ks : vs;
+            const int ld = which == 2 ? dv : dk;
+            for (int j = 0; j < m; j++) {
+                float val = kda_conv_value(xs, win, tap, C, c, W, t0 + j, round);
+                dst[j * ld + d] = val;
+                if (which == 2) cv[(r0 + j) * Cv + c] = val;
+            }
+        }
+        for (int i = tid; i < m * dk; i += nthr) {
+            const int j = i / dk, d = i % dk;
+            const size_t at = (r0 + j) * Ck + (size_t)h * dk + d;
+            float gv = kda_gate_value(f[at], dt_bias[(size_t)h * dk + d], a_log[h], has_lb, lb);
+            g[at] = gv;
+            as[j * dk + d] = expf(gv);
+        }
+        if (tid < m) {
+            float bv = k3c_dev_sigmoid(b[(r0 + tid) * H + h]);
+            beta[(r0 + tid) * H + h] = bv;
+            bs[tid] = bv;
+        }
+        __syncthreads();
+
+        /* B. q / k norms, a warp per token (each lane rescales the elements it summed) */
+        for (int j = warp; j < m; j += nwarp) {
+            float rq, rk;
+            kda_qk_norm_factors(qs + j * dk, ks + j * dk, dk, qscale, lane, &rq, &rk);
+            for (int d = lane; d < dk; d += 32) {
+                const size_t at = (r0 + j) * Ck + (size_t)h * dk + d;
+                float qn = qs[j * dk + d] * rq, kn = ks[j * dk + d] * rk;
+                qs[j * dk + d] = qn;
+                ks[j * dk + d] = kn;
+                cq[at] = qn;
+                ck[at] = kn;
+            }
+        }
+        __syncthreads();
+
+        /* C. the recurrence; red1 / red2 reuse as in kda_recurrent_kernel: red1 of token j is read only
+         * between its two barriers, red2 only after the second, before the next token's first */
+        for (int j = 0; j < m; j++) {
+            if (live) red1[part * dv + el] = kda_rec_decay_ks(s, ks + j * dk, as + j * dk, d0);
+            __syncthreads();
+            if (live) {
+                float u = kda_rec_u(bs[j], vs[j * dv + el], kda_rec_sum(red1, parts, dv, el));
+                red2[part * dv + el] = kda_rec_update_oq(s, ks + j * dk, qs + j * dk, u, d0);
+            }
+            __syncthreads();
+            if (live && part == 0) {
+                float ov = maybe_round(kda_rec_sum(red2, parts, dv, el), round);
+                os[j * dv + el] = ov;
+                if (o) o[(r0 + j) * Cv + (size_t)h * dv + el] = ov;
+            }
+        }
+        __syncthreads();
+
+        /* D. gated norm, a warp per token. No barrier after it: the next pass writes q, k, exp(g), v, beta
+         * (last read in C, before the barrier above) and o only in its C, after two more barriers. */
+        for (int j = warp; j < m; j += nwarp) {
+            const size_t at = (r0 + j) * Cv + (size_t)h * dv;
+            kda_gated_norm_row(os + j * dv, z + at, nw, dv, eps, silu, round, y + at, lane);
+        }
+    }
+
+    /* windows: each channel by the thread that read it in A */
+    for (int i = tid; i < nch; i += nthr) {
+        const int which = i < dk ? 0 : i < 2 * dk ? 1 : 2, d = i - which * dk;
+        const int C = which == 2 ? Cv : Ck, c = h * (which == 2 ? dv : dk) + d;
+        const float *xs = (which == 0 ? xq : which == 1 ? xk : xv) + (size_t)sg.row0 * C;
+        kda_conv_advance(xs, sg.window + (size_t)which * (W - 1) * C, C, c, W, sg.n);
+    }
+    if (live)
+#pragma unroll
+        for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + el] = s[i];
+}
+
+extern "C" int k3c_cuda_kda_decode_fused_fits(int dk, int dv) { return kda_fused_ft(dk, dv) > 0; }
+
+extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
+                                         const float *xq, const float *xk, const float *xv, const float *taps_q,
+                                         const float *taps_k, const float *taps_v, const float *f, const float *b,
+                                         const float *a_log, const float *dt_bias, int has_lower_bound,
+                                         float lower_bound, const float *z, const float *norm_w, float eps,
+                                         int silu_gate, int round_bf16, float *cq, float *ck, float *cv, float *g,
+                                         float *beta, float *o, float *y, cudaStream_t stream) {
+    if (nseg <= 0 || T <= 0) return K3C_OK;
+    if (H <= 0 || W <= 0 || nseg > 65535)
+        return k3c_errorf("k3c_cuda_kda_decode_fused: bad shape H %d W %d nseg %d", H, W, nseg);
+    float qscale = 1.0f / sqrtf((float)dk); /* as k3c_cuda_kda_qk_norm */
+    int ft = kda_fused_ft(dk, dv);
+    if (!ft) { /* dims the fused kernel does not take: the separate launches, which it equals */
+        if (!o) return k3c_errorf("k3c_cuda_kda_decode_fused: dk %d dv %d run unfused and need o", dk, dv);
+        K3C_TRY(k3c_cuda_kda_conv_segs(xq, segs, nseg, H * dk, W, taps_q, 0, round_bf16, cq, stream));
+        K3C_TRY(k3c_cuda_kda_conv_segs(xk, segs, nseg, H * dk, W, taps_k, 1, round_bf16, ck, stream));
+        K3C_TRY(k3c_cuda_kda_conv_segs(xv, segs, nseg, H * dv, W, taps_v, 2, round_bf16, cv, stream));
+        K3C_TRY(k3c_cuda_kda_gate(f, b, a_log, dt_bias, T, H, dk, has_lower_bound, lower_bound, g, beta, stream));
+        K3C_TRY(k3c_cuda_kda_qk_norm(cq, ck, T, H, dk, stream));
+        K3C_TRY(k3c_cuda_kda_recurrent_segs(segs, nseg, cq, ck, cv, g, beta, H, dk, dv, round_bf16, o, stream));
+        return k3c_cuda_kda_gated_norm(o, z, norm_w, T, H, dv, eps, silu_gate, round_bf16, y, stream);
+    }
+    size_t smem = kda_fused_smem_floats(dk, dv, ft) * sizeof(float);
+    dim3 grid(H, nseg);
+    kda_decode_fused_kernel<<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
+        segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
+        eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y);
+    K3C_CUDA_LAUNCHED("kda_decode_fused");
     return K3C_OK;
 }

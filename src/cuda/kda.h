@@ -70,6 +70,29 @@ int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, const float *q
 int k3c_cuda_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
                             int silu_gate, int round_bf16, float *y, cudaStream_t stream);
 
+/* The fused KDA decode provider (decode-executor.md §3): one kernel computing, for nseg requests (segs as
+ * above; together they must cover rows [0, T), each row once), bit for bit what these launches compute:
+ *   k3c_cuda_kda_conv_segs(xq, segs, nseg, H*dk, W, taps_q, 0, round_bf16, cq)   (and xk -> ck with which 1,
+ *       xv -> cv over H*dv channels with which 2; windows advanced in place)
+ *   k3c_cuda_kda_gate(f, b, a_log, dt_bias, T, H, dk, has_lower_bound, lower_bound, g, beta)
+ *   k3c_cuda_kda_qk_norm(cq, ck, T, H, dk)
+ *   k3c_cuda_kda_recurrent_segs(segs, nseg, cq, ck, cv, g, beta, H, dk, dv, round_bf16, o)   (states updated)
+ *   k3c_cuda_kda_gated_norm(o, z, norm_w, T, H, dv, eps, silu_gate, round_bf16, y)
+ * (each of those kernels and the fused one call the same per-element device functions in kda.cu). Outputs:
+ * cq, ck (normed), cv, g, beta [as above], y [T, H*dv], the states and windows; o [T, H*dv] (the delta-rule
+ * output before the norm) may be NULL when k3c_cuda_kda_decode_fused_fits(dk, dv). No output aliases an
+ * input; a request's window regions are those of the conv calls above (which * (W-1) * C with each call's
+ * C, apart when dv >= dk; the model has dv = dk). Block per (head, request) owning all dv columns: takes dk a multiple of 32 with (dk/32) * dv <= 512
+ * (every preset: dk = dv = 128); other dims run the separate launches above (o then required). */
+int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
+                              const float *xq, const float *xk, const float *xv, const float *taps_q,
+                              const float *taps_k, const float *taps_v, const float *f, const float *b,
+                              const float *a_log, const float *dt_bias, int has_lower_bound, float lower_bound,
+                              const float *z, const float *norm_w, float eps, int silu_gate, int round_bf16, float *cq,
+                              float *ck, float *cv, float *g, float *beta, float *o, float *y, cudaStream_t stream);
+/* Whether k3c_cuda_kda_decode_fused runs its one kernel for these dims (else the separate launches). */
+int k3c_cuda_kda_decode_fused_fits(int dk, int dv);
+
 #ifdef __cplusplus
 }
 #endif

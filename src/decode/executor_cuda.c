@@ -30,7 +30,7 @@
 #define PMAX K3C_PREPARED_MAX
 #define QMAX K3C_PREPARED_Q_MAX
 #define PRE_COPIES 5  /* per verifying request per KDA layer: state, window, pre-conv q, k, v rows */
-#define POST_COPIES 4 /* after the q/k norm: k, v, g, beta rows */
+#define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
 
 struct k3c_decode_cuda {
     k3c_engine *e;
@@ -239,7 +239,7 @@ static int rec_kda(const rec *s, int l) {
     k3c_decode_cuda *x = s->x;
     const k3c_config *c = x->c;
     const k3c_kda_weights *w = &x->m->weights.layers[l].kda;
-    int T = s->T, P = k3c_config_kda_proj(c), H = c->kda_num_heads, dk = c->kda_head_dim, Wc = c->kda_conv_kernel;
+    int T = s->T, H = c->kda_num_heads, dk = c->kda_head_dim, Wc = c->kda_conv_kernel;
     int k = x->kda_ord[l];
     L_TRY(mm(x, &w->q_proj, x->x, T, x->kq, 1));
     L_TRY(mm(x, &w->k_proj, x->x, T, x->kk, 1));
@@ -247,28 +247,29 @@ static int rec_kda(const rec *s, int l) {
     if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
         L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
-    k3c_cuda_seg *sg = segs_of(x, l);
-    L_TRY(k3c_cuda_kda_conv_segs(x->kq, sg, s->b, P, Wc, WPTR(w->q_conv), 0, 1, x->cq, x->st));
-    L_TRY(k3c_cuda_kda_conv_segs(x->kk, sg, s->b, P, Wc, WPTR(w->k_conv), 1, 1, x->ck, x->st));
-    L_TRY(k3c_cuda_kda_conv_segs(x->kv, sg, s->b, P, Wc, WPTR(w->v_conv), 2, 1, x->cv, x->st));
     L_TRY(mm(x, &w->f_a, x->x, T, x->klow, 1));
     L_TRY(mm(x, &w->f_b, x->klow, T, x->kf, 1));
     L_TRY(mm(x, &w->b_proj, x->x, T, x->kb, 1));
-    L_TRY(k3c_cuda_kda_gate(x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), T, H, dk, c->kda_has_lower_bound,
-                            c->kda_gate_lower_bound, x->kg, x->kbeta, x->st));
-    L_TRY(k3c_cuda_kda_qk_norm(x->cq, x->ck, T, H, dk, x->st));
-    if (s->q > 1)
-        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
-                                  s->b * POST_COPIES, x->st));
-    L_TRY(k3c_cuda_kda_recurrent_segs(sg, s->b, x->cq, x->ck, x->cv, x->kg, x->kbeta, H, dk, dk, 1, x->ko, x->st));
     if (w->g_proj.w) {
         L_TRY(mm(x, &w->g_proj, x->x, T, x->kz, 1));
     } else {
         L_TRY(mm(x, &w->g_a, x->x, T, x->klow, 1));
         L_TRY(mm(x, &w->g_b, x->klow, T, x->kz, 1));
     }
-    L_TRY(k3c_cuda_kda_gated_norm(x->ko, x->kz, WPTR(w->o_norm), T, H, dk, c->rms_norm_eps, x->silu_gate, 1, x->ky,
-                                  x->st));
+    /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
+     * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); the pre-norm o is
+     * written only where the dims run the separate launches */
+    L_TRY(k3c_cuda_kda_decode_fused(segs_of(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv),
+                                    WPTR(w->k_conv), WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias),
+                                    c->kda_has_lower_bound, c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm),
+                                    c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv, x->kg, x->kbeta,
+                                    k3c_cuda_kda_decode_fused_fits(dk, dk) ? NULL : x->ko, x->ky, x->st));
+    /* verify: ck, cv, kg, kbeta (normed k, conv v, decay, beta) to the slot's store for the commit fold; the
+     * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
+     * stock path copies before its recurrence */
+    if (s->q > 1)
+        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
+                                  s->b * POST_COPIES, x->st));
     return mm(x, &w->o_proj, x->ky, T, x->A, 1);
 }
 

@@ -13,12 +13,14 @@
  * descriptors (state / window pointers of each request's slot) and the verify save descriptors.
  *
  * What a captured step computes: the stock forward's layer loop with the same launchers and arguments as
- * the CUDA backend's ops (cuda/backend_cuda.c), so its outputs are bitwise those of the stock path; verify
- * steps run on scratch copies of the committed KDA state and save the fold inputs in the engine's
- * k3c_kda_slots store, so k3c_request_commit folds them exactly as after a stock verify.
- * NOT built yet (decode-executor.md §3): the fused providers (packed KDA / MLA projections, the fused KDA
- * decode kernel, the MoE front / experts / tail split with the fused next AttnRes); the gain so far is the
- * removal of host work and launch gaps by graph replay. Wide verify steps (rows past 64, q > 1) run the
+ * the CUDA backend's ops (cuda/backend_cuda.c), except that a KDA layer's conv x3, gate, q/k norm, delta rule
+ * and gated norm run as the one fused KDA decode kernel (k3c_cuda_kda_decode_fused, the same per-element
+ * math), so its outputs are bitwise those of the stock path; verify steps run on scratch copies of the
+ * committed KDA state and save the fold inputs in the engine's k3c_kda_slots store, so k3c_request_commit
+ * folds them exactly as after a stock verify.
+ * NOT built yet (decode-executor.md §3): the other fused providers (packed KDA / MLA projections, the MoE
+ * front / experts / tail split with the fused next AttnRes); the gain so far is the removal of host work and
+ * launch gaps by graph replay, and 6 launches fewer per KDA layer. Wide verify steps (rows past 64, q > 1) run the
  * plain stock forward. process_weights_after_loading has no derived copies to rebuild yet (it re-resolves
  * the weight addresses and checks they did not move, which keeps captured graphs valid).
  * Tensor parallelism: everything is built for (rank, world_size) = (0, 1). */
