@@ -1,0 +1,245 @@
+/* Drives moe.cu's launchers (k3c_cuda_moe_experts = gate/up, down, combine) under the emulator on the shapes
+ * of tests/gpu/test_gpu_kernels.c moe_case and more, against (a) the CPU library's f32 matmuls and activation
+ * (the GPU test's reference and metric) and (b) a float64 reference of h, part and out from the dequantized
+ * weights, written from the formulas of cuda/moe.h. Outputs poisoned with NaN; h of invalid pairs must be 0.
+ * Usage: emu [quick|all] ; EMU_WPR etc. are read from the environment (run.sh). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/ops.h"
+#include "cuda/moe.h"
+#include "format/mxfp4.h"
+#include "gpu_util.h"
+#include "util/bf16.h"
+
+extern int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq;
+
+static double rel_l2(const float *x, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i])) return INFINITY;
+        num += (x[i] - ref[i]) * (x[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+static double rel_l2f(const float *x, const float *ref, size_t n) {
+    double *r = malloc(n * sizeof *r);
+    for (size_t i = 0; i < n; i++) r[i] = ref[i];
+    double e = rel_l2(x, r, n);
+    free(r);
+    return e;
+}
+static double rnd_d(double v, int round) { return round ? bf16_round((float)v) : v; }
+static double act_d(int situ, double g, double u) {
+    if (situ) {
+        double lin = 25.0 * tanh(u / 25.0);
+        return 4.0 * tanh(g / 4.0) / (1.0 + exp(-g)) * lin;
+    }
+    return g / (1.0 + exp(-g)) * u;
+}
+
+static int failures;
+static double worst_case;
+
+/* skew: every pair but 1 in 40 picks expert 0 (one expert with thousands of pairs: several plist windows) */
+static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round,
+                     int skew, unsigned seed) {
+    k3c_rng r;
+    k3c_rng_seed(&r, seed);
+    k3c_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hidden_act = situ ? K3C_ACT_SITU : K3C_ACT_SILU;
+    cfg.situ_beta = 4.0f;
+    cfg.situ_linear_beta = 25.0f;
+    int dims[3][2] = {{F, In}, {F, In}, {Out, F}};
+    k3c_mxfp4_mat q[64][3];
+    k3c_mat bm[64][3];
+    float *deq[64][3];
+    k3c_cuda_expert de[64];
+    memset(de, 0, sizeof de);
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            int rows = dims[m][0], cols = dims[m][1];
+            deq[e][m] = fmalloc((size_t)rows * cols);
+            if (mxfp4) {
+                uint8_t *p = malloc((size_t)rows * cols / 2), *s = malloc((size_t)rows * cols / 32);
+                float *row = fmalloc(cols);
+                for (int i = 0; i < rows; i++) { /* as the GPU test's make_mx: group magnitudes vary */
+                    fill_normal(&r, row, cols, 1.0f);
+                    for (int c = 0; c < cols; c++) row[c] *= ldexpf(1.0f, (c / 32 + i) % 7 - 3);
+                    k3c_mxfp4_quant_row(row, cols, p + (size_t)i * cols / 2, s + (size_t)i * cols / 32);
+                    k3c_mxfp4_dequant_row(p + (size_t)i * cols / 2, s + (size_t)i * cols / 32, cols,
+                                          deq[e][m] + (size_t)i * cols);
+                }
+                free(row);
+                q[e][m] = (k3c_mxfp4_mat){p, s, rows, cols};
+                const uint8_t *dp = dev_upload(p, (size_t)rows * cols / 2), *ds = dev_upload(s, (size_t)rows * cols / 32);
+                if (m == 0) de[e].gate_packed = dp, de[e].gate_scale = ds;
+                if (m == 1) de[e].up_packed = dp, de[e].up_scale = ds;
+                if (m == 2) de[e].down_packed = dp, de[e].down_scale = ds;
+            } else {
+                uint16_t *w = malloc((size_t)rows * cols * 2);
+                fill_bf16(&r, w, (size_t)rows * cols, 0.1f);
+                for (size_t i = 0; i < (size_t)rows * cols; i++) deq[e][m][i] = bf16_to_f32(w[i]);
+                bm[e][m] = (k3c_mat){w, rows, cols};
+                const uint16_t *d = dev_upload(w, (size_t)rows * cols * 2);
+                if (m == 0) de[e].gate_w = d;
+                if (m == 1) de[e].up_w = d;
+                if (m == 2) de[e].down_w = d;
+            }
+        }
+    int P = T * k;
+    float *x = fmalloc((size_t)T * In), *wt = fmalloc(P);
+    int *idx = malloc(sizeof(int) * P);
+    fill_normal(&r, x, (size_t)T * In, mxfp4 ? 0.05f : 1.0f);
+    if (round)
+        for (size_t i = 0; i < (size_t)T * In; i++) x[i] = bf16_round(x[i]);
+    for (int i = 0; i < P; i++) {
+        idx[i] = (int)(k3c_rng_next(&r) % (uint64_t)(E + 1)) - (i == 1 ? 1 : 0); /* pair 1 may be invalid */
+        if (idx[i] >= E) idx[i] = E - 1;
+        if (skew && i != 1 && k3c_rng_next(&r) % 40) idx[i] = 0;
+        wt[i] = (float)k3c_rng_uniform(&r);
+    }
+    /* (a) the GPU test's reference: CPU f32 library */
+    float *ga = fmalloc(F), *ua = fmalloc(F), *d = fmalloc(Out), *ref = fmalloc((size_t)T * Out);
+    /* (b) float64 */
+    double *h64 = calloc((size_t)P * F, 8), *p64 = calloc((size_t)P * Out, 8), *o64 = calloc((size_t)T * Out, 8);
+    for (int t = 0; t < T; t++) {
+        float *o = ref + (size_t)t * Out;
+        for (int i = 0; i < Out; i++) o[i] = 0.0f;
+        const float *xt = x + (size_t)t * In;
+        for (int j = 0; j < k; j++) {
+            int pi = t * k + j, e = idx[pi];
+            if (e < 0) continue;
+            if (mxfp4) {
+                k3c_matmul_mxfp4(NULL, &q[e][0], xt, 1, ga);
+                k3c_matmul_mxfp4(NULL, &q[e][1], xt, 1, ua);
+            } else {
+                k3c_matmul_bf16(NULL, &bm[e][0], xt, 1, ga);
+                k3c_matmul_bf16(NULL, &bm[e][1], xt, 1, ua);
+            }
+            if (round) for (int i = 0; i < F; i++) ga[i] = bf16_round(ga[i]), ua[i] = bf16_round(ua[i]);
+            k3c_gated_act(&cfg, ga, ua, F, ga);
+            if (round) for (int i = 0; i < F; i++) ga[i] = bf16_round(ga[i]);
+            if (mxfp4) k3c_matmul_mxfp4(NULL, &q[e][2], ga, 1, d);
+            else k3c_matmul_bf16(NULL, &bm[e][2], ga, 1, d);
+            if (round) for (int i = 0; i < Out; i++) d[i] = bf16_round(d[i]);
+            for (int i = 0; i < Out; i++) o[i] += wt[pi] * d[i];
+
+            for (int f = 0; f < F; f++) {
+                double sg = 0, su = 0;
+                for (int c = 0; c < In; c++) {
+                    sg += (double)deq[e][0][(size_t)f * In + c] * xt[c];
+                    su += (double)deq[e][1][(size_t)f * In + c] * xt[c];
+                }
+                h64[(size_t)pi * F + f] = rnd_d(act_d(situ, rnd_d(sg, round), rnd_d(su, round)), round);
+            }
+            for (int o2 = 0; o2 < Out; o2++) {
+                double s = 0;
+                for (int f = 0; f < F; f++) s += (double)deq[e][2][(size_t)o2 * F + f] * h64[(size_t)pi * F + f];
+                p64[(size_t)pi * Out + o2] = rnd_d(s, round);
+                o64[(size_t)t * Out + o2] += (double)wt[pi] * p64[(size_t)pi * Out + o2];
+            }
+        }
+        if (round)
+            for (int i = 0; i < Out; i++) o[i] = bf16_round(o[i]), o64[(size_t)t * Out + i] = rnd_d(o64[(size_t)t * Out + i], 1);
+    }
+    k3c_cuda_expert *dtab = dev_upload(de, sizeof *de * E);
+    float *dx = dev_upload(x, (size_t)T * In * 4), *dwt = dev_upload(wt, (size_t)P * 4);
+    int *didx = dev_upload(idx, sizeof(int) * P);
+    float *dh = dev_poisoned((size_t)P * F * 4), *dpart = dev_poisoned((size_t)P * Out * 4);
+    float *dout = dev_poisoned((size_t)T * Out * 4);
+    k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+    clock_t c0 = clock();
+    if (k3c_cuda_moe_experts(dtab, E, mxfp4, In, F, Out, dx, T, didx, dwt, k, act, round, dh, dpart, dout, 0)) {
+        printf("%s: launcher error\n", name);
+        failures++;
+        return;
+    }
+    double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
+    /* the GPU test's metric and threshold */
+    double e_test = rel_l2f(dout, ref, (size_t)T * Out);
+    double thr = round ? 1e-2 : (T * Out >= 16 ? 1e-5 : 5e-5);
+    double e_h = rel_l2(dh, h64, (size_t)P * F), e_p = rel_l2(dpart, p64, (size_t)P * Out);
+    double e_o = rel_l2(dout, o64, (size_t)T * Out);
+    int zero_ok = 1; /* invalid pairs: h and part rows are 0 */
+    for (int i = 0; i < P; i++)
+        if (idx[i] < 0)
+            for (int f = 0; f < F; f++) zero_ok &= dh[(size_t)i * F + f] == 0.0f;
+    int ok = e_test < thr && zero_ok && e_h < thr && e_p < thr && e_o < thr;
+    failures += !ok;
+    if (e_test > worst_case && !round) worst_case = e_test;
+    printf("%-34s wpr %s  out vs cpu %.2e (thr %.0e)  vs f64: h %.2e part %.2e out %.2e  %s%s  [%.1fs cpu]\n",
+           name, emu_force_wpr ? (char[]){(char)('0' + emu_force_wpr), 0} : "auto", e_test, thr, e_h, e_p, e_o,
+           ok ? "ok" : "FAIL", zero_ok ? "" : " (invalid pair h not 0)", secs);
+    fflush(stdout);
+    for (int e = 0; e < E; e++) {
+        cudaFree((void *)de[e].gate_packed); cudaFree((void *)de[e].gate_scale);
+        cudaFree((void *)de[e].up_packed); cudaFree((void *)de[e].up_scale);
+        cudaFree((void *)de[e].down_packed); cudaFree((void *)de[e].down_scale);
+        cudaFree((void *)de[e].gate_w); cudaFree((void *)de[e].up_w); cudaFree((void *)de[e].down_w);
+        for (int m = 0; m < 3; m++) {
+            free(deq[e][m]);
+            if (mxfp4) free((void *)q[e][m].packed), free((void *)q[e][m].scale);
+            else free((void *)bm[e][m].w);
+        }
+    }
+    cudaFree(dtab); cudaFree(dx); cudaFree(dwt); cudaFree(didx); cudaFree(dh); cudaFree(dpart); cudaFree(dout);
+    free(x); free(wt); free(idx); free(ga); free(ua); free(d); free(ref); free(h64); free(p64); free(o64);
+}
+
+typedef struct { const char *name; int mx, situ, In, F, Out, E, T, k, round, skew, big; } mcase;
+static const mcase cases[] = {
+    /* tests/gpu/test_gpu_kernels.c gpu_moe_mxfp4 */
+    {"mx In96 F64 Out17 E5 T3 k3", 1, 1, 96, 64, 17, 5, 3, 3, 0, 0, 0},
+    {"mx In32 F32 Out1 E2 T1 k2", 1, 0, 32, 32, 1, 2, 1, 2, 0, 0, 0},
+    {"mx In1056 F96 Out64 E4 T2 k2", 1, 1, 1056, 96, 64, 4, 2, 2, 0, 0, 0},
+    {"mx K3 3584x3072 E4 T2 k2", 1, 1, 3584, 3072, 3584, 4, 2, 2, 0, 0, 1},
+    {"mx In96 F64 Out17 rounded", 1, 1, 96, 64, 17, 5, 3, 3, 1, 0, 0},
+    {"mx In160 F64 Out40 E2 T9 k2", 1, 1, 160, 64, 40, 2, 9, 2, 0, 0, 0},
+    {"mx In160 F64 Out40 E3 T11 k3 rnd", 1, 0, 160, 64, 40, 3, 11, 3, 1, 0, 0},
+    /* gpu_moe_bf16 */
+    {"bf16 In64 F24 Out17 E5 T3 k3", 0, 0, 64, 24, 17, 5, 3, 3, 0, 0, 0},
+    {"bf16 In8 F8 Out3 E2 T1 k1", 0, 1, 8, 8, 3, 2, 1, 1, 0, 0, 0},
+    {"bf16 KL 2304x1024 E3 T2 k2", 0, 0, 2304, 1024, 2304, 3, 2, 2, 0, 0, 1},
+    {"bf16 In64 F24 Out17 rounded", 0, 0, 64, 24, 17, 5, 3, 3, 1, 0, 0},
+    {"bf16 In72 F40 Out24 E2 T9 k2", 0, 1, 72, 40, 24, 2, 9, 2, 0, 0, 0},
+    /* beyond the GPU test: > 2048 pairs of one expert (several plist windows), an 8-row-multiple-only bf16
+     * K, many steps for the wpr split */
+    {"mx In64 F32 Out40 T800 k3 skew", 1, 1, 64, 32, 40, 2, 800, 3, 0, 1, 0},
+    {"bf16 In16 F8 Out24 T800 k3 skew", 0, 0, 16, 8, 24, 2, 800, 3, 0, 1, 0},
+    {"mx In1024 F256 Out64 E3 T5 k2", 1, 0, 1024, 256, 64, 3, 5, 2, 0, 0, 0},
+    {"bf16 In520 F136 Out48 E3 T5 k2", 0, 1, 520, 136, 48, 3, 5, 2, 0, 0, 0},
+};
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "quick";
+    const char *e;
+    if ((e = getenv("EMU_CP"))) emu_cp_delay = strcmp(e, "delay") == 0;
+    if ((e = getenv("EMU_SHUFFLE"))) emu_shuffle = atoi(e);
+    if ((e = getenv("EMU_MMA"))) emu_mma_f32seq = strcmp(e, "f32seq") == 0;
+    const char *only = getenv("EMU_ONLY");
+    static const int wprs[] = {0, 1, 2, 4, 8};
+    int all = strcmp(mode, "all") == 0, big = strcmp(mode, "big") == 0;
+    printf("moe_emu: cp.async %s, shuffle %d, mma %s\n", emu_cp_delay ? "delayed to wait_group" : "immediate",
+           emu_shuffle, emu_mma_f32seq ? "f32 sequential" : "exact sum, one rounding");
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (only && !strstr(cases[c].name, only)) continue;
+        if (cases[c].big && !(all || big)) continue;
+        if (!cases[c].big && big) continue;
+        for (int w = 0; w < 5; w++) {
+            if (cases[c].big && wprs[w] && wprs[w] != 8 && !all) continue; /* big shapes: auto and 8 */
+            if (getenv("EMU_WPR")) { if (w) break; emu_force_wpr = atoi(getenv("EMU_WPR")); }
+            else emu_force_wpr = wprs[w];
+            const mcase *m = &cases[c];
+            moe_case(m->name, m->mx, m->situ, m->In, m->F, m->Out, m->E, m->T, m->k, m->round, m->skew,
+                     0x9e3779b9u * (unsigned)(c + 1) + (unsigned)w);
+        }
+    }
+    printf("moe_emu: %d failure(s); worst unrounded out rel L2 vs the CPU reference %.2e\n", failures, worst_case);
+    return failures != 0;
+}
