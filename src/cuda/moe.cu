@@ -373,7 +373,7 @@ static int moe_wpr(int bands, int leaders, int steps, int cap) {
 template <bool MX, bool UP, int S>
 static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
                       const int *idx, int npairs, int k, k3c_cuda_act act, int round, float *out, cudaStream_t s) {
-    static int occ, smem_set;
+    static int occ, occ_smem, smem_set;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
     /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the ring
@@ -385,13 +385,14 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
         K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = (int)smem;
     }
-    if (!occ) {
+    /* blocks per SM at this launch's shared memory (the plist window grows with the step's pairs up to 8 KB,
+     * which can take gate/up from 2 blocks per SM to 1); asked again only when the size changes */
+    if ((int)smem != occ_smem) {
         int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, 16 * sizeof(int) + ring) !=
-                cudaSuccess ||
-            b < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1)
             b = 1;
         occ = b;
+        occ_smem = (int)smem;
     }
     int bands = (R + 15) / 16, nchunk = MX ? K >> 5 : K >> 3, steps = (nchunk + 3) >> 2;
     int leaders = npairs < num_experts ? npairs : num_experts;
