@@ -5,7 +5,11 @@
 #include <cstdarg>
 #include <mutex>
 #include <thread>
-#include "moe_emu.cpp"
+/* the generated kernels: moe.cu by default; another tool names its own (or "emu.h" and links them apart) */
+#ifndef EMU_KERNELS
+#define EMU_KERNELS "moe_emu.cpp"
+#endif
+#include EMU_KERNELS
 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
@@ -68,6 +72,7 @@ cudaError_t cudaDeviceSynchronize(void) { return 0; }
 cudaError_t cudaGetLastError(void) { return 0; }
 cudaError_t cudaGetDevice(int *d) { *d = 0; return 0; }
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int) {
+    if (a == cudaDevAttrMaxSharedMemoryPerBlockOptin) return *v = 232448, 0;
     if (a != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
     *v = 132;
     return 0;

@@ -95,7 +95,7 @@ def shared(m):
 
 s = open(sys.argv[1]).read()
 s = rewrite_asm(s)
-s = re.sub(r'(\w+)<<<(.*?)>>>\(', launch, s, flags=re.S)
+s = re.sub(r'(\w+(?:<[^<>()]*>)?)<<<(.*?)>>>\(', launch, s, flags=re.S)  # kernel or kernel<T>
 s = re.sub(r'extern __shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+(\w+)\[\];',
            r'\1 *\2 = (\1 *)emu_dyn_smem();', s)
 s = re.sub(r'(?<!extern )__shared__\s+([\w ]+?)\s+([^;]+);', shared, s)
@@ -103,8 +103,9 @@ while '__launch_bounds__(' in s:  # nested parentheses: cut by matching
     i = s.index('__launch_bounds__(')
     s = s[:i] + s[match_paren(s, i + len('__launch_bounds__')) + 1:]
 s = re.sub(r'__align__\(\d+\)', '', s)
-for q in ['__global__', '__device__', '__forceinline__']:
+for q in ['__global__', '__device__']:
     s = s.replace(q, '')
+s = s.replace('__forceinline__', 'inline')  # header helpers: one definition across translation units
 s = s.replace('__restrict__', '__restrict')
 s = s.replace('extern "C" ', '').replace('NULL', 'nullptr')
 # test hook: EMU_WPR forces the warps per band of moe.cu's launcher
