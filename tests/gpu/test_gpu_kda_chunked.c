@@ -293,7 +293,8 @@ TEST(gpu_kda_segs_match_single) {
         CHECK(cudaMemset(do_seg, 0xff, nv * 4) == cudaSuccess);
         CHECK_OK(k3c_cuda_kda_chunked_segs(dsegs, NS, dq, dk_, dv_, dg, db, H, dk, dv, 0, do_seg, 0));
         CHECK(dev_download(o_ch, do_seg, nv * 4) == 0);
-        CHECK(cudaMemcpy(dS_one, s0, ns * NS * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        /* the segments' states live in dS_seg: back to the initial states before the recurrent run */
+        CHECK(cudaMemcpy(dS_seg, s0, ns * NS * 4, cudaMemcpyHostToDevice) == cudaSuccess);
         CHECK_OK(k3c_cuda_kda_recurrent_segs(dsegs, NS, dq, dk_, dv_, dg, db, H, dk, dv, 0, do_one, 0));
         CHECK(dev_download(o_one, do_one, nv * 4) == 0);
         double e = rel_l2_f32f32(o_ch, o_one, nv);
