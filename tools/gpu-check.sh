@@ -114,7 +114,7 @@ printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
 grep '^INFO' "$LOGDIR/test_gpu.log"
 cat "$LOGDIR/sanitizer.log" 2>/dev/null
-grep -E '^(bench |prefill|STEP)' "$LOGDIR/bench_stock.log"
+grep -E '^(bench |prefill|STEP|SPEC|RATIO)' "$LOGDIR/bench_stock.log"
 echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log" | tr '\n' ' ')(exit $test_rc); bench exit $bench_rc;" \
      "sanitizers $san_rc; stock bench $stock_rc"
 [ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]

@@ -9,6 +9,7 @@
 #include "cuda/mma.cuh"
 
 #define MOE_WARPS 8
+#define MOE_MAX_COLS 8 /* B columns of an mma: pairs of one expert per pass */
 
 __device__ __forceinline__ float rnd(float x, int round) { return round ? k3c_dev_bf16(k3c_dev_to_bf16(x)) : x; }
 
@@ -18,30 +19,34 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-/* MXFP4 -> bf16 pairs, the scale folded in. Nibbles i and i + 4 of a 32-bit word (elements 8j + i and
- * 8j + i + 4) sit 16 bits apart: one shift puts their signs on bits 15 / 31 and their 3 magnitude bits
- * (e1 e0 m) on the bf16 exponent's low bits and the mantissa's top bit, which reads as e2m1 * 2^-126 (code
- * 1 as the bf16 subnormal 2^-127); one bf16x2 multiply by 2^(E - 1) makes it e2m1 * 2^(E - 127), exactly
- * (at most 2 significant bits). mul: 2^(E-1) as bf16x2 when E <= 128, else 2^127, then mul2 = 2^(E-128). */
-template <int I>
-__device__ __forceinline__ uint32_t mx_pair(uint32_t w, uint32_t mul, uint32_t mul2, bool big) {
-    uint32_t t = w << (12 - 4 * I);
-    uint32_t b = (t & 0x80008000u) | ((t >> 6) & 0x01c001c0u);
-    b = bf16x2_mul(b, mul);
-    return big ? bf16x2_mul(b, mul2) : b;
+/* MXFP4 -> bf16 pairs. At decode this kernel is bound by the integer pipe (an H200 SM retires 64 integer ops
+ * per clock, half its FP32 rate), so the dequant spends as few of them per nibble pair as it can. A pair is
+ * nibbles i and i + 4 of a 32-bit word (elements 8j + i and 8j + i + 4), 16 bits apart: one mask isolates
+ * them (u = nibble bits of both halves, after one shift of the word for i >= 2), one integer multiply (the
+ * FMA pipe) adds two copies of each nibble, shifted so the sign (bit 3) lands on bit 15 and the magnitude
+ * e1 e0 m on bits 8..6 (the bf16 exponent's low bits and the mantissa's top bit); the copies do not overlap
+ * (no carries), one mask drops the rest. The bf16 pair reads e2m1 * 2^-126 (code 1 as the subnormal 2^-127);
+ * one bf16x2 multiply by 2^(E - 1) makes it e2m1 * 2^(E - 127), exactly (at most 2 significant bits).
+ * mul: 2^(E-1) as bf16x2 when E <= 128, else 2^127, and then mul2 = 2^(E-128) (1 when E <= 128); a warp
+ * with no E > 128 in a step (real weights: E > 128 means |w| > 12) skips the second multiply. */
+__device__ __forceinline__ void mx_word(uint32_t w, uint32_t mul, uint32_t (&b)[4]) {
+    uint32_t w8 = w >> 8;
+    b[0] = bf16x2_mul(((w & 0x000f000fu) * 4160u) & 0x81c081c0u, mul);  /* nibbles 0, 4: << 12 and << 6 */
+    b[1] = bf16x2_mul(((w & 0x00f000f0u) * 260u) & 0x81c081c0u, mul);   /* nibbles 1, 5: << 8 and << 2 */
+    b[2] = bf16x2_mul(((w8 & 0x000f000fu) * 4160u) & 0x81c081c0u, mul); /* nibbles 2, 6 */
+    b[3] = bf16x2_mul(((w8 & 0x00f000f0u) * 260u) & 0x81c081c0u, mul);  /* nibbles 3, 7 */
 }
 
 __device__ __forceinline__ void mx_scale(uint32_t e, uint32_t &mul, uint32_t &mul2, bool &big) {
     big = e > 128;
     uint32_t f = big ? 254u : e + 126u;
     mul = (f << 7) | (f << 23);
-    uint32_t f2 = e - 1u; /* used only when e > 128 */
+    uint32_t f2 = big ? e - 1u : 127u;
     mul2 = (f2 << 7) | (f2 << 23);
 }
 
-/* cp.async: global -> shared copies that complete in the background, so the bytes a warp has in flight no
- * longer cost registers (the register-fed kernel kept 32 KB per SM in flight and reached 0.34 of the copy
- * bandwidth). src_bytes 0 zero-fills the 16 bytes. */
+/* cp.async: global -> shared copies that complete in the background, so the bytes a warp has in flight do
+ * not cost registers. src_bytes 0 zero-fills the 16 bytes. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
@@ -65,26 +70,45 @@ struct moe_stage {
     static constexpr int bytes = w_bytes + NM * 16 * 4;
 };
 
+/* B fragments of one k step per lane: MXFP4 4 (one per 8-element sub-step of the lane's 32-element group),
+ * bf16 1. */
+template <bool MX>
+struct moe_b {
+    static constexpr int subs = MX ? 4 : 1;
+};
+
+/* Bytes of the staged activations (the B plane): one bf16 term of `cols` columns for every k step. */
+static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)steps * (mx ? 4 : 1) * cols * 64; }
+
 /* Grouped experts on tensor cores (mma.cuh layout). Block (band group, pair p): only the first pair that
  * chose an expert (the leader) works; it gathers every pair with the same expert, in pair order, and runs
- * them as the B columns of the mma, 8 per pass, so each selected expert's weights stream from memory once
- * per step for all the tokens that chose it (later passes re-read from L2). A warp owns a band of 16 output
- * rows (of gate and up together when UP); the wpr warps of a row group split the k steps into contiguous
- * ranges whose partial sums are added in warp order (deterministic). Each warp streams its band through its
- * own ring of S stages in shared memory (cp.async, S - 1 steps in flight while it computes one), so no block
- * barrier sits in the loop. k step: bf16: 8 elements per lane (chunk 4 s + q of the row), one mma pair;
- * MXFP4: one 32-element scale group per lane (group 4 s + q), four mma pairs. x rows: token p / k of each
- * pair (gate/up) or the pair's own row (down). Invalid experts: the pair's rows are written as 0. */
+ * them as the B columns of the mma, up to bcols per pass, so each selected expert's weights stream from
+ * memory once per step for all the tokens that chose it (later passes re-read from L2). A warp owns a band of
+ * 16 output rows (of gate and up together when UP); the wpr warps of a row group split the k steps into
+ * contiguous ranges whose partial sums are added in warp order (deterministic). Each warp streams its band
+ * through its own ring of S stages in shared memory (cp.async, S - 1 steps in flight while it computes one),
+ * so no block barrier sits in the loop.
+ *
+ * The activations of a pass are staged once per block in shared memory as the B fragments the lanes read
+ * (the B plane: for step s, sub-step, column, lane q, 16 bytes; a lane loads its fragments with one 16-byte
+ * read, the lanes of a step read contiguous bytes), so the k loop spends no work on them: f32 activations
+ * are split into three bf16 terms (mma.cuh) and, when a pass has any activation that is not a bf16 value,
+ * the weights are streamed once per term (the f32 reference mode; the model's bf16 activations need one).
+ * k step: bf16: 8 elements per lane (chunk 4 s + q of the row), two mma; MXFP4: one 32-element scale group
+ * per lane (group 4 s + q), eight mma. x rows: token p / k of each pair (gate/up) or the pair's own row
+ * (down). Invalid experts: the pair's rows are written as 0. Shared memory: the plist window, the B plane,
+ * then the warps' rings (the split-k partial sums reuse each warp's own ring after its loop). */
 template <bool MX, bool UP, int S>
-__global__ void __launch_bounds__(MOE_WARPS * 32, UP ? 2 : 3)
+__global__ void __launch_bounds__(MOE_WARPS * 32, (UP || MX) ? 2 : 3)
 moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
                int x_by_token, const int *__restrict__ idx, int npairs, int k, k3c_cuda_act act, int round,
-               float *__restrict__ out, int wpr, int plist_cap) {
+               float *__restrict__ out, int wpr, int plist_cap, int bcols) {
     constexpr int NM = UP ? 2 : 1;
+    constexpr int SUBS = moe_b<MX>::subs;
+    constexpr int CH = MX ? 4 : 2; /* independent accumulator chains (one dependent chain was latency-bound) */
     constexpr int SB = moe_stage<NM>::bytes, WB = moe_stage<NM>::w_bytes;
     extern __shared__ __align__(16) unsigned char moe_smem[];
     int *plist = (int *)moe_smem;
-    __shared__ float part[MOE_WARPS][NM][4][32];
     __shared__ int s_n, s_scan;
     int p = blockIdx.y, e = idx[p];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -100,7 +124,11 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     int earlier = 0;
     for (int i = threadIdx.x; i < p; i += blockDim.x) earlier |= __ldg(idx + i) == e;
     if (__syncthreads_or(earlier)) return;
-    unsigned char *ring = moe_smem + (size_t)plist_cap * sizeof(int) + (size_t)warp * S * SB;
+    int nchunk = MX ? K >> 5 : K >> 3; /* 16-byte pieces of a row */
+    int steps = (nchunk + 3) >> 2;
+    uint4 *plane = (uint4 *)(moe_smem + (size_t)plist_cap * sizeof(int));
+    unsigned char *ring_base = (unsigned char *)plane + (size_t)steps * SUBS * bcols * 64;
+    unsigned char *ring = ring_base + (size_t)warp * S * SB;
     const k3c_cuda_expert ex = experts[e];
     const uint8_t *wbase[NM], *sbase[NM];
     if (MX) {
@@ -116,8 +144,6 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
         sbase[0] = sbase[NM - 1] = NULL;
     }
     size_t row_bytes = MX ? (size_t)K / 2 : (size_t)K * 2;
-    int nchunk = MX ? K >> 5 : K >> 3; /* 16-byte pieces of a row */
-    int steps = (nchunk + 3) >> 2;
     /* the 4 scale bytes of a step go by one 4-byte cp.async when every row's scales are 4-aligned */
     bool scale_async = true;
     if (MX)
@@ -126,24 +152,77 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     int s_lo = (int)((long long)kw * steps / wpr), s_hi = (int)((long long)(kw + 1) * steps / wpr);
     int ns = s_hi - s_lo;
 
-    /* stage `slot` <- step s of the band (rows past R read row R - 1; pieces past the row are zero) */
+    /* This lane's copies of a step: 16 bytes of matrix m, row (lane + 32 j) / 4 mod 16, piece q (rows past R
+     * read row R - 1); only the step's byte offset changes from step to step. */
+    const uint8_t *src[NM * 2];
+    int dst[NM * 2];
+#pragma unroll
+    for (int j = 0; j < NM * 2; j++) {
+        int i = lane + 32 * j, m = i >> 6, row = (i >> 2) & 15;
+        int r = min(row0 + row, R - 1);
+        src[j] = wbase[m] + (size_t)r * row_bytes + (size_t)q * 16;
+        dst[j] = m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + q * 16;
+    }
+    const uint8_t *ssrc = NULL;
+    int sdst = 0;
+    if (MX && lane < NM * 16) {
+        int m = lane >> 4, row = lane & 15;
+        ssrc = sbase[m] + (size_t)min(row0 + row, R - 1) * nchunk;
+        sdst = WB + (m * 16 + row) * 4;
+    }
+
+    /* stage `slot` <- step s of the band (pieces past the row are zero) */
     auto issue = [&](int s, int slot) {
         unsigned char *st = ring + (size_t)slot * SB;
+        bool in_row = s * 4 + q < nchunk;
 #pragma unroll
-        for (int j = 0; j < NM * 2; j++) {
-            int i = lane + 32 * j, m = i >> 6, row = (i >> 2) & 15, piece = i & 3;
-            int c = s * 4 + piece, r = min(row0 + row, R - 1);
-            const uint8_t *src = wbase[m] + (size_t)r * row_bytes + (size_t)min(c, nchunk - 1) * 16;
-            cp_async16(st + m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + piece * 16, src, c < nchunk ? 16 : 0);
-        }
-        if (MX && lane < NM * 16) {
-            int m = lane >> 4, row = lane & 15, r = min(row0 + row, R - 1);
-            const uint8_t *src = sbase[m] + (size_t)r * nchunk + (size_t)s * 4;
-            unsigned char *dst = st + WB + (m * 16 + row) * 4;
-            if (scale_async) cp_async4(dst, src);
+        for (int j = 0; j < NM * 2; j++)
+            cp_async16(st + dst[j], in_row ? src[j] + (size_t)s * 64 : src[j], in_row ? 16 : 0);
+        if (MX && ssrc) {
+            if (scale_async) cp_async4(st + sdst, ssrc + (size_t)s * 4);
             else
-                for (int b = 0; b < 4; b++) dst[b] = s * 4 + b < nchunk ? __ldg(src + b) : 0;
+                for (int b = 0; b < 4; b++) st[sdst + b] = s * 4 + b < nchunk ? __ldg(ssrc + (size_t)s * 4 + b) : 0;
         }
+    };
+
+    /* The B plane of columns t0 .. t0 + ncols - 1, term `term` of the three-term split; returns whether any
+     * activation staged has bits below bf16's (then the pass needs all three terms). Entry it =
+     * ((s * SUBS + sub) * ncols + col) * 4 + q holds lane (col, q)'s fragment of step s, sub-step sub: MXFP4
+     * the pairs (j, j + 4) of elements 8 sub .. 8 sub + 7 of group 4 s + q (the A pairing of mx_word), bf16
+     * the pairs (2j, 2j + 1) of chunk 4 s + q. */
+    auto stage = [&](int t0, int ncols, int term) {
+        bool inexact = false;
+        int total = steps * SUBS * ncols * 4;
+        for (int it = threadIdx.x; it < total; it += blockDim.x) {
+            int qq = it & 3, rest = it >> 2;
+            int col = rest % ncols;
+            rest /= ncols;
+            int sub = rest % SUBS, s = rest / SUBS, c = s * 4 + qq;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (c < nchunk) {
+                int pn = plist[t0 + col];
+                const float *xr = x + (size_t)(x_by_token ? pn / k : pn) * K + (MX ? c * 32 + 8 * sub : c * 8);
+                float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                float lo[4], hi[4];
+                if (MX) {
+                    lo[0] = a.x, lo[1] = a.y, lo[2] = a.z, lo[3] = a.w;
+                    hi[0] = b.x, hi[1] = b.y, hi[2] = b.z, hi[3] = b.w;
+                } else {
+                    lo[0] = a.x, hi[0] = a.y, lo[1] = a.z, hi[1] = a.w;
+                    lo[2] = b.x, hi[2] = b.y, lo[3] = b.z, hi[3] = b.w;
+                }
+                uint32_t o[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint32_t t[3];
+                    inexact |= k3c_split3(lo[j], hi[j], t);
+                    o[j] = term == 0 ? t[0] : term == 1 ? t[1] : t[2];
+                }
+                v = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+            plane[it] = v;
+        }
+        return inexact;
     };
 
     /* The pairs that chose e, in pair order, gathered into plist a window of at most plist_cap at a time
@@ -164,15 +243,21 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
         __syncthreads();
         int n = s_n;
         scan = s_scan;
-        for (int t0 = 0; t0 < n; t0 += 8) {
-            int pn = t0 + g < n ? plist[t0 + g] : -1;
-            const float *xg = x + (size_t)(pn < 0 ? 0 : (x_by_token ? pn / k : pn)) * K;
-            float acc[NM][4];
+        for (int t0 = 0; t0 < n; t0 += bcols) {
+            int ncols = min(bcols, n - t0);
+            float acc[NM][CH][4];
 #pragma unroll
             for (int m = 0; m < NM; m++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
-            if (row0 < R) {
+                for (int c = 0; c < CH; c++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
+            int nterms = 1;
+            for (int term = 0; term < nterms; term++) {
+                __syncthreads(); /* every warp is done reading the plane */
+                int inexact = __syncthreads_or(stage(t0, ncols, term));
+                if (term == 0 && inexact) nterms = 3;
+                if (row0 >= R) continue;
 #pragma unroll
                 for (int j = 0; j < S - 1; j++) {
                     if (j < ns) issue(s_lo + j, j);
@@ -184,147 +269,100 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                     cp_async_wait<S - 1>();
                     __syncwarp();
                     const unsigned char *st = ring + (size_t)(j % S) * SB;
-                    int c = (s_lo + j) * 4 + q;
-                    bool ok = pn >= 0 && c < nchunk;
-                    uint4 va[NM], vb[NM];
-#pragma unroll
-                    for (int m = 0; m < NM; m++) {
-                        va[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + g * MOE_ROW_BYTES + q * 16);
-                        vb[m] = *(const uint4 *)(st + m * 16 * MOE_ROW_BYTES + (g + 8) * MOE_ROW_BYTES + q * 16);
-                    }
-                    /* independent accumulator chains per step (one per MXFP4 sub-step): a single chain of
-                     * dependent mma was latency-bound (NOTES.md run 3) */
-                    constexpr int CH = MX ? 4 : 1;
-                    float d[NM][CH][4];
-#pragma unroll
-                    for (int m = 0; m < NM; m++)
-#pragma unroll
-                        for (int jj = 0; jj < CH; jj++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) d[m][jj][i] = 0.0f;
+                    int s = s_lo + j;
+                    /* operands are read from shared memory right where they are used (keeps the kernel within
+                     * its register budget: 2 blocks of 8 warps per SM for gate/up, 3 for down) */
+                    const unsigned char *wa_p = st + g * MOE_ROW_BYTES + q * 16;
+                    const unsigned char *wb_p = wa_p + 8 * MOE_ROW_BYTES;
+                    const uint4 *bq_p = plane + (s * SUBS * ncols + g) * 4 + q;
+                    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
                     if (MX) {
                         uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
-                        bool biga[NM], bigb[NM];
+                        bool big = false;
 #pragma unroll
                         for (int m = 0; m < NM; m++) {
-                            uint32_t sa = st[WB + (m * 16 + g) * 4 + q], sb = st[WB + (m * 16 + g + 8) * 4 + q];
-                            mx_scale(sa, mula[m], mul2a[m], biga[m]);
-                            mx_scale(sb, mulb[m], mul2b[m], bigb[m]);
+                            bool ba, bb;
+                            mx_scale(st[WB + (m * 16 + g) * 4 + q], mula[m], mul2a[m], ba);
+                            mx_scale(st[WB + (m * 16 + g + 8) * 4 + q], mulb[m], mul2b[m], bb);
+                            big = big || ba || bb;
                         }
+                        big = __ballot_sync(0xffffffffu, big) != 0;
 #pragma unroll
-                        for (int sub = 0; sub < 4; sub++) {
-                            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                            if (ok) {
-                                x0 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub));
-                                x1 = __ldg((const float4 *)(xg + (size_t)c * 32 + 8 * sub) + 1);
-                            }
-                            /* pairs (i, i + 4): B rows follow the A pairing of mx_pair */
-                            uint32_t b0[3], b1[3], b2[3], b3[3];
-                            bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
-                            if (exact) {
-                                b0[0] = k3c_pack_hi16(x0.x, x1.x);
-                                b1[0] = k3c_pack_hi16(x0.y, x1.y);
-                                b2[0] = k3c_pack_hi16(x0.z, x1.z);
-                                b3[0] = k3c_pack_hi16(x0.w, x1.w);
-                            } else {
-                                k3c_split3(x0.x, x1.x, b0);
-                                k3c_split3(x0.y, x1.y, b1);
-                                k3c_split3(x0.z, x1.z, b2);
-                                k3c_split3(x0.w, x1.w, b3);
-                            }
+                        for (int sub = 0; sub < SUBS; sub++) {
+                            uint4 bq = g < ncols ? bq_p[sub * ncols * 4] : zero;
 #pragma unroll
                             for (int m = 0; m < NM; m++) {
-                                uint32_t wa = sub == 0 ? va[m].x : sub == 1 ? va[m].y : sub == 2 ? va[m].z : va[m].w;
-                                uint32_t wb = sub == 0 ? vb[m].x : sub == 1 ? vb[m].y : sub == 2 ? vb[m].z : vb[m].w;
-                                uint32_t a0 = mx_pair<0>(wa, mula[m], mul2a[m], biga[m]);
-                                uint32_t a1 = mx_pair<1>(wa, mula[m], mul2a[m], biga[m]);
-                                uint32_t a2 = mx_pair<2>(wa, mula[m], mul2a[m], biga[m]);
-                                uint32_t a3 = mx_pair<3>(wa, mula[m], mul2a[m], biga[m]);
-                                uint32_t c0 = mx_pair<0>(wb, mulb[m], mul2b[m], bigb[m]);
-                                uint32_t c1 = mx_pair<1>(wb, mulb[m], mul2b[m], bigb[m]);
-                                uint32_t c2 = mx_pair<2>(wb, mulb[m], mul2b[m], bigb[m]);
-                                uint32_t c3 = mx_pair<3>(wb, mulb[m], mul2b[m], bigb[m]);
-                                k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[0], b1[0]);
-                                k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[0], b3[0]);
-                                if (!exact) {
+                                uint32_t wa = *(const uint32_t *)(wa_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
+                                uint32_t wb = *(const uint32_t *)(wb_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
+                                uint32_t a[4], c[4];
+                                mx_word(wa, mula[m], a);
+                                mx_word(wb, mulb[m], c);
+                                if (big) {
 #pragma unroll
-                                    for (int t = 1; t < 3; t++) {
-                                        k3c_mma_bf16(d[m][sub], a0, c0, a1, c1, b0[t], b1[t]);
-                                        k3c_mma_bf16(d[m][sub], a2, c2, a3, c3, b2[t], b3[t]);
+                                    for (int i = 0; i < 4; i++) {
+                                        a[i] = bf16x2_mul(a[i], mul2a[m]);
+                                        c[i] = bf16x2_mul(c[i], mul2b[m]);
                                     }
                                 }
+                                k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
+                                k3c_mma_bf16(acc[m][sub], a[2], c[2], a[3], c[3], bq.z, bq.w);
                             }
                         }
                     } else {
-                        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                        if (ok) {
-                            x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
-                            x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
-                        }
-                        uint32_t b0[3], b1[3], b2[3], b3[3];
-                        bool exact = __all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1));
-                        if (exact) {
-                            b0[0] = k3c_pack_hi16(x0.x, x0.y);
-                            b1[0] = k3c_pack_hi16(x0.z, x0.w);
-                            b2[0] = k3c_pack_hi16(x1.x, x1.y);
-                            b3[0] = k3c_pack_hi16(x1.z, x1.w);
-                        } else {
-                            k3c_split3(x0.x, x0.y, b0);
-                            k3c_split3(x0.z, x0.w, b1);
-                            k3c_split3(x1.x, x1.y, b2);
-                            k3c_split3(x1.z, x1.w, b3);
-                        }
+                        uint4 bq = g < ncols ? bq_p[0] : zero;
 #pragma unroll
                         for (int m = 0; m < NM; m++) {
-                            const uint4 A = va[m], B = vb[m];
-                            k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[0], b1[0]);
-                            k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[0], b3[0]);
-                            if (!exact) {
-#pragma unroll
-                                for (int t = 1; t < 3; t++) {
-                                    k3c_mma_bf16(d[m][0], A.x, B.x, A.y, B.y, b0[t], b1[t]);
-                                    k3c_mma_bf16(d[m][0], A.z, B.z, A.w, B.w, b2[t], b3[t]);
-                                }
-                            }
+                            uint4 va = *(const uint4 *)(wa_p + m * 16 * MOE_ROW_BYTES);
+                            uint4 vb = *(const uint4 *)(wb_p + m * 16 * MOE_ROW_BYTES);
+                            k3c_mma_bf16(acc[m][0], va.x, vb.x, va.y, vb.y, bq.x, bq.y);
+                            k3c_mma_bf16(acc[m][1], va.z, vb.z, va.w, vb.w, bq.z, bq.w);
                         }
                     }
-#pragma unroll
-                    for (int m = 0; m < NM; m++)
-#pragma unroll
-                        for (int jj = 0; jj < CH; jj++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++) acc[m][i] += d[m][jj][i];
                     __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
                 }
             }
+            /* the chains in order, then (split k) the warps of the row group in warp order */
+            float sum[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float v = acc[m][0][i];
+#pragma unroll
+                    for (int c = 1; c < CH; c++) v += acc[m][c][i];
+                    sum[m][i] = v;
+                }
             if (wpr > 1) {
+                cp_async_wait<0>();
+                float *mine = (float *)ring; /* this warp's ring is idle until the next pass */
 #pragma unroll
                 for (int m = 0; m < NM; m++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) part[warp][m][i][lane] = acc[m][i];
+                    for (int i = 0; i < 4; i++) mine[(m * 4 + i) * 32 + lane] = sum[m][i];
                 __syncthreads();
                 if (kw == 0) {
 #pragma unroll
                     for (int m = 0; m < NM; m++)
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            float s = 0.0f;
-                            for (int j = 0; j < wpr; j++) s += part[warp + j][m][i][lane];
-                            acc[m][i] = s;
+                            float v = 0.0f;
+                            for (int j = 0; j < wpr; j++)
+                                v += ((const float *)(ring_base + (size_t)(warp + j) * S * SB))[(m * 4 + i) * 32 + lane];
+                            sum[m][i] = v;
                         }
                 }
             }
-            /* acc[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
+            /* sum[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
             if (kw == 0 && row0 < R) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    int row = row0 + g + (i >> 1) * 8, col = t0 + 2 * q + (i & 1);
-                    if (row < R && col < n) {
+                    int row = row0 + g + (i >> 1) * 8, col = 2 * q + (i & 1);
+                    if (row < R && col < ncols) {
                         float v;
-                        if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(acc[0][i], round),
-                                                          rnd(acc[NM - 1][i], round)), round);
-                        else v = rnd(acc[0][i], round);
-                        out[(size_t)plist[col] * R + row] = v;
+                        if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(sum[0][i], round),
+                                                          rnd(sum[NM - 1][i], round)), round);
+                        else v = rnd(sum[0][i], round);
+                        out[(size_t)plist[t0 + col] * R + row] = v;
                     }
                 }
             }
@@ -372,21 +410,32 @@ static int moe_wpr(int bands, int leaders, int steps, int cap) {
 
 template <bool MX, bool UP, int S>
 static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
-                      const int *idx, int npairs, int k, k3c_cuda_act act, int round, float *out, cudaStream_t s) {
+                      const int *idx, int npairs, int k, int tokens, k3c_cuda_act act, int round, float *out,
+                      cudaStream_t s) {
     static int occ, occ_smem, smem_set;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
-    /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the ring
+    /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the plane
      * starts 16-byte aligned, and >= 32 so one ballot always fits */
     int plist_cap = npairs < 2048 ? (npairs + 3) & ~3 : 2048;
     if (plist_cap < 32) plist_cap = 32;
-    size_t smem = (size_t)plist_cap * sizeof(int) + ring;
+    int bands = (R + 15) / 16, nchunk = MX ? K >> 5 : K >> 3, steps = (nchunk + 3) >> 2;
+    /* B columns per pass: an expert gets at most one pair per token (the router picks distinct experts), so
+     * `tokens` columns cover every pass at decode; more pairs (tests, skewed routing) take more passes.
+     * Fewer columns when the plane would not fit beside the ring (2 K bytes per column). */
+    int bcols = tokens < MOE_MAX_COLS ? (tokens > 0 ? tokens : 1) : MOE_MAX_COLS;
+    const size_t smem_max = 227 * 1024 - 64;
+    while (bcols > 1 && (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring > smem_max) bcols /= 2;
+    size_t smem = (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring;
+    if (smem > smem_max)
+        return k3c_errorf("moe experts: a width of %d needs %zu bytes of shared memory per block (at most %zu)", K,
+                          smem, smem_max);
     if ((int)smem > smem_set) {
         K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = (int)smem;
     }
-    /* blocks per SM at this launch's shared memory (the plist window grows with the step's pairs up to 8 KB,
-     * which can take gate/up from 2 blocks per SM to 1); asked again only when the size changes */
+    /* blocks per SM at this launch's shared memory (the plist window and the B plane grow with the step's
+     * pairs); asked again only when the size changes */
     if ((int)smem != occ_smem) {
         int b = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1)
@@ -394,13 +443,12 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
         occ = b;
         occ_smem = (int)smem;
     }
-    int bands = (R + 15) / 16, nchunk = MX ? K >> 5 : K >> 3, steps = (nchunk + 3) >> 2;
     int leaders = npairs < num_experts ? npairs : num_experts;
     int wpr = moe_wpr(bands, leaders, steps, occ * sm_count());
     int groups = MOE_WARPS / wpr;
     dim3 grid((bands + groups - 1) / groups, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
-                                              out, wpr, plist_cap);
+                                              out, wpr, plist_cap, bcols);
     return K3C_OK;
 }
 
@@ -432,21 +480,23 @@ extern "C" int k3c_cuda_moe_gate_up(const k3c_cuda_expert *experts, int num_expe
     K3C_TRY(check_dims(mxfp4, In, "input width"));
     if (F <= 0) return k3c_errorf("moe experts: intermediate width %d", F);
     if (T * k == 0) return K3C_OK;
-    if (mxfp4) K3C_TRY((moe_launch<true, true, 6>(experts, num_experts, In, F, x, 1, idx, T * k, k, act, round_bf16, h, stream)));
-    else K3C_TRY((moe_launch<false, true, 6>(experts, num_experts, In, F, x, 1, idx, T * k, k, act, round_bf16, h, stream)));
+    if (mxfp4) K3C_TRY((moe_launch<true, true, 5>(experts, num_experts, In, F, x, 1, idx, T * k, k, T, act, round_bf16, h, stream)));
+    else K3C_TRY((moe_launch<false, true, 5>(experts, num_experts, In, F, x, 1, idx, T * k, k, T, act, round_bf16, h, stream)));
     K3C_CUDA_LAUNCHED("moe_gate_up");
     return K3C_OK;
 }
 
 extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int F, int Out,
-                                 const float *h, int pairs, const int *idx, int round_bf16, float *part,
+                                 const float *h, int pairs, int k, const int *idx, int round_bf16, float *part,
                                  cudaStream_t stream) {
     K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
     if (Out <= 0) return k3c_errorf("moe experts: output width %d", Out);
     if (pairs == 0) return K3C_OK;
+    if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
+    int tokens = (pairs + k - 1) / k;
     k3c_cuda_act none = {1, 0.0f, 0.0f};
-    if (mxfp4) K3C_TRY((moe_launch<true, false, 8>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, none, round_bf16, part, stream)));
-    else K3C_TRY((moe_launch<false, false, 8>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, none, round_bf16, part, stream)));
+    if (mxfp4) K3C_TRY((moe_launch<true, false, 6>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, tokens, none, round_bf16, part, stream)));
+    else K3C_TRY((moe_launch<false, false, 6>(experts, num_experts, F, Out, h, 0, idx, pairs, 1, tokens, none, round_bf16, part, stream)));
     K3C_CUDA_LAUNCHED("moe_down");
     return K3C_OK;
 }
@@ -456,7 +506,7 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
-    K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, idx, round_bf16, part, stream));
+    K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
     size_t n = (size_t)T * Out;
     if (n == 0) return K3C_OK;
     size_t blocks = (n + 255) / 256;

@@ -37,12 +37,13 @@ int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mx
                          const float *x, int T, const int *idx, const float *weight, int k, k3c_cuda_act act,
                          int round_bf16, float *h, float *part, float *out, cudaStream_t stream);
 
-/* The two halves, for tests and benchmarks: gate/up + activation into h, and down into part (unweighted). */
+/* The two halves, for tests and benchmarks: gate/up + activation into h, and down into part (unweighted);
+ * down's pairs are T * k (k slots per token: it sizes the kernel's passes, any pairs are computed right). */
 int k3c_cuda_moe_gate_up(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F,
                          const float *x, int T, const int *idx, int k, k3c_cuda_act act, int round_bf16, float *h,
                          cudaStream_t stream);
 int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int F, int Out, const float *h,
-                      int pairs, const int *idx, int round_bf16, float *part, cudaStream_t stream);
+                      int pairs, int k, const int *idx, int round_bf16, float *part, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

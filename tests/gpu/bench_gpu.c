@@ -110,7 +110,7 @@ static int run_moe(void *c, int rep) {
     k3c_cuda_act act = {2, 4.0f, 25.0f};
     int *idx = m->idx[rep % 4];
     if (m->mode == 1) return k3c_cuda_moe_gate_up(m->tab, m->E, 1, m->In, m->F, m->x, m->T, idx, m->k, act, 1, m->h, 0);
-    if (m->mode == 2) return k3c_cuda_moe_down(m->tab, m->E, 1, m->F, m->Out, m->h, m->T * m->k, idx, 1, m->part, 0);
+    if (m->mode == 2) return k3c_cuda_moe_down(m->tab, m->E, 1, m->F, m->Out, m->h, m->T * m->k, m->k, idx, 1, m->part, 0);
     return k3c_cuda_moe_experts(m->tab, m->E, 1, m->In, m->F, m->Out, m->x, m->T, idx, m->w, m->k, act, 1, m->h, m->part,
                                 m->out, 0);
 }
