@@ -1,6 +1,9 @@
 /* Routed experts: MXFP4 or bf16 matvecs over the selected (token, slot) pairs. */
 #include "cuda/moe.h"
 
+#include <math.h>
+#include <stdlib.h>
+
 #include <cuda_fp16.h>
 
 #include "cuda/check.h"
@@ -80,14 +83,17 @@ struct moe_b {
 /* Bytes of the staged activations (the B plane): one bf16 term of `cols` columns for every k step. */
 static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)steps * (mx ? 4 : 1) * cols * 64; }
 
-/* Grouped experts on tensor cores (mma.cuh layout). Block (band group, pair p): only the first pair that
- * chose an expert (the leader) works; it gathers every pair with the same expert, in pair order, and runs
- * them as the B columns of the mma, up to bcols per pass, so each selected expert's weights stream from
- * memory once per step for all the tokens that chose it (later passes re-read from L2). A warp owns a band of
- * 16 output rows (of gate and up together when UP); the wpr warps of a row group split the k steps into
- * contiguous ranges whose partial sums are added in warp order (deterministic). Each warp streams its band
- * through its own ring of S stages in shared memory (cp.async, S - 1 steps in flight while it computes one),
- * so no block barrier sits in the loop.
+/* Grouped experts on tensor cores (mma.cuh layout). Block (chunk x, pair p): only the first pair that chose
+ * an expert (the leader) works; it gathers every pair with the same expert, in pair order, and runs them as
+ * the B columns of the mma, up to bcols per pass, so each selected expert's weights stream from memory once
+ * per step for all the tokens that chose it (later passes re-read from L2). A warp owns a band of 16 output
+ * rows (of gate and up together when UP); the wpr warps of a row group split the k steps into contiguous
+ * ranges whose partial sums are added in warp order (deterministic). The block's band groups (groups bands
+ * each) are x, x + gridDim.x, ... (nbg in all): the grid is sized to one wave of resident blocks, and a warp
+ * runs its steps of all its band groups as one stream through its own ring of S stages in shared memory
+ * (cp.async, S - 1 steps in flight while it computes one), so the next band group's bytes are already on
+ * their way while a band group's sums are reduced and stored, and the block's setup (leader check, pair
+ * list, activation staging) is paid once per expert rather than once per band group.
  *
  * The activations of a pass are staged once per block in shared memory as the B fragments the lanes read
  * (the B plane: for step s, sub-step, column, lane q, 16 bytes; a lane loads its fragments with one 16-byte
@@ -97,38 +103,39 @@ static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)ste
  * k step: bf16: 8 elements per lane (chunk 4 s + q of the row), two mma; MXFP4: one 32-element scale group
  * per lane (group 4 s + q), eight mma. x rows: token p / k of each pair (gate/up) or the pair's own row
  * (down). Invalid experts: the pair's rows are written as 0. Shared memory: the plist window, the B plane,
- * then the warps' rings (the split-k partial sums reuse each warp's own ring after its loop). */
+ * then the warps' rings; split-k partial sums in a static array. */
 template <bool MX, bool UP, int S>
 __global__ void __launch_bounds__(MOE_WARPS * 32, (UP || MX) ? 2 : 3)
 moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
                int x_by_token, const int *__restrict__ idx, int npairs, int k, k3c_cuda_act act, int round,
-               float *__restrict__ out, int wpr, int plist_cap, int bcols) {
+               float *__restrict__ out, int wpr, int nbg, int plist_cap, int bcols) {
     constexpr int NM = UP ? 2 : 1;
     constexpr int SUBS = moe_b<MX>::subs;
     constexpr int CH = MX ? 4 : 2; /* independent accumulator chains (one dependent chain was latency-bound) */
     constexpr int SB = moe_stage<NM>::bytes, WB = moe_stage<NM>::w_bytes;
     extern __shared__ __align__(16) unsigned char moe_smem[];
     int *plist = (int *)moe_smem;
+    __shared__ float part[MOE_WARPS][NM][4][32];
     __shared__ int s_n, s_scan;
     int p = blockIdx.y, e = idx[p];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int groups = MOE_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
-    int row0 = (blockIdx.x * groups + group) * 16;
+    int nmine = ((int)blockIdx.x < nbg) ? (nbg - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     if (e < 0 || e >= num_experts) {
-        for (int i = threadIdx.x; i < groups * 16; i += blockDim.x) {
-            int row = blockIdx.x * groups * 16 + i;
-            if (row < R) out[(size_t)p * R + row] = 0.0f;
-        }
+        for (int b = 0; b < nmine; b++)
+            for (int i = threadIdx.x; i < groups * 16; i += blockDim.x) {
+                int row = (blockIdx.x + b * gridDim.x) * groups * 16 + i;
+                if (row < R) out[(size_t)p * R + row] = 0.0f;
+            }
         return;
     }
     int earlier = 0;
     for (int i = threadIdx.x; i < p; i += blockDim.x) earlier |= __ldg(idx + i) == e;
-    if (__syncthreads_or(earlier)) return;
+    if (__syncthreads_or(earlier) || nmine == 0) return;
     int nchunk = MX ? K >> 5 : K >> 3; /* 16-byte pieces of a row */
     int steps = (nchunk + 3) >> 2;
     uint4 *plane = (uint4 *)(moe_smem + (size_t)plist_cap * sizeof(int));
-    unsigned char *ring_base = (unsigned char *)plane + (size_t)steps * SUBS * bcols * 64;
-    unsigned char *ring = ring_base + (size_t)warp * S * SB;
+    unsigned char *ring = (unsigned char *)plane + (size_t)steps * SUBS * bcols * 64 + (size_t)warp * S * SB;
     const k3c_cuda_expert ex = experts[e];
     const uint8_t *wbase[NM], *sbase[NM];
     if (MX) {
@@ -150,38 +157,31 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
 #pragma unroll
         for (int m = 0; m < NM; m++) scale_async = scale_async && (nchunk & 3) == 0 && ((uintptr_t)sbase[m] & 3) == 0;
     int s_lo = (int)((long long)kw * steps / wpr), s_hi = (int)((long long)(kw + 1) * steps / wpr);
-    int ns = s_hi - s_lo;
+    int ns = s_hi - s_lo; /* this warp's stream: ns steps of each of its nmine band groups */
+    auto band_row0 = [&](int b) { return (((int)blockIdx.x + b * (int)gridDim.x) * groups + group) * 16; };
 
-    /* This lane's copies of a step: 16 bytes of matrix m, row (lane + 32 j) / 4 mod 16, piece q (rows past R
-     * read row R - 1); only the step's byte offset changes from step to step. */
-    const uint8_t *src[NM * 2];
-    int dst[NM * 2];
-#pragma unroll
-    for (int j = 0; j < NM * 2; j++) {
-        int i = lane + 32 * j, m = i >> 6, row = (i >> 2) & 15;
-        int r = min(row0 + row, R - 1);
-        src[j] = wbase[m] + (size_t)r * row_bytes + (size_t)q * 16;
-        dst[j] = m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + q * 16;
-    }
-    const uint8_t *ssrc = NULL;
-    int sdst = 0;
-    if (MX && lane < NM * 16) {
-        int m = lane >> 4, row = lane & 15;
-        ssrc = sbase[m] + (size_t)min(row0 + row, R - 1) * nchunk;
-        sdst = WB + (m * 16 + row) * 4;
-    }
-
-    /* stage `slot` <- step s of the band (pieces past the row are zero) */
-    auto issue = [&](int s, int slot) {
+    /* stage `slot` <- step jj of the stream: step s_lo + jj % ns of band group jj / ns. Lane copies: 16
+     * bytes of matrix m = j / 2, row (lane + 32 j) / 4 mod 16, piece q; rows past R read nothing (zero
+     * fill), as do pieces past the row. */
+    auto issue = [&](int jj, int slot) {
         unsigned char *st = ring + (size_t)slot * SB;
+        int b = jj / ns, s = s_lo + jj - b * ns, row0 = band_row0(b);
         bool in_row = s * 4 + q < nchunk;
 #pragma unroll
-        for (int j = 0; j < NM * 2; j++)
-            cp_async16(st + dst[j], in_row ? src[j] + (size_t)s * 64 : src[j], in_row ? 16 : 0);
-        if (MX && ssrc) {
-            if (scale_async) cp_async4(st + sdst, ssrc + (size_t)s * 4);
+        for (int j = 0; j < NM * 2; j++) {
+            int m = j >> 1, row = g + 8 * (j & 1);
+            bool ok = in_row && row0 + row < R;
+            const uint8_t *src = wbase[m] + (size_t)min(row0 + row, R - 1) * row_bytes + (size_t)q * 16;
+            cp_async16(st + m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + q * 16, ok ? src + (size_t)s * 64 : src,
+                       ok ? 16 : 0);
+        }
+        if (MX && lane < NM * 16) {
+            int m = lane >> 4, row = lane & 15;
+            const uint8_t *ssrc = sbase[m] + (size_t)min(row0 + row, R - 1) * nchunk + (size_t)s * 4;
+            unsigned char *sdst = st + WB + (m * 16 + row) * 4;
+            if (scale_async) cp_async4(sdst, ssrc);
             else
-                for (int b = 0; b < 4; b++) st[sdst + b] = s * 4 + b < nchunk ? __ldg(ssrc + (size_t)s * 4 + b) : 0;
+                for (int c = 0; c < 4; c++) sdst[c] = s * 4 + c < nchunk ? __ldg(ssrc + c) : 0;
         }
     };
 
@@ -245,128 +245,142 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
         scan = s_scan;
         for (int t0 = 0; t0 < n; t0 += bcols) {
             int ncols = min(bcols, n - t0);
-            float acc[NM][CH][4];
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int c = 0; c < CH; c++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
+            /* The terms of a pass accumulate into one sum per band group: with one term the stream writes
+             * each band group's outputs as it ends; with three, a band group's first two terms must be kept,
+             * so a three-term pass runs its band groups one at a time (f32 reference mode only). */
             int nterms = 1;
-            for (int term = 0; term < nterms; term++) {
-                __syncthreads(); /* every warp is done reading the plane */
-                int inexact = __syncthreads_or(stage(t0, ncols, term));
-                if (term == 0 && inexact) nterms = 3;
-                if (row0 >= R) continue;
+            __syncthreads(); /* every warp is done reading the plane */
+            if (__syncthreads_or(stage(t0, ncols, 0))) nterms = 3;
+            int per_run = nterms == 1 ? nmine : 1;
+            for (int b0 = 0; b0 < nmine; b0 += per_run) {
+                float acc[NM][CH][4];
+                for (int term = 0; term < nterms; term++) {
+                    if (nterms > 1 && (b0 > 0 || term > 0)) {
+                        __syncthreads();
+                        __syncthreads_or(stage(t0, ncols, term));
+                    }
+                    int j_lo = b0 * ns, j_hi = (b0 + per_run) * ns; /* this run's part of the stream */
 #pragma unroll
-                for (int j = 0; j < S - 1; j++) {
-                    if (j < ns) issue(s_lo + j, j);
-                    cp_async_commit();
-                }
-                for (int j = 0; j < ns; j++) {
-                    if (j + S - 1 < ns) issue(s_lo + j + S - 1, (j + S - 1) % S);
-                    cp_async_commit();
-                    cp_async_wait<S - 1>();
-                    __syncwarp();
-                    const unsigned char *st = ring + (size_t)(j % S) * SB;
-                    int s = s_lo + j;
-                    /* operands are read from shared memory right where they are used (keeps the kernel within
-                     * its register budget: 2 blocks of 8 warps per SM for gate/up, 3 for down) */
-                    const unsigned char *wa_p = st + g * MOE_ROW_BYTES + q * 16;
-                    const unsigned char *wb_p = wa_p + 8 * MOE_ROW_BYTES;
-                    const uint4 *bq_p = plane + (s * SUBS * ncols + g) * 4 + q;
-                    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-                    if (MX) {
-                        uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
-                        bool big = false;
+                    for (int j = 0; j < S - 1; j++) {
+                        if (j_lo + j < j_hi) issue(j_lo + j, j);
+                        cp_async_commit();
+                    }
+                    for (int jj = j_lo; jj < j_hi; jj++) {
+                        int j = jj - j_lo, b = jj / ns, s = s_lo + jj - b * ns;
+                        if (s == s_lo && term == 0) {
 #pragma unroll
-                        for (int m = 0; m < NM; m++) {
-                            bool ba, bb;
-                            mx_scale(st[WB + (m * 16 + g) * 4 + q], mula[m], mul2a[m], ba);
-                            mx_scale(st[WB + (m * 16 + g + 8) * 4 + q], mulb[m], mul2b[m], bb);
-                            big = big || ba || bb;
+                            for (int m = 0; m < NM; m++)
+#pragma unroll
+                                for (int c = 0; c < CH; c++)
+#pragma unroll
+                                    for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
                         }
-                        big = __ballot_sync(0xffffffffu, big) != 0;
-#pragma unroll
-                        for (int sub = 0; sub < SUBS; sub++) {
-                            uint4 bq = g < ncols ? bq_p[sub * ncols * 4] : zero;
+                        if (jj + S - 1 < j_hi) issue(jj + S - 1, (j + S - 1) % S);
+                        cp_async_commit();
+                        cp_async_wait<S - 1>();
+                        __syncwarp();
+                        const unsigned char *st = ring + (size_t)(j % S) * SB;
+                        /* operands are read from shared memory right where they are used (keeps the kernel
+                         * within its register budget: 2 blocks of 8 warps per SM) */
+                        const unsigned char *wa_p = st + g * MOE_ROW_BYTES + q * 16;
+                        const unsigned char *wb_p = wa_p + 8 * MOE_ROW_BYTES;
+                        const uint4 *bq_p = plane + (s * SUBS * ncols + g) * 4 + q;
+                        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+                        if (MX) {
+                            uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
+                            bool big = false;
 #pragma unroll
                             for (int m = 0; m < NM; m++) {
-                                uint32_t wa = *(const uint32_t *)(wa_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
-                                uint32_t wb = *(const uint32_t *)(wb_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
-                                uint32_t a[4], c[4];
-                                mx_word(wa, mula[m], a);
-                                mx_word(wb, mulb[m], c);
-                                if (big) {
+                                bool ba, bb;
+                                mx_scale(st[WB + (m * 16 + g) * 4 + q], mula[m], mul2a[m], ba);
+                                mx_scale(st[WB + (m * 16 + g + 8) * 4 + q], mulb[m], mul2b[m], bb);
+                                big = big || ba || bb;
+                            }
+                            big = __ballot_sync(0xffffffffu, big) != 0;
 #pragma unroll
-                                    for (int i = 0; i < 4; i++) {
-                                        a[i] = bf16x2_mul(a[i], mul2a[m]);
-                                        c[i] = bf16x2_mul(c[i], mul2b[m]);
+                            for (int sub = 0; sub < SUBS; sub++) {
+                                uint4 bq = g < ncols ? bq_p[sub * ncols * 4] : zero;
+#pragma unroll
+                                for (int m = 0; m < NM; m++) {
+                                    uint32_t wa = *(const uint32_t *)(wa_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
+                                    uint32_t wb = *(const uint32_t *)(wb_p + m * 16 * MOE_ROW_BYTES + 4 * sub);
+                                    uint32_t a[4], c[4];
+                                    mx_word(wa, mula[m], a);
+                                    mx_word(wb, mulb[m], c);
+                                    if (big) {
+#pragma unroll
+                                        for (int i = 0; i < 4; i++) {
+                                            a[i] = bf16x2_mul(a[i], mul2a[m]);
+                                            c[i] = bf16x2_mul(c[i], mul2b[m]);
+                                        }
                                     }
+                                    k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
+                                    k3c_mma_bf16(acc[m][sub], a[2], c[2], a[3], c[3], bq.z, bq.w);
                                 }
-                                k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
-                                k3c_mma_bf16(acc[m][sub], a[2], c[2], a[3], c[3], bq.z, bq.w);
+                            }
+                        } else {
+                            uint4 bq = g < ncols ? bq_p[0] : zero;
+#pragma unroll
+                            for (int m = 0; m < NM; m++) {
+                                uint4 va = *(const uint4 *)(wa_p + m * 16 * MOE_ROW_BYTES);
+                                uint4 vb = *(const uint4 *)(wb_p + m * 16 * MOE_ROW_BYTES);
+                                k3c_mma_bf16(acc[m][0], va.x, vb.x, va.y, vb.y, bq.x, bq.y);
+                                k3c_mma_bf16(acc[m][1], va.z, vb.z, va.w, vb.w, bq.z, bq.w);
                             }
                         }
-                    } else {
-                        uint4 bq = g < ncols ? bq_p[0] : zero;
+                        __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
+                        if (s == s_hi - 1 && term == nterms - 1) {
+                            /* band group b ends: its sums (chains in order, then the warps of the row group in
+                             * warp order) go out while the stream's next copies are in flight */
+                            float sum[NM][4];
 #pragma unroll
-                        for (int m = 0; m < NM; m++) {
-                            uint4 va = *(const uint4 *)(wa_p + m * 16 * MOE_ROW_BYTES);
-                            uint4 vb = *(const uint4 *)(wb_p + m * 16 * MOE_ROW_BYTES);
-                            k3c_mma_bf16(acc[m][0], va.x, vb.x, va.y, vb.y, bq.x, bq.y);
-                            k3c_mma_bf16(acc[m][1], va.z, vb.z, va.w, vb.w, bq.z, bq.w);
+                            for (int m = 0; m < NM; m++)
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    float v = acc[m][0][i];
+#pragma unroll
+                                    for (int c = 1; c < CH; c++) v += acc[m][c][i];
+                                    sum[m][i] = v;
+                                }
+                            if (wpr > 1) {
+#pragma unroll
+                                for (int m = 0; m < NM; m++)
+#pragma unroll
+                                    for (int i = 0; i < 4; i++) part[warp][m][i][lane] = sum[m][i];
+                                __syncthreads();
+                                if (kw == 0) {
+#pragma unroll
+                                    for (int m = 0; m < NM; m++)
+#pragma unroll
+                                        for (int i = 0; i < 4; i++) {
+                                            float v = 0.0f;
+                                            for (int w = 0; w < wpr; w++) v += part[warp + w][m][i][lane];
+                                            sum[m][i] = v;
+                                        }
+                                }
+                                __syncthreads(); /* part is free for the next band group */
+                            }
+                            /* sum[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1) */
+                            int row0 = band_row0(b);
+                            if (kw == 0 && row0 < R) {
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    int row = row0 + g + (i >> 1) * 8, col = 2 * q + (i & 1);
+                                    if (row < R && col < ncols) {
+                                        float v;
+                                        if (UP)
+                                            v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin,
+                                                                      rnd(sum[0][i], round), rnd(sum[NM - 1][i], round)),
+                                                    round);
+                                        else v = rnd(sum[0][i], round);
+                                        out[(size_t)plist[t0 + col] * R + row] = v;
+                                    }
+                                }
+                            }
                         }
                     }
-                    __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
                 }
             }
-            /* the chains in order, then (split k) the warps of the row group in warp order */
-            float sum[NM][4];
-#pragma unroll
-            for (int m = 0; m < NM; m++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float v = acc[m][0][i];
-#pragma unroll
-                    for (int c = 1; c < CH; c++) v += acc[m][c][i];
-                    sum[m][i] = v;
-                }
-            if (wpr > 1) {
-                cp_async_wait<0>();
-                float *mine = (float *)ring; /* this warp's ring is idle until the next pass */
-#pragma unroll
-                for (int m = 0; m < NM; m++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) mine[(m * 4 + i) * 32 + lane] = sum[m][i];
-                __syncthreads();
-                if (kw == 0) {
-#pragma unroll
-                    for (int m = 0; m < NM; m++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            float v = 0.0f;
-                            for (int j = 0; j < wpr; j++)
-                                v += ((const float *)(ring_base + (size_t)(warp + j) * S * SB))[(m * 4 + i) * 32 + lane];
-                            sum[m][i] = v;
-                        }
-                }
-            }
-            /* sum[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1); column = pair t0 + col */
-            if (kw == 0 && row0 < R) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int row = row0 + g + (i >> 1) * 8, col = 2 * q + (i & 1);
-                    if (row < R && col < ncols) {
-                        float v;
-                        if (UP) v = rnd(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, rnd(sum[0][i], round),
-                                                          rnd(sum[NM - 1][i], round)), round);
-                        else v = rnd(sum[0][i], round);
-                        out[(size_t)plist[t0 + col] * R + row] = v;
-                    }
-                }
-            }
-            if (wpr > 1) __syncthreads();
         }
     }
 }
@@ -383,29 +397,49 @@ static int sm_count(void) {
     return count;
 }
 
-/* Warps per band: the leaders (distinct experts) are not known on the host; estimate min(pairs, experts)
- * and spread bands x leaders evenly over the resident blocks (as gemm.cu's plan). */
-static int moe_wpr(int bands, int leaders, int steps, int cap) {
-    int best_wpr = 1;
-    double best = -1.0;
+/* The launch's shape. The leaders (distinct experts) are not known on the host: estimate min(pairs,
+ * experts). Per wpr (warps per band): nbg band groups per expert, spread over `chunks` blocks per expert so
+ * that chunks x leaders fill one wave of resident blocks (cap), each block taking ceil(nbg / chunks) band
+ * groups; the score is the wave's fill times the balance of band groups over blocks. K3C_MOE_BGPB (band
+ * groups per block) overrides the spread, for benchmarks. */
+typedef struct moe_shape {
+    int wpr, nbg, chunks;
+} moe_shape;
+
+static moe_shape moe_plan(int bands, int leaders, int steps, int cap) {
+    moe_shape best = {1, bands, bands};
+    double best_eff = -1.0;
+    static int bgpb = -1;
+    if (bgpb < 0) {
+        const char *v = getenv("K3C_MOE_BGPB");
+        bgpb = v ? atoi(v) : 0;
+    }
     for (int wpr = 1; wpr <= MOE_WARPS; wpr *= 2) {
         if (wpr > 1 && steps < 2 * wpr) break; /* at least two steps per warp: a pipeline, not a prologue */
-        int groups = MOE_WARPS / wpr;
-        long long items = (long long)((bands + groups - 1) / groups) * leaders;
-        double eff;
-        if (items <= cap) {
-            eff = (double)items * MOE_WARPS / (16.0 * sm_count());
-            if (eff > 1.0) eff = 1.0;
-        } else {
-            long long waves = (items + cap - 1) / cap;
-            eff = (double)items / ((double)waves * cap);
+        int groups = MOE_WARPS / wpr, nbg = (bands + groups - 1) / groups;
+        int chunks = cap / leaders;
+        if (chunks < 1) chunks = 1;
+        if (chunks > nbg) chunks = nbg;
+        int per = (nbg + chunks - 1) / chunks;
+        if (bgpb > 0) per = bgpb < nbg ? bgpb : nbg;
+        chunks = (nbg + per - 1) / per; /* as few blocks as carry that many band groups each */
+        double blocks = (double)chunks * leaders, fill = blocks >= cap ? 1.0 : blocks / cap;
+        /* more blocks than one wave: the last wave's share */
+        if (blocks > cap) {
+            double waves = ceil(blocks / cap);
+            fill = blocks / (waves * cap);
         }
-        if (eff > best + 0.02) {
-            best = eff;
-            best_wpr = wpr;
+        double eff = fill * (double)nbg / ((double)per * chunks);
+        /* wasted rows of a partial last band group count too */
+        eff *= (double)bands / ((double)nbg * groups);
+        if (eff > best_eff + 0.02) {
+            best_eff = eff;
+            best.wpr = wpr;
+            best.nbg = nbg;
+            best.chunks = chunks;
         }
     }
-    return best_wpr;
+    return best;
 }
 
 template <bool MX, bool UP, int S>
@@ -424,7 +458,8 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
      * `tokens` columns cover every pass at decode; more pairs (tests, skewed routing) take more passes.
      * Fewer columns when the plane would not fit beside the ring (2 K bytes per column). */
     int bcols = tokens < MOE_MAX_COLS ? (tokens > 0 ? tokens : 1) : MOE_MAX_COLS;
-    const size_t smem_max = 227 * 1024 - 64;
+    /* dynamic shared memory beside the static split-k sums */
+    const size_t smem_max = 227 * 1024 - (size_t)MOE_WARPS * (UP ? 2 : 1) * 4 * 32 * sizeof(float) - 64;
     while (bcols > 1 && (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring > smem_max) bcols /= 2;
     size_t smem = (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring;
     if (smem > smem_max)
@@ -444,11 +479,10 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
         occ_smem = (int)smem;
     }
     int leaders = npairs < num_experts ? npairs : num_experts;
-    int wpr = moe_wpr(bands, leaders, steps, occ * sm_count());
-    int groups = MOE_WARPS / wpr;
-    dim3 grid((bands + groups - 1) / groups, npairs);
+    moe_shape sh = moe_plan(bands, leaders, steps, occ * sm_count());
+    dim3 grid(sh.chunks, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
-                                              out, wpr, plist_cap, bcols);
+                                              out, sh.wpr, sh.nbg, plist_cap, bcols);
     return K3C_OK;
 }
 

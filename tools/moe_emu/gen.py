@@ -109,5 +109,6 @@ s = s.replace('__forceinline__', 'inline')  # header helpers: one definition acr
 s = s.replace('__restrict__', '__restrict')
 s = s.replace('extern "C" ', '').replace('NULL', 'nullptr')
 # test hook: EMU_WPR forces the warps per band of moe.cu's launcher
-s = re.sub(r'=\s*moe_wpr\(', '= emu_force_wpr > 0 ? emu_force_wpr : moe_wpr(', s)
+s = s.replace('for (int wpr = 1; wpr <= MOE_WARPS; wpr *= 2) {',
+              'for (int wpr = 1; wpr <= MOE_WARPS; wpr *= 2) {\n        if (emu_force_wpr > 0 && wpr != emu_force_wpr) continue;')
 open(sys.argv[2], 'w').write('#include "emu.h"\n' + s)
