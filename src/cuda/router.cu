@@ -1,4 +1,4 @@
-/* Router: scores and selection in shared memory, top-k by k block-wide arg-max passes. */
+/* Router: scores and selection in shared memory (one block per token), top-k by one warp. */
 #include "cuda/router.h"
 
 #include "cuda/check.h"
@@ -15,39 +15,11 @@ __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     }
 }
 
-/* Block-wide arg-max over (v, i); every thread gets the winner. */
-__device__ void block_argmax(float &v, int &i, float *rv, int *ri) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-        better(v, i, v2, i2);
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) {
-        rv[warp] = v;
-        ri[warp] = i;
-    }
-    __syncthreads();
-    v = -INFINITY;
-    i = -1;
-    if (threadIdx.x == 0) {
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) better(v, i, rv[w], ri[w]);
-        rv[32] = v;
-        ri[32] = i;
-    }
-    __syncthreads();
-    v = rv[32];
-    i = ri[32];
-}
-
 __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias,
                              int *idx, float *weight) {
     extern __shared__ float sh[];
     float *score = sh, *sel = sh + r.num_experts;
     unsigned char *taken = (unsigned char *)(sh + 2 * r.num_experts);
-    __shared__ float rv[33];
-    __shared__ int ri[33];
     __shared__ float red[32];
     int E = r.num_experts, k = r.k;
     const float *lg = logits + (size_t)blockIdx.x * E;
@@ -112,27 +84,44 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
         __syncthreads();
     }
 
-    float wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        float v = -INFINITY;
-        int i = -1;
-        for (int e = threadIdx.x; e < E; e += blockDim.x)
-            if (!taken[e]) better(v, i, sel[e], e);
-        block_argmax(v, i, rv, ri);
-        if (threadIdx.x == 0) {
-            idx[(size_t)blockIdx.x * k + j] = i;
-            float w = i >= 0 ? score[i] : 0.0f;
-            weight[(size_t)blockIdx.x * k + j] = w;
-            wsum += w;
-            if (i >= 0) taken[i] = 1;
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
+    /* Top-k by one warp: each lane keeps the best untaken candidate of its strided share (e = lane + 32 n);
+     * a round's winner is the warp arg-max of the lanes' bests, and only the lane that owned it rescans its
+     * share. `better` is a total order (larger value, then lower id; a number beats NaN), so the winners are
+     * the block-wide arg-max passes' and the cpu/ops.h reference's, with no block barrier per round. */
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float lv = -INFINITY;
+        int li = -1;
+        for (int e = lane; e < E; e += 32) better(lv, li, sel[e], e);
+        float wsum = 0.0f;
         for (int j = 0; j < k; j++) {
-            float *w = &weight[(size_t)blockIdx.x * k + j];
-            *w = r.renormalize ? *w / (wsum + 1e-20f) * r.scale : *w * r.scale;
+            float v = lv;
+            int i = li;
+            for (int o = 16; o > 0; o >>= 1) {
+                float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+                int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+                better(v, i, v2, i2);
+            }
+            float w = i >= 0 ? score[i] : 0.0f;
+            wsum += w;
+            if (lane == 0) {
+                idx[(size_t)blockIdx.x * k + j] = i;
+                weight[(size_t)blockIdx.x * k + j] = w;
+            }
+            if (i >= 0 && (i & 31) == lane) {
+                taken[i] = 1;
+                lv = -INFINITY;
+                li = -1;
+                for (int e = lane; e < E; e += 32)
+                    if (!taken[e]) better(lv, li, sel[e], e);
+            }
         }
+        __syncwarp();
+        if (lane == 0)
+            for (int j = 0; j < k; j++) {
+                float *w = &weight[(size_t)blockIdx.x * k + j];
+                *w = r.renormalize ? *w / (wsum + 1e-20f) * r.scale : *w * r.scale;
+            }
     }
 }
 
