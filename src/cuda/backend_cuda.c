@@ -137,6 +137,12 @@ static int mm(cuda_ctx *x, const uint16_t *W, int rows, int cols, const float *i
     return k3c_cuda_matmul_bf16(x->exact ? NULL : &x->gemm, W, rows, cols, in, T, y, x->stream);
 }
 
+/* The same with the stock contract's bf16 rounding of the outputs (never in exact mode), fused into the
+ * product's stores. */
+static int mm_rounded(cuda_ctx *x, const uint16_t *W, int rows, int cols, const float *in, int T, float *y) {
+    return k3c_cuda_matmul_bf16_round(x->exact ? NULL : &x->gemm, W, rows, cols, in, T, y, !x->exact, x->stream);
+}
+
 /* ---- weight table ---- */
 
 static int by_host(const void *a, const void *b) {
@@ -660,8 +666,8 @@ static void cuda_matmul(k3c_backend *be, const k3c_mat *W, const float *in, int 
     if (x->failed || T <= 0) return;
     const uint16_t *w;
     WDEV(x, "matmul", W->w, w);
-    OP_TRY(x, "matmul", mm(x, w, W->rows, W->cols, in, T, y));
-    if (round && !x->exact) OP_TRY(x, "matmul round", k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->stream));
+    OP_TRY(x, "matmul", k3c_cuda_matmul_bf16_round(x->exact ? NULL : &x->gemm, w, W->rows, W->cols, in, T, y,
+                                                   round && !x->exact, x->stream));
 }
 
 static void cuda_rmsnorm(k3c_backend *be, const float *in, int x_stride, const float *w, int T, int n, float eps,
@@ -930,8 +936,7 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
     if (c->routed_expert_hidden_size > 0) {
         const uint16_t *wd;
         WDEV(x, "moe latent_down", w->latent_down.w, wd);
-        OP_TRY(x, "moe latent_down", mm(x, wd, w->latent_down.rows, w->latent_down.cols, y, T, x->z));
-        if (!x->exact) OP_TRY(x, "moe latent_down", k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
+        OP_TRY(x, "moe latent_down", mm_rounded(x, wd, w->latent_down.rows, w->latent_down.cols, y, T, x->z));
         z = x->z;
     }
     OP_TRY(x, "moe experts", k3c_cuda_moe_experts(ex, E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, F, Rin, z, T,
@@ -945,8 +950,7 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
         }
         const uint16_t *wu;
         WDEV(x, "moe latent_up", w->latent_up.w, wu);
-        OP_TRY(x, "moe latent_up", mm(x, wu, w->latent_up.rows, w->latent_up.cols, x->r, T, x->rup));
-        if (!x->exact) OP_TRY(x, "moe latent_up", k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
+        OP_TRY(x, "moe latent_up", mm_rounded(x, wu, w->latent_up.rows, w->latent_up.cols, x->r, T, x->rup));
         routed = x->rup;
     }
     if (w->shared.gate.w) {
@@ -955,15 +959,10 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
         WDEV(x, "moe shared", w->shared.gate.w, sg);
         WDEV(x, "moe shared", w->shared.up.w, su);
         WDEV(x, "moe shared", w->shared.down.w, sd);
-        OP_TRY(x, "moe shared gate", mm(x, sg, Fs, D, y, T, x->sa));
-        OP_TRY(x, "moe shared up", mm(x, su, Fs, D, y, T, x->su));
-        if (!x->exact) {
-            OP_TRY(x, "moe shared gate", k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
-            OP_TRY(x, "moe shared up", k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
-        }
+        OP_TRY(x, "moe shared gate", mm_rounded(x, sg, Fs, D, y, T, x->sa));
+        OP_TRY(x, "moe shared up", mm_rounded(x, su, Fs, D, y, T, x->su));
         OP_TRY(x, "moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, RND(x), x->sa, st));
-        OP_TRY(x, "moe shared down", mm(x, sd, D, Fs, x->sa, T, x->sh));
-        if (!x->exact) OP_TRY(x, "moe shared down", k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
+        OP_TRY(x, "moe shared down", mm_rounded(x, sd, D, Fs, x->sa, T, x->sh));
         OP_TRY(x, "moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, RND(x), out, st));
     } else {
         OP_CUDA(x, "moe out", cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));

@@ -5,6 +5,7 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
+#include "cuda/elementwise.h"
 
 #include "cuda/mma.cuh"
 
@@ -18,12 +19,16 @@
  * through shared memory: deterministic) so that every block gets the same number of work items. Measured
  * before (NOTES.md): one block per row group left a partial last wave that cost 10-50% of the time. */
 
+/* The stored output: the f32 sum, or (round) its bf16 value, as the model's bf16 activations are; the
+ * same rounding as k3c_cuda_round_bf16, done in the store instead of a pass of its own. */
+__device__ __forceinline__ float out_value(float v, int round) { return round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v; }
+
 /* T = 1: a warp owns T1_RPW rows; lane l of warp k of the row's group reads chunks (b*wpr + k)*32*T1_U +
  * 32 u + l, so each load instruction of the warp is 512 contiguous bytes, and keeps T1_RPW * T1_U 16-byte
  * loads in flight. The token vector is read through L1 (shared by all warps of the SM). */
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
-               float *__restrict__ y, int wpr, int items) {
+               float *__restrict__ y, int wpr, int items, int round) {
     __shared__ float part[GEMV_WARPS][T1_RPW];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
@@ -75,7 +80,7 @@ gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *
             float v = acc[0];
 #pragma unroll
             for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
-            if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = v;
+            if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
             continue;
         }
         if (lane == 0)
@@ -85,7 +90,7 @@ gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *
         if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
             float s = 0.0f;
             for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
-            y[row0 + lane] = s;
+            y[row0 + lane] = out_value(s, round);
         }
         __syncthreads();
     }
@@ -98,7 +103,7 @@ gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *
  * then added to the f32 accumulator. */
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
-                float *__restrict__ y, int wpr, int items) {
+                float *__restrict__ y, int wpr, int items, int round) {
     __shared__ float part[GEMV_WARPS][4][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
@@ -175,7 +180,7 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float 
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int row = row0 + g + (i >> 1) * 8, t = 2 * q + (i & 1);
-                if (row < rows && t < T) y[(size_t)t * rows + row] = acc[i];
+                if (row < rows && t < T) y[(size_t)t * rows + row] = out_value(acc[i], round);
             }
         }
         if (wpr > 1) __syncthreads();
@@ -184,7 +189,7 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float 
 
 /* Any shape or alignment: one warp per (row, token), scalar loads. */
 __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
-                                 int T, float *__restrict__ y) {
+                                 int T, float *__restrict__ y, int round) {
     long long warp = (long long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (warp >= (long long)rows * T) return;
@@ -194,7 +199,7 @@ __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int c
     float s = 0.0f;
     for (int c = lane; c < cols; c += 32) s = fmaf(k3c_dev_bf16(w[c]), xt[c], s);
     s = k3c_warp_sum(s);
-    if (lane == 0) y[(size_t)t * rows + row] = s;
+    if (lane == 0) y[(size_t)t * rows + row] = out_value(s, round);
 }
 
 static int sm_count(void) {
@@ -252,26 +257,36 @@ static void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_o
     *grid_out = items < cap ? items : cap;
 }
 
-static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, cudaStream_t s) {
+static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,
+                     cudaStream_t s) {
     static int occ_t1, occ_mma;
     int aligned = cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
     int wpr, grid, items;
     if (!aligned) {
         long long warps = (long long)rows * T;
         gemv_bf16_scalar<<<(unsigned)((warps + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_WARPS * 32, 0, s>>>(W, rows, cols,
-                                                                                                      x, T, y);
+                                                                                                      x, T, y, round);
     } else if (T == 1) {
         int chunks = cols >> 3;
         plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
                   resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
-        gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items);
+        gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items, round);
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,
                   &grid, &items);
-        gemv_mma_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, T, y, wpr, items);
+        gemv_mma_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, T, y, wpr, items, round);
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
+    return K3C_OK;
+}
+
+static int gemv_tiles(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,
+                      cudaStream_t stream) {
+    for (int t0 = 0; t0 < T; t0 += K3C_CUDA_GEMV_MAX_T) {
+        int n = T - t0 < K3C_CUDA_GEMV_MAX_T ? T - t0 : K3C_CUDA_GEMV_MAX_T;
+        K3C_TRY(gemv_tile(W, rows, cols, x + (size_t)t0 * cols, n, y + (size_t)t0 * rows, round, stream));
+    }
     return K3C_OK;
 }
 
@@ -279,11 +294,7 @@ extern "C" int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const f
                                   cudaStream_t stream) {
     if (rows <= 0 || cols <= 0 || T < 0)
         return k3c_errorf("k3c_cuda_gemv_bf16: bad shape rows %d cols %d T %d", rows, cols, T);
-    for (int t0 = 0; t0 < T; t0 += K3C_CUDA_GEMV_MAX_T) {
-        int n = T - t0 < K3C_CUDA_GEMV_MAX_T ? T - t0 : K3C_CUDA_GEMV_MAX_T;
-        K3C_TRY(gemv_tile(W, rows, cols, x + (size_t)t0 * cols, n, y + (size_t)t0 * rows, stream));
-    }
-    return K3C_OK;
+    return gemv_tiles(W, rows, cols, x, T, y, 0, stream);
 }
 
 __global__ void f32_to_bf16_kernel(const float *__restrict__ x, size_t n, uint16_t *__restrict__ out) {
@@ -364,16 +375,24 @@ done:
     return rc;
 }
 
-extern "C" int k3c_cuda_matmul_bf16(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x, int T,
-                                    float *y, cudaStream_t stream) {
+extern "C" int k3c_cuda_matmul_bf16_round(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x,
+                                          int T, float *y, int round_bf16, cudaStream_t stream) {
     if (rows <= 0 || cols <= 0 || T < 0)
         return k3c_errorf("k3c_cuda_matmul_bf16: bad shape rows %d cols %d T %d", rows, cols, T);
     if (T == 0) return K3C_OK;
-    if (T <= K3C_CUDA_GEMV_MAX_T || !g || !g->lt) return k3c_cuda_gemv_bf16(W, rows, cols, x, T, y, stream);
+    if (T <= K3C_CUDA_GEMV_MAX_T || !g || !g->lt) return gemv_tiles(W, rows, cols, x, T, y, round_bf16, stream);
     size_t n = (size_t)T * cols;
     if (n > g->xbf_elems)
         return k3c_errorf("k3c_cuda_matmul_bf16: activation staging holds %zu elements, product needs %zu (T %d, "
                           "cols %d)", g->xbf_elems, n, T, cols);
     K3C_TRY(k3c_cuda_f32_to_bf16(x, n, g->xbf, stream));
-    return lt_matmul(g, W, rows, cols, T, y, stream);
+    K3C_TRY(lt_matmul(g, W, rows, cols, T, y, stream));
+    /* cuBLASLt writes f32: the rounding is a pass of its own here (prefill; decode products round in the
+     * streaming kernels' stores) */
+    return round_bf16 ? k3c_cuda_round_bf16(y, (size_t)T * rows, stream) : K3C_OK;
+}
+
+extern "C" int k3c_cuda_matmul_bf16(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x, int T,
+                                    float *y, cudaStream_t stream) {
+    return k3c_cuda_matmul_bf16_round(g, W, rows, cols, x, T, y, 0, stream);
 }

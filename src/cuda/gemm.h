@@ -41,6 +41,11 @@ void k3c_cuda_gemm_free(k3c_cuda_gemm *g);
 int k3c_cuda_matmul_bf16(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x, int T,
                          float *y, cudaStream_t stream);
 
+/* The same with the stock contract's bf16 rounding of the outputs (round_bf16 1): fused into the streaming
+ * kernels' stores; after cuBLASLt, a rounding pass. */
+int k3c_cuda_matmul_bf16_round(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, const float *x, int T,
+                               float *y, int round_bf16, cudaStream_t stream);
+
 /* The streaming kernel alone, any T (it tiles tokens by K3C_CUDA_GEMV_MAX_T, re-reading W per tile). */
 int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
                        cudaStream_t stream);

@@ -226,9 +226,7 @@ typedef struct rec {
 
 static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
     if (!WPTR(W->w)) return k3c_errorf("decode executor: a [%d x %d] matrix has no device copy", W->rows, W->cols);
-    L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, x->st));
-    if (round) L_TRY(k3c_cuda_round_bf16(y, (size_t)T * W->rows, x->st));
-    return K3C_OK;
+    return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
 static k3c_cuda_seg *segs_of(k3c_decode_cuda *x, int l) {
@@ -317,9 +315,8 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
     L_TRY(k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
     const float *z = y;
     if (c->routed_expert_hidden_size > 0) {
-        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->latent_down.w), w->latent_down.rows, w->latent_down.cols, y, T,
-                                   x->z, st));
-        L_TRY(k3c_cuda_round_bf16(x->z, (size_t)T * Rin, st));
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->latent_down.w), w->latent_down.rows, w->latent_down.cols,
+                                         y, T, x->z, 1, st));
         z = x->z;
     }
     L_TRY(k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin, z, T, x->idx,
@@ -328,20 +325,16 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
     if (c->routed_expert_hidden_size > 0) {
         if (c->latent_moe_use_norm)
             L_TRY(k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
-        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->latent_up.w), w->latent_up.rows, w->latent_up.cols, x->r, T,
-                                   x->rup, st));
-        L_TRY(k3c_cuda_round_bf16(x->rup, (size_t)T * D, st));
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->latent_up.w), w->latent_up.rows, w->latent_up.cols, x->r,
+                                         T, x->rup, 1, st));
         routed = x->rup;
     }
     if (w->shared.gate.w) {
         int Fs = w->shared.gate.rows;
-        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.gate.w), Fs, D, y, T, x->sa, st));
-        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.up.w), Fs, D, y, T, x->su, st));
-        L_TRY(k3c_cuda_round_bf16(x->sa, (size_t)T * Fs, st));
-        L_TRY(k3c_cuda_round_bf16(x->su, (size_t)T * Fs, st));
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.gate.w), Fs, D, y, T, x->sa, 1, st));
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.up.w), Fs, D, y, T, x->su, 1, st));
         L_TRY(k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
-        L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->shared.down.w), D, Fs, x->sa, T, x->sh, st));
-        L_TRY(k3c_cuda_round_bf16(x->sh, (size_t)T * D, st));
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.down.w), D, Fs, x->sa, T, x->sh, 1, st));
         return k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st);
     }
     K3C_CUDA_TRY(cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));

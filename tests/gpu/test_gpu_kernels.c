@@ -88,6 +88,18 @@ TEST(gpu_matmul_bf16) {
                 double e = rel_l2_f32f32(y, ref, (size_t)T * rows);
                 note(lt ? "gemm_bf16_cublaslt" : "gemv_bf16_stream", lt ? 1e-4 : 1e-5, e);
                 CHECKF(e < (lt ? 1e-4 : 1e-5), "rows %d cols %d T %d: rel L2 %.3g", rows, cols, T, e);
+                { /* the rounded product: exactly the bf16 values of the unrounded one (fused into the stores) */
+                    float *yr = fmalloc((size_t)T * rows);
+                    CHECK(cudaMemset(dy, 0xff, (size_t)T * rows * 4) == cudaSuccess);
+                    CHECK_OK(k3c_cuda_matmul_bf16_round(&g, dW, rows, cols, dx, T, dy, 1, 0));
+                    CHECK(dev_download(yr, dy, (size_t)T * rows * 4) == 0);
+                    round_host(y, (size_t)T * rows);
+                    size_t bad = 0;
+                    for (size_t i = 0; i < (size_t)T * rows; i++) bad += memcmp(&yr[i], &y[i], 4) != 0;
+                    CHECKF(bad == 0, "rows %d cols %d T %d: %zu rounded outputs differ from round(product)", rows,
+                           cols, T, bad);
+                    free(yr);
+                }
                 if (lt) { /* the streaming kernel on the same shape, f32 activations */
                     k3c_matmul_bf16(NULL, &m, x, T, ref);
                     CHECK(cudaMemset(dy, 0xff, (size_t)T * rows * 4) == cudaSuccess);
