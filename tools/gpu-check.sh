@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU check, run on the GPU host from a fresh clone: builds everything (make -j16 all gpu-test), runs the GPU
 # tests (build/test_gpu: every CUDA kernel against its CPU counterpart, and the whole stock forward on the
-# CUDA backend against the CPU backend), compute-sanitizer memcheck on a small forward and racecheck on the
-# KDA kernels and a device-synthetic forward (bounded time), the kernel benchmark (build/bench_gpu: achieved
-# GB/s next to a measured device-to-device copy), the stock decode benchmark (k3c bench --device cuda on
-# k3-slice and kimi-linear-48b), and prints a short table last. About 5-8 minutes on an H200.
+# CUDA backend against the CPU backend) with compute-sanitizer runs beside them in the background (memcheck
+# on a small forward, racecheck on the routed-experts kernel, the KDA kernels and a device-synthetic forward;
+# bounded time each), then alone the kernel benchmark (build/bench_gpu: achieved GB/s next to a measured
+# device-to-device copy) and the decode benchmark (k3c bench --device cuda on k3-slice and kimi-linear-48b:
+# stock STEP and executor SPEC lines), and prints a short table last. About 6-7 minutes on an H200.
 #
 # cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
 # committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
@@ -24,7 +25,7 @@ LOGDIR=${OUT:-/tmp/k3c-gpu-check}
 SANITIZE=${SANITIZE:-1}
 BENCH=${BENCH:-1}
 KBENCH=${KBENCH:-1}
-SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:150 racecheck:gpu_kda_recurrent:60 racecheck:gpu_synthetic_tiny:90"}
+SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:120 racecheck:gpu_moe_bf16:90 racecheck:gpu_kda_recurrent:50 racecheck:gpu_synthetic_tiny:60"}
 mkdir -p "$LOGDIR"
 
 if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
@@ -52,6 +53,32 @@ if ! make -j"$JOBS" BUILD="$BUILD" all gpu-test >"$LOGDIR/build.log" 2>&1; then
 fi
 grep -E 'warning:' "$LOGDIR/build.log" | head -20
 
+# The sanitizer runs (correctness, not timing) go in the background while the test suite runs, so the
+# GPU is busy with both at once; they are waited for before the benchmarks, which run alone.
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+run_sanitizers() {
+    local rc=0 summary
+    : >"$LOGDIR/sanitizer.log"
+    for run in $SAN_RUNS; do
+        set -- ${run//:/ }
+        timeout "$3" "$SAN" --tool "$1" --error-exitcode 99 "$BUILD/test_gpu" "$2" >"$LOGDIR/san_$1_$2.log" 2>&1
+        local r=$?
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGDIR/san_$1_$2.log" | tail -1)
+        echo "sanitizer $1 $2: exit $r ${summary:-"(no summary)"}" >>"$LOGDIR/sanitizer.log"
+        [ "$r" -eq 124 ] && echo "  (timed out: log $LOGDIR/san_$1_$2.log)" >>"$LOGDIR/sanitizer.log"
+        [ "$r" -ne 0 ] && [ "$r" -ne 124 ] && { rc=1; grep -m 20 -E "=========" "$LOGDIR/san_$1_$2.log" >>"$LOGDIR/sanitizer.log"; }
+    done
+    return $rc
+}
+san_pid=
+if [ "$SANITIZE" = 1 ] && [ -n "$SAN" ]; then
+    echo "== compute-sanitizer in the background ($SAN_RUNS)"
+    run_sanitizers &
+    san_pid=$!
+elif [ "$SANITIZE" = 1 ]; then
+    echo "gpu-check: compute-sanitizer not found, skipped" | tee "$LOGDIR/sanitizer.log"
+fi
+
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
 test_rc=0
@@ -63,6 +90,13 @@ else
         timeout 300 "$BUILD/test_gpu" "$filter" 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
+fi
+
+san_rc=0
+if [ -n "$san_pid" ]; then
+    echo "== waiting for compute-sanitizer"
+    wait "$san_pid" || san_rc=1
+    cat "$LOGDIR/sanitizer.log"
 fi
 
 bench_rc=0
@@ -85,24 +119,6 @@ if [ "$BENCH" = 1 ]; then
     timeout 200 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8 --context 128 2>&1 |
         tee -a "$LOGDIR/bench_stock.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || stock_rc=1
-fi
-
-san_rc=0
-SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [ "$SANITIZE" = 1 ] && [ -n "$SAN" ]; then
-    echo "== compute-sanitizer ($SAN_RUNS)"
-    : >"$LOGDIR/sanitizer.log"
-    for run in $SAN_RUNS; do
-        set -- ${run//:/ }
-        timeout "$3" "$SAN" --tool "$1" --error-exitcode 99 "$BUILD/test_gpu" "$2" >"$LOGDIR/san_$1_$2.log" 2>&1
-        rc=$?
-        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGDIR/san_$1_$2.log" | tail -1)
-        echo "sanitizer $1 $2: exit $rc ${summary:-"(no summary)"}" | tee -a "$LOGDIR/sanitizer.log"
-        [ "$rc" -eq 124 ] && echo "  (timed out: log $LOGDIR/san_$1_$2.log)"
-        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && { san_rc=1; grep -m 20 -E "=========" "$LOGDIR/san_$1_$2.log"; }
-    done
-elif [ "$SANITIZE" = 1 ]; then
-    echo "gpu-check: compute-sanitizer not found, skipped" | tee "$LOGDIR/sanitizer.log"
 fi
 
 echo

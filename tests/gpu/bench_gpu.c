@@ -2,7 +2,8 @@
  * device-to-device copy bandwidth (bytes read + written), in the same run. Weights are rotated among
  * enough copies that each launch streams from HBM, not from the 60 MB L2. Times are medians of CUDA-event
  * timed launches after warm-up. Prints one line per kernel:
- *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth> */
+ *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth>
+ * Usage: bench_gpu [gemm] [moe] [kda] [mla] (sections; none: all). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,7 +158,19 @@ static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask) {
     return d;
 }
 
+/* Sections named on the command line run (after the copy bandwidth, always measured); none: all. */
+static int bench_argc;
+static char **bench_argv;
+static int want(const char *section) {
+    if (bench_argc < 2) return 1;
+    for (int i = 1; i < bench_argc; i++)
+        if (strcmp(bench_argv[i], section) == 0) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    bench_argc = argc;
+    bench_argv = argv;
     int dev = 0;
     CK(cudaSetDevice(dev));
     struct cudaDeviceProp prop;
@@ -182,7 +195,7 @@ int main(int argc, char **argv) {
         cudaFree(c.src); cudaFree(c.dst);
     }
 
-    { /* bf16 gemv / gemm at decode widths */
+    if (want("gemm")) { /* bf16 gemv / gemm at decode widths */
         static const int shapes[][2] = {{12288, 7168}, {7168, 12288}, {4096, 4096}, {2048, 4096}, {576, 7168},
                                         {163840, 7168}};
         void *ws;
@@ -226,7 +239,7 @@ int main(int argc, char **argv) {
         cudaFree(ws); cudaFree(xbf); cudaFree(x); cudaFree(xf); cudaFree(y);
     }
 
-    { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
+    if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
         int E = 64, In = 3584, F = 3072, Out = 3584, k = 16;
         k3c_cuda_expert *tab = calloc(E, sizeof *tab);
         size_t pgu = (size_t)F * In / 2, sgu = (size_t)F * In / 32, pd = (size_t)Out * F / 2, sd = (size_t)Out * F / 32;
@@ -298,7 +311,7 @@ int main(int argc, char **argv) {
         }
     }
 
-    { /* KDA recurrent decode step, K3 heads: state read + written once */
+    if (want("kda")) { /* KDA recurrent decode step, K3 heads: state read + written once */
         kda_ctx c;
         memset(&c, 0, sizeof c);
         c.H = 96; c.dk = 128; c.T = 1;
@@ -318,7 +331,7 @@ int main(int argc, char **argv) {
         cudaFree(c.q); cudaFree(c.k); cudaFree(c.v); cudaFree(c.g); cudaFree(c.beta); cudaFree(c.o);
     }
 
-    { /* KDA prefill, Kimi-Linear-48B heads (H 32, dk = dv = 128), one 4096-token prompt: the chunked kernel
+    if (want("kda")) { /* KDA prefill, Kimi-Linear-48B heads (H 32, dk = dv = 128), one 4096-token prompt: the chunked kernel
        * vs the recurrent one over the same tokens (fresh state each launch; medians of 5 after a warm-up) */
         int T = 4096, H = 32, dk = 128;
         size_t ns = (size_t)H * dk * dk, n = (size_t)T * H * dk;
@@ -353,7 +366,7 @@ int main(int argc, char **argv) {
         cudaFree(S); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(g); cudaFree(beta); cudaFree(o);
     }
 
-    { /* MLA paged decode attention, bf16 cache, 96 heads, 1 row at 8192 positions */
+    if (want("mla")) { /* MLA paged decode attention, bf16 cache, 96 heads, 1 row at 8192 positions */
         mla_ctx c;
         memset(&c, 0, sizeof c);
         c.Hm = 96; c.T = 1; c.bs = 64;
@@ -374,7 +387,7 @@ int main(int argc, char **argv) {
         cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
     }
 
-    { /* MLA expanded form (prompt), Kimi Linear 48B dims: 32 heads, nope 128, rope 64, v 128, kv_lora 512; one
+    if (want("mla")) { /* MLA expanded form (prompt), Kimi Linear 48B dims: 32 heads, nope 128, rope 64, v 128, kv_lora 512; one
        * 4096-token prompt from position 0, bf16 cache in blocks of 64, bf16 rounding, cuBLASLt decompression.
        * FLOPs: decompression 2 N kvl Hm (nope + v) + causal attention 2 Hm (qh + v) N (N + 1) / 2. Passes of
        * K3C_CUDA_MLA_EXP_CHUNK positions (the backend's) and one pass over all 4096. */
