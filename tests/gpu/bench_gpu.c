@@ -196,7 +196,7 @@ int main(int argc, char **argv) {
     }
 
     if (want("gemm")) { /* bf16 gemv / gemm at decode widths */
-        static const int shapes[][2] = {{12288, 7168}, {7168, 12288}, {4096, 4096}, {2048, 4096}, {576, 7168},
+        static const int shapes[][2] = {{12288, 7168}, {7168, 12288}, {4096, 4096}, {2048, 4096}, {576, 7168}, {896, 7168},
                                         {163840, 7168}};
         void *ws;
         CK(cudaMalloc(&ws, 32u << 20));
