@@ -344,7 +344,32 @@ TEST(gpu_embed) {
 
 /* ---- AttnRes ---- */
 
-/* Mix over 1, 2 and 9 sources: rel L2 < 1e-5. */
+/* Float64 AttnRes mix of one row, from the formula (spec: logits v . (norm * proj) / rms(v), softmax over
+ * the sources, weighted sum). */
+static void attnres_ref64(const float *const *rows, int n, int D, const float *proj, const float *norm, double eps,
+                          double *out) {
+    double a[9], mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < n; j++) {
+        double ss = 0.0, dot = 0.0;
+        for (int d = 0; d < D; d++) {
+            ss += (double)rows[j][d] * rows[j][d];
+            dot += (double)rows[j][d] * ((double)norm[d] * proj[d]);
+        }
+        a[j] = dot / sqrt(ss / D + eps);
+        if (a[j] > mx) mx = a[j];
+    }
+    for (int j = 0; j < n; j++) sum += a[j] = exp(a[j] - mx);
+    for (int d = 0; d < D; d++) {
+        double acc = 0.0;
+        for (int j = 0; j < n; j++) acc += a[j] / sum * rows[j][d];
+        out[d] = acc;
+    }
+}
+
+/* Mix over 1, 2 and 9 sources against a float64 reference: rel L2 < 2e-5. Why not the f32 CPU kernel: its
+ * logits (sums of 7168 products, ~N(0, 25) here) are summed sequentially, and their f32 error moves the
+ * softmax weights by up to 5e-5 of the output (measured against float64 over 200 rows); the CUDA kernel's
+ * tree-reduced sums, emulated on the CPU in its order over 4000 rows, stay within 5.7e-6 of float64. */
 TEST(gpu_attnres_mix) {
     k3c_rng r = rng_for("attnres");
     static const int n_l[] = {1, 2, 9}, T_l[] = {1, 5}, D_l[] = {7, 256, 7168};
@@ -359,13 +384,14 @@ TEST(gpu_attnres_mix) {
                     dsrc[j] = dev_upload(src[j], (size_t)T * D * 4);
                     CHECK(dsrc[j]);
                 }
-                float *proj = fmalloc(D), *norm = fmalloc(D), *ref = fmalloc((size_t)T * D), *out = fmalloc((size_t)T * D);
+                float *proj = fmalloc(D), *norm = fmalloc(D), *out = fmalloc((size_t)T * D);
                 fill_normal(&r, proj, D, 0.3f);
                 fill_normal(&r, norm, D, 1.0f);
+                double *ref64 = malloc(sizeof(double) * T * D);
                 for (int t = 0; t < T; t++) {
                     const float *rows[9];
                     for (int j = 0; j < n; j++) rows[j] = src[j] + (size_t)t * D;
-                    k3c_attnres_mix(rows, n, D, proj, norm, 1e-5f, ref + (size_t)t * D);
+                    attnres_ref64(rows, n, D, proj, norm, 1e-5, ref64 + (size_t)t * D);
                 }
                 void *dptr = dev_upload(dsrc, sizeof(float *) * n);
                 float *dproj = dev_upload(proj, (size_t)D * 4), *dnorm = dev_upload(norm, (size_t)D * 4);
@@ -373,12 +399,13 @@ TEST(gpu_attnres_mix) {
                 CHECK(dptr && dproj && dnorm && dout);
                 CHECK_OK(k3c_cuda_attnres_mix(dptr, n, T, D, dproj, dnorm, 1e-5f, 0, dout, 0));
                 CHECK(dev_download(out, dout, (size_t)T * D * 4) == 0);
-                double e = rel_l2_f32f32(out, ref, (size_t)T * D);
-                note("attnres_mix", 1e-5, e);
-                CHECKF(e < 1e-5, "n %d T %d D %d: rel L2 %.3g", n, T, D, e);
+                double e = rel_l2_f32(out, ref64, (size_t)T * D);
+                note("attnres_mix(vs_f64)", 2e-5, e);
+                CHECKF(e < 2e-5, "n %d T %d D %d: rel L2 %.3g", n, T, D, e);
+                free(ref64);
                 for (int j = 0; j < n; j++) { cudaFree(dsrc[j]); free(src[j]); }
                 cudaFree(dptr); cudaFree(dproj); cudaFree(dnorm); cudaFree(dout);
-                free(proj); free(norm); free(ref); free(out);
+                free(proj); free(norm); free(out);
             }
 }
 
