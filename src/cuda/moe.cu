@@ -478,7 +478,15 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
         occ = b;
         occ_smem = (int)smem;
     }
-    int leaders = npairs < num_experts ? npairs : num_experts;
+    /* Leaders = distinct experts of the step, unknown on the host: their expected count under uniform
+     * routing, E (1 - (1 - k/E)^tokens) (k = slots per token). min(pairs, E) overstated it by half at
+     * T = 4, k = 16, E = 64 (44 of 64), which left a third of the wave's blocks empty. */
+    int slots = tokens > 0 ? (npairs + tokens - 1) / tokens : npairs;
+    double frac = slots >= num_experts ? 1.0 : 1.0 - pow(1.0 - (double)slots / num_experts, tokens > 0 ? tokens : 1);
+    int leaders = (int)ceil(num_experts * frac - 1e-9);
+    if (leaders > npairs) leaders = npairs;
+    if (leaders > num_experts) leaders = num_experts;
+    if (leaders < 1) leaders = 1;
     moe_shape sh = moe_plan(bands, leaders, steps, occ * sm_count());
     dim3 grid(sh.chunks, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
