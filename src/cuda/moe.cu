@@ -458,6 +458,14 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
      * `tokens` columns cover every pass at decode; more pairs (tests, skewed routing) take more passes.
      * Fewer columns when the plane would not fit beside the ring (2 K bytes per column). */
     int bcols = tokens < MOE_MAX_COLS ? (tokens > 0 ? tokens : 1) : MOE_MAX_COLS;
+    /* K3C_MOE_BCOLS caps the columns (benchmarks: fewer columns keep more blocks per SM, more passes re-read
+     * an expert with many pairs) */
+    static int bcols_cap = -1;
+    if (bcols_cap < 0) {
+        const char *v = getenv("K3C_MOE_BCOLS");
+        bcols_cap = v ? atoi(v) : 0;
+    }
+    if (bcols_cap > 0 && bcols > bcols_cap) bcols = bcols_cap;
     /* dynamic shared memory beside the static split-k sums */
     const size_t smem_max = 227 * 1024 - (size_t)MOE_WARPS * (UP ? 2 : 1) * 4 * 32 * sizeof(float) - 64;
     while (bcols > 1 && (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring > smem_max) bcols /= 2;
