@@ -103,6 +103,7 @@ static int run_gemv(void *c, int rep) {
 typedef struct {
     k3c_cuda_expert *tab;
     int E, In, F, Out, T, k, mode; /* mode 0: all, 1: gate_up, 2: down */
+    int mx;                        /* 1: MXFP4 experts, 0: bf16 */
     int *idx[4];
     float *w, *x, *h, *part, *out;
 } moe_ctx;
@@ -110,10 +111,11 @@ static int run_moe(void *c, int rep) {
     moe_ctx *m = c;
     k3c_cuda_act act = {2, 4.0f, 25.0f};
     int *idx = m->idx[rep % 4];
-    if (m->mode == 1) return k3c_cuda_moe_gate_up(m->tab, m->E, 1, m->In, m->F, m->x, m->T, idx, m->k, act, 1, m->h, 0);
-    if (m->mode == 2) return k3c_cuda_moe_down(m->tab, m->E, 1, m->F, m->Out, m->h, m->T * m->k, m->k, idx, 1, m->part, 0);
-    return k3c_cuda_moe_experts(m->tab, m->E, 1, m->In, m->F, m->Out, m->x, m->T, idx, m->w, m->k, act, 1, m->h, m->part,
-                                m->out, 0);
+    if (m->mode == 1) return k3c_cuda_moe_gate_up(m->tab, m->E, m->mx, m->In, m->F, m->x, m->T, idx, m->k, act, 1, m->h, 0);
+    if (m->mode == 2)
+        return k3c_cuda_moe_down(m->tab, m->E, m->mx, m->F, m->Out, m->h, m->T * m->k, m->k, idx, 1, m->part, 0);
+    return k3c_cuda_moe_experts(m->tab, m->E, m->mx, m->In, m->F, m->Out, m->x, m->T, idx, m->w, m->k, act, 1, m->h,
+                                m->part, m->out, 0);
 }
 
 /* ---- kda ---- */
@@ -264,7 +266,7 @@ int main(int argc, char **argv) {
         for (int T = 1; T <= 8; T = T == 1 ? 4 : T * 2) {
             moe_ctx m;
             memset(&m, 0, sizeof m);
-            m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k;
+            m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k; m.mx = 1;
             for (int r = 0; r < 4; r++) {
                 /* 4 rotating selections of 16 distinct experts per token (quarters of the 64) */
                 int *hi = malloc(sizeof(int) * T * k);
@@ -309,6 +311,70 @@ int main(int argc, char **argv) {
             for (int r = 0; r < 4; r++) cudaFree(m.idx[r]);
             cudaFree(m.w); cudaFree(m.x); cudaFree(m.h); cudaFree(m.part); cudaFree(m.out);
         }
+    }
+
+    if (want("moe")) { /* bf16 experts, Kimi Linear 48B shape (In 2304, F 1024), 256 experts, top-8, T = 1, 8, 32 */
+        int E = 256, In = 2304, F = 1024, Out = 2304, k = 8;
+        k3c_cuda_expert *tab = calloc(E, sizeof *tab);
+        size_t bgu = (size_t)F * In * 2, bd = (size_t)Out * F * 2;
+        for (int e = 0; e < E; e++) {
+            tab[e].gate_w = dmalloc_rand(bgu, 3000 + 3 * e);
+            tab[e].up_w = dmalloc_rand(bgu, 3001 + 3 * e);
+            tab[e].down_w = dmalloc_rand(bd, 3002 + 3 * e);
+        }
+        k3c_cuda_expert *dtab;
+        CK(cudaMalloc((void **)&dtab, sizeof *tab * E));
+        CK(cudaMemcpy(dtab, tab, sizeof *tab * E, cudaMemcpyHostToDevice));
+        static const int T_l[] = {1, 8, 32};
+        for (int ti = 0; ti < 3; ti++) {
+            int T = T_l[ti];
+            moe_ctx m;
+            memset(&m, 0, sizeof m);
+            m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k; m.mx = 0;
+            /* 4 rotating selections, k distinct experts per token (j * 29 mod 256 differ for j < 8); the bytes
+             * counted are those of the distinct experts of selection 0 (the others have the same count) */
+            int distinct = 0;
+            unsigned char seen[256] = {0};
+            for (int r = 0; r < 4; r++) {
+                int *hi = malloc(sizeof(int) * T * k);
+                for (int t = 0; t < T; t++)
+                    for (int j = 0; j < k; j++) {
+                        int e = (r * 64 + t * 11 + j * 29) % E;
+                        hi[t * k + j] = e;
+                        if (r == 0 && !seen[e]) seen[e] = 1, distinct++;
+                    }
+                CK(cudaMalloc((void **)&m.idx[r], sizeof(int) * T * k));
+                CK(cudaMemcpy(m.idx[r], hi, sizeof(int) * T * k, cudaMemcpyHostToDevice));
+                free(hi);
+            }
+            float *hw = malloc(sizeof(float) * T * k);
+            for (int i = 0; i < T * k; i++) hw[i] = 1.0f / k;
+            CK(cudaMalloc((void **)&m.w, sizeof(float) * T * k));
+            CK(cudaMemcpy(m.w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
+            free(hw);
+            m.x = dmalloc_rand_bf16x((size_t)T * In * 4, 11);
+            CK(cudaMalloc((void **)&m.h, (size_t)T * k * F * 4));
+            CK(cudaMalloc((void **)&m.part, (size_t)T * k * Out * 4));
+            CK(cudaMalloc((void **)&m.out, (size_t)T * Out * 4));
+            double gu = (double)distinct * 2 * bgu, dn = (double)distinct * bd;
+            char name[64];
+            m.mode = 1;
+            snprintf(name, sizeof name, "moe_bf16_gate_up_T%d_k8", T);
+            time_it(name, gu, run_moe, &m);
+            m.mode = 2;
+            snprintf(name, sizeof name, "moe_bf16_down_T%d_k8", T);
+            time_it(name, dn, run_moe, &m);
+            m.mode = 0;
+            snprintf(name, sizeof name, "moe_bf16_all_T%d_k8", T);
+            time_it(name, gu + dn, run_moe, &m);
+            for (int r = 0; r < 4; r++) cudaFree(m.idx[r]);
+            cudaFree(m.w); cudaFree(m.x); cudaFree(m.h); cudaFree(m.part); cudaFree(m.out);
+        }
+        for (int e = 0; e < E; e++) {
+            cudaFree((void *)tab[e].gate_w); cudaFree((void *)tab[e].up_w); cudaFree((void *)tab[e].down_w);
+        }
+        cudaFree(dtab);
+        free(tab);
     }
 
     if (want("kda")) { /* KDA recurrent decode step, K3 heads: state read + written once */
