@@ -19,6 +19,9 @@
  * through shared memory: deterministic) so that every block gets the same number of work items. Measured
  * before (NOTES.md): one block per row group left a partial last wave that cost 10-50% of the time. */
 
+/* Below this many rows, T > 1 products run the T = 1 kernel once per token (see gemv_tile). */
+#define GEMV_MMA_MIN_ROWS 256
+
 /* The stored output: the f32 sum, or (round) its bf16 value, as the model's bf16 activations are; the
  * same rounding as k3c_cuda_round_bf16, done in the store instead of a pass of its own. */
 __device__ __forceinline__ float out_value(float v, int round) { return round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v; }
@@ -266,11 +269,16 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
         long long warps = (long long)rows * T;
         gemv_bf16_scalar<<<(unsigned)((warps + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_WARPS * 32, 0, s>>>(W, rows, cols,
                                                                                                       x, T, y, round);
-    } else if (T == 1) {
+    } else if (T == 1 || rows < GEMV_MMA_MIN_ROWS) {
+        /* T = 1, or a matrix too short for the tensor-core kernel (whose warps own 16 rows each: 64 rows at
+         * T = 4 ran on 4 blocks, 87 us a call for k3-slice's router on the H200): token by token, each launch
+         * with the whole GPU */
         int chunks = cols >> 3;
         plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
                   resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
-        gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items, round);
+        for (int t = 0; t < T; t++)
+            gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
+                                                            wpr, items, round);
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,
