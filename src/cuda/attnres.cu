@@ -1,40 +1,99 @@
-/* AttnRes mix: one block per row; per-source reductions in a fixed tree, softmax over sources in f32. */
+/* AttnRes mix: several blocks per row, each computing every source's logit (the same code on the same data,
+ * so the same bits in every block of the row) and then mixing its own chunk of the row; softmax in f32. */
 #include "cuda/attnres.h"
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 
-__global__ void attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
-                                   const float *__restrict__ norm, float eps, int round, float *out) {
-    extern __shared__ float alpha[]; /* [nsrc] */
-    __shared__ float red[32];
-    size_t row = (size_t)blockIdx.x * D;
-    for (int j = 0; j < nsrc; j++) {
-        const float *v = src[j] + row;
-        float ss = 0.0f, dot = 0.0f;
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float x = v[d];
-            ss = fmaf(x, x, ss);
-            dot = fmaf(x, norm[d] * proj[d], dot);
+#define ATTNRES_THREADS 512
+#define ATTNRES_SRC_TILE 8    /* sources reduced together: 16 partial sums per thread, one barrier pair */
+#define ATTNRES_MAX_CHUNKS 16 /* blocks per row at most */
+
+/* Grid (chunks, T). The old kernel (one block of 256 threads per row, one source at a time with two block
+ * reductions each, then the mix reading every source again) took 27.7 us a call at T = 1 on the H200, 24 calls
+ * per k3-slice step. Here 512 threads reduce 8 sources at once (8 independent loads in flight per thread, one
+ * barrier pair per 8 sources), and the mix is split over the row's blocks. Why redundant logits rather than a
+ * reduction across blocks: that would need a second launch or a grid barrier, while re-reading the row's
+ * sources (L2-resident activations) in each block costs chunks * nsrc * D * 4 bytes of L2 traffic, small at
+ * the T where chunks > 1. Reduction order: per thread, d = tid, tid + 512, ... with fmaf;
+ * then warp shuffles (k3c_warp_sum); then the 16 warps in order. out must not alias a source: other blocks
+ * of the row may still be reading it. */
+__global__ void __launch_bounds__(ATTNRES_THREADS)
+attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
+                   const float *__restrict__ norm, float eps, int round, float *__restrict__ out) {
+    extern __shared__ float sh[]; /* logit [npad], then alpha [npad] */
+    __shared__ float red[ATTNRES_THREADS / 32][2 * ATTNRES_SRC_TILE];
+    int npad = (nsrc + 3) / 4 * 4 + 4;
+    float *logit = sh, *alpha = sh + npad;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    size_t row = (size_t)blockIdx.y * D;
+    for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
+        int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
+        const float *p[ATTNRES_SRC_TILE];
+        float ss[ATTNRES_SRC_TILE], dot[ATTNRES_SRC_TILE];
+#pragma unroll
+        for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+            p[jj] = jj < nj ? src[j0 + jj] + row : NULL;
+            ss[jj] = dot[jj] = 0.0f;
         }
-        ss = k3c_block_sum(ss, red);
-        dot = k3c_block_sum(dot, red);
-        if (threadIdx.x == 0) alpha[j] = dot * rsqrtf(ss / (float)D + eps);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float w = norm[d] * proj[d];
+#pragma unroll
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
+                if (jj < nj) {
+                    float x = p[jj][d];
+                    ss[jj] = fmaf(x, x, ss[jj]);
+                    dot[jj] = fmaf(x, w, dot[jj]);
+                }
+        }
+#pragma unroll
+        for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+            ss[jj] = k3c_warp_sum(ss[jj]);
+            dot[jj] = k3c_warp_sum(dot[jj]);
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+                red[warp][2 * jj] = ss[jj];
+                red[warp][2 * jj + 1] = dot[jj];
+            }
+        __syncthreads();
+        if ((int)threadIdx.x < nj) {
+            float s = 0.0f, t = 0.0f;
+            for (int w = 0; w < nw; w++) {
+                s += red[w][2 * threadIdx.x];
+                t += red[w][2 * threadIdx.x + 1];
+            }
+            logit[j0 + threadIdx.x] = t * rsqrtf(s / (float)D + eps);
+        }
+        __syncthreads(); /* red is free for the next tile; the logits are visible */
     }
-    __syncthreads();
     float mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j < nsrc; j++) mx = fmaxf(mx, alpha[j]);
-    for (int j = 0; j < nsrc; j++) sum += expf(alpha[j] - mx);
+    for (int j = 0; j < nsrc; j++) mx = fmaxf(mx, logit[j]);
+    for (int j = 0; j < nsrc; j++) sum += expf(logit[j] - mx);
     float inv = 1.0f / sum;
-    __syncthreads(); /* every thread has read the logits */
-    for (int j = threadIdx.x; j < nsrc; j += blockDim.x) alpha[j] = expf(alpha[j] - mx) * inv;
+    for (int j = threadIdx.x; j < nsrc; j += blockDim.x) alpha[j] = expf(logit[j] - mx) * inv;
     __syncthreads();
-    /* Element by element over all sources, so out may alias a source. */
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    /* this block's chunk of the row (multiples of 4 elements), element by element over the sources */
+    int per = ((D + gridDim.x - 1) / gridDim.x + 3) & ~3;
+    int d0 = blockIdx.x * per, d1 = min(D, d0 + per);
+    for (int d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < nsrc; j++) acc = fmaf(alpha[j], src[j][row + d], acc);
         out[row + d] = round ? k3c_dev_bf16(k3c_dev_to_bf16(acc)) : acc;
     }
+}
+
+static int sm_count(void) {
+    static int count;
+    if (!count) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            n = 132;
+        count = n > 0 ? n : 132;
+    }
+    return count;
 }
 
 extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj,
@@ -42,10 +101,19 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     if (T == 0) return K3C_OK;
     if (nsrc <= 0 || D <= 0 || T < 0)
         return k3c_errorf("k3c_cuda_attnres_mix: bad shape nsrc %d T %d D %d", nsrc, T, D);
-    /* The weights array is padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read
-     * past a 1- or 2-entry array in the forward test). */
-    size_t smem = ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float);
-    attnres_mix_kernel<<<T, 256, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
+    /* blocks per row: about two blocks per SM over the step's rows, at most one per 512 elements (a thread
+     * mixes at least one), 1 for prefill-sized T (no redundant reads there). More blocks shorten only the
+     * mix (each block still reads every source for the logits). */
+    int chunks = (2 * sm_count() + T - 1) / T;
+    int by_width = (D + ATTNRES_THREADS - 1) / ATTNRES_THREADS;
+    if (chunks > by_width) chunks = by_width;
+    if (chunks > ATTNRES_MAX_CHUNKS) chunks = ATTNRES_MAX_CHUNKS;
+    if (chunks < 1) chunks = 1;
+    if (T > 65535) return k3c_errorf("k3c_cuda_attnres_mix: %d rows (at most 65535 per launch)", T);
+    /* logits and weights padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read past a
+     * 1- or 2-entry array in the forward test: the mix loop's reads are vectorized) */
+    size_t smem = 2 * ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float);
+    attnres_mix_kernel<<<dim3(chunks, T), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
                                                                           out);
     K3C_CUDA_LAUNCHED("attnres_mix");
     return K3C_OK;

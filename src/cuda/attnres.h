@@ -10,7 +10,8 @@ extern "C" {
 
 /* For each of T rows: sources j < nsrc are src[j] + t * D (src: a *device* array of nsrc device pointers,
  * oldest block first, partial prefix last); s_j = rsqrt(mean(v_j^2) + eps) * sum_d v_j[d] norm[d] proj[d];
- * out = sum_j softmax(s)_j v_j, bf16-rounded when round_bf16. out may alias one of the sources. */
+ * out = sum_j softmax(s)_j v_j, bf16-rounded when round_bf16. out must not alias a source (several blocks
+ * of a row read every source while others write their part of out). */
 int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj, const float *norm,
                          float eps, int round_bf16, float *out, cudaStream_t stream);
 

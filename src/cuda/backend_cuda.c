@@ -692,6 +692,12 @@ static void cuda_attnres_mix(k3c_backend *be, const float *const *src, int nsrc,
     const float *pd, *nd;
     WDEV(x, "attnres_mix", proj, pd);
     WDEV(x, "attnres_mix", norm, nd);
+    /* the kernel's blocks read every source while others write out (cuda/attnres.h) */
+    size_t bytes = sizeof(float) * (size_t)T * D;
+    for (int i = 0; i < nsrc; i++)
+        if ((const char *)out < (const char *)src[i] + bytes && (const char *)src[i] < (const char *)out + bytes) {
+            OP_TRY(x, "attnres_mix", k3c_errorf("attnres_mix: the output overlaps source %d of %d", i, nsrc));
+        }
     void *dev;
     const float **h = meta_alloc(x, sizeof(float *) * (size_t)nsrc, &dev);
     if (!h) return;

@@ -140,6 +140,9 @@ static inline unsigned __ballot_sync(unsigned mask, int p) {
     return r;
 }
 static inline int __all_sync(unsigned mask, int p) { return __ballot_sync(mask, p) == 0xffffffffu; }
+/* CUDA's rsqrtf (approximate, ~2 ulp there): the correctly rounded 1 / sqrt here */
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
 static inline float __shfl_xor_sync(unsigned mask, float v, int o) {
     emu_full_warp(mask, "__shfl_xor_sync");
     emu_slot(emu_lane())[0] = __float_as_uint(v);
