@@ -401,20 +401,24 @@ static int sm_count(void) {
  * experts). Per wpr (warps per band): nbg band groups per expert, spread over `chunks` blocks per expert so
  * that chunks x leaders fill one wave of resident blocks (cap), each block taking ceil(nbg / chunks) band
  * groups; the score is the wave's fill times the balance of band groups over blocks. K3C_MOE_BGPB (band
- * groups per block) overrides the spread, for benchmarks. */
+ * groups per block) overrides the spread and K3C_MOE_WPR (1, 2, 4 or 8) the warps per band, for benchmark
+ * sweeps (a forced wpr that leaves fewer than two steps per warp falls back to 1). */
 typedef struct moe_shape {
     int wpr, nbg, chunks;
 } moe_shape;
 
 static moe_shape moe_plan(int bands, int leaders, int steps, int cap) {
-    moe_shape best = {1, bands, bands};
+    int nbg1 = (bands + MOE_WARPS - 1) / MOE_WARPS; /* wpr 1: MOE_WARPS bands per group */
+    moe_shape best = {1, nbg1, nbg1};
     double best_eff = -1.0;
-    static int bgpb = -1;
+    static int bgpb = -1, only_wpr = -1;
     if (bgpb < 0) {
-        const char *v = getenv("K3C_MOE_BGPB");
+        const char *v = getenv("K3C_MOE_BGPB"), *w = getenv("K3C_MOE_WPR");
         bgpb = v ? atoi(v) : 0;
+        only_wpr = w ? atoi(w) : 0;
     }
     for (int wpr = 1; wpr <= MOE_WARPS; wpr *= 2) {
+        if (only_wpr > 0 && wpr != only_wpr) continue;
         if (wpr > 1 && steps < 2 * wpr) break; /* at least two steps per warp: a pipeline, not a prologue */
         int groups = MOE_WARPS / wpr, nbg = (bands + groups - 1) / groups;
         int chunks = cap / leaders;
