@@ -160,28 +160,51 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     int ns = s_hi - s_lo; /* this warp's stream: ns steps of each of its nmine band groups */
     auto band_row0 = [&](int b) { return (((int)blockIdx.x + b * (int)gridDim.x) * groups + group) * 16; };
 
-    /* stage `slot` <- step jj of the stream: step s_lo + jj % ns of band group jj / ns. Lane copies: 16
-     * bytes of matrix m = j / 2, row (lane + 32 j) / 4 mod 16, piece q; rows past R read nothing (zero
-     * fill), as do pieces past the row. */
-    auto issue = [&](int jj, int slot) {
-        unsigned char *st = ring + (size_t)slot * SB;
-        int b = jj / ns, s = s_lo + jj - b * ns, row0 = band_row0(b);
-        bool in_row = s * 4 + q < nchunk;
+    /* The copy cursor: the next step of this warp's stream to copy (band group ib, step is) into ring slot
+     * islot. Lane copies: 16 bytes of matrix m = j / 2, row g + 8 (j & 1), piece q; rows past R read nothing
+     * (zero fill), as do pieces past the row. The row addresses change only with the band group, so they are
+     * computed then (no division or 64-bit multiply per step). */
+    int ib = 0, is = 0, islot = 0;
+    const uint8_t *isrc[NM * 2];
+    bool irow[NM * 2];
+    const uint8_t *issrc = NULL;
+    auto issue_band = [&](int b) {
+        int row0 = band_row0(b);
 #pragma unroll
         for (int j = 0; j < NM * 2; j++) {
             int m = j >> 1, row = g + 8 * (j & 1);
-            bool ok = in_row && row0 + row < R;
-            const uint8_t *src = wbase[m] + (size_t)min(row0 + row, R - 1) * row_bytes + (size_t)q * 16;
-            cp_async16(st + m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + q * 16, ok ? src + (size_t)s * 64 : src,
-                       ok ? 16 : 0);
+            irow[j] = row0 + row < R;
+            isrc[j] = wbase[m] + (size_t)min(row0 + row, R - 1) * row_bytes + (size_t)q * 16;
+        }
+        if (MX && lane < NM * 16)
+            issrc = sbase[lane >> 4] + (size_t)min(row0 + (lane & 15), R - 1) * nchunk;
+    };
+    auto issue_start = [&](int b) {
+        ib = b;
+        is = s_lo;
+        islot = 0;
+        issue_band(b);
+    };
+    auto issue_next = [&]() {
+        unsigned char *st = ring + (size_t)islot * SB;
+        bool in_row = is * 4 + q < nchunk;
+#pragma unroll
+        for (int j = 0; j < NM * 2; j++) {
+            int m = j >> 1, row = g + 8 * (j & 1);
+            bool ok = in_row && irow[j];
+            cp_async16(st + m * 16 * MOE_ROW_BYTES + row * MOE_ROW_BYTES + q * 16,
+                       ok ? isrc[j] + (size_t)is * 64 : isrc[j], ok ? 16 : 0);
         }
         if (MX && lane < NM * 16) {
-            int m = lane >> 4, row = lane & 15;
-            const uint8_t *ssrc = sbase[m] + (size_t)min(row0 + row, R - 1) * nchunk + (size_t)s * 4;
-            unsigned char *sdst = st + WB + (m * 16 + row) * 4;
-            if (scale_async) cp_async4(sdst, ssrc);
+            unsigned char *sdst = st + WB + ((lane >> 4) * 16 + (lane & 15)) * 4;
+            if (scale_async) cp_async4(sdst, issrc + (size_t)is * 4);
             else
-                for (int c = 0; c < 4; c++) sdst[c] = s * 4 + c < nchunk ? __ldg(ssrc + c) : 0;
+                for (int c = 0; c < 4; c++) sdst[c] = is * 4 + c < nchunk ? __ldg(issrc + (size_t)is * 4 + c) : 0;
+        }
+        if (++islot == S) islot = 0;
+        if (++is == s_hi) {
+            is = s_lo;
+            if (++ib < nmine) issue_band(ib);
         }
     };
 
@@ -254,32 +277,32 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
             int per_run = nterms == 1 ? nmine : 1;
             for (int b0 = 0; b0 < nmine; b0 += per_run) {
                 float acc[NM][CH][4];
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+#pragma unroll
+                    for (int c = 0; c < CH; c++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
                 for (int term = 0; term < nterms; term++) {
                     if (nterms > 1 && (b0 > 0 || term > 0)) {
                         __syncthreads();
                         __syncthreads_or(stage(t0, ncols, term));
                     }
-                    int j_lo = b0 * ns, j_hi = (b0 + per_run) * ns; /* this run's part of the stream */
+                    int total = per_run * ns; /* this run's part of the stream */
+                    issue_start(b0);
 #pragma unroll
                     for (int j = 0; j < S - 1; j++) {
-                        if (j_lo + j < j_hi) issue(j_lo + j, j);
+                        if (j < total) issue_next();
                         cp_async_commit();
                     }
-                    for (int jj = j_lo; jj < j_hi; jj++) {
-                        int j = jj - j_lo, b = jj / ns, s = s_lo + jj - b * ns;
-                        if (s == s_lo && term == 0) {
-#pragma unroll
-                            for (int m = 0; m < NM; m++)
-#pragma unroll
-                                for (int c = 0; c < CH; c++)
-#pragma unroll
-                                    for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
-                        }
-                        if (jj + S - 1 < j_hi) issue(jj + S - 1, (j + S - 1) % S);
+                    /* the compute cursor: band group cb, step s, ring slot cslot */
+                    int cb = b0, s = s_lo, cslot = 0;
+                    for (int j = 0; j < total; j++) {
+                        if (j + S - 1 < total) issue_next();
                         cp_async_commit();
                         cp_async_wait<S - 1>();
                         __syncwarp();
-                        const unsigned char *st = ring + (size_t)(j % S) * SB;
+                        const unsigned char *st = ring + (size_t)cslot * SB;
                         /* operands are read from shared memory right where they are used (keeps the kernel
                          * within its register budget: 2 blocks of 8 warps per SM) */
                         const unsigned char *wa_p = st + g * MOE_ROW_BYTES + q * 16;
@@ -361,7 +384,7 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                                 __syncthreads(); /* part is free for the next band group */
                             }
                             /* sum[m]: (row g, column 2q), (row g, 2q+1), (row g+8, 2q), (row g+8, 2q+1) */
-                            int row0 = band_row0(b);
+                            int row0 = band_row0(cb);
                             if (kw == 0 && row0 < R) {
 #pragma unroll
                                 for (int i = 0; i < 4; i++) {
@@ -377,6 +400,17 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                                     }
                                 }
                             }
+#pragma unroll
+                            for (int m = 0; m < NM; m++) /* the next band group starts from zero */
+#pragma unroll
+                                for (int c = 0; c < CH; c++)
+#pragma unroll
+                                    for (int i = 0; i < 4; i++) acc[m][c][i] = 0.0f;
+                        }
+                        if (++cslot == S) cslot = 0;
+                        if (++s == s_hi) {
+                            s = s_lo;
+                            ++cb;
                         }
                     }
                 }
