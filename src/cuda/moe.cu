@@ -22,8 +22,9 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-/* MXFP4 -> bf16 pairs. At decode this kernel is bound by the integer pipe (an H200 SM retires 64 integer ops
- * per clock, half its FP32 rate), so the dequant spends as few of them per nibble pair as it can. A pair is
+/* MXFP4 -> bf16 pairs. The dequant is most of this kernel's instructions at decode, and integer ones (an H200
+ * SM retires 64 integer ops per clock, half its FP32 rate), so it spends as few per nibble pair as it can
+ * (src/cuda/NOTES.md: the earlier 7-op form left the kernel instruction-bound at 0.34 of copy bandwidth). A pair is
  * nibbles i and i + 4 of a 32-bit word (elements 8j + i and 8j + i + 4), 16 bits apart: one mask isolates
  * them (u = nibble bits of both halves, after one shift of the word for i >= 2), one integer multiply (the
  * FMA pipe) adds two copies of each nibble, shifted so the sign (bit 3) lands on bit 15 and the magnitude
@@ -40,13 +41,11 @@ __device__ __forceinline__ void mx_word(uint32_t w, uint32_t mul, uint32_t (&b)[
     b[3] = bf16x2_mul(((w8 & 0x00f000f0u) * 260u) & 0x81c081c0u, mul);  /* nibbles 3, 7 */
 }
 
-__device__ __forceinline__ void mx_scale(uint32_t e, uint32_t &mul, uint32_t &mul2, bool &big) {
-    big = e > 128;
-    uint32_t f = big ? 254u : e + 126u;
-    mul = (f << 7) | (f << 23);
-    uint32_t f2 = big ? e - 1u : 127u;
-    mul2 = (f2 << 7) | (f2 << 23);
-}
+/* bf16x2 multipliers of an E8M0 scale byte e, as in the comment above: mx_mul = 2^(min(e, 128) - 1) in both
+ * halves (the exponent field min(e, 128) + 126, placed in both halves by one multiply), and mx_mul2 =
+ * 2^(e - 128), needed only when e > 128 (so computed only on that path). */
+__device__ __forceinline__ uint32_t mx_mul(uint32_t e) { return (min(e, 128u) + 126u) * 0x00800080u; }
+__device__ __forceinline__ uint32_t mx_mul2(uint32_t e) { return (e > 128u ? e - 1u : 127u) * 0x00800080u; }
 
 /* cp.async: global -> shared copies that complete in the background, so the bytes a warp has in flight do
  * not cost registers. src_bytes 0 zero-fills the 16 bytes. */
@@ -310,14 +309,15 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                         const uint4 *bq_p = plane + (s * SUBS * ncols + g) * 4 + q;
                         const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
                         if (MX) {
-                            uint32_t mula[NM], mul2a[NM], mulb[NM], mul2b[NM];
+                            const unsigned char *sc = st + WB + g * 4 + q; /* scale byte of row g, matrix m */
+                            uint32_t mula[NM], mulb[NM];
                             bool big = false;
 #pragma unroll
                             for (int m = 0; m < NM; m++) {
-                                bool ba, bb;
-                                mx_scale(st[WB + (m * 16 + g) * 4 + q], mula[m], mul2a[m], ba);
-                                mx_scale(st[WB + (m * 16 + g + 8) * 4 + q], mulb[m], mul2b[m], bb);
-                                big = big || ba || bb;
+                                uint32_t ea = sc[m * 64], eb = sc[m * 64 + 32];
+                                mula[m] = mx_mul(ea);
+                                mulb[m] = mx_mul(eb);
+                                big = big || ea > 128u || eb > 128u;
                             }
                             big = __ballot_sync(0xffffffffu, big) != 0;
 #pragma unroll
@@ -333,8 +333,8 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                                     if (big) {
 #pragma unroll
                                         for (int i = 0; i < 4; i++) {
-                                            a[i] = bf16x2_mul(a[i], mul2a[m]);
-                                            c[i] = bf16x2_mul(c[i], mul2b[m]);
+                                            a[i] = bf16x2_mul(a[i], mx_mul2(sc[m * 64])); /* rare: re-read */
+                                            c[i] = bf16x2_mul(c[i], mx_mul2(sc[m * 64 + 32]));
                                         }
                                     }
                                     k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
