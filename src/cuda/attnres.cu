@@ -9,15 +9,15 @@
 #define ATTNRES_SRC_TILE 8    /* sources reduced together: 16 partial sums per thread, one barrier pair */
 #define ATTNRES_MAX_CHUNKS 16 /* blocks per row at most */
 
-/* Grid (chunks, T). The old kernel (one block of 256 threads per row, one source at a time with two block
- * reductions each, then the mix reading every source again) took 27.7 us a call at T = 1 on the H200, 24 calls
- * per k3-slice step. Here 512 threads reduce 8 sources at once (8 independent loads in flight per thread, one
- * barrier pair per 8 sources), and the mix is split over the row's blocks. Why redundant logits rather than a
- * reduction across blocks: that would need a second launch or a grid barrier, while re-reading the row's
- * sources (L2-resident activations) in each block costs chunks * nsrc * D * 4 bytes of L2 traffic, small at
- * the T where chunks > 1. Reduction order: per thread, d = tid, tid + 512, ... with fmaf;
- * then warp shuffles (k3c_warp_sum); then the 16 warps in order. out must not alias a source: other blocks
- * of the row may still be reading it. */
+/* Grid (T, chunks): blockIdx.x the row, blockIdx.y its chunk. The old kernel (one block of 256 threads per
+ * row, one source at a time with two block reductions each, then the mix reading every source again) took
+ * 27.7 us a call at T = 1 on the H200, 24 calls per k3-slice step. Here 512 threads reduce 8 sources at once
+ * (8 independent loads in flight per thread, one barrier pair per 8 sources), and the mix is split over the
+ * row's blocks. Why redundant logits rather than a reduction across blocks: that would need a second launch
+ * or a grid barrier, while re-reading the row's sources (L2-resident activations) in each block costs
+ * chunks * nsrc * D * 4 bytes of L2 traffic, small at the T where chunks > 1. Reduction order: per thread,
+ * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. out must
+ * not alias a source: other blocks of the row may still be reading it. */
 __global__ void __launch_bounds__(ATTNRES_THREADS)
 attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
                    const float *__restrict__ norm, float eps, int round, float *__restrict__ out) {
@@ -26,7 +26,7 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     int npad = (nsrc + 3) / 4 * 4 + 4;
     float *logit = sh, *alpha = sh + npad;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    size_t row = (size_t)blockIdx.y * D;
+    size_t row = (size_t)blockIdx.x * D;
     for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
         int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
         const float *p[ATTNRES_SRC_TILE];
@@ -75,8 +75,8 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     for (int j = threadIdx.x; j < nsrc; j += blockDim.x) alpha[j] = expf(logit[j] - mx) * inv;
     __syncthreads();
     /* this block's chunk of the row (multiples of 4 elements), element by element over the sources */
-    int per = ((D + gridDim.x - 1) / gridDim.x + 3) & ~3;
-    int d0 = blockIdx.x * per, d1 = min(D, d0 + per);
+    int per = ((D + gridDim.y - 1) / gridDim.y + 3) & ~3;
+    int d0 = blockIdx.y * per, d1 = min(D, d0 + per);
     for (int d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
         float acc = 0.0f;
         for (int j = 0; j < nsrc; j++) acc = fmaf(alpha[j], src[j][row + d], acc);
@@ -109,11 +109,10 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     if (chunks > by_width) chunks = by_width;
     if (chunks > ATTNRES_MAX_CHUNKS) chunks = ATTNRES_MAX_CHUNKS;
     if (chunks < 1) chunks = 1;
-    if (T > 65535) return k3c_errorf("k3c_cuda_attnres_mix: %d rows (at most 65535 per launch)", T);
     /* logits and weights padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read past a
      * 1- or 2-entry array in the forward test: the mix loop's reads are vectorized) */
     size_t smem = 2 * ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float);
-    attnres_mix_kernel<<<dim3(chunks, T), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
+    attnres_mix_kernel<<<dim3(T, chunks), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
                                                                           out);
     K3C_CUDA_LAUNCHED("attnres_mix");
     return K3C_OK;
