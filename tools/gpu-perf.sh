@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The performance questions open after the 2026-11-29 runs, in one GPU call of about 5 minutes (after
-# tools/gpu-check.sh or gpu-fresh.sh has built $BUILD; src/cuda/NOTES.md "Written after run 8" lists what each
-# step should show):
+# The performance questions open after the 2026-11-29 runs, in one GPU call of about 5 minutes (it builds
+# through tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 8" lists
+# what each step should show):
 #  1. routed experts: bench_gpu's moe section (MXFP4 at K3's shape, bf16 at Kimi Linear 48B's) under the
 #     launch knobs K3C_MOE_BCOLS (B columns per pass: 2, 4; default up to 8) and K3C_MOE_WPR (warps per band:
 #     1, 2; default chosen per shape),
@@ -17,7 +17,13 @@ BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/k3c-gpu-perf}
 NCU=${NCU:-1}
 mkdir -p "$OUT"
-[ -x "$BUILD/bench_gpu" ] && [ -x "$BUILD/k3c" ] || { echo "gpu-perf: build first (tools/gpu-check.sh)" >&2; exit 1; }
+if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
+    # a fresh machine: gpu-check builds (with the committed cJSON packages where the host has none) and runs
+    # one quick test, nothing else
+    echo "gpu-perf: building through tools/gpu-check.sh"
+    OUT="$OUT/build" BUILD="$BUILD" TESTS=gpu_router SANITIZE=0 KBENCH=0 BENCH=0 bash tools/gpu-check.sh >/dev/null 2>&1 ||
+        { echo "gpu-perf: build failed ($OUT/build/build.log)" >&2; exit 1; }
+fi
 
 echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
 for knob in "" BCOLS=2 BCOLS=4 WPR=1 WPR=2; do
