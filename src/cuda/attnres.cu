@@ -84,18 +84,6 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     }
 }
 
-static int sm_count(void) {
-    static int count;
-    if (!count) {
-        int dev = 0, n = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            n = 132;
-        count = n > 0 ? n : 132;
-    }
-    return count;
-}
-
 extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj,
                                     const float *norm, float eps, int round_bf16, float *out, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
@@ -104,7 +92,7 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     /* blocks per row: about two blocks per SM over the step's rows, at most one per 512 elements (a thread
      * mixes at least one), 1 for prefill-sized T (no redundant reads there). More blocks shorten only the
      * mix (each block still reads every source for the logits). */
-    int chunks = (2 * sm_count() + T - 1) / T;
+    int chunks = (2 * k3c_cuda_sm_count() + T - 1) / T;
     int by_width = (D + ATTNRES_THREADS - 1) / ATTNRES_THREADS;
     if (chunks > by_width) chunks = by_width;
     if (chunks > ATTNRES_MAX_CHUNKS) chunks = ATTNRES_MAX_CHUNKS;

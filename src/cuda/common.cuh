@@ -1,4 +1,5 @@
-/* Device helpers shared by the k3c CUDA kernels (included by .cu files only). */
+/* Device helpers shared by the k3c CUDA kernels, and one host helper for launch plans (included by .cu files
+ * only). */
 #ifndef K3C_CUDA_COMMON_CUH
 #define K3C_CUDA_COMMON_CUH
 
@@ -6,6 +7,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
 
 /* bf16 -> f32: the bf16 bits are the upper half of the f32. */
 __device__ __forceinline__ float k3c_dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
@@ -74,6 +76,20 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
         return a * l;
     }
     return k3c_dev_silu(g) * u;
+}
+
+/* Host side: the device's multiprocessor count, asked once per translation unit (132 on an H200; 132 if the
+ * query fails, so a launch plan never divides by zero). */
+static inline int k3c_cuda_sm_count(void) {
+    static int count;
+    if (!count) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            n = 132;
+        count = n > 0 ? n : 132;
+    }
+    return count;
 }
 
 #endif

@@ -205,18 +205,6 @@ __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int c
     if (lane == 0) y[(size_t)t * rows + row] = out_value(s, round);
 }
 
-static int sm_count(void) {
-    static int count;
-    if (!count) {
-        int dev = 0, n = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            n = 132;
-        count = n > 0 ? n : 132;
-    }
-    return count;
-}
-
 /* Resident blocks of GEMV_WARPS warps per SM for a kernel (queried once). */
 template <typename K>
 static int resident_blocks(K kernel, int *cache) {
@@ -226,7 +214,7 @@ static int resident_blocks(K kernel, int *cache) {
             n = 1;
         *cache = n;
     }
-    return *cache * sm_count();
+    return *cache * k3c_cuda_sm_count();
 }
 
 /* units: row groups of one warp; batches: runs of loads along one row (a warp of a split row gets at least
@@ -242,7 +230,7 @@ static void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_o
         int items = (units + groups - 1) / groups;
         double eff;
         if (items <= cap) {
-            eff = (double)items * GEMV_WARPS / (16.0 * sm_count());
+            eff = (double)items * GEMV_WARPS / (16.0 * k3c_cuda_sm_count());
             if (eff > 1.0) eff = 1.0;
         } else {
             int waves = (items + cap - 1) / cap;

@@ -419,18 +419,6 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
     }
 }
 
-static int sm_count(void) {
-    static int count;
-    if (!count) {
-        int dev = 0, n = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            n = 132;
-        count = n > 0 ? n : 132;
-    }
-    return count;
-}
-
 /* The launch's shape. The leaders (distinct experts) are not known on the host: estimate min(pairs,
  * experts). Per wpr (warps per band): nbg band groups per expert, spread over `chunks` blocks per expert so
  * that chunks x leaders fill one wave of resident blocks (cap), each block taking ceil(nbg / chunks) band
@@ -533,7 +521,7 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
     if (leaders > npairs) leaders = npairs;
     if (leaders > num_experts) leaders = num_experts;
     if (leaders < 1) leaders = 1;
-    moe_shape sh = moe_plan(bands, leaders, steps, occ * sm_count());
+    moe_shape sh = moe_plan(bands, leaders, steps, occ * k3c_cuda_sm_count());
     dim3 grid(sh.chunks, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
                                               out, sh.wpr, sh.nbg, plist_cap, bcols);

@@ -15,6 +15,7 @@
 #include "cuda/router.h"
 #include "format/mxfp4.h"
 #include "gpu_util.h"
+#include "ref_attnres64.h"
 #include "../test.h"
 #include "util/error.h"
 
@@ -343,28 +344,6 @@ TEST(gpu_embed) {
 }
 
 /* ---- AttnRes ---- */
-
-/* Float64 AttnRes mix of one row, from the formula (spec: logits v . (norm * proj) / rms(v), softmax over
- * the sources, weighted sum). */
-static void attnres_ref64(const float *const *rows, int n, int D, const float *proj, const float *norm, double eps,
-                          double *out) {
-    double a[9], mx = -INFINITY, sum = 0.0;
-    for (int j = 0; j < n; j++) {
-        double ss = 0.0, dot = 0.0;
-        for (int d = 0; d < D; d++) {
-            ss += (double)rows[j][d] * rows[j][d];
-            dot += (double)rows[j][d] * ((double)norm[d] * proj[d]);
-        }
-        a[j] = dot / sqrt(ss / D + eps);
-        if (a[j] > mx) mx = a[j];
-    }
-    for (int j = 0; j < n; j++) sum += a[j] = exp(a[j] - mx);
-    for (int d = 0; d < D; d++) {
-        double acc = 0.0;
-        for (int j = 0; j < n; j++) acc += a[j] / sum * rows[j][d];
-        out[d] = acc;
-    }
-}
 
 /* Mix over 1, 2 and 9 sources against a float64 reference: rel L2 < 2e-5. Why not the f32 CPU kernel: its
  * logits (sums of 7168 products, ~N(0, 25) here) are summed sequentially, and their f32 error moves the

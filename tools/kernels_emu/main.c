@@ -18,6 +18,7 @@
 #include "cuda/gemm.h"
 #include "cuda/router.h"
 #include "gpu_util.h"
+#include "ref_attnres64.h"
 #include "model/config.h"
 #include "util/bf16.h"
 
@@ -46,26 +47,6 @@ static void verdict(const char *what, double e, double thr) {
     int ok = e < thr;
     if (!ok) failures++;
     printf("%-48s rel L2 %.3g (thr %.0e) %s\n", what, e, thr, ok ? "ok" : "FAIL");
-}
-
-static void attnres_ref64(const float *const *rows, int n, int D, const float *proj, const float *norm, double eps,
-                          double *out) {
-    double a[16], mx = -INFINITY, sum = 0.0;
-    for (int j = 0; j < n; j++) {
-        double ss = 0.0, dot = 0.0;
-        for (int d = 0; d < D; d++) {
-            ss += (double)rows[j][d] * rows[j][d];
-            dot += (double)rows[j][d] * ((double)norm[d] * proj[d]);
-        }
-        a[j] = dot / sqrt(ss / D + eps);
-        if (a[j] > mx) mx = a[j];
-    }
-    for (int j = 0; j < n; j++) sum += a[j] = exp(a[j] - mx);
-    for (int d = 0; d < D; d++) {
-        double acc = 0.0;
-        for (int j = 0; j < n; j++) acc += a[j] / sum * rows[j][d];
-        out[d] = acc;
-    }
 }
 
 static void attnres_cases(k3c_rng *r, int all) {
