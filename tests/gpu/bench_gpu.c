@@ -160,6 +160,21 @@ static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask) {
     return d;
 }
 
+/* The device buffers of one moe_ctx beyond the selections: uniform 1/k weights, bf16-valued activations
+ * (seed), h, part and out. */
+static void moe_ctx_buffers(moe_ctx *m, unsigned seed) {
+    int T = m->T, k = m->k;
+    float *hw = malloc(sizeof(float) * T * k);
+    for (int i = 0; i < T * k; i++) hw[i] = 1.0f / k;
+    CK(cudaMalloc((void **)&m->w, sizeof(float) * T * k));
+    CK(cudaMemcpy(m->w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
+    free(hw);
+    m->x = dmalloc_rand_bf16x((size_t)T * m->In * 4, seed);
+    CK(cudaMalloc((void **)&m->h, (size_t)T * k * m->F * 4));
+    CK(cudaMalloc((void **)&m->part, (size_t)T * k * m->Out * 4));
+    CK(cudaMalloc((void **)&m->out, (size_t)T * m->Out * 4));
+}
+
 /* Sections named on the command line run (after the copy bandwidth, always measured); none: all. */
 static int bench_argc;
 static char **bench_argv;
@@ -276,15 +291,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpy(m.idx[r], hi, sizeof(int) * T * k, cudaMemcpyHostToDevice));
                 free(hi);
             }
-            float *hw = malloc(sizeof(float) * T * k);
-            for (int i = 0; i < T * k; i++) hw[i] = 1.0f / k;
-            CK(cudaMalloc((void **)&m.w, sizeof(float) * T * k));
-            CK(cudaMemcpy(m.w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
-            free(hw);
-            m.x = dmalloc_rand_bf16x((size_t)T * In * 4, 9);
-            CK(cudaMalloc((void **)&m.h, (size_t)T * k * F * 4));
-            CK(cudaMalloc((void **)&m.part, (size_t)T * k * Out * 4));
-            CK(cudaMalloc((void **)&m.out, (size_t)T * Out * 4));
+            moe_ctx_buffers(&m, 9);
             /* distinct experts touched per launch: T = 1: 16; T = 4: all selections overlap into <= 64 */
             int distinct = 16 + (T - 1) * 5 < E ? 16 + (T - 1) * 5 : E;
             double gu = (double)distinct * 2 * (pgu + sgu), dn = (double)distinct * (pd + sd);
@@ -347,15 +354,7 @@ int main(int argc, char **argv) {
                 CK(cudaMemcpy(m.idx[r], hi, sizeof(int) * T * k, cudaMemcpyHostToDevice));
                 free(hi);
             }
-            float *hw = malloc(sizeof(float) * T * k);
-            for (int i = 0; i < T * k; i++) hw[i] = 1.0f / k;
-            CK(cudaMalloc((void **)&m.w, sizeof(float) * T * k));
-            CK(cudaMemcpy(m.w, hw, sizeof(float) * T * k, cudaMemcpyHostToDevice));
-            free(hw);
-            m.x = dmalloc_rand_bf16x((size_t)T * In * 4, 11);
-            CK(cudaMalloc((void **)&m.h, (size_t)T * k * F * 4));
-            CK(cudaMalloc((void **)&m.part, (size_t)T * k * Out * 4));
-            CK(cudaMalloc((void **)&m.out, (size_t)T * Out * 4));
+            moe_ctx_buffers(&m, 11);
             double gu = (double)distinct * 2 * bgu, dn = (double)distinct * bd;
             char name[64];
             m.mode = 1;
