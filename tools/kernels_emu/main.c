@@ -3,11 +3,11 @@
  *  - k3c_cuda_attnres_mix (cuda/attnres.cu): n 1, 2, 9, 11 sources (11: two source tiles), T 1, 5, 40, D 7,
  *    256, 7168 (T 40 only at D <= 256) against a float64 mix from the formula (rel L2 < 2e-5, gpu_attnres_mix's
  *    metric); the output NaN-poisoned, every element must be written;
- *  - k3c_cuda_route (cuda/router.cu): gpu_router's cases; expert ids exactly k3c_route's, weights rel L2 < 1e-6;
  *  - k3c_cuda_matmul_bf16_round (cuda/gemm.cu, gemm NULL: the streaming kernels): rows 1, 3, 17, 64, 300, cols 8,
  *    264, 1032, T 1..8 against k3c_matmul_bf16 (rel L2 < 1e-5, gpu_matmul_bf16's threshold), and the rounded
  *    product equal to round(product) bit for bit.
- * Usage: emu [quick|all] (quick leaves out D 7168 with T 5). EMU_ONLY=attnres|router|gemm. */
+ * Usage: emu [quick|all] (quick leaves out D 7168 with T 5). EMU_ONLY=attnres|gemm. The router runs through
+ * its own GPU test under emulation: gpu_tests.sh gpu_router. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +16,8 @@
 #include "cpu/ops.h"
 #include "cuda/attnres.h"
 #include "cuda/gemm.h"
-#include "cuda/router.h"
 #include "gpu_util.h"
 #include "ref_attnres64.h"
-#include "model/config.h"
 #include "util/bf16.h"
 
 static int failures, cases_run;
@@ -89,55 +87,6 @@ static void attnres_cases(k3c_rng *r, int all) {
             }
 }
 
-static void router_cases(k3c_rng *r) {
-    struct { int E, k, sigmoid, groups, topk_group, renorm; float scale; } cases[] = {
-        {896, 16, 1, 1, 1, 1, 1.0f}, {64, 1, 1, 1, 1, 1, 2.5f}, {256, 8, 1, 8, 3, 1, 2.446f},
-        {100, 7, 0, 1, 1, 0, 1.0f},  {17, 17, 0, 1, 1, 1, 1.0f}, {896, 16, 1, 32, 4, 0, 1.5f}, {64, 16, 1, 1, 1, 1, 1.0f},
-    };
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
-        int E = cases[ci].E, k = cases[ci].k, T = 7;
-        k3c_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.num_experts = E;
-        cfg.num_experts_per_token = k;
-        cfg.router_sigmoid = cases[ci].sigmoid;
-        cfg.use_correction_bias = 1;
-        cfg.use_grouped_topk = cases[ci].groups > 1;
-        cfg.num_expert_group = cases[ci].groups;
-        cfg.topk_group = cases[ci].topk_group;
-        cfg.moe_renormalize = cases[ci].renorm;
-        cfg.routed_scaling_factor = cases[ci].scale;
-        float *lg = fmalloc((size_t)T * E), *bias = fmalloc(E), *wref = fmalloc((size_t)T * k), *w = fmalloc((size_t)T * k);
-        int *iref = malloc(sizeof(int) * T * k), *idx = malloc(sizeof(int) * T * k);
-        fill_normal(r, lg, (size_t)T * E, 2.0f);
-        fill_normal(r, bias, E, 0.1f);
-        if (ci == 6) /* ties: every logit of token 0 equal */
-            for (int e = 0; e < E; e++) lg[e] = 0.5f, bias[e] = 0.0f;
-        for (int t = 0; t < T; t++) k3c_route(&cfg, lg + (size_t)t * E, bias, iref + t * k, wref + t * k);
-        k3c_cuda_router rc = {E, k, cases[ci].sigmoid, 1, cases[ci].groups, cases[ci].topk_group, cases[ci].renorm,
-                              cases[ci].scale};
-        float *dlg = dev_upload(lg, (size_t)T * E * 4), *db = dev_upload(bias, (size_t)E * 4);
-        float *dw = dev_poisoned((size_t)T * k * 4);
-        int *didx = dev_poisoned(sizeof(int) * T * k);
-        char what[96];
-        snprintf(what, sizeof what, "router E %d k %d groups %d%s", E, k, cases[ci].groups, ci == 6 ? " ties" : "");
-        int bad = 0;
-        if (k3c_cuda_route(&rc, dlg, db, T, didx, dw, 0) || dev_download(idx, didx, sizeof(int) * T * k) ||
-            dev_download(w, dw, (size_t)T * k * 4)) {
-            bad = 1;
-        } else {
-            for (int i = 0; i < T * k; i++)
-                if (idx[i] != iref[i]) {
-                    if (!bad) printf("  slot %d: expert %d, cpu %d\n", i, idx[i], iref[i]);
-                    bad = 1;
-                }
-        }
-        verdict(what, bad ? INFINITY : rel_l2_32(w, wref, (size_t)T * k), 1e-6);
-        cudaFree(dlg); cudaFree(db); cudaFree(dw); cudaFree(didx);
-        free(lg); free(bias); free(wref); free(w); free(iref); free(idx);
-    }
-}
-
 static void gemm_cases(k3c_rng *r) {
     static const int rows_l[] = {1, 3, 17, 64, 300}, cols_l[] = {8, 264, 1032};
     for (size_t a = 0; a < 5; a++)
@@ -180,7 +129,6 @@ int main(int argc, char **argv) {
     k3c_rng r;
     k3c_rng_seed(&r, 20261129);
     if (!only || strstr("attnres", only)) attnres_cases(&r, all);
-    if (!only || strstr("router", only)) router_cases(&r);
     if (!only || strstr("gemm", only)) gemm_cases(&r);
     printf("kernels_emu: %d case(s), %d failure(s)\n", cases_run, failures);
     return failures != 0;
