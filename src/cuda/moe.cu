@@ -72,13 +72,6 @@ struct moe_stage {
     static constexpr int bytes = w_bytes + NM * 16 * 4;
 };
 
-/* B fragments of one k step per lane: MXFP4 4 (one per 8-element sub-step of the lane's 32-element group),
- * bf16 1. */
-template <bool MX>
-struct moe_b {
-    static constexpr int subs = MX ? 4 : 1;
-};
-
 /* Bytes of the staged activations (the B plane): one bf16 term of `cols` columns for every k step. */
 static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)steps * (mx ? 4 : 1) * cols * 64; }
 
@@ -109,7 +102,7 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                int x_by_token, const int *__restrict__ idx, int npairs, int k, k3c_cuda_act act, int round,
                float *__restrict__ out, int wpr, int nbg, int plist_cap, int bcols) {
     constexpr int NM = UP ? 2 : 1;
-    constexpr int SUBS = moe_b<MX>::subs;
+    constexpr int SUBS = MX ? 4 : 1; /* B fragments per k step and lane: one per 8-element sub-step (MXFP4) */
     constexpr int CH = MX ? 4 : 2; /* independent accumulator chains (one dependent chain was latency-bound) */
     constexpr int SB = moe_stage<NM>::bytes, WB = moe_stage<NM>::w_bytes;
     extern __shared__ __align__(16) unsigned char moe_smem[];
