@@ -16,34 +16,56 @@
  * row's blocks. Why redundant logits rather than a reduction across blocks: that would need a second launch
  * or a grid barrier, while re-reading the row's sources (L2-resident activations) in each block costs
  * chunks * nsrc * D * 4 bytes of L2 traffic, small at the T where chunks > 1. Reduction order: per thread,
- * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. out must
- * not alias a source: other blocks of the row may still be reading it. */
+ * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. The mix:
+ * per element, fmaf over the sources in order. out must not alias a source: other blocks of the row may
+ * still be reading it. Run 9 (H200) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
+ * source's pointer was re-read from the device array before its data, in the mix once per source and
+ * element, a chain of dependent loads; the pointers now go to shared memory once, and the loads of a tile
+ * (8 sources, two elements each in the logits) are issued together. */
 __global__ void __launch_bounds__(ATTNRES_THREADS)
 attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
                    const float *__restrict__ norm, float eps, int round, float *__restrict__ out) {
-    extern __shared__ float sh[]; /* logit [npad], then alpha [npad] */
+    extern __shared__ float sh[]; /* logit [npad], alpha [npad], then the source pointers [nsrc] */
     __shared__ float red[ATTNRES_THREADS / 32][2 * ATTNRES_SRC_TILE];
     int npad = (nsrc + 3) / 4 * 4 + 4;
     float *logit = sh, *alpha = sh + npad;
+    const float **rows = (const float **)(sh + 2 * npad);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     size_t row = (size_t)blockIdx.x * D;
+    /* The source pointers once into shared memory: read from the device array inside the loops they were a
+     * dependent global load before every source's data (run 9: 17 us a call, 4x the estimate). */
+    for (int j = threadIdx.x; j < nsrc; j += blockDim.x) rows[j] = src[j] + row;
+    __syncthreads();
     for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
         int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
         const float *p[ATTNRES_SRC_TILE];
         float ss[ATTNRES_SRC_TILE], dot[ATTNRES_SRC_TILE];
 #pragma unroll
         for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
-            p[jj] = jj < nj ? src[j0 + jj] + row : NULL;
+            p[jj] = jj < nj ? rows[j0 + jj] : NULL;
             ss[jj] = dot[jj] = 0.0f;
         }
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float w = norm[d] * proj[d];
+        /* two of the thread's elements per pass (d and d + B), all their loads issued before the sums; the
+         * sums still take d = tid, tid + B, ... in order */
+        int B = blockDim.x;
+        for (int d = threadIdx.x; d < D; d += 2 * B) {
+            bool two = d + B < D;
+            float x0[ATTNRES_SRC_TILE], x1[ATTNRES_SRC_TILE];
+#pragma unroll
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+                x0[jj] = jj < nj ? p[jj][d] : 0.0f;
+                x1[jj] = jj < nj && two ? p[jj][d + B] : 0.0f;
+            }
+            float w0 = norm[d] * proj[d], w1 = two ? norm[d + B] * proj[d + B] : 0.0f;
 #pragma unroll
             for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
                 if (jj < nj) {
-                    float x = p[jj][d];
-                    ss[jj] = fmaf(x, x, ss[jj]);
-                    dot[jj] = fmaf(x, w, dot[jj]);
+                    ss[jj] = fmaf(x0[jj], x0[jj], ss[jj]);
+                    dot[jj] = fmaf(x0[jj], w0, dot[jj]);
+                    if (two) {
+                        ss[jj] = fmaf(x1[jj], x1[jj], ss[jj]);
+                        dot[jj] = fmaf(x1[jj], w1, dot[jj]);
+                    }
                 }
         }
 #pragma unroll
@@ -74,12 +96,21 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     float inv = 1.0f / sum;
     for (int j = threadIdx.x; j < nsrc; j += blockDim.x) alpha[j] = expf(logit[j] - mx) * inv;
     __syncthreads();
-    /* this block's chunk of the row (multiples of 4 elements), element by element over the sources */
+    /* this block's chunk of the row (multiples of 4 elements), element by element over the sources in order;
+     * a tile's loads are issued together before its sums */
     int per = ((D + gridDim.y - 1) / gridDim.y + 3) & ~3;
     int d0 = blockIdx.y * per, d1 = min(D, d0 + per);
     for (int d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
         float acc = 0.0f;
-        for (int j = 0; j < nsrc; j++) acc = fmaf(alpha[j], src[j][row + d], acc);
+        for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
+            int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
+            float v[ATTNRES_SRC_TILE];
+#pragma unroll
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) v[jj] = jj < nj ? rows[j0 + jj][d] : 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
+                if (jj < nj) acc = fmaf(alpha[j0 + jj], v[jj], acc);
+        }
         out[row + d] = round ? k3c_dev_bf16(k3c_dev_to_bf16(acc)) : acc;
     }
 }
@@ -99,7 +130,7 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     if (chunks < 1) chunks = 1;
     /* logits and weights padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read past a
      * 1- or 2-entry array in the forward test: the mix loop's reads are vectorized) */
-    size_t smem = 2 * ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float);
+    size_t smem = 2 * ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float) + (size_t)nsrc * sizeof(float *);
     attnres_mix_kernel<<<dim3(T, chunks), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
                                                                           out);
     K3C_CUDA_LAUNCHED("attnres_mix");

@@ -19,7 +19,8 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
                              int *idx, float *weight) {
     extern __shared__ float sh[];
     float *score = sh, *sel = sh + r.num_experts;
-    unsigned char *taken = (unsigned char *)(sh + 2 * r.num_experts);
+    float *chosen = sh + 2 * r.num_experts; /* the k winners' scores, in order */
+    unsigned char *taken = (unsigned char *)(chosen + r.k);
     __shared__ float red[32];
     int E = r.num_experts, k = r.k;
     const float *lg = logits + (size_t)blockIdx.x * E;
@@ -106,7 +107,7 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
             wsum += w;
             if (lane == 0) {
                 idx[(size_t)blockIdx.x * k + j] = i;
-                weight[(size_t)blockIdx.x * k + j] = w;
+                chosen[j] = w;
             }
             if (i >= 0 && (i & 31) == lane) {
                 taken[i] = 1;
@@ -116,12 +117,14 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
                     if (!taken[e]) better(lv, li, sel[e], e);
             }
         }
+        /* the weights from shared memory, a lane each (wsum is the same on every lane: the same winners in
+         * the same order); lane 0 read-modify-writing them in global memory one after another cost a
+         * dependent global round trip each (16 in a row at k3-slice; run 9: 15 us a call) */
         __syncwarp();
-        if (lane == 0)
-            for (int j = 0; j < k; j++) {
-                float *w = &weight[(size_t)blockIdx.x * k + j];
-                *w = r.renormalize ? *w / (wsum + 1e-20f) * r.scale : *w * r.scale;
-            }
+        for (int j = lane; j < k; j += 32) {
+            float w = chosen[j];
+            weight[(size_t)blockIdx.x * k + j] = r.renormalize ? w / (wsum + 1e-20f) * r.scale : w * r.scale;
+        }
     }
 }
 
@@ -131,7 +134,7 @@ extern "C" int k3c_cuda_route(const k3c_cuda_router *r, const float *logits, con
     if (r->num_experts <= 0 || r->k <= 0 || r->k > r->num_experts)
         return k3c_errorf("k3c_cuda_route: bad router: %d experts, top-%d", r->num_experts, r->k);
     if (r->num_groups > 64) return k3c_errorf("k3c_cuda_route: %d expert groups (at most 64 supported)", r->num_groups);
-    size_t smem = 2 * (size_t)r->num_experts * sizeof(float) + (size_t)r->num_experts;
+    size_t smem = (2 * (size_t)r->num_experts + (size_t)r->k) * sizeof(float) + (size_t)r->num_experts;
     if (smem > 48 * 1024)
         K3C_CUDA_TRY(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     route_kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, logits, bias, idx, weight);
