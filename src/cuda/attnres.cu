@@ -25,6 +25,7 @@
 __global__ void __launch_bounds__(ATTNRES_THREADS)
 attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
                    const float *__restrict__ norm, float eps, int round, float *__restrict__ out) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     extern __shared__ float sh[]; /* logit [npad], alpha [npad], then the source pointers [nsrc] */
     __shared__ float red[ATTNRES_THREADS / 32][2 * ATTNRES_SRC_TILE];
     int npad = (nsrc + 3) / 4 * 4 + 4;

@@ -4,6 +4,7 @@
 #define K3C_CUDA_COMMON_CUH
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -31,6 +32,19 @@ __device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
     __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
     return __half2float(__half(h));
 }
+
+/* Programmatic dependent launch (PDL). A kernel launched with the programmatic-serialization attribute
+ * (k3c_pdl_enabled) may start while the kernel before it in the stream is still finishing, once every block
+ * of that kernel has called k3c_pdl_trigger or exited; it must call k3c_pdl_wait before it reads anything an
+ * earlier kernel wrote or writes anything an earlier kernel reads (the wait returns when the earlier grid
+ * has completed and its writes are visible; immediately in a kernel launched without the attribute). So a
+ * weight-streaming kernel can start loading weights, which no kernel of a step writes, during the tail of
+ * the kernel before it. The trigger in a kernel only lets a PDL-launched successor start early; it changes
+ * nothing for one launched normally. */
+__device__ __forceinline__ void k3c_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void k3c_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+/* Bring the 128-byte line holding p into L2 (no registers held, nothing returned). */
+__device__ __forceinline__ void k3c_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 /* A 16-byte streaming load that skips L1: weights are read once per step. */
 __device__ __forceinline__ uint4 k3c_ld_stream16(const void *p) {
@@ -76,6 +90,16 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
         return a * l;
     }
     return k3c_dev_silu(g) * u;
+}
+
+/* Host side: whether launches that support it use PDL (K3C_PDL=0 turns it off, for comparisons). */
+static inline int k3c_pdl_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("K3C_PDL");
+        on = !(v && v[0] == '0');
+    }
+    return on;
 }
 
 /* Host side: the device's multiprocessor count, asked once per translation unit (132 on an H200; 132 if the

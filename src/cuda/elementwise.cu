@@ -15,6 +15,7 @@ static unsigned grid_for(size_t n, int threads) {
  * and of the other rows of the step: the final norm's order (stock/forward.c) relies on it. */
 __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
                                float *y, int ys) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * xs;
     float *yr = y + (size_t)blockIdx.x * ys;
@@ -38,6 +39,7 @@ extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, in
 
 __global__ void gated_act_kernel(k3c_cuda_act act, const float *__restrict__ gate, int gs, const float *__restrict__ up,
                                  int us, int T, int n, int round, float *out) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     size_t total = (size_t)T * n;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(i / n), c = (int)(i % n);
@@ -73,6 +75,7 @@ extern "C" int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *id
 }
 
 __global__ void add_kernel(const float *a, const float *b, size_t n, int round, float *out) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = a[i] + b[i];
         out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
@@ -112,6 +115,7 @@ extern "C" int k3c_cuda_sigmoid(const float *x, size_t n, float *out, cudaStream
 }
 
 __global__ void mul_sigmoid_kernel(const float *x, const float *z, size_t n, int round, float *y) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i] * k3c_dev_sigmoid(z[i]);
         y[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;

@@ -13,6 +13,7 @@
 #define T1_RPW 2 /* T = 1: rows per warp */
 #define T1_U 4   /* T = 1: 16-byte chunks per row in flight per lane */
 #define MM_U 4   /* T = 2..8: 32-element k steps in flight per lane (2 x 16 bytes each) */
+#define T1_PREFETCH 2 /* T = 1: batches of a warp's first item prefetched into L2 before the PDL wait */
 
 /* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
  * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
@@ -36,6 +37,25 @@ gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     int chunks = cols >> 3;
+    /* PDL (common.cuh): let the next kernel start as this one's blocks retire, and while the kernel before
+     * this one finishes, bring the weights of this warp's first T1_PREFETCH batches into L2; x is read only
+     * after the wait */
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) {
+        int row0 = ((int)blockIdx.x * groups + group) * T1_RPW;
+        if (row0 < rows)
+#pragma unroll
+            for (int r = 0; r < T1_RPW; r++) {
+                const uint16_t *wr = W + (size_t)min(row0 + r, rows - 1) * cols;
+                for (int b = 0; b < T1_PREFETCH; b++)
+#pragma unroll
+                    for (int u = 0; u < T1_U; u++) {
+                        int c = (b * wpr + kw) * 32 * T1_U + 32 * u + lane;
+                        if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(wr + (size_t)c * 8); /* a lane per line */
+                    }
+            }
+    }
+    k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         int row0 = (item * groups + group) * T1_RPW;
         float acc[T1_RPW];
@@ -248,6 +268,29 @@ static void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_o
     *grid_out = items < cap ? items : cap;
 }
 
+/* gemv_t1_kernel, launched with PDL where the build and K3C_PDL allow (common.cuh) */
+static int launch_t1(int grid, const uint16_t *W, int rows, int cols, const float *x, float *y, int wpr, int items,
+                     int round, cudaStream_t s) {
+#ifndef K3C_EMU_NO_PDL
+    if (k3c_pdl_enabled()) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(GEMV_WARPS * 32);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        K3C_CUDA_TRY(cudaLaunchKernelEx(&cfg, gemv_t1_kernel, W, rows, cols, x, y, wpr, items, round));
+        return K3C_OK;
+    }
+#endif
+    gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items, round);
+    return K3C_OK;
+}
+
 static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,
                      cudaStream_t s) {
     static int occ_t1, occ_mma;
@@ -265,8 +308,7 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
         plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
                   resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
         for (int t = 0; t < T; t++)
-            gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
-                                                            wpr, items, round);
+            K3C_TRY(launch_t1(grid, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows, wpr, items, round, s));
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,

@@ -551,6 +551,7 @@ extern "C" int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, con
 __global__ void kda_gated_norm_kernel(const float *__restrict__ o, const float *__restrict__ z,
                                       const float *__restrict__ w, int rows, int dv, float eps, int silu, int round,
                                       float *y) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     kda_gated_norm_row(o + (size_t)r * dv, z + (size_t)r * dv, w, dv, eps, silu, round, y + (size_t)r * dv, lane);

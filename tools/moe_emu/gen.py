@@ -66,6 +66,8 @@ def ptx(text, ops):
         return 'emu_cp_async_commit()'
     if t == 'cp.async.wait_group %0;':
         return 'emu_cp_async_wait(%s)' % o(0)
+    if t in ('griddepcontrol.launch_dependents;', 'griddepcontrol.wait;') or t.startswith('prefetch.global.L2 '):
+        return '(void)0'  # one launch at a time in the emulator: nothing to order, nothing to prefetch
     if t.startswith('ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];'):
         return 'emu_ld_v4_u32(%s, %s, %s, %s, %s)' % (o(0), o(1), o(2), o(3), o(4))
     raise SystemExit('gen.py: no emulation of the PTX %r' % t)

@@ -1,6 +1,8 @@
 /* emulator shim: the CUDA runtime names moe.h / moe.cu / the test helpers use (emu_rt.cpp defines them on
  * host memory; device properties are an H200's: 132 SMs, 227 KB opt-in shared memory per block) */
 #pragma once
+/* kernels launch with <<<>>> here: the emulator has no cudaLaunchKernelEx (nor any overlap to gain) */
+#define K3C_EMU_NO_PDL 1
 #include <stddef.h>
 typedef void *cudaStream_t;
 typedef int cudaError_t;
