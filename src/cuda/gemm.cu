@@ -14,6 +14,7 @@
 #define T1_U 4   /* T = 1: 16-byte chunks per row in flight per lane */
 #define MM_U 4   /* T = 2..8: 32-element k steps in flight per lane (2 x 16 bytes each) */
 #define T1_PREFETCH 2 /* T = 1: batches of a warp's first item prefetched into L2 before the PDL wait */
+#define MM_PREFETCH 2 /* T = 2..8: runs of MM_U steps of a warp's first band prefetched likewise */
 
 /* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
  * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
@@ -133,6 +134,24 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float 
     int chunks = cols >> 3, steps = (chunks + 3) >> 2;
     bool tok = g < T;
     const float *xg = x + (size_t)(tok ? g : 0) * cols;
+    /* PDL, as in gemv_t1_kernel: the first MM_PREFETCH runs of this warp's first band into L2 (a run of a row
+     * is MM_U * 64 contiguous bytes: lanes q = 0 of u = 0, 2 touch its two 128-byte lines), then the wait */
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) {
+        int row0 = ((int)blockIdx.x * groups + group) * 16;
+        if (row0 < rows && q == 0)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint16_t *wr = W + (size_t)min(row0 + g + 8 * h, rows - 1) * cols;
+                for (int b = 0; b < MM_PREFETCH; b++)
+#pragma unroll
+                    for (int u = 0; u < MM_U; u += 2) {
+                        int c = ((b * wpr + kw) * MM_U + u) * 4;
+                        if (c < chunks) k3c_prefetch_l2(wr + (size_t)c * 8);
+                    }
+            }
+    }
+    k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         int row0 = (item * groups + group) * 16;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -268,9 +287,9 @@ static void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_o
     *grid_out = items < cap ? items : cap;
 }
 
-/* gemv_t1_kernel, launched with PDL where the build and K3C_PDL allow (common.cuh) */
-static int launch_t1(int grid, const uint16_t *W, int rows, int cols, const float *x, float *y, int wpr, int items,
-                     int round, cudaStream_t s) {
+/* A streaming kernel launched with PDL where the build and K3C_PDL allow (common.cuh), else as usual. */
+template <typename... Params, typename... Args>
+static int launch_stream(void (*kernel)(Params...), int grid, cudaStream_t s, Args... args) {
 #ifndef K3C_EMU_NO_PDL
     if (k3c_pdl_enabled()) {
         cudaLaunchConfig_t cfg = {};
@@ -283,11 +302,11 @@ static int launch_t1(int grid, const uint16_t *W, int rows, int cols, const floa
         cfg.stream = s;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        K3C_CUDA_TRY(cudaLaunchKernelEx(&cfg, gemv_t1_kernel, W, rows, cols, x, y, wpr, items, round));
+        K3C_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
         return K3C_OK;
     }
 #endif
-    gemv_t1_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, y, wpr, items, round);
+    kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(args...);
     return K3C_OK;
 }
 
@@ -308,12 +327,13 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
         plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
                   resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
         for (int t = 0; t < T; t++)
-            K3C_TRY(launch_t1(grid, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows, wpr, items, round, s));
+            K3C_TRY(launch_stream(gemv_t1_kernel, grid, s, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
+                                  wpr, items, round));
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,
                   &grid, &items);
-        gemv_mma_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(W, rows, cols, x, T, y, wpr, items, round);
+        K3C_TRY(launch_stream(gemv_mma_kernel, grid, s, W, rows, cols, x, T, y, wpr, items, round));
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;
