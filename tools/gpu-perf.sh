@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The performance questions open after the 2026-11-29 runs, in one GPU call of about 5 minutes (it builds
-# through tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 8" lists
+# The performance questions open after run 9 (2026-11-29), in one GPU call of about 5-6 minutes (it builds
+# through tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 9" lists
 # what each step should show):
-#  1. routed experts: bench_gpu's moe section (MXFP4 at K3's shape, bf16 at Kimi Linear 48B's) under the
-#     launch knobs K3C_MOE_BCOLS (B columns per pass: 2, 4; default up to 8) and K3C_MOE_WPR (warps per band:
-#     1, 2; default chosen per shape),
-#     for kimi-linear-48b's b=32 regression and the MXFP4 rate;
-#  2. Nsight Compute on the moe and gemm sections (tools/gpu-profile.sh), when ncu reads counters here;
-#  3. the decode and verify steps, stock and specialized: k3-slice b 1,8,64 and kimi-linear-48b b 1,8,32, q 1
-#     and 4, context 256, and one op profile of each preset at b 1.
+#  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL and its gemm section again with
+#     K3C_PDL=0: what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and
+#     back to back (b2b);
+#  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 2, 4) and K3C_MOE_WPR (warps
+#     per band: 1, 2), for kimi-linear-48b's b=32 step and the MXFP4 rate;
+#  3. Nsight Compute on the MXFP4 experts kernel with its stall reasons (tools/gpu-profile.sh), when ncu
+#     reads counters here;
+#  4. the decode and verify steps, stock and specialized: k3-slice b 1,8,64 and kimi-linear-48b b 1,8,32, q 1
+#     and 4, context 256; b 1 again with K3C_PDL=0; one op profile of each preset at b 1.
 # Output: $OUT/perf_*.txt and a short summary. Environment: BUILD (default build), OUT (default
-# /tmp/k3c-gpu-perf), NCU (1: run step 2, default 1).
+# /tmp/k3c-gpu-perf), NCU (1: run step 3, default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -25,9 +27,23 @@ if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
         { echo "gpu-perf: build failed ($OUT/build/build.log)" >&2; exit 1; }
 fi
 
+echo "== kernel benchmark, PDL on (default) and, for gemm, off"
+timeout 120 "$BUILD/bench_gpu" >"$OUT/perf_bench_gpu.txt" 2>&1
+K3C_PDL=0 timeout 60 "$BUILD/bench_gpu" gemm >"$OUT/perf_gemm_nopdl.txt" 2>&1
+printf '%-34s %8s %8s\n' gemv "PDL=0" "PDL=1"
+for shape in 12288x7168 7168x12288 4096x4096 2048x4096 896x7168 576x7168; do
+    for kind in T1 T1_b2b T8_b2b; do
+        n="gemm_bf16_${shape}_$kind"
+        a=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_gemm_nopdl.txt")
+        b=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_bench_gpu.txt")
+        printf '%-34s %8s %8s\n' "$n" "${a:--}" "${b:--}"
+    done
+done
+
 echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
 for knob in "" BCOLS=2 BCOLS=4 WPR=1 WPR=2; do
     name=${knob:-default}
+    name=${name/=/_} # no '=' in the file names: the device tool does not bring such names back
     env ${knob:+K3C_MOE_$knob} timeout 60 "$BUILD/bench_gpu" moe >"$OUT/perf_moe_$name.txt" 2>&1
     printf '%-9s' "$name"
     grep -E '^BENCH moe_(mxfp4_all_T(1|4|8)_k16|bf16_all_T(1|8|32)_k8) ' "$OUT/perf_moe_$name.txt" |
@@ -36,8 +52,8 @@ for knob in "" BCOLS=2 BCOLS=4 WPR=1 WPR=2; do
 done
 
 if [ "$NCU" = 1 ]; then
-    echo "== Nsight Compute (tools/gpu-profile.sh)"
-    OUT="$OUT/ncu" BUILD="$BUILD" timeout 150 bash tools/gpu-profile.sh 2>&1 | tail -40
+    echo "== Nsight Compute (tools/gpu-profile.sh), MXFP4 experts with stall reasons"
+    OUT="$OUT/ncu" BUILD="$BUILD" SECTIONS=moe LAUNCHES=6 STALLS=1 timeout 120 bash tools/gpu-profile.sh 2>&1 | tail -30
 fi
 
 echo "== decode and verify steps"
@@ -46,8 +62,12 @@ timeout 90 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 -
 timeout 90 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8,32 --verify 1,4 --context 256 \
     >"$OUT/perf_kl48.txt" 2>&1
 for preset in k3-slice kimi-linear-48b; do
+    K3C_PDL=0 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
+        >"$OUT/perf_nopdl_$preset.txt" 2>&1
     K3C_CUDA_PROFILE=1 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
         >"$OUT/perf_prof_$preset.txt" 2>&1
 done
 grep -hE '^(STEP|SPEC|RATIO)' "$OUT/perf_k3slice.txt" "$OUT/perf_kl48.txt"
-grep -hE '^PROF' "$OUT"/perf_prof_*.txt | head -40
+echo "-- K3C_PDL=0"
+grep -hE '^(STEP|SPEC)' "$OUT"/perf_nopdl_*.txt
+grep -hE '^PROF' "$OUT"/perf_prof_*.txt | head -44

@@ -11,13 +11,16 @@
 # table of the metrics below per kernel name.
 #
 # Environment: BUILD (default build), OUT (default /tmp/k3c-gpu-profile), SECTIONS (default "moe gemm"),
-# LAUNCHES (kernels profiled per section, default 24).
+# LAUNCHES (kernels profiled per section, default 24), STALLS (1: a second, short ncu run per section for the
+# stall reasons, smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio: warps waiting on each
+# reason per issued instruction; the details pages here lack them, as pc sampling is unavailable).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/k3c-gpu-profile}
 SECTIONS=${SECTIONS:-"moe gemm"}
 LAUNCHES=${LAUNCHES:-24}
+STALLS=${STALLS:-0}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ]; then
@@ -40,4 +43,15 @@ for section in $SECTIONS; do
          /sm__warps_active.avg.pct_of_peak_sustained_active/ { w = $NF; printf "%-34s time %-10s dram%% %-7s issue%% %-7s warps%% %s\n", substr(name, 1, 34), t, d, i, w }' \
         "$OUT/ncu_$section.txt" | sort | uniq -c | head -20
     grep -E "Stall|stall" "$OUT/ncu_$section.txt" | sort | uniq -c | sort -rn | head -12
+    if [ "$STALLS" = 1 ]; then
+        stalls=""
+        for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle not_selected \
+                 selected barrier no_instruction dispatch_stall branch_resolving drain membar sleeping tex_throttle; do
+            stalls="$stalls${stalls:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+        done
+        timeout 120 "$NCU" --clock-control none --launch-skip 8 --launch-count 2 --metrics "$stalls" \
+            "$BUILD/bench_gpu" "$section" >"$OUT/ncu_stalls_$section.txt" 2>&1
+        echo "== $section stalls: ncu exit $? ($OUT/ncu_stalls_$section.txt)"
+        grep -E "^  [a-z_0-9]+.*\(|issue_stalled" "$OUT/ncu_stalls_$section.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | head -40
+    fi
 done
