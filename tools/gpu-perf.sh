@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# The performance questions open after run 9 (2026-11-29), in one GPU call of about 5-6 minutes (it builds
-# through tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 9" lists
-# what each step should show):
-#  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL and its gemm section again with
-#     K3C_PDL=0: what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and
-#     back to back (b2b);
+# The questions open after run 12 (2026-11-30), in one GPU call of about 8 minutes (it builds through
+# tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 12" lists what
+# each step should show):
+#  0. whether PDL (K3C_PDL=1) is what failed a GPU test in runs 11 and 12: gpu_greedy_mini (fresh seeds)
+#     $GREEDY_RUNS times with PDL on, then as many times off;
+#  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL on and its gemm section again without:
+#     what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and back to back
+#     (b2b);
 #  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 2, 4) and K3C_MOE_WPR (warps
 #     per band: 1, 2), for kimi-linear-48b's b=32 step and the MXFP4 rate;
 #  3. Nsight Compute on the MXFP4 experts kernel with its stall reasons (tools/gpu-profile.sh), when ncu
 #     reads counters here;
 #  4. the decode and verify steps, stock and specialized: k3-slice b 1,8,64 and kimi-linear-48b b 1,8,32, q 1
-#     and 4, context 256; b 1 again with K3C_PDL=0; one op profile of each preset at b 1.
+#     and 4, context 256, PDL on; b 1 again without; one op profile of each preset at b 1.
 # Output: $OUT/perf_*.txt and a short summary. Environment: BUILD (default build), OUT (default
-# /tmp/k3c-gpu-perf), NCU (1: run step 3, default 1).
+# /tmp/k3c-gpu-perf), NCU (1: run step 3, default 1), GREEDY_RUNS (default 3; 0 skips step 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/k3c-gpu-perf}
 NCU=${NCU:-1}
+GREEDY_RUNS=${GREEDY_RUNS:-3}
 mkdir -p "$OUT"
 if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
     # a fresh machine: gpu-check builds (with the committed cJSON packages where the host has none) and runs
@@ -27,8 +30,19 @@ if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
         { echo "gpu-perf: build failed ($OUT/build/build.log)" >&2; exit 1; }
 fi
 
-echo "== kernel benchmark, PDL on (default) and, for gemm, off"
-timeout 120 "$BUILD/bench_gpu" >"$OUT/perf_bench_gpu.txt" 2>&1
+if [ "$GREEDY_RUNS" -gt 0 ]; then
+    echo "== gpu_greedy_mini, $GREEDY_RUNS runs with K3C_PDL=1 and $GREEDY_RUNS without (about 27 s each)"
+    for pdl in 1 0; do
+        for i in $(seq "$GREEDY_RUNS"); do
+            K3C_PDL=$pdl timeout 90 "$BUILD/test_gpu" gpu_greedy_mini >"$OUT/perf_greedy_pdl${pdl}_$i.txt" 2>&1
+            echo "K3C_PDL=$pdl run $i: exit $? $(grep -hE '^(failed with seed|[0-9]+ passed)' "$OUT/perf_greedy_pdl${pdl}_$i.txt" | tr '\n' ' ')"
+            grep -h "rc failed" "$OUT/perf_greedy_pdl${pdl}_$i.txt"
+        done
+    done
+fi
+
+echo "== kernel benchmark, PDL on and, for gemm, off"
+K3C_PDL=1 timeout 120 "$BUILD/bench_gpu" >"$OUT/perf_bench_gpu.txt" 2>&1
 K3C_PDL=0 timeout 60 "$BUILD/bench_gpu" gemm >"$OUT/perf_gemm_nopdl.txt" 2>&1
 printf '%-34s %8s %8s\n' gemv "PDL=0" "PDL=1"
 for shape in 12288x7168 7168x12288 4096x4096 2048x4096 896x7168 576x7168; do
@@ -57,9 +71,9 @@ if [ "$NCU" = 1 ]; then
 fi
 
 echo "== decode and verify steps"
-timeout 90 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 --verify 1,4 --context 256 \
+K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 --verify 1,4 --context 256 \
     >"$OUT/perf_k3slice.txt" 2>&1
-timeout 90 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8,32 --verify 1,4 --context 256 \
+K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8,32 --verify 1,4 --context 256 \
     >"$OUT/perf_kl48.txt" 2>&1
 for preset in k3-slice kimi-linear-48b; do
     K3C_PDL=0 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \

@@ -18,7 +18,7 @@
  * chunks * nsrc * D * 4 bytes of L2 traffic, small at the T where chunks > 1. Reduction order: per thread,
  * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. The mix:
  * per element, fmaf over the sources in order. out must not alias a source: other blocks of the row may
- * still be reading it. Run 9 (H200) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
+ * still be reading it. Run 10 (H200) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
  * source's pointer was re-read from the device array before its data, in the mix once per source and
  * element, a chain of dependent loads; the pointers now go to shared memory once, and the loads of a tile
  * (8 sources, two elements each in the logits) are issued together. */

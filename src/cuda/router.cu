@@ -119,7 +119,7 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
         }
         /* the weights from shared memory, a lane each (wsum is the same on every lane: the same winners in
          * the same order); lane 0 read-modify-writing them in global memory one after another cost a
-         * dependent global round trip each (16 in a row at k3-slice; run 9: 15 us a call) */
+         * dependent global round trip each (16 in a row at k3-slice; run 10: 15 us a call) */
         __syncwarp();
         for (int j = lane; j < k; j += 32) {
             float w = chosen[j];
