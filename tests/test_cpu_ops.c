@@ -644,7 +644,10 @@ static int ref_item_cmp(const void *a, const void *b) {
 }
 
 /* Spec §5.3 / transformers' KimiMoEGate in double, with ties to the lower id. */
-static void ref_route(const k3c_config *c, const float *logits, const float *bias, int *idx, double *w) {
+/* margin (may be NULL): the k-th selection score minus the (k+1)-th among the kept groups, and the last kept
+ * group's score minus the first dropped one's; the smaller (k3c_route_margin's contract, in double). */
+static void ref_route(const k3c_config *c, const float *logits, const float *bias, int *idx, double *w,
+                      double *margin) {
     int E = c->num_experts, k = c->num_experts_per_token, G = c->num_expert_group;
     double *score = dmalloc(E);
     ref_item *sel = malloc((size_t)E * sizeof *sel), *tmp = malloc((size_t)E * sizeof *tmp);
@@ -657,6 +660,7 @@ static void ref_route(const k3c_config *c, const float *logits, const float *bia
         for (int e = 0; e < E; e++) score[e] /= sum;
     }
     for (int e = 0; e < E; e++) sel[e] = (ref_item){score[e] + (c->use_correction_bias && bias ? bias[e] : 0), e};
+    if (margin) *margin = INFINITY;
     if (c->use_grouped_topk && G > 1) {
         int per = E / G;
         ref_item *gs = malloc((size_t)G * sizeof *gs);
@@ -666,11 +670,13 @@ static void ref_route(const k3c_config *c, const float *logits, const float *bia
             gs[g] = (ref_item){tmp[0].v + (per > 1 ? tmp[1].v : 0), g};
         }
         qsort(gs, G, sizeof *gs, ref_item_cmp);
+        if (margin) *margin = c->topk_group < G ? gs[c->topk_group - 1].v - gs[c->topk_group].v : INFINITY;
         for (int rank = c->topk_group; rank < G; rank++)
             for (int e = gs[rank].id * per; e < (gs[rank].id + 1) * per; e++) sel[e].v = -INFINITY;
         free(gs);
     }
     qsort(sel, E, sizeof *sel, ref_item_cmp);
+    if (margin && k < E && sel[k].v > -INFINITY && sel[k - 1].v - sel[k].v < *margin) *margin = sel[k - 1].v - sel[k].v;
     double sum = 0;
     for (int i = 0; i < k; i++) sum += score[sel[i].id];
     for (int i = 0; i < k; i++) {
@@ -709,13 +715,73 @@ TEST(cpu_router_matches_reference) {
                 for (int e = 0; e < E; e++) logits[e] = (float)(e % 3), bias[e] = 0.0f;
             poison_f32(wt, 16);
             k3c_route(&c, logits, bias, idx, wt);
-            ref_route(&c, logits, bias, ridx, rw);
+            ref_route(&c, logits, bias, ridx, rw, NULL);
             for (int i = 0; i < k; i++) {
                 CHECKF(idx[i] == ridx[i], "case %zu rep %d: slot %d expert %d, expected %d", ci, rep, i, idx[i], ridx[i]);
                 CHECK_CLOSE(wt[i], rw[i], 1e-7, 1e-5);
             }
             free(logits), free(bias);
         }
+}
+
+/* k3c_route_margin against the reference's margin (double), and its meaning: moving the best unselected
+ * expert's logit up by a little more than the margin (in score units) changes the selection, by a little
+ * less does not (ungrouped sigmoid cases, where the score is monotone in the logit). */
+TEST(cpu_router_margin) {
+    k3c_rng r = cpu_rng();
+    struct { int E, k, sig, bias, G, tg; } cases[] = {
+        {64, 6, 1, 1, 1, 1}, {896, 16, 1, 1, 1, 1}, {64, 8, 1, 1, 8, 3}, {60, 4, 0, 0, 1, 1}, {32, 5, 0, 1, 4, 2},
+        {16, 16, 1, 1, 1, 1}, {32, 4, 1, 0, 1, 1},
+    };
+    int flips_checked = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (int rep = 0; rep < 20; rep++) {
+            k3c_config c;
+            router_config(&c, cases[ci].E, cases[ci].k, cases[ci].sig, cases[ci].bias, cases[ci].G, cases[ci].tg, 1,
+                          1.0f);
+            int E = c.num_experts, k = c.num_experts_per_token;
+            float *logits = fmalloc(E), *bias = fmalloc(E);
+            int ridx[16];
+            double rw[16], ref;
+            fill_normal(&r, logits, E, 2.0);
+            fill_normal(&r, bias, E, 0.1);
+            float m = k3c_route_margin(&c, logits, bias);
+            ref_route(&c, logits, bias, ridx, rw, &ref);
+            CHECKF(!isnan(m) && m >= 0.0f, "case %zu rep %d: margin %g", ci, rep, m);
+            if (isinf(ref)) CHECKF(isinf(m), "case %zu rep %d: margin %g, expected none", ci, rep, m);
+            else CHECK_CLOSE(m, ref, 1e-6, 0);
+            if (cases[ci].sig && cases[ci].G == 1 && k < E && m > 1e-4f) {
+                /* the best unselected expert: the reference's k-th pick after a lift of its score */
+                int idx[16], idx2[16];
+                float wt[16];
+                k3c_route(&c, logits, bias, idx, wt);
+                int out = -1;
+                float best = -INFINITY;
+                for (int e = 0; e < E; e++) {
+                    int chosen = 0;
+                    for (int i = 0; i < k; i++) chosen |= idx[i] == e;
+                    float v = 1.0f / (1.0f + expf(-logits[e])) + (c.use_correction_bias ? bias[e] : 0.0f);
+                    if (!chosen && v > best) best = v, out = e;
+                }
+                float s0 = 1.0f / (1.0f + expf(-logits[out]));
+                if (s0 + 1.05 * m > 0.999) goto next; /* a score the sigmoid cannot reach precisely */
+                for (int side = 0; side < 2; side++) {
+                    double target = s0 + m * (side ? 1.05 : 0.95); /* the score just over / under the boundary */
+                    float saved = logits[out];
+                    logits[out] = (float)log(target / (1.0 - target));
+                    k3c_route(&c, logits, bias, idx2, wt);
+                    int in = 0;
+                    for (int i = 0; i < k; i++) in |= idx2[i] == out;
+                    CHECKF(in == side, "case %zu rep %d: expert %d %s the selection after a lift of %.2f margins",
+                           ci, rep, out, in ? "entered" : "stayed out of", side ? 1.05 : 0.95);
+                    logits[out] = saved;
+                }
+                flips_checked++;
+            }
+        next:
+            free(logits), free(bias);
+        }
+    CHECK(flips_checked >= 20);
 }
 
 TEST(cpu_router_grouped_selection) {

@@ -25,6 +25,8 @@ typedef struct cpu_ctx {
     k3c_backend_limits lim;
     int silu_gate;
     int exact; /* diagnostic: no bf16 rounding anywhere (validates the math against the float64 reference) */
+    float *route_margins; /* tests only (k3c_backend_cpu_track_route_margins): per row, lowered by each MoE layer */
+    int route_margin_rows;
     /* KDA: o of a commit (discarded); chunked-form scratch, kda_scratch_n floats per pool thread */
     float *kda_o;
     float *kda_scratch;
@@ -580,6 +582,11 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     k3c_matmul_batch(x->pool, mm, n);
     for (int t = 0; t < T; t++)
         k3c_route(c, x->logits + (size_t)t * E, w->correction_bias, x->idx + (size_t)t * K, x->wts + (size_t)t * K);
+    if (x->route_margins)
+        for (int t = 0; t < T && t < x->route_margin_rows; t++) {
+            float m = k3c_route_margin(c, x->logits + (size_t)t * E, w->correction_bias);
+            if (m < x->route_margins[t]) x->route_margins[t] = m;
+        }
     const float *z = latent ? x->z : y;
 
     /* group (row, j) pairs by expert (counting sort keeps row order inside an expert) */
@@ -650,6 +657,12 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
 }
 
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact) { ((cpu_ctx *)be->ctx)->exact = exact; }
+
+void k3c_backend_cpu_track_route_margins(k3c_backend *be, float *margins, int rows) {
+    cpu_ctx *x = be->ctx;
+    x->route_margins = margins;
+    x->route_margin_rows = margins ? rows : 0;
+}
 
 /* Test hook (stock/backend.h): whether backends created from now on offer the expanded MLA op. */
 static int cpu_mla_expanded_default = 1;

@@ -131,5 +131,10 @@ void k3c_attnres_mix(const float *const *sources, int n, int D, const float *pro
  * when num_expert_group > 1), weights = selected scores (renormalized when moe_renormalize) times
  * routed_scaling_factor. idx, weight: [k]. Ties break to the lower expert id. */
 void k3c_route(const k3c_config *c, const float *logits, const float *bias, int *idx, float *weight);
+/* How close k3c_route's choice for these logits is to a different one: the k-th selected expert's selection
+ * score minus the best unselected expert's (among the kept groups), and under grouped selection also the
+ * last kept group's score minus the best dropped group's; the smaller, >= 0 (INFINITY when nothing is left
+ * out). Tests use it to tell a routing near-tie from a wrong result. */
+float k3c_route_margin(const k3c_config *c, const float *logits, const float *bias);
 
 #endif

@@ -22,10 +22,13 @@ static void topk_insert(float *topv, int *topi, int *cnt, int k, float val, int 
     if (*cnt < k) (*cnt)++;
 }
 
-void k3c_route(const k3c_config *c, const float *logits, const float *bias, int *idx, float *weight) {
-    int E = c->num_experts, k = c->num_experts_per_token;
-    float score[E], sel[E]; /* E = 896 for K3: a few KB of stack */
-
+/* score[E] (sigmoid or softmax of the logits) and sel[E] (score + bias, -inf outside the kept groups when
+ * grouped); *group_gap: under grouped selection, the last kept group's score minus the best dropped one's
+ * (INFINITY when no group is dropped). */
+static void route_scores(const k3c_config *c, const float *logits, const float *bias, float *score, float *sel,
+                         float *group_gap) {
+    int E = c->num_experts;
+    *group_gap = INFINITY;
     if (c->router_sigmoid) {
         for (int e = 0; e < E; e++) score[e] = k3c_sigmoidf(logits[e]);
     } else {
@@ -41,21 +44,31 @@ void k3c_route(const k3c_config *c, const float *logits, const float *bias, int 
     if (c->use_grouped_topk && G > 1 && E % G == 0 && c->topk_group < G) {
         /* Group score: sum of the group's top-2 selection scores; keep topk_group groups, mask the rest. */
         int per = E / G, keep = c->topk_group > 0 ? c->topk_group : 1;
-        float gv[G];
+        float gv[G], gsc[G];
         int gi[G], gcnt = 0;
         for (int gr = 0; gr < G; gr++) {
             float tv[2];
             int ti[2], tc = 0;
             for (int e = gr * per; e < (gr + 1) * per; e++) topk_insert(tv, ti, &tc, 2, sel[e], e);
-            topk_insert(gv, gi, &gcnt, keep, tc > 1 ? tv[0] + tv[1] : tv[0], gr);
+            float gs = tc > 1 ? tv[0] + tv[1] : tv[0];
+            gsc[gr] = gs;
+            topk_insert(gv, gi, &gcnt, keep, gs, gr);
         }
         for (int gr = 0; gr < G; gr++) {
             int kept = 0;
             for (int i = 0; i < gcnt; i++) kept |= gi[i] == gr;
-            if (!kept)
+            if (!kept) {
                 for (int e = gr * per; e < (gr + 1) * per; e++) sel[e] = -INFINITY;
+                if (gcnt > 0 && gv[gcnt - 1] - gsc[gr] < *group_gap) *group_gap = gv[gcnt - 1] - gsc[gr];
+            }
         }
     }
+}
+
+void k3c_route(const k3c_config *c, const float *logits, const float *bias, int *idx, float *weight) {
+    int E = c->num_experts, k = c->num_experts_per_token;
+    float score[E], sel[E], group_gap; /* E = 896 for K3: a few KB of stack */
+    route_scores(c, logits, bias, score, sel, &group_gap);
 
     float topv[k];
     int cnt = 0;
@@ -72,4 +85,16 @@ void k3c_route(const k3c_config *c, const float *logits, const float *bias, int 
     for (int i = 0; i < k; i++)
         weight[i] = c->moe_renormalize ? weight[i] / (sum + 1e-20f) * c->routed_scaling_factor
                                        : weight[i] * c->routed_scaling_factor;
+}
+
+float k3c_route_margin(const k3c_config *c, const float *logits, const float *bias) {
+    int E = c->num_experts, k = c->num_experts_per_token;
+    float score[E], sel[E], group_gap;
+    route_scores(c, logits, bias, score, sel, &group_gap);
+    /* the k + 1 largest selection scores: the k-th selected against the best one left out */
+    float topv[k + 1];
+    int topi[k + 1], cnt = 0;
+    for (int e = 0; e < E; e++) topk_insert(topv, topi, &cnt, k + 1, sel[e], e);
+    float gap = cnt > k && topv[k] > -INFINITY ? topv[k - 1] - topv[k] : INFINITY;
+    return gap < group_gap ? gap : group_gap;
 }

@@ -165,6 +165,11 @@ k3c_backend *k3c_backend_cpu_create(int threads);
 /* Diagnostic: with exact = 1 the CPU backend skips every bf16 rounding of activations (f32 throughout), so
  * the forward can be checked against the float64 reference far below bf16 noise. Tests only. */
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact);
+/* Tests only: while margins is not NULL, every MoE layer of the CPU backend lowers margins[t] (t < rows, t
+ * the step's row) to that row's routing margin (cpu/ops.h k3c_route_margin); the caller sets them (to
+ * INFINITY) before a step. A test comparing another backend's stream with the CPU's tells a routing near-tie
+ * (a tiny margin: f32 noise may pick another expert) from a wrong result with it. */
+void k3c_backend_cpu_track_route_margins(k3c_backend *be, float *margins, int rows);
 /* Tests only: CPU backends created after this call offer mla_attention_expanded (on = 1, the default) or
  * leave it NULL (on = 0: every MLA step absorbed), so a test can compare the two forms through the engine. */
 void k3c_backend_cpu_test_mla_expanded(int on);
