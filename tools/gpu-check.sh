@@ -130,6 +130,10 @@ grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ v = ($5 <= $4) ? "ok" : "FAIL"; i
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
 grep '^INFO' "$LOGDIR/test_gpu.log"
+# failed tests by name with their messages (the runner prints a test's name, then its output, then "ok" or
+# "FAIL"; messages go to stderr, indented, "    file:line: ...")
+awk '/^gpu_[a-z0-9_]+ / { name = $1 } /^    [a-z].*:[0-9]+: / { msg[name] = msg[name] "\n" $0 }
+     /FAIL \(/ { printf "FAILED %s%s\n", name, msg[name] }' "$LOGDIR/test_gpu.log"
 cat "$LOGDIR/sanitizer.log" 2>/dev/null
 grep -E '^(bench |prefill|STEP|SPEC|RATIO)' "$LOGDIR/bench_stock.log"
 echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log" | tr '\n' ' ')(exit $test_rc); bench exit $bench_rc;" \
