@@ -7,7 +7,7 @@
 #  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL on and its gemm section again without:
 #     what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and back to back
 #     (b2b);
-#  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 2, 4) and K3C_MOE_WPR (warps
+#  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 8 = the plan before 2026-11-30, 4, 2) and K3C_MOE_WPR (warps
 #     per band: 1, 2), for kimi-linear-48b's b=32 step and the MXFP4 rate;
 #  3. Nsight Compute on the MXFP4 experts kernel with its stall reasons (tools/gpu-profile.sh), when ncu
 #     reads counters here;
@@ -55,7 +55,7 @@ for shape in 12288x7168 7168x12288 4096x4096 2048x4096 896x7168 576x7168; do
 done
 
 echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
-for knob in "" BCOLS=2 BCOLS=4 WPR=1 WPR=2; do
+for knob in "" BCOLS=8 BCOLS=4 BCOLS=2 WPR=1 WPR=2; do
     name=${knob:-default}
     name=${name/=/_} # no '=' in the file names: the device tool does not bring such names back
     env ${knob:+K3C_MOE_$knob} timeout 60 "$BUILD/bench_gpu" moe >"$OUT/perf_moe_$name.txt" 2>&1

@@ -461,11 +461,27 @@ static moe_shape moe_plan(int bands, int leaders, int steps, int cap) {
     return best;
 }
 
+/* Resident blocks per SM of `kernel` at `smem` bytes of dynamic shared memory (a few sizes remembered per
+ * kernel: the launch plan asks for the same ones every step). */
+template <typename K>
+static int moe_blocks_per_sm(K kernel, size_t smem) {
+    static size_t sizes[8];
+    static int blocks[8], n;
+    for (int i = 0; i < n; i++)
+        if (sizes[i] == smem) return blocks[i];
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1) b = 1;
+    int i = n < 8 ? n++ : 7;
+    sizes[i] = smem;
+    blocks[i] = b;
+    return b;
+}
+
 template <bool MX, bool UP, int S>
 static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
                       const int *idx, int npairs, int k, int tokens, k3c_cuda_act act, int round, float *out,
                       cudaStream_t s) {
-    static int occ, occ_smem, smem_set;
+    static int occ, occ_smem, smem_attr;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
     /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the plane
@@ -487,24 +503,12 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
     if (bcols_cap > 0 && bcols > bcols_cap) bcols = bcols_cap;
     /* dynamic shared memory beside the static split-k sums */
     const size_t smem_max = 227 * 1024 - (size_t)MOE_WARPS * (UP ? 2 : 1) * 4 * 32 * sizeof(float) - 64;
+    /* the kernel may use up to smem_max (once: the occupancy queries below and the launch ask for less) */
+    if (!smem_attr) {
+        K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_max));
+        smem_attr = 1;
+    }
     while (bcols > 1 && (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring > smem_max) bcols /= 2;
-    size_t smem = (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring;
-    if (smem > smem_max)
-        return k3c_errorf("moe experts: a width of %d needs %zu bytes of shared memory per block (at most %zu)", K,
-                          smem, smem_max);
-    if ((int)smem > smem_set) {
-        K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        smem_set = (int)smem;
-    }
-    /* blocks per SM at this launch's shared memory (the plist window and the B plane grow with the step's
-     * pairs); asked again only when the size changes */
-    if ((int)smem != occ_smem) {
-        int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1)
-            b = 1;
-        occ = b;
-        occ_smem = (int)smem;
-    }
     /* Leaders = distinct experts of the step, unknown on the host: their expected count under uniform
      * routing, E (1 - (1 - k/E)^tokens) (k = slots per token). min(pairs, E) overstated it by half at
      * T = 4, k = 16, E = 64 (44 of 64), which left a third of the wave's blocks empty. */
@@ -514,6 +518,29 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
     if (leaders > npairs) leaders = npairs;
     if (leaders > num_experts) leaders = num_experts;
     if (leaders < 1) leaders = 1;
+    /* Fewer B columns when the plane costs blocks per SM and the step's experts have few pairs each: the
+     * kernel is built for (UP || MX) ? 2 : 3 blocks per SM, and Kimi Linear's bf16 gate/up (K 2304) with 8
+     * columns (a 37 KB plane beside 87 KB of rings) fit one (docs/BENCHMARKS.md, kimi-linear-48b b=32: 1.6
+     * pairs per expert). Halved while the smaller count still covers twice the expected pairs per expert,
+     * so an expert rarely needs a second pass (which re-reads its weights); K3C_MOE_BCOLS overrides. */
+    if (bcols_cap <= 0) {
+        const int target = (UP || MX) ? 2 : 3;
+        double per_leader = (double)npairs / leaders;
+        while (bcols > 1 && (double)(bcols / 2) >= 2.0 * per_leader &&
+               moe_blocks_per_sm(kernel, (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring) <
+                   target)
+            bcols /= 2;
+    }
+    size_t smem = (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring;
+    if (smem > smem_max)
+        return k3c_errorf("moe experts: a width of %d needs %zu bytes of shared memory per block (at most %zu)", K,
+                          smem, smem_max);
+    /* blocks per SM at this launch's shared memory (the plist window and the B plane grow with the step's
+     * pairs); asked again only when the size changes */
+    if ((int)smem != occ_smem) {
+        occ = moe_blocks_per_sm(kernel, smem);
+        occ_smem = (int)smem;
+    }
     moe_shape sh = moe_plan(bands, leaders, steps, occ * k3c_cuda_sm_count());
     dim3 grid(sh.chunks, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
