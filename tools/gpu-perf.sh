@@ -7,8 +7,9 @@
 #  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL on and its gemm section again without:
 #     what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and back to back
 #     (b2b);
-#  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 8 = the plan before 2026-11-30, 4, 2) and K3C_MOE_WPR (warps
-#     per band: 1, 2), for kimi-linear-48b's b=32 step and the MXFP4 rate;
+#  2. routed experts under the launch knobs K3C_MOE_BCOLS (B columns per pass: 8, the plan before
+#     2026-11-30; 4; 2) and K3C_MOE_WPR (warps per band: 1, 2), for kimi-linear-48b's b=32 step and the
+#     MXFP4 rate;
 #  3. Nsight Compute on the MXFP4 experts kernel with its stall reasons (tools/gpu-profile.sh), when ncu
 #     reads counters here;
 #  4. the decode and verify steps, stock and specialized: k3-slice b 1,8,64 and kimi-linear-48b b 1,8,32, q 1
