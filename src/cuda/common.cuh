@@ -95,9 +95,9 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
 /* Host side: whether launches that support it use PDL: only with K3C_PDL=1, for now. Run 12 (H200,
  * 2026-11-30; src/cuda/NOTES.md) measured it: bf16 GEMVs back to back 0.56 -> 0.69 of copy bandwidth at
  * 4096 x 4096, kimi-linear-48b b=1 specialized step 4.85 -> 4.53 ms; but both GPU test runs with it on
- * failed one test (gpu_greedy_mini once: f32 batch 4, a logits row 0.54 off the CPU's at token 15; the
- * other run's failing test was not kept), and which change of that build caused it is not isolated. Off by
- * default until a run shows the failure is not PDL's. */
+ * failed one test: run 12's, gpu_greedy_mini, turned out a routing near-tie (a CPU replay found a routing
+ * margin of 3.6e-7 at that row; the test now counts those as ties), run 11's was not kept. Off by default
+ * until a whole GPU run passes with K3C_PDL=1. */
 static inline int k3c_pdl_enabled(void) {
     static int on = -1;
     if (on < 0) {
