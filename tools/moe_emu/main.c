@@ -206,6 +206,8 @@ static const mcase cases[] = {
     {"bf16 In64 F24 Out17 E5 T3 k3", 0, 0, 64, 24, 17, 5, 3, 3, 0, 0, 0},
     {"bf16 In8 F8 Out3 E2 T1 k1", 0, 1, 8, 8, 3, 2, 1, 1, 0, 0, 0},
     {"bf16 KL 2304x1024 E3 T2 k2", 0, 0, 2304, 1024, 2304, 3, 2, 2, 0, 0, 1},
+    /* Kimi Linear's K with many experts and ~1.6 pairs each: the launcher halves the B columns (8 -> 4) */
+    {"bf16 In2304 F256 Out64 E64 T32 k2", 0, 0, 2304, 256, 64, 64, 32, 2, 0, 0, 1},
     {"bf16 In64 F24 Out17 rounded", 0, 0, 64, 24, 17, 5, 3, 3, 1, 0, 0},
     {"bf16 In72 F40 Out24 E2 T9 k2", 0, 1, 72, 40, 24, 2, 9, 2, 0, 0, 0},
     /* beyond the GPU test: > 2048 pairs of one expert (several plist windows), an 8-row-multiple-only bf16
