@@ -15,13 +15,17 @@
 #  4. the decode and verify steps, stock and specialized: k3-slice b 1,8,64 and kimi-linear-48b b 1,8,32, q 1
 #     and 4, context 256, PDL on; b 1 again without; one op profile of each preset at b 1.
 # Output: $OUT/perf_*.txt and a short summary. Environment: BUILD (default build), OUT (default
-# /tmp/k3c-gpu-perf), NCU (1: run step 3, default 1), GREEDY_RUNS (default 3; 0 skips step 0).
+# /tmp/k3c-gpu-perf), NCU (1: run step 3, default 1), GREEDY_RUNS (default 3; 0 skips step 0), PARTS (the
+# steps to run, default "greedy bench sweep ncu steps"). All of it is about 11 minutes, over the device
+# tool's 10-minute call: run it as two calls, PARTS="greedy bench sweep" then PARTS="ncu steps".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/k3c-gpu-perf}
 NCU=${NCU:-1}
 GREEDY_RUNS=${GREEDY_RUNS:-3}
+PARTS=${PARTS:-"greedy bench sweep ncu steps"}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
     # a fresh machine: gpu-check builds (with the committed cJSON packages where the host has none) and runs
@@ -31,58 +35,66 @@ if ! [ -x "$BUILD/bench_gpu" ] || ! [ -x "$BUILD/k3c" ]; then
         { echo "gpu-perf: build failed ($OUT/build/build.log)" >&2; exit 1; }
 fi
 
-if [ "$GREEDY_RUNS" -gt 0 ]; then
+if part greedy && [ "$GREEDY_RUNS" -gt 0 ]; then
     echo "== gpu_greedy_mini, $GREEDY_RUNS runs with K3C_PDL=1 and $GREEDY_RUNS without (about 27 s each)"
     for pdl in 1 0; do
         for i in $(seq "$GREEDY_RUNS"); do
             K3C_PDL=$pdl timeout 90 "$BUILD/test_gpu" gpu_greedy_mini >"$OUT/perf_greedy_pdl${pdl}_$i.txt" 2>&1
-            echo "K3C_PDL=$pdl run $i: exit $? $(grep -hE '^(failed with seed|[0-9]+ passed)' "$OUT/perf_greedy_pdl${pdl}_$i.txt" | tr '\n' ' ')"
+            rc=$?
+            echo "K3C_PDL=$pdl run $i: exit $rc" \
+                "$(grep -hE '^(failed with seed|[0-9]+ passed)' "$OUT/perf_greedy_pdl${pdl}_$i.txt" | tr '\n' ' ')"
             grep -h "rc failed" "$OUT/perf_greedy_pdl${pdl}_$i.txt"
         done
     done
 fi
 
-echo "== kernel benchmark, PDL on and, for gemm, off"
-K3C_PDL=1 timeout 120 "$BUILD/bench_gpu" >"$OUT/perf_bench_gpu.txt" 2>&1
-K3C_PDL=0 timeout 60 "$BUILD/bench_gpu" gemm >"$OUT/perf_gemm_nopdl.txt" 2>&1
-printf '%-34s %8s %8s\n' gemv "PDL=0" "PDL=1"
-for shape in 12288x7168 7168x12288 4096x4096 2048x4096 896x7168 576x7168; do
-    for kind in T1 T1_b2b T8_b2b; do
-        n="gemm_bf16_${shape}_$kind"
-        a=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_gemm_nopdl.txt")
-        b=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_bench_gpu.txt")
-        printf '%-34s %8s %8s\n' "$n" "${a:--}" "${b:--}"
+if part bench; then
+    echo "== kernel benchmark, PDL on and, for gemm, off"
+    K3C_PDL=1 timeout 120 "$BUILD/bench_gpu" >"$OUT/perf_bench_gpu.txt" 2>&1
+    K3C_PDL=0 timeout 60 "$BUILD/bench_gpu" gemm >"$OUT/perf_gemm_nopdl.txt" 2>&1
+    printf '%-34s %8s %8s\n' gemv "PDL=0" "PDL=1"
+    for shape in 12288x7168 7168x12288 4096x4096 2048x4096 896x7168 576x7168; do
+        for kind in T1 T1_b2b T8_b2b; do
+            n="gemm_bf16_${shape}_$kind"
+            a=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_gemm_nopdl.txt")
+            b=$(awk -v n="$n" '$2 == n { print $6 }' "$OUT/perf_bench_gpu.txt")
+            printf '%-34s %8s %8s\n' "$n" "${a:--}" "${b:--}"
+        done
     done
-done
+fi
 
-echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
-for knob in "" BCOLS=8 BCOLS=4 BCOLS=2 WPR=1 WPR=2; do
-    name=${knob:-default}
-    name=${name/=/_} # no '=' in the file names: the device tool does not bring such names back
-    env ${knob:+K3C_MOE_$knob} timeout 60 "$BUILD/bench_gpu" moe >"$OUT/perf_moe_$name.txt" 2>&1
-    printf '%-9s' "$name"
-    grep -E '^BENCH moe_(mxfp4_all_T(1|4|8)_k16|bf16_all_T(1|8|32)_k8) ' "$OUT/perf_moe_$name.txt" |
-        awk '{ printf " %s %s", substr($2, 5), $6 }'
-    echo
-done
+if part sweep; then
+    echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
+    for knob in "" BCOLS=8 BCOLS=4 BCOLS=2 WPR=1 WPR=2; do
+        name=${knob:-default}
+        name=${name/=/_} # no '=' in the file names: the device tool does not bring such names back
+        env ${knob:+K3C_MOE_$knob} timeout 60 "$BUILD/bench_gpu" moe >"$OUT/perf_moe_$name.txt" 2>&1
+        printf '%-9s' "$name"
+        grep -E '^BENCH moe_(mxfp4_all_T(1|4|8)_k16|bf16_all_T(1|8|32)_k8) ' "$OUT/perf_moe_$name.txt" |
+            awk '{ printf " %s %s", substr($2, 5), $6 }'
+        echo
+    done
+fi
 
-if [ "$NCU" = 1 ]; then
+if part ncu && [ "$NCU" = 1 ]; then
     echo "== Nsight Compute (tools/gpu-profile.sh), MXFP4 experts with stall reasons"
     OUT="$OUT/ncu" BUILD="$BUILD" SECTIONS=moe LAUNCHES=6 STALLS=1 timeout 120 bash tools/gpu-profile.sh 2>&1 | tail -30
 fi
 
-echo "== decode and verify steps"
-K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 --verify 1,4 --context 256 \
-    >"$OUT/perf_k3slice.txt" 2>&1
-K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8,32 --verify 1,4 --context 256 \
-    >"$OUT/perf_kl48.txt" 2>&1
-for preset in k3-slice kimi-linear-48b; do
-    K3C_PDL=0 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
-        >"$OUT/perf_nopdl_$preset.txt" 2>&1
-    K3C_CUDA_PROFILE=1 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
-        >"$OUT/perf_prof_$preset.txt" 2>&1
-done
-grep -hE '^(STEP|SPEC|RATIO)' "$OUT/perf_k3slice.txt" "$OUT/perf_kl48.txt"
-echo "-- K3C_PDL=0"
-grep -hE '^(STEP|SPEC)' "$OUT"/perf_nopdl_*.txt
-grep -hE '^PROF' "$OUT"/perf_prof_*.txt | head -44
+if part steps; then
+    echo "== decode and verify steps"
+    K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset k3-slice --batches 1,8,64 --verify 1,4 \
+        --context 256 >"$OUT/perf_k3slice.txt" 2>&1
+    K3C_PDL=1 timeout 90 "$BUILD/k3c" bench --device cuda --preset kimi-linear-48b --batches 1,8,32 --verify 1,4 \
+        --context 256 >"$OUT/perf_kl48.txt" 2>&1
+    for preset in k3-slice kimi-linear-48b; do
+        K3C_PDL=0 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
+            >"$OUT/perf_nopdl_$preset.txt" 2>&1
+        K3C_CUDA_PROFILE=1 timeout 60 "$BUILD/k3c" bench --device cuda --preset "$preset" --batches 1 --context 256 \
+            >"$OUT/perf_prof_$preset.txt" 2>&1
+    done
+    grep -hE '^(STEP|SPEC|RATIO)' "$OUT/perf_k3slice.txt" "$OUT/perf_kl48.txt"
+    echo "-- K3C_PDL=0"
+    grep -hE '^(STEP|SPEC)' "$OUT"/perf_nopdl_*.txt
+    grep -hE '^PROF' "$OUT"/perf_prof_*.txt | head -44
+fi
