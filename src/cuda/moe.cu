@@ -481,7 +481,7 @@ template <bool MX, bool UP, int S>
 static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
                       const int *idx, int npairs, int k, int tokens, k3c_cuda_act act, int round, float *out,
                       cudaStream_t s) {
-    static int occ, occ_smem, smem_attr;
+    static int smem_attr;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
     /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the plane
@@ -536,11 +536,8 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
         return k3c_errorf("moe experts: a width of %d needs %zu bytes of shared memory per block (at most %zu)", K,
                           smem, smem_max);
     /* blocks per SM at this launch's shared memory (the plist window and the B plane grow with the step's
-     * pairs); asked again only when the size changes */
-    if ((int)smem != occ_smem) {
-        occ = moe_blocks_per_sm(kernel, smem);
-        occ_smem = (int)smem;
-    }
+     * pairs; moe_blocks_per_sm remembers the sizes it was asked) */
+    int occ = moe_blocks_per_sm(kernel, smem);
     moe_shape sh = moe_plan(bands, leaders, steps, occ * k3c_cuda_sm_count());
     dim3 grid(sh.chunks, npairs);
     kernel<<<grid, MOE_WARPS * 32, smem, s>>>(experts, num_experts, K, R, x, x_by_token, idx, npairs, k, act, round,
