@@ -319,7 +319,10 @@ static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
                 int cols = s->mx ? s->mx->cols : 0;
                 int sb = synthetic_scale_byte(cols);
                 if (s->cls == K3C_TENSOR_MXFP4_PACKED) {
-                    if (k3c_cuda_fill_mxfp4(devs[i], bytes, NULL, 0, sb, seed, x->stream)) goto done;
+                    /* random codes in the standard layout, then the device layout as for real bytes */
+                    if (k3c_cuda_fill_mxfp4(devs[i], bytes, NULL, 0, sb, seed, x->stream) ||
+                        k3c_cuda_mxfp4_repack(devs[i], bytes, x->stream))
+                        goto done;
                 } else if (k3c_cuda_fill_mxfp4(NULL, 0, devs[i], bytes, sb, seed, x->stream)) {
                     goto done;
                 }
@@ -343,6 +346,11 @@ static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
             }
             cur ^= 1;
             progress_update(&pg, n, 0);
+        }
+        /* MXFP4 codes into the routed-experts kernels' layout (cuda/moe.h), after the tensor's last copy */
+        if (s->cls == K3C_TENSOR_MXFP4_PACKED && k3c_cuda_mxfp4_repack(devs[i], bytes, x->stream)) {
+            k3c_error_context("cuda backend: %s", s->name);
+            goto done;
         }
     }
     cudaError_t e = cudaStreamSynchronize(x->stream);

@@ -22,23 +22,53 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-/* MXFP4 -> bf16 pairs. The dequant is most of this kernel's instructions at decode, and integer ones (an H200
- * SM retires 64 integer ops per clock, half its FP32 rate), so it spends as few per nibble pair as it can
- * (src/cuda/NOTES.md: the earlier 7-op form left the kernel instruction-bound at 0.34 of copy bandwidth). A pair is
- * nibbles i and i + 4 of a 32-bit word (elements 8j + i and 8j + i + 4), 16 bits apart: one mask isolates
- * them (u = nibble bits of both halves, after one shift of the word for i >= 2), one integer multiply (the
- * FMA pipe) adds two copies of each nibble, shifted so the sign (bit 3) lands on bit 15 and the magnitude
- * e1 e0 m on bits 8..6 (the bf16 exponent's low bits and the mantissa's top bit); the copies do not overlap
- * (no carries), one mask drops the rest. The bf16 pair reads e2m1 * 2^-126 (code 1 as the subnormal 2^-127);
+/* MXFP4 -> bf16 pairs. The dequant is most of this kernel's instructions at decode (src/cuda/NOTES.md: ~550
+ * warp instructions per 2 KB step at one row, issue-bound at 0.41 of copy bandwidth), so the packed weights
+ * live on the GPU in a layout of their own, made once when they are written (k3c_cuda_mxfp4_repack, below):
+ * each 32-bit word keeps its 8 E2M1 codes (elements 8j .. 8j + 7 of a row), with their bits moved so that the
+ * four bf16 pairs (elements i and i + 4, i = 0..3) come out with 1, 2, 2 and 3 integer ops (8 a word, was
+ * 17 with the bf16x2 multiplies). A pair's bf16 bits: in each half, the sign on bit 15 and the magnitude
+ * e1 e0 m on bits 8..6 (the exponent's low bits and the mantissa's top bit), i.e. the set
+ * P = {6, 7, 8, 15, 22, 23, 24, 31} of the word, reading e2m1 * 2^-126 (code 1 as the subnormal 2^-127);
  * one bf16x2 multiply by 2^(E - 1) makes it e2m1 * 2^(E - 127), exactly (at most 2 significant bits).
- * mul: 2^(E-1) as bf16x2 when E <= 128, else 2^127, and then mul2 = 2^(E-128) (1 when E <= 128); a warp
- * with no E > 128 in a step (real weights: E > 128 means |w| > 12) skips the second multiply. */
+ * Pair 0 is stored at P (w & M), pair 1 at P + 3 (rotate right 3, & M), pair 2 at P + 6 (rotate right 6,
+ * & M), pair 3 on the 8 bits left, {0, 1, 3, 4, 16, 17, 19, 20}, placed so that one integer multiply by
+ * 4 + 128 + 4096 (shifted copies by 2, 7 and 12 that never overlap: no carries) lands each on its bit of P.
+ * The pairs are bitwise the ones the standard layout's 17-op form produced (checked over random words by
+ * the GPU test and the emulator). mul: 2^(E-1) as bf16x2 when E <= 128, else 2^127, and then
+ * mul2 = 2^(E-128) (1 when E <= 128); a warp with no E > 128 in a step (real weights: E > 128 means
+ * |w| > 12) skips the second multiply. */
+#define MX_P 0x81c081c0u
 __device__ __forceinline__ void mx_word(uint32_t w, uint32_t mul, uint32_t (&b)[4]) {
-    uint32_t w8 = w >> 8;
-    b[0] = bf16x2_mul(((w & 0x000f000fu) * 4160u) & 0x81c081c0u, mul);  /* nibbles 0, 4: << 12 and << 6 */
-    b[1] = bf16x2_mul(((w & 0x00f000f0u) * 260u) & 0x81c081c0u, mul);   /* nibbles 1, 5: << 8 and << 2 */
-    b[2] = bf16x2_mul(((w8 & 0x000f000fu) * 4160u) & 0x81c081c0u, mul); /* nibbles 2, 6 */
-    b[3] = bf16x2_mul(((w8 & 0x00f000f0u) * 260u) & 0x81c081c0u, mul);  /* nibbles 3, 7 */
+    b[0] = bf16x2_mul(w & MX_P, mul);
+    b[1] = bf16x2_mul(__funnelshift_r(w, w, 3) & MX_P, mul);
+    b[2] = bf16x2_mul(__funnelshift_r(w, w, 6) & MX_P, mul);
+    b[3] = bf16x2_mul(((w & 0x001b001bu) * 4228u) & MX_P, mul);
+}
+
+/* Where bit j of a repacked word comes from in the standard word (element e's code on bits 4e .. 4e + 3,
+ * bit 3 the sign): derived from the extraction above, element i / i + 4 of pair i on the low / high half. */
+__constant__ unsigned char mx_repack_src[32] = {13, 14, 23, 15, 12, 27, 0,  1,  2,  4,  5,  6,  8,  9,  10, 3,
+                                                29, 30, 7,  31, 28, 11, 16, 17, 18, 20, 21, 22, 24, 25, 26, 19};
+
+__global__ void mx_repack_kernel(uint32_t *w, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t v = w[i], r = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++) r |= ((v >> mx_repack_src[j]) & 1u) << j;
+        w[i] = r;
+    }
+}
+
+extern "C" int k3c_cuda_mxfp4_repack(uint8_t *packed, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return K3C_OK;
+    if (bytes % 4 || (uintptr_t)packed % 4)
+        return k3c_errorf("k3c_cuda_mxfp4_repack: %zu bytes at %p: not whole aligned 32-bit words", bytes,
+                          (void *)packed);
+    size_t n = bytes / 4, blocks = (n + 255) / 256;
+    mx_repack_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, stream>>>((uint32_t *)packed, n);
+    K3C_CUDA_LAUNCHED("mxfp4_repack");
+    return K3C_OK;
 }
 
 /* bf16x2 multipliers of an E8M0 scale byte e, as in the comment above: mx_mul = 2^(min(e, 128) - 1) in both

@@ -28,6 +28,12 @@ typedef struct k3c_cuda_act {
     float beta, beta_lin;
 } k3c_cuda_act;
 
+/* The device layout of MXFP4 packed weights: every writer of their standard bytes (a row's elements two to
+ * a byte, low nibble first) calls this once on them, in place, before the kernels below read them (the
+ * backend's upload does; tests and benchmarks that write expert bytes themselves too). bytes: whole 32-bit
+ * words. The bits of each word are permuted (moe.cu mx_word); the scales are not touched. */
+int k3c_cuda_mxfp4_repack(uint8_t *packed, size_t bytes, cudaStream_t stream);
+
 /* experts: device array [num_experts]; mxfp4: 1 for MXFP4 matrices, 0 for bf16. x: [T, In];
  * idx, weight: [T, k] (an index outside [0, num_experts) contributes nothing); h: scratch [T*k, F];
  * part: scratch [T*k, Out]; out: [T, Out]. In and F must be multiples of 32 (MXFP4) or 8 (bf16).

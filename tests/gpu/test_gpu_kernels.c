@@ -150,6 +150,61 @@ static int make_mx(k3c_rng *r, int rows, int cols, k3c_mxfp4_mat *m) {
     return 0;
 }
 
+/* The MXFP4 device layout (cuda/moe.h k3c_cuda_mxfp4_repack) against its description in moe.cu, written here
+ * from the description: in each 32-bit word, element i (code bits 4i .. 4i + 3, bit 3 the sign) of pair
+ * i mod 4 goes to the low half (i < 4) or the high half (i >= 4) of that pair's bf16 bits, sign to bit 15 and
+ * e1, e0, m to bits 8, 7, 6 of the half; pairs 0, 1, 2 are stored rotated left by 0, 3, 6, pair 3 at the
+ * sources that a multiply by 4 + 128 + 4096 (shifts 2, 7, 12) moves onto those bits. Random words, a
+ * poisoned output first. Then the extraction itself: mx_word's integer ops on the repacked word, emulated
+ * here, give each element's bf16 bits e2m1 * 2^-126. */
+static uint32_t repack_ref(uint32_t v) {
+    static const int half_bit[4] = {6, 7, 8, 15}; /* m, e0, e1, sign */
+    uint32_t r = 0;
+    for (int i = 0; i < 8; i++)
+        for (int b = 0; b < 4; b++) {
+            int pair = i & 3, dst = half_bit[b] + (i >= 4 ? 16 : 0), src_pos;
+            if (pair < 3) src_pos = (dst + 3 * pair) & 31;
+            else { /* the source s with s + shift == dst for the one shift of {2, 7, 12} landing there */
+                static const int shift_of[4] = {2, 7, 7, 12}; /* for m, e0, e1, sign */
+                src_pos = dst - shift_of[b];
+            }
+            if (v >> (4 * i + b) & 1u) r |= 1u << src_pos;
+        }
+    return r;
+}
+
+static uint32_t rotr32(uint32_t v, int n) { return n ? v >> n | v << (32 - n) : v; }
+
+TEST(gpu_mxfp4_repack) {
+    k3c_rng r = rng_for("mxfp4_repack");
+    size_t n = 4099; /* words, not a multiple of the block size */
+    uint32_t *w = malloc(n * 4), *got = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) w[i] = (uint32_t)k3c_rng_next(&r);
+    w[0] = 0, w[1] = 0xffffffffu, w[2] = 0x88888888u; /* all zero, all set, signs only */
+    uint32_t *d = dev_upload(w, n * 4);
+    CHECK(d);
+    CHECK_OK(k3c_cuda_mxfp4_repack((uint8_t *)d, n * 4, 0));
+    memset(got, 0x5a, n * 4);
+    CHECK(dev_download(got, d, n * 4) == 0);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad += got[i] != repack_ref(w[i]);
+        /* each element's bf16 bits from the repacked word, as moe.cu mx_word extracts them */
+        uint32_t v = got[i], pr[4] = {v & 0x81c081c0u, rotr32(v, 3) & 0x81c081c0u, rotr32(v, 6) & 0x81c081c0u,
+                                       ((v & 0x001b001bu) * 4228u) & 0x81c081c0u};
+        for (int e = 0; e < 8; e++) {
+            uint32_t code = w[i] >> (4 * e) & 15u, half = e < 4 ? pr[e] & 0xffffu : pr[e - 4] >> 16;
+            uint32_t want = (code & 8u) << 12 | (code & 7u) << 6;
+            bad += half != want;
+        }
+    }
+    note("mxfp4_repack(exact)", 0.0, (double)bad); /* the count of words or elements that differ */
+    CHECKF(bad == 0, "%zu words or elements differ", bad);
+    CHECKF(k3c_cuda_mxfp4_repack((uint8_t *)d, 6, 0) != K3C_OK, "a length of 6 bytes was accepted");
+    cudaFree(d);
+    free(w), free(got);
+}
+
 /* Routed experts (gate/up fused with the activation, then down, weighted sum) against the CPU matmuls and
  * activation, per (token, slot) pair. Unrounded: rel L2 < 1e-5; with the stock roundings on both sides
  * (a bf16 tie can flip an ulp): rel L2 < 1e-2. */
@@ -164,9 +219,10 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
         for (int m = 0; m < 3; m++) {
             if (mxfp4) {
                 CHECK(make_mx(&r, dims[m][0], dims[m][1], &he[e].q[m]) == 0);
-                const uint8_t *p = dev_upload(he[e].q[m].packed, (size_t)dims[m][0] * dims[m][1] / 2);
+                uint8_t *p = dev_upload(he[e].q[m].packed, (size_t)dims[m][0] * dims[m][1] / 2);
                 const uint8_t *s = dev_upload(he[e].q[m].scale, (size_t)dims[m][0] * dims[m][1] / 32);
                 CHECK(p && s);
+                CHECK_OK(k3c_cuda_mxfp4_repack(p, (size_t)dims[m][0] * dims[m][1] / 2, 0)); /* the device layout */
                 if (m == 0) { de[e].gate_packed = p; de[e].gate_scale = s; }
                 if (m == 1) { de[e].up_packed = p; de[e].up_scale = s; }
                 if (m == 2) { de[e].down_packed = p; de[e].down_scale = s; }

@@ -77,7 +77,12 @@ static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int O
                 }
                 free(row);
                 q[e][m] = (k3c_mxfp4_mat){p, s, rows, cols};
-                const uint8_t *dp = dev_upload(p, (size_t)rows * cols / 2), *ds = dev_upload(s, (size_t)rows * cols / 32);
+                uint8_t *dp = dev_upload(p, (size_t)rows * cols / 2);
+                const uint8_t *ds = dev_upload(s, (size_t)rows * cols / 32);
+                if (k3c_cuda_mxfp4_repack(dp, (size_t)rows * cols / 2, 0)) { /* the kernels' device layout */
+                    fprintf(stderr, "moe_emu: repack failed\n");
+                    exit(1);
+                }
                 if (m == 0) de[e].gate_packed = dp, de[e].gate_scale = ds;
                 if (m == 1) de[e].up_packed = dp, de[e].up_scale = ds;
                 if (m == 2) de[e].down_packed = dp, de[e].down_scale = ds;

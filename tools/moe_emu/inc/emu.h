@@ -37,6 +37,10 @@ static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+/* hi:lo shifted right by shift & 31, the low 32 bits (CUDA's funnel shift; lo == hi: a rotate) */
+static inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> (shift & 31));
+}
 static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
     uint64_t v = (uint64_t)y << 32 | x;
     uint32_t r = 0;
