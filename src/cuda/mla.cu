@@ -113,6 +113,29 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     return ((const float *)cache)[i];
 }
 
+/* The end of an attention block: the warps' running max wm, sum wl and unnormalized outputs wo [ATT_WARPS][kvl]
+ * (shared, complete) merged in warp order; one split: the normalized output to o_lat[rh] (rh = t * Hm + h);
+ * several: [acc | M | L] to part[rh * splits + z] (= slot), for mla_attend_merge_kernel. */
+__device__ __forceinline__ void attend_finish(const float *wm, const float *wl, const float *wo, int kvl, size_t slot,
+                                              int splits, float *o_lat, float *part) {
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
+    float inv = 1.0f / L;
+    float *out = splits == 1 ? o_lat + slot * kvl : part + slot * (size_t)(kvl + 2);
+    for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
+        float s = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
+        out[i] = splits == 1 ? s * inv : s;
+    }
+    if (splits > 1 && threadIdx.x == 0) {
+        out[kvl] = M; /* -inf: an empty split (its L and acc are 0) */
+        out[kvl + 1] = L;
+    }
+}
+
 /* grid (T, Hm, splits), ATT_WARPS warps. Split z of a row's len positions takes [z * per, min(len, (z + 1) *
  * per)), per = ceil(len / splits), computed here from the row's len (so a CUDA graph captured once serves
  * every length); warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P of that range; lane l
@@ -201,23 +224,107 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
         if (i < kvl) wo[warp * kvl + i] = acc[j];
     }
     __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
-    float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
-    float inv = 1.0f / L;
-    float *out = splits == 1 ? o_lat + ((size_t)t * Hm + h) * kvl
-                             : part + (((size_t)t * Hm + h) * splits + z) * (size_t)(kvl + 2);
-    for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
-        float s = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
-        out[i] = splits == 1 ? s * inv : s;
+    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
+}
+
+/* The bf16 cache (the model's default) with 16-byte loads: lane l owns the row's 8-element chunks
+ * c = l + 32 j (j < ATT_CJ), so a position costs a lane ATT_CJ 16-byte loads, and the chunks of the value
+ * part (c < kvl / 8) stay in registers for the output sum instead of being read again; the generic kernel
+ * above loads 2 bytes at a time (about 34 loads a lane per position). Same split, warp and merge structure
+ * (attend_finish). Needs Lat % 8 == 0 (16-byte aligned rows) and kvl % 8 == 0. */
+#define ATT_CJ 3   /* chunks per lane: Lat <= 768 */
+#define ATT_PV 2   /* positions per warp step */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off,
+                        const int *__restrict__ lens, const int *__restrict__ tables, int bs,
+                        const uint16_t *__restrict__ cache, int Hm, int kvl, int rope, float scale, float *o_lat,
+                        float *__restrict__ part) {
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
+    int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int splits = gridDim.z, z = blockIdx.z;
+    int Lat = kvl + rope, nch = Lat / 8, vch = kvl / 8, len_all = lens[t];
+    int per = (len_all + splits - 1) / splits, p_begin = min(len_all, z * per), len = min(len_all, p_begin + per);
+    const int *table = tables + table_off[t];
+    const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
+    float qr[ATT_CJ][8], acc[ATT_CJ][8];
+#pragma unroll
+    for (int j = 0; j < ATT_CJ; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int c = lane + 32 * j;
+            qr[j][e] = c < nch ? qv[c * 8 + e] : 0.0f;
+            acc[j][e] = 0.0f;
+        }
+    float m = -INFINITY, l = 0.0f;
+    for (int p0 = p_begin + warp * ATT_PV; p0 < len; p0 += ATT_WARPS * ATT_PV) {
+        uint4 w[ATT_PV][ATT_CJ];
+        float s[ATT_PV];
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            int p = min(p0 + u, len - 1);
+            const uint4 *row = (const uint4 *)(cache + ((size_t)table[p / bs] * bs + p % bs) * Lat);
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                int c = lane + 32 * j;
+                w[u][j] = c < nch ? __ldg(row + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                const uint32_t wv[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    d = fmaf(qr[j][2 * e], k3c_dev_bf16_lo(wv[e]), d);
+                    d = fmaf(qr[j][2 * e + 1], k3c_dev_bf16_hi(wv[e]), d);
+                }
+            }
+            s[u] = p0 + u < len ? k3c_warp_sum(d) * scale : -INFINITY;
+        }
+        float bm = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) bm = fmaxf(bm, s[u]);
+        if (bm > m) {
+            float r = expf(m - bm); /* m = -inf on the first step: r = 0 */
+            l *= r;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[j][e] *= r;
+            m = bm;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            float pr = p0 + u < len ? expf(s[u] - m) : 0.0f;
+            l += pr;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                if (lane + 32 * j >= vch) continue;
+                const uint32_t wv[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    acc[j][2 * e] = fmaf(pr, k3c_dev_bf16_lo(wv[e]), acc[j][2 * e]);
+                    acc[j][2 * e + 1] = fmaf(pr, k3c_dev_bf16_hi(wv[e]), acc[j][2 * e + 1]);
+                }
+            }
+        }
     }
-    if (splits > 1 && threadIdx.x == 0) {
-        out[kvl] = M; /* -inf: an empty split (its L and acc are 0) */
-        out[kvl + 1] = L;
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
     }
+#pragma unroll
+    for (int j = 0; j < ATT_CJ; j++) {
+        int c = lane + 32 * j;
+        if (c < vch)
+#pragma unroll
+            for (int e = 0; e < 8; e++) wo[warp * kvl + c * 8 + e] = acc[j][e];
+    }
+    __syncthreads();
+    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
 }
 
 /* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order;
@@ -275,7 +382,19 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
     int splits = attend_splits(T, Hm, kvl, part, part_floats);
     dim3 grid(T, Hm, splits);
     size_t smem = (size_t)ATT_WARPS * kvl * sizeof(float);
-    if (elem_bytes == 2)
+    /* K3C_MLA_GENERIC=1: the 2-byte-load kernel for a bf16 cache too (a benchmark comparison: which of the two
+     * is faster is not measured yet) */
+    static int generic = -1;
+    if (generic < 0) {
+        const char *v = getenv("K3C_MLA_GENERIC");
+        generic = v && v[0] == '1';
+    }
+    if (elem_bytes == 2 && !generic && (kvl + rope) % 8 == 0 && kvl % 8 == 0 && kvl + rope <= 256 * ATT_CJ &&
+        ((uintptr_t)cache & 15) == 0)
+        mla_attend_bf16v_kernel<<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size,
+                                                                         (const uint16_t *)cache, Hm, kvl, rope, scale,
+                                                                         o_lat, part);
+    else if (elem_bytes == 2)
         mla_attend_kernel<2><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
                                                                       Hm, kvl, rope, scale, o_lat, part);
     else if (elem_bytes == 1)

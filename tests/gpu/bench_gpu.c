@@ -453,7 +453,8 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&c.lens, sizeof(int))); CK(cudaMemcpy(c.lens, &len, sizeof(int), cudaMemcpyHostToDevice));
         c.qabs = dmalloc_rand((size_t)c.Hm * 576 * 4, 41);
         CK(cudaMalloc((void **)&c.olat, (size_t)c.Hm * 512 * 4));
-        /* one block per (row, head) walking all positions, then split over positions as the backend runs it */
+        /* one block per (row, head) walking all positions, then split over positions as the backend runs it
+         * (the 16-byte-load kernel; K3C_MLA_GENERIC=1 in the environment: the 2-byte-load one for both) */
         time_it("mla_attend_H96_len8192_bf16_nosplit", (double)len * 576 * 2, run_mla, &c);
         c.npart = k3c_cuda_mla_attend_split_floats(512);
         CK(cudaMalloc((void **)&c.part, c.npart * 4));
