@@ -74,6 +74,8 @@ typedef struct cuda_ctx {
     /* step scratch, one device allocation */
     void *scratch;
     float *q_abs, *o_lat;          /* MLA */
+    float *mla_part;               /* MLA attention's position splits, mla_part_floats (cuda/mla.h) */
+    size_t mla_part_floats;
     float *logits, *wts;           /* MoE router [R, E], [R, k] */
     int *idx;                      /* [R, k] */
     float *z, *h, *part, *r, *rup; /* MoE [R, Rin], [R*k, F], [R*k, Rin], [R, Rin], [R, D] */
@@ -504,11 +506,13 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     size_t Hm = c->num_attention_heads, lat = k3c_config_mla_latent(c), kvl = c->kv_lora_rank;
     size_t E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
     size_t Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
+    x->mla_part_floats = Hm > 0 && kvl > 0 ? k3c_cuda_mla_attend_split_floats((int)kvl) : 0;
     size_t sizes[] = {R * Hm * lat, R * Hm * kvl, R * E, R * K, R * K, R * Rin, R * K * F, R * K * Rin,
-                      R * Rin, R * D, R * Fs, R * Fs, R * D, R * P};
+                      R * Rin, R * D, R * Fs, R * Fs, R * D, R * P, x->mla_part_floats};
     void **slots[] = {(void **)&x->q_abs, (void **)&x->o_lat, (void **)&x->logits, (void **)&x->wts,
                       (void **)&x->idx, (void **)&x->z, (void **)&x->h, (void **)&x->part, (void **)&x->r,
-                      (void **)&x->rup, (void **)&x->sa, (void **)&x->su, (void **)&x->sh, (void **)&x->kda_o};
+                      (void **)&x->rup, (void **)&x->sa, (void **)&x->su, (void **)&x->sh, (void **)&x->kda_o,
+                      (void **)&x->mla_part};
     size_t n_slots = sizeof sizes / sizeof sizes[0], stotal = 0;
     for (size_t i = 0; i < n_slots; i++) stotal += align256(sizes[i] * 4 + 4);
     e = cudaMalloc(&x->scratch, stotal);
@@ -871,7 +875,8 @@ static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const 
     float scale = 1.0f / sqrtf((float)(nope + rope));
     OP_TRY(x, "mla absorb_q", k3c_cuda_mla_absorb_q(kvb, q, T, Hm, nope, rope, vh, kvl, x->q_abs, x->stream));
     OP_TRY(x, "mla attend", k3c_cuda_mla_attend(x->q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, Hm, kvl,
-                                                rope, scale, x->o_lat, x->stream));
+                                                rope, scale, x->o_lat, x->mla_part, x->mla_part_floats,
+                                                x->stream));
     OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, RND(x), o, x->stream));
 }
 

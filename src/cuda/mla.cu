@@ -113,18 +113,50 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     return ((const float *)cache)[i];
 }
 
-/* grid (T, Hm), ATT_WARPS warps: warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P; lane l holds elements
- * l + 32 j of the query and of its partial output. Each warp keeps its own running max / sum; the warps are
- * merged at the end through shared memory. */
+/* The end of an attention block: the warps' running max wm, sum wl and unnormalized outputs wo [ATT_WARPS][kvl]
+ * (shared, complete) merged in warp order; one split: the normalized output to o_lat[rh] (rh = t * Hm + h);
+ * several: [acc | M | L] to part[rh * splits + z] (= slot), for mla_attend_merge_kernel. */
+__device__ __forceinline__ void attend_finish(const float *wm, const float *wl, const float *wo, int kvl, size_t slot,
+                                              int splits, float *o_lat, float *part) {
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
+    float inv = 1.0f / L;
+    float *out = splits == 1 ? o_lat + slot * kvl : part + slot * (size_t)(kvl + 2);
+    for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
+        float s = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
+        out[i] = splits == 1 ? s * inv : s;
+    }
+    if (splits > 1 && threadIdx.x == 0) {
+        out[kvl] = M; /* -inf: an empty split (its L and acc are 0) */
+        out[kvl + 1] = L;
+    }
+}
+
+/* grid (T, Hm, splits), ATT_WARPS warps. Split z of a row's len positions takes [z * per, min(len, (z + 1) *
+ * per)), per = ceil(len / splits), computed here from the row's len (so a CUDA graph captured once serves
+ * every length); warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P of that range; lane l
+ * holds elements l + 32 j of the query and of its partial output. Each warp keeps its own running max / sum;
+ * the warps are merged at the end through shared memory, in warp order. One split: the normalized output
+ * goes to o_lat. Several: the block's max M, sum L and unnormalized sum acc (relative to M) go to
+ * part[((t * Hm + h) * splits + z) * (kvl + 2)] = [acc | M | L], and mla_attend_merge_kernel combines the
+ * splits in split order (deterministic). Why splits: one block per (row, head) walked all positions as one
+ * chain of dependent steps, 572 us for 96 heads over 8192 positions on the H200 (the cache's 9.4 MB would
+ * take 2.2 us); the splits put about 8 blocks per SM to work whatever T and Hm are. */
 template <int EB>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
                   const int *__restrict__ tables, int bs, const void *__restrict__ cache, int Hm, int kvl, int rope,
-                  float scale, float *o_lat) {
+                  float scale, float *o_lat, float *__restrict__ part) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int Lat = kvl + rope, len = lens[t];
+    int splits = gridDim.z, z = blockIdx.z;
+    int Lat = kvl + rope, len_all = lens[t];
+    int per = (len_all + splits - 1) / splits, p_begin = min(len_all, z * per), len = min(len_all, p_begin + per);
     const int *table = tables + table_off[t];
     const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
     float qr[ATT_MAXJ], acc[ATT_MAXJ];
@@ -137,7 +169,7 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
     float m = -INFINITY, l = 0.0f;
     /* ATT_P consecutive positions per warp step: their loads and reductions are independent (latency
      * overlaps); the accumulation re-reads the rows (L1 hits) instead of holding them in registers. */
-    for (int p0 = warp * ATT_P; p0 < len; p0 += ATT_WARPS * ATT_P) {
+    for (int p0 = p_begin + warp * ATT_P; p0 < len; p0 += ATT_WARPS * ATT_P) {
         size_t base[ATT_P];
         float s[ATT_P];
 #pragma unroll
@@ -192,40 +224,191 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
         if (i < kvl) wo[warp * kvl + i] = acc[j];
     }
     __syncthreads();
+    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
+}
+
+/* The bf16 cache (the model's default) with 16-byte loads: lane l owns the row's 8-element chunks
+ * c = l + 32 j (j < ATT_CJ), so a position costs a lane ATT_CJ 16-byte loads, and the chunks of the value
+ * part (c < kvl / 8) stay in registers for the output sum instead of being read again; the generic kernel
+ * above loads 2 bytes at a time (about 34 loads a lane per position). Same split, warp and merge structure
+ * (attend_finish). Needs Lat % 8 == 0 (16-byte aligned rows) and kvl % 8 == 0. */
+#define ATT_CJ 3   /* chunks per lane: Lat <= 768 */
+#define ATT_PV 2   /* positions per warp step */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off,
+                        const int *__restrict__ lens, const int *__restrict__ tables, int bs,
+                        const uint16_t *__restrict__ cache, int Hm, int kvl, int rope, float scale, float *o_lat,
+                        float *__restrict__ part) {
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
+    int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int splits = gridDim.z, z = blockIdx.z;
+    int Lat = kvl + rope, nch = Lat / 8, vch = kvl / 8, len_all = lens[t];
+    int per = (len_all + splits - 1) / splits, p_begin = min(len_all, z * per), len = min(len_all, p_begin + per);
+    const int *table = tables + table_off[t];
+    const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
+    float qr[ATT_CJ][8], acc[ATT_CJ][8];
+#pragma unroll
+    for (int j = 0; j < ATT_CJ; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int c = lane + 32 * j;
+            qr[j][e] = c < nch ? qv[c * 8 + e] : 0.0f;
+            acc[j][e] = 0.0f;
+        }
+    float m = -INFINITY, l = 0.0f;
+    for (int p0 = p_begin + warp * ATT_PV; p0 < len; p0 += ATT_WARPS * ATT_PV) {
+        uint4 w[ATT_PV][ATT_CJ];
+        float s[ATT_PV];
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            int p = min(p0 + u, len - 1);
+            const uint4 *row = (const uint4 *)(cache + ((size_t)table[p / bs] * bs + p % bs) * Lat);
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                int c = lane + 32 * j;
+                w[u][j] = c < nch ? __ldg(row + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                const uint32_t wv[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    d = fmaf(qr[j][2 * e], k3c_dev_bf16_lo(wv[e]), d);
+                    d = fmaf(qr[j][2 * e + 1], k3c_dev_bf16_hi(wv[e]), d);
+                }
+            }
+            s[u] = p0 + u < len ? k3c_warp_sum(d) * scale : -INFINITY;
+        }
+        float bm = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) bm = fmaxf(bm, s[u]);
+        if (bm > m) {
+            float r = expf(m - bm); /* m = -inf on the first step: r = 0 */
+            l *= r;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[j][e] *= r;
+            m = bm;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_PV; u++) {
+            float pr = p0 + u < len ? expf(s[u] - m) : 0.0f;
+            l += pr;
+#pragma unroll
+            for (int j = 0; j < ATT_CJ; j++) {
+                if (lane + 32 * j >= vch) continue;
+                const uint32_t wv[4] = {w[u][j].x, w[u][j].y, w[u][j].z, w[u][j].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    acc[j][2 * e] = fmaf(pr, k3c_dev_bf16_lo(wv[e]), acc[j][2 * e]);
+                    acc[j][2 * e + 1] = fmaf(pr, k3c_dev_bf16_hi(wv[e]), acc[j][2 * e + 1]);
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_CJ; j++) {
+        int c = lane + 32 * j;
+        if (c < vch)
+#pragma unroll
+            for (int e = 0; e < 8; e++) wo[warp * kvl + c * 8 + e] = acc[j][e];
+    }
+    __syncthreads();
+    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
+}
+
+/* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order;
+ * empty splits (M_z = -inf) skipped. */
+__global__ void mla_attend_merge_kernel(const float *__restrict__ part, int splits, int Hm, int kvl, float *o_lat) {
+    int t = blockIdx.x, h = blockIdx.y;
+    const float *pz = part + ((size_t)t * Hm + h) * splits * (size_t)(kvl + 2);
     float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
+    for (int z = 0; z < splits; z++) M = fmaxf(M, pz[(size_t)z * (kvl + 2) + kvl]);
     float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
+    for (int z = 0; z < splits; z++) {
+        float mz = pz[(size_t)z * (kvl + 2) + kvl];
+        if (mz != -INFINITY) L += pz[(size_t)z * (kvl + 2) + kvl + 1] * expf(mz - M);
+    }
     float inv = 1.0f / L;
     float *out = o_lat + ((size_t)t * Hm + h) * kvl;
     for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
         float s = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
+        for (int z = 0; z < splits; z++) {
+            float mz = pz[(size_t)z * (kvl + 2) + kvl];
+            if (mz != -INFINITY) s = fmaf(pz[(size_t)z * (kvl + 2) + i], expf(mz - M), s);
+        }
         out[i] = s * inv;
     }
 }
 
+/* Blocks per SM the splits aim at, and the most splits of one row and head. */
+#define ATT_BLOCKS_PER_SM 8
+#define ATT_MAX_SPLITS 64
+
+extern "C" size_t k3c_cuda_mla_attend_split_floats(int kvl) {
+    return kvl > 0 ? (size_t)2 * ATT_BLOCKS_PER_SM * k3c_cuda_sm_count() * (size_t)(kvl + 2) : 0;
+}
+
+/* Splits per (row, head): enough blocks for ATT_BLOCKS_PER_SM per SM, a function of T and Hm only, so the
+ * stock forward and a graph captured for the same rows split (and round) alike; 1 without scratch or when
+ * T * Hm blocks already fill the GPU. T * Hm * splits <= 2 * ATT_BLOCKS_PER_SM * SMs whenever splits > 1,
+ * which k3c_cuda_mla_attend_split_floats covers. */
+static int attend_splits(int T, int Hm, int kvl, const float *part, size_t part_floats) {
+    long long rows = (long long)T * Hm, want = (long long)ATT_BLOCKS_PER_SM * k3c_cuda_sm_count();
+    if (!part || rows >= want) return 1;
+    long long s = (want + rows - 1) / rows;
+    if (s > ATT_MAX_SPLITS) s = ATT_MAX_SPLITS;
+    while (s > 1 && (size_t)(rows * s) * (size_t)(kvl + 2) > part_floats) s--;
+    return (int)s;
+}
+
 extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
                                    int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
-                                   float scale, float *o_lat, cudaStream_t stream) {
+                                   float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (kvl + rope > 32 * ATT_MAXJ || kvl <= 0 || rope < 0 || block_size <= 0)
         return k3c_errorf("k3c_cuda_mla_attend: unsupported latent %d + %d (at most %d) or block size %d", kvl, rope,
                           32 * ATT_MAXJ, block_size);
-    dim3 grid(T, Hm);
+    int splits = attend_splits(T, Hm, kvl, part, part_floats);
+    dim3 grid(T, Hm, splits);
     size_t smem = (size_t)ATT_WARPS * kvl * sizeof(float);
-    if (elem_bytes == 2)
+    /* K3C_MLA_GENERIC=1: the 2-byte-load kernel for a bf16 cache too (a benchmark comparison: which of the two
+     * is faster is not measured yet) */
+    static int generic = -1;
+    if (generic < 0) {
+        const char *v = getenv("K3C_MLA_GENERIC");
+        generic = v && v[0] == '1';
+    }
+    if (elem_bytes == 2 && !generic && (kvl + rope) % 8 == 0 && kvl % 8 == 0 && kvl + rope <= 256 * ATT_CJ &&
+        ((uintptr_t)cache & 15) == 0)
+        mla_attend_bf16v_kernel<<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size,
+                                                                         (const uint16_t *)cache, Hm, kvl, rope, scale,
+                                                                         o_lat, part);
+    else if (elem_bytes == 2)
         mla_attend_kernel<2><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat);
+                                                                      Hm, kvl, rope, scale, o_lat, part);
     else if (elem_bytes == 1)
         mla_attend_kernel<1><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat);
+                                                                      Hm, kvl, rope, scale, o_lat, part);
     else if (elem_bytes == 4)
         mla_attend_kernel<4><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat);
+                                                                      Hm, kvl, rope, scale, o_lat, part);
     else
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
     K3C_CUDA_LAUNCHED("mla_attend");
+    if (splits > 1) {
+        mla_attend_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(part, splits, Hm, kvl, o_lat);
+        K3C_CUDA_LAUNCHED("mla_attend merge");
+    }
     return K3C_OK;
 }

@@ -5,6 +5,7 @@
 #ifndef K3C_CUDA_MLA_H
 #define K3C_CUDA_MLA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -26,12 +27,18 @@ int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, i
 int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh, int kvl,
                           int round_bf16, float *o, cudaStream_t stream);
 
-/* Attention of T query rows: row t attends cache positions 0 .. lens[t]-1 of the request whose block table
- * starts at tables + table_off[t] (position p in block tables[table_off[t] + p / block_size]). q_abs [T, Hm,
- * kvl + rope]; o_lat [T, Hm, kvl]; softmax in f32 (online form). kvl + rope <= 768. */
+/* Attention of T query rows: row t attends cache positions 0 .. lens[t]-1 (lens[t] >= 1) of the request whose
+ * block table starts at tables + table_off[t] (position p in block tables[table_off[t] + p / block_size]).
+ * q_abs [T, Hm, kvl + rope]; o_lat [T, Hm, kvl]; softmax in f32 (online form). kvl + rope <= 768. part:
+ * device scratch of part_floats floats for the position splits (k3c_cuda_mla_attend_split_floats(kvl) of
+ * them always allow as many as the launch wants; NULL: no splits, one block per row and head walks every
+ * position). The split count depends only on T, Hm and whether part has that room, so every caller with
+ * such a part computes the same bits for the same rows. */
 int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
                         const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale,
-                        float *o_lat, cudaStream_t stream);
+                        float *o_lat, float *part, size_t part_floats, cudaStream_t stream);
+/* Floats of split scratch that never limit k3c_cuda_mla_attend's splits (4.3 MB at kvl 512 on an H200). */
+size_t k3c_cuda_mla_attend_split_floats(int kvl);
 
 #ifdef __cplusplus
 }

@@ -53,6 +53,8 @@ struct k3c_decode_cuda {
     float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *kb, *kbeta;
     float *mqa, *mq, *mlat, *mo, *mg, *ga, *gu;
     float *q_abs, *o_lat, *rlog, *wts, *z, *h, *part, *r, *rup, *sa, *su, *sh;
+    float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
+    size_t mla_part_floats;
     int *idx;
 
     /* metadata: pinned host block and its device mirror, same layout (offsets below), copied whole per step */
@@ -119,6 +121,10 @@ static int alloc_buffers(k3c_decode_cuda *x) {
         if (inv->specs[i].cls == K3C_TENSOR_MATRIX && (size_t)inv->specs[i].shape[1] > max_cols)
             max_cols = (size_t)inv->specs[i].shape[1];
     K3C_CUDA_TRY(cudaMalloc(&x->gemm_ws, ws));
+    if (x->c->kv_lora_rank > 0 && x->c->num_attention_heads > 0) {
+        x->mla_part_floats = k3c_cuda_mla_attend_split_floats(x->c->kv_lora_rank);
+        K3C_CUDA_TRY(cudaMalloc((void **)&x->mla_part, x->mla_part_floats * sizeof(float)));
+    }
     K3C_CUDA_TRY(cudaMalloc((void **)&x->xbf, R * max_cols * 2));
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
     x->gemm_ready = 1;
@@ -203,6 +209,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->gemm_ready) k3c_cuda_gemm_free(&x->gemm);
     if (x->dev) cudaFree(x->dev);
     if (x->gemm_ws) cudaFree(x->gemm_ws);
+    if (x->mla_part) cudaFree(x->mla_part);
     if (x->xbf) cudaFree(x->xbf);
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
@@ -295,7 +302,7 @@ static int rec_mla(const rec *s, int l) {
     L_TRY(k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
     L_TRY(k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
                               (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
-                              x->o_lat, x->st));
+                              x->o_lat, x->mla_part, x->mla_part_floats, x->st));
     L_TRY(k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
     if (c->mla_use_output_gate && w->g_proj.w) {
         L_TRY(mm(x, &w->g_proj, x->x, T, x->mg, 1));

@@ -127,11 +127,17 @@ static int run_kda(void *c, int rep) {
 }
 
 /* ---- mla ---- */
-typedef struct { float *qabs, *olat; int *toff, *lens, *tables; void *cache; int Hm, T, bs; } mla_ctx;
+typedef struct {
+    float *qabs, *olat, *part;
+    size_t npart;
+    int *toff, *lens, *tables;
+    void *cache;
+    int Hm, T, bs;
+} mla_ctx;
 static int run_mla(void *c, int rep) {
     mla_ctx *x = c;
     return k3c_cuda_mla_attend(x->qabs, x->toff, x->lens, x->tables, x->bs, x->cache, 2, x->T, x->Hm, 512, 64,
-                               1.0f / sqrtf(192.0f), x->olat, 0);
+                               1.0f / sqrtf(192.0f), x->olat, x->part, x->npart, 0);
 }
 
 static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask);
@@ -447,9 +453,15 @@ int main(int argc, char **argv) {
         CK(cudaMalloc((void **)&c.lens, sizeof(int))); CK(cudaMemcpy(c.lens, &len, sizeof(int), cudaMemcpyHostToDevice));
         c.qabs = dmalloc_rand((size_t)c.Hm * 576 * 4, 41);
         CK(cudaMalloc((void **)&c.olat, (size_t)c.Hm * 512 * 4));
+        /* one block per (row, head) walking all positions, then split over positions as the backend runs it
+         * (the 16-byte-load kernel; K3C_MLA_GENERIC=1 in the environment: the 2-byte-load one for both) */
+        time_it("mla_attend_H96_len8192_bf16_nosplit", (double)len * 576 * 2, run_mla, &c);
+        c.npart = k3c_cuda_mla_attend_split_floats(512);
+        CK(cudaMalloc((void **)&c.part, c.npart * 4));
         time_it("mla_attend_H96_len8192_bf16", (double)len * 576 * 2, run_mla, &c);
         time_batch("mla_attend_H96_len8192_bf16_b2b", (double)len * 576 * 2, run_mla, &c);
         cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
+        cudaFree(c.part);
     }
 
     if (want("mla")) { /* MLA expanded form (prompt), Kimi Linear 48B dims: 32 heads, nope 128, rope 64, v 128, kv_lora 512; one

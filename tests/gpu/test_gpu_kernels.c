@@ -751,9 +751,22 @@ static void mla_case(int Hm, int nope, int rope, int vh, int kvl, int eb) {
     CHECK(dcache && dlat && dq && dslots && dtoff && dlens && dflat && dkvb && dqabs && dolat && dout);
     CHECK_OK(k3c_cuda_mla_cache_write(dlat, dslots, T, Lat, eb, dcache, 0));
     CHECK_OK(k3c_cuda_mla_absorb_q(dkvb, dq, T, Hm, nope, rope, vh, kvl, dqabs, 0));
-    CHECK_OK(k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, 0));
+    /* attention twice: one block per row and head (no scratch), then split over positions (most splits hold
+     * a position or none at these lengths: the empty-split path), both against the reference */
+    size_t npart = k3c_cuda_mla_attend_split_floats(kvl);
+    float *dpart = dev_poisoned(npart * 4), *got = fmalloc((size_t)T * Hm * Lat);
+    CHECK(dpart && got);
+    CHECK_OK(k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, NULL, 0,
+                                 0));
+    CHECK(dev_download(got, dolat, (size_t)T * Hm * kvl * 4) == 0);
+    double e0 = rel_l2_f32f32(got, olat, (size_t)T * Hm * kvl);
+    note("mla_attend(paged,one_split)", 1e-5, e0);
+    CHECKF(e0 < 1e-5, "Hm %d kvl %d rope %d eb %d: o_lat without splits %.3g", Hm, kvl, rope, eb, e0);
+    CHECK(cudaMemset(dolat, 0xff, (size_t)T * Hm * kvl * 4) == cudaSuccess);
+    CHECK_OK(k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, dpart,
+                                 npart, 0));
     CHECK_OK(k3c_cuda_mla_absorb_o(dkvb, dolat, T, Hm, nope, vh, kvl, 0, dout, 0));
-    float *got = fmalloc((size_t)T * Hm * Lat);
+    cudaFree(dpart);
     CHECK(dev_download(got, dqabs, (size_t)T * Hm * Lat * 4) == 0);
     double e1 = rel_l2_f32f32(got, qabs, (size_t)T * Hm * Lat);
     CHECK(dev_download(got, dolat, (size_t)T * Hm * kvl * 4) == 0);

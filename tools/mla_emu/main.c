@@ -284,9 +284,15 @@ static void absorbed_case(int Hm, int nope, int rope, int vh, int kvl, int eb, i
     uint16_t *dkvb = dev_upload(kvb, nkvb * 2);
     float *dqabs = dev_poisoned((size_t)T * Hm * Lat * 4), *dolat = dev_poisoned((size_t)T * Hm * kvl * 4);
     float *dout = dev_poisoned((size_t)T * Hm * vh * 4);
+    /* the attention split over positions (as the backend and the executor run it), or with EMU_NOSPLIT=1 one
+     * block per row and head */
+    int nosplit = getenv("EMU_NOSPLIT") && atoi(getenv("EMU_NOSPLIT"));
+    size_t npart = nosplit ? 0 : k3c_cuda_mla_attend_split_floats(kvl);
+    float *dpart = npart ? dev_poisoned(npart * 4) : NULL;
     int ok = k3c_cuda_mla_cache_write(dlat, dslots, T, Lat, eb, dcache, 0) == K3C_OK &&
              k3c_cuda_mla_absorb_q(dkvb, dq, T, Hm, nope, rope, vh, kvl, dqabs, 0) == K3C_OK &&
-             k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, 0) == K3C_OK &&
+             k3c_cuda_mla_attend(dqabs, dtoff, dlens, dflat, bs, dcache, eb, T, Hm, kvl, rope, scale, dolat, dpart,
+                                 npart, 0) == K3C_OK &&
              k3c_cuda_mla_absorb_o(dkvb, dolat, T, Hm, nope, vh, kvl, 0, dout, 0) == K3C_OK;
     float *got = fmalloc((size_t)T * Hm * Lat);
     double e1 = INFINITY, e2 = INFINITY, e3 = INFINITY;
@@ -304,7 +310,7 @@ static void absorbed_case(int Hm, int nope, int rope, int vh, int kvl, int eb, i
     printf("%-80s q_abs %.2e o_lat %.2e o %.2e (thr 1e-05) %s\n", name, e1, e2, e3, ok ? "ok" : "FAIL");
     fflush(stdout);
     cudaFree(dcache); cudaFree(dlat); cudaFree(dq); cudaFree(dslots); cudaFree(dtoff); cudaFree(dlens);
-    cudaFree(dflat); cudaFree(dkvb); cudaFree(dqabs); cudaFree(dolat); cudaFree(dout);
+    cudaFree(dflat); cudaFree(dkvb); cudaFree(dqabs); cudaFree(dolat); cudaFree(dout); if (dpart) cudaFree(dpart);
     free(perm); free(cache); free(lat); free(q); free(kvb); free(slots); free(toff); free(lens); free(qabs);
     free(olat); free(oref); free(rows); free(got);
 }
