@@ -30,93 +30,139 @@ __device__ __forceinline__ float out_value(float v, int round) { return round ? 
 
 /* T = 1: a warp owns T1_RPW rows; lane l of warp k of the row's group reads chunks (b*wpr + k)*32*T1_U +
  * 32 u + l, so each load instruction of the warp is 512 contiguous bytes, and keeps T1_RPW * T1_U 16-byte
- * loads in flight. The token vector is read through L1 (shared by all warps of the SM). */
+ * loads in flight. The token vector is read through L1 (shared by all warps of the SM). A work item is one
+ * block's share: GEMV_WARPS / wpr row groups of T1_RPW rows, wpr warps splitting each row's k range (their
+ * partials summed in warp order through shared memory). The item functions below serve the one-matrix
+ * kernel and the grouped one alike, so a matrix's outputs do not depend on which of them ran it. */
+
+/* PDL (common.cuh): while the kernel before this one finishes, bring the weights of this warp's first
+ * T1_PREFETCH batches of item `item` into L2 (the weights are written by no kernel of a step) */
+__device__ __forceinline__ void t1_prefetch(const uint16_t *__restrict__ W, int rows, int cols, int wpr, int item) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
+    int row0 = (item * groups + group) * T1_RPW;
+    if (row0 >= rows) return;
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) {
+        const uint16_t *wr = W + (size_t)min(row0 + r, rows - 1) * cols;
+        for (int b = 0; b < T1_PREFETCH; b++)
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = (b * wpr + kw) * 32 * T1_U + 32 * u + lane;
+                if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(wr + (size_t)c * 8); /* a lane per line */
+            }
+    }
+}
+
+/* One item; every warp of the block calls it with the same arguments (it may __syncthreads). */
+__device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows, int cols,
+                                        const float *__restrict__ x, float *__restrict__ y, int wpr, int item,
+                                        int round, float (*part)[T1_RPW]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
+    int row0 = (item * groups + group) * T1_RPW;
+    float acc[T1_RPW];
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
+    if (row0 < rows) {
+        const uint16_t *wr[T1_RPW];
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
+        for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
+            uint4 wv[T1_RPW][T1_U];
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = base + 32 * u + lane;
+#pragma unroll
+                for (int r = 0; r < T1_RPW; r++)
+                    wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = base + 32 * u + lane;
+                if (c < chunks) {
+                    const float4 *xp = (const float4 *)(x + (size_t)c * 8);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                    for (int r = 0; r < T1_RPW; r++) {
+                        float s = acc[r];
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].x), a.x, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].x), a.y, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].y), a.z, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].y), a.w, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].z), b.x, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].z), b.y, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].w), b.z, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].w), b.w, s);
+                        acc[r] = s;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
+    if (wpr == 1) {
+        float v = acc[0];
+#pragma unroll
+        for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
+        if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
+    __syncthreads();
+    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
+        float s = 0.0f;
+        for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
+        y[row0 + lane] = out_value(s, round);
+    }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
                float *__restrict__ y, int wpr, int items, int round) {
     __shared__ float part[GEMV_WARPS][T1_RPW];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
-    int chunks = cols >> 3;
-    /* PDL (common.cuh): let the next kernel start as this one's blocks retire, and while the kernel before
-     * this one finishes, bring the weights of this warp's first T1_PREFETCH batches into L2; x is read only
-     * after the wait */
+    /* PDL: let the next kernel start as this one's blocks retire; x is read only after the wait */
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) t1_prefetch(W, rows, cols, wpr, blockIdx.x);
+    k3c_pdl_wait();
+    for (int item = blockIdx.x; item < items; item += gridDim.x) t1_item(W, rows, cols, x, y, wpr, item, round, part);
+}
+
+/* A grouped launch (k3c_cuda_gemv_group): up to GROUP_VMAX products, each with its own matrix, input,
+ * output, wpr and rounding; product s owns items first[s] .. first[s + 1] - 1 of the launch. Passed as a
+ * __grid_constant__ parameter (read in place from the parameter bank, ~2.8 KB of the 4 KB allowed). */
+#define GROUP_VMAX 64
+struct gemv_group {
+    int n, T;
+    int first[GROUP_VMAX + 1];
+    const uint16_t *W[GROUP_VMAX];
+    const float *x[GROUP_VMAX];
+    float *y[GROUP_VMAX];
+    int rows[GROUP_VMAX], cols[GROUP_VMAX], wpr[GROUP_VMAX], round[GROUP_VMAX];
+};
+
+__device__ __forceinline__ int group_find(const gemv_group &g, int item) {
+    int s = 0;
+    while (s + 1 < g.n && item >= g.first[s + 1]) s++;
+    return s;
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 4) gemv_t1_group_kernel(const __grid_constant__ gemv_group g) {
+    __shared__ float part[GEMV_WARPS][T1_RPW];
+    int items = g.first[g.n];
     k3c_pdl_trigger();
     if ((int)blockIdx.x < items) {
-        int row0 = ((int)blockIdx.x * groups + group) * T1_RPW;
-        if (row0 < rows)
-#pragma unroll
-            for (int r = 0; r < T1_RPW; r++) {
-                const uint16_t *wr = W + (size_t)min(row0 + r, rows - 1) * cols;
-                for (int b = 0; b < T1_PREFETCH; b++)
-#pragma unroll
-                    for (int u = 0; u < T1_U; u++) {
-                        int c = (b * wpr + kw) * 32 * T1_U + 32 * u + lane;
-                        if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(wr + (size_t)c * 8); /* a lane per line */
-                    }
-            }
+        int s = group_find(g, blockIdx.x);
+        t1_prefetch(g.W[s], g.rows[s], g.cols[s], g.wpr[s], blockIdx.x - g.first[s]);
     }
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        int row0 = (item * groups + group) * T1_RPW;
-        float acc[T1_RPW];
-#pragma unroll
-        for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
-        if (row0 < rows) {
-            const uint16_t *wr[T1_RPW];
-#pragma unroll
-            for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
-            for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
-                uint4 wv[T1_RPW][T1_U];
-#pragma unroll
-                for (int u = 0; u < T1_U; u++) {
-                    int c = base + 32 * u + lane;
-#pragma unroll
-                    for (int r = 0; r < T1_RPW; r++)
-                        wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < T1_U; u++) {
-                    int c = base + 32 * u + lane;
-                    if (c < chunks) {
-                        const float4 *xp = (const float4 *)(x + (size_t)c * 8);
-                        float4 a = __ldg(xp), b = __ldg(xp + 1);
-#pragma unroll
-                        for (int r = 0; r < T1_RPW; r++) {
-                            float s = acc[r];
-                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].x), a.x, s);
-                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].x), a.y, s);
-                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].y), a.z, s);
-                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].y), a.w, s);
-                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].z), b.x, s);
-                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].z), b.y, s);
-                            s = fmaf(k3c_dev_bf16_lo(wv[r][u].w), b.z, s);
-                            s = fmaf(k3c_dev_bf16_hi(wv[r][u].w), b.w, s);
-                            acc[r] = s;
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
-        if (wpr == 1) {
-            float v = acc[0];
-#pragma unroll
-            for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
-            if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
-            continue;
-        }
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
-        __syncthreads();
-        if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
-            float s = 0.0f;
-            for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
-            y[row0 + lane] = out_value(s, round);
-        }
-        __syncthreads();
+        int s = group_find(g, item);
+        t1_item(g.W[s], g.rows[s], g.cols[s], g.x[s], g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
 }
 
@@ -125,107 +171,133 @@ gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *
  * bf16 terms. Steps are taken MM_U at a time (2 MM_U 16-byte weight loads in flight per lane); the warps of
  * a row group split the steps in runs of MM_U. Each run's products are summed into a fresh fragment and
  * then added to the f32 accumulator. */
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
-gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
-                float *__restrict__ y, int wpr, int items, int round) {
-    __shared__ float part[GEMV_WARPS][4][32];
+
+/* PDL prefetch of the first MM_PREFETCH runs of this warp's band of item `item` (a run of a row is MM_U * 64
+ * contiguous bytes: lanes q = 0 of u = 0, 2 touch its two 128-byte lines) */
+__device__ __forceinline__ void mma_prefetch(const uint16_t *__restrict__ W, int rows, int cols, int wpr, int item) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
+    int row0 = (item * groups + group) * 16;
+    if (row0 >= rows || q != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint16_t *wr = W + (size_t)min(row0 + g + 8 * h, rows - 1) * cols;
+        for (int b = 0; b < MM_PREFETCH; b++)
+#pragma unroll
+            for (int u = 0; u < MM_U; u += 2) {
+                int c = ((b * wpr + kw) * MM_U + u) * 4;
+                if (c < chunks) k3c_prefetch_l2(wr + (size_t)c * 8);
+            }
+    }
+}
+
+/* One item of the tensor-core kernel; every warp of the block calls it with the same arguments. */
+__device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int rows, int cols,
+                                         const float *__restrict__ x, int T, float *__restrict__ y, int wpr,
+                                         int item, int round, float (*part)[4][32]) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     int chunks = cols >> 3, steps = (chunks + 3) >> 2;
     bool tok = g < T;
     const float *xg = x + (size_t)(tok ? g : 0) * cols;
-    /* PDL, as in gemv_t1_kernel: the first MM_PREFETCH runs of this warp's first band into L2 (a run of a row
-     * is MM_U * 64 contiguous bytes: lanes q = 0 of u = 0, 2 touch its two 128-byte lines), then the wait */
+    int row0 = (item * groups + group) * 16;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (row0 < rows) {
+        const uint16_t *wa = W + (size_t)min(row0 + g, rows - 1) * cols;
+        const uint16_t *wb = W + (size_t)min(row0 + g + 8, rows - 1) * cols;
+        for (int base = kw * MM_U; base < steps; base += wpr * MM_U) {
+            uint4 va[MM_U], vb[MM_U];
+#pragma unroll
+            for (int u = 0; u < MM_U; u++) {
+                int c = (base + u) * 4 + q;
+                bool ok = c < chunks;
+                va[u] = ok ? k3c_ld_stream16(wa + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                vb[u] = ok ? k3c_ld_stream16(wb + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+            }
+            /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U
+             * dependent mma was latency-bound: run 3 measured 0.55 of copy bandwidth) */
+            float d[MM_U][4];
+#pragma unroll
+            for (int u = 0; u < MM_U; u++) {
+                int c = (base + u) * 4 + q;
+                float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                if (tok && c < chunks) {
+                    x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
+                    x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+                if (__all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1))) {
+                    k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, k3c_pack_hi16(x0.x, x0.y),
+                                 k3c_pack_hi16(x0.z, x0.w));
+                    k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, k3c_pack_hi16(x1.x, x1.y),
+                                 k3c_pack_hi16(x1.z, x1.w));
+                } else {
+                    uint32_t b0[3], b1[3], b2[3], b3[3];
+                    k3c_split3(x0.x, x0.y, b0);
+                    k3c_split3(x0.z, x0.w, b1);
+                    k3c_split3(x1.x, x1.y, b2);
+                    k3c_split3(x1.z, x1.w, b3);
+#pragma unroll
+                    for (int k = 0; k < 3; k++) {
+                        k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, b0[k], b1[k]);
+                        k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, b2[k], b3[k]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < MM_U; u++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+        }
+    }
+    /* acc: (row g, token 2q), (row g, token 2q+1), (row g+8, token 2q), (row g+8, token 2q+1) */
+    if (wpr > 1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+        __syncthreads();
+        if (kw == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float s = 0.0f;
+                for (int j = 0; j < wpr; j++) s += part[warp + j][i][lane];
+                acc[i] = s;
+            }
+        }
+    }
+    if (kw == 0 && row0 < rows) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + g + (i >> 1) * 8, t = 2 * q + (i & 1);
+            if (row < rows && t < T) y[(size_t)t * rows + row] = out_value(acc[i], round);
+        }
+    }
+    if (wpr > 1) __syncthreads();
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
+                float *__restrict__ y, int wpr, int items, int round) {
+    __shared__ float part[GEMV_WARPS][4][32];
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) mma_prefetch(W, rows, cols, wpr, blockIdx.x);
+    k3c_pdl_wait();
+    for (int item = blockIdx.x; item < items; item += gridDim.x)
+        mma_item(W, rows, cols, x, T, y, wpr, item, round, part);
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(const __grid_constant__ gemv_group g) {
+    __shared__ float part[GEMV_WARPS][4][32];
+    int items = g.first[g.n];
     k3c_pdl_trigger();
     if ((int)blockIdx.x < items) {
-        int row0 = ((int)blockIdx.x * groups + group) * 16;
-        if (row0 < rows && q == 0)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint16_t *wr = W + (size_t)min(row0 + g + 8 * h, rows - 1) * cols;
-                for (int b = 0; b < MM_PREFETCH; b++)
-#pragma unroll
-                    for (int u = 0; u < MM_U; u += 2) {
-                        int c = ((b * wpr + kw) * MM_U + u) * 4;
-                        if (c < chunks) k3c_prefetch_l2(wr + (size_t)c * 8);
-                    }
-            }
+        int s = group_find(g, blockIdx.x);
+        mma_prefetch(g.W[s], g.rows[s], g.cols[s], g.wpr[s], blockIdx.x - g.first[s]);
     }
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        int row0 = (item * groups + group) * 16;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row0 < rows) {
-            const uint16_t *wa = W + (size_t)min(row0 + g, rows - 1) * cols;
-            const uint16_t *wb = W + (size_t)min(row0 + g + 8, rows - 1) * cols;
-            for (int base = kw * MM_U; base < steps; base += wpr * MM_U) {
-                uint4 va[MM_U], vb[MM_U];
-#pragma unroll
-                for (int u = 0; u < MM_U; u++) {
-                    int c = (base + u) * 4 + q;
-                    bool ok = c < chunks;
-                    va[u] = ok ? k3c_ld_stream16(wa + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
-                    vb[u] = ok ? k3c_ld_stream16(wb + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
-                }
-                /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U
-                 * dependent mma was latency-bound: run 3 measured 0.55 of copy bandwidth) */
-                float d[MM_U][4];
-#pragma unroll
-                for (int u = 0; u < MM_U; u++) {
-                    int c = (base + u) * 4 + q;
-                    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                    if (tok && c < chunks) {
-                        x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
-                        x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-                    if (__all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1))) {
-                        k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, k3c_pack_hi16(x0.x, x0.y),
-                                     k3c_pack_hi16(x0.z, x0.w));
-                        k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, k3c_pack_hi16(x1.x, x1.y),
-                                     k3c_pack_hi16(x1.z, x1.w));
-                    } else {
-                        uint32_t b0[3], b1[3], b2[3], b3[3];
-                        k3c_split3(x0.x, x0.y, b0);
-                        k3c_split3(x0.z, x0.w, b1);
-                        k3c_split3(x1.x, x1.y, b2);
-                        k3c_split3(x1.z, x1.w, b3);
-#pragma unroll
-                        for (int k = 0; k < 3; k++) {
-                            k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, b0[k], b1[k]);
-                            k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, b2[k], b3[k]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < MM_U; u++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[i] += d[u][i];
-            }
-        }
-        /* acc: (row g, token 2q), (row g, token 2q+1), (row g+8, token 2q), (row g+8, token 2q+1) */
-        if (wpr > 1) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
-            __syncthreads();
-            if (kw == 0) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < wpr; j++) s += part[warp + j][i][lane];
-                    acc[i] = s;
-                }
-            }
-        }
-        if (kw == 0 && row0 < rows) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = row0 + g + (i >> 1) * 8, t = 2 * q + (i & 1);
-                if (row < rows && t < T) y[(size_t)t * rows + row] = out_value(acc[i], round);
-            }
-        }
-        if (wpr > 1) __syncthreads();
+        int s = group_find(g, item);
+        mma_item(g.W[s], g.rows[s], g.cols[s], g.x[s], g.T, g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
 }
 
@@ -310,33 +382,120 @@ static int launch_stream(void (*kernel)(Params...), int grid, cudaStream_t s, Ar
     return K3C_OK;
 }
 
-static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,
-                     cudaStream_t s) {
+/* How a matrix runs at T <= K3C_CUDA_GEMV_MAX_T tokens, alone or in a group: the kernel, its split of rows
+ * (wpr, which fixes each output's reduction order) and its item count. Planned against the one-matrix
+ * kernels' residency, so a matrix in a group gets the wpr it gets alone, hence the same outputs. */
+typedef struct gemv_plan {
+    int scalar; /* unaligned: the scalar kernel, not groupable */
+    int mma;    /* 1: the tensor-core kernel for all T tokens; 0: the T = 1 kernel once per token */
+    int wpr, items, cap;
+} gemv_plan;
+
+static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float *x, int T) {
     static int occ_t1, occ_mma;
-    int aligned = cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    int wpr, grid, items;
-    if (!aligned) {
-        long long warps = (long long)rows * T;
-        gemv_bf16_scalar<<<(unsigned)((warps + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_WARPS * 32, 0, s>>>(W, rows, cols,
-                                                                                                      x, T, y, round);
-    } else if (T == 1 || rows < GEMV_MMA_MIN_ROWS) {
+    gemv_plan p = {0, 0, 1, 0, 0};
+    if (cols % 8 != 0 || ((uintptr_t)W & 15) != 0 || ((uintptr_t)x & 15) != 0) {
+        p.scalar = 1;
+        return p;
+    }
+    int grid;
+    if (T == 1 || rows < GEMV_MMA_MIN_ROWS) {
         /* T = 1, or a matrix too short for the tensor-core kernel (whose warps own 16 rows each: 64 rows at
          * T = 4 ran on 4 blocks, 87 us a call for k3-slice's router on the H200): token by token, each launch
          * with the whole GPU */
         int chunks = cols >> 3;
-        plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U),
-                  resident_blocks(gemv_t1_kernel, &occ_t1), &wpr, &grid, &items);
-        for (int t = 0; t < T; t++)
-            K3C_TRY(launch_stream(gemv_t1_kernel, grid, s, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
-                                  wpr, items, round));
+        p.cap = resident_blocks(gemv_t1_kernel, &occ_t1);
+        plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U), p.cap, &p.wpr, &grid,
+                  &p.items);
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
-        plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, resident_blocks(gemv_mma_kernel, &occ_mma), &wpr,
-                  &grid, &items);
-        K3C_TRY(launch_stream(gemv_mma_kernel, grid, s, W, rows, cols, x, T, y, wpr, items, round));
+        p.mma = 1;
+        p.cap = resident_blocks(gemv_mma_kernel, &occ_mma);
+        plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+    }
+    return p;
+}
+
+static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,
+                     cudaStream_t s) {
+    gemv_plan p = plan_matrix(W, rows, cols, x, T);
+    int grid = p.items < p.cap ? p.items : p.cap;
+    if (p.scalar) {
+        long long warps = (long long)rows * T;
+        gemv_bf16_scalar<<<(unsigned)((warps + GEMV_WARPS - 1) / GEMV_WARPS), GEMV_WARPS * 32, 0, s>>>(W, rows, cols,
+                                                                                                      x, T, y, round);
+    } else if (!p.mma) {
+        for (int t = 0; t < T; t++)
+            K3C_TRY(launch_stream(gemv_t1_kernel, grid, s, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
+                                  p.wpr, p.items, round));
+    } else {
+        K3C_TRY(launch_stream(gemv_mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;
+}
+
+/* Launches a filled group (and empties it); the grid is what the group kernel keeps resident. */
+static int group_flush(gemv_group *grp, int mma, cudaStream_t s) {
+    static int occ_t1g, occ_mmag;
+    if (grp->n == 0) return K3C_OK;
+    int items = grp->first[grp->n];
+    int cap = mma ? resident_blocks(gemv_mma_group_kernel, &occ_mmag) : resident_blocks(gemv_t1_group_kernel, &occ_t1g);
+    int grid = items < cap ? items : cap;
+    if (mma) K3C_TRY(launch_stream(gemv_mma_group_kernel, grid, s, *grp));
+    else K3C_TRY(launch_stream(gemv_t1_group_kernel, grid, s, *grp));
+    K3C_CUDA_LAUNCHED(mma ? "gemv_mma_group" : "gemv_t1_group");
+    grp->n = 0;
+    return K3C_OK;
+}
+
+static int group_add(gemv_group *grp, int mma, const uint16_t *W, int rows, int cols, const float *x, float *y,
+                     int round, const gemv_plan *p, cudaStream_t s) {
+    if (grp->n == GROUP_VMAX) K3C_TRY(group_flush(grp, mma, s));
+    int i = grp->n++;
+    if (i == 0) grp->first[0] = 0;
+    grp->W[i] = W;
+    grp->x[i] = x;
+    grp->y[i] = y;
+    grp->rows[i] = rows;
+    grp->cols[i] = cols;
+    grp->wpr[i] = p->wpr;
+    grp->round[i] = round;
+    grp->first[i + 1] = grp->first[i] + p->items;
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_gemv_group(k3c_cuda_gemm *g, const k3c_cuda_gemv_seg *segs, int n, int T,
+                                   cudaStream_t stream) {
+    if (n < 1 || n > K3C_CUDA_GEMV_GROUP_MAX || T < 0)
+        return k3c_errorf("k3c_cuda_gemv_group: %d products at T %d (1..%d products)", n, T, K3C_CUDA_GEMV_GROUP_MAX);
+    for (int i = 0; i < n; i++)
+        if (!segs[i].W || !segs[i].x || !segs[i].y || segs[i].rows <= 0 || segs[i].cols <= 0)
+            return k3c_errorf("k3c_cuda_gemv_group: product %d: bad matrix rows %d cols %d or NULL pointer", i,
+                              segs[i].rows, segs[i].cols);
+    if (T == 0) return K3C_OK;
+    if (T > K3C_CUDA_GEMV_MAX_T) { /* prefill-sized: each product as the stock path runs it */
+        for (int i = 0; i < n; i++)
+            K3C_TRY(k3c_cuda_matmul_bf16_round(g, segs[i].W, segs[i].rows, segs[i].cols, segs[i].x, T, segs[i].y,
+                                               segs[i].round, stream));
+        return K3C_OK;
+    }
+    gemv_group t1, mm; /* host staging; a launch copies it into the kernel's parameters */
+    t1.n = mm.n = 0;
+    t1.T = 1;
+    mm.T = T;
+    for (int i = 0; i < n; i++) {
+        const k3c_cuda_gemv_seg *sg = &segs[i];
+        gemv_plan p = plan_matrix(sg->W, sg->rows, sg->cols, sg->x, T);
+        if (p.scalar) K3C_TRY(gemv_tile(sg->W, sg->rows, sg->cols, sg->x, T, sg->y, sg->round, stream));
+        else if (p.mma) K3C_TRY(group_add(&mm, 1, sg->W, sg->rows, sg->cols, sg->x, sg->y, sg->round, &p, stream));
+        else
+            for (int t = 0; t < T; t++)
+                K3C_TRY(group_add(&t1, 0, sg->W, sg->rows, sg->cols, sg->x + (size_t)t * sg->cols,
+                                  sg->y + (size_t)t * sg->rows, sg->round, &p, stream));
+    }
+    K3C_TRY(group_flush(&mm, 1, stream));
+    return group_flush(&t1, 0, stream);
 }
 
 static int gemv_tiles(const uint16_t *W, int rows, int cols, const float *x, int T, float *y, int round,

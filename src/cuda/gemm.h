@@ -50,6 +50,24 @@ int k3c_cuda_matmul_bf16_round(k3c_cuda_gemm *g, const uint16_t *W, int rows, in
 int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
                        cudaStream_t stream);
 
+/* Grouped products (the executor's packed projections, decode-executor.md §3): several matrices streamed by
+ * one launch (T = 1, or T <= K3C_CUDA_GEMV_MAX_T with every matrix of >= 256 rows) or two (T > 1 with short
+ * matrices beside long ones: those run token by token in a launch of their own), instead of one launch per
+ * matrix and token. Each product has its own matrix, input [T, cols], output [T, rows] and rounding; the
+ * weights are read in place where they were loaded, so a reload needs nothing rebuilt. Every product's
+ * outputs are bitwise those of k3c_cuda_matmul_bf16_round on it alone (same kernel code, same split of
+ * each row's k range, chosen as for the matrix alone). No product may read another one's output. T > 8:
+ * each product as k3c_cuda_matmul_bf16_round runs it. */
+#define K3C_CUDA_GEMV_GROUP_MAX 8
+typedef struct k3c_cuda_gemv_seg {
+    const uint16_t *W; /* device, bf16 [rows, cols] */
+    int rows, cols;
+    const float *x;    /* device, [T, cols] */
+    float *y;          /* device, [T, rows] */
+    int round;         /* 1: outputs rounded to bf16 values */
+} k3c_cuda_gemv_seg;
+int k3c_cuda_gemv_group(k3c_cuda_gemm *g, const k3c_cuda_gemv_seg *segs, int n, int T, cudaStream_t stream);
+
 /* x f32 -> bf16 bits (round to nearest even), n elements. */
 int k3c_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream);
 

@@ -50,7 +50,7 @@ struct k3c_decode_cuda {
     void *dev;
     float **res, **res_dev; /* host array of the AttnRes buffers; its device copy (Mix source arrays) */
     float *a_in, *x, *A, *F, *G, *logits;
-    float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *kb, *kbeta;
+    float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *klow2, *kb, *kbeta;
     float *mqa, *mq, *mlat, *mo, *mg, *ga, *gu;
     float *q_abs, *o_lat, *rlog, *wts, *z, *h, *part, *r, *rup, *sa, *su, *sh;
     float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
@@ -92,11 +92,11 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     size_t Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
     size_t qa = c->q_lora_rank > 0 ? (size_t)c->q_lora_rank : 1;
     float **fl[] = {&x->a_in, &x->x, &x->A, &x->F, &x->G, &x->logits, &x->kq, &x->kk, &x->kv, &x->cq, &x->ck,
-                    &x->cv, &x->kf, &x->kg, &x->ko, &x->kz, &x->ky, &x->klow, &x->kb, &x->kbeta, &x->mqa, &x->mq,
+                    &x->cv, &x->kf, &x->kg, &x->ko, &x->kz, &x->ky, &x->klow, &x->klow2, &x->kb, &x->kbeta, &x->mqa, &x->mq,
                     &x->mlat, &x->mo, &x->mg, &x->ga, &x->gu, &x->q_abs, &x->o_lat, &x->rlog, &x->wts, &x->z,
                     &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx};
-    _Static_assert(sizeof fl / sizeof fl[0] == 40, "buffer list");
-    size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
+    _Static_assert(sizeof fl / sizeof fl[0] == 41, "buffer list");
+    size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
                   I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K};
     size_t n = sizeof w / sizeof w[0], total = (size_t)x->nres * al256(R * D * 4);
     for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
@@ -236,6 +236,40 @@ static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, floa
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
+/* The packed projections of a provider (decode-executor.md §3): the products that read one step input, or
+ * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights
+ * where the backend loaded them, so no packed copy exists to rebuild after a reload. Each product's outputs
+ * are bitwise those of mm() on it alone, so the executor still matches the stock path bit for bit. */
+#define GROUP_MAX K3C_CUDA_GEMV_GROUP_MAX
+typedef struct group {
+    k3c_cuda_gemv_seg seg[GROUP_MAX];
+    int n, missing;
+} group;
+
+static void group_add(k3c_decode_cuda *x, group *g, const k3c_mat *W, const float *in, float *out, int round) {
+    const uint16_t *w = WPTR(W->w);
+    if (!w || g->n == GROUP_MAX) {
+        g->missing = 1;
+        return;
+    }
+    g->seg[g->n++] = (k3c_cuda_gemv_seg){w, W->rows, W->cols, in, out, round};
+}
+
+/* K3C_EXEC_GROUP=0 (a diagnostic for A/B runs, read at capture) launches each product on its own instead. */
+static int group_run(k3c_decode_cuda *x, const group *g, int T) {
+    if (g->missing) return k3c_errorf("decode executor: a grouped projection's matrix has no device copy");
+    static int grouped = -1;
+    if (grouped < 0) {
+        const char *v = getenv("K3C_EXEC_GROUP");
+        grouped = !(v && v[0] == '0');
+    }
+    if (grouped) return k3c_cuda_gemv_group(&x->gemm, g->seg, g->n, T, x->st);
+    for (int i = 0; i < g->n; i++)
+        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, g->seg[i].W, g->seg[i].rows, g->seg[i].cols, g->seg[i].x, T,
+                                         g->seg[i].y, g->seg[i].round, x->st));
+    return K3C_OK;
+}
+
 static k3c_cuda_seg *segs_of(k3c_decode_cuda *x, int l) {
     return (k3c_cuda_seg *)(x->meta_d + x->off_segs) + (size_t)x->kda_ord[l] * PMAX;
 }
@@ -246,21 +280,26 @@ static int rec_kda(const rec *s, int l) {
     const k3c_kda_weights *w = &x->m->weights.layers[l].kda;
     int T = s->T, H = c->kda_num_heads, dk = c->kda_head_dim, Wc = c->kda_conv_kernel;
     int k = x->kda_ord[l];
-    L_TRY(mm(x, &w->q_proj, x->x, T, x->kq, 1));
-    L_TRY(mm(x, &w->k_proj, x->x, T, x->kk, 1));
-    L_TRY(mm(x, &w->v_proj, x->x, T, x->kv, 1));
+    /* every projection of the normed input in one launch (q, k, v, the decay gate's and the output gate's
+     * low-rank halves, beta), then the two up-projections of the low-rank halves in another */
+    group in = {0}, up = {0};
+    group_add(x, &in, &w->q_proj, x->x, x->kq, 1);
+    group_add(x, &in, &w->k_proj, x->x, x->kk, 1);
+    group_add(x, &in, &w->v_proj, x->x, x->kv, 1);
+    group_add(x, &in, &w->f_a, x->x, x->klow, 1);
+    group_add(x, &in, &w->b_proj, x->x, x->kb, 1);
+    group_add(x, &up, &w->f_b, x->klow, x->kf, 1);
+    if (w->g_proj.w) {
+        group_add(x, &in, &w->g_proj, x->x, x->kz, 1);
+    } else {
+        group_add(x, &in, &w->g_a, x->x, x->klow2, 1);
+        group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
+    }
+    L_TRY(group_run(x, &in, T));
     if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
         L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
-    L_TRY(mm(x, &w->f_a, x->x, T, x->klow, 1));
-    L_TRY(mm(x, &w->f_b, x->klow, T, x->kf, 1));
-    L_TRY(mm(x, &w->b_proj, x->x, T, x->kb, 1));
-    if (w->g_proj.w) {
-        L_TRY(mm(x, &w->g_proj, x->x, T, x->kz, 1));
-    } else {
-        L_TRY(mm(x, &w->g_a, x->x, T, x->klow, 1));
-        L_TRY(mm(x, &w->g_b, x->klow, T, x->kz, 1));
-    }
+    L_TRY(group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
      * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); the pre-norm o is
      * written only where the dims run the separate launches */
@@ -284,15 +323,20 @@ static int rec_mla(const rec *s, int l) {
     const k3c_mla_weights *w = &x->m->weights.layers[l].mla;
     int T = s->T, lat = k3c_config_mla_latent(c), Hm = c->num_attention_heads, nope = c->qk_nope_head_dim;
     int rope = c->qk_rope_head_dim, vh = c->v_head_dim, kvl = c->kv_lora_rank;
+    /* the projections of the normed input in one launch: the query (or its low-rank half), the latent with
+     * its rope part, the output gate */
+    int gate = c->mla_use_output_gate && w->g_proj.w;
+    group in = {0};
+    if (c->q_lora_rank > 0) group_add(x, &in, &w->q_a, x->x, x->mqa, 1);
+    else group_add(x, &in, &w->q_proj, x->x, x->mq, 1);
+    group_add(x, &in, &w->kv_a, x->x, x->mlat, 1);
+    if (gate) group_add(x, &in, &w->g_proj, x->x, x->mg, 1);
+    L_TRY(group_run(x, &in, T));
     if (c->q_lora_rank > 0) {
-        L_TRY(mm(x, &w->q_a, x->x, T, x->mqa, 1));
         L_TRY(k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
                                x->mqa, c->q_lora_rank, x->st));
         L_TRY(mm(x, &w->q_b, x->mqa, T, x->mq, 1));
-    } else {
-        L_TRY(mm(x, &w->q_proj, x->x, T, x->mq, 1));
     }
-    L_TRY(mm(x, &w->kv_a, x->x, T, x->mlat, 1));
     L_TRY(k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
     void *cache = x->v.kv->layer[l];
     int eb = x->v.be->kv_elem_bytes;
@@ -304,46 +348,45 @@ static int rec_mla(const rec *s, int l) {
                               (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
                               x->o_lat, x->mla_part, x->mla_part_floats, x->st));
     L_TRY(k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
-    if (c->mla_use_output_gate && w->g_proj.w) {
-        L_TRY(mm(x, &w->g_proj, x->x, T, x->mg, 1));
-        L_TRY(k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
-    }
+    if (gate) L_TRY(k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
     return mm(x, &w->o_proj, x->mo, T, x->A, 1);
 }
 
-/* cuda_moe of the backend, launch for launch. */
+/* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
+ * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
+ * down-projection, the shared expert's gate and up), then routing and the shared activation; the tail one
+ * grouped launch of the latent up-projection and the shared down-projection, then their sum. Same kernels
+ * and reductions per product as the backend, so the same outputs. */
 static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, float *out) {
     const k3c_config *c = x->c;
     int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
     int Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size;
+    int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL;
+    int Fs = shared ? w->shared.gate.rows : 0;
     cudaStream_t st = x->st;
     const float *bias = c->use_correction_bias && w->correction_bias ? WPTR(w->correction_bias) : NULL;
-    L_TRY(k3c_cuda_matmul_bf16(&x->gemm, WPTR(w->router.w), w->router.rows, w->router.cols, y, T, x->rlog, st));
-    L_TRY(k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
-    const float *z = y;
-    if (c->routed_expert_hidden_size > 0) {
-        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->latent_down.w), w->latent_down.rows, w->latent_down.cols,
-                                         y, T, x->z, 1, st));
-        z = x->z;
+    group front = {0}, tail = {0};
+    group_add(x, &front, &w->router, y, x->rlog, 0);
+    if (latent) group_add(x, &front, &w->latent_down, y, x->z, 1);
+    if (shared) {
+        group_add(x, &front, &w->shared.gate, y, x->sa, 1);
+        group_add(x, &front, &w->shared.up, y, x->su, 1);
     }
-    L_TRY(k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin, z, T, x->idx,
-                               x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+    L_TRY(group_run(x, &front, T));
+    L_TRY(k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
+    if (shared) L_TRY(k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
+    L_TRY(k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
+                               latent ? x->z : y, T, x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
     const float *routed = x->r;
-    if (c->routed_expert_hidden_size > 0) {
+    if (latent) {
         if (c->latent_moe_use_norm)
             L_TRY(k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
-        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->latent_up.w), w->latent_up.rows, w->latent_up.cols, x->r,
-                                         T, x->rup, 1, st));
+        group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
-    if (w->shared.gate.w) {
-        int Fs = w->shared.gate.rows;
-        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.gate.w), Fs, D, y, T, x->sa, 1, st));
-        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.up.w), Fs, D, y, T, x->su, 1, st));
-        L_TRY(k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
-        L_TRY(k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(w->shared.down.w), D, Fs, x->sa, T, x->sh, 1, st));
-        return k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st);
-    }
+    if (shared) group_add(x, &tail, &w->shared.down, x->sa, x->sh, 1);
+    if (tail.n) L_TRY(group_run(x, &tail, T));
+    if (shared) return k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st);
     K3C_CUDA_TRY(cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
     return K3C_OK;
 }
@@ -351,8 +394,10 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
 static int rec_ffn(k3c_decode_cuda *x, int l, int T) {
     const k3c_layer_weights *lw = &x->m->weights.layers[l];
     if (lw->is_moe) return rec_moe(x, &lw->moe, x->x, T, x->F);
-    L_TRY(mm(x, &lw->mlp.gate, x->x, T, x->ga, 1));
-    L_TRY(mm(x, &lw->mlp.up, x->x, T, x->gu, 1));
+    group gu = {0}; /* gate and up in one launch */
+    group_add(x, &gu, &lw->mlp.gate, x->x, x->ga, 1);
+    group_add(x, &gu, &lw->mlp.up, x->x, x->gu, 1);
+    L_TRY(group_run(x, &gu, T));
     int n = T * lw->mlp.gate.rows;
     L_TRY(k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
     return mm(x, &lw->mlp.down, x->ga, T, x->F, 1);

@@ -3,7 +3,7 @@
  * enough copies that each launch streams from HBM, not from the 60 MB L2. Times are medians of CUDA-event
  * timed launches after warm-up. Prints one line per kernel:
  *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth>
- * Usage: bench_gpu [gemm] [moe] [kda] [mla] (sections; none: all). */
+ * Usage: bench_gpu [gemm] [group] [moe] [kda] [mla] (sections; none: all). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +97,26 @@ typedef struct { uint16_t **W; int copies, rows, cols, T; float *x, *y; k3c_cuda
 static int run_gemv(void *c, int rep) {
     gemv_ctx *x = c;
     return k3c_cuda_matmul_bf16(x->g, x->W[rep % x->copies], x->rows, x->cols, x->x, x->T, x->y, 0);
+}
+
+/* ---- grouped products (the executor's packed projections) ---- */
+#define GROUP_N K3C_CUDA_GEMV_GROUP_MAX
+/* copies of the weights, rotated per launch so that they are not read from L2 (as in the gemm section) */
+typedef struct {
+    k3c_cuda_gemv_seg seg[GROUP_N];
+    uint16_t *Wc[16][GROUP_N];
+    int n, T, separate, copies;
+    k3c_cuda_gemm *g;
+} group_ctx;
+static int run_group(void *c, int rep) {
+    group_ctx *x = c;
+    for (int i = 0; i < x->n; i++) x->seg[i].W = x->Wc[rep % x->copies][i];
+    if (!x->separate) return k3c_cuda_gemv_group(x->g, x->seg, x->n, x->T, 0);
+    for (int i = 0; i < x->n; i++) /* one launch per product, as the stock path runs them */
+        if (k3c_cuda_matmul_bf16_round(x->g, x->seg[i].W, x->seg[i].rows, x->seg[i].cols, x->seg[i].x, x->T,
+                                       x->seg[i].y, x->seg[i].round, 0) != 0)
+            return -1;
+    return 0;
 }
 
 /* ---- moe ---- */
@@ -260,6 +280,53 @@ int main(int argc, char **argv) {
         }
         k3c_cuda_gemm_free(&g);
         cudaFree(ws); cudaFree(xbf); cudaFree(x); cudaFree(xf); cudaFree(y);
+    }
+
+    if (want("group")) { /* grouped products vs one launch per product, back to back as in a step */
+        static const struct { const char *name; int cols, n, rows[GROUP_N]; } sets[] = {
+            {"kl48_kda_in", 2304, 6, {4096, 4096, 4096, 128, 32, 128}}, /* q, k, v, f_a, b, g_a */
+            {"kl48_moe_front", 2304, 3, {256, 1024, 1024}},             /* router, shared gate, up */
+            {"k3_mla_in", 7168, 2, {1536, 576}},                        /* q_a, kv_a */
+            {"k3_moe_front", 7168, 4, {896, 3584, 6144, 6144}},         /* router, latent down, shared gate, up */
+        };
+        void *ws;
+        CK(cudaMalloc(&ws, 32u << 20));
+        uint16_t *xbf;
+        CK(cudaMalloc((void **)&xbf, 64 * 7168 * 2));
+        k3c_cuda_gemm g;
+        OK(k3c_cuda_gemm_init(&g, ws, 32u << 20, xbf, 64 * 7168));
+        float *x = dmalloc_rand_bf16x(8 * 7168 * 4, 9);
+        for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) {
+            group_ctx c = {.n = sets[k].n, .g = &g};
+            double bytes = 0;
+            for (int i = 0; i < c.n; i++) bytes += (double)sets[k].rows[i] * sets[k].cols * 2;
+            c.copies = (int)((512u << 20) / bytes) + 1;
+            if (c.copies > 16) c.copies = 16;
+            for (int i = 0; i < c.n; i++) {
+                size_t wb = (size_t)sets[k].rows[i] * sets[k].cols * 2;
+                float *y;
+                CK(cudaMalloc((void **)&y, (size_t)8 * sets[k].rows[i] * 4));
+                for (int j = 0; j < c.copies; j++) c.Wc[j][i] = dmalloc_rand(wb, 200 + 16 * i + j);
+                c.seg[i] = (k3c_cuda_gemv_seg){c.Wc[0][i], sets[k].rows[i], sets[k].cols, x, y, i > 0};
+            }
+            static const int Ts[] = {1, 8};
+            for (int ti = 0; ti < 2; ti++)
+                for (int sep = 0; sep < 2; sep++) {
+                    c.T = Ts[ti];
+                    c.separate = sep;
+                    char name[64];
+                    snprintf(name, sizeof name, "group_%s_T%d%s_b2b", sets[k].name, c.T, sep ? "_separate" : "");
+                    time_batch(name, bytes, run_group, &c);
+                }
+            for (int i = 0; i < c.n; i++) {
+                for (int j = 0; j < c.copies; j++) cudaFree(c.Wc[j][i]);
+                cudaFree(c.seg[i].y);
+            }
+        }
+        cudaFree(x);
+        k3c_cuda_gemm_free(&g);
+        cudaFree(ws);
+        cudaFree(xbf);
     }
 
     if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */

@@ -118,6 +118,84 @@ TEST(gpu_matmul_bf16) {
     cudaFree(xbf);
 }
 
+/* Grouped products (k3c_cuda_gemv_group): each product's outputs bitwise equal to the same product run alone
+ * through k3c_cuda_matmul_bf16_round (the executor relies on it for bitwise parity with the stock path), and
+ * the unrounded ones against the CPU (rel L2 < 1e-5). Random groups of 1..8 products mixing short matrices
+ * (T = 1 kernel, token by token) and long ones (tensor-core kernel at T > 1), shared and separate inputs,
+ * an unaligned width (scalar kernel), T = 1..8 and 11 (past the streaming cap: each product alone). */
+TEST(gpu_gemv_group) {
+    k3c_rng r = rng_for("gemv_group");
+    static const int rows_l[] = {1, 3, 17, 64, 255, 256, 300, 1000}, cols_l[] = {8, 264, 1032, 2056};
+    static const int T_l[] = {1, 2, 3, 5, 8, 11};
+    CHECK(k3c_cuda_gemv_group(NULL, NULL, 0, 1, 0) == K3C_ERR);
+    for (size_t c = 0; c < sizeof T_l / sizeof *T_l; c++)
+        for (int trial = 0; trial < 3; trial++) {
+            int T = T_l[c], n = 1 + (int)(k3c_rng_next(&r) % K3C_CUDA_GEMV_GROUP_MAX);
+            int shared_cols = cols_l[k3c_rng_next(&r) % 4];
+            k3c_cuda_gemv_seg seg[K3C_CUDA_GEMV_GROUP_MAX];
+            uint16_t *W[K3C_CUDA_GEMV_GROUP_MAX];
+            float *x[K3C_CUDA_GEMV_GROUP_MAX], *dy_alone[K3C_CUDA_GEMV_GROUP_MAX];
+            float *dxs = NULL; /* the input shared by the products that use it */
+            float *xs = fmalloc((size_t)T * shared_cols);
+            fill_normal(&r, xs, (size_t)T * shared_cols, 1.0f);
+            dxs = dev_upload(xs, (size_t)T * shared_cols * 4);
+            CHECK(dxs != NULL);
+            for (int i = 0; i < n; i++) {
+                int rows = rows_l[k3c_rng_next(&r) % 8], own = k3c_rng_next(&r) % 2;
+                int cols = own ? cols_l[k3c_rng_next(&r) % 4] : shared_cols;
+                if (trial == 2 && i == 0) { cols = 100; own = 1; } /* 100 % 8 != 0: the scalar kernel */
+                W[i] = malloc((size_t)rows * cols * 2);
+                fill_bf16(&r, W[i], (size_t)rows * cols, 1.0f);
+                if (own) {
+                    x[i] = fmalloc((size_t)T * cols);
+                    fill_normal(&r, x[i], (size_t)T * cols, 1.0f);
+                } else {
+                    x[i] = xs;
+                }
+                seg[i] = (k3c_cuda_gemv_seg){dev_upload(W[i], (size_t)rows * cols * 2), rows, cols,
+                                             own ? dev_upload(x[i], (size_t)T * cols * 4) : dxs,
+                                             dev_poisoned((size_t)T * rows * 4), (int)(k3c_rng_next(&r) % 2)};
+                dy_alone[i] = dev_poisoned((size_t)T * rows * 4);
+                CHECK(seg[i].W && seg[i].x && seg[i].y && dy_alone[i]);
+            }
+            CHECK_OK(k3c_cuda_gemv_group(NULL, seg, n, T, 0));
+            for (int i = 0; i < n; i++)
+                CHECK_OK(k3c_cuda_matmul_bf16_round(NULL, seg[i].W, seg[i].rows, seg[i].cols, seg[i].x, T,
+                                                    dy_alone[i], seg[i].round, 0));
+            CUDA_OK(cudaDeviceSynchronize());
+            for (int i = 0; i < n; i++) {
+                size_t ny = (size_t)T * seg[i].rows;
+                float *y = fmalloc(ny), *ya = fmalloc(ny), *ref = fmalloc(ny);
+                CHECK(dev_download(y, seg[i].y, ny * 4) == 0 && dev_download(ya, dy_alone[i], ny * 4) == 0);
+                size_t bad = 0, nan = 0;
+                for (size_t j = 0; j < ny; j++) {
+                    bad += memcmp(&y[j], &ya[j], 4) != 0;
+                    nan += isnan(y[j]);
+                }
+                CHECKF(bad == 0 && nan == 0, "T %d product %d of %d (rows %d cols %d round %d): %zu outputs differ "
+                       "from the product alone, %zu NaN", T, i, n, seg[i].rows, seg[i].cols, seg[i].round, bad, nan);
+                if (!seg[i].round) {
+                    k3c_mat m = {W[i], seg[i].rows, seg[i].cols};
+                    poison_f32(ref, ny);
+                    k3c_matmul_bf16(NULL, &m, x[i], T, ref);
+                    double e = rel_l2_f32f32(y, ref, ny);
+                    note("gemv_group", 1e-5, e);
+                    CHECKF(e < 1e-5, "T %d product %d: rel L2 %.3g vs the CPU", T, i, e);
+                }
+                free(y); free(ya); free(ref);
+            }
+            for (int i = 0; i < n; i++) {
+                cudaFree((void *)seg[i].W);
+                cudaFree(seg[i].y);
+                cudaFree(dy_alone[i]);
+                if (seg[i].x != dxs) { cudaFree((void *)seg[i].x); free(x[i]); }
+                free(W[i]);
+            }
+            cudaFree(dxs);
+            free(xs);
+        }
+}
+
 /* ---- MoE experts ---- */
 
 static void config_act(k3c_config *c, int situ) {

@@ -105,7 +105,7 @@ while '__launch_bounds__(' in s:  # nested parentheses: cut by matching
     i = s.index('__launch_bounds__(')
     s = s[:i] + s[match_paren(s, i + len('__launch_bounds__')) + 1:]
 s = re.sub(r'__align__\(\d+\)', '', s)
-for q in ['__global__', '__device__', '__constant__']:
+for q in ['__global__', '__device__', '__constant__', '__grid_constant__']:
     s = s.replace(q, '')
 s = s.replace('__forceinline__', 'inline')  # header helpers: one definition across translation units
 s = s.replace('__restrict__', '__restrict')
