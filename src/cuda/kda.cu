@@ -722,6 +722,41 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
 
 extern "C" int k3c_cuda_kda_decode_fused_fits(int dk, int dv) { return kda_fused_ft(dk, dv) > 0; }
 
+/* The launches the fused kernel equals (kda.h), one after the other. */
+extern "C" int k3c_cuda_kda_decode_separate(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
+                                            const float *xq, const float *xk, const float *xv, const float *taps_q,
+                                            const float *taps_k, const float *taps_v, const float *f, const float *b,
+                                            const float *a_log, const float *dt_bias, int has_lower_bound,
+                                            float lower_bound, const float *z, const float *norm_w, float eps,
+                                            int silu_gate, int round_bf16, float *cq, float *ck, float *cv, float *g,
+                                            float *beta, float *o, float *y, cudaStream_t stream) {
+    if (nseg <= 0 || T <= 0) return K3C_OK;
+    if (!o) return k3c_errorf("k3c_cuda_kda_decode_separate: o is required (the delta rule's output)");
+    K3C_TRY(k3c_cuda_kda_conv_segs(xq, segs, nseg, H * dk, W, taps_q, 0, round_bf16, cq, stream));
+    K3C_TRY(k3c_cuda_kda_conv_segs(xk, segs, nseg, H * dk, W, taps_k, 1, round_bf16, ck, stream));
+    K3C_TRY(k3c_cuda_kda_conv_segs(xv, segs, nseg, H * dv, W, taps_v, 2, round_bf16, cv, stream));
+    K3C_TRY(k3c_cuda_kda_gate(f, b, a_log, dt_bias, T, H, dk, has_lower_bound, lower_bound, g, beta, stream));
+    K3C_TRY(k3c_cuda_kda_qk_norm(cq, ck, T, H, dk, stream));
+    K3C_TRY(k3c_cuda_kda_recurrent_segs(segs, nseg, cq, ck, cv, g, beta, H, dk, dv, round_bf16, o, stream));
+    return k3c_cuda_kda_gated_norm(o, z, norm_w, T, H, dv, eps, silu_gate, round_bf16, y, stream);
+}
+
+/* Run 14 (H200): the specialized decode step with the fused kernel was slower than the stock one at 64
+ * requests (k3-slice 42.2 against 37.8 ms, 96 heads; kimi-linear-48b 51.0 against 48.5 ms, 32 heads) and
+ * faster at 8 and fewer. A block owns a whole head's state (512 threads, 64 KB of registers: 2 blocks per
+ * SM), a chain of dependent phases; the separate recurrent kernel splits the columns into 4x as many
+ * smaller blocks, which keep more of them in flight. So past a few blocks per SM the separate launches win.
+ * The limit in blocks (requests x heads): K3C_KDA_FUSED_MAX_BLOCKS, default 4 per SM. */
+extern "C" int k3c_cuda_kda_decode_fused_prefer(int nseg, int H, int dk, int dv) {
+    if (!kda_fused_ft(dk, dv)) return 0;
+    static long limit = -1;
+    if (limit < 0) {
+        const char *v = getenv("K3C_KDA_FUSED_MAX_BLOCKS");
+        limit = v && *v ? atol(v) : 4L * k3c_cuda_sm_count();
+    }
+    return (long)nseg * H <= limit;
+}
+
 extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
                                          const float *xq, const float *xk, const float *xv, const float *taps_q,
                                          const float *taps_k, const float *taps_v, const float *f, const float *b,
@@ -734,16 +769,10 @@ extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int
         return k3c_errorf("k3c_cuda_kda_decode_fused: bad shape H %d W %d nseg %d", H, W, nseg);
     float qscale = 1.0f / sqrtf((float)dk); /* as k3c_cuda_kda_qk_norm */
     int ft = kda_fused_ft(dk, dv);
-    if (!ft) { /* dims the fused kernel does not take: the separate launches, which it equals */
-        if (!o) return k3c_errorf("k3c_cuda_kda_decode_fused: dk %d dv %d run unfused and need o", dk, dv);
-        K3C_TRY(k3c_cuda_kda_conv_segs(xq, segs, nseg, H * dk, W, taps_q, 0, round_bf16, cq, stream));
-        K3C_TRY(k3c_cuda_kda_conv_segs(xk, segs, nseg, H * dk, W, taps_k, 1, round_bf16, ck, stream));
-        K3C_TRY(k3c_cuda_kda_conv_segs(xv, segs, nseg, H * dv, W, taps_v, 2, round_bf16, cv, stream));
-        K3C_TRY(k3c_cuda_kda_gate(f, b, a_log, dt_bias, T, H, dk, has_lower_bound, lower_bound, g, beta, stream));
-        K3C_TRY(k3c_cuda_kda_qk_norm(cq, ck, T, H, dk, stream));
-        K3C_TRY(k3c_cuda_kda_recurrent_segs(segs, nseg, cq, ck, cv, g, beta, H, dk, dv, round_bf16, o, stream));
-        return k3c_cuda_kda_gated_norm(o, z, norm_w, T, H, dv, eps, silu_gate, round_bf16, y, stream);
-    }
+    if (!ft) /* dims the fused kernel does not take: the separate launches, which it equals */
+        return k3c_cuda_kda_decode_separate(segs, nseg, T, H, dk, dv, W, xq, xk, xv, taps_q, taps_k, taps_v, f, b,
+                                            a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w, eps, silu_gate,
+                                            round_bf16, cq, ck, cv, g, beta, o, y, stream);
     size_t smem = kda_fused_smem_floats(dk, dv, ft) * sizeof(float);
     dim3 grid(H, nseg);
     kda_decode_fused_kernel<<<grid, kda_fused_threads(dk, dv), smem, stream>>>(

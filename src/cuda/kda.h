@@ -92,6 +92,17 @@ int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, 
                               float *ck, float *cv, float *g, float *beta, float *o, float *y, cudaStream_t stream);
 /* Whether k3c_cuda_kda_decode_fused runs its one kernel for these dims (else the separate launches). */
 int k3c_cuda_kda_decode_fused_fits(int dk, int dv);
+/* The separate launches listed above, whatever the dims (o required). */
+int k3c_cuda_kda_decode_separate(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
+                                 const float *xq, const float *xk, const float *xv, const float *taps_q,
+                                 const float *taps_k, const float *taps_v, const float *f, const float *b,
+                                 const float *a_log, const float *dt_bias, int has_lower_bound, float lower_bound,
+                                 const float *z, const float *norm_w, float eps, int silu_gate, int round_bf16,
+                                 float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y,
+                                 cudaStream_t stream);
+/* Whether the fused kernel is the faster choice for nseg requests of H heads (it fits, and nseg x H blocks
+ * stay under a limit measured on the H200: kda.cu); else the separate launches. Same outputs either way. */
+int k3c_cuda_kda_decode_fused_prefer(int nseg, int H, int dk, int dv);
 
 #ifdef __cplusplus
 }

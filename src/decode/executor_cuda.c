@@ -301,13 +301,15 @@ static int rec_kda(const rec *s, int l) {
                                   s->b * PRE_COPIES, x->st));
     L_TRY(group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
-     * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); the pre-norm o is
-     * written only where the dims run the separate launches */
-    L_TRY(k3c_cuda_kda_decode_fused(segs_of(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv),
-                                    WPTR(w->k_conv), WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias),
-                                    c->kda_has_lower_bound, c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm),
-                                    c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv, x->kg, x->kbeta,
-                                    k3c_cuda_kda_decode_fused_fits(dk, dk) ? NULL : x->ko, x->ky, x->st));
+     * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); for many requests those
+     * separate launches instead (faster there: cuda/kda.cu k3c_cuda_kda_decode_fused_prefer), which also
+     * write the pre-norm o */
+    int fused = k3c_cuda_kda_decode_fused_prefer(s->b, H, dk, dk);
+    L_TRY((fused ? k3c_cuda_kda_decode_fused : k3c_cuda_kda_decode_separate)(
+        segs_of(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv), WPTR(w->k_conv),
+        WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
+        c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
+        x->kg, x->kbeta, fused ? NULL : x->ko, x->ky, x->st));
     /* verify: ck, cv, kg, kbeta (normed k, conv v, decay, beta) to the slot's store for the commit fold; the
      * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
      * stock path copies before its recurrence */
