@@ -31,6 +31,7 @@
 #define QMAX K3C_PREPARED_Q_MAX
 #define PRE_COPIES 5  /* per verifying request per KDA layer: state, window, pre-conv q, k, v rows */
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
+#define D2H_CHUNKS 16 /* the logits download in up to this many pieces, each copied out as it lands */
 
 struct k3c_decode_cuda {
     k3c_engine *e;
@@ -61,6 +62,7 @@ struct k3c_decode_cuda {
     uint8_t *meta_h, *meta_d;
     size_t meta_bytes, off_ids, off_slots, off_aoff, off_alen, off_tab, off_segs, off_pre, off_post;
     float *logits_h; /* pinned [PMAX, V] */
+    cudaEvent_t d2h_done[D2H_CHUNKS]; /* per chunk of the logits download (run_cb) */
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
@@ -188,6 +190,8 @@ int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cu
                                   .ctx = x};
     cudaError_t ce = cudaSetDevice(k3c_backend_cuda_device(v.be));
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
+    for (int i = 0; i < D2H_CHUNKS && ce == cudaSuccess; i++)
+        ce = cudaEventCreateWithFlags(&x->d2h_done[i], cudaEventDisableTiming);
     if (ce != cudaSuccess) {
         k3c_decode_cuda_free(x);
         return k3c_errorf("decode executor: stream: %s", cudaGetErrorString(ce));
@@ -214,6 +218,8 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
     if (x->logits_h) cudaFreeHost(x->logits_h);
+    for (int i = 0; i < D2H_CHUNKS; i++)
+        if (x->d2h_done[i]) cudaEventDestroy(x->d2h_done[i]);
     if (x->st) cudaStreamDestroy(x->st);
     free(x->res);
     free(x->kda_ord);
@@ -606,6 +612,28 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
     return K3C_OK;
 }
 
+/* The logits to the caller's buffer through the pinned staging buffer, in chunks: every chunk's download
+ * is queued at once, and the host copies chunk i out while chunks after it are still on the bus (run 14:
+ * one download then one host copy of 42 MB cost k3-slice's b=64 step a few ms more than the stock
+ * path's pageable download). At most D2H_CHUNKS chunks of at least 1 MB. */
+static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
+    size_t chunk = (n + D2H_CHUNKS - 1) / D2H_CHUNKS, min_chunk = (size_t)1 << 18; /* floats: 1 MB */
+    if (chunk < min_chunk) chunk = min_chunk;
+    int nc = 0;
+    for (size_t off = 0; off < n; off += chunk, nc++) {
+        size_t len = n - off < chunk ? n - off : chunk;
+        K3C_CUDA_TRY(cudaMemcpyAsync(x->logits_h + off, x->logits + off, len * sizeof(float), cudaMemcpyDeviceToHost,
+                                     x->st));
+        K3C_CUDA_TRY(cudaEventRecord(x->d2h_done[nc], x->st));
+    }
+    for (int i = 0; i < nc; i++) {
+        size_t off = (size_t)i * chunk, len = n - off < chunk ? n - off : chunk;
+        K3C_CUDA_TRY(cudaEventSynchronize(x->d2h_done[i]));
+        memcpy(logits + off, x->logits_h + off, len * sizeof(float));
+    }
+    return K3C_OK;
+}
+
 static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits) {
     k3c_decode_cuda *x = ctx;
     if (plan->route == K3C_ROUTE_WIDE) { /* not specialized yet: the stock forward (see the header) */
@@ -625,9 +653,7 @@ static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, i
     size_t V = (size_t)x->c->vocab_size;
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
     K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
-    K3C_CUDA_TRY(cudaMemcpyAsync(x->logits_h, x->logits, sizeof(float) * (size_t)T * V, cudaMemcpyDeviceToHost, x->st));
-    K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
-    memcpy(logits, x->logits_h, sizeof(float) * (size_t)T * V);
+    K3C_TRY(download_logits(x, logits, (size_t)T * V));
     k3c_engine_step_end(x->e, items, n);
     x->replays++;
     return K3C_OK;
