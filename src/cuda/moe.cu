@@ -8,6 +8,8 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
+#include "cuda/elementwise.h"
+#include "cuda/gemv_t1.cuh"
 
 #include "cuda/mma.cuh"
 
@@ -624,12 +626,251 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
     return K3C_OK;
 }
 
+/* bf16 experts at decode, one (token, slot) pair per expert product: few pairs mostly choose distinct
+ * experts (Kimi Linear: 8 of 256 per token), so the grouped kernel's B columns carry one token each and
+ * its tensor-core staging buys nothing; run 13 measured it at 0.44 of copy bandwidth at one token. Here
+ * each pair's matrices are streamed as GEMV rows (gemv_t1.cuh's item, the bf16 GEMV's loads) in one
+ * persistent launch over all pairs: matrix m of pair p (gate, up; or down) owns items
+ * [(p * nm + m) * per, (p * nm + m + 1) * per). Its expert comes from idx on the device; a pair with an
+ * invalid expert gets zeros (the combine ignores it). */
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
+moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
+                     int nm, int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
+                     float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
+    __shared__ float part[GEMV_WARPS][T1_RPW];
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int mat = item / per, p = mat / nm, m = mat % nm, e = idx[p], local = item - mat * per;
+        float *yp = (m == 0 ? y0 : y1) + (size_t)p * rows;
+        if (e < 0 || e >= num_experts) { /* block-uniform, so no barrier is skipped by part of a block: zeros,
+                                          * as the grouped kernel leaves (h = act(0, 0) = 0, part = 0) */
+            int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr;
+            int row0 = (local * groups + warp / wpr) * T1_RPW;
+            if (warp % wpr == 0 && lane < T1_RPW && row0 + lane < rows) yp[row0 + lane] = 0.0f;
+            continue;
+        }
+        const k3c_cuda_expert &ex = experts[e];
+        const uint16_t *W = nm == 1 ? ex.down_w : m == 0 ? ex.gate_w : ex.up_w;
+        t1_item(W, rows, cols, x + (size_t)(p / x_per_pair) * cols, yp, wpr, local, round, part);
+    }
+}
+
+/* MXFP4 experts at decode, one pair per expert product, for the same reason as moe_pair_gemv_kernel (the
+ * grouped kernel spends ~275 warp instructions per KB streamed on copies, shared loads and bookkeeping:
+ * 0.43 of copy bandwidth at one token, run 13). Item = (pair, matrix, band group) as there; a warp owns a
+ * band of 16 rows and streams them straight into registers: per step lane (g, q) loads 16 bytes (scale
+ * group c = 4 s + q) of rows g and g + 8 and their scale bytes, MXP_U steps in flight; mx_word turns each
+ * word into the A fragments and the mma takes the activations as its B column 0 (the other columns are
+ * zero), so per KB streamed about 110 instructions. The pair's activation row is staged once per block in
+ * shared memory as B fragments (the pairing of mx_word, up to three bf16 terms when it is not bf16-exact,
+ * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
+ * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
+ * order. Invalid experts: zeros, as moe_pair_gemv_kernel. */
+#define MXP_U 4
+#define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
+                   int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
+                   float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
+    extern __shared__ uint4 mxp_plane[]; /* [term][chunk][sub] */
+    __shared__ float part[GEMV_WARPS][2][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const int per_block = (items + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int i0 = (int)blockIdx.x * per_block, i1 = min(items, i0 + per_block);
+    const float *staged = nullptr;
+    int nterms = 1;
+    for (int item = i0; item < i1; item++) {
+        const int mat = item / per, p = mat / nm, m = mat % nm, e = idx[p], local = item - mat * per;
+        const int row0 = (local * groups + group) * 16;
+        float *yp = (m == 0 ? y0 : y1) + (size_t)p * rows;
+        if (e < 0 || e >= num_experts) { /* block-uniform */
+            if (kw == 0 && q == 0) {
+                if (row0 + g < rows) yp[row0 + g] = 0.0f;
+                if (row0 + g + 8 < rows) yp[row0 + g + 8] = 0.0f;
+            }
+            continue;
+        }
+        const float *xp = x + (size_t)(p / x_per_pair) * cols;
+        if (xp != staged) { /* block-uniform: stage this row's B fragments (entry (term, c, sub): the pairs
+                             * (j, j + 4) of elements 8 sub .. 8 sub + 7 of group c, term `term`) */
+            __syncthreads(); /* every warp is done with the previous plane */
+            bool inexact = false;
+            for (int it = threadIdx.x; it < chunks * 4; it += blockDim.x) {
+                const float *xr = xp + (it >> 2) * 32 + 8 * (it & 3);
+                float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                float lo[4] = {a.x, a.y, a.z, a.w}, hi[4] = {b.x, b.y, b.z, b.w};
+                uint32_t t[4][3];
+#pragma unroll
+                for (int j = 0; j < 4; j++) inexact |= k3c_split3(lo[j], hi[j], t[j]);
+#pragma unroll
+                for (int term = 0; term < 3; term++)
+                    mxp_plane[term * chunks * 4 + it] = make_uint4(t[0][term], t[1][term], t[2][term], t[3][term]);
+            }
+            nterms = __syncthreads_or(inexact) ? 3 : 1;
+            staged = xp;
+        }
+        const k3c_cuda_expert &ex = experts[e];
+        const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
+        const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (row0 < rows) {
+            const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+            const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
+            const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
+            for (int base = kw * MXP_U; base < steps; base += wpr * MXP_U) {
+                uint4 wa[MXP_U], wb[MXP_U];
+                uint32_t ea[MXP_U], eb[MXP_U];
+#pragma unroll
+                for (int u = 0; u < MXP_U; u++) {
+                    const int c = (base + u) * 4 + q;
+                    const bool ok = c < chunks;
+                    wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : zero;
+                    wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : zero;
+                    ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
+                    eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+                }
+                float d[MXP_U][4]; /* one chain per step (independent mma chains) */
+#pragma unroll
+                for (int u = 0; u < MXP_U; u++) {
+                    const int c = min((base + u) * 4 + q, chunks - 1);
+                    const uint4 *bp = mxp_plane + (size_t)c * 4;
+                    const uint32_t mula = mx_mul(ea[u]), mulb = mx_mul(eb[u]);
+                    const bool big = __ballot_sync(0xffffffffu, ea[u] > 128u || eb[u] > 128u) != 0;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+#pragma unroll
+                    for (int sub = 0; sub < 4; sub++) {
+                        const uint32_t va = sub == 0 ? wa[u].x : sub == 1 ? wa[u].y : sub == 2 ? wa[u].z : wa[u].w;
+                        const uint32_t vb = sub == 0 ? wb[u].x : sub == 1 ? wb[u].y : sub == 2 ? wb[u].z : wb[u].w;
+                        uint32_t a[4], cb[4];
+                        mx_word(va, mula, a);
+                        mx_word(vb, mulb, cb);
+                        if (big) {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                a[i] = bf16x2_mul(a[i], mx_mul2(ea[u]));
+                                cb[i] = bf16x2_mul(cb[i], mx_mul2(eb[u]));
+                            }
+                        }
+                        for (int term = 0; term < nterms; term++) {
+                            const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                            k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
+                            k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < MXP_U; u++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+            }
+        }
+        /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
+        if (wpr > 1) {
+            part[warp][0][lane] = acc[0];
+            part[warp][1][lane] = acc[2];
+            __syncthreads();
+            if (kw == 0) {
+                float s0 = 0.0f, s1 = 0.0f;
+                for (int j = 0; j < wpr; j++) {
+                    s0 += part[warp + j][0][lane];
+                    s1 += part[warp + j][1][lane];
+                }
+                acc[0] = s0;
+                acc[2] = s1;
+            }
+        }
+        if (kw == 0 && q == 0) {
+            if (row0 + g < rows) yp[row0 + g] = out_value(acc[0], round);
+            if (row0 + g + 8 < rows) yp[row0 + g + 8] = out_value(acc[2], round);
+        }
+        if (wpr > 1) __syncthreads();
+    }
+}
+
+static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
+                              int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                              cudaStream_t s) {
+    static int occ;
+    size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
+    if (!occ) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel, GEMV_WARPS * 32,
+                                                          (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
+                cudaSuccess ||
+            occ < 1)
+            occ = 1;
+    }
+    int cap = occ * k3c_cuda_sm_count(), wpr, grid, per;
+    int bands = (rows + 15) / 16, steps = ((cols >> 5) + 3) >> 2;
+    plan_grid(bands * pairs * nm, (steps + MXP_U - 1) / MXP_U, cap, &wpr, &grid, &per);
+    int groups = GEMV_WARPS / wpr;
+    per = (bands + groups - 1) / groups; /* items of one matrix */
+    int items = per * pairs * nm;
+    grid = items < cap ? items : cap;
+    moe_pair_mx_kernel<<<grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, per, items, rows, cols, x,
+                                                           x_per_pair, y0, y1, wpr, round);
+    K3C_CUDA_LAUNCHED("moe_pair_mx");
+    return K3C_OK;
+}
+
+/* K3C_MOE_PAIR_GEMV=0 turns the per-pair path off (A/B runs); its limit in pairs. */
+#define MOE_PAIR_MAX 64
+static int moe_pair_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("K3C_MOE_PAIR_GEMV");
+        on = !(v && v[0] == '0');
+    }
+    return on;
+}
+
+static int moe_pair_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
+                           int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                           cudaStream_t s) {
+    static int occ;
+    int cap = resident_blocks(moe_pair_gemv_kernel, &occ), wpr, grid, per;
+    /* the split of one matrix's rows as for the whole launch's worth of rows (pairs x nm matrices) */
+    plan_grid((rows + T1_RPW - 1) / T1_RPW * pairs * nm, ((cols >> 3) + 32 * T1_U - 1) / (32 * T1_U), cap, &wpr,
+              &grid, &per);
+    int groups = GEMV_WARPS / wpr;
+    per = ((rows + T1_RPW - 1) / T1_RPW + groups - 1) / groups; /* items of one matrix */
+    int items = per * pairs * nm;
+    grid = items < cap ? items : cap;
+    moe_pair_gemv_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, nm, per, items, rows, cols, x,
+                                                          x_per_pair, y0, y1, wpr, round);
+    K3C_CUDA_LAUNCHED("moe_pair_gemv");
+    return K3C_OK;
+}
+
 extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F,
                                     int Out, const float *x, int T, const int *idx, const float *weight, int k,
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
-    K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
-    K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
+    int pairs = T * k;
+    if (mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && In / 32 <= MXP_MAX_CHUNKS &&
+        F / 32 <= MXP_MAX_CHUNKS && moe_pair_enabled()) { /* as the bf16 path below, MXFP4 */
+        K3C_TRY(check_dims(1, In, "input width"));
+        K3C_TRY(check_dims(1, F, "intermediate width"));
+        if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
+        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
+        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+    } else if (!mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && moe_pair_enabled()) {
+        /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
+         * into h, then down into part */
+        K3C_TRY(check_dims(0, In, "input width"));
+        K3C_TRY(check_dims(0, F, "intermediate width"));
+        if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
+        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
+        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+    } else {
+        K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
+        K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
+    }
     size_t n = (size_t)T * Out;
     if (n == 0) return K3C_OK;
     size_t blocks = (n + 255) / 256;

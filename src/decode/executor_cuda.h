@@ -12,17 +12,26 @@
  * ids, cache slots, attention lengths, block tables padded to max blocks per request, KDA segment
  * descriptors (state / window pointers of each request's slot) and the verify save descriptors.
  *
- * What a captured step computes: the stock forward's layer loop with the same launchers and arguments as
- * the CUDA backend's ops (cuda/backend_cuda.c), except that a KDA layer's conv x3, gate, q/k norm, delta rule
- * and gated norm run as the one fused KDA decode kernel (k3c_cuda_kda_decode_fused, the same per-element
- * math), so its outputs are bitwise those of the stock path; verify steps run on scratch copies of the
- * committed KDA state and save the fold inputs in the engine's k3c_kda_slots store, so k3c_request_commit
- * folds them exactly as after a stock verify.
- * NOT built yet (decode-executor.md §3): the other fused providers (packed KDA / MLA projections, the MoE
- * front / experts / tail split with the fused next AttnRes); the gain so far is the removal of host work and
- * launch gaps by graph replay, and 6 launches fewer per KDA layer. Wide verify steps (rows past 64, q > 1) run the
- * plain stock forward. process_weights_after_loading has no derived copies to rebuild yet (it re-resolves
- * the weight addresses and checks they did not move, which keeps captured graphs valid).
+ * What a captured step computes: the stock forward's layer loop with the same kernels and reductions as
+ * the CUDA backend's ops (cuda/backend_cuda.c), so its outputs are bitwise those of the stock path, with
+ * these providers (decode-executor.md §3) in place of the per-op launches:
+ *  - packed projections: the products of one input as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group,
+ *    the weights read where they were loaded): KDA's q, k, v, gate and beta projections, then its two
+ *    low-rank up-projections; MLA's query (or its low-rank half), latent and output gate; the dense MLP's
+ *    gate and up;
+ *  - KDA: conv x3, gate, q/k norm, delta rule and gated norm as the one fused KDA decode kernel
+ *    (k3c_cuda_kda_decode_fused) up to a few blocks per SM, the same launches as stock past it
+ *    (k3c_cuda_kda_decode_fused_prefer: measured faster there);
+ *  - the MoE as a front (router logits, latent down, shared gate and up: one grouped launch; routing; the
+ *    shared activation), the persistent routed experts (one launch for all selected experts of the step),
+ *    and a tail (latent norm, then latent up and shared down as one grouped launch, then their sum).
+ * Verify steps run on scratch copies of the committed KDA state and save the fold inputs in the engine's
+ * k3c_kda_slots store, so k3c_request_commit folds them exactly as after a stock verify.
+ * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are
+ * still their own launches before the AttnRes mix); wide verify steps (rows past 64, q > 1) run the plain
+ * stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
+ * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
+ * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
  * Tensor parallelism: everything is built for (rank, world_size) = (0, 1). */
 #ifndef K3C_DECODE_EXECUTOR_CUDA_H
 #define K3C_DECODE_EXECUTOR_CUDA_H

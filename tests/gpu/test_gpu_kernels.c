@@ -388,6 +388,11 @@ TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 96, 64, 17, 5, 3, 3, 1);
     moe_case(1, 1, 160, 64, 40, 2, 9, 2, 0); /* 9 pairs per expert: two 8-column passes of the grouped kernel */
     moe_case(1, 0, 160, 64, 40, 3, 11, 3, 1);
+    /* the per-pair path (cuda/moe.cu: <= 64 pairs, Out >= F): f32 activations (three terms), rounded (one),
+     * a width of 3 scale groups (a partial step), 64 pairs */
+    moe_case(1, 1, 1056, 96, 128, 6, 5, 3, 0);
+    moe_case(1, 0, 1056, 96, 128, 6, 5, 3, 1);
+    moe_case(1, 0, 96, 64, 64, 9, 8, 8, 0);
 }
 
 TEST(gpu_moe_bf16) {
@@ -396,6 +401,10 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 0, 2304, 1024, 2304, 3, 2, 2, 0); /* Kimi Linear's expert shape */
     moe_case(0, 0, 64, 24, 17, 5, 3, 3, 1);
     moe_case(0, 1, 72, 40, 24, 2, 9, 2, 0);
+    /* the per-pair GEMV path (cuda/moe.cu: bf16, <= 64 pairs, Out >= F): awkward widths, rounded, 64 pairs */
+    moe_case(0, 1, 264, 40, 48, 6, 5, 3, 0);
+    moe_case(0, 0, 264, 40, 48, 6, 5, 3, 1);
+    moe_case(0, 0, 1032, 256, 1032, 16, 8, 8, 0);
 }
 
 /* ---- elementwise ---- */

@@ -15,11 +15,13 @@ mkdir -p "$out/gen/cuda"
 make -C "$root" -s -j4 BUILD=build-nocuda NVCC= all >/dev/null
 kernels="attnres router gemm elementwise moe kda mla"
 for f in $kernels; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 for f in $kernels; do g++ -std=c++20 -O2 -ffp-contract=off -w $inc -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
 g++ -std=c++20 -O2 -ffp-contract=off -w $inc -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o" &
-wait
+# a failed background compile must stop the script (a bare `wait` returns 0 and the link would take
+# a stale object from an earlier run)
+for job in $(jobs -p); do wait "$job" || { echo "$0: a compile failed" >&2; exit 1; }; done
 cc="gcc -std=gnu11 -O2 -I$root/src -I$root/include -I$root/tests"
 $cc -I"$moe/inc" -I"$root/tools/mla_emu/inc" -c "$root/tests/gpu/test_gpu_kernels.c" -o "$out/tk.o"
 $cc -c "$root/tests/test_main.c" -o "$out/tm.o"

@@ -13,12 +13,14 @@ moe=$root/tools/moe_emu
 out=${TMPDIR:-/tmp}/kernels_emu
 mkdir -p "$out/gen/cuda"
 for f in attnres gemm elementwise; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc"
 for f in attnres gemm elementwise; do $cxx -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
 $cxx -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o" &
-wait
+# a failed background compile must stop the script (a bare `wait` returns 0 and the link would take
+# a stale object from an earlier run)
+for job in $(jobs -p); do wait "$job" || { echo "$0: a compile failed" >&2; exit 1; }; done
 lib="src/cpu/matmul.c src/cpu/attnres.c src/cpu/pool.c src/util/error.c"
 objs=""
 for f in $lib; do

@@ -27,13 +27,15 @@ out=${TMPDIR:-/tmp}/mla_emu
 mkdir -p "$out/gen/cuda"
 cu=${CU_DIR:-$root/src/cuda} # CU_DIR: a (mutated) copy of src/cuda to try instead
 for f in mla_expanded gemm mla elementwise; do python3 "$moe/gen.py" "$cu/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma; do python3 "$moe/gen.py" "$cu/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common mma gemv_t1; do python3 "$moe/gen.py" "$cu/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$here/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc"
 for f in mla_expanded gemm mla elementwise; do $cxx -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
 $cxx -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o" &
 $cxx -c "$here/fp8_check.cpp" -o "$out/fp8_check.o" &
-wait
+# a failed background compile must stop the script (a bare `wait` returns 0 and the link would take
+# a stale object from an earlier run)
+for job in $(jobs -p); do wait "$job" || { echo "$0: a compile failed" >&2; exit 1; }; done
 for f in src/cpu/mla.c src/util/error.c; do
     gcc -std=gnu11 -O2 -march=native -I"$root/src" -I"$root/include" -c "$root/$f" -o "$out/$(basename "$f" .c).o"
 done

@@ -1,0 +1,156 @@
+/* The T = 1 weight-streaming GEMV work item (one block's share of rows of a bf16 matrix against one f32
+ * vector), shared by cuda/gemm.cu's GEMV kernels and cuda/moe.cu's per-pair expert products, so both stream
+ * weights the same way; and the host-side plan of such a persistent launch. */
+#ifndef K3C_CUDA_GEMV_T1_CUH
+#define K3C_CUDA_GEMV_T1_CUH
+
+#include <stdint.h>
+
+#include "cuda/common.cuh"
+
+#define GEMV_WARPS 8
+#define T1_RPW 2 /* T = 1: rows per warp */
+#define T1_U 4   /* T = 1: 16-byte chunks per row in flight per lane */
+#define T1_PREFETCH 2 /* T = 1: batches of a warp's first item prefetched into L2 before the PDL wait */
+
+/* The stored output: the f32 sum, or (round) its bf16 value, as the model's bf16 activations are; the
+ * same rounding as k3c_cuda_round_bf16, done in the store instead of a pass of its own. */
+__device__ __forceinline__ float out_value(float v, int round) { return round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v; }
+
+/* T = 1: a warp owns T1_RPW rows; lane l of warp k of the row's group reads chunks (b*wpr + k)*32*T1_U +
+ * 32 u + l, so each load instruction of the warp is 512 contiguous bytes, and keeps T1_RPW * T1_U 16-byte
+ * loads in flight. The token vector is read through L1 (shared by all warps of the SM). A work item is one
+ * block's share: GEMV_WARPS / wpr row groups of T1_RPW rows, wpr warps splitting each row's k range (their
+ * partials summed in warp order through shared memory). The item functions below serve the one-matrix
+ * kernel and the grouped one alike, so a matrix's outputs do not depend on which of them ran it. */
+
+/* PDL (common.cuh): while the kernel before this one finishes, bring the weights of this warp's first
+ * T1_PREFETCH batches of item `item` into L2 (the weights are written by no kernel of a step) */
+__device__ __forceinline__ void t1_prefetch(const uint16_t *__restrict__ W, int rows, int cols, int wpr, int item) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
+    int row0 = (item * groups + group) * T1_RPW;
+    if (row0 >= rows) return;
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) {
+        const uint16_t *wr = W + (size_t)min(row0 + r, rows - 1) * cols;
+        for (int b = 0; b < T1_PREFETCH; b++)
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = (b * wpr + kw) * 32 * T1_U + 32 * u + lane;
+                if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(wr + (size_t)c * 8); /* a lane per line */
+            }
+    }
+}
+
+/* One item; every warp of the block calls it with the same arguments (it may __syncthreads). */
+__device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows, int cols,
+                                        const float *__restrict__ x, float *__restrict__ y, int wpr, int item,
+                                        int round, float (*part)[T1_RPW]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
+    int row0 = (item * groups + group) * T1_RPW;
+    float acc[T1_RPW];
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
+    if (row0 < rows) {
+        const uint16_t *wr[T1_RPW];
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
+        for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
+            uint4 wv[T1_RPW][T1_U];
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = base + 32 * u + lane;
+#pragma unroll
+                for (int r = 0; r < T1_RPW; r++)
+                    wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < T1_U; u++) {
+                int c = base + 32 * u + lane;
+                if (c < chunks) {
+                    const float4 *xp = (const float4 *)(x + (size_t)c * 8);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                    for (int r = 0; r < T1_RPW; r++) {
+                        float s = acc[r];
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].x), a.x, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].x), a.y, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].y), a.z, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].y), a.w, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].z), b.x, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].z), b.y, s);
+                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].w), b.z, s);
+                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].w), b.w, s);
+                        acc[r] = s;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
+    if (wpr == 1) {
+        float v = acc[0];
+#pragma unroll
+        for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
+        if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
+    __syncthreads();
+    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
+        float s = 0.0f;
+        for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
+        y[row0 + lane] = out_value(s, round);
+    }
+    __syncthreads();
+}
+
+/* Resident blocks of GEMV_WARPS warps per SM for a kernel (queried once). */
+template <typename K>
+static inline int resident_blocks(K kernel, int *cache) {
+    if (!*cache) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, GEMV_WARPS * 32, 0) != cudaSuccess || n < 1)
+            n = 1;
+        *cache = n;
+    }
+    return *cache * k3c_cuda_sm_count();
+}
+
+/* units: row groups of one warp; batches: runs of loads along one row (a warp of a split row gets at least
+ * one). Chooses warps per row (1..8) and the grid: items of one block = GEMV_WARPS / wpr row groups; when
+ * there are more items than resident blocks, the best choice spreads them evenly (items / (waves * cap)
+ * near 1); with fewer, enough warps to keep about 16 per SM streaming. */
+static inline void plan_grid(int units, int batches, int cap, int *wpr_out, int *grid_out, int *items_out) {
+    int best_wpr = 1;
+    double best = -1.0;
+    for (int wpr = 1; wpr <= GEMV_WARPS; wpr *= 2) {
+        if (wpr > 1 && batches < wpr) break;
+        int groups = GEMV_WARPS / wpr;
+        int items = (units + groups - 1) / groups;
+        double eff;
+        if (items <= cap) {
+            eff = (double)items * GEMV_WARPS / (16.0 * k3c_cuda_sm_count());
+            if (eff > 1.0) eff = 1.0;
+        } else {
+            int waves = (items + cap - 1) / cap;
+            eff = (double)items / ((double)waves * cap);
+        }
+        if (eff > best + 0.02) {
+            best = eff;
+            best_wpr = wpr;
+        }
+    }
+    int groups = GEMV_WARPS / best_wpr;
+    int items = (units + groups - 1) / groups;
+    *wpr_out = best_wpr;
+    *items_out = items;
+    *grid_out = items < cap ? items : cap;
+}
+
+#endif
