@@ -93,6 +93,13 @@ else
     done
 fi
 
+# Opt-in kernels, run with their switch on so they stay tested: the MXFP4 per-pair experts (cuda/moe.cu)
+if [ -z "${TESTS:-}" ]; then
+    echo "== GPU tests with K3C_MOE_PAIR_MX=1 (gpu_moe_mxfp4)"
+    K3C_MOE_PAIR_MX=1 timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+fi
+
 san_rc=0
 if [ -n "$san_pid" ]; then
     echo "== waiting for compute-sanitizer"

@@ -816,15 +816,24 @@ static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, c
     return K3C_OK;
 }
 
-/* K3C_MOE_PAIR_GEMV=0 turns the per-pair path off (A/B runs); its limit in pairs. */
+/* K3C_MOE_PAIR_GEMV=0 turns the per-pair path off (A/B runs); its limit in pairs. The MXFP4 per-pair kernel
+ * is opt-in (K3C_MOE_PAIR_MX=1): run 16 (H200) measured it slower than the grouped kernel in the decode
+ * step (k3-slice b=1 specialized 6.74 -> 7.16 ms, b=4 11.47 -> 14.56 ms), while the bf16 one is faster
+ * (kimi-linear-48b b=1 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms). Probable cause, not yet profiled: a
+ * warp waits for each run of MXP_U steps before it decodes them (no loads in flight while it computes)
+ * at 2 blocks per SM, so too few bytes are in flight; the next try pipelines the loads. */
 #define MOE_PAIR_MAX 64
-static int moe_pair_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("K3C_MOE_PAIR_GEMV");
-        on = !(v && v[0] == '0');
+static int env_flag(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? v[0] != '0' : dflt;
+}
+static int moe_pair_enabled(int mxfp4) {
+    static int bf16_on = -1, mx_on = -1;
+    if (bf16_on < 0) {
+        bf16_on = env_flag("K3C_MOE_PAIR_GEMV", 1);
+        mx_on = bf16_on && env_flag("K3C_MOE_PAIR_MX", 0);
     }
-    return on;
+    return mxfp4 ? mx_on : bf16_on;
 }
 
 static int moe_pair_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
@@ -851,14 +860,14 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     cudaStream_t stream) {
     int pairs = T * k;
     if (mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && In / 32 <= MXP_MAX_CHUNKS &&
-        F / 32 <= MXP_MAX_CHUNKS && moe_pair_enabled()) { /* as the bf16 path below, MXFP4 */
+        F / 32 <= MXP_MAX_CHUNKS && moe_pair_enabled(1)) { /* as the bf16 path below, MXFP4 (opt-in) */
         K3C_TRY(check_dims(1, In, "input width"));
         K3C_TRY(check_dims(1, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
         K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
         K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (!mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && moe_pair_enabled()) {
+    } else if (!mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && moe_pair_enabled(0)) {
         /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
          * into h, then down into part */
         K3C_TRY(check_dims(0, In, "input width"));
