@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -66,6 +67,7 @@ struct k3c_decode_cuda {
     cudaEvent_t d2h_done[D2H_CHUNKS]; /* per chunk of the logits download (run_cb) */
     k3c_op_profile *prof;             /* NULL unless K3C_CUDA_PROFILE; times eager profiled steps only */
     int profile_next;                 /* the next replayable step runs eagerly, timed op by op */
+    double host_ms[3];                /* with prof: host phases of run_cb (k3c_decode_cuda_host_profile) */
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
@@ -640,6 +642,12 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
  * is queued at once, and the host copies chunk i out while chunks after it are still on the bus (run 14:
  * one download then one host copy of 42 MB cost k3-slice's b=64 step a few ms more than the stock
  * path's pageable download). At most D2H_CHUNKS chunks of at least 1 MB. */
+static double wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
     size_t chunk = (n + D2H_CHUNKS - 1) / D2H_CHUNKS, min_chunk = (size_t)1 << 18; /* floats: 1 MB */
     if (chunk < min_chunk) chunk = min_chunk;
@@ -652,8 +660,14 @@ static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
     }
     for (int i = 0; i < nc; i++) {
         size_t off = (size_t)i * chunk, len = n - off < chunk ? n - off : chunk;
+        double t0 = x->prof ? wall_ms() : 0;
         K3C_CUDA_TRY(cudaEventSynchronize(x->d2h_done[i]));
+        double t1 = x->prof ? wall_ms() : 0;
         memcpy(logits + off, x->logits_h + off, len * sizeof(float));
+        if (x->prof) { /* waiting (the step, then the download) vs copying out */
+            x->host_ms[1] += t1 - t0;
+            x->host_ms[2] += wall_ms() - t1;
+        }
     }
     return K3C_OK;
 }
@@ -671,11 +685,13 @@ static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, i
         if (items[i].verify != (q > 1)) /* a q = 1 verify (or a decode in a verify step): stock handles it */
             return k3c_engine_step(x->e, items, n, logits);
     const k3c_fwd_req *reqs;
+    double t_begin = x->prof ? wall_ms() : 0;
     K3C_TRY(k3c_engine_step_begin(x->e, items, n, &reqs));
     K3C_TRY(x->v.be->sync(x->v.be)); /* the backend's stream is idle before this stream touches its caches */
     K3C_TRY(fill_meta(x, reqs, n, q));
     size_t V = (size_t)x->c->vocab_size;
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
+    if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* step begin, metadata, its upload issued */
     if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly, each timed (header) */
         x->profile_next = 0;
         K3C_TRY(record_step(x, T, q));
@@ -703,7 +719,13 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_
     if (wide_stock) *wide_stock = x->wide_stock;
 }
 
-void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { x->profile_next = 1; }
+void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
+    x->profile_next = 1;
+    x->host_ms[0] = x->host_ms[1] = x->host_ms[2] = 0;
+}
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]) {
+    for (int i = 0; i < 3; i++) ms[i] = x->prof ? x->host_ms[i] : 0;
+}
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { return x->prof; }
 
 #else /* no CUDA in this build */
@@ -727,6 +749,10 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]) {
+    (void)x;
+    ms[0] = ms[1] = ms[2] = 0;
+}
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { (void)x; return NULL; }
 
 #endif
