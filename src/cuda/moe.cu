@@ -858,24 +858,18 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     int Out, const float *x, int T, const int *idx, const float *weight, int k,
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
-    int pairs = T * k;
-    if (mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && In / 32 <= MXP_MAX_CHUNKS &&
-        F / 32 <= MXP_MAX_CHUNKS && moe_pair_enabled(1)) { /* as the bf16 path below, MXFP4 (opt-in) */
-        K3C_TRY(check_dims(1, In, "input width"));
-        K3C_TRY(check_dims(1, F, "intermediate width"));
-        if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (!mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && moe_pair_enabled(0)) {
+    int pairs = T * k, mx_fits = In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS;
+    if (pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && (!mxfp4 || mx_fits) && moe_pair_enabled(mxfp4)) {
         /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
-         * into h, then down into part */
-        K3C_TRY(check_dims(0, In, "input width"));
-        K3C_TRY(check_dims(0, F, "intermediate width"));
+         * into h, then down into part; MXFP4 (opt-in) or bf16 per-pair kernels, same arguments */
+        int (*launch)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
+                      float *, int, cudaStream_t) = mxfp4 ? moe_pair_mx_launch : moe_pair_launch;
+        K3C_TRY(check_dims(mxfp4, In, "input width"));
+        K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        K3C_TRY(launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+        K3C_TRY(launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
