@@ -649,6 +649,18 @@ static double wall_ms(void) {
 }
 
 static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
+    static int direct = -1; /* K3C_EXEC_D2H_DIRECT=1: straight into the caller's buffer, as the stock path */
+    if (direct < 0) {
+        const char *v = getenv("K3C_EXEC_D2H_DIRECT");
+        direct = v && v[0] == '1';
+    }
+    if (direct) {
+        double t0 = x->prof ? wall_ms() : 0;
+        K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, n * sizeof(float), cudaMemcpyDeviceToHost, x->st));
+        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+        if (x->prof) x->host_ms[1] += wall_ms() - t0;
+        return K3C_OK;
+    }
     size_t chunk = (n + D2H_CHUNKS - 1) / D2H_CHUNKS, min_chunk = (size_t)1 << 18; /* floats: 1 MB */
     if (chunk < min_chunk) chunk = min_chunk;
     int nc = 0;
