@@ -7,14 +7,18 @@
 # existed then (a branch pushed in an earlier session); the archive, unlike a clone, is not checked out from
 # anything else.
 #
-# Usage: tools/gpu-ab.sh REF [command ...]   (default commands: bench_gpu moe, then k3c bench on k3-slice
-# and kimi-linear-48b at batch 1 and 8). In a command, @ stands for the build folder of the side it runs on.
-# Environment: OUT (logs; default /tmp/k3c-ab), JOBS (16), TESTS (test_gpu filters to run on B before the
-# benchmarks, e.g. "gpu_moe gpu_mxfp4"; default none).
+# Usage: tools/gpu-ab.sh REF[,REF...] [command ...]   (several refs: each gets a tree of its own, B1, B2, ...,
+# built and run beside A in the same call; default commands: bench_gpu moe, then k3c bench on k3-slice
+# and kimi-linear-48b at batch 1 and 8). In a command, @ stands for the build folder of the side it runs on;
+# a command is split on spaces (no shell quoting): settings go in front as `env NAME=value`. A command may be
+# a test run too (`env K3C_MOE_PAIR_MX=1 @/test_gpu gpu_moe_mxfp4`): its "N passed" and FAIL lines print.
+# Environment: OUT (logs; default /tmp/k3c-ab), JOBS (16), TESTS (test_gpu filters to run on every B tree
+# before the benchmarks, e.g. "gpu_moe gpu_mxfp4"; default none), SKIP_BUILD (1: use the build-ab folders
+# as they are; for re-running commands in a second call on a warm machine).
 # Example: tools/gpu-ab.sh wip/mxfp4-repack
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REF=${1:?usage: tools/gpu-ab.sh REF [command ...]}
+REFS=${1:?usage: tools/gpu-ab.sh REF[,REF...] [command ...]}
 shift
 OUT=${OUT:-/tmp/k3c-ab}
 JOBS=${JOBS:-16}
@@ -24,31 +28,48 @@ if [ $# -eq 0 ]; then
         "@/k3c bench --device cuda --preset k3-slice --batches 1,8 --context 256" \
         "@/k3c bench --device cuda --preset kimi-linear-48b --batches 1,8 --context 256"
 fi
-A=$PWD
-B=$OUT/tree-b
-rm -rf "$B" && mkdir -p "$B"
-git archive "$REF" | tar -x -C "$B" || { echo "gpu-ab: cannot archive $REF (not in this .git?)" >&2; exit 1; }
-# a fresh build on both sides, through gpu-check (it unpacks the committed cJSON packages when the host has none)
-for side in A B; do
-    dir=$A; [ "$side" = B ] && dir=$B
-    OUT="$OUT/build-$side" BUILD=build-ab TESTS=gpu_router SANITIZE=0 KBENCH=0 BENCH=0 \
-        bash "$dir/tools/gpu-check.sh" >/dev/null 2>&1 ||
-        { echo "gpu-ab: build or first test failed on $side ($OUT/build-$side)" >&2; exit 1; }
+IFS=, read -r -a refs <<<"$REFS"
+sides=(A)
+dirs=("$PWD")
+labels=("this tree")
+i=0
+for ref in "${refs[@]}"; do
+    i=$((i + 1))
+    side=B$i
+    [ ${#refs[@]} -eq 1 ] && side=B
+    dir=$OUT/tree-$side
+    if [ "${SKIP_BUILD:-0}" != 1 ]; then
+        rm -rf "$dir" && mkdir -p "$dir"
+        git archive "$ref" | tar -x -C "$dir" || { echo "gpu-ab: cannot archive $ref (not in this .git?)" >&2; exit 1; }
+    fi
+    sides+=("$side")
+    dirs+=("$dir")
+    labels+=("$ref")
 done
+# a fresh build on every side, through gpu-check (it unpacks the committed cJSON packages when the host has none)
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    for k in "${!sides[@]}"; do
+        OUT="$OUT/build-${sides[$k]}" BUILD=build-ab TESTS=gpu_router SANITIZE=0 KBENCH=0 BENCH=0 \
+            bash "${dirs[$k]}/tools/gpu-check.sh" >/dev/null 2>&1 ||
+            { echo "gpu-ab: build or first test failed on ${sides[$k]} ($OUT/build-${sides[$k]})" >&2; exit 1; }
+    done
+fi
 if [ -n "${TESTS:-}" ]; then
-    for t in $TESTS; do
-        timeout 300 "$B/build-ab/test_gpu" "$t" >"$OUT/test-b-$t.txt" 2>&1
-        echo "B test $t: exit $? $(grep -E '^[0-9]+ passed' "$OUT/test-b-$t.txt")"
-        grep -E '^METRIC|FAIL|    tests/' "$OUT/test-b-$t.txt" | head -12
+    for k in "${!sides[@]}"; do
+        [ "$k" -eq 0 ] && continue
+        for t in $TESTS; do
+            timeout 300 "${dirs[$k]}/build-ab/test_gpu" "$t" >"$OUT/test-${sides[$k]}-$t.txt" 2>&1
+            echo "${sides[$k]} test $t: exit $? $(grep -E '^[0-9]+ passed' "$OUT/test-${sides[$k]}-$t.txt")"
+            grep -E '^METRIC|FAIL|    tests/' "$OUT/test-${sides[$k]}-$t.txt" | head -12
+        done
     done
 fi
 n=0
 for cmd in "$@"; do
     n=$((n + 1))
-    for side in A B; do
-        dir=$A; [ "$side" = B ] && dir=$B
-        (cd "$dir" && timeout 240 ${cmd//@/build-ab}) >"$OUT/run$n-$side.txt" 2>&1
-        echo "== [$n] $side ($([ "$side" = A ] && echo "this tree" || echo "$REF")): ${cmd//@/build-ab}"
-        grep -E '^(BENCH|STEP|SPEC|RATIO)' "$OUT/run$n-$side.txt"
+    for k in "${!sides[@]}"; do
+        (cd "${dirs[$k]}" && timeout 240 ${cmd//@/build-ab}) >"$OUT/run$n-${sides[$k]}.txt" 2>&1
+        echo "== [$n] ${sides[$k]} (${labels[$k]}): ${cmd//@/build-ab}"
+        grep -E '^(BENCH|STEP|SPEC|RATIO|PROF|[0-9]+ passed)|FAIL' "$OUT/run$n-${sides[$k]}.txt"
     done
 done
