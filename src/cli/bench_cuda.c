@@ -292,6 +292,22 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 K3C_OK)
                 goto fail;
             print_row("SPEC", preset, m, b, q, med, ctx, bw);
+            k3c_op_profile *xprof = k3c_decode_cuda_profile(x);
+            if (xprof) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run eagerly */
+                double pmed, pctx;
+                k3c_op_profile_reset(xprof);
+                k3c_decode_cuda_profile_next(x);
+                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, t, &pmed, &pctx) !=
+                    K3C_OK)
+                    goto fail;
+                printf("PROF %s batch %d q %d: one specialized step, run eagerly (not replayed)\n", preset, b, q);
+                k3c_op_profile_report(xprof, stdout, pmed * 1e3);
+                k3c_op_profile_reset(xprof);
+                double hm[3];
+                k3c_decode_cuda_host_profile(x, hm);
+                printf("PROF host: begin + metadata %.3f ms, waiting for the GPU %.3f ms, logits copy-out %.3f ms\n",
+                       hm[0], hm[1], hm[2]);
+            }
             if (q == 1) ms1[1][bi] = med;
             if (q == 4 && ms1[1][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 spec  %.3f\n", preset, b, med / ms1[1][bi]);
         }

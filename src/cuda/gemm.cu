@@ -10,8 +10,9 @@
 #include "cuda/gemv_t1.cuh"
 #include "cuda/mma.cuh"
 
-#define MM_U 4   /* T = 2..8: 32-element k steps in flight per lane (2 x 16 bytes each) */
-#define MM_PREFETCH 2 /* T = 2..8: runs of MM_U steps of a warp's first band prefetched likewise */
+#define MM_U 4        /* T = 2..8: 32-element k steps in flight per lane (2 x 16 bytes each) */
+#define MM_PREFETCH 2 /* T = 2..8: runs of MM_U steps of a warp's first band prefetched into L2 before the PDL
+                       * wait (T = 1's T1_PREFETCH likewise, gemv_t1.cuh) */
 
 /* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
  * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
@@ -20,7 +21,6 @@
 
 /* Below this many rows, T > 1 products run the T = 1 kernel once per token (see gemv_tile). */
 #define GEMV_MMA_MIN_ROWS 256
-
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,

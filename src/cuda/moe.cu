@@ -666,7 +666,9 @@ moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
  * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
  * order. Invalid experts: zeros, as moe_pair_gemv_kernel. */
 #define MXP_U 4
-#define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
+/* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB, + 3 KB static: under the 48 KB a launch
+ * gets without opting in */
+#define MXP_MAX_CHUNKS 224
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
@@ -791,6 +793,24 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
     }
 }
 
+/* A per-pair launch's plan: `units` row groups of one matrix with `runs` load runs along a row, `matrices`
+ * (pairs x matrices per pair) of them. The split of a row (wpr) is chosen for the whole launch's worth of
+ * rows; per = items (blocks' shares) of one matrix; the grid is what stays resident. */
+typedef struct pair_plan {
+    int wpr, per, items, grid;
+} pair_plan;
+
+static pair_plan plan_pairs(int units, int runs, int matrices, int cap) {
+    pair_plan p;
+    int grid, items;
+    plan_grid(units * matrices, runs, cap, &p.wpr, &grid, &items);
+    int groups = GEMV_WARPS / p.wpr;
+    p.per = (units + groups - 1) / groups;
+    p.items = p.per * matrices;
+    p.grid = p.items < cap ? p.items : cap;
+    return p;
+}
+
 static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
                               int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                               cudaStream_t s) {
@@ -803,15 +823,10 @@ static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, c
             occ < 1)
             occ = 1;
     }
-    int cap = occ * k3c_cuda_sm_count(), wpr, grid, per;
-    int bands = (rows + 15) / 16, steps = ((cols >> 5) + 3) >> 2;
-    plan_grid(bands * pairs * nm, (steps + MXP_U - 1) / MXP_U, cap, &wpr, &grid, &per);
-    int groups = GEMV_WARPS / wpr;
-    per = (bands + groups - 1) / groups; /* items of one matrix */
-    int items = per * pairs * nm;
-    grid = items < cap ? items : cap;
-    moe_pair_mx_kernel<<<grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, per, items, rows, cols, x,
-                                                           x_per_pair, y0, y1, wpr, round);
+    int steps = ((cols >> 5) + 3) >> 2;
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + MXP_U - 1) / MXP_U, pairs * nm, occ * k3c_cuda_sm_count());
+    moe_pair_mx_kernel<<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items, rows,
+                                                              cols, x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_mx");
     return K3C_OK;
 }
@@ -840,16 +855,10 @@ static int moe_pair_launch(const k3c_cuda_expert *experts, int num_experts, cons
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
     static int occ;
-    int cap = resident_blocks(moe_pair_gemv_kernel, &occ), wpr, grid, per;
-    /* the split of one matrix's rows as for the whole launch's worth of rows (pairs x nm matrices) */
-    plan_grid((rows + T1_RPW - 1) / T1_RPW * pairs * nm, ((cols >> 3) + 32 * T1_U - 1) / (32 * T1_U), cap, &wpr,
-              &grid, &per);
-    int groups = GEMV_WARPS / wpr;
-    per = ((rows + T1_RPW - 1) / T1_RPW + groups - 1) / groups; /* items of one matrix */
-    int items = per * pairs * nm;
-    grid = items < cap ? items : cap;
-    moe_pair_gemv_kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, nm, per, items, rows, cols, x,
-                                                          x_per_pair, y0, y1, wpr, round);
+    pair_plan pp = plan_pairs((rows + T1_RPW - 1) / T1_RPW, ((cols >> 3) + 32 * T1_U - 1) / (32 * T1_U), pairs * nm,
+                              resident_blocks(moe_pair_gemv_kernel, &occ));
+    moe_pair_gemv_kernel<<<pp.grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, nm, pp.per, pp.items, rows,
+                                                             cols, x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_gemv");
     return K3C_OK;
 }
@@ -858,24 +867,18 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     int Out, const float *x, int T, const int *idx, const float *weight, int k,
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
-    int pairs = T * k;
-    if (mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && In / 32 <= MXP_MAX_CHUNKS &&
-        F / 32 <= MXP_MAX_CHUNKS && moe_pair_enabled(1)) { /* as the bf16 path below, MXFP4 (opt-in) */
-        K3C_TRY(check_dims(1, In, "input width"));
-        K3C_TRY(check_dims(1, F, "intermediate width"));
-        if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (!mxfp4 && pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && moe_pair_enabled(0)) {
+    int pairs = T * k, mx_fits = In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS;
+    if (pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && (!mxfp4 || mx_fits) && moe_pair_enabled(mxfp4)) {
         /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
-         * into h, then down into part */
-        K3C_TRY(check_dims(0, In, "input width"));
-        K3C_TRY(check_dims(0, F, "intermediate width"));
+         * into h, then down into part; MXFP4 (opt-in) or bf16 per-pair kernels, same arguments */
+        int (*launch)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
+                      float *, int, cudaStream_t) = mxfp4 ? moe_pair_mx_launch : moe_pair_launch;
+        K3C_TRY(check_dims(mxfp4, In, "input width"));
+        K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        K3C_TRY(launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(moe_pair_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+        K3C_TRY(launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));

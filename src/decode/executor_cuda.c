@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime_api.h>
 
@@ -22,6 +23,7 @@
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
+#include "cuda/op_profile.h"
 #include "cuda/router.h"
 #include "decode/prepared.h"
 #include "runtime/engine_internal.h"
@@ -63,6 +65,9 @@ struct k3c_decode_cuda {
     size_t meta_bytes, off_ids, off_slots, off_aoff, off_alen, off_tab, off_segs, off_pre, off_post;
     float *logits_h; /* pinned [PMAX, V] */
     cudaEvent_t d2h_done[D2H_CHUNKS]; /* per chunk of the logits download (run_cb) */
+    k3c_op_profile *prof;             /* NULL unless K3C_CUDA_PROFILE; times eager profiled steps only */
+    int profile_next;                 /* the next replayable step runs eagerly, timed op by op */
+    double host_ms[3];                /* with prof: host phases of run_cb (k3c_decode_cuda_host_profile) */
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
@@ -196,6 +201,7 @@ int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cu
         k3c_decode_cuda_free(x);
         return k3c_errorf("decode executor: stream: %s", cudaGetErrorString(ce));
     }
+    x->prof = k3c_op_profile_create_from_env();
     if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK) {
         k3c_error_context("decode executor build: ");
         k3c_decode_cuda_free(x);
@@ -220,6 +226,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->logits_h) cudaFreeHost(x->logits_h);
     for (int i = 0; i < D2H_CHUNKS; i++)
         if (x->d2h_done[i]) cudaEventDestroy(x->d2h_done[i]);
+    k3c_op_profile_free(x->prof);
     if (x->st) cudaStreamDestroy(x->st);
     free(x->res);
     free(x->kda_ord);
@@ -235,6 +242,16 @@ typedef struct rec {
 } rec;
 
 #define L_TRY(call) K3C_TRY(call)
+/* A launcher call of the recorded step, bracketed by the executor's op profile (cuda/op_profile.h: a no-op
+ * unless K3C_CUDA_PROFILE is set, and never while the stream captures, so only an eager profiled step,
+ * k3c_decode_cuda_profile_next, is timed). x: the executor, in scope at every use. */
+#define P_TRY(op, call)                                                                                            \
+    do {                                                                                                           \
+        int ps_ = k3c_op_profile_begin(x->prof, (op), x->st);                                                       \
+        int rc_ = (call);                                                                                          \
+        k3c_op_profile_end(x->prof, ps_, x->st);                                                                   \
+        if (rc_ != K3C_OK) return rc_;                                                                             \
+    } while (0)
 #define WPTR(host) k3c_backend_cuda_weight(x->v.be, (host))
 
 static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
@@ -301,17 +318,17 @@ static int rec_kda(const rec *s, int l) {
         group_add(x, &in, &w->g_a, x->x, x->klow2, 1);
         group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
     }
-    L_TRY(group_run(x, &in, T));
+    P_TRY("kda in-proj (group)", group_run(x, &in, T));
     if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
-        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
+        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
-    L_TRY(group_run(x, &up, T));
+    P_TRY("kda up-proj (group)", group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
      * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); for many requests those
      * separate launches instead (faster there: cuda/kda.cu k3c_cuda_kda_decode_fused_prefer), which also
      * write the pre-norm o */
     int fused = k3c_cuda_kda_decode_fused_prefer(s->b, H, dk, dk);
-    L_TRY((fused ? k3c_cuda_kda_decode_fused : k3c_cuda_kda_decode_separate)(
+    P_TRY(fused ? "kda fused" : "kda separate", (fused ? k3c_cuda_kda_decode_fused : k3c_cuda_kda_decode_separate)(
         segs_of(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv), WPTR(w->k_conv),
         WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
         c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
@@ -320,9 +337,10 @@ static int rec_kda(const rec *s, int l) {
      * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
      * stock path copies before its recurrence */
     if (s->q > 1)
-        L_TRY(k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
+        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
                                   s->b * POST_COPIES, x->st));
-    return mm(x, &w->o_proj, x->ky, T, x->A, 1);
+    P_TRY("kda o_proj", mm(x, &w->o_proj, x->ky, T, x->A, 1));
+    return K3C_OK;
 }
 
 static int rec_mla(const rec *s, int l) {
@@ -339,25 +357,26 @@ static int rec_mla(const rec *s, int l) {
     else group_add(x, &in, &w->q_proj, x->x, x->mq, 1);
     group_add(x, &in, &w->kv_a, x->x, x->mlat, 1);
     if (gate) group_add(x, &in, &w->g_proj, x->x, x->mg, 1);
-    L_TRY(group_run(x, &in, T));
+    P_TRY("mla in-proj (group)", group_run(x, &in, T));
     if (c->q_lora_rank > 0) {
-        L_TRY(k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
+        P_TRY("mla norms", k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
                                x->mqa, c->q_lora_rank, x->st));
-        L_TRY(mm(x, &w->q_b, x->mqa, T, x->mq, 1));
+        P_TRY("mla q_b", mm(x, &w->q_b, x->mqa, T, x->mq, 1));
     }
-    L_TRY(k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
+    P_TRY("mla norms", k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
     void *cache = x->v.kv->layer[l];
     int eb = x->v.be->kv_elem_bytes;
-    L_TRY(k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
+    P_TRY("mla cache write", k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
     const uint16_t *kvb = WPTR(w->kv_b.w);
     float scale = 1.0f / sqrtf((float)(nope + rope));
-    L_TRY(k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
-    L_TRY(k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
+    P_TRY("mla absorb q", k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
+    P_TRY("mla attend", k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
                               (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
                               x->o_lat, x->mla_part, x->mla_part_floats, x->st));
-    L_TRY(k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
-    if (gate) L_TRY(k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
-    return mm(x, &w->o_proj, x->mo, T, x->A, 1);
+    P_TRY("mla absorb o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
+    if (gate) P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+    P_TRY("mla o_proj", mm(x, &w->o_proj, x->mo, T, x->A, 1));
+    return K3C_OK;
 }
 
 /* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
@@ -380,21 +399,24 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
         group_add(x, &front, &w->shared.gate, y, x->sa, 1);
         group_add(x, &front, &w->shared.up, y, x->su, 1);
     }
-    L_TRY(group_run(x, &front, T));
-    L_TRY(k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
-    if (shared) L_TRY(k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
-    L_TRY(k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
+    P_TRY("moe front (group)", group_run(x, &front, T));
+    P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
+    if (shared) P_TRY("moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
+    P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
                                latent ? x->z : y, T, x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
     const float *routed = x->r;
     if (latent) {
         if (c->latent_moe_use_norm)
-            L_TRY(k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+            P_TRY("moe latent norm", k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
         group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
     if (shared) group_add(x, &tail, &w->shared.down, x->sa, x->sh, 1);
-    if (tail.n) L_TRY(group_run(x, &tail, T));
-    if (shared) return k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st);
+    if (tail.n) P_TRY("moe tail (group)", group_run(x, &tail, T));
+    if (shared) {
+        P_TRY("moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st));
+        return K3C_OK;
+    }
     K3C_CUDA_TRY(cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
     return K3C_OK;
 }
@@ -405,17 +427,20 @@ static int rec_ffn(k3c_decode_cuda *x, int l, int T) {
     group gu = {0}; /* gate and up in one launch */
     group_add(x, &gu, &lw->mlp.gate, x->x, x->ga, 1);
     group_add(x, &gu, &lw->mlp.up, x->x, x->gu, 1);
-    L_TRY(group_run(x, &gu, T));
+    P_TRY("mlp gate/up (group)", group_run(x, &gu, T));
     int n = T * lw->mlp.gate.rows;
-    L_TRY(k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
-    return mm(x, &lw->mlp.down, x->ga, T, x->F, 1);
+    P_TRY("mlp act", k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
+    P_TRY("mlp down", mm(x, &lw->mlp.down, x->ga, T, x->F, 1));
+    return K3C_OK;
 }
 
 /* AttnRes Mix of res[0..nb] (the blocks, then the prefix, which is res[nb]: see the loop below). */
 static const float *rec_mix(k3c_decode_cuda *x, int nb, const float *proj, const float *norm, int T, int *rc) {
     if (nb == 0) return x->res[0];
+    int ps = k3c_op_profile_begin(x->prof, "attnres mix", x->st);
     *rc = k3c_cuda_attnres_mix((const float *const *)x->res_dev, nb + 1, T, x->c->hidden_size, WPTR(proj), WPTR(norm),
                                x->c->rms_norm_eps, 1, x->a_in, x->st);
+    k3c_op_profile_end(x->prof, ps, x->st);
     return x->a_in;
 }
 
@@ -426,7 +451,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
     int D = c->hidden_size, attnres = c->attn_res_block_size > 0, nb = 0, p_empty = 0, rc = K3C_OK;
     size_t TD = (size_t)T * D;
     float *P = x->res[0];
-    L_TRY(k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T, P,
+    P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T, P,
                          x->st));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
@@ -440,19 +465,19 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
                 p_empty = 1;
             }
         }
-        L_TRY(k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        P_TRY("rmsnorm", k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
         L_TRY(lw->kind == K3C_ATTN_KDA ? rec_kda(&s, l) : rec_mla(&s, l));
         if (p_empty) K3C_CUDA_TRY(cudaMemcpyAsync(P, x->A, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
-        else L_TRY(k3c_cuda_add(P, x->A, TD, 1, P, x->st));
+        else P_TRY("residual add", k3c_cuda_add(P, x->A, TD, 1, P, x->st));
         p_empty = 0;
         const float *m_in = P;
         if (attnres) {
             m_in = rec_mix(x, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
             L_TRY(rc);
         }
-        L_TRY(k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
         L_TRY(rec_ffn(x, l, T));
-        L_TRY(k3c_cuda_add(P, x->F, TD, 1, P, x->st));
+        P_TRY("residual add", k3c_cuda_add(P, x->F, TD, 1, P, x->st));
     }
     /* every row is a logits row (decode: a request's only row; verify: all of them), so the stock path's
      * row gather is the identity; final norm in the same kernel and order as stock (stock/forward.c) */
@@ -462,8 +487,9 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
         L_TRY(rc);
     }
     K3C_CUDA_TRY(cudaMemcpyAsync(x->G, h, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
-    L_TRY(k3c_cuda_rmsnorm(x->G, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
-    return mm(x, &W->lm_head, x->G, T, x->logits, 0);
+    P_TRY("final norm", k3c_cuda_rmsnorm(x->G, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
+    P_TRY("lm head", mm(x, &W->lm_head, x->G, T, x->logits, 0));
+    return K3C_OK;
 }
 
 /* ---- prepare_kv, capture ---- */
@@ -616,7 +642,25 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
  * is queued at once, and the host copies chunk i out while chunks after it are still on the bus (run 14:
  * one download then one host copy of 42 MB cost k3-slice's b=64 step a few ms more than the stock
  * path's pageable download). At most D2H_CHUNKS chunks of at least 1 MB. */
+static double wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
+    static int direct = -1; /* K3C_EXEC_D2H_DIRECT=1: straight into the caller's buffer, as the stock path */
+    if (direct < 0) {
+        const char *v = getenv("K3C_EXEC_D2H_DIRECT");
+        direct = v && v[0] == '1';
+    }
+    if (direct) {
+        double t0 = x->prof ? wall_ms() : 0;
+        K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, n * sizeof(float), cudaMemcpyDeviceToHost, x->st));
+        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+        if (x->prof) x->host_ms[1] += wall_ms() - t0;
+        return K3C_OK;
+    }
     size_t chunk = (n + D2H_CHUNKS - 1) / D2H_CHUNKS, min_chunk = (size_t)1 << 18; /* floats: 1 MB */
     if (chunk < min_chunk) chunk = min_chunk;
     int nc = 0;
@@ -628,8 +672,14 @@ static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
     }
     for (int i = 0; i < nc; i++) {
         size_t off = (size_t)i * chunk, len = n - off < chunk ? n - off : chunk;
+        double t0 = x->prof ? wall_ms() : 0;
         K3C_CUDA_TRY(cudaEventSynchronize(x->d2h_done[i]));
+        double t1 = x->prof ? wall_ms() : 0;
         memcpy(logits + off, x->logits_h + off, len * sizeof(float));
+        if (x->prof) { /* waiting (the step, then the download) vs copying out */
+            x->host_ms[1] += t1 - t0;
+            x->host_ms[2] += wall_ms() - t1;
+        }
     }
     return K3C_OK;
 }
@@ -647,13 +697,21 @@ static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, i
         if (items[i].verify != (q > 1)) /* a q = 1 verify (or a decode in a verify step): stock handles it */
             return k3c_engine_step(x->e, items, n, logits);
     const k3c_fwd_req *reqs;
+    double t_begin = x->prof ? wall_ms() : 0;
     K3C_TRY(k3c_engine_step_begin(x->e, items, n, &reqs));
     K3C_TRY(x->v.be->sync(x->v.be)); /* the backend's stream is idle before this stream touches its caches */
     K3C_TRY(fill_meta(x, reqs, n, q));
     size_t V = (size_t)x->c->vocab_size;
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
-    K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
+    if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* step begin, metadata, its upload issued */
+    if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly, each timed (header) */
+        x->profile_next = 0;
+        K3C_TRY(record_step(x, T, q));
+    } else {
+        K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
+    }
     K3C_TRY(download_logits(x, logits, (size_t)T * V));
+    k3c_op_profile_collect(x->prof); /* the stream is idle after the last chunk */
     k3c_engine_step_end(x->e, items, n);
     x->replays++;
     return K3C_OK;
@@ -672,6 +730,15 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_
     if (replays) *replays = x->replays;
     if (wide_stock) *wide_stock = x->wide_stock;
 }
+
+void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
+    x->profile_next = 1;
+    x->host_ms[0] = x->host_ms[1] = x->host_ms[2] = 0;
+}
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]) {
+    for (int i = 0; i < 3; i++) ms[i] = x->prof ? x->host_ms[i] : 0;
+}
+struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { return x->prof; }
 
 #else /* no CUDA in this build */
 
@@ -693,5 +760,11 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_
     if (wide_stock) *wide_stock = 0;
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
+void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]) {
+    (void)x;
+    ms[0] = ms[1] = ms[2] = 0;
+}
+struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { (void)x; return NULL; }
 
 #endif

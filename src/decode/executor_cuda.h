@@ -57,4 +57,17 @@ int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x);
 void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
+/* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for
+ * the stock path's cuda/op_profile.h): profile_next makes the next replayable step run its recorded launches
+ * eagerly instead of replaying the graph (the same launches and arguments, so the same outputs; without the
+ * graph the launch gaps are larger, so read the shares), each timed with events; profile returns the totals
+ * (NULL without K3C_CUDA_PROFILE). */
+struct k3c_op_profile;
+void k3c_decode_cuda_profile_next(k3c_decode_cuda *x);
+struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x);
+/* With K3C_CUDA_PROFILE, host wall time (ms) of the run calls since the last profile_next: [0] step begin,
+ * metadata fill and upload issue; [1] waiting for the step and the logits download; [2] copying the logits
+ * out of the pinned buffer into the caller's (the stock path downloads into the caller's buffer directly). */
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]);
+
 #endif
