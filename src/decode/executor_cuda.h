@@ -66,8 +66,7 @@ struct k3c_op_profile;
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x);
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x);
 /* With K3C_CUDA_PROFILE, host wall time (ms) of the run calls since the last profile_next: [0] step begin,
- * metadata fill and upload issue; [1] waiting for the step and the logits download; [2] copying the logits
- * out of the pinned buffer into the caller's (the stock path downloads into the caller's buffer directly). */
-void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]);
+ * metadata fill and upload issue; [1] waiting for the step and the logits download into the caller's buffer. */
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]);
 
 #endif
