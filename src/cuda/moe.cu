@@ -665,8 +665,68 @@ moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
  * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
  * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
  * order. Invalid experts: zeros, as moe_pair_gemv_kernel. */
-#define MXP_U 4
+#define MXP_U 2 /* steps per run; two runs in registers (one loading while the other is decoded) */
 #define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
+
+/* One run of MXP_U steps of a lane: 16 bytes of rows g and g + 8 per step (scale group c = 4 s + q) and
+ * their scale bytes. */
+struct mxp_run {
+    uint4 wa[MXP_U], wb[MXP_U];
+    uint32_t ea[MXP_U], eb[MXP_U];
+};
+
+__device__ __forceinline__ void mxp_load(mxp_run &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
+                                         const uint8_t *sb, int base, int q, int chunks) {
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++) {
+        const int c = (base + u) * 4 + q;
+        const bool ok = c < chunks;
+        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
+        r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+    }
+}
+
+/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. */
+__device__ __forceinline__ void mxp_compute(const mxp_run &r, int base, int q, int g, int chunks, int nterms,
+                                            const uint4 *plane, float (&acc)[4]) {
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float d[MXP_U][4];
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        const uint4 *bp = plane + (size_t)c * 4;
+        const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
+        const bool big = __ballot_sync(0xffffffffu, r.ea[u] > 128u || r.eb[u] > 128u) != 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+#pragma unroll
+        for (int sub = 0; sub < 4; sub++) {
+            const uint32_t va = sub == 0 ? r.wa[u].x : sub == 1 ? r.wa[u].y : sub == 2 ? r.wa[u].z : r.wa[u].w;
+            const uint32_t vb = sub == 0 ? r.wb[u].x : sub == 1 ? r.wb[u].y : sub == 2 ? r.wb[u].z : r.wb[u].w;
+            uint32_t a[4], cb[4];
+            mx_word(va, mula, a);
+            mx_word(vb, mulb, cb);
+            if (big) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    a[i] = bf16x2_mul(a[i], mx_mul2(r.ea[u]));
+                    cb[i] = bf16x2_mul(cb[i], mx_mul2(r.eb[u]));
+                }
+            }
+            for (int term = 0; term < nterms; term++) {
+                const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
+                k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+}
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
@@ -677,7 +737,6 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int per_block = (items + (int)gridDim.x - 1) / (int)gridDim.x;
     const int i0 = (int)blockIdx.x * per_block, i1 = min(items, i0 + per_block);
     const float *staged = nullptr;
@@ -720,52 +779,22 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
             const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
             const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
             const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
-            for (int base = kw * MXP_U; base < steps; base += wpr * MXP_U) {
-                uint4 wa[MXP_U], wb[MXP_U];
-                uint32_t ea[MXP_U], eb[MXP_U];
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++) {
-                    const int c = (base + u) * 4 + q;
-                    const bool ok = c < chunks;
-                    wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : zero;
-                    wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : zero;
-                    ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
-                    eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
-                }
-                float d[MXP_U][4]; /* one chain per step (independent mma chains) */
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++) {
-                    const int c = min((base + u) * 4 + q, chunks - 1);
-                    const uint4 *bp = mxp_plane + (size_t)c * 4;
-                    const uint32_t mula = mx_mul(ea[u]), mulb = mx_mul(eb[u]);
-                    const bool big = __ballot_sync(0xffffffffu, ea[u] > 128u || eb[u] > 128u) != 0;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-#pragma unroll
-                    for (int sub = 0; sub < 4; sub++) {
-                        const uint32_t va = sub == 0 ? wa[u].x : sub == 1 ? wa[u].y : sub == 2 ? wa[u].z : wa[u].w;
-                        const uint32_t vb = sub == 0 ? wb[u].x : sub == 1 ? wb[u].y : sub == 2 ? wb[u].z : wb[u].w;
-                        uint32_t a[4], cb[4];
-                        mx_word(va, mula, a);
-                        mx_word(vb, mulb, cb);
-                        if (big) {
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                a[i] = bf16x2_mul(a[i], mx_mul2(ea[u]));
-                                cb[i] = bf16x2_mul(cb[i], mx_mul2(eb[u]));
-                            }
-                        }
-                        for (int term = 0; term < nterms; term++) {
-                            const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
-                            k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
-                            k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+            /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
+             * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
+            const int stride = wpr * MXP_U;
+            int base = kw * MXP_U;
+            mxp_run r0, r1;
+            if (base < steps) mxp_load(r0, pa, pb, sa, sb, base, q, chunks);
+            while (base < steps) {
+                int next = base + stride;
+                if (next < steps) mxp_load(r1, pa, pb, sa, sb, next, q, chunks);
+                mxp_compute(r0, base, q, g, chunks, nterms, mxp_plane, acc);
+                base = next;
+                if (base >= steps) break;
+                next = base + stride;
+                if (next < steps) mxp_load(r0, pa, pb, sa, sb, next, q, chunks);
+                mxp_compute(r1, base, q, g, chunks, nterms, mxp_plane, acc);
+                base = next;
             }
         }
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
