@@ -665,10 +665,73 @@ moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
  * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
  * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
  * order. Invalid experts: zeros, as moe_pair_gemv_kernel. */
-#define MXP_U 4
-/* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB, + 3 KB static: under the 48 KB a launch
- * gets without opting in */
-#define MXP_MAX_CHUNKS 224
+#define MXP_U 2 /* steps per run; two runs in registers (one loading while the other is decoded) */
+#define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
+
+/* One run of MXP_U steps of a lane: 16 bytes of rows g and g + 8 per step (scale group c = 4 s + q) and
+ * their scale bytes. */
+struct mxp_run {
+    uint4 wa[MXP_U], wb[MXP_U];
+    uint32_t ea[MXP_U], eb[MXP_U];
+};
+
+__device__ __forceinline__ void mxp_load(mxp_run &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
+                                         const uint8_t *sb, int base, int q, int chunks) {
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++) {
+        const int c = (base + u) * 4 + q;
+        const bool ok = c < chunks;
+        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
+        r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+    }
+}
+
+/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
+ * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
+ * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
+ * ~2700 instructions per 4 KB, against ~500 of arithmetic) */
+template <int NT>
+__device__ __forceinline__ void mxp_compute(const mxp_run &r, int base, int q, int g, int chunks,
+                                            const uint4 *plane, float (&acc)[4]) {
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float d[MXP_U][4];
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        const uint4 *bp = plane + (size_t)c * 4;
+        const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
+        const bool big = __ballot_sync(0xffffffffu, r.ea[u] > 128u || r.eb[u] > 128u) != 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+#pragma unroll
+        for (int sub = 0; sub < 4; sub++) {
+            const uint32_t va = sub == 0 ? r.wa[u].x : sub == 1 ? r.wa[u].y : sub == 2 ? r.wa[u].z : r.wa[u].w;
+            const uint32_t vb = sub == 0 ? r.wb[u].x : sub == 1 ? r.wb[u].y : sub == 2 ? r.wb[u].z : r.wb[u].w;
+            uint32_t a[4], cb[4];
+            mx_word(va, mula, a);
+            mx_word(vb, mulb, cb);
+            if (big) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    a[i] = bf16x2_mul(a[i], mx_mul2(r.ea[u]));
+                    cb[i] = bf16x2_mul(cb[i], mx_mul2(r.eb[u]));
+                }
+            }
+#pragma unroll
+            for (int term = 0; term < NT; term++) {
+                const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
+                k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < MXP_U; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+}
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
@@ -679,7 +742,6 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const int per_block = (items + (int)gridDim.x - 1) / (int)gridDim.x;
     const int i0 = (int)blockIdx.x * per_block, i1 = min(items, i0 + per_block);
     const float *staged = nullptr;
@@ -722,52 +784,24 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
             const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
             const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
             const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
-            for (int base = kw * MXP_U; base < steps; base += wpr * MXP_U) {
-                uint4 wa[MXP_U], wb[MXP_U];
-                uint32_t ea[MXP_U], eb[MXP_U];
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++) {
-                    const int c = (base + u) * 4 + q;
-                    const bool ok = c < chunks;
-                    wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : zero;
-                    wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : zero;
-                    ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
-                    eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
-                }
-                float d[MXP_U][4]; /* one chain per step (independent mma chains) */
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++) {
-                    const int c = min((base + u) * 4 + q, chunks - 1);
-                    const uint4 *bp = mxp_plane + (size_t)c * 4;
-                    const uint32_t mula = mx_mul(ea[u]), mulb = mx_mul(eb[u]);
-                    const bool big = __ballot_sync(0xffffffffu, ea[u] > 128u || eb[u] > 128u) != 0;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-#pragma unroll
-                    for (int sub = 0; sub < 4; sub++) {
-                        const uint32_t va = sub == 0 ? wa[u].x : sub == 1 ? wa[u].y : sub == 2 ? wa[u].z : wa[u].w;
-                        const uint32_t vb = sub == 0 ? wb[u].x : sub == 1 ? wb[u].y : sub == 2 ? wb[u].z : wb[u].w;
-                        uint32_t a[4], cb[4];
-                        mx_word(va, mula, a);
-                        mx_word(vb, mulb, cb);
-                        if (big) {
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
-                                a[i] = bf16x2_mul(a[i], mx_mul2(ea[u]));
-                                cb[i] = bf16x2_mul(cb[i], mx_mul2(eb[u]));
-                            }
-                        }
-                        for (int term = 0; term < nterms; term++) {
-                            const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
-                            k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
-                            k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < MXP_U; u++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+            /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
+             * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
+            const int stride = wpr * MXP_U;
+            int base = kw * MXP_U;
+            mxp_run r0, r1;
+            if (base < steps) mxp_load(r0, pa, pb, sa, sb, base, q, chunks);
+            while (base < steps) {
+                int next = base + stride;
+                if (next < steps) mxp_load(r1, pa, pb, sa, sb, next, q, chunks);
+                if (nterms == 1) mxp_compute<1>(r0, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3>(r0, base, q, g, chunks, mxp_plane, acc);
+                base = next;
+                if (base >= steps) break;
+                next = base + stride;
+                if (next < steps) mxp_load(r0, pa, pb, sa, sb, next, q, chunks);
+                if (nterms == 1) mxp_compute<1>(r1, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3>(r1, base, q, g, chunks, mxp_plane, acc);
+                base = next;
             }
         }
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
@@ -831,24 +865,28 @@ static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, c
     return K3C_OK;
 }
 
-/* K3C_MOE_PAIR_GEMV=0 turns the per-pair path off (A/B runs); its limit in pairs. The MXFP4 per-pair kernel
- * is opt-in (K3C_MOE_PAIR_MX=1): run 16 (H200) measured it slower than the grouped kernel in the decode
- * step (k3-slice b=1 specialized 6.74 -> 7.16 ms, b=4 11.47 -> 14.56 ms), while the bf16 one is faster
- * (kimi-linear-48b b=1 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms). Probable cause, not yet profiled: a
- * warp waits for each run of MXP_U steps before it decodes them (no loads in flight while it computes)
- * at 2 blocks per SM, so too few bytes are in flight; the next try pipelines the loads. */
+/* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
+ * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel).
+ * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. Run 18 (`bench_gpu moe`, H200), the pipelined kernel against
+ * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
+ * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
+ * many pairs share an expert, which the grouped kernel reads once and the per-pair path once per pair.
+ * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
+ * off, =1 on up to MOE_PAIR_MAX as bf16. */
 #define MOE_PAIR_MAX 64
+#define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? v[0] != '0' : dflt;
 }
-static int moe_pair_enabled(int mxfp4) {
-    static int bf16_on = -1, mx_on = -1;
-    if (bf16_on < 0) {
-        bf16_on = env_flag("K3C_MOE_PAIR_GEMV", 1);
-        mx_on = bf16_on && env_flag("K3C_MOE_PAIR_MX", 0);
+static int moe_pair_limit(int mxfp4) {
+    static int bf16_max = -1, mx_max = -1;
+    if (bf16_max < 0) {
+        bf16_max = env_flag("K3C_MOE_PAIR_GEMV", 1) ? MOE_PAIR_MAX : 0;
+        const char *v = getenv("K3C_MOE_PAIR_MX");
+        mx_max = !bf16_max ? 0 : !v || !*v ? MOE_PAIR_MX_DEFAULT : v[0] != '0' ? MOE_PAIR_MAX : 0;
     }
-    return mxfp4 ? mx_on : bf16_on;
+    return mxfp4 ? mx_max : bf16_max;
 }
 
 static int moe_pair_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
@@ -868,9 +906,9 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS;
-    if (pairs > 0 && pairs <= MOE_PAIR_MAX && Out >= F && (!mxfp4 || mx_fits) && moe_pair_enabled(mxfp4)) {
+    if (pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits)) {
         /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
-         * into h, then down into part; MXFP4 (opt-in) or bf16 per-pair kernels, same arguments */
+         * into h, then down into part; MXFP4 or bf16 per-pair kernels, same arguments */
         int (*launch)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
                       float *, int, cudaStream_t) = mxfp4 ? moe_pair_mx_launch : moe_pair_launch;
         K3C_TRY(check_dims(mxfp4, In, "input width"));
