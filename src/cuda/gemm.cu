@@ -217,29 +217,6 @@ __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int c
     if (lane == 0) y[(size_t)t * rows + row] = out_value(s, round);
 }
 
-/* A streaming kernel launched with PDL where the build and K3C_PDL allow (common.cuh), else as usual. */
-template <typename... Params, typename... Args>
-static int launch_stream(void (*kernel)(Params...), int grid, cudaStream_t s, Args... args) {
-#ifndef K3C_EMU_NO_PDL
-    if (k3c_pdl_enabled()) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(GEMV_WARPS * 32);
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        K3C_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
-        return K3C_OK;
-    }
-#endif
-    kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(args...);
-    return K3C_OK;
-}
-
 /* How a matrix runs at T <= K3C_CUDA_GEMV_MAX_T tokens, alone or in a group: the kernel, its split of rows
  * (wpr, which fixes each output's reduction order) and its item count. Planned against the one-matrix
  * kernels' residency, so a matrix in a group gets the wpr it gets alone, hence the same outputs. */

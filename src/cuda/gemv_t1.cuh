@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "cuda/check.h"
 #include "cuda/common.cuh"
 
 #define GEMV_WARPS 8
@@ -43,20 +44,18 @@ __device__ __forceinline__ void t1_prefetch(const uint16_t *__restrict__ W, int 
     }
 }
 
-/* One item; every warp of the block calls it with the same arguments (it may __syncthreads). */
-__device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows, int cols,
-                                        const float *__restrict__ x, float *__restrict__ y, int wpr, int item,
-                                        int round, float (*part)[T1_RPW]) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr, chunks = cols >> 3;
-    int row0 = (item * groups + group) * T1_RPW;
-    float acc[T1_RPW];
+/* The dot products of T1_RPW rows (wr, cols bf16 each) with x (f32, read through L1) over this warp's share
+ * of their k range (warp kw of the wpr warps of a row group), reduced over the group's warps in warp order
+ * through part (shared, [GEMV_WARPS][T1_RPW]). The sums land in acc in every lane of the group's first warp
+ * (kw == 0); live = 0: the warp has no rows (its sums are 0). Every warp of the block calls it the same
+ * number of times (it may __syncthreads). */
+__device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool live, int cols,
+                                       const float *__restrict__ x, int wpr, float (&acc)[T1_RPW],
+                                       float (*part)[T1_RPW]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = warp % wpr, chunks = cols >> 3;
 #pragma unroll
     for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
-    if (row0 < rows) {
-        const uint16_t *wr[T1_RPW];
-#pragma unroll
-        for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
+    if (live) {
         for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
             uint4 wv[T1_RPW][T1_U];
 #pragma unroll
@@ -91,23 +90,61 @@ __device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows
     }
 #pragma unroll
     for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
-    if (wpr == 1) {
-        float v = acc[0];
-#pragma unroll
-        for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
-        if (lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
-        return;
-    }
+    if (wpr == 1) return;
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
     __syncthreads();
-    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
-        float s = 0.0f;
-        for (int j = 0; j < wpr; j++) s += part[warp + j][lane];
-        y[row0 + lane] = out_value(s, round);
-    }
+    if (kw == 0)
+#pragma unroll
+        for (int r = 0; r < T1_RPW; r++) {
+            float s = 0.0f;
+            for (int j = 0; j < wpr; j++) s += part[warp + j][r];
+            acc[r] = s;
+        }
     __syncthreads();
+}
+
+/* One item: rows row0 .. row0 + T1_RPW - 1 of this warp's group into y; every warp of the block calls it
+ * with the same arguments (it may __syncthreads). */
+__device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows, int cols,
+                                        const float *__restrict__ x, float *__restrict__ y, int wpr, int item,
+                                        int round, float (*part)[T1_RPW]) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    int row0 = (item * groups + group) * T1_RPW;
+    const uint16_t *wr[T1_RPW];
+#pragma unroll
+    for (int r = 0; r < T1_RPW; r++) wr[r] = W + (size_t)min(row0 + r, rows - 1) * cols;
+    float acc[T1_RPW];
+    t1_dot(wr, row0 < rows, cols, x, wpr, acc, part);
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
+    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
+}
+
+/* A streaming kernel launched with PDL where the build and K3C_PDL allow (common.cuh), else as usual. */
+template <typename... Params, typename... Args>
+static int launch_stream(void (*kernel)(Params...), int grid, cudaStream_t s, Args... args) {
+#ifndef K3C_EMU_NO_PDL
+    if (k3c_pdl_enabled()) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(GEMV_WARPS * 32);
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        K3C_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, args...));
+        return K3C_OK;
+    }
+#endif
+    kernel<<<grid, GEMV_WARPS * 32, 0, s>>>(args...);
+    return K3C_OK;
 }
 
 /* Resident blocks of GEMV_WARPS warps per SM for a kernel (queried once). */

@@ -619,6 +619,9 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
                         const float *__restrict__ dt_bias, int has_lb, float lb, const float *__restrict__ z,
                         const float *__restrict__ nw, float eps, int silu, int H, int dk, int dv, float qscale, int ft,
                         int round, float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y) {
+    /* a PDL-launched weight stream after this kernel (the o-projection) may start and prefetch its weights
+     * while the heads run: at decode this grid has requests x heads blocks, far fewer than the SMs' room */
+    k3c_pdl_trigger();
     extern __shared__ float sm[];
     const k3c_cuda_seg sg = segs[blockIdx.y];
     if (sg.n <= 0) return; /* block-uniform, before any barrier */

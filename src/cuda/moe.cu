@@ -581,6 +581,7 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
 __global__ void moe_combine_kernel(const float *__restrict__ part, const float *__restrict__ weight,
                                    const int *__restrict__ idx, int num_experts, int k, int Out, int T, int round,
                                    float *out) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the MoE tail) may start (common.cuh) */
     size_t n = (size_t)T * Out;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(i / Out), r = (int)(i % Out);
@@ -629,32 +630,80 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
 /* bf16 experts at decode, one (token, slot) pair per expert product: few pairs mostly choose distinct
  * experts (Kimi Linear: 8 of 256 per token), so the grouped kernel's B columns carry one token each and
  * its tensor-core staging buys nothing; run 13 measured it at 0.44 of copy bandwidth at one token. Here
- * each pair's matrices are streamed as GEMV rows (gemv_t1.cuh's item, the bf16 GEMV's loads) in one
- * persistent launch over all pairs: matrix m of pair p (gate, up; or down) owns items
- * [(p * nm + m) * per, (p * nm + m + 1) * per). Its expert comes from idx on the device; a pair with an
- * invalid expert gets zeros (the combine ignores it). */
+ * each pair's matrices are streamed as GEMV rows (gemv_t1.cuh's t1_dot, the bf16 GEMV's loads and sums),
+ * in two launches instead of four (gate/up, activation, down, weighted sum: run 18's profile put ~46 us a
+ * layer on them for 113 MB at kimi-linear-48b b=1, ~6 us of it on the two small launches).
+ *
+ * moe_pair_gate_up_kernel: item = (pair p, a block's share of the F intermediate rows); a warp group owns
+ * one row r and streams row r of the gate and of the up matrix as t1_dot's two rows, then h[p, r] =
+ * act(gate, up) with the stock roundings (gate and up rounded, then the activation): what the per-pair
+ * GEMV, then k3c_cuda_gated_act, stored. An invalid expert: h = act(0, 0), as before.
+ *
+ * moe_pair_down_kernel: item = (token t, a block's share of the Out rows); a warp group owns T1_RPW rows
+ * and streams them from each of the token's k experts in slot order, rounding each expert's output and
+ * adding it into the weighted sum by fmaf in slot order, then rounding the sum: moe_combine_kernel's
+ * arithmetic, so out needs no pass of its own and the per-pair outputs never go to memory. Launched with
+ * PDL: the expert ids and weights were written by the router, which finished before the gate/up launch
+ * began, so before the wait a warp may read them and prefetch its first rows; h is read after the wait. */
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
-moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
-                     int nm, int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
-                     float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
+moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
+                        int per, int items, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act,
+                        int wpr, int round, float *__restrict__ h) {
     __shared__ float part[GEMV_WARPS][T1_RPW];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr, kw = warp % wpr;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        int mat = item / per, p = mat / nm, m = mat % nm, e = idx[p], local = item - mat * per;
-        float *yp = (m == 0 ? y0 : y1) + (size_t)p * rows;
-        if (e < 0 || e >= num_experts) { /* block-uniform, so no barrier is skipped by part of a block: zeros,
-                                          * as the grouped kernel leaves (h = act(0, 0) = 0, part = 0) */
-            int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr;
-            int row0 = (local * groups + warp / wpr) * T1_RPW;
-            if (warp % wpr == 0 && lane < T1_RPW && row0 + lane < rows) yp[row0 + lane] = 0.0f;
-            continue;
+        int p = item / per, r = (item - p * per) * groups + warp / wpr, e = idx[p];
+        float g = 0.0f, u = 0.0f;
+        if (e >= 0 && e < num_experts) { /* block-uniform: every warp of the block reaches t1_dot's barriers */
+            const k3c_cuda_expert &ex = experts[e];
+            size_t off = (size_t)min(r, F - 1) * In;
+            const uint16_t *wr[T1_RPW] = {ex.gate_w + off, ex.up_w + off};
+            float acc[T1_RPW];
+            t1_dot(wr, r < F, In, x + (size_t)(p / k) * In, wpr, acc, part);
+            g = out_value(acc[0], round);
+            u = out_value(acc[1], round);
         }
-        const k3c_cuda_expert &ex = experts[e];
-        const uint16_t *W = nm == 1 ? ex.down_w : m == 0 ? ex.gate_w : ex.up_w;
-        t1_item(W, rows, cols, x + (size_t)(p / x_per_pair) * cols, yp, wpr, local, round, part);
+        if (kw == 0 && lane == 0 && r < F)
+            h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
 }
 
-/* MXFP4 experts at decode, one pair per expert product, for the same reason as moe_pair_gemv_kernel (the
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
+moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
+                     const float *__restrict__ weight, int per, int items, int Out, int F,
+                     const float *__restrict__ h, int k, int wpr, int round, float *__restrict__ out) {
+    __shared__ float part[GEMV_WARPS][T1_RPW];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr, kw = warp % wpr;
+    k3c_pdl_trigger(); /* the MoE tail's PDL-launched weight stream may start as these blocks retire */
+    if (blockIdx.x < items) { /* before the wait: the first slot's rows of this block's first item */
+        int t = blockIdx.x / per, e = idx[t * k];
+        if (e >= 0 && e < num_experts) t1_prefetch(experts[e].down_w, Out, F, wpr, blockIdx.x - t * per);
+    }
+    k3c_pdl_wait();
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        int t = item / per, row0 = ((item - t * per) * groups + warp / wpr) * T1_RPW;
+        float sum[T1_RPW];
+#pragma unroll
+        for (int i = 0; i < T1_RPW; i++) sum[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int pr = t * k + j, e = idx[pr];
+            if (e < 0 || e >= num_experts) continue; /* block-uniform (one token per item); contributes nothing */
+            const uint16_t *W = experts[e].down_w, *wr[T1_RPW];
+#pragma unroll
+            for (int i = 0; i < T1_RPW; i++) wr[i] = W + (size_t)min(row0 + i, Out - 1) * F;
+            float acc[T1_RPW], w = weight[pr];
+            t1_dot(wr, row0 < Out, F, h + (size_t)pr * F, wpr, acc, part);
+#pragma unroll
+            for (int i = 0; i < T1_RPW; i++) sum[i] = fmaf(w, out_value(acc[i], round), sum[i]);
+        }
+        float v = sum[0];
+#pragma unroll
+        for (int i = 1; i < T1_RPW; i++) v = lane == i ? sum[i] : v;
+        if (kw == 0 && lane < T1_RPW && row0 + lane < Out) out[(size_t)t * Out + row0 + lane] = out_value(v, round);
+    }
+}
+
+/* MXFP4 experts at decode, one pair per expert product, for the same reason as the bf16 per-pair kernels (the
  * grouped kernel spends ~275 warp instructions per KB streamed on copies, shared loads and bookkeeping:
  * 0.43 of copy bandwidth at one token, run 13). Item = (pair, matrix, band group) as there; a warp owns a
  * band of 16 rows and streams them straight into registers: per step lane (g, q) loads 16 bytes (scale
@@ -664,7 +713,7 @@ moe_pair_gemv_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
  * shared memory as B fragments (the pairing of mx_word, up to three bf16 terms when it is not bf16-exact,
  * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
  * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
- * order. Invalid experts: zeros, as moe_pair_gemv_kernel. */
+ * order. Invalid experts: zeros (the weighted sum skips them). */
 #define MXP_U 2 /* steps per run; two runs in registers (one loading while the other is decoded) */
 #define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
 
@@ -889,15 +938,22 @@ static int moe_pair_limit(int mxfp4) {
     return mxfp4 ? mx_max : bf16_max;
 }
 
-static int moe_pair_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
-                           int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
-                           cudaStream_t s) {
-    static int occ;
-    pair_plan pp = plan_pairs((rows + T1_RPW - 1) / T1_RPW, ((cols >> 3) + 32 * T1_U - 1) / (32 * T1_U), pairs * nm,
-                              resident_blocks(moe_pair_gemv_kernel, &occ));
-    moe_pair_gemv_kernel<<<pp.grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, nm, pp.per, pp.items, rows,
-                                                             cols, x, x_per_pair, y0, y1, pp.wpr, round);
-    K3C_CUDA_LAUNCHED("moe_pair_gemv");
+/* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
+ * above). */
+static int moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
+                         int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round, float *h,
+                         float *out, cudaStream_t s) {
+    static int occ_up, occ_down;
+    int pairs = T * k, run = 32 * T1_U;
+    pair_plan up = plan_pairs(F, ((In >> 3) + run - 1) / run, pairs, resident_blocks(moe_pair_gate_up_kernel, &occ_up));
+    moe_pair_gate_up_kernel<<<up.grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, up.items / pairs, up.items,
+                                                                F, In, x, k, act, up.wpr, round, h);
+    K3C_CUDA_LAUNCHED("moe_pair_gate_up");
+    pair_plan dn = plan_pairs((Out + T1_RPW - 1) / T1_RPW, ((F >> 3) + run - 1) / run, T,
+                              resident_blocks(moe_pair_down_kernel, &occ_down));
+    K3C_TRY(launch_stream(moe_pair_down_kernel, dn.grid, s, experts, num_experts, idx, weight, dn.items / T, dn.items,
+                          Out, F, (const float *)h, k, dn.wpr, round, out));
+    K3C_CUDA_LAUNCHED("moe_pair_down");
     return K3C_OK;
 }
 
@@ -907,16 +963,17 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS;
     if (pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits)) {
-        /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
-         * into h, then down into part; MXFP4 or bf16 per-pair kernels, same arguments */
-        int (*launch)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
-                      float *, int, cudaStream_t) = mxfp4 ? moe_pair_mx_launch : moe_pair_launch;
         K3C_TRY(check_dims(mxfp4, In, "input width"));
         K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        K3C_TRY(launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        if (!mxfp4)
+            return moe_pair_bf16(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round_bf16, h, out,
+                                 stream);
+        /* MXFP4: gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation
+         * in place into h, then down into part, and the weighted sum below */
+        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+        K3C_TRY(moe_pair_mx_launch(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));

@@ -3,17 +3,19 @@
  * enough copies that each launch streams from HBM, not from the 60 MB L2. Times are medians of CUDA-event
  * timed launches after warm-up. Prints one line per kernel:
  *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth>
- * Usage: bench_gpu [gemm] [group] [moe] [kda] [mla] (sections; none: all). */
+ * Usage: bench_gpu [gemm] [group] [moe] [kda] [mla] [small] (sections; none: all). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/elementwise.h"
 #include "cuda/gemm.h"
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
+#include "cuda/router.h"
 #include "format/mxfp4.h"
 #include "gpu_util.h"
 #include "util/error.h"
@@ -83,6 +85,68 @@ static void time_batch(const char *name, double bytes, launch_fn fn, void *ctx) 
     report(name, bytes, ms, REPS);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
+}
+
+/* BATCH_N launches captured once as a CUDA graph, the graph replayed between two events: time per launch
+ * as in a decode step's graph (launch cost included, host launch overhead not). For the small kernels of a
+ * step, whose time is mostly launch and ramp. */
+static void time_graph(const char *name, double bytes, launch_fn fn, void *ctx) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaStream_t *sp = (cudaStream_t *)ctx; /* ctx's first member: the stream the launches go to */
+    cudaStream_t keep = *sp;
+    *sp = st;
+    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int j = 0; j < BATCH_N; j++) OK(fn(ctx, j));
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    float ms[REPS];
+    for (int i = 0; i < REPS; i++) {
+        CK(cudaEventRecord(a, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[i], a, b));
+        ms[i] /= BATCH_N;
+    }
+    CK(cudaGetLastError());
+    report(name, bytes, ms, REPS);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    *sp = keep;
+    cudaStreamDestroy(st);
+}
+
+/* ---- small per-layer kernels (router, norm, add, activation) ---- */
+typedef struct {
+    cudaStream_t st; /* first: time_graph swaps it */
+    int kind, T, n;
+    k3c_cuda_router r;
+    float *a, *b, *w, *y;
+    int *idx;
+} small_ctx;
+static int run_small(void *c, int rep) {
+    small_ctx *x = c;
+    switch (x->kind) {
+    case 0: return k3c_cuda_route(&x->r, x->a, x->w, x->T, x->idx, x->y, x->st);
+    case 1: return k3c_cuda_rmsnorm(x->a, x->n, x->w, x->T, x->n, 1e-6f, 1, x->y, x->n, x->st);
+    case 2: return k3c_cuda_add(x->a, x->b, (size_t)x->T * x->n, 1, x->y, x->st);
+    default: {
+        k3c_cuda_act act = {0};
+        return k3c_cuda_gated_act(act, x->a, x->n, x->b, x->n, x->T, x->n, 1, x->y, x->st);
+    }
+    }
 }
 
 /* ---- copy ---- */
@@ -577,6 +641,32 @@ int main(int argc, char **argv) {
         }
         k3c_cuda_gemm_free(&g);
         cudaFree(cache); cudaFree(q); cudaFree(o); cudaFree(kvb); cudaFree(xbf); cudaFree(ws); cudaFree(dtab);
+    }
+    if (want("small")) { /* the step's small kernels, in a graph: us per launch (bytes: inputs + outputs) */
+        static const struct { const char *name; int kind, E, k, n; } cases[] = {
+            {"route_E256_k8", 0, 256, 8, 0},   {"route_E896_k16", 0, 896, 16, 0},
+            {"rmsnorm_2304", 1, 0, 0, 2304},   {"rmsnorm_7168", 1, 0, 0, 7168},
+            {"add_2304", 2, 0, 0, 2304},       {"add_7168", 2, 0, 0, 7168},
+            {"gated_act_1024", 3, 0, 0, 1024}, {"gated_act_3072", 3, 0, 0, 3072},
+        };
+        static const int Ts[] = {1, 64};
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+            for (int ti = 0; ti < 2; ti++) {
+                small_ctx c = {.kind = cases[ci].kind, .T = Ts[ti], .n = cases[ci].n};
+                int width = c.kind == 0 ? cases[ci].E : c.n;
+                c.a = dmalloc_rand((size_t)c.T * width * 4, 300 + (unsigned)ci);
+                c.b = dmalloc_rand((size_t)c.T * width * 4, 400 + (unsigned)ci);
+                c.w = dmalloc_rand((size_t)width * 4, 500 + (unsigned)ci);
+                CK(cudaMalloc((void **)&c.y, (size_t)c.T * width * 4));
+                CK(cudaMalloc((void **)&c.idx, (size_t)c.T * 64 * 4));
+                c.r = (k3c_cuda_router){.num_experts = cases[ci].E, .k = cases[ci].k, .sigmoid = 1, .use_bias = 1,
+                                        .num_groups = 1, .topk_group = 1, .renormalize = 1, .scale = 2.5f};
+                double bytes = c.kind == 0 ? (double)c.T * width * 4 : (double)c.T * width * 4 * (c.kind == 1 ? 2 : 3);
+                char name[64];
+                snprintf(name, sizeof name, "small_%s_T%d_graph", cases[ci].name, c.T);
+                time_graph(name, bytes, run_small, &c);
+                cudaFree(c.a); cudaFree(c.b); cudaFree(c.w); cudaFree(c.y); cudaFree(c.idx);
+            }
     }
     return 0;
 }
