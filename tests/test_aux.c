@@ -284,3 +284,53 @@ TEST(aux_bad_options_and_calls) {
     free(buf), free(lg);
     env_close(&env);
 }
+
+/* k3c logits --aux: the streams written to --aux-out [num_aux, len, hidden] are the engine's (an in-process
+ * engine running the same prefill + decode steps), and stream 0 (layer 0) is the bf16 embedding row exactly. */
+TEST(aux_cli_logits) {
+    aux_env env;
+    CHECK_OK(env_open(&env, "tiny", 0, 0));
+    int D = env.D, n = 6, prefill = 4, aux[3] = {0, 5, env.L};
+    char bin[1024], cmd[4096], lf[1024], af[1024];
+    CHECK(test_k3c_binary(bin, sizeof bin));
+    snprintf(lf, sizeof lf, "%s/aux_cli_logits.f32", test_tmpdir());
+    snprintf(af, sizeof af, "%s/aux_cli_aux.f32", test_tmpdir());
+    int32_t tok[6];
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ 0xc11);
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(k3c_rng_next(&r) % (uint64_t)env.V);
+    snprintf(cmd, sizeof cmd, "'%s' logits --model '%s' --prompt-ids %d,%d,%d,%d,%d,%d --prefill %d --out '%s' "
+             "--threads 2 --aux %d,%d,%d --aux-out '%s' >/dev/null 2>&1", bin, env.dir, tok[0], tok[1], tok[2],
+             tok[3], tok[4], tok[5], prefill, lf, aux[0], aux[1], aux[2], af);
+    CHECK(test_run_status(cmd) == 0);
+    size_t nf = (size_t)3 * n * D;
+    float *file = malloc(sizeof(float) * nf), *mine = malloc(sizeof(float) * nf), *lg = malloc(sizeof(float) * n * env.V);
+    CHECK(file && mine && lg);
+    CHECK(test_read_f32(af, file, nf) == 0);
+    k3c_engine *eng;
+    CHECK_OK(make_engine(&env, 0, aux, 3, &eng));
+    int id;
+    CHECK_OK(k3c_request_open(eng, &id));
+    poison_f32(mine, nf);
+    k3c_step_item it = {.request = id, .tokens = tok, .n = prefill, .all_logits = 1};
+    CHECK_OK(k3c_engine_step(eng, &it, 1, lg));
+    for (int j = 0; j < 3; j++) CHECK_OK(k3c_engine_aux(eng, j, mine + (size_t)j * n * D, NULL));
+    for (int i = prefill; i < n; i++) {
+        k3c_step_item d = {.request = id, .tokens = tok + i, .n = 1};
+        CHECK_OK(k3c_engine_step(eng, &d, 1, lg));
+        for (int j = 0; j < 3; j++) CHECK_OK(k3c_engine_aux(eng, j, mine + ((size_t)j * n + i) * D, NULL));
+    }
+    double e = rel_l2_f32f32(file, mine, nf);
+    CHECKF(e < 1e-6, "CLI aux streams %.3g from the engine's", e);
+    const k3c_mat *E = &env.m->weights.embed;
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) {
+            uint32_t b = (uint32_t)E->w[(size_t)tok[i] * E->cols + d] << 16;
+            float w;
+            memcpy(&w, &b, 4);
+            CHECKF(file[(size_t)i * D + d] == w, "row %d col %d: %g, embedding %g", i, d, file[(size_t)i * D + d], w);
+        }
+    k3c_engine_free(eng);
+    free(file), free(mine), free(lg);
+    env_close(&env);
+}
