@@ -51,7 +51,20 @@ typedef struct k3c_engine_options {
      * CUDA backend stores E4M3 bytes; the CPU backend stores the E4M3 values in f32 slots (the same function,
      * not the memory saving). */
     int kv_fp8;
+    /* Aux hidden-state streams (EAGLE-3 / DSpark style drafter taps; vLLM's aux_hidden_state_layers; spec
+     * k3-architecture.md §6): aux_layers[0 .. num_aux-1] are layer indices L in 0 .. num_layers, strictly
+     * increasing, at most K3C_MAX_AUX of them (copied at creation; NULL / 0 = none). Stream j of a step holds,
+     * for each logits row of the step, the hidden state entering layer aux_layers[j]: L = 0 the embedding;
+     * else the value after layer L - 1 added its FFN output: with block AttnRes (K3) the block-partial prefix
+     * (the sum of the sublayer outputs since the last block boundary, completed blocks not included), with the
+     * plain residual (Kimi Linear) the residual stream; L = num_layers what enters the output AttnRes / final
+     * norm. Pre-norm f32 holding the bf16-rounded values the forward keeps. Read with k3c_engine_aux. */
+    const int *aux_layers;
+    int num_aux;
 } k3c_engine_options;
+
+/* Most aux streams one engine keeps (each costs max_rows x hidden floats on the device and on the host). */
+#define K3C_MAX_AUX 16
 
 void k3c_engine_options_default(k3c_engine_options *o);
 /* The model must outlive the engine. */
@@ -60,6 +73,8 @@ void k3c_engine_free(k3c_engine *e);
 int k3c_engine_vocab(const k3c_engine *e);
 /* Most tokens one step may carry. */
 int k3c_engine_max_rows(const k3c_engine *e);
+/* The model's hidden size (the width of an aux stream row). */
+int k3c_engine_hidden_size(const k3c_engine *e);
 
 /* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
 int k3c_request_open(k3c_engine *e, int *id);
@@ -84,6 +99,12 @@ int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *log
 /* After a verify of q tokens: keep the first `accepted` (0..q): the request then holds length + accepted
  * tokens and its KDA state is the state after exactly those tokens. */
 int k3c_request_commit(k3c_engine *e, int id, int accepted);
+/* Aux stream j (0 .. num_aux-1, in the order of k3c_engine_options.aux_layers) of the last step that ran
+ * (k3c_engine_step, or a runner step, whichever path ran it): copies [rows, hidden] f32 into out, the rows
+ * being that step's logits rows in the same order as its logits. *rows (may be NULL) receives their count.
+ * Fails (and writes nothing) when the engine has no aux layers, j is out of range, or no step has succeeded
+ * since creation or the last step failed. */
+int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows);
 
 /* ---- sampling and generation ---- */
 typedef struct k3c_sampling {

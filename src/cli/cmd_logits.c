@@ -1,5 +1,7 @@
 /* k3c logits: the first N prompt tokens as one prefill, then the rest one cached decode step at a time;
- * writes the logits of every position as float32 [len, vocab], row-major, to FILE. */
+ * writes the logits of every position as float32 [len, vocab], row-major, to FILE; with --aux, the aux
+ * hidden-state streams of the listed layers (k3c_engine_options.aux_layers) as float32 [num_aux, len, hidden]
+ * to the --aux-out file. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +13,31 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
-               "[--threads N] [--f32] [--kv-cache bf16|fp8]\n"
+               "[--threads N] [--f32] [--kv-cache bf16|fp8] [--aux L1,L2,... --aux-out FILE]\n"
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
+               "--aux: the hidden state entering each listed layer (0..num_layers, increasing; num_layers = the\n"
+               "       final norm's input), written as float32 [num_aux, len, hidden] to --aux-out\n"
                "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n");
 }
 
+/* Writes n floats to path; a short file is removed (it would read as valid rows), a device never is. */
+static int write_f32(const char *path, const float *x, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return k3c_errorf("cannot open %s for writing: %s", path, strerror(errno));
+    struct stat st;
+    int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+    size_t wrote = fwrite(x, sizeof(float), n, f);
+    int close_rc = fclose(f);
+    if (wrote != n || close_rc != 0) {
+        k3c_errorf("writing %s: %s", path, strerror(errno));
+        if (regular) remove(path);
+        return K3C_ERR;
+    }
+    return K3C_OK;
+}
+
 int cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *out = NULL;
+    const char *model = NULL, *ids_s = NULL, *out = NULL, *aux_s = NULL, *aux_out = NULL;
     long prefill = -1;
     int f32 = 0;
     k3c_engine_options o;
@@ -34,6 +54,8 @@ int cmd_logits(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_parse_int(v, 1, 1 << 30, &prefill);
         else if ((v = cli_option(argc, argv, &i, "--out"))) out = v;
+        else if ((v = cli_option(argc, argv, &i, "--aux"))) aux_s = v;
+        else if ((v = cli_option(argc, argv, &i, "--aux-out"))) aux_out = v;
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = 1;
         if (bad) {
@@ -51,35 +73,61 @@ int cmd_logits(int argc, char **argv) {
         free(ids);
         return 2;
     }
+    int32_t *aux32 = NULL;
+    int na = 0;
+    if (!aux_s != !aux_out || (aux_s && cli_parse_ids(aux_s, &aux32, &na))) {
+        fprintf(stderr, "k3c logits: --aux (comma-separated layer indices) and --aux-out go together\n");
+        free(ids);
+        free(aux32);
+        return 2;
+    }
     if (prefill > n) {
         fprintf(stderr, "k3c logits: --prefill %ld exceeds the %d prompt tokens\n", prefill, n);
         free(ids);
+        free(aux32);
         return 2;
     }
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
-    float *lg = NULL;
-    int rc = 1, id;
+    float *lg = NULL, *aux = NULL;
+    int rc = 1, id, *aux_layers = NULL, D = 0;
     if (k3c_load(model, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
     o.max_rows = (int)prefill;
     o.q_max = 1;
     o.exact_f32 = f32;
     o.max_context = n;
+    if (na > 0) {
+        aux_layers = malloc(sizeof(int) * (size_t)na);
+        if (!aux_layers) {
+            k3c_errorf("out of memory");
+            goto fail;
+        }
+        for (int j = 0; j < na; j++) aux_layers[j] = aux32[j];
+        o.aux_layers = aux_layers;
+        o.num_aux = na;
+    }
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     int V = k3c_engine_vocab(e);
+    D = k3c_engine_hidden_size(e);
     lg = malloc(sizeof(float) * (size_t)n * V);
-    if (!lg) {
-        k3c_errorf("out of memory for %d x %d logits", n, V);
+    aux = na ? malloc(sizeof(float) * (size_t)na * n * D) : NULL;
+    if (!lg || (na && !aux)) {
+        k3c_errorf("out of memory for %d x %d logits and %d aux streams", n, V, na);
         goto fail;
     }
     if (k3c_request_open(e, &id) != K3C_OK) goto fail;
     k3c_step_item it = {.request = id, .tokens = ids, .n = (int)prefill, .all_logits = 1};
     if (k3c_engine_step(e, &it, 1, lg) != K3C_OK) goto fail;
+    for (int j = 0; j < na; j++) /* stream j's rows 0 .. prefill - 1 */
+        if (k3c_engine_aux(e, j, aux + (size_t)j * n * D, NULL) != K3C_OK) goto fail;
     for (int i = (int)prefill; i < n; i++) {
         k3c_step_item d = {.request = id, .tokens = ids + i, .n = 1};
         if (k3c_engine_step(e, &d, 1, lg + (size_t)i * V) != K3C_OK) goto fail;
+        for (int j = 0; j < na; j++)
+            if (k3c_engine_aux(e, j, aux + ((size_t)j * n + i) * D, NULL) != K3C_OK) goto fail;
     }
+    if (na && write_f32(aux_out, aux, (size_t)na * n * D) != K3C_OK) goto fail;
     FILE *f = fopen(out, "wb");
     if (!f) {
         k3c_errorf("cannot open %s for writing: %s", out, strerror(errno));
@@ -102,6 +150,9 @@ fail:
     fprintf(stderr, "k3c logits: %s\n", k3c_last_error());
 done:
     free(lg);
+    free(aux);
+    free(aux_layers);
+    free(aux32);
     k3c_engine_free(e);
     if (m) k3c_free(m);
     free(ids);

@@ -58,6 +58,9 @@ struct k3c_decode_cuda {
     float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
     size_t mla_part_floats;
     int *idx;
+    /* aux streams (engine option aux_layers, read at build): aux_dev [num_aux, PMAX, D]; a step of T rows
+     * (every row a logits row) writes stream j at j * T * D, the engine's host layout, downloaded whole */
+    float *aux_dev;
 
     /* metadata: pinned host block and its device mirror, same layout (offsets below), copied whole per step */
     uint8_t *meta_h, *meta_d;
@@ -116,6 +119,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     }
     x->res_dev = (float **)p;
     K3C_CUDA_TRY(cudaMemcpy(x->res_dev, x->res, sizeof(float *) * (size_t)x->nres, cudaMemcpyHostToDevice));
+    if (x->v.num_aux > 0) K3C_CUDA_TRY(cudaMalloc((void **)&x->aux_dev, (size_t)x->v.num_aux * R * D * 4));
 
     /* cuBLASLt (rows > K3C_CUDA_GEMV_MAX_T), as the backend sizes it: the same workspace gives the same
      * heuristic choice, hence the same products as the stock path */
@@ -212,6 +216,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
             if (x->graph[r][q]) cudaGraphExecDestroy(x->graph[r][q]);
     if (x->gemm_ready) k3c_cuda_gemm_free(&x->gemm);
     if (x->dev) cudaFree(x->dev);
+    if (x->aux_dev) cudaFree(x->aux_dev);
     if (x->gemm_ws) cudaFree(x->gemm_ws);
     if (x->mla_part) cudaFree(x->mla_part);
     if (x->xbf) cudaFree(x->xbf);
@@ -435,6 +440,20 @@ static const float *rec_mix(k3c_decode_cuda *x, int nb, const float *proj, const
     return x->a_in;
 }
 
+/* The aux streams entering layer L (stock/forward.c aux_tap): P, the prefix (or residual) entering layer L,
+ * copied for every stream tapping L. Every row of an executor step is a logits row, so the stock path's
+ * row gather is the identity and this copy gives the same bits. Called where stock taps: after the
+ * embedding (L = 0) and after layer L - 1's FFN add; a change that fuses that add into the next AttnRes must
+ * still store the updated prefix here (vLLM: bind_aux on the AttnRes entering an aux layer). */
+static int rec_aux(k3c_decode_cuda *x, int L, const float *P, int T) {
+    size_t TD = (size_t)T * x->c->hidden_size;
+    for (int j = 0; j < x->v.num_aux; j++)
+        if (x->v.aux_layers[j] == L)
+            K3C_CUDA_TRY(cudaMemcpyAsync(x->aux_dev + (size_t)j * TD, P, TD * sizeof(float), cudaMemcpyDeviceToDevice,
+                                         x->st));
+    return K3C_OK;
+}
+
 static int record_step(k3c_decode_cuda *x, int T, int q) {
     const k3c_config *c = x->c;
     const k3c_weights *W = &x->m->weights;
@@ -444,6 +463,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
     float *P = x->res[0];
     P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T, P,
                          x->st));
+    L_TRY(rec_aux(x, 0, P, T));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
         const float *a_in = P;
@@ -469,6 +489,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
         P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
         L_TRY(rec_ffn(x, l, T));
         P_TRY("residual add", k3c_cuda_add(P, x->F, TD, 1, P, x->st));
+        L_TRY(rec_aux(x, l + 1, P, T));
     }
     /* every row is a logits row (decode: a request's only row; verify: all of them), so the stock path's
      * row gather is the identity; final norm in the same kernel and order as stock (stock/forward.c) */
@@ -674,6 +695,11 @@ static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, i
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
     K3C_TRY(download_logits(x, logits, (size_t)T * V));
+    if (x->v.num_aux > 0) { /* the engine's aux streams, [num_aux, T, D] as stock packs them (engine_internal.h) */
+        K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, x->st));
+        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+    }
     k3c_op_profile_collect(x->prof); /* the stream is idle after the last chunk */
     k3c_engine_step_end(x->e, items, n);
     x->replays++;

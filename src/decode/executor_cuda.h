@@ -25,6 +25,9 @@
  *  - the MoE as a front (router logits, latent down, shared gate and up: one grouped launch; routing; the
  *    shared activation), the persistent routed experts (one launch for all selected experts of the step),
  *    and a tail (latent norm, then latent up and shared down as one grouped launch, then their sum).
+ * The aux hidden-state streams (k3c_engine_options.aux_layers, read at build) are device copies of the
+ * prefix entering each tapped layer, recorded in the graphs at the stock forward's tap points, and land in
+ * the engine's aux buffer (k3c_engine_aux) after each replayed step.
  * Verify steps run on scratch copies of the committed KDA state and save the fold inputs in the engine's
  * k3c_kda_slots store, so k3c_request_commit folds them exactly as after a stock verify.
  * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are

@@ -42,7 +42,28 @@ struct k3c_engine {
     engine_request *req; /* [max_requests], request id = KDA slot */
     int32_t *block_store;
     k3c_fwd_req *fr;     /* [max_requests] step scratch */
+    int *aux_layers;     /* [o.num_aux] copy of the option */
+    float *aux;          /* host [num_aux, max_rows, D]: the last step's streams, [num_aux, aux_rows, D] packed */
+    int aux_rows;        /* logits rows of the last step; -1: none valid (no step yet, or it failed) */
 };
+
+/* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
+static int check_aux(const k3c_model *m, const k3c_engine_options *o) {
+    int L = m->config.num_layers;
+    if (o->num_aux < 0 || o->num_aux > K3C_MAX_AUX)
+        return k3c_errorf("engine: num_aux %d outside 0..%d (K3C_MAX_AUX)", o->num_aux, K3C_MAX_AUX);
+    if (o->num_aux > 0 && !o->aux_layers) return k3c_errorf("engine: num_aux %d but aux_layers is NULL", o->num_aux);
+    for (int i = 0; i < o->num_aux; i++) {
+        int a = o->aux_layers[i];
+        if (a < 0 || a > L)
+            return k3c_errorf("engine: aux_layers[%d] = %d outside 0..%d (layer indices; %d = the output)", i, a, L,
+                              L);
+        if (i > 0 && a <= o->aux_layers[i - 1])
+            return k3c_errorf("engine: aux_layers[%d] = %d after %d: the list must be strictly increasing", i, a,
+                              o->aux_layers[i - 1]);
+    }
+    return K3C_OK;
+}
 
 void k3c_engine_options_default(k3c_engine_options *o) {
     memset(o, 0, sizeof *o);
@@ -81,28 +102,43 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         o.num_blocks = (int)blocks;
     }
     int mbr = (int)mbr64;
+    if (o.num_aux == 0) o.aux_layers = NULL;
+    K3C_TRY(check_aux(m, &o));
 
     k3c_engine *e = calloc(1, sizeof *e);
     if (!e) return k3c_errorf("engine: out of memory");
     e->m = m;
     e->o = o;
     e->max_blocks_per_request = mbr;
+    e->aux_rows = -1;
+    if (o.num_aux > 0) {
+        e->aux_layers = malloc(sizeof(int) * (size_t)o.num_aux);
+        e->aux = malloc(sizeof(float) * (size_t)o.num_aux * o.max_rows * m->config.hidden_size);
+        if (!e->aux_layers || !e->aux) {
+            free(e->aux_layers);
+            free(e->aux);
+            free(e);
+            return k3c_errorf("engine: out of host memory for %d aux streams of %d rows", o.num_aux, o.max_rows);
+        }
+        memcpy(e->aux_layers, o.aux_layers, sizeof(int) * (size_t)o.num_aux);
+        e->o.aux_layers = e->aux_layers;
+    }
     if (!strcmp(o.device, "cpu")) {
         e->be = k3c_backend_cpu_create(o.threads);
         if (e->be && o.exact_f32) k3c_backend_cpu_set_exact(e->be, 1);
     } else if (!strcmp(o.device, "cuda")) {
         if (!cuda_create) {
-            free(e);
+            free(e->aux_layers), free(e->aux), free(e);
             return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
         }
         e->be = cuda_create(0);
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
     } else {
-        free(e);
+        free(e->aux_layers), free(e->aux), free(e);
         return k3c_errorf("engine: unknown device '%s' (expected cpu or cuda)", o.device);
     }
     if (!e->be) {
-        free(e);
+        free(e->aux_layers), free(e->aux), free(e);
         return k3c_error_context("engine: device %s", o.device);
     }
     e->req = calloc((size_t)o.max_requests, sizeof *e->req);
@@ -116,7 +152,8 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
 
     k3c_forward_options fo = {.max_rows = o.max_rows, .max_segs = o.max_requests, .max_context = o.max_context,
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
-                              .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8};
+                              .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
+                              .aux_layers = e->aux_layers, .num_aux = o.num_aux};
     if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK ||
         k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
@@ -138,11 +175,14 @@ void k3c_engine_free(k3c_engine *e) {
     free(e->req);
     free(e->block_store);
     free(e->fr);
+    free(e->aux_layers);
+    free(e->aux);
     free(e);
 }
 
 int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
 int k3c_engine_max_rows(const k3c_engine *e) { return e->o.max_rows; }
+int k3c_engine_hidden_size(const k3c_engine *e) { return e->m->config.hidden_size; }
 
 static int check_id(const k3c_engine *e, int id) {
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
@@ -181,11 +221,13 @@ void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v) {
     *v = (k3c_engine_view){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
                            .max_rows = e->o.max_rows, .max_context = e->o.max_context,
                            .block_size = e->o.block_size, .q_max = e->o.q_max,
-                           .max_blocks_per_request = e->max_blocks_per_request};
+                           .max_blocks_per_request = e->max_blocks_per_request,
+                           .aux_layers = e->aux_layers, .num_aux = e->o.num_aux, .aux = e->aux};
 }
 
 int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs) {
     *reqs = e->fr;
+    e->aux_rows = -1; /* valid again only once this step has run (step_end) */
     if (n > e->o.max_requests) return k3c_errorf("engine step: %d items, at most %d", n, e->o.max_requests);
     for (int i = 0; i < n; i++) {
         const k3c_step_item *it = &items[i];
@@ -216,18 +258,21 @@ int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, cons
 }
 
 void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
+    int rows = 0;
     for (int i = 0; i < n; i++) {
         engine_request *r = &e->req[items[i].request];
         if (items[i].verify) r->pending = items[i].n;
         else r->length += items[i].n;
+        rows += items[i].verify || items[i].all_logits ? items[i].n : 1; /* the logits rows (step_begin) */
     }
+    e->aux_rows = rows;
 }
 
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
     if (n <= 0) return K3C_OK;
     const k3c_fwd_req *fr;
     K3C_TRY(k3c_engine_step_begin(e, items, n, &fr));
-    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, NULL));
+    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
     k3c_engine_step_end(e, items, n);
     return K3C_OK;
 }
@@ -241,5 +286,19 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted) {
     K3C_TRY(k3c_forward_commit(e->fwd, &e->ks, id, accepted));
     r->length += accepted;
     r->pending = 0;
+    return K3C_OK;
+}
+
+int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows) {
+    if (e->o.num_aux == 0) return k3c_errorf("engine aux: the engine has no aux layers (k3c_engine_options.aux_layers)");
+    if (j < 0 || j >= e->o.num_aux) return k3c_errorf("engine aux: stream %d outside 0..%d", j, e->o.num_aux - 1);
+    if (e->aux_rows < 0)
+        return k3c_errorf("engine aux: no step has run since the engine was created or the last step failed");
+    size_t n = (size_t)e->aux_rows * e->m->config.hidden_size;
+    if (n) {
+        if (!out) return k3c_errorf("engine aux: no output buffer for %d rows", e->aux_rows);
+        memcpy(out, e->aux + (size_t)j * n, n * sizeof(float));
+    }
+    if (rows) *rows = e->aux_rows;
     return K3C_OK;
 }

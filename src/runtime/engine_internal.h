@@ -19,6 +19,11 @@ typedef struct k3c_engine_view {
     k3c_kda_slots *ks;
     int max_requests, max_rows, max_context, block_size, q_max;
     int max_blocks_per_request; /* block table length that covers max_context */
+    /* aux streams (k3c_engine_options.aux_layers, validated): a path running a step writes stream j of its
+     * N logits rows to aux + j * N * hidden (host, [num_aux, max_rows, hidden] floats); step_end marks them valid */
+    const int *aux_layers;
+    int num_aux;
+    float *aux;
 } k3c_engine_view;
 
 void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v);
@@ -27,7 +32,8 @@ void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v);
  * the forward requests (pos, block table, slot, verify) in *reqs (valid until the next step). Nothing is
  * changed on failure except blocks taken (they stay with their requests, as in k3c_engine_step). */
 int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs);
-/* Second half, after the forward ran the step: moves lengths, marks verifies pending. */
+/* Second half, after the forward ran the step: moves lengths, marks verifies pending, marks the aux streams
+ * (written by the path that ran the step) valid for the step's logits rows. */
 void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n);
 
 #endif

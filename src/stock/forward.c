@@ -59,6 +59,7 @@ struct k3c_forward {
     float *mqa, *mq, *mlat, *mo, *mg;    /* [R, q_lora], [R, Hm*qh], [R, lat], [R, Hm*v] x2 */
     float *ga, *gu;                      /* [R, I] dense MLP */
     float *G;                            /* [R, D] rows picked for logits */
+    float *aux;                          /* [num_aux, R, D]: stream i of a step with N logits rows at i * N * D */
     float *logits;                       /* [R, V] f32 */
 
     /* host metadata, sized once */
@@ -78,9 +79,11 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (o->max_rows <= 0 || o->max_segs <= 0 || o->max_context <= 0 || o->block_size <= 0)
         return k3c_errorf("forward: max_rows %d, max_segs %d, max_context %d, block_size %d must be positive",
                           o->max_rows, o->max_segs, o->max_context, o->block_size);
+    if (o->num_aux < 0 || (o->num_aux > 0 && !o->aux_layers))
+        return k3c_errorf("forward: %d aux layers, %s list", o->num_aux, o->aux_layers ? "a" : "no");
     for (int i = 0; i < o->num_aux; i++)
-        if (o->aux_layers[i] < 0 || o->aux_layers[i] >= c->num_layers)
-            return k3c_errorf("forward: aux layer %d outside 0..%d", o->aux_layers[i], c->num_layers - 1);
+        if (o->aux_layers[i] < 0 || o->aux_layers[i] > c->num_layers)
+            return k3c_errorf("forward: aux layer %d outside 0..%d", o->aux_layers[i], c->num_layers);
     k3c_forward *f = calloc(1, sizeof *f);
     if (!f) return k3c_errorf("forward: out of memory");
     f->be = be;
@@ -137,6 +140,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
 #undef CARVE
     size_t total = (size_t)f->nres * D;
     for (int i = 0; i < n; i++) total += widths[i];
+    total += (size_t)o->num_aux * D;
     total *= R;
     f->arena = be->alloc(be, total * sizeof(float));
     if (!f->arena) {
@@ -150,6 +154,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         *slots[i] = p;
         p += R * widths[i];
     }
+    f->aux = o->num_aux > 0 ? p : NULL;
     *out = f;
     return K3C_OK;
 oom:
@@ -306,6 +311,19 @@ static const float *mix(k3c_forward *f, int nb, const float *P, const float *pro
     return out;
 }
 
+/* Aux streams entering layer L (see forward.h): copies the logits rows of P (the prefix or residual that
+ * enters layer L) into the aux buffer of every stream tapping L. The rows are ascending, so nrows == T means
+ * every row (a decode or verify step): a plain copy then, no gather. */
+static void aux_tap(k3c_forward *f, int L, const float *P, int T, int nrows) {
+    size_t D = f->c->hidden_size;
+    for (int i = 0; i < f->o.num_aux; i++) {
+        if (f->aux_layers[i] != L || nrows == 0) continue;
+        float *dst = f->aux + (size_t)i * nrows * D;
+        if (nrows == T) f->be->copy(f->be, dst, P, (size_t)T * D * sizeof(float));
+        else f->be->gather_rows(f->be, P, f->rows, nrows, (int)D, dst);
+    }
+}
+
 int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
                      float *logits, float *aux) {
     k3c_backend *be = f->be;
@@ -348,10 +366,24 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
     for (int s = 0; s < nreq; s++)
         if (mla_expands(f, &reqs[s])) f->mla_segs[f->mla_nabs + f->mla_nexp++] = f->segs[s];
 
+    /* the logits rows (ascending): picked for the final norm, and the rows of the aux streams */
+    int nrows = 0;
+    for (int s = 0; s < nreq; s++) {
+        const k3c_seg *sg = &f->segs[s];
+        if (reqs[s].verify || reqs[s].logits == K3C_LOGITS_ALL)
+            for (int i = 0; i < sg->n; i++) f->rows[nrows++] = sg->row0 + i;
+        else if (reqs[s].logits == K3C_LOGITS_LAST)
+            f->rows[nrows++] = sg->row0 + sg->n - 1;
+    }
+    if (nrows > 0 && !logits)
+        return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
+    int want_aux = aux && f->o.num_aux > 0;
+
     int attnres = c->attn_res_block_size > 0;
     int nb = 0, p_empty = 0;
     float *P = f->res[0];
     be->embed(be, &W->embed, f->ids, T, P);
+    if (want_aux) aux_tap(f, 0, P, T, nrows);
     size_t TD = (size_t)T * D;
 
     for (int l = 0; l < c->num_layers; l++) {
@@ -378,20 +410,10 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         be->rmsnorm(be, m_in, D, lw->post_norm, T, D, c->rms_norm_eps, f->x, D);
         ffn_layer(f, l, T);
         be->add(be, P, f->F, TD, P);
-        for (int i = 0; i < f->o.num_aux; i++)
-            if (f->aux_layers[i] == l && aux) be->download(be, aux + (size_t)i * TD, P, TD * sizeof(float));
+        if (want_aux) aux_tap(f, l + 1, P, T, nrows); /* entering layer l + 1 (or the output AttnRes) */
     }
 
-    int nrows = 0;
-    for (int s = 0; s < nreq; s++) {
-        const k3c_seg *sg = &f->segs[s];
-        if (reqs[s].verify || reqs[s].logits == K3C_LOGITS_ALL)
-            for (int i = 0; i < sg->n; i++) f->rows[nrows++] = sg->row0 + i;
-        else if (reqs[s].logits == K3C_LOGITS_LAST)
-            f->rows[nrows++] = sg->row0 + sg->n - 1;
-    }
     if (nrows > 0) {
-        if (!logits) return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
         const float *h = attnres ? mix(f, nb, P, W->out_res_proj, W->out_res_norm, T, f->a_in) : P;
         be->gather_rows(be, h, f->rows, nrows, D, f->G);
         /* The final norm (decode-executor.md §7): row by row, each row's sum of squares in an order that depends
@@ -403,6 +425,7 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         be->rmsnorm(be, f->G, D, W->final_norm, nrows, D, c->rms_norm_eps, f->G, D);
         be->matmul(be, &W->lm_head, f->G, nrows, f->logits, 0);
         be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
+        if (want_aux) be->download(be, aux, f->aux, (size_t)f->o.num_aux * nrows * D * sizeof(float));
     }
     if (be->sync(be) != K3C_OK) return k3c_error_context("forward step on %s: ", be->name);
     return K3C_OK;

@@ -43,8 +43,11 @@ typedef struct k3c_forward_options {
     int mla_expand_min;
     /* 1: the MLA latent cache holds FP8 E4M3 values (k3c_backend_limits.kv_fp8). */
     int kv_fp8;
-    /* Aux hidden-state taps (spec §6): after layer aux_layers[i] the residual prefix P (plain residual: the
-     * hidden state) is copied out. */
+    /* Aux hidden-state streams (spec k3-architecture.md §6, vLLM's aux_hidden_state_layers): stream i is the
+     * hidden state entering layer L = aux_layers[i], L in 0 .. num_layers: the embedding for L = 0, else the
+     * value after layer L - 1 added its FFN output, i.e. with AttnRes the block-partial prefix P (not the full
+     * residual: completed blocks are not in it), without AttnRes the residual stream h; L = num_layers is the
+     * prefix entering the output AttnRes (plain residual: the final norm's input). Pre-norm, bf16-rounded as P is. */
     const int *aux_layers;
     int num_aux;
 } k3c_forward_options;
@@ -56,7 +59,8 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
 void k3c_forward_free(k3c_forward *f);
 
 /* Runs one step. logits (host, may be NULL when no request asks for any): the requested rows, request by
- * request in order, each [vocab] f32. aux (host, may be NULL): [num_aux, T, D] with T = total rows.
+ * request in order, each [vocab] f32. aux (host, may be NULL): [num_aux, N, D], N = k3c_forward_logit_rows
+ * (the logits rows, in the same order): stream i's rows are aux + i * N * D.
  * The caller has made every block table cover pos + n. */
 int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
                      float *logits, float *aux);
