@@ -556,6 +556,8 @@ __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const in
     float *out = o_lat + ((size_t)t * Hm + h) * kvl;
     for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
         float s = 0.0f;
+        /* unrolled so the loads of several splits are in flight at once (the sum stays in z order) */
+#pragma unroll 8
         for (int z = 0; z < eff; z++) s = fmaf(pz[(size_t)z * (kvl + 2) + i], fz[z], s);
         out[i] = s * inv;
     }
@@ -614,7 +616,7 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
     K3C_CUDA_LAUNCHED("mla_attend");
     if (splits > 1) {
-        mla_attend_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
+        mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
         K3C_CUDA_LAUNCHED("mla_attend merge");
     }
     return K3C_OK;
