@@ -54,9 +54,181 @@ __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const flo
             q_abs[((size_t)(t0 + j) * Hm + h) * Lat + kvl + r] = q[(size_t)(t0 + j) * Hm * qh + (size_t)h * qh + nope + r];
 }
 
+/* The absorptions at decode sizes (T = 1 .. 64 rows), 16-byte weight loads. Both are per-head products
+ * out[t, n] = sum_k a[t, k] B[k, n] over a head's kv_b rows, read once per block into registers and applied
+ * to every token of the block in register tiles of ABS_TT tokens; the reduction dimension is split over the
+ * block's threads and their partials are summed through shared memory in a fixed thread order, so the bits
+ * of an output do not depend on T, on the token tiling or on timing (no atomics). The previous kernels
+ * (2-byte loads: absorb_q one thread per kvl column walking the 128 nope rows serially, Hm blocks at T = 1;
+ * absorb_o one warp per row re-reading W_UV for every 8 tokens) took 35-40 us at T = 1 and 170 / 700 us at
+ * T = 64 on K3 dims (run 18), latency bound; they stay as the fallback for shapes the fast ones do not take. */
+#define ABS_THREADS 128
+#define AQ_COLS 64 /* absorb_q: kvl columns per block (8 chunks of 8 bf16) */
+#define AQ_RG 16   /* absorb_q: row groups; group g holds nope rows g * AQ_J .. + AQ_J */
+#define AQ_J 8     /* absorb_q: rows per group (nope <= AQ_RG * AQ_J = 128) */
+#define AO_ROWS 16 /* absorb_o: W_UV rows (e) per block */
+#define AO_KC 64   /* absorb_o: 8-element chunks of a row, one per thread (kvl <= 512) */
+
+/* Tokens per block: all T in one block column unless the heads x slices grid would leave the GPU under
+ * about 4 blocks per SM, then split into multiples of ABS_TT (the bits do not depend on it). */
+static int absorb_tokens_per_block(int T, int base_blocks) {
+    int tiles = (T + ABS_TT - 1) / ABS_TT;
+    int want = (4 * k3c_cuda_sm_count() + base_blocks - 1) / base_blocks;
+    int groups = want < 1 ? 1 : want > tiles ? tiles : want;
+    int tiles_per = (tiles + groups - 1) / groups;
+    return tiles_per * ABS_TT;
+}
+
+/* grid (Hm, ceil(kvl / AQ_COLS), token groups), ABS_THREADS threads: thread (g = tid / 8, chunk u = tid % 8)
+ * holds W_UK[h] rows g * AQ_J + j (j < AQ_J) at columns col0 + 8 u .. + 8 as AQ_J 16-byte loads (the block
+ * reads its 128 rows x 128 bytes once), multiplies them by q (staged per tile in shared memory) into
+ * acc[token][8 columns], and the AQ_RG group partials of each output are summed in group order 0 .. 15 (each
+ * partial is the group's rows in ascending order). */
+__global__ void __launch_bounds__(ABS_THREADS)
+mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ q, int T, int Hm, int nope,
+                      int rope, int vh, int kvl, float *__restrict__ q_abs, int tpb) {
+    __shared__ float qs[ABS_TT][AQ_RG * AQ_J];
+    /* [AQ_RG][ABS_TT * AQ_COLS + 4] floats as float4 (16-byte aligned); +4: the groups' rows start on other banks */
+    __shared__ float4 red4[AQ_RG][(ABS_TT * AQ_COLS + 4) / 4];
+    float(*red)[ABS_TT * AQ_COLS + 4] = (float(*)[ABS_TT * AQ_COLS + 4])red4;
+    int h = blockIdx.x, col0 = blockIdx.y * AQ_COLS, tid = threadIdx.x, u = tid & 7, g = tid >> 3;
+    int qh = nope + rope, Lat = kvl + rope, col = col0 + 8 * u;
+    const uint16_t *Wk = kv_b + (size_t)h * (nope + vh) * kvl;
+    uint4 w[AQ_J];
+#pragma unroll
+    for (int j = 0; j < AQ_J; j++) {
+        int i = g * AQ_J + j;
+        w[j] = col < kvl && i < nope ? __ldg((const uint4 *)(Wk + (size_t)i * kvl + col)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    int t_begin = blockIdx.z * tpb, t_end = min(T, t_begin + tpb);
+    for (int t0 = t_begin; t0 < t_end; t0 += ABS_TT) {
+        int nt = min(ABS_TT, t_end - t0);
+        __syncthreads(); /* the previous tile's readers of qs and red are done */
+        for (int k = tid; k < ABS_TT * AQ_RG * AQ_J; k += ABS_THREADS) {
+            int tt = k / (AQ_RG * AQ_J), i = k % (AQ_RG * AQ_J);
+            qs[tt][i] = tt < nt && i < nope ? q[(size_t)(t0 + tt) * Hm * qh + (size_t)h * qh + i] : 0.0f;
+        }
+        __syncthreads();
+        float acc[ABS_TT][8];
+#pragma unroll
+        for (int tt = 0; tt < ABS_TT; tt++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[tt][e] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < AQ_J; j++) {
+            const uint32_t wv[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+            for (int tt = 0; tt < ABS_TT; tt++) {
+                if (tt < nt) { /* block-uniform */
+                    float a = qs[tt][g * AQ_J + j];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[tt][2 * e] = fmaf(a, k3c_dev_bf16_lo(wv[e]), acc[tt][2 * e]);
+                        acc[tt][2 * e + 1] = fmaf(a, k3c_dev_bf16_hi(wv[e]), acc[tt][2 * e + 1]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int tt = 0; tt < ABS_TT; tt++) {
+            if (tt < nt) {
+                float4 *r = (float4 *)&red[g][tt * AQ_COLS + 8 * u];
+                r[0] = make_float4(acc[tt][0], acc[tt][1], acc[tt][2], acc[tt][3]);
+                r[1] = make_float4(acc[tt][4], acc[tt][5], acc[tt][6], acc[tt][7]);
+            }
+        }
+        __syncthreads();
+        for (int o = tid; o < nt * AQ_COLS; o += ABS_THREADS) {
+            int tt = o / AQ_COLS, c = col0 + o % AQ_COLS;
+            float s = red[0][o];
+#pragma unroll
+            for (int gg = 1; gg < AQ_RG; gg++) s += red[gg][o];
+            if (c < kvl) q_abs[((size_t)(t0 + tt) * Hm + h) * Lat + c] = s;
+        }
+    }
+    if (blockIdx.y == 0)
+        for (int t = t_begin; t < t_end; t++)
+            for (int r = tid; r < rope; r += ABS_THREADS)
+                q_abs[((size_t)t * Hm + h) * Lat + kvl + r] = q[(size_t)t * Hm * qh + (size_t)h * qh + nope + r];
+}
+
+/* grid (Hm, ceil(vh / AO_ROWS), token groups), ABS_THREADS threads: thread (s = tid / AO_KC, chunk k =
+ * tid % AO_KC) holds W_UV[h] rows e0 + s + 2 j (j < 8) at k's 8 elements (the block reads its 16 rows x
+ * kvl once), and per token its o_lat chunk (two float4, L1-shared by the block's rows); the AO_KC chunk
+ * partials of an output are summed in chunk order 0 .. 63 (each partial: its 8 elements in order). */
+__global__ void __launch_bounds__(ABS_THREADS)
+mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm, int nope,
+                      int vh, int kvl, int round, float *__restrict__ o, int tpb) {
+    __shared__ float red[AO_KC][AO_ROWS * ABS_TT + 1]; /* +1: the chunks' rows land on different banks */
+    int h = blockIdx.x, e0 = blockIdx.y * AO_ROWS, tid = threadIdx.x, k = tid % AO_KC, s = tid / AO_KC;
+    bool kin = 8 * k < kvl;
+    const uint16_t *Wv = kv_b + ((size_t)h * (nope + vh) + nope) * kvl;
+    uint4 w[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int e = e0 + s + 2 * j;
+        w[j] = kin && e < vh ? __ldg((const uint4 *)(Wv + (size_t)e * kvl + 8 * k)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    int t_begin = blockIdx.z * tpb, t_end = min(T, t_begin + tpb);
+    for (int t0 = t_begin; t0 < t_end; t0 += ABS_TT) {
+        int nt = min(ABS_TT, t_end - t0);
+        float acc[8][ABS_TT];
+#pragma unroll
+        for (int tt = 0; tt < ABS_TT; tt++) {
+            if (tt < nt) { /* block-uniform */
+                float a[8];
+                if (kin) {
+                    const float4 *lp = (const float4 *)(o_lat + ((size_t)(t0 + tt) * Hm + h) * kvl + 8 * k);
+                    float4 a0 = __ldg(lp), a1 = __ldg(lp + 1);
+                    a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
+                    a[4] = a1.x; a[5] = a1.y; a[6] = a1.z; a[7] = a1.w;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) a[e] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t wv[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+                    float d = a[0] * k3c_dev_bf16_lo(wv[0]);
+                    d = fmaf(a[1], k3c_dev_bf16_hi(wv[0]), d);
+#pragma unroll
+                    for (int e = 1; e < 4; e++) {
+                        d = fmaf(a[2 * e], k3c_dev_bf16_lo(wv[e]), d);
+                        d = fmaf(a[2 * e + 1], k3c_dev_bf16_hi(wv[e]), d);
+                    }
+                    acc[j][tt] = d;
+                }
+            }
+        }
+        __syncthreads(); /* the previous tile's readers of red are done */
+#pragma unroll
+        for (int tt = 0; tt < ABS_TT; tt++)
+            if (tt < nt)
+#pragma unroll
+                for (int j = 0; j < 8; j++) red[k][tt * AO_ROWS + s + 2 * j] = acc[j][tt];
+        __syncthreads();
+        if (tid < nt * AO_ROWS) {
+            int tt = tid / AO_ROWS, e = e0 + tid % AO_ROWS;
+            float v = red[0][tid];
+#pragma unroll 16
+            for (int kk = 1; kk < AO_KC; kk++) v += red[kk][tid];
+            if (round) v = k3c_dev_bf16(k3c_dev_to_bf16(v));
+            if (e < vh) o[(size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e] = v;
+        }
+    }
+}
+
 extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, int nope, int rope, int vh,
                                      int kvl, float *q_abs, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
+    if (kvl % 8 == 0 && nope <= AQ_RG * AQ_J && ((uintptr_t)kv_b & 15) == 0) {
+        dim3 g0(Hm, (kvl + AQ_COLS - 1) / AQ_COLS);
+        int tpb = absorb_tokens_per_block(T, Hm * (int)g0.y);
+        mla_absorb_q_v_kernel<<<dim3(g0.x, g0.y, (T + tpb - 1) / tpb), ABS_THREADS, 0, stream>>>(
+            kv_b, q, T, Hm, nope, rope, vh, kvl, q_abs, tpb);
+        K3C_CUDA_LAUNCHED("mla_absorb_q");
+        return K3C_OK;
+    }
     dim3 grid(Hm, (T + ABS_TT - 1) / ABS_TT);
     mla_absorb_q_kernel<<<grid, kvl >= 512 ? 512 : ((kvl + 31) / 32) * 32, 0, stream>>>(kv_b, q, T, Hm, nope, rope, vh,
                                                                                          kvl, q_abs);
@@ -96,6 +268,14 @@ __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const flo
 extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
                                      int kvl, int round_bf16, float *o, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
+    if (kvl % 8 == 0 && kvl <= 8 * AO_KC && ((uintptr_t)kv_b & 15) == 0 && ((uintptr_t)o_lat & 15) == 0) {
+        dim3 g0(Hm, (vh + AO_ROWS - 1) / AO_ROWS);
+        int tpb = absorb_tokens_per_block(T, Hm * (int)g0.y);
+        mla_absorb_o_v_kernel<<<dim3(g0.x, g0.y, (T + tpb - 1) / tpb), ABS_THREADS, 0, stream>>>(
+            kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o, tpb);
+        K3C_CUDA_LAUNCHED("mla_absorb_o");
+        return K3C_OK;
+    }
     int rows = Hm * vh;
     mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o);
     K3C_CUDA_LAUNCHED("mla_absorb_o");
@@ -103,6 +283,9 @@ extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, i
 }
 
 #define ATT_WARPS 8
+/* Blocks per SM the splits aim at, and the most splits of one row and head. */
+#define ATT_BLOCKS_PER_SM 8
+#define ATT_MAX_SPLITS 64
 #define ATT_P 4 /* positions per warp step */
 #define ATT_MAXJ 24 /* Lat <= 768: 24 elements per lane */
 
@@ -113,35 +296,52 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     return ((const float *)cache)[i];
 }
 
+/* Positions of one split and the splits a row really uses: split z of a row's len positions takes
+ * [z * per, min(len, (z + 1) * per)), per = max(ceil(len / splits), ATT_MIN_PER), so a short row uses
+ * eff = ceil(len / per) <= splits of them (every one non-empty) and the grid's others return at once; eff = 1
+ * writes o_lat directly and the merge skips the row. Computed on the device from the row's len (a CUDA graph
+ * captured once serves every length); the attention kernels and the merge use this one function. Why: with
+ * the splits sized for the GPU only (33 at T = 1, 32 heads) a 64-position row got 2 positions a split and a
+ * 33-way merge, about 35 us a call (run 18) for work that reads 74 KB. */
+#define ATT_MIN_PER 32
+__device__ __forceinline__ void attend_split_range(int len, int splits, int z, int *p_begin, int *p_end, int *eff) {
+    int per = max((len + splits - 1) / splits, ATT_MIN_PER);
+    *eff = (len + per - 1) / per;
+    *p_begin = min(len, z * per);
+    *p_end = min(len, *p_begin + per);
+}
+
 /* The end of an attention block: the warps' running max wm, sum wl and unnormalized outputs wo [ATT_WARPS][kvl]
- * (shared, complete) merged in warp order; one split: the normalized output to o_lat[rh] (rh = t * Hm + h);
- * several: [acc | M | L] to part[rh * splits + z] (= slot), for mla_attend_merge_kernel. */
-__device__ __forceinline__ void attend_finish(const float *wm, const float *wl, const float *wo, int kvl, size_t slot,
-                                              int splits, float *o_lat, float *part) {
+ * (shared, complete) merged in warp order; one split in use (eff 1): the normalized output to o_lat[rh] (rh =
+ * t * Hm + h); several: [acc | M | L] to part[rh * splits + z] (= slot), for mla_attend_merge_kernel. The warps'
+ * factors e^(m_w - M) are computed once (wf, shared) instead of per element. */
+__device__ __forceinline__ void attend_finish(const float *wm, const float *wl, const float *wo, float *wf, int kvl,
+                                              size_t rh, size_t slot, int eff, float *o_lat, float *part) {
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
+    if (threadIdx.x < ATT_WARPS) wf[threadIdx.x] = wm[threadIdx.x] == -INFINITY ? 0.0f : expf(wm[threadIdx.x] - M);
+    __syncthreads();
     float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - M);
+    for (int w = 0; w < ATT_WARPS; w++) L += wm[w] == -INFINITY ? 0.0f : wl[w] * wf[w];
     float inv = 1.0f / L;
-    float *out = splits == 1 ? o_lat + slot * kvl : part + slot * (size_t)(kvl + 2);
+    float *out = eff == 1 ? o_lat + rh * kvl : part + slot * (size_t)(kvl + 2);
     for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
         float s = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++)
-            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], expf(wm[w] - M), s);
-        out[i] = splits == 1 ? s * inv : s;
+            if (wm[w] != -INFINITY) s = fmaf(wo[w * kvl + i], wf[w], s);
+        out[i] = eff == 1 ? s * inv : s;
     }
-    if (splits > 1 && threadIdx.x == 0) {
-        out[kvl] = M; /* -inf: an empty split (its L and acc are 0) */
+    if (eff > 1 && threadIdx.x == 0) {
+        out[kvl] = M;
         out[kvl + 1] = L;
     }
 }
 
-/* grid (T, Hm, splits), ATT_WARPS warps. Split z of a row's len positions takes [z * per, min(len, (z + 1) *
- * per)), per = ceil(len / splits), computed here from the row's len (so a CUDA graph captured once serves
- * every length); warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P of that range; lane l
+/* grid (T, Hm, splits), ATT_WARPS warps. Split z of a row's len positions: attend_split_range (computed here
+ * from the row's len, so a CUDA graph captured once serves every length); warp w takes positions [w*ATT_P, w*ATT_P + ATT_P) + k*ATT_WARPS*ATT_P of that range; lane l
  * holds elements l + 32 j of the query and of its partial output. Each warp keeps its own running max / sum;
  * the warps are merged at the end through shared memory, in warp order. One split: the normalized output
- * goes to o_lat. Several: the block's max M, sum L and unnormalized sum acc (relative to M) go to
+ * goes to o_lat. Several in use: the block's max M, sum L and unnormalized sum acc (relative to M) go to
  * part[((t * Hm + h) * splits + z) * (kvl + 2)] = [acc | M | L], and mla_attend_merge_kernel combines the
  * splits in split order (deterministic). Why splits: one block per (row, head) walked all positions as one
  * chain of dependent steps, 572 us for 96 heads over 8192 positions on the H200 (the cache's 9.4 MB would
@@ -151,12 +351,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
                   const int *__restrict__ tables, int bs, const void *__restrict__ cache, int Hm, int kvl, int rope,
                   float scale, float *o_lat, float *__restrict__ part) {
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int splits = gridDim.z, z = blockIdx.z;
     int Lat = kvl + rope, len_all = lens[t];
-    int per = (len_all + splits - 1) / splits, p_begin = min(len_all, z * per), len = min(len_all, p_begin + per);
+    int p_begin, len, eff;
+    attend_split_range(len_all, splits, z, &p_begin, &len, &eff);
+    if (z >= eff) return; /* an unused split of a short row (block-uniform, before any barrier) */
     const int *table = tables + table_off[t];
     const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
     float qr[ATT_MAXJ], acc[ATT_MAXJ];
@@ -224,7 +426,7 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
         if (i < kvl) wo[warp * kvl + i] = acc[j];
     }
     __syncthreads();
-    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
+    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
 }
 
 /* The bf16 cache (the model's default) with 16-byte loads: lane l owns the row's 8-element chunks
@@ -239,12 +441,14 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
                         const int *__restrict__ lens, const int *__restrict__ tables, int bs,
                         const uint16_t *__restrict__ cache, int Hm, int kvl, int rope, float scale, float *o_lat,
                         float *__restrict__ part) {
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int splits = gridDim.z, z = blockIdx.z;
     int Lat = kvl + rope, nch = Lat / 8, vch = kvl / 8, len_all = lens[t];
-    int per = (len_all + splits - 1) / splits, p_begin = min(len_all, z * per), len = min(len_all, p_begin + per);
+    int p_begin, len, eff;
+    attend_split_range(len_all, splits, z, &p_begin, &len, &eff);
+    if (z >= eff) return; /* an unused split of a short row (block-uniform, before any barrier) */
     const int *table = tables + table_off[t];
     const float *qv = q_abs + ((size_t)t * Hm + h) * Lat;
     float qr[ATT_CJ][8], acc[ATT_CJ][8];
@@ -324,36 +528,41 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
             for (int e = 0; e < 8; e++) wo[warp * kvl + c * 8 + e] = acc[j][e];
     }
     __syncthreads();
-    attend_finish(wm, wl, wo, kvl, ((size_t)t * Hm + h) * splits + z, splits, o_lat, part);
+    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
 }
 
-/* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order;
- * empty splits (M_z = -inf) skipped. */
-__global__ void mla_attend_merge_kernel(const float *__restrict__ part, int splits, int Hm, int kvl, float *o_lat) {
-    int t = blockIdx.x, h = blockIdx.y;
+/* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order over
+ * the eff splits the row uses (attend_split_range; eff 1: the attention block wrote o_lat, nothing to do).
+ * The factors e^(M_z - M) are computed once per split (shared). */
+__global__ void mla_attend_merge_kernel(const float *__restrict__ part, const int *__restrict__ lens, int splits,
+                                        int Hm, int kvl, float *o_lat) {
+    __shared__ float fz[ATT_MAX_SPLITS];
+    __shared__ float Ls;
+    int t = blockIdx.x, h = blockIdx.y, pb, pe, eff;
+    attend_split_range(lens[t], splits, 0, &pb, &pe, &eff);
+    if (eff <= 1) return;
     const float *pz = part + ((size_t)t * Hm + h) * splits * (size_t)(kvl + 2);
     float M = -INFINITY;
-    for (int z = 0; z < splits; z++) M = fmaxf(M, pz[(size_t)z * (kvl + 2) + kvl]);
-    float L = 0.0f;
-    for (int z = 0; z < splits; z++) {
-        float mz = pz[(size_t)z * (kvl + 2) + kvl];
-        if (mz != -INFINITY) L += pz[(size_t)z * (kvl + 2) + kvl + 1] * expf(mz - M);
+    for (int z = 0; z < eff; z++) M = fmaxf(M, pz[(size_t)z * (kvl + 2) + kvl]);
+    for (int z = threadIdx.x; z < eff; z += blockDim.x) fz[z] = expf(pz[(size_t)z * (kvl + 2) + kvl] - M);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int z = 0; z < eff; z++) L += pz[(size_t)z * (kvl + 2) + kvl + 1] * fz[z];
+        Ls = L;
     }
-    float inv = 1.0f / L;
+    __syncthreads();
+    float inv = 1.0f / Ls;
     float *out = o_lat + ((size_t)t * Hm + h) * kvl;
     for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
         float s = 0.0f;
-        for (int z = 0; z < splits; z++) {
-            float mz = pz[(size_t)z * (kvl + 2) + kvl];
-            if (mz != -INFINITY) s = fmaf(pz[(size_t)z * (kvl + 2) + i], expf(mz - M), s);
-        }
+        /* unrolled so the loads of several splits are in flight at once (the sum stays in z order) */
+#pragma unroll 8
+        for (int z = 0; z < eff; z++) s = fmaf(pz[(size_t)z * (kvl + 2) + i], fz[z], s);
         out[i] = s * inv;
     }
 }
 
-/* Blocks per SM the splits aim at, and the most splits of one row and head. */
-#define ATT_BLOCKS_PER_SM 8
-#define ATT_MAX_SPLITS 64
 
 extern "C" size_t k3c_cuda_mla_attend_split_floats(int kvl) {
     return kvl > 0 ? (size_t)2 * ATT_BLOCKS_PER_SM * k3c_cuda_sm_count() * (size_t)(kvl + 2) : 0;
@@ -407,7 +616,7 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
     K3C_CUDA_LAUNCHED("mla_attend");
     if (splits > 1) {
-        mla_attend_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(part, splits, Hm, kvl, o_lat);
+        mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
         K3C_CUDA_LAUNCHED("mla_attend merge");
     }
     return K3C_OK;

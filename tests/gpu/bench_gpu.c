@@ -3,7 +3,8 @@
  * enough copies that each launch streams from HBM, not from the 60 MB L2. Times are medians of CUDA-event
  * timed launches after warm-up. Prints one line per kernel:
  *   BENCH <name> <bytes> <median us> <GB/s> <fraction of copy bandwidth>
- * Usage: bench_gpu [gemm] [group] [moe] [kda] [mla] [small] (sections; none: all). */
+ * Usage: bench_gpu [gemm] [group] [moe] [kda] [mla] [mlacore] [small] (sections; none: all; mla includes
+ * mlacore). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +223,33 @@ static int run_mla(void *c, int rep) {
     mla_ctx *x = c;
     return k3c_cuda_mla_attend(x->qabs, x->toff, x->lens, x->tables, x->bs, x->cache, 2, x->T, x->Hm, 512, 64,
                                1.0f / sqrtf(192.0f), x->olat, x->part, x->npart, 0);
+}
+
+/* ---- mla decode core (absorbed form): absorb_q, attend, absorb_o as the decode step calls them ---- */
+#define CORE_COPIES 8
+typedef struct {
+    uint16_t *kvb[CORE_COPIES];
+    void *cache[CORE_COPIES];
+    int ccopies;
+    float *q, *qabs, *olat, *o, *part;
+    size_t npart;
+    int *toff, *lens, *tables;
+    int Hm, T, bs, nope, rope, vh, kvl;
+} core_ctx;
+static int run_absq(void *c, int rep) {
+    core_ctx *x = c;
+    return k3c_cuda_mla_absorb_q(x->kvb[rep % CORE_COPIES], x->q, x->T, x->Hm, x->nope, x->rope, x->vh, x->kvl,
+                                 x->qabs, 0);
+}
+static int run_abso(void *c, int rep) {
+    core_ctx *x = c;
+    return k3c_cuda_mla_absorb_o(x->kvb[rep % CORE_COPIES], x->olat, x->T, x->Hm, x->nope, x->vh, x->kvl, 1, x->o, 0);
+}
+static int run_core_attend(void *c, int rep) {
+    core_ctx *x = c;
+    return k3c_cuda_mla_attend(x->qabs, x->toff, x->lens, x->tables, x->bs, x->cache[rep % x->ccopies], 2, x->T,
+                               x->Hm, x->kvl, x->rope, 1.0f / sqrtf((float)(x->nope + x->rope)), x->olat, x->part,
+                               x->npart, 0);
 }
 
 static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask);
@@ -593,6 +621,73 @@ int main(int argc, char **argv) {
         time_batch("mla_attend_H96_len8192_bf16_b2b", (double)len * 576 * 2, run_mla, &c);
         cudaFree(c.cache); cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens); cudaFree(c.qabs); cudaFree(c.olat);
         cudaFree(c.part);
+    }
+
+    if (want("mla") || want("mlacore")) {
+        /* The absorbed decode core at Kimi Linear 48B (32 heads) and K3 (96 heads) dims: nope 128, rope 64, v 128,
+         * kv_lora 512, bf16 kv_b (8 copies rotated: 8.4 / 25 MB each), T rows each its own request of len
+         * positions (bf16 cache, blocks of 64; rotated copies when small), split scratch as the backend gives it.
+         * Bytes: absorb_q W_UK + q + q_abs; absorb_o W_UV + o_lat + o; attend the rows' cache + q_abs + o_lat. */
+        static const int heads[] = {32, 96}, Ts[] = {1, 8, 64}, lens[] = {64, 4096};
+        for (int hi = 0; hi < 2; hi++)
+            for (int ti = 0; ti < 3; ti++) {
+                core_ctx c;
+                memset(&c, 0, sizeof c);
+                c.Hm = heads[hi]; c.T = Ts[ti]; c.bs = 64; c.nope = 128; c.rope = 64; c.vh = 128; c.kvl = 512;
+                int Hm = c.Hm, T = c.T, Lat = c.kvl + c.rope;
+                size_t wbytes = (size_t)Hm * (c.nope + c.vh) * c.kvl * 2;
+                for (int k = 0; k < CORE_COPIES; k++) c.kvb[k] = dmalloc_rand(wbytes, 60 + k);
+                c.q = dmalloc_rand_bf16x((size_t)T * Hm * (c.nope + c.rope) * 4, 70);
+                c.olat = dmalloc_rand_bf16x((size_t)T * Hm * c.kvl * 4, 71);
+                CK(cudaMalloc((void **)&c.qabs, (size_t)T * Hm * Lat * 4));
+                CK(cudaMalloc((void **)&c.o, (size_t)T * Hm * c.vh * 4));
+                char name[64];
+                double half = (double)Hm * 128 * c.kvl * 2;
+                snprintf(name, sizeof name, "mla_absorb_q_H%d_T%d", Hm, T);
+                time_it(name, half + (double)T * Hm * (192 + Lat) * 4, run_absq, &c);
+                if (T == 1) {
+                    snprintf(name, sizeof name, "mla_absorb_q_H%d_T%d_b2b", Hm, T);
+                    time_batch(name, half + (double)T * Hm * (192 + Lat) * 4, run_absq, &c);
+                }
+                snprintf(name, sizeof name, "mla_absorb_o_H%d_T%d", Hm, T);
+                time_it(name, half + (double)T * Hm * (c.kvl + c.vh) * 4, run_abso, &c);
+                if (T == 1) {
+                    snprintf(name, sizeof name, "mla_absorb_o_H%d_T%d_b2b", Hm, T);
+                    time_batch(name, half + (double)T * Hm * (c.kvl + c.vh) * 4, run_abso, &c);
+                }
+                c.npart = k3c_cuda_mla_attend_split_floats(c.kvl);
+                CK(cudaMalloc((void **)&c.part, c.npart * 4));
+                for (int li = 0; li < 2; li++) {
+                    int len = lens[li], nb = len / c.bs;
+                    size_t cbytes = (size_t)T * nb * c.bs * Lat * 2;
+                    c.ccopies = cbytes < (32u << 20) ? CORE_COPIES : 1;
+                    for (int k = 0; k < c.ccopies; k++) c.cache[k] = dmalloc_rand(cbytes, 80 + k);
+                    int *tab = malloc(sizeof(int) * T * nb), *toff = malloc(sizeof(int) * T), *ln = malloc(sizeof(int) * T);
+                    for (int t = 0; t < T; t++) {
+                        toff[t] = t * nb;
+                        ln[t] = len;
+                        for (int i = 0; i < nb; i++) tab[t * nb + i] = t * nb + (i * 37) % nb;
+                    }
+                    CK(cudaMalloc((void **)&c.tables, sizeof(int) * T * nb));
+                    CK(cudaMalloc((void **)&c.toff, sizeof(int) * T));
+                    CK(cudaMalloc((void **)&c.lens, sizeof(int) * T));
+                    CK(cudaMemcpy(c.tables, tab, sizeof(int) * T * nb, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(c.toff, toff, sizeof(int) * T, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(c.lens, ln, sizeof(int) * T, cudaMemcpyHostToDevice));
+                    free(tab); free(toff); free(ln);
+                    snprintf(name, sizeof name, "mla_attend_H%d_T%d_len%d", Hm, T, len);
+                    double ab = (double)cbytes + (double)T * Hm * (Lat + c.kvl) * 4;
+                    time_it(name, ab, run_core_attend, &c);
+                    if (T == 1) {
+                        snprintf(name, sizeof name, "mla_attend_H%d_T%d_len%d_b2b", Hm, T, len);
+                        time_batch(name, ab, run_core_attend, &c);
+                    }
+                    for (int k = 0; k < c.ccopies; k++) cudaFree(c.cache[k]);
+                    cudaFree(c.tables); cudaFree(c.toff); cudaFree(c.lens);
+                }
+                for (int k = 0; k < CORE_COPIES; k++) cudaFree(c.kvb[k]);
+                cudaFree(c.q); cudaFree(c.olat); cudaFree(c.qabs); cudaFree(c.o); cudaFree(c.part);
+            }
     }
 
     if (want("mla")) { /* MLA expanded form (prompt), Kimi Linear 48B dims: 32 heads, nope 128, rope 64, v 128, kv_lora 512; one

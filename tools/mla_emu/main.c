@@ -331,6 +331,9 @@ int main(int argc, char **argv) {
         absorbed_case(4, 128, 64, 128, 512, eb, 5, 37, &r);
         absorbed_case(2, 32, 32, 32, 128, eb, 40, 150, &r);
     }
+    /* 64 rows over 40 heads at kvl 512: the absorptions' blocks then take several 8-token tiles each (absorb_q
+     * 32 tokens a block, absorb_o 16 with 132 SMs), weights held across tiles */
+    absorbed_case(40, 32, 32, 32, 512, 2, 63, 70, &r);
     /* the GPU test's shapes and cases */
     static const xshape shapes[] = {
         {4, 128, 64, 128, 512}, {2, 32, 32, 32, 128}, {3, 20, 8, 12, 40}, {2, 16, 0, 16, 48}, {2, 64, 32, 160, 96},
