@@ -9,6 +9,27 @@
 #define ATTNRES_SRC_TILE 8    /* sources reduced together: 16 partial sums per thread, one barrier pair */
 #define ATTNRES_MAX_CHUNKS 16 /* blocks per row at most */
 
+/* The pending prefix of k3c_cuda_attnres_mix_pending: the last source, formed per element as the residual
+ * adds would have stored it (add_kernel's a + b then the bf16 rounding, elementwise.cu). */
+struct attnres_pending {
+    const float *p_old, *a1, *a2;
+    float *p_new;
+    int round;
+};
+
+__device__ __forceinline__ float attnres_pending_value(const attnres_pending &q, size_t i) {
+    float v = q.a1[i];
+    if (q.a2) {
+        float s = v + q.a2[i];
+        v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    if (q.p_old) {
+        float s = q.p_old[i] + v;
+        v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    return v;
+}
+
 /* Grid (T, chunks): blockIdx.x the row, blockIdx.y its chunk. The old kernel (one block of 256 threads per
  * row, one source at a time with two block reductions each, then the mix reading every source again) took
  * 27.7 us a call at T = 1 on the H200, 24 calls per k3-slice step. Here 512 threads reduce 8 sources at once
@@ -21,10 +42,15 @@
  * still be reading it. Run 10 (H200) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
  * source's pointer was re-read from the device array before its data, in the mix once per source and
  * element, a chain of dependent loads; the pointers now go to shared memory once, and the loads of a tile
- * (8 sources, two elements each in the logits) are issued together. */
+ * (8 sources, two elements each in the logits) are issued together.
+ * PRE: the last source is not in memory but formed from pend (attnres_pending_value) wherever the plain
+ * kernel would load it, the same value, so the same logits and mix; the block that mixes a chunk also stores
+ * the chunk's values to pend.p_new (the other blocks of the row only read pend's inputs). */
+template <bool PRE>
 __global__ void __launch_bounds__(ATTNRES_THREADS)
 attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
-                   const float *__restrict__ norm, float eps, int round, float *__restrict__ out) {
+                   const float *__restrict__ norm, float eps, int round, float *__restrict__ out,
+                   attnres_pending pend) {
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     extern __shared__ float sh[]; /* logit [npad], alpha [npad], then the source pointers [nsrc] */
     __shared__ float red[ATTNRES_THREADS / 32][2 * ATTNRES_SRC_TILE];
@@ -35,7 +61,8 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     size_t row = (size_t)blockIdx.x * D;
     /* The source pointers once into shared memory: read from the device array inside the loops they were a
      * dependent global load before every source's data (run 9: 17 us a call, 4x the estimate). */
-    for (int j = threadIdx.x; j < nsrc; j += blockDim.x) rows[j] = src[j] + row;
+    int nmem = PRE ? nsrc - 1 : nsrc; /* sources read from memory; with PRE the last one is pend's */
+    for (int j = threadIdx.x; j < nmem; j += blockDim.x) rows[j] = src[j] + row;
     __syncthreads();
     for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
         int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
@@ -43,7 +70,7 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
         float ss[ATTNRES_SRC_TILE], dot[ATTNRES_SRC_TILE];
 #pragma unroll
         for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
-            p[jj] = jj < nj ? rows[j0 + jj] : NULL;
+            p[jj] = jj < nj && j0 + jj < nmem ? rows[j0 + jj] : NULL;
             ss[jj] = dot[jj] = 0.0f;
         }
         /* two of the thread's elements per pass (d and d + B), all their loads issued before the sums; the
@@ -54,6 +81,11 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
             float x0[ATTNRES_SRC_TILE], x1[ATTNRES_SRC_TILE];
 #pragma unroll
             for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+                if (PRE && j0 + jj == nmem) {
+                    x0[jj] = attnres_pending_value(pend, row + d);
+                    x1[jj] = two ? attnres_pending_value(pend, row + d + B) : 0.0f;
+                    continue;
+                }
                 x0[jj] = jj < nj ? p[jj][d] : 0.0f;
                 x1[jj] = jj < nj && two ? p[jj][d + B] : 0.0f;
             }
@@ -102,12 +134,17 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     int per = ((D + gridDim.y - 1) / gridDim.y + 3) & ~3;
     int d0 = blockIdx.y * per, d1 = min(D, d0 + per);
     for (int d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
-        float acc = 0.0f;
+        float acc = 0.0f, pv = 0.0f;
+        if (PRE) {
+            pv = attnres_pending_value(pend, row + d);
+            pend.p_new[row + d] = pv;
+        }
         for (int j0 = 0; j0 < nsrc; j0 += ATTNRES_SRC_TILE) {
             int nj = min(ATTNRES_SRC_TILE, nsrc - j0);
             float v[ATTNRES_SRC_TILE];
 #pragma unroll
-            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) v[jj] = jj < nj ? rows[j0 + jj][d] : 0.0f;
+            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
+                v[jj] = PRE && j0 + jj == nmem ? pv : jj < nj ? rows[j0 + jj][d] : 0.0f;
 #pragma unroll
             for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
                 if (jj < nj) acc = fmaf(alpha[j0 + jj], v[jj], acc);
@@ -116,11 +153,9 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     }
 }
 
-extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj,
-                                    const float *norm, float eps, int round_bf16, float *out, cudaStream_t stream) {
-    if (T == 0) return K3C_OK;
-    if (nsrc <= 0 || D <= 0 || T < 0)
-        return k3c_errorf("k3c_cuda_attnres_mix: bad shape nsrc %d T %d D %d", nsrc, T, D);
+/* Both launchers: pend.a1 non-NULL selects the PRE kernel (nsrc then counts the pending source too). */
+static int mix_launch(const float *const *src, int nsrc, int T, int D, const float *proj, const float *norm,
+                      float eps, int round_bf16, float *out, attnres_pending pend, cudaStream_t stream) {
     /* blocks per row: about two blocks per SM over the step's rows, at most one per 512 elements (a thread
      * mixes at least one), 1 for prefill-sized T (no redundant reads there). More blocks shorten only the
      * mix (each block still reads every source for the logits). */
@@ -132,8 +167,35 @@ extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, in
     /* logits and weights padded to whole 16-byte vectors (compute-sanitizer saw a 12-byte shared read past a
      * 1- or 2-entry array in the forward test: the mix loop's reads are vectorized) */
     size_t smem = 2 * ((size_t)(nsrc + 3) / 4 * 4 + 4) * sizeof(float) + (size_t)nsrc * sizeof(float *);
-    attnres_mix_kernel<<<dim3(T, chunks), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps, round_bf16,
-                                                                          out);
-    K3C_CUDA_LAUNCHED("attnres_mix");
+    if (pend.a1) {
+        attnres_mix_kernel<true><<<dim3(T, chunks), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps,
+                                                                                    round_bf16, out, pend);
+        K3C_CUDA_LAUNCHED("attnres_mix_pending");
+    } else {
+        attnres_mix_kernel<false><<<dim3(T, chunks), ATTNRES_THREADS, smem, stream>>>(src, nsrc, D, proj, norm, eps,
+                                                                                     round_bf16, out, pend);
+        K3C_CUDA_LAUNCHED("attnres_mix");
+    }
     return K3C_OK;
+}
+
+extern "C" int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj,
+                                    const float *norm, float eps, int round_bf16, float *out, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (nsrc <= 0 || D <= 0 || T < 0)
+        return k3c_errorf("k3c_cuda_attnres_mix: bad shape nsrc %d T %d D %d", nsrc, T, D);
+    attnres_pending none = {NULL, NULL, NULL, NULL, 0};
+    return mix_launch(src, nsrc, T, D, proj, norm, eps, round_bf16, out, none, stream);
+}
+
+extern "C" int k3c_cuda_attnres_mix_pending(const float *const *src, int nmem, const float *p_old, const float *a1,
+                                            const float *a2, int round_add, float *p_new, int T, int D,
+                                            const float *proj, const float *norm, float eps, int round_bf16,
+                                            float *out, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (nmem < 0 || D <= 0 || T < 0 || !a1 || !p_new || (nmem > 0 && !src))
+        return k3c_errorf("k3c_cuda_attnres_mix_pending: bad call nmem %d T %d D %d (a1 %p, p_new %p)", nmem, T, D,
+                          (const void *)a1, (void *)p_new);
+    attnres_pending pend = {p_old, a1, a2, p_new, round_add};
+    return mix_launch(src, nmem + 1, T, D, proj, norm, eps, round_bf16, out, pend, stream);
 }

@@ -15,6 +15,16 @@ extern "C" {
 int k3c_cuda_attnres_mix(const float *const *src, int nsrc, int T, int D, const float *proj, const float *norm,
                          float eps, int round_bf16, float *out, cudaStream_t stream);
 
+/* The mix with its last source pending: sources are src[0..nmem-1] (a device array, as above: the blocks)
+ * and then the prefix as the residual add(s) before the mix would have stored it, per element
+ * v = a2 ? r(a1 + a2) : a1, then v = r(p_old + v) when p_old is non-NULL (r: the bf16 rounding when
+ * round_add; p_old NULL: the prefix starts as a1, a copy). The mix is bitwise k3c_cuda_attnres_mix over
+ * src[0..nmem-1] and a buffer holding v, and v is stored to p_new, which must alias none of src's rows,
+ * p_old, a1, a2 or out (the row's other blocks still read p_old while a block stores its chunk). */
+int k3c_cuda_attnres_mix_pending(const float *const *src, int nmem, const float *p_old, const float *a1,
+                                 const float *a2, int round_add, float *p_new, int T, int D, const float *proj,
+                                 const float *norm, float eps, int round_bf16, float *out, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,6 +37,46 @@ extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, in
     return K3C_OK;
 }
 
+/* The residual add(s) and the rmsnorm after them in one launch (elementwise.h k3c_cuda_add_rmsnorm): one
+ * block per row with rmsnorm_kernel's block size, so each thread first forms and stores exactly the
+ * elements it then squares (t, t + B, ...: no barrier between a thread's store and its own reads), and the
+ * sum of squares, the scale and the output are rmsnorm_kernel's on the stored row, operation for operation.
+ * The adds are add_kernel's per element (a + b, then the bf16 rounding), so the stored row is bitwise what
+ * k3c_cuda_add (and, with a2, a first k3c_cuda_add(a1, a2)) would have stored. */
+__global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, const float *__restrict__ w, int n,
+                                   float eps, int round, float *y) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
+    __shared__ float red[32];
+    size_t row = (size_t)blockIdx.x * n;
+    float *pr = p + row, *yr = y + row;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = a1[row + i];
+        if (a2) {
+            float s = v + a2[row + i];
+            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+        }
+        float s = pr[i] + v;
+        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+        pr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = k3c_block_sum(ss, red);
+    float r = rsqrtf(ss / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = pr[i] * r * w[i];
+        yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+    }
+}
+
+extern "C" int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, const float *w, int T, int n,
+                                    float eps, int round_bf16, float *y, cudaStream_t stream) {
+    if (T <= 0 || n <= 0) return T == 0 ? K3C_OK : k3c_errorf("k3c_cuda_add_rmsnorm: bad shape T %d n %d", T, n);
+    add_rmsnorm_kernel<<<T, n >= 1024 ? 1024 : ((n + 31) / 32) * 32, 0, stream>>>(p, a1, a2, w, n, eps, round_bf16, y);
+    K3C_CUDA_LAUNCHED("add_rmsnorm");
+    return K3C_OK;
+}
+
 __global__ void gated_act_kernel(k3c_cuda_act act, const float *__restrict__ gate, int gs, const float *__restrict__ up,
                                  int us, int T, int n, int round, float *out) {
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */

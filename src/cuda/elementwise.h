@@ -20,6 +20,14 @@ extern "C" {
 int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16, float *y,
                      int y_stride, cudaStream_t stream);
 
+/* The residual add and the rmsnorm after it, in one launch, for T contiguous rows of n: per element
+ * v = a2 ? r(a1 + a2) : a1, then p = r(p + v) stored back (r: the bf16 rounding when round_bf16), then
+ * y = rmsnorm(p) as k3c_cuda_rmsnorm(p, n, w, T, n, eps, round_bf16, y, n). Bitwise the same as those
+ * separate k3c_cuda_add / k3c_cuda_rmsnorm calls (the same operations per element, the same reduction
+ * order). a1, a2 (NULL: none) and w must not alias p or y; y may alias p only if p's sum is not needed. */
+int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, const float *w, int T, int n, float eps,
+                         int round_bf16, float *y, cudaStream_t stream);
+
 /* out[t, i] = act(gate[t*gate_stride + i], up[t*up_stride + i]) for T rows of n (strides let gate and up be
  * the two halves of one fused projection's output). */
 int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up, int up_stride, int T,

@@ -51,6 +51,7 @@ struct k3c_decode_cuda {
     /* device activations and scratch, one allocation */
     void *dev;
     float **res, **res_dev; /* host array of the AttnRes buffers; its device copy (Mix source arrays) */
+    float *res_alt;         /* AttnRes: the prefix's other buffer (resid below); NULL without AttnRes */
     float *a_in, *x, *A, *F, *G, *logits;
     float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *klow2, *kb, *kbeta;
     float *mqa, *mq, *mlat, *mo, *mg, *ga, *gu;
@@ -105,7 +106,8 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     _Static_assert(sizeof fl / sizeof fl[0] == 41, "buffer list");
     size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
                   I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K};
-    size_t n = sizeof w / sizeof w[0], total = (size_t)x->nres * al256(R * D * 4);
+    int alt = c->attn_res_block_size > 0;
+    size_t n = sizeof w / sizeof w[0], total = (size_t)(x->nres + alt) * al256(R * D * 4);
     for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
     total += al256(sizeof(float *) * (size_t)x->nres);
     K3C_CUDA_TRY(cudaMalloc(&x->dev, total));
@@ -113,6 +115,10 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     x->res = calloc((size_t)x->nres, sizeof(float *));
     if (!x->res) return k3c_errorf("decode executor: out of host memory");
     for (int i = 0; i < x->nres; i++, p += al256(R * D * 4)) x->res[i] = (float *)p;
+    if (alt) {
+        x->res_alt = (float *)p;
+        p += al256(R * D * 4);
+    }
     for (size_t i = 0; i < n; i++) {
         *fl[i] = (float *)p;
         p += al256(R * (w[i] ? w[i] : 1) * 4);
@@ -378,11 +384,14 @@ static int rec_mla(const rec *s, int l) {
 /* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
  * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
  * down-projection, the shared expert's gate and up), then routing and the shared activation; the tail one
- * grouped launch of the latent up-projection and the shared down-projection, then their sum. Same kernels
- * and reductions per product as the backend, so the same outputs. */
-static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, float *out) {
+ * grouped launch of the latent up-projection and the shared down-projection. Same kernels and reductions
+ * per product as the backend, so the same outputs. The sum of the two (the backend's "moe out") is left to
+ * the launch that reads the residual next (resid below): *routed and *shared (NULL without shared experts)
+ * are the two addends. */
+static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
+                   const float **shared_out) {
     const k3c_config *c = x->c;
-    int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
+    int E = c->num_experts, K = c->num_experts_per_token;
     int Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size;
     int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL;
     int Fs = shared ? w->shared.gate.rows : 0;
@@ -409,17 +418,18 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
     }
     if (shared) group_add(x, &tail, &w->shared.down, x->sa, x->sh, 1);
     if (tail.n) P_TRY("moe tail (group)", group_run(x, &tail, T));
-    if (shared) {
-        P_TRY("moe out", k3c_cuda_add(routed, x->sh, (size_t)T * D, 1, out, st));
-        return K3C_OK;
-    }
-    K3C_CUDA_TRY(cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
+    *routed_out = routed;
+    *shared_out = shared ? x->sh : NULL;
     return K3C_OK;
 }
 
-static int rec_ffn(k3c_decode_cuda *x, int l, int T) {
+/* The FFN of layer l on x->x; its output, to be added to the residual, is r(*a1 + *a2) (*a2 non-NULL: an
+ * MoE's routed and shared parts) or *a1. */
+static int rec_ffn(k3c_decode_cuda *x, int l, int T, const float **a1, const float **a2) {
     const k3c_layer_weights *lw = &x->m->weights.layers[l];
-    if (lw->is_moe) return rec_moe(x, &lw->moe, x->x, T, x->F);
+    if (lw->is_moe) return rec_moe(x, &lw->moe, x->x, T, a1, a2);
+    *a1 = x->F;
+    *a2 = NULL;
     group gu = {0}; /* gate and up in one launch */
     group_add(x, &gu, &lw->mlp.gate, x->x, x->ga, 1);
     group_add(x, &gu, &lw->mlp.up, x->x, x->gu, 1);
@@ -430,21 +440,131 @@ static int rec_ffn(k3c_decode_cuda *x, int l, int T) {
     return K3C_OK;
 }
 
-/* AttnRes Mix of res[0..nb] (the blocks, then the prefix, which is res[nb]: see the loop below). */
-static const float *rec_mix(k3c_decode_cuda *x, int nb, const float *proj, const float *norm, int T, int *rc) {
-    if (nb == 0) return x->res[0];
-    int ps = k3c_op_profile_begin(x->prof, "attnres mix", x->st);
-    *rc = k3c_cuda_attnres_mix((const float *const *)x->res_dev, nb + 1, T, x->c->hidden_size, WPTR(proj), WPTR(norm),
-                               x->c->rms_norm_eps, 1, x->a_in, x->st);
+/* ---- the residual stream and the epilogue fusions (cuda/NOTES.md "Executor epilogue fusions") ----
+ * r.P holds the residual (plain models) or the AttnRes prefix (r.home = res[nb], where the current block's
+ * prefix must be when the block closes: the Mix source array names it there; P NULL: a block just began and
+ * its prefix is empty), and r.a1 non-NULL means an add is still owed to it: the residual is really
+ * r(P + v), v = a2 ? r(a1 + a2) : a1 (P NULL: v itself), r the bf16 rounding, exactly what the stock path's
+ * "moe out" and "residual add" (or the block start's copy) would have stored. The launch that reads the
+ * residual next applies it and stores the sum: without AttnRes the next rmsnorm in place
+ * (k3c_cuda_add_rmsnorm), with AttnRes the next Mix, into the prefix's other buffer
+ * (k3c_cuda_attnres_mix_pending: the Mix's blocks of a row all read the old prefix, so none may overwrite
+ * it). The other buffer of block nb's prefix alternates between res_alt and res[nb]: the first store of a
+ * block goes to res_alt and a block has an even number of them (the Mix after its first attention, then
+ * per later layer two, then the Mix that closes it: 2 * layers), so the last lands in res[nb], where the
+ * source array has it; record_step checks that at every block start. An aux stream point that needs the
+ * residual of layer l materialized calls resid_settle there (the separate launches, that layer only).
+ * K3C_EXEC_FUSE=0 (a diagnostic for A/B runs, read at capture) settles every add at once instead: the
+ * step's launches before these fusions. */
+typedef struct resid {
+    float *P, *home;
+    const float *a1, *a2;
+} resid;
+
+static int fuse_epilogues(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("K3C_EXEC_FUSE");
+        on = !(v && v[0] == '0');
+    }
+    return on;
+}
+
+/* The owed add as its own launches (the unfused step's "moe out", "residual add", block-start copy). */
+static int resid_settle(k3c_decode_cuda *x, resid *r, int T) {
+    if (!r->a1) return K3C_OK;
+    size_t TD = (size_t)T * x->c->hidden_size;
+    const float *v = r->a1;
+    if (r->a2) {
+        P_TRY("moe out", k3c_cuda_add(r->a1, r->a2, TD, 1, x->F, x->st));
+        v = x->F;
+    }
+    if (!r->P) {
+        K3C_CUDA_TRY(cudaMemcpyAsync(r->home, v, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
+    } else { /* into home (the same sum wherever it lands): the unfused Mix reads the prefix there */
+        P_TRY("residual add", k3c_cuda_add(r->P, v, TD, 1, r->home, x->st));
+    }
+    r->P = r->home;
+    r->a1 = r->a2 = NULL;
+    return K3C_OK;
+}
+
+/* The prefix into home, where the Mix source array names it, when a block closes. Without aux streams the
+ * fused stores of a block are even in number and the last already landed there (resid above); a settle
+ * for an aux stream can leave it in res_alt, and then one copy moves it. */
+static int resid_home(k3c_decode_cuda *x, resid *r, int T) {
+    if (!r->P || r->P == r->home) return K3C_OK;
+    size_t TD = (size_t)T * x->c->hidden_size;
+    K3C_CUDA_TRY(cudaMemcpyAsync(r->home, r->P, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
+    r->P = r->home;
+    return K3C_OK;
+}
+
+/* The residual is owed v = a2 ? r(a1 + a2) : a1 (a layer's attention or FFN output). */
+static int resid_owe(k3c_decode_cuda *x, resid *r, const float *a1, const float *a2, int T) {
+    r->a1 = a1;
+    r->a2 = a2;
+    return fuse_epilogues() ? K3C_OK : resid_settle(x, r, T);
+}
+
+/* y = rmsnorm(residual) with weight w (plain models: a layer's input or post-attention norm, or the final
+ * norm), applying the owed add in the same launch. */
+static int rec_norm(k3c_decode_cuda *x, resid *r, const float *w, int T, float *y, int final) {
+    const k3c_config *c = x->c;
+    int D = c->hidden_size;
+    if (!r->P) return k3c_errorf("decode executor: rmsnorm of an empty residual");
+    if (!r->a1) {
+        P_TRY(final ? "final norm" : "rmsnorm",
+              k3c_cuda_rmsnorm(r->P, D, WPTR(w), T, D, c->rms_norm_eps, 1, y, D, x->st));
+        return K3C_OK;
+    }
+    const char *op = r->a2 ? (final ? "moe out + residual add + final norm" : "moe out + residual add + rmsnorm")
+                           : (final ? "residual add + final norm" : "residual add + rmsnorm");
+    P_TRY(op, k3c_cuda_add_rmsnorm(r->P, r->a1, r->a2, WPTR(w), T, D, c->rms_norm_eps, 1, y, x->st));
+    r->a1 = r->a2 = NULL;
+    return K3C_OK;
+}
+
+/* AttnRes Mix of the blocks res[0..nb-1] and the prefix (see the loop below), applying an owed add to the
+ * prefix in the same launch (resid above). */
+static const float *rec_mix(k3c_decode_cuda *x, resid *r, int nb, const float *proj, const float *norm, int T,
+                            int *rc) {
+    const k3c_config *c = x->c;
+    const float *const *src = (const float *const *)x->res_dev;
+    if (nb == 0) { /* the prefix alone: the Mix is the identity, as in the stock path */
+        *rc = resid_settle(x, r, T);
+        return r->P;
+    }
+    if (!r->a1) {
+        if ((*rc = resid_home(x, r, T)) != K3C_OK) return NULL;
+        int ps = k3c_op_profile_begin(x->prof, "attnres mix", x->st);
+        *rc = k3c_cuda_attnres_mix(src, nb + 1, T, c->hidden_size, WPTR(proj), WPTR(norm), c->rms_norm_eps, 1, x->a_in,
+                                   x->st);
+        k3c_op_profile_end(x->prof, ps, x->st);
+        return x->a_in;
+    }
+    float *dst = r->P == x->res_alt ? r->home : x->res_alt;
+    int ps = k3c_op_profile_begin(x->prof, r->a2 ? "attnres mix + moe out + residual add" : "attnres mix + residual add",
+                                  x->st);
+    *rc = k3c_cuda_attnres_mix_pending(src, nb, r->P, r->a1, r->a2, 1, dst, T, c->hidden_size, WPTR(proj), WPTR(norm),
+                                       c->rms_norm_eps, 1, x->a_in, x->st);
     k3c_op_profile_end(x->prof, ps, x->st);
+    r->P = dst;
+    r->a1 = r->a2 = NULL;
     return x->a_in;
 }
 
 /* The aux streams entering layer L (stock/forward.c aux_tap): P, the prefix (or residual) entering layer L,
  * copied for every stream tapping L. Every row of an executor step is a logits row, so the stock path's
  * row gather is the identity and this copy gives the same bits. Called where stock taps: after the
- * embedding (L = 0) and after layer L - 1's FFN add; a change that fuses that add into the next AttnRes must
- * still store the updated prefix here (vLLM: bind_aux on the AttnRes entering an aux layer). */
+ * embedding (L = 0) and after layer L - 1's FFN add, which record_step leaves unfused (resid_settle) at
+ * such a layer so that the updated prefix is stored for the copy (vLLM: bind_aux on the AttnRes entering an
+ * aux layer). */
+static int aux_taps(const k3c_decode_cuda *x, int L) {
+    for (int j = 0; j < x->v.num_aux; j++)
+        if (x->v.aux_layers[j] == L) return 1;
+    return 0;
+}
 static int rec_aux(k3c_decode_cuda *x, int L, const float *P, int T) {
     size_t TD = (size_t)T * x->c->hidden_size;
     for (int j = 0; j < x->v.num_aux; j++)
@@ -458,48 +578,53 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
     const k3c_config *c = x->c;
     const k3c_weights *W = &x->m->weights;
     rec s = {x, T, q, T / q};
-    int D = c->hidden_size, attnres = c->attn_res_block_size > 0, nb = 0, p_empty = 0, rc = K3C_OK;
-    size_t TD = (size_t)T * D;
-    float *P = x->res[0];
-    P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T, P,
-                         x->st));
-    L_TRY(rec_aux(x, 0, P, T));
+    int D = c->hidden_size, attnres = c->attn_res_block_size > 0, nb = 0, rc = K3C_OK;
+    resid r = {x->res[0], x->res[0], NULL, NULL};
+    const float *a1, *a2;
+    P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T,
+                                  r.P, x->st));
+    L_TRY(rec_aux(x, 0, r.P, T));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
-        const float *a_in = P;
         if (attnres) {
-            a_in = rec_mix(x, nb, lw->attn_res_proj, lw->attn_res_norm, T, &rc);
+            const float *a_in = rec_mix(x, &r, nb, lw->attn_res_proj, lw->attn_res_norm, T, &rc);
             L_TRY(rc);
-            if (k3c_config_is_block_start(c, l)) {
+            if (k3c_config_is_block_start(c, l)) { /* the prefix becomes block nb; the next one starts empty */
+                L_TRY(resid_home(x, &r, T));
                 nb++;
-                P = x->res[nb];
-                p_empty = 1;
+                r.home = x->res[nb];
+                r.P = NULL;
             }
+            P_TRY("rmsnorm", k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        } else {
+            L_TRY(rec_norm(x, &r, lw->input_norm, T, x->x, 0)); /* + the previous layer's FFN add */
         }
-        P_TRY("rmsnorm", k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
         L_TRY(lw->kind == K3C_ATTN_KDA ? rec_kda(&s, l) : rec_mla(&s, l));
-        if (p_empty) K3C_CUDA_TRY(cudaMemcpyAsync(P, x->A, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
-        else P_TRY("residual add", k3c_cuda_add(P, x->A, TD, 1, P, x->st));
-        p_empty = 0;
-        const float *m_in = P;
+        L_TRY(resid_owe(x, &r, x->A, NULL, T));
         if (attnres) {
-            m_in = rec_mix(x, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
+            const float *m_in = rec_mix(x, &r, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
             L_TRY(rc);
+            P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+        } else {
+            L_TRY(rec_norm(x, &r, lw->post_norm, T, x->x, 0)); /* + the attention's add */
         }
-        P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
-        L_TRY(rec_ffn(x, l, T));
-        P_TRY("residual add", k3c_cuda_add(P, x->F, TD, 1, P, x->st));
-        L_TRY(rec_aux(x, l + 1, P, T));
+        L_TRY(rec_ffn(x, l, T, &a1, &a2));
+        L_TRY(resid_owe(x, &r, a1, a2, T));
+        if (aux_taps(x, l + 1)) { /* the stream needs the residual stored here: this layer's add unfused */
+            L_TRY(resid_settle(x, &r, T));
+            L_TRY(rec_aux(x, l + 1, r.P, T));
+        }
     }
     /* every row is a logits row (decode: a request's only row; verify: all of them), so the stock path's
-     * row gather is the identity; final norm in the same kernel and order as stock (stock/forward.c) */
-    const float *h = P;
+     * row gather is the identity; final norm in the same kernel and order as stock (stock/forward.c), read
+     * straight from the Mix's output or the residual (the stock path's copy to G first changes no value) */
     if (attnres) {
-        h = rec_mix(x, nb, W->out_res_proj, W->out_res_norm, T, &rc);
+        const float *h = rec_mix(x, &r, nb, W->out_res_proj, W->out_res_norm, T, &rc);
         L_TRY(rc);
+        P_TRY("final norm", k3c_cuda_rmsnorm(h, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
+    } else {
+        L_TRY(rec_norm(x, &r, W->final_norm, T, x->G, 1));
     }
-    K3C_CUDA_TRY(cudaMemcpyAsync(x->G, h, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
-    P_TRY("final norm", k3c_cuda_rmsnorm(x->G, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
     P_TRY("lm head", mm(x, &W->lm_head, x->G, T, x->logits, 0));
     return K3C_OK;
 }
@@ -750,9 +875,9 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }
-void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[3]) {
+void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]) {
     (void)x;
-    ms[0] = ms[1] = ms[2] = 0;
+    ms[0] = ms[1] = 0;
 }
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { (void)x; return NULL; }
 

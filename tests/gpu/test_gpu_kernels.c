@@ -438,6 +438,63 @@ TEST(gpu_rmsnorm) {
         }
 }
 
+/* The fused residual add(s) + rmsnorm (executor epilogues): bitwise the separate k3c_cuda_add calls and
+ * k3c_cuda_rmsnorm it replaces, on the stored sum and on the normed output, with and without the second
+ * addend and the rounding; the stored sum also exactly the spec's r(p + r(a1 + a2)) computed here on the
+ * host, and the unrounded output within rel L2 1e-6 of the CPU rmsnorm of that sum. */
+TEST(gpu_add_rmsnorm) {
+    k3c_rng r = rng_for("add_rmsnorm");
+    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 1000, 2304, 7168};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 6; b++)
+            for (int mode = 0; mode < 4; mode++) {
+                int T = T_l[a], n = n_l[b], two = mode & 1, round = mode >> 1;
+                size_t N = (size_t)T * n, bytes = N * 4;
+                float *p = fmalloc(N), *a1 = fmalloc(N), *a2 = fmalloc(N), *w = fmalloc(n);
+                fill_normal(&r, p, N, 3.0f);
+                fill_normal(&r, a1, N, 1.0f);
+                fill_normal(&r, a2, N, 0.5f);
+                fill_normal(&r, w, n, 1.0f);
+                float *dp = dev_upload(p, bytes), *dq = dev_upload(p, bytes), *da1 = dev_upload(a1, bytes);
+                float *da2 = dev_upload(a2, bytes), *dw = dev_upload(w, (size_t)n * 4);
+                float *dy = dev_poisoned(bytes), *dys = dev_poisoned(bytes), *df = dev_poisoned(bytes);
+                CHECK(dp && dq && da1 && da2 && dw && dy && dys && df);
+                /* fused on dp -> dy; the separate sequence on dq -> dys (f: the first sum, as "moe out") */
+                CHECK_OK(k3c_cuda_add_rmsnorm(dp, da1, two ? da2 : NULL, dw, T, n, 1e-5f, round, dy, 0));
+                const float *addend = da1;
+                if (two) {
+                    CHECK_OK(k3c_cuda_add(da1, da2, N, round, df, 0));
+                    addend = df;
+                }
+                CHECK_OK(k3c_cuda_add(dq, addend, N, round, dq, 0));
+                CHECK_OK(k3c_cuda_rmsnorm(dq, n, dw, T, n, 1e-5f, round, dys, n, 0));
+                float *gp = fmalloc(N), *gq = fmalloc(N), *gy = fmalloc(N), *gys = fmalloc(N), *ref = fmalloc(N);
+                CHECK(dev_download(gp, dp, bytes) == 0 && dev_download(gq, dq, bytes) == 0);
+                CHECK(dev_download(gy, dy, bytes) == 0 && dev_download(gys, dys, bytes) == 0);
+                size_t bad_p = 0, bad_y = 0, bad_host = 0;
+                for (size_t i = 0; i < N; i++) {
+                    bad_p += memcmp(&gp[i], &gq[i], 4) != 0;
+                    bad_y += memcmp(&gy[i], &gys[i], 4) != 0 || isnan(gy[i]);
+                    float v = a1[i];
+                    if (two) v = round ? bf16_round(a1[i] + a2[i]) : a1[i] + a2[i];
+                    v = round ? bf16_round(p[i] + v) : p[i] + v;
+                    bad_host += memcmp(&v, &gp[i], 4) != 0;
+                }
+                CHECKF(bad_p == 0 && bad_y == 0 && bad_host == 0,
+                       "T %d n %d two %d round %d: %zu sums, %zu outputs differ from the separate kernels, %zu sums "
+                       "from the host", T, n, two, round, bad_p, bad_y, bad_host);
+                if (!round) {
+                    for (int t = 0; t < T; t++) k3c_rmsnorm(gp + (size_t)t * n, w, n, 1e-5f, ref + (size_t)t * n);
+                    double e = rel_l2_f32f32(gy, ref, N);
+                    note("add_rmsnorm", 1e-6, e);
+                    CHECKF(e < 1e-6, "T %d n %d two %d: rel L2 %.3g", T, n, two, e);
+                }
+                cudaFree(dp); cudaFree(dq); cudaFree(da1); cudaFree(da2); cudaFree(dw);
+                cudaFree(dy); cudaFree(dys); cudaFree(df);
+                free(p); free(a1); free(a2); free(w); free(gp); free(gq); free(gy); free(gys); free(ref);
+            }
+}
+
 /* SiLU and SiTU gated activation, strided inputs: rel L2 < 1e-6. */
 TEST(gpu_gated_act) {
     k3c_rng r = rng_for("act");
@@ -529,6 +586,78 @@ TEST(gpu_attnres_mix) {
                 cudaFree(dptr); cudaFree(dproj); cudaFree(dnorm); cudaFree(dout);
                 free(proj); free(norm); free(out);
             }
+}
+
+/* The mix with a pending prefix (executor epilogues): bitwise the separate adds into a buffer followed by
+ * k3c_cuda_attnres_mix over the blocks and that buffer, on the output and on the stored prefix p_new (also
+ * exactly the host's r(p_old + r(a1 + a2))); p_old untouched. Block counts around the 8-source tile edge. */
+TEST(gpu_attnres_mix_pending) {
+    k3c_rng r = rng_for("attnres_pending");
+    static const int nb_l[] = {0, 1, 3, 7, 8, 9}, T_l[] = {1, 5}, D_l[] = {7, 256, 7168};
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 3; c++)
+                for (int mode = 0; mode < 3; mode++) { /* (p_old, a1, a2), (p_old, a1), (a1: a copy) */
+                    int nb = nb_l[a], T = T_l[b], D = D_l[c], round = (a + b + c + mode) & 1;
+                    if (D == 7168 && nb > 3 && mode != 0) continue; /* the emulator's time */
+                    size_t N = (size_t)T * D, bytes = N * 4;
+                    float *src[10], *dsrc[10];
+                    for (int j = 0; j < nb + 1; j++) {
+                        src[j] = fmalloc(N);
+                        fill_normal(&r, src[j], N, 1.0f + j);
+                        dsrc[j] = dev_upload(src[j], bytes); /* dsrc[nb]: p_old */
+                        CHECK(dsrc[j]);
+                    }
+                    float *a1 = fmalloc(N), *a2 = fmalloc(N), *proj = fmalloc(D), *norm = fmalloc(D);
+                    fill_normal(&r, a1, N, 2.0f);
+                    fill_normal(&r, a2, N, 0.7f);
+                    fill_normal(&r, proj, D, 0.3f);
+                    fill_normal(&r, norm, D, 1.0f);
+                    float *da1 = dev_upload(a1, bytes), *da2 = dev_upload(a2, bytes);
+                    float *dproj = dev_upload(proj, (size_t)D * 4), *dnorm = dev_upload(norm, (size_t)D * 4);
+                    float *dnew = dev_poisoned(bytes), *dout = dev_poisoned(bytes), *douts = dev_poisoned(bytes);
+                    float *dv = dev_poisoned(bytes), *df = dev_poisoned(bytes);
+                    CHECK(da1 && da2 && dproj && dnorm && dnew && dout && douts && dv && df);
+                    const float *p_old = mode < 2 ? dsrc[nb] : NULL, *a2p = mode == 0 ? da2 : NULL;
+                    void *dptr = dev_upload(dsrc, sizeof(float *) * (nb + 1));
+                    CHECK(dptr);
+                    CHECK_OK(k3c_cuda_attnres_mix_pending(dptr, nb, p_old, da1, a2p, round, dnew, T, D, dproj, dnorm,
+                                                          1e-5f, round, dout, 0));
+                    /* the separate sequence: the adds into dv, then the plain mix over the blocks and dv */
+                    const float *addend = da1;
+                    if (a2p) {
+                        CHECK_OK(k3c_cuda_add(da1, da2, N, round, df, 0));
+                        addend = df;
+                    }
+                    if (p_old) CHECK_OK(k3c_cuda_add(p_old, addend, N, round, dv, 0));
+                    else CUDA_OK(cudaMemcpy(dv, addend, bytes, cudaMemcpyDeviceToDevice));
+                    float *srcs[10];
+                    for (int j = 0; j < nb; j++) srcs[j] = dsrc[j];
+                    srcs[nb] = dv;
+                    void *dptr2 = dev_upload(srcs, sizeof(float *) * (nb + 1));
+                    CHECK(dptr2);
+                    CHECK_OK(k3c_cuda_attnres_mix(dptr2, nb + 1, T, D, dproj, dnorm, 1e-5f, round, douts, 0));
+                    float *gnew = fmalloc(N), *gout = fmalloc(N), *gouts = fmalloc(N), *gold = fmalloc(N);
+                    CHECK(dev_download(gnew, dnew, bytes) == 0 && dev_download(gout, dout, bytes) == 0);
+                    CHECK(dev_download(gouts, douts, bytes) == 0 && dev_download(gold, dsrc[nb], bytes) == 0);
+                    size_t bad_out = 0, bad_new = 0, bad_old = 0;
+                    for (size_t i = 0; i < N; i++) {
+                        float v = a1[i];
+                        if (mode == 0) v = round ? bf16_round(a1[i] + a2[i]) : a1[i] + a2[i];
+                        if (mode < 2) v = round ? bf16_round(src[nb][i] + v) : src[nb][i] + v;
+                        bad_new += memcmp(&v, &gnew[i], 4) != 0;
+                        bad_out += memcmp(&gout[i], &gouts[i], 4) != 0 || isnan(gout[i]);
+                        bad_old += memcmp(&gold[i], &src[nb][i], 4) != 0;
+                    }
+                    CHECKF(bad_out == 0 && bad_new == 0 && bad_old == 0,
+                           "nb %d T %d D %d mode %d round %d: %zu outputs differ from the separate kernels, %zu "
+                           "prefix values from the host, %zu p_old values changed", nb, T, D, mode, round, bad_out,
+                           bad_new, bad_old);
+                    for (int j = 0; j < nb + 1; j++) { cudaFree(dsrc[j]); free(src[j]); }
+                    cudaFree(da1); cudaFree(da2); cudaFree(dproj); cudaFree(dnorm); cudaFree(dnew); cudaFree(dout);
+                    cudaFree(douts); cudaFree(dv); cudaFree(df); cudaFree(dptr); cudaFree(dptr2);
+                    free(a1); free(a2); free(proj); free(norm); free(gnew); free(gout); free(gouts); free(gold);
+                }
 }
 
 /* ---- router ---- */
