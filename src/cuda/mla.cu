@@ -159,6 +159,7 @@ mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm, int nope,
                       int vh, int kvl, int round, float *__restrict__ o, int tpb) {
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the o-projection) may start */
     __shared__ float red[AO_KC][AO_ROWS * ABS_TT + 1]; /* +1: the chunks' rows land on different banks */
     int h = blockIdx.x, e0 = blockIdx.y * AO_ROWS, tid = threadIdx.x, k = tid % AO_KC, s = tid / AO_KC;
     bool kin = 8 * k < kvl;
