@@ -5,12 +5,16 @@
 
 #include "cpu/ops.h"
 
+/* Whether a value ranks above b: larger, or a number against a NaN (NaN ranks below every number). */
+static int ranks_above(float a, float b) { return a > b || (a == a && b != b); }
+
 /* Inserts (val, id) into the descending list top[0..*cnt) of capacity k; ids arrive in increasing order,
- * so an equal value never displaces an earlier one (ties to the lower id). A NaN never compares greater and
- * only fills empty slots, so the list always ends up with min(k, offered) distinct entries. */
+ * so an equal value never displaces an earlier one (ties to the lower id). The order is total: numbers by
+ * value, then NaNs, each by id (+0 and -0 equal), so the list is the k best of what was offered whatever
+ * the NaNs among them, and cuda/router.cu's rank selection gives the same experts in the same order. */
 static void topk_insert(float *topv, int *topi, int *cnt, int k, float val, int id) {
     int pos = *cnt;
-    while (pos > 0 && val > topv[pos - 1]) pos--;
+    while (pos > 0 && ranks_above(val, topv[pos - 1])) pos--;
     if (pos >= k) return;
     int last = *cnt < k ? *cnt : k - 1;
     for (int i = last; i > pos; i--) {

@@ -705,6 +705,54 @@ TEST(gpu_router) {
     }
 }
 
+/* Selection order at its edges, ids exact against cpu/ops.h k3c_route: many equal scores (ties go to the
+ * lower id), +0 and -0 (equal), -inf, and NaN scores (below every number, among themselves by id), in
+ * sigmoid routing with no bias so that the scores keep those values. */
+TEST(gpu_router_ties_nan) {
+    k3c_rng r = rng_for("router_ties");
+    static const int Es[] = {64, 256, 896}, ks[] = {8, 8, 16};
+    for (int ci = 0; ci < 3; ci++) {
+        int E = Es[ci], k = ks[ci], T = 5;
+        k3c_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.num_experts = E;
+        cfg.num_experts_per_token = k;
+        cfg.router_sigmoid = 1;
+        cfg.num_expert_group = 1;
+        cfg.topk_group = 1;
+        cfg.moe_renormalize = 1;
+        cfg.routed_scaling_factor = 1.0f;
+        float *lg = fmalloc((size_t)T * E), *wref = fmalloc((size_t)T * k), *w = fmalloc((size_t)T * k);
+        int *iref = malloc(sizeof(int) * T * k), *idx = malloc(sizeof(int) * T * k);
+        for (int t = 0; t < T; t++)
+            for (int e = 0; e < E; e++) {
+                /* row 0: three values only (ties everywhere); 1: +-0 and -inf mixed in; 2: NaNs among them;
+                 * 3: more NaNs than numbers; 4: all NaN */
+                uint32_t u = (uint32_t)(k3c_rng_next(&r) >> 32);
+                float v = (float)((int)(u % 3) - 1);
+                if (t >= 1 && u % 7 == 0) v = (u & 8) ? -0.0f : 0.0f;
+                if (t >= 1 && u % 11 == 0) v = -INFINITY;
+                if ((t == 2 && u % 5 == 0) || (t == 3 && u % 4 != 0) || t == 4) v = NAN;
+                lg[(size_t)t * E + e] = v;
+            }
+        for (int t = 0; t < T; t++) k3c_route(&cfg, lg + (size_t)t * E, NULL, iref + t * k, wref + t * k);
+        k3c_cuda_router rc = {E, k, 1, 0, 1, 1, 1, 1.0f};
+        float *dlg = dev_upload(lg, (size_t)T * E * 4), *dw = dev_poisoned((size_t)T * k * 4);
+        int *didx = dev_poisoned(sizeof(int) * T * k);
+        CHECK(dlg && dw && didx);
+        CHECK_OK(k3c_cuda_route(&rc, dlg, NULL, T, didx, dw, 0));
+        CHECK(dev_download(idx, didx, sizeof(int) * T * k) == 0);
+        CHECK(dev_download(w, dw, (size_t)T * k * 4) == 0);
+        for (int i = 0; i < T * k; i++)
+            CHECKF(idx[i] == iref[i], "E %d: row %d slot %d: expert %d, cpu %d", E, i / k, i % k, idx[i], iref[i]);
+        for (int i = 0; i < 3 * k; i++) /* rows 0-2 have k numbers at least: their weights are numbers */
+            CHECKF(w[i] == w[i] && fabsf(w[i] - wref[i]) <= 1e-6f * fabsf(wref[i]) + 1e-7f,
+                   "E %d: row %d slot %d: weight %g, cpu %g", E, i / k, i % k, w[i], wref[i]);
+        cudaFree(dlg); cudaFree(dw); cudaFree(didx);
+        free(lg); free(wref); free(w); free(iref); free(idx);
+    }
+}
+
 /* ---- KDA ---- */
 
 /* Conv + window over consecutive calls (token counts below and above W-1): outputs rel L2 < 1e-5 (fma vs
