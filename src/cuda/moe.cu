@@ -630,76 +630,140 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
 /* bf16 experts at decode, one (token, slot) pair per expert product: few pairs mostly choose distinct
  * experts (Kimi Linear: 8 of 256 per token), so the grouped kernel's B columns carry one token each and
  * its tensor-core staging buys nothing; run 13 measured it at 0.44 of copy bandwidth at one token. Here
- * each pair's matrices are streamed as GEMV rows (gemv_t1.cuh's t1_dot, the bf16 GEMV's loads and sums),
- * in two launches instead of four (gate/up, activation, down, weighted sum: run 18's profile put ~46 us a
- * layer on them for 113 MB at kimi-linear-48b b=1, ~6 us of it on the two small launches).
+ * each pair's matrices are streamed as GEMV rows, in two launches (run 18's profile put ~46 us a layer on
+ * the four launches of before for 113 MB at kimi-linear-48b b=1, 27 us at copy bandwidth):
  *
- * moe_pair_gate_up_kernel: item = (pair p, a block's share of the F intermediate rows); a warp group owns
- * one row r and streams row r of the gate and of the up matrix as t1_dot's two rows, then h[p, r] =
- * act(gate, up) with the stock roundings (gate and up rounded, then the activation): what the per-pair
- * GEMV, then k3c_cuda_gated_act, stored. An invalid expert: h = act(0, 0), as before.
+ * moe_pair_gate_up_kernel: a warp owns row r of one pair and streams row r of the gate and of the up
+ * matrix together, PG_U 16-byte chunks of each per lane in flight, then h[p, r] = act(gate, up) with the
+ * stock roundings (gate and up rounded, then the activation): what the per-pair GEMV, then
+ * k3c_cuda_gated_act, stored. An invalid expert: h = act(0, 0), as before.
  *
- * moe_pair_down_kernel: item = (token t, a block's share of the Out rows); a warp group owns T1_RPW rows
- * and streams them from each of the token's k experts in slot order, rounding each expert's output and
- * adding it into the weighted sum by fmaf in slot order, then rounding the sum: moe_combine_kernel's
- * arithmetic, so out needs no pass of its own and the per-pair outputs never go to memory. Launched with
- * PDL: the expert ids and weights were written by the router, which finished before the gate/up launch
- * began, so before the wait a warp may read them and prefetch its first rows; h is read after the wait. */
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
+ * moe_pair_down_kernel: a warp owns output row r of one token and streams that row of PD_K of the
+ * token's experts at once (PD_U chunks each per lane in flight), each expert's sum its own; then, in slot
+ * order, each expert's rounded output goes into the weighted sum by fmaf, and the sum is rounded:
+ * moe_combine_kernel's arithmetic, so out needs no pass of its own. (A first version, run 19, took the
+ * experts one after another, one load round trip each: 0.39 of copy bandwidth for the down projection.)
+ *
+ * Sums of a row: lane l takes chunks c = base + 32 u + l, base in steps of 32 * U, u in order, each chunk's
+ * 8 products by fmaf in order, then the warp butterfly (k3c_warp_sum). Both are PDL-launched: gate/up waits
+ * before it reads anything and only then lets the down launch start, so that down may read the expert ids
+ * (written by the router, complete by then) before its own wait and prefetch its first rows into L2. */
+#define PG_U 6 /* gate/up: chunks of each row per lane in flight (2 rows: 12 x 16 B) */
+#define PD_K 4 /* down: experts streamed at once */
+#define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
+
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float s) {
+    s = fmaf(k3c_dev_bf16_lo(w.x), a.x, s);
+    s = fmaf(k3c_dev_bf16_hi(w.x), a.y, s);
+    s = fmaf(k3c_dev_bf16_lo(w.y), a.z, s);
+    s = fmaf(k3c_dev_bf16_hi(w.y), a.w, s);
+    s = fmaf(k3c_dev_bf16_lo(w.z), b.x, s);
+    s = fmaf(k3c_dev_bf16_hi(w.z), b.y, s);
+    s = fmaf(k3c_dev_bf16_lo(w.w), b.z, s);
+    s = fmaf(k3c_dev_bf16_hi(w.w), b.w, s);
+    return s;
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
-                        int per, int items, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act,
-                        int wpr, int round, float *__restrict__ h) {
-    __shared__ float part[GEMV_WARPS][T1_RPW];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr, kw = warp % wpr;
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        int p = item / per, r = (item - p * per) * groups + warp / wpr, e = idx[p];
+                        int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
+                        float *__restrict__ h) {
+    k3c_pdl_wait(); /* idx, x: written by the kernels before this one */
+    k3c_pdl_trigger();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = In >> 3, per = (F + GEMV_WARPS - 1) / GEMV_WARPS;
+    for (int item = blockIdx.x; item < pairs * per; item += gridDim.x) {
+        int p = item / per, r = (item - p * per) * GEMV_WARPS + warp, e = idx[p];
+        if (r >= F) continue; /* no barriers in this kernel: a warp may skip */
         float g = 0.0f, u = 0.0f;
-        if (e >= 0 && e < num_experts) { /* block-uniform: every warp of the block reaches t1_dot's barriers */
+        if (e >= 0 && e < num_experts) {
             const k3c_cuda_expert &ex = experts[e];
-            size_t off = (size_t)min(r, F - 1) * In;
-            const uint16_t *wr[T1_RPW] = {ex.gate_w + off, ex.up_w + off};
-            float acc[T1_RPW];
-            t1_dot(wr, r < F, In, x + (size_t)(p / k) * In, wpr, acc, part);
-            g = out_value(acc[0], round);
-            u = out_value(acc[1], round);
+            const uint16_t *wg = ex.gate_w + (size_t)r * In, *wu = ex.up_w + (size_t)r * In;
+            const float *xr = x + (size_t)(p / k) * In;
+            for (int base = 0; base < chunks; base += 32 * PG_U) {
+                uint4 vg[PG_U], vu[PG_U];
+#pragma unroll
+                for (int i = 0; i < PG_U; i++) {
+                    int c = base + 32 * i + lane;
+                    vg[i] = c < chunks ? k3c_ld_stream16(wg + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    vu[i] = c < chunks ? k3c_ld_stream16(wu + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int i = 0; i < PG_U; i++) {
+                    int c = base + 32 * i + lane;
+                    if (c < chunks) {
+                        const float4 *xp = (const float4 *)(xr + (size_t)c * 8);
+                        float4 a = __ldg(xp), b = __ldg(xp + 1);
+                        g = dot8(vg[i], a, b, g);
+                        u = dot8(vu[i], a, b, u);
+                    }
+                }
+            }
+            g = out_value(k3c_warp_sum(g), round);
+            u = out_value(k3c_warp_sum(u), round);
         }
-        if (kw == 0 && lane == 0 && r < F)
-            h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
+        if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
 }
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 4)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
-                     const float *__restrict__ weight, int per, int items, int Out, int F,
-                     const float *__restrict__ h, int k, int wpr, int round, float *__restrict__ out) {
-    __shared__ float part[GEMV_WARPS][T1_RPW];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, groups = GEMV_WARPS / wpr, kw = warp % wpr;
-    k3c_pdl_trigger(); /* the MoE tail's PDL-launched weight stream may start as these blocks retire */
-    if (blockIdx.x < items) { /* before the wait: the first slot's rows of this block's first item */
-        int t = blockIdx.x / per, e = idx[t * k];
-        if (e >= 0 && e < num_experts) t1_prefetch(experts[e].down_w, Out, F, wpr, blockIdx.x - t * per);
+                     const float *__restrict__ weight, int T, int Out, int F, const float *__restrict__ h, int k,
+                     int round, float *__restrict__ out) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = F >> 3, per = (Out + GEMV_WARPS - 1) / GEMV_WARPS;
+    { /* before the wait (see above): the first expert's first chunks of this warp's first row into L2 */
+        int t = blockIdx.x / per, r = (blockIdx.x - t * per) * GEMV_WARPS + warp;
+        int e = blockIdx.x < T * per && r < Out ? idx[t * k] : -1;
+        if (e >= 0 && e < num_experts)
+            for (int i = 0; i < PD_U; i++) {
+                int c = 32 * i + lane;
+                if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(experts[e].down_w + (size_t)r * F + (size_t)c * 8);
+            }
     }
-    k3c_pdl_wait();
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        int t = item / per, row0 = ((item - t * per) * groups + warp / wpr) * T1_RPW;
-        float sum[T1_RPW];
+    k3c_pdl_wait(); /* h: written by the gate/up launch */
+    k3c_pdl_trigger();
+    for (int item = blockIdx.x; item < T * per; item += gridDim.x) {
+        int t = item / per, r = (item - t * per) * GEMV_WARPS + warp;
+        if (r >= Out) continue; /* no barriers in this kernel */
+        float sum = 0.0f;
+        for (int j0 = 0; j0 < k; j0 += PD_K) {
+            const uint16_t *wr[PD_K];
+            const float *hr[PD_K];
+            float acc[PD_K];
 #pragma unroll
-        for (int i = 0; i < T1_RPW; i++) sum[i] = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int pr = t * k + j, e = idx[pr];
-            if (e < 0 || e >= num_experts) continue; /* block-uniform (one token per item); contributes nothing */
-            const uint16_t *W = experts[e].down_w, *wr[T1_RPW];
+            for (int jj = 0; jj < PD_K; jj++) {
+                int j = j0 + jj, e = j < k ? idx[t * k + j] : -1;
+                bool ok = e >= 0 && e < num_experts;
+                wr[jj] = ok ? experts[e].down_w + (size_t)r * F : NULL;
+                hr[jj] = h + (size_t)(t * k + (ok ? j : 0)) * F;
+                acc[jj] = 0.0f;
+            }
+            for (int base = 0; base < chunks; base += 32 * PD_U) {
+                uint4 v[PD_K][PD_U];
 #pragma unroll
-            for (int i = 0; i < T1_RPW; i++) wr[i] = W + (size_t)min(row0 + i, Out - 1) * F;
-            float acc[T1_RPW], w = weight[pr];
-            t1_dot(wr, row0 < Out, F, h + (size_t)pr * F, wpr, acc, part);
+                for (int jj = 0; jj < PD_K; jj++)
 #pragma unroll
-            for (int i = 0; i < T1_RPW; i++) sum[i] = fmaf(w, out_value(acc[i], round), sum[i]);
+                    for (int i = 0; i < PD_U; i++) {
+                        int c = base + 32 * i + lane;
+                        v[jj][i] = wr[jj] && c < chunks ? k3c_ld_stream16(wr[jj] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int jj = 0; jj < PD_K; jj++)
+#pragma unroll
+                    for (int i = 0; i < PD_U; i++) {
+                        int c = base + 32 * i + lane;
+                        if (wr[jj] && c < chunks) {
+                            const float4 *xp = (const float4 *)(hr[jj] + (size_t)c * 8);
+                            acc[jj] = dot8(v[jj][i], __ldg(xp), __ldg(xp + 1), acc[jj]);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int jj = 0; jj < PD_K; jj++) {
+                float y = k3c_warp_sum(acc[jj]); /* every lane: the same sum */
+                if (wr[jj]) sum = fmaf(weight[t * k + j0 + jj], out_value(y, round), sum);
+            }
         }
-        float v = sum[0];
-#pragma unroll
-        for (int i = 1; i < T1_RPW; i++) v = lane == i ? sum[i] : v;
-        if (kw == 0 && lane < T1_RPW && row0 + lane < Out) out[(size_t)t * Out + row0 + lane] = out_value(v, round);
+        if (lane == 0) out[(size_t)t * Out + r] = out_value(sum, round);
     }
 }
 
@@ -939,20 +1003,20 @@ static int moe_pair_limit(int mxfp4) {
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
- * above). */
+ * above), each a persistent launch of at most its resident blocks. */
 static int moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
                          int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round, float *h,
                          float *out, cudaStream_t s) {
     static int occ_up, occ_down;
-    int pairs = T * k, run = 32 * T1_U;
-    pair_plan up = plan_pairs(F, ((In >> 3) + run - 1) / run, pairs, resident_blocks(moe_pair_gate_up_kernel, &occ_up));
-    moe_pair_gate_up_kernel<<<up.grid, GEMV_WARPS * 32, 0, s>>>(experts, num_experts, idx, up.items / pairs, up.items,
-                                                                F, In, x, k, act, up.wpr, round, h);
+    int pairs = T * k, up_items = pairs * ((F + GEMV_WARPS - 1) / GEMV_WARPS);
+    int down_items = T * ((Out + GEMV_WARPS - 1) / GEMV_WARPS);
+    int up_cap = resident_blocks(moe_pair_gate_up_kernel, &occ_up);
+    int down_cap = resident_blocks(moe_pair_down_kernel, &occ_down);
+    K3C_TRY(launch_stream(moe_pair_gate_up_kernel, up_items < up_cap ? up_items : up_cap, s, experts, num_experts, idx,
+                          pairs, F, In, x, k, act, round, h));
     K3C_CUDA_LAUNCHED("moe_pair_gate_up");
-    pair_plan dn = plan_pairs((Out + T1_RPW - 1) / T1_RPW, ((F >> 3) + run - 1) / run, T,
-                              resident_blocks(moe_pair_down_kernel, &occ_down));
-    K3C_TRY(launch_stream(moe_pair_down_kernel, dn.grid, s, experts, num_experts, idx, weight, dn.items / T, dn.items,
-                          Out, F, (const float *)h, k, dn.wpr, round, out));
+    K3C_TRY(launch_stream(moe_pair_down_kernel, down_items < down_cap ? down_items : down_cap, s, experts, num_experts,
+                          idx, weight, T, Out, F, (const float *)h, k, round, out));
     K3C_CUDA_LAUNCHED("moe_pair_down");
     return K3C_OK;
 }
