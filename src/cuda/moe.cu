@@ -985,7 +985,7 @@ static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, c
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
  * many pairs share an expert, which the grouped kernel reads once and the per-pair path once per pair.
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
- * off, =1 on up to MOE_PAIR_MAX as bf16. */
+ * off, =1 on up to MOE_PAIR_MAX as bf16; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs. */
 #define MOE_PAIR_MAX 64
 #define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
@@ -995,7 +995,8 @@ static int env_flag(const char *name, int dflt) {
 static int moe_pair_limit(int mxfp4) {
     static int bf16_max = -1, mx_max = -1;
     if (bf16_max < 0) {
-        bf16_max = env_flag("K3C_MOE_PAIR_GEMV", 1) ? MOE_PAIR_MAX : 0;
+        const char *lim = getenv("K3C_MOE_PAIR_MAX"); /* bf16's limit, for A/B runs past 64 pairs */
+        bf16_max = !env_flag("K3C_MOE_PAIR_GEMV", 1) ? 0 : lim && atoi(lim) > 0 ? atoi(lim) : MOE_PAIR_MAX;
         const char *v = getenv("K3C_MOE_PAIR_MX");
         mx_max = !bf16_max ? 0 : !v || !*v ? MOE_PAIR_MX_DEFAULT : v[0] != '0' ? MOE_PAIR_MAX : 0;
     }
