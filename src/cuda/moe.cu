@@ -771,27 +771,30 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
  * grouped kernel spends ~275 warp instructions per KB streamed on copies, shared loads and bookkeeping:
  * 0.43 of copy bandwidth at one token, run 13). Item = (pair, matrix, band group) as there; a warp owns a
  * band of 16 rows and streams them straight into registers: per step lane (g, q) loads 16 bytes (scale
- * group c = 4 s + q) of rows g and g + 8 and their scale bytes, MXP_U steps in flight; mx_word turns each
+ * group c = 4 s + q) of rows g and g + 8 and their scale bytes, MXP_U (U) steps in flight; mx_word turns each
  * word into the A fragments and the mma takes the activations as its B column 0 (the other columns are
  * zero), so per KB streamed about 110 instructions. The pair's activation row is staged once per block in
  * shared memory as B fragments (the pairing of mx_word, up to three bf16 terms when it is not bf16-exact,
  * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
  * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
  * order. Invalid experts: zeros (the weighted sum skips them). */
-#define MXP_U 2 /* steps per run; two runs in registers (one loading while the other is decoded) */
+/* MXP_U: steps per run, a template parameter U below; two runs in registers (one loading while the other
+ * is decoded). 2 or 3 (K3C_MOE_MXP_U; 4 spills at the 128 registers two blocks per SM allow) */
 #define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
 
 /* One run of MXP_U steps of a lane: 16 bytes of rows g and g + 8 per step (scale group c = 4 s + q) and
  * their scale bytes. */
+template <int U>
 struct mxp_run {
-    uint4 wa[MXP_U], wb[MXP_U];
-    uint32_t ea[MXP_U], eb[MXP_U];
+    uint4 wa[U], wb[U];
+    uint32_t ea[U], eb[U];
 };
 
-__device__ __forceinline__ void mxp_load(mxp_run &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
+template <int U>
+__device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
                                          const uint8_t *sb, int base, int q, int chunks) {
 #pragma unroll
-    for (int u = 0; u < MXP_U; u++) {
+    for (int u = 0; u < U; u++) {
         const int c = (base + u) * 4 + q;
         const bool ok = c < chunks;
         r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
@@ -805,13 +808,13 @@ __device__ __forceinline__ void mxp_load(mxp_run &r, const uint8_t *pa, const ui
  * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
  * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
  * ~2700 instructions per 4 KB, against ~500 of arithmetic) */
-template <int NT>
-__device__ __forceinline__ void mxp_compute(const mxp_run &r, int base, int q, int g, int chunks,
+template <int NT, int U>
+__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int g, int chunks,
                                             const uint4 *plane, float (&acc)[4]) {
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float d[MXP_U][4];
+    float d[U][4];
 #pragma unroll
-    for (int u = 0; u < MXP_U; u++) {
+    for (int u = 0; u < U; u++) {
         const int c = min((base + u) * 4 + q, chunks - 1);
         const uint4 *bp = plane + (size_t)c * 4;
         const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
@@ -841,11 +844,12 @@ __device__ __forceinline__ void mxp_compute(const mxp_run &r, int base, int q, i
         }
     }
 #pragma unroll
-    for (int u = 0; u < MXP_U; u++)
+    for (int u = 0; u < U; u++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
+template <int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
                    int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
@@ -899,21 +903,21 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
             const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
             /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
              * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
-            const int stride = wpr * MXP_U;
-            int base = kw * MXP_U;
-            mxp_run r0, r1;
+            const int stride = wpr * U;
+            int base = kw * U;
+            mxp_run<U> r0, r1;
             if (base < steps) mxp_load(r0, pa, pb, sa, sb, base, q, chunks);
             while (base < steps) {
                 int next = base + stride;
                 if (next < steps) mxp_load(r1, pa, pb, sa, sb, next, q, chunks);
-                if (nterms == 1) mxp_compute<1>(r0, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3>(r0, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r0, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r0, base, q, g, chunks, mxp_plane, acc);
                 base = next;
                 if (base >= steps) break;
                 next = base + stride;
                 if (next < steps) mxp_load(r0, pa, pb, sa, sb, next, q, chunks);
-                if (nterms == 1) mxp_compute<1>(r1, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3>(r1, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r1, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r1, base, q, g, chunks, mxp_plane, acc);
                 base = next;
             }
         }
@@ -958,24 +962,38 @@ static pair_plan plan_pairs(int units, int runs, int matrices, int cap) {
     return p;
 }
 
-static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
-                              int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
-                              cudaStream_t s) {
+template <int U>
+static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
+                                int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                                cudaStream_t s) {
     static int occ;
     size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
     if (!occ) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel, GEMV_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U>, GEMV_WARPS * 32,
                                                           (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
                 cudaSuccess ||
             occ < 1)
             occ = 1;
     }
     int steps = ((cols >> 5) + 3) >> 2;
-    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + MXP_U - 1) / MXP_U, pairs * nm, occ * k3c_cuda_sm_count());
-    moe_pair_mx_kernel<<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items, rows,
-                                                              cols, x, x_per_pair, y0, y1, pp.wpr, round);
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count());
+    moe_pair_mx_kernel<U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
+                                                                 rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_mx");
     return K3C_OK;
+}
+
+/* Steps per run (MXP_U above): K3C_MOE_MXP_U=3 for A/B runs, else 2 (run 18's measured kernel). */
+static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
+                              int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                              cudaStream_t s) {
+    static int u = -1;
+    if (u < 0) {
+        const char *v = getenv("K3C_MOE_MXP_U");
+        u = v && v[0] == '3' ? 3 : 2;
+    }
+    return (u == 3 ? moe_pair_mx_launch_u<3> : moe_pair_mx_launch_u<2>)(experts, num_experts, idx, pairs, nm, rows,
+                                                                        cols, x, x_per_pair, y0, y1, round, s);
 }
 
 /* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
