@@ -539,7 +539,7 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
  *     while the block computed the previous tile (two buffers); positions past the split's end copy its last
  *     position (finite bytes, masked below);
  *  2. scores: a unit of 4 heads x 4 positions is ksl lanes of one warp (ksl = 8 at G = 16); lane j sums
- *     the 8-element chunks c = j, j + ksl, .. of Lat (q in f32 from shared memory, in ascending c), then the
+ *     the 4-element chunks c = j, j + ksl, .. of Lat (q in f32 from shared memory, in ascending c), then the
  *     ksl partials are summed by xor shuffles (a fixed tree); s * scale (-inf past the split's end) goes to
  *     ss[pos][head];
  *  3. softmax: warp w owns heads w and w + 8 for the whole block (its running max m and sum l in registers,
@@ -588,6 +588,22 @@ __device__ __forceinline__ void hg_load8(const unsigned char *row, int e, float 
     }
 }
 
+/* Elements e .. e + 3 (e % 4 == 0) of a cache row in shared memory as f32 (one 4-, 8- or 16-byte load). */
+template <int EB>
+__device__ __forceinline__ void hg_load4(const unsigned char *row, int e, float (&v)[4]) {
+    if (EB == 2) {
+        uint32_t w0 = ((const uint32_t *)(row + (size_t)e * 2))[0], w1 = ((const uint32_t *)(row + (size_t)e * 2))[1];
+        v[0] = k3c_dev_bf16_lo(w0); v[1] = k3c_dev_bf16_hi(w0); v[2] = k3c_dev_bf16_lo(w1); v[3] = k3c_dev_bf16_hi(w1);
+    } else if (EB == 1) {
+        uint32_t w = *(const uint32_t *)(row + e);
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = k3c_dev_e4m3((uint8_t)(w >> (8 * k)));
+    } else {
+        float4 a = *(const float4 *)(row + (size_t)e * 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    }
+}
+
 /* Copies positions p0 .. p0 + P - 1 of the row (clamped to p_end - 1) into a tile buffer, one commit group. */
 template <int EB>
 __device__ __forceinline__ void hg_load_tile(unsigned char *dst, const unsigned char *__restrict__ cache,
@@ -632,10 +648,12 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
         qs[i] = hh < nh ? q_abs[((size_t)t * Hm + h0) * Lat + i] : 0.0f;
     }
     /* score units: HQ head quads x P / 4 position quads, ksl lanes each (a power of 2 with ksl * units <=
-     * HG_THREADS; units * ksl is a multiple of 32 for every G and P here, so whole warps are in or out) */
+     * HG_THREADS; units * ksl is a multiple of 32 for every G and P here, so whole warps are in or out). The
+     * units of a warp share the head quad: their q loads are one broadcast, their cache loads 4 x 8 lanes x
+     * 4 elements, so shared memory keeps pace with the FMAs (lane j's elements: 4c .. 4c + 3, c = j + ksl i) */
     int HQ = G / 4, units = HQ * (P / 4), ksl = 32;
     while (ksl * units > HG_THREADS) ksl >>= 1;
-    int su = tid / ksl, sj = tid % ksl, spq = su / HQ, shq = su % HQ;
+    int PQ = P / 4, su = tid / ksl, sj = tid % ksl, shq = su / PQ, spq = su % PQ;
     bool sact = su < units;
     int nchv = kvl / 8, vhq = tid / nchv, vc = tid % nchv, lane = tid & 31, warp = tid >> 5;
     bool vact = vhq < HQ;
@@ -659,19 +677,18 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
             for (int a = 0; a < 4; a++)
 #pragma unroll
                 for (int u = 0; u < 4; u++) s[a][u] = 0.0f;
-            for (int c = sj; c < Lat / 8; c += ksl) {
-                float kv[4][8];
+            for (int c = sj; c < Lat / 4; c += ksl) {
+                float kv[4][4];
 #pragma unroll
-                for (int u = 0; u < 4; u++) hg_load8<EB>(kt + (size_t)(4 * spq + u) * rowb, 8 * c, kv[u]);
+                for (int u = 0; u < 4; u++) hg_load4<EB>(kt + (size_t)(4 * spq + u) * rowb, 4 * c, kv[u]);
 #pragma unroll
                 for (int a = 0; a < 4; a++) {
-                    const float4 *qp = (const float4 *)(qs + (size_t)(4 * shq + a) * Lat + 8 * c);
-                    float4 x = qp[0], y = qp[1];
-                    const float qv[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+                    float4 x = *(const float4 *)(qs + (size_t)(4 * shq + a) * Lat + 4 * c);
+                    const float qv[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
                     for (int u = 0; u < 4; u++)
 #pragma unroll
-                        for (int e = 0; e < 8; e++) s[a][u] = fmaf(qv[e], kv[u][e], s[a][u]);
+                        for (int e = 0; e < 4; e++) s[a][u] = fmaf(qv[e], kv[u][e], s[a][u]);
                 }
             }
 #pragma unroll
