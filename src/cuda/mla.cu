@@ -532,6 +532,240 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
     attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
 }
 
+/* Attention by head groups: one block takes G heads of one row (G = 4, 8, 12 or 16, attend_hg_group) over
+ * one split of its positions, so a cache row goes through L2 once per group instead of once per head. Per
+ * tile of HG_P(EB) positions (32; 16 for an f32 cache), block of HG_THREADS threads:
+ *  1. the tile's rows (raw cache bytes, Lat * EB each) are in shared memory, copied with 16-byte cp.async
+ *     while the block computed the previous tile (two buffers); positions past the split's end copy its last
+ *     position (finite bytes, masked below);
+ *  2. scores: a unit of 4 heads x 4 positions is ksl lanes of one warp (ksl = 8 at G = 16); lane j sums
+ *     the 4-element chunks c = j, j + ksl, .. of Lat (q in f32 from shared memory, in ascending c), then the
+ *     ksl partials are summed by xor shuffles (a fixed tree); s * scale (-inf past the split's end) goes to
+ *     ss[pos][head];
+ *  3. softmax: warp w owns heads w and w + 8 for the whole block (its running max m and sum l in registers,
+ *     lane = position): m' = max(m, tile max), r = e^(m - m'), p = e^(s - m') in place of s, l = l r + sum p
+ *     (xor-shuffle tree); r to rs[head];
+ *  4. values: thread (head quad vhq, chunk vc of kvl / 8) holds acc[4 heads][8 columns], scales it by r and
+ *     adds p * cache[pos][8 vc .. + 8] over the tile's positions in order.
+ * Three barriers a tile. End: one split in use (eff 1): o_lat = acc / l; several: [acc | m | l] to part in
+ * the layout of the per-head kernels, and mla_attend_merge_kernel combines the splits. The bits depend on
+ * Hm (the group size and the lane tree), kvl, rope and the split count only: no atomics, no timing. */
+#define HG_THREADS 256
+#define HG_BLOCKS_PER_SM 2 /* what the splits aim at: ~111 KB of shared memory a block at K3 dims (bf16) */
+#define HG_P(EB) ((EB) == 4 ? 16 : 32)
+
+__device__ __forceinline__ void mla_cp_async16(void *smem, const void *gmem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(16) : "memory");
+}
+__device__ __forceinline__ void mla_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void mla_cp_async_wait_all(void) { asm volatile("cp.async.wait_group %0;" ::"n"(0) : "memory"); }
+
+/* Elements e .. e + 7 (e % 8 == 0) of a cache row in shared memory as f32. */
+template <int EB>
+__device__ __forceinline__ void hg_load8(const unsigned char *row, int e, float (&v)[8]) {
+    if (EB == 2) {
+        uint4 w = *(const uint4 *)(row + (size_t)e * 2);
+        const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = k3c_dev_bf16_lo(wv[k]);
+            v[2 * k + 1] = k3c_dev_bf16_hi(wv[k]);
+        }
+    } else if (EB == 1) {
+        const uint32_t *w = (const uint32_t *)(row + e); /* 8-byte aligned: two words */
+        uint32_t w0 = w[0], w1 = w[1];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = k3c_dev_e4m3((uint8_t)(w0 >> (8 * k)));
+            v[4 + k] = k3c_dev_e4m3((uint8_t)(w1 >> (8 * k)));
+        }
+    } else {
+        const float4 *f = (const float4 *)(row + (size_t)e * 4);
+        float4 a = f[0], b = f[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    }
+}
+
+/* Elements e .. e + 3 (e % 4 == 0) of a cache row in shared memory as f32 (one 4-, 8- or 16-byte load). */
+template <int EB>
+__device__ __forceinline__ void hg_load4(const unsigned char *row, int e, float (&v)[4]) {
+    if (EB == 2) {
+        uint32_t w0 = ((const uint32_t *)(row + (size_t)e * 2))[0], w1 = ((const uint32_t *)(row + (size_t)e * 2))[1];
+        v[0] = k3c_dev_bf16_lo(w0); v[1] = k3c_dev_bf16_hi(w0); v[2] = k3c_dev_bf16_lo(w1); v[3] = k3c_dev_bf16_hi(w1);
+    } else if (EB == 1) {
+        uint32_t w = *(const uint32_t *)(row + e);
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = k3c_dev_e4m3((uint8_t)(w >> (8 * k)));
+    } else {
+        float4 a = *(const float4 *)(row + (size_t)e * 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    }
+}
+
+/* Copies positions p0 .. p0 + P - 1 of the row (clamped to p_end - 1) into a tile buffer, one commit group. */
+template <int EB>
+__device__ __forceinline__ void hg_load_tile(unsigned char *dst, const unsigned char *__restrict__ cache,
+                                             const int *__restrict__ table, int bs, int rowb, int p0, int p_end) {
+    constexpr int P = HG_P(EB);
+    int nch = rowb / 16;
+    for (int i = threadIdx.x; i < P * nch; i += HG_THREADS) {
+        int pp = i / nch, c = i - pp * nch, p = min(p0 + pp, p_end - 1);
+        const unsigned char *src = cache + ((size_t)table[p / bs] * bs + p % bs) * rowb + (size_t)c * 16;
+        mla_cp_async16(dst + (size_t)pp * rowb + (size_t)c * 16, src);
+    }
+    mla_cp_async_commit();
+}
+
+/* Shared memory of a block: tiles [2][P][Lat * EB] bytes | q [G][Lat] | ss [P][G + 4] | rs [G] | ml [2][G]. */
+static size_t attend_hg_smem(int eb, int G, int Lat) {
+    int P = HG_P(eb);
+    return (size_t)2 * P * Lat * eb + sizeof(float) * ((size_t)G * Lat + (size_t)P * (G + 4) + 3 * (size_t)G);
+}
+
+/* grid (T, ceil(Hm / G), splits), HG_THREADS threads; see above. */
+template <int EB>
+__global__ void __launch_bounds__(HG_THREADS, HG_BLOCKS_PER_SM)
+mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
+                     const int *__restrict__ tables, int bs, const unsigned char *__restrict__ cache, int Hm, int G,
+                     int kvl, int rope, float scale, float *o_lat, float *__restrict__ part) {
+    constexpr int P = HG_P(EB);
+    extern __shared__ __align__(16) unsigned char hg_smem[];
+    int Lat = kvl + rope, rowb = Lat * EB, GS = G + 4;
+    unsigned char *tiles = hg_smem;
+    float *qs = (float *)(hg_smem + (size_t)2 * P * rowb);
+    float *ss = qs + (size_t)G * Lat, *rs = ss + P * GS, *ml = rs + G;
+    int t = blockIdx.x, h0 = blockIdx.y * G, splits = gridDim.z, z = blockIdx.z, tid = threadIdx.x;
+    int p_begin, p_end, eff;
+    attend_split_range(lens[t], splits, z, &p_begin, &p_end, &eff);
+    if (z >= eff) return; /* an unused split of a short row (block-uniform, before any barrier) */
+    const int *table = tables + table_off[t];
+    int nh = min(G, Hm - h0); /* heads of this group; the others have q = 0 and are not written */
+    hg_load_tile<EB>(tiles, cache, table, bs, rowb, p_begin, p_end);
+    for (int i = tid; i < G * Lat; i += HG_THREADS) {
+        int hh = i / Lat;
+        qs[i] = hh < nh ? q_abs[((size_t)t * Hm + h0) * Lat + i] : 0.0f;
+    }
+    /* score units: HQ head quads x P / 4 position quads, ksl lanes each (a power of 2 with ksl * units <=
+     * HG_THREADS; units * ksl is a multiple of 32 for every G and P here, so whole warps are in or out). The
+     * units of a warp share the head quad: their q loads are one broadcast, their cache loads 4 x 8 lanes x
+     * 4 elements, so shared memory keeps pace with the FMAs (lane j's elements: 4c .. 4c + 3, c = j + ksl i) */
+    int HQ = G / 4, units = HQ * (P / 4), ksl = 32;
+    while (ksl * units > HG_THREADS) ksl >>= 1;
+    int PQ = P / 4, su = tid / ksl, sj = tid % ksl, shq = su / PQ, spq = su % PQ;
+    bool sact = su < units;
+    int nchv = kvl / 8, vhq = tid / nchv, vc = tid % nchv, lane = tid & 31, warp = tid >> 5;
+    bool vact = vhq < HQ;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float acc[4][8];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[a][e] = 0.0f;
+    int ntiles = (p_end - p_begin + P - 1) / P;
+    for (int it = 0; it < ntiles; it++) {
+        int p0 = p_begin + it * P, np = min(P, p_end - p0);
+        const unsigned char *kt = tiles + (size_t)(it & 1) * P * rowb;
+        mla_cp_async_wait_all(); /* this tile's copies (the only ones in flight) */
+        __syncthreads();         /* everyone's copies landed; the previous tile's readers are done */
+        if (it + 1 < ntiles)
+            hg_load_tile<EB>(tiles + (size_t)((it + 1) & 1) * P * rowb, cache, table, bs, rowb, p0 + P, p_end);
+        if (sact) {
+            float s[4][4];
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) s[a][u] = 0.0f;
+            for (int c = sj; c < Lat / 4; c += ksl) {
+                float kv[4][4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) hg_load4<EB>(kt + (size_t)(4 * spq + u) * rowb, 4 * c, kv[u]);
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    float4 x = *(const float4 *)(qs + (size_t)(4 * shq + a) * Lat + 4 * c);
+                    const float qv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[a][u] = fmaf(qv[e], kv[u][e], s[a][u]);
+                }
+            }
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    for (int o = ksl >> 1; o > 0; o >>= 1) s[a][u] += __shfl_xor_sync(0xffffffffu, s[a][u], o);
+                    int pp = 4 * spq + u;
+                    if (sj == 0) ss[pp * GS + 4 * shq + a] = pp < np ? s[a][u] * scale : -INFINITY;
+                }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int hh = warp + 8 * k; /* warp-uniform */
+            if (hh < G) {
+                float sv = lane < P ? ss[lane * GS + hh] : -INFINITY;
+                float mn = fmaxf(m_run[k], k3c_warp_max(sv)); /* finite: position p0 < p_end is in the tile */
+                float r = expf(m_run[k] - mn);                 /* m = -inf on the first tile: r = 0 */
+                float pv = expf(sv - mn);                      /* masked positions: 0 */
+                l_run[k] = l_run[k] * r + k3c_warp_sum(pv);
+                m_run[k] = mn;
+                if (lane < P) ss[lane * GS + hh] = pv;
+                if (lane == 0) rs[hh] = r;
+            }
+        }
+        __syncthreads();
+        if (vact) {
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                float r = rs[4 * vhq + a];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[a][e] *= r;
+            }
+            for (int pp = 0; pp < np; pp++) {
+                float v[8];
+                hg_load8<EB>(kt + (size_t)pp * rowb, 8 * vc, v);
+                float4 pr = *(const float4 *)(ss + pp * GS + 4 * vhq);
+                const float pa[4] = {pr.x, pr.y, pr.z, pr.w};
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[a][e] = fmaf(pa[a], v[e], acc[a][e]);
+            }
+        }
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (warp + 8 * k < G) {
+                ml[warp + 8 * k] = m_run[k];
+                ml[G + warp + 8 * k] = l_run[k];
+            }
+    __syncthreads();
+    if (!vact) return;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int hh = 4 * vhq + a;
+        if (hh >= nh) break;
+        size_t rh = (size_t)t * Hm + h0 + hh;
+        if (eff == 1) {
+            float inv = 1.0f / ml[G + hh];
+            float *out = o_lat + rh * kvl + 8 * vc;
+#pragma unroll
+            for (int e = 0; e < 8; e++) out[e] = acc[a][e] * inv;
+        } else {
+            float *out = part + (rh * splits + z) * (size_t)(kvl + 2);
+#pragma unroll
+            for (int e = 0; e < 8; e++) out[8 * vc + e] = acc[a][e];
+            if (vc == 0) {
+                out[kvl] = ml[hh];
+                out[kvl + 1] = ml[G + hh];
+            }
+        }
+    }
+}
+
 /* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order over
  * the eff splits the row uses (attend_split_range; eff 1: the attention block wrote o_lat, nothing to do).
  * The factors e^(M_z - M) are computed once per split (shared). */
@@ -582,6 +816,28 @@ static int attend_splits(int T, int Hm, int kvl, const float *part, size_t part_
     return (int)s;
 }
 
+/* The head group of mla_attend_hg_kernel: at most 16 heads (softmax: 2 heads per warp) and as many as keep the
+ * value threads (G / 4 head quads x kvl / 8 chunks) within the block; Hm split into equal groups rounded up
+ * to a multiple of 4 (Hm 96: 6 groups of 16; 40: 3 of 16, the last one 8 heads; 6: one of 8). 0: none fits. */
+static int attend_hg_group(int Hm, int kvl) {
+    int hq = HG_THREADS / (kvl / 8);
+    int gmax = 4 * (hq < 4 ? hq : 4);
+    if (gmax < 4) return 0;
+    int groups = (Hm + gmax - 1) / gmax, per = (Hm + groups - 1) / groups;
+    return (per + 3) / 4 * 4;
+}
+
+/* Splits per row for the head-group kernel: enough blocks for HG_BLOCKS_PER_SM per SM (a function of T, Hm and
+ * kvl only, as attend_splits), and rows * Hm * splits * (kvl + 2) within part. */
+static int attend_hg_splits(int T, int groups, int Hm, int kvl, const float *part, size_t part_floats) {
+    long long blocks = (long long)T * groups, want = (long long)HG_BLOCKS_PER_SM * k3c_cuda_sm_count();
+    if (!part || blocks >= want) return 1;
+    long long s = (want + blocks - 1) / blocks;
+    if (s > ATT_MAX_SPLITS) s = ATT_MAX_SPLITS;
+    while (s > 1 && (size_t)((long long)T * Hm * s) * (size_t)(kvl + 2) > part_floats) s--;
+    return (int)s;
+}
+
 extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
                                    int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
                                    float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
@@ -589,6 +845,45 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
     if (kvl + rope > 32 * ATT_MAXJ || kvl <= 0 || rope < 0 || block_size <= 0)
         return k3c_errorf("k3c_cuda_mla_attend: unsupported latent %d + %d (at most %d) or block size %d", kvl, rope,
                           32 * ATT_MAXJ, block_size);
+    if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
+        return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
+    /* K3C_MLA_HG=0: the per-head kernels below even where the head-group kernel applies (A/B comparisons) */
+    static int hg_on = -1;
+    if (hg_on < 0) {
+        const char *v = getenv("K3C_MLA_HG");
+        hg_on = !(v && v[0] == '0');
+    }
+    int Lat = kvl + rope, G = attend_hg_group(Hm, kvl);
+    if (hg_on && G > 0 && kvl % 8 == 0 && rope % 8 == 0 && (Lat * elem_bytes) % 16 == 0 &&
+        ((uintptr_t)cache & 15) == 0) {
+        int groups = (Hm + G - 1) / G, splits = attend_hg_splits(T, groups, Hm, kvl, part, part_floats);
+        size_t smem = attend_hg_smem(elem_bytes, G, Lat);
+        dim3 grid(T, groups, splits);
+        const unsigned char *c8 = (const unsigned char *)cache;
+        /* above 48 KB of dynamic shared memory needs the opt-in (per kernel, cheap to repeat) */
+        if (elem_bytes == 2) {
+            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem));
+            mla_attend_hg_kernel<2><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
+                                                                        Hm, G, kvl, rope, scale, o_lat, part);
+        } else if (elem_bytes == 1) {
+            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem));
+            mla_attend_hg_kernel<1><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
+                                                                        Hm, G, kvl, rope, scale, o_lat, part);
+        } else {
+            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)smem));
+            mla_attend_hg_kernel<4><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
+                                                                        Hm, G, kvl, rope, scale, o_lat, part);
+        }
+        K3C_CUDA_LAUNCHED("mla_attend_hg");
+        if (splits > 1) {
+            mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
+            K3C_CUDA_LAUNCHED("mla_attend merge");
+        }
+        return K3C_OK;
+    }
     int splits = attend_splits(T, Hm, kvl, part, part_floats);
     dim3 grid(T, Hm, splits);
     size_t smem = (size_t)ATT_WARPS * kvl * sizeof(float);

@@ -334,6 +334,14 @@ int main(int argc, char **argv) {
     /* 64 rows over 40 heads at kvl 512: the absorptions' blocks then take several 8-token tiles each (absorb_q
      * 32 tokens a block, absorb_o 16 with 132 SMs), weights held across tiles */
     absorbed_case(40, 32, 32, 32, 512, 2, 63, 70, &r);
+    /* the head-group attention (mla_attend_hg_kernel): 96 heads = 6 groups of 16 with a long row split over
+     * positions (and merged), per element size; 20 heads = 2 groups of 12 (8 + 2 heads past Hm); 6 heads = one
+     * group of 8; kvl 704 + rope 64 (Lat 768: groups of 8, 88 value chunks); 8 rows x 96 heads with 2 splits */
+    for (int eb = 1; eb <= 4; eb *= 2) absorbed_case(96, 32, 64, 32, 512, eb, 1, 300, &r);
+    absorbed_case(20, 16, 32, 16, 64, 2, 9, 200, &r);
+    absorbed_case(6, 16, 32, 16, 128, 1, 3, 90, &r);
+    absorbed_case(10, 16, 64, 16, 704, 2, 2, 100, &r);
+    absorbed_case(96, 32, 64, 32, 512, 1, 7, 500, &r);
     /* the GPU test's shapes and cases */
     static const xshape shapes[] = {
         {4, 128, 64, 128, 512}, {2, 32, 32, 32, 128}, {3, 20, 8, 12, 40}, {2, 16, 0, 16, 48}, {2, 64, 32, 160, 96},
