@@ -997,14 +997,17 @@ static int moe_pair_mx_launch(const k3c_cuda_expert *experts, int num_experts, c
 }
 
 /* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
- * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel).
+ * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel; run
+ * 20 with the two-launch kernels, kimi-linear-48b specialized, limit 64 / 256: b=16 22.01 / 17.62 ms, b=32
+ * 37.58 / 31.08 ms; b=64, 512 pairs, not measured: there most experts repeat, and the per-pair path reads
+ * a repeated expert once per pair where the grouped kernel reads it once).
  * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. Run 18 (`bench_gpu moe`, H200), the pipelined kernel against
  * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
  * many pairs share an expert, which the grouped kernel reads once and the per-pair path once per pair.
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
- * off, =1 on up to MOE_PAIR_MAX as bf16; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs. */
-#define MOE_PAIR_MAX 64
+ * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs. */
+#define MOE_PAIR_MAX 256
 #define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
     const char *v = getenv(name);
@@ -1016,7 +1019,7 @@ static int moe_pair_limit(int mxfp4) {
         const char *lim = getenv("K3C_MOE_PAIR_MAX"); /* bf16's limit, for A/B runs past 64 pairs */
         bf16_max = !env_flag("K3C_MOE_PAIR_GEMV", 1) ? 0 : lim && atoi(lim) > 0 ? atoi(lim) : MOE_PAIR_MAX;
         const char *v = getenv("K3C_MOE_PAIR_MX");
-        mx_max = !bf16_max ? 0 : !v || !*v ? MOE_PAIR_MX_DEFAULT : v[0] != '0' ? MOE_PAIR_MAX : 0;
+        mx_max = !bf16_max ? 0 : !v || !*v ? MOE_PAIR_MX_DEFAULT : v[0] != '0' ? 64 : 0;
     }
     return mxfp4 ? mx_max : bf16_max;
 }

@@ -405,6 +405,9 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 1, 264, 40, 48, 6, 5, 3, 0);
     moe_case(0, 0, 264, 40, 48, 6, 5, 3, 1);
     moe_case(0, 0, 1032, 256, 1032, 16, 8, 8, 0);
+    /* past 64 pairs (the per-pair path runs up to 256): 160 pairs over 20 experts, rounded and not */
+    moe_case(0, 0, 264, 40, 48, 20, 20, 8, 1);
+    moe_case(0, 1, 136, 64, 72, 12, 20, 8, 0);
 }
 
 /* ---- elementwise ---- */
