@@ -44,6 +44,19 @@ __device__ __forceinline__ void t1_prefetch(const uint16_t *__restrict__ W, int 
     }
 }
 
+/* s + the 8 products of a 16-byte chunk of bf16 weights w with activations (a, b), by fmaf in order. */
+__device__ __forceinline__ float t1_dot8(uint4 w, float4 a, float4 b, float s) {
+    s = fmaf(k3c_dev_bf16_lo(w.x), a.x, s);
+    s = fmaf(k3c_dev_bf16_hi(w.x), a.y, s);
+    s = fmaf(k3c_dev_bf16_lo(w.y), a.z, s);
+    s = fmaf(k3c_dev_bf16_hi(w.y), a.w, s);
+    s = fmaf(k3c_dev_bf16_lo(w.z), b.x, s);
+    s = fmaf(k3c_dev_bf16_hi(w.z), b.y, s);
+    s = fmaf(k3c_dev_bf16_lo(w.w), b.z, s);
+    s = fmaf(k3c_dev_bf16_hi(w.w), b.w, s);
+    return s;
+}
+
 /* The dot products of T1_RPW rows (wr, cols bf16 each) with x (f32, read through L1) over this warp's share
  * of their k range (warp kw of the wpr warps of a row group), reduced over the group's warps in warp order
  * through part (shared, [GEMV_WARPS][T1_RPW]). The sums land in acc in every lane of the group's first warp
@@ -72,18 +85,7 @@ __device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool
                     const float4 *xp = (const float4 *)(x + (size_t)c * 8);
                     float4 a = __ldg(xp), b = __ldg(xp + 1);
 #pragma unroll
-                    for (int r = 0; r < T1_RPW; r++) {
-                        float s = acc[r];
-                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].x), a.x, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].x), a.y, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].y), a.z, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].y), a.w, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].z), b.x, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].z), b.y, s);
-                        s = fmaf(k3c_dev_bf16_lo(wv[r][u].w), b.z, s);
-                        s = fmaf(k3c_dev_bf16_hi(wv[r][u].w), b.w, s);
-                        acc[r] = s;
-                    }
+                    for (int r = 0; r < T1_RPW; r++) acc[r] = t1_dot8(wv[r][u], a, b, acc[r]);
                 }
             }
         }

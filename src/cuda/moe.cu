@@ -652,18 +652,6 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
 #define PD_K 4 /* down: experts streamed at once */
 #define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float s) {
-    s = fmaf(k3c_dev_bf16_lo(w.x), a.x, s);
-    s = fmaf(k3c_dev_bf16_hi(w.x), a.y, s);
-    s = fmaf(k3c_dev_bf16_lo(w.y), a.z, s);
-    s = fmaf(k3c_dev_bf16_hi(w.y), a.w, s);
-    s = fmaf(k3c_dev_bf16_lo(w.z), b.x, s);
-    s = fmaf(k3c_dev_bf16_hi(w.z), b.y, s);
-    s = fmaf(k3c_dev_bf16_lo(w.w), b.z, s);
-    s = fmaf(k3c_dev_bf16_hi(w.w), b.w, s);
-    return s;
-}
-
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                         int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
@@ -693,8 +681,8 @@ moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_exp
                     if (c < chunks) {
                         const float4 *xp = (const float4 *)(xr + (size_t)c * 8);
                         float4 a = __ldg(xp), b = __ldg(xp + 1);
-                        g = dot8(vg[i], a, b, g);
-                        u = dot8(vu[i], a, b, u);
+                        g = t1_dot8(vg[i], a, b, g);
+                        u = t1_dot8(vu[i], a, b, u);
                     }
                 }
             }
@@ -753,7 +741,7 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
                         int c = base + 32 * i + lane;
                         if (wr[jj] && c < chunks) {
                             const float4 *xp = (const float4 *)(hr[jj] + (size_t)c * 8);
-                            acc[jj] = dot8(v[jj][i], __ldg(xp), __ldg(xp + 1), acc[jj]);
+                            acc[jj] = t1_dot8(v[jj][i], __ldg(xp), __ldg(xp + 1), acc[jj]);
                         }
                     }
             }

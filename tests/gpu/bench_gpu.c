@@ -44,86 +44,74 @@ static void report(const char *name, double bytes, float *ms, int n) {
 
 typedef int (*launch_fn)(void *ctx, int rep);
 
-static void time_it(const char *name, double bytes, launch_fn fn, void *ctx) {
+/* REPS samples of one measured call between two events on stream st (after it ran once), each divided by
+ * per, the launches in the call: the median goes to report. */
+static void time_samples(const char *name, double bytes, cudaStream_t st, launch_fn call, void *ctx, int per) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
-    CK(cudaDeviceSynchronize());
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        CK(cudaEventRecord(a, 0));
-        OK(fn(ctx, i));
-        CK(cudaEventRecord(b, 0));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&ms[i], a, b));
-    }
-    CK(cudaGetLastError());
-    report(name, bytes, ms, REPS);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-}
-
-/* BATCH_N launches back to back between two events (rotating inputs as above), time per launch: the
- * per-launch event gap is gone and launch latency overlaps the previous kernel, as in a decode step. */
-#define BATCH_N 20
-static void time_batch(const char *name, double bytes, launch_fn fn, void *ctx) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
-    CK(cudaDeviceSynchronize());
-    float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
-        CK(cudaEventRecord(a, 0));
-        for (int j = 0; j < BATCH_N; j++) OK(fn(ctx, i * BATCH_N + j));
-        CK(cudaEventRecord(b, 0));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&ms[i], a, b));
-        ms[i] /= BATCH_N;
-    }
-    CK(cudaGetLastError());
-    report(name, bytes, ms, REPS);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-}
-
-/* BATCH_N launches captured once as a CUDA graph, the graph replayed between two events: time per launch
- * as in a decode step's graph (launch cost included, host launch overhead not). For the small kernels of a
- * step, whose time is mostly launch and ramp. */
-static void time_graph(const char *name, double bytes, launch_fn fn, void *ctx) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaStream_t *sp = (cudaStream_t *)ctx; /* ctx's first member: the stream the launches go to */
-    cudaStream_t keep = *sp;
-    *sp = st;
-    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
-    CK(cudaStreamSynchronize(st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-    for (int j = 0; j < BATCH_N; j++) OK(fn(ctx, j));
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    CK(cudaGraphLaunch(ge, st));
+    OK(call(ctx, 0));
     CK(cudaStreamSynchronize(st));
     float ms[REPS];
     for (int i = 0; i < REPS; i++) {
         CK(cudaEventRecord(a, st));
-        CK(cudaGraphLaunch(ge, st));
+        OK(call(ctx, i));
         CK(cudaEventRecord(b, st));
         CK(cudaEventSynchronize(b));
         CK(cudaEventElapsedTime(&ms[i], a, b));
-        ms[i] /= BATCH_N;
+        ms[i] /= per;
     }
     CK(cudaGetLastError());
     report(name, bytes, ms, REPS);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    cudaGraphExecDestroy(ge);
+}
+
+static void time_it(const char *name, double bytes, launch_fn fn, void *ctx) {
+    for (int i = 0; i < 2; i++) OK(fn(ctx, i));
+    time_samples(name, bytes, 0, fn, ctx, 1);
+}
+
+
+/* BATCH_N launches back to back between two events (rotating inputs as above), time per launch: the
+ * per-launch event gap is gone and launch latency overlaps the previous kernel, as in a decode step. */
+#define BATCH_N 20
+typedef struct { launch_fn fn; void *ctx; } batch_ctx;
+static int run_batch(void *c, int rep) {
+    batch_ctx *x = c;
+    for (int j = 0; j < BATCH_N; j++)
+        if (x->fn(x->ctx, rep * BATCH_N + j) != 0) return -1;
+    return 0;
+}
+static void time_batch(const char *name, double bytes, launch_fn fn, void *ctx) {
+    batch_ctx c = {fn, ctx};
+    for (int i = 0; i < 2; i++) OK(fn(ctx, i));
+    time_samples(name, bytes, 0, run_batch, &c, BATCH_N);
+}
+
+/* BATCH_N launches captured once as a CUDA graph, the graph replayed between two events: time per launch
+ * as in a decode step's graph (launch cost included, host launch overhead not). For the small kernels of a
+ * step, whose time is mostly launch and ramp. ctx's first member is the stream the launches go to. */
+typedef struct { cudaGraphExec_t ge; cudaStream_t st; } graph_ctx;
+static int run_graph(void *c, int rep) {
+    graph_ctx *x = c;
+    return cudaGraphLaunch(x->ge, x->st) == cudaSuccess ? 0 : -1;
+}
+static void time_graph(const char *name, double bytes, launch_fn fn, void *ctx) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaStream_t *sp = (cudaStream_t *)ctx, keep = *sp;
+    *sp = st;
+    for (int i = 0; i < 3; i++) OK(fn(ctx, i));
+    CK(cudaStreamSynchronize(st));
+    cudaGraph_t g;
+    graph_ctx gc = {NULL, st};
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int j = 0; j < BATCH_N; j++) OK(fn(ctx, j));
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&gc.ge, g, 0));
+    time_samples(name, bytes, st, run_graph, &gc, BATCH_N);
+    cudaGraphExecDestroy(gc.ge);
     cudaGraphDestroy(g);
     *sp = keep;
     cudaStreamDestroy(st);
@@ -380,6 +368,7 @@ int main(int argc, char **argv) {
             {"kl48_moe_front", 2304, 3, {256, 1024, 1024}},             /* router, shared gate, up */
             {"k3_mla_in", 7168, 2, {1536, 576}},                        /* q_a, kv_a */
             {"k3_moe_front", 7168, 4, {896, 3584, 6144, 6144}},         /* router, latent down, shared gate, up */
+            {"k3_kda_in", 7168, 6, {12288, 12288, 12288, 128, 96, 128}}, /* q, k, v, f_a, b, g_a (K3: 96 x 128) */
         };
         void *ws;
         CK(cudaMalloc(&ws, 32u << 20));

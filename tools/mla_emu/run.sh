@@ -42,3 +42,5 @@ done
 gcc -std=gnu11 -O2 -I"$moe/inc" -I"$root/src" -I"$root/include" -I"$root/tests/gpu" -c "$here/main.c" -o "$out/main.o"
 g++ "$out"/{main,emu_rt,fp8_check,mla_expanded_k,gemm_k,mla_k,elementwise_k,mla,error}.o -o "$out/emu" -pthread -lm
 "$out/emu" "${1:-quick}"
+# the MLA attend by head groups is opt-in (K3C_MLA_HG=1, cuda/mla.cu): its absorbed cases once more with it on
+[ "${1:-quick}" = fp8 ] || EMU_ONLY=absorbed K3C_MLA_HG=1 "$out/emu" "${1:-quick}"
