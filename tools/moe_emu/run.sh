@@ -28,7 +28,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${TMPDIR:-/tmp}/moe_emu
 mkdir -p "$out/gen/cuda"
-python3 "$here/gen.py" "${MOE_CU:-$root/src/cuda/moe.cu}" "$out/moe_emu.cpp"
+python3 "$here/gen.py" "${MOE_CU:-$root/src/cuda/moe.cu}" "$out/moe_k.cpp"
+python3 "$here/gen.py" "${MOE_PAIR_CU:-$root/src/cuda/moe_pair.cu}" "$out/moe_pair_k.cpp"
+cat "$out/moe_k.cpp" "$out/moe_pair_k.cpp" >"$out/moe_emu.cpp" # one translation unit: emu_rt.cpp includes it
+python3 "$here/gen.py" "$root/src/cuda/mxfp4.cuh" "$out/gen/cuda/mxfp4.cuh"
 python3 "$here/gen.py" "$root/src/cuda/common.cuh" "$out/gen/cuda/common.cuh"
 python3 "$here/gen.py" "$root/src/cuda/mma.cuh" "$out/gen/cuda/mma.cuh"
 python3 "$here/gen.py" "$root/src/cuda/gemv_t1.cuh" "$out/gen/cuda/gemv_t1.cuh"

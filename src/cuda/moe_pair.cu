@@ -1,0 +1,392 @@
+/* Routed experts at decode, one (token, slot) pair per expert product (cuda/moe_pair.h): bf16 experts as
+ * GEMV rows in two launches, MXFP4 experts as 16-row bands decoded in registers. cuda/moe.cu chooses between
+ * these and its grouped kernels. */
+#include "cuda/moe_pair.h"
+
+#include <stdlib.h>
+
+#include "cuda/check.h"
+#include "cuda/common.cuh"
+#include "cuda/gemv_t1.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/mxfp4.cuh"
+
+/* bf16 experts at decode, one (token, slot) pair per expert product: few pairs mostly choose distinct
+ * experts (Kimi Linear: 8 of 256 per token), so the grouped kernel's B columns carry one token each and
+ * its tensor-core staging buys nothing; run 13 measured it at 0.44 of copy bandwidth at one token. Here
+ * each pair's matrices are streamed as GEMV rows, in two launches (run 18's profile put ~46 us a layer on
+ * the four launches of before for 113 MB at kimi-linear-48b b=1, 27 us at copy bandwidth):
+ *
+ * moe_pair_gate_up_kernel: a warp owns row r of one pair and streams row r of the gate and of the up
+ * matrix together, PG_U 16-byte chunks of each per lane in flight, then h[p, r] = act(gate, up) with the
+ * stock roundings (gate and up rounded, then the activation): what the per-pair GEMV, then
+ * k3c_cuda_gated_act, stored. An invalid expert: h = act(0, 0), as before.
+ *
+ * moe_pair_down_kernel: a warp owns output row r of one token and streams that row of PD_K of the
+ * token's experts at once (PD_U chunks each per lane in flight), each expert's sum its own; then, in slot
+ * order, each expert's rounded output goes into the weighted sum by fmaf, and the sum is rounded:
+ * moe_combine_kernel's arithmetic, so out needs no pass of its own. (A first version, run 19, took the
+ * experts one after another, one load round trip each: 0.39 of copy bandwidth for the down projection.)
+ *
+ * Sums of a row: lane l takes chunks c = base + 32 u + l, base in steps of 32 * U, u in order, each chunk's
+ * 8 products by fmaf in order, then the warp butterfly (k3c_warp_sum). Both are PDL-launched: gate/up waits
+ * before it reads anything and only then lets the down launch start, so that down may read the expert ids
+ * (written by the router, complete by then) before its own wait and prefetch its first rows into L2. */
+#define PG_U 6 /* gate/up: chunks of each row per lane in flight (2 rows: 12 x 16 B) */
+#define PD_K 4 /* down: experts streamed at once */
+#define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
+                        int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
+                        float *__restrict__ h) {
+    k3c_pdl_wait(); /* idx, x: written by the kernels before this one */
+    k3c_pdl_trigger();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = In >> 3, per = (F + GEMV_WARPS - 1) / GEMV_WARPS;
+    for (int item = blockIdx.x; item < pairs * per; item += gridDim.x) {
+        int p = item / per, r = (item - p * per) * GEMV_WARPS + warp, e = idx[p];
+        if (r >= F) continue; /* no barriers in this kernel: a warp may skip */
+        float g = 0.0f, u = 0.0f;
+        if (e >= 0 && e < num_experts) {
+            const k3c_cuda_expert &ex = experts[e];
+            const uint16_t *wg = ex.gate_w + (size_t)r * In, *wu = ex.up_w + (size_t)r * In;
+            const float *xr = x + (size_t)(p / k) * In;
+            for (int base = 0; base < chunks; base += 32 * PG_U) {
+                uint4 vg[PG_U], vu[PG_U];
+#pragma unroll
+                for (int i = 0; i < PG_U; i++) {
+                    int c = base + 32 * i + lane;
+                    vg[i] = c < chunks ? k3c_ld_stream16(wg + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    vu[i] = c < chunks ? k3c_ld_stream16(wu + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int i = 0; i < PG_U; i++) {
+                    int c = base + 32 * i + lane;
+                    if (c < chunks) {
+                        const float4 *xp = (const float4 *)(xr + (size_t)c * 8);
+                        float4 a = __ldg(xp), b = __ldg(xp + 1);
+                        g = t1_dot8(vg[i], a, b, g);
+                        u = t1_dot8(vu[i], a, b, u);
+                    }
+                }
+            }
+            g = out_value(k3c_warp_sum(g), round);
+            u = out_value(k3c_warp_sum(u), round);
+        }
+        if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
+    }
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
+                     const float *__restrict__ weight, int T, int Out, int F, const float *__restrict__ h, int k,
+                     int round, float *__restrict__ out) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = F >> 3, per = (Out + GEMV_WARPS - 1) / GEMV_WARPS;
+    { /* before the wait (see above): the first expert's first chunks of this warp's first row into L2 */
+        int t = blockIdx.x / per, r = (blockIdx.x - t * per) * GEMV_WARPS + warp;
+        int e = blockIdx.x < T * per && r < Out ? idx[t * k] : -1;
+        if (e >= 0 && e < num_experts)
+            for (int i = 0; i < PD_U; i++) {
+                int c = 32 * i + lane;
+                if (c < chunks && (lane & 7) == 0) k3c_prefetch_l2(experts[e].down_w + (size_t)r * F + (size_t)c * 8);
+            }
+    }
+    k3c_pdl_wait(); /* h: written by the gate/up launch */
+    k3c_pdl_trigger();
+    for (int item = blockIdx.x; item < T * per; item += gridDim.x) {
+        int t = item / per, r = (item - t * per) * GEMV_WARPS + warp;
+        if (r >= Out) continue; /* no barriers in this kernel */
+        float sum = 0.0f;
+        for (int j0 = 0; j0 < k; j0 += PD_K) {
+            const uint16_t *wr[PD_K];
+            const float *hr[PD_K];
+            float acc[PD_K];
+#pragma unroll
+            for (int jj = 0; jj < PD_K; jj++) {
+                int j = j0 + jj, e = j < k ? idx[t * k + j] : -1;
+                bool ok = e >= 0 && e < num_experts;
+                wr[jj] = ok ? experts[e].down_w + (size_t)r * F : NULL;
+                hr[jj] = h + (size_t)(t * k + (ok ? j : 0)) * F;
+                acc[jj] = 0.0f;
+            }
+            for (int base = 0; base < chunks; base += 32 * PD_U) {
+                uint4 v[PD_K][PD_U];
+#pragma unroll
+                for (int jj = 0; jj < PD_K; jj++)
+#pragma unroll
+                    for (int i = 0; i < PD_U; i++) {
+                        int c = base + 32 * i + lane;
+                        v[jj][i] = wr[jj] && c < chunks ? k3c_ld_stream16(wr[jj] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int jj = 0; jj < PD_K; jj++)
+#pragma unroll
+                    for (int i = 0; i < PD_U; i++) {
+                        int c = base + 32 * i + lane;
+                        if (wr[jj] && c < chunks) {
+                            const float4 *xp = (const float4 *)(hr[jj] + (size_t)c * 8);
+                            acc[jj] = t1_dot8(v[jj][i], __ldg(xp), __ldg(xp + 1), acc[jj]);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int jj = 0; jj < PD_K; jj++) {
+                float y = k3c_warp_sum(acc[jj]); /* every lane: the same sum */
+                if (wr[jj]) sum = fmaf(weight[t * k + j0 + jj], out_value(y, round), sum);
+            }
+        }
+        if (lane == 0) out[(size_t)t * Out + r] = out_value(sum, round);
+    }
+}
+
+/* MXFP4 experts at decode, one pair per expert product, for the same reason as the bf16 per-pair kernels (the
+ * grouped kernel spends ~275 warp instructions per KB streamed on copies, shared loads and bookkeeping:
+ * 0.43 of copy bandwidth at one token, run 13). Item = (pair, matrix, band group) as there; a warp owns a
+ * band of 16 rows and streams them straight into registers: per step lane (g, q) loads 16 bytes (scale
+ * group c = 4 s + q) of rows g and g + 8 and their scale bytes, MXP_U (U) steps in flight; mx_word turns each
+ * word into the A fragments and the mma takes the activations as its B column 0 (the other columns are
+ * zero), so per KB streamed about 110 instructions. The pair's activation row is staged once per block in
+ * shared memory as B fragments (the pairing of mx_word, up to three bf16 terms when it is not bf16-exact,
+ * as in the grouped kernel), and kept while the block's next items use the same row: a block takes a
+ * contiguous run of items. Sums: the MXP_U step chains in order, then the wpr warps of a row group in warp
+ * order. Invalid experts: zeros (the weighted sum skips them). */
+/* MXP_U: steps per run, a template parameter U below; two runs in registers (one loading while the other
+ * is decoded). 2 or 3 (K3C_MOE_MXP_U; 4 spills at the 128 registers two blocks per SM allow) */
+#define MXP_MAX_CHUNKS 224 /* cols / 32 the staged plane holds: 3 terms x 224 x 64 bytes = 42 KB (+ 3 KB static: under the 48 KB a launch gets without opting in) */
+
+/* One run of MXP_U steps of a lane: 16 bytes of rows g and g + 8 per step (scale group c = 4 s + q) and
+ * their scale bytes. */
+template <int U>
+struct mxp_run {
+    uint4 wa[U], wb[U];
+    uint32_t ea[U], eb[U];
+};
+
+template <int U>
+__device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
+                                         const uint8_t *sb, int base, int q, int chunks) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = (base + u) * 4 + q;
+        const bool ok = c < chunks;
+        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
+        r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+    }
+}
+
+/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
+ * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
+ * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
+ * ~2700 instructions per 4 KB, against ~500 of arithmetic) */
+template <int NT, int U>
+__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int g, int chunks,
+                                            const uint4 *plane, float (&acc)[4]) {
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float d[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        const uint4 *bp = plane + (size_t)c * 4;
+        const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
+        const bool big = __ballot_sync(0xffffffffu, r.ea[u] > 128u || r.eb[u] > 128u) != 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+#pragma unroll
+        for (int sub = 0; sub < 4; sub++) {
+            const uint32_t va = sub == 0 ? r.wa[u].x : sub == 1 ? r.wa[u].y : sub == 2 ? r.wa[u].z : r.wa[u].w;
+            const uint32_t vb = sub == 0 ? r.wb[u].x : sub == 1 ? r.wb[u].y : sub == 2 ? r.wb[u].z : r.wb[u].w;
+            uint32_t a[4], cb[4];
+            mx_word(va, mula, a);
+            mx_word(vb, mulb, cb);
+            if (big) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    a[i] = bf16x2_mul(a[i], mx_mul2(r.ea[u]));
+                    cb[i] = bf16x2_mul(cb[i], mx_mul2(r.eb[u]));
+                }
+            }
+#pragma unroll
+            for (int term = 0; term < NT; term++) {
+                const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
+                k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+}
+
+template <int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
+                   int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
+                   float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
+    extern __shared__ uint4 mxp_plane[]; /* [term][chunk][sub] */
+    __shared__ float part[GEMV_WARPS][2][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
+    const int per_block = (items + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int i0 = (int)blockIdx.x * per_block, i1 = min(items, i0 + per_block);
+    const float *staged = nullptr;
+    int nterms = 1;
+    for (int item = i0; item < i1; item++) {
+        const int mat = item / per, p = mat / nm, m = mat % nm, e = idx[p], local = item - mat * per;
+        const int row0 = (local * groups + group) * 16;
+        float *yp = (m == 0 ? y0 : y1) + (size_t)p * rows;
+        if (e < 0 || e >= num_experts) { /* block-uniform */
+            if (kw == 0 && q == 0) {
+                if (row0 + g < rows) yp[row0 + g] = 0.0f;
+                if (row0 + g + 8 < rows) yp[row0 + g + 8] = 0.0f;
+            }
+            continue;
+        }
+        const float *xp = x + (size_t)(p / x_per_pair) * cols;
+        if (xp != staged) { /* block-uniform: stage this row's B fragments (entry (term, c, sub): the pairs
+                             * (j, j + 4) of elements 8 sub .. 8 sub + 7 of group c, term `term`) */
+            __syncthreads(); /* every warp is done with the previous plane */
+            bool inexact = false;
+            for (int it = threadIdx.x; it < chunks * 4; it += blockDim.x) {
+                const float *xr = xp + (it >> 2) * 32 + 8 * (it & 3);
+                float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                float lo[4] = {a.x, a.y, a.z, a.w}, hi[4] = {b.x, b.y, b.z, b.w};
+                uint32_t t[4][3];
+#pragma unroll
+                for (int j = 0; j < 4; j++) inexact |= k3c_split3(lo[j], hi[j], t[j]);
+#pragma unroll
+                for (int term = 0; term < 3; term++)
+                    mxp_plane[term * chunks * 4 + it] = make_uint4(t[0][term], t[1][term], t[2][term], t[3][term]);
+            }
+            nterms = __syncthreads_or(inexact) ? 3 : 1;
+            staged = xp;
+        }
+        const k3c_cuda_expert &ex = experts[e];
+        const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
+        const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (row0 < rows) {
+            const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+            const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
+            const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
+            /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
+             * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
+            const int stride = wpr * U;
+            int base = kw * U;
+            mxp_run<U> r0, r1;
+            if (base < steps) mxp_load(r0, pa, pb, sa, sb, base, q, chunks);
+            while (base < steps) {
+                int next = base + stride;
+                if (next < steps) mxp_load(r1, pa, pb, sa, sb, next, q, chunks);
+                if (nterms == 1) mxp_compute<1, U>(r0, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r0, base, q, g, chunks, mxp_plane, acc);
+                base = next;
+                if (base >= steps) break;
+                next = base + stride;
+                if (next < steps) mxp_load(r0, pa, pb, sa, sb, next, q, chunks);
+                if (nterms == 1) mxp_compute<1, U>(r1, base, q, g, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r1, base, q, g, chunks, mxp_plane, acc);
+                base = next;
+            }
+        }
+        /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
+        if (wpr > 1) {
+            part[warp][0][lane] = acc[0];
+            part[warp][1][lane] = acc[2];
+            __syncthreads();
+            if (kw == 0) {
+                float s0 = 0.0f, s1 = 0.0f;
+                for (int j = 0; j < wpr; j++) {
+                    s0 += part[warp + j][0][lane];
+                    s1 += part[warp + j][1][lane];
+                }
+                acc[0] = s0;
+                acc[2] = s1;
+            }
+        }
+        if (kw == 0 && q == 0) {
+            if (row0 + g < rows) yp[row0 + g] = out_value(acc[0], round);
+            if (row0 + g + 8 < rows) yp[row0 + g + 8] = out_value(acc[2], round);
+        }
+        if (wpr > 1) __syncthreads();
+    }
+}
+
+/* A per-pair launch's plan: `units` row groups of one matrix with `runs` load runs along a row, `matrices`
+ * (pairs x matrices per pair) of them. The split of a row (wpr) is chosen for the whole launch's worth of
+ * rows; per = items (blocks' shares) of one matrix; the grid is what stays resident. */
+typedef struct pair_plan {
+    int wpr, per, items, grid;
+} pair_plan;
+
+static pair_plan plan_pairs(int units, int runs, int matrices, int cap) {
+    pair_plan p;
+    int grid, items;
+    plan_grid(units * matrices, runs, cap, &p.wpr, &grid, &items);
+    int groups = GEMV_WARPS / p.wpr;
+    p.per = (units + groups - 1) / groups;
+    p.items = p.per * matrices;
+    p.grid = p.items < cap ? p.items : cap;
+    return p;
+}
+
+template <int U>
+static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
+                                int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                                cudaStream_t s) {
+    static int occ;
+    size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
+    if (!occ) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U>, GEMV_WARPS * 32,
+                                                          (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
+                cudaSuccess ||
+            occ < 1)
+            occ = 1;
+    }
+    int steps = ((cols >> 5) + 3) >> 2;
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count());
+    moe_pair_mx_kernel<U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
+                                                                 rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
+    K3C_CUDA_LAUNCHED("moe_pair_mx");
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
+
+/* Steps per run (MXP_U above): K3C_MOE_MXP_U=3 for A/B runs, else 2 (run 18's measured kernel; run 20: 3 is
+ * no faster). */
+extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs,
+                                    int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
+                                    int round, cudaStream_t s) {
+    static int u = -1;
+    if (u < 0) {
+        const char *v = getenv("K3C_MOE_MXP_U");
+        u = v && v[0] == '3' ? 3 : 2;
+    }
+    return (u == 3 ? moe_pair_mx_launch_u<3> : moe_pair_mx_launch_u<2>)(experts, num_experts, idx, pairs, nm, rows,
+                                                                        cols, x, x_per_pair, y0, y1, round, s);
+}
+
+/* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
+ * above), each a persistent launch of at most its resident blocks. */
+extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out,
+                                      const float *x, int T, const int *idx, const float *weight, int k,
+                                      k3c_cuda_act act, int round, float *h, float *out, cudaStream_t s) {
+    static int occ_up, occ_down;
+    int pairs = T * k, up_items = pairs * ((F + GEMV_WARPS - 1) / GEMV_WARPS);
+    int down_items = T * ((Out + GEMV_WARPS - 1) / GEMV_WARPS);
+    int up_cap = resident_blocks(moe_pair_gate_up_kernel, &occ_up);
+    int down_cap = resident_blocks(moe_pair_down_kernel, &occ_down);
+    K3C_TRY(launch_stream(moe_pair_gate_up_kernel, up_items < up_cap ? up_items : up_cap, s, experts, num_experts, idx,
+                          pairs, F, In, x, k, act, round, h));
+    K3C_CUDA_LAUNCHED("moe_pair_gate_up");
+    K3C_TRY(launch_stream(moe_pair_down_kernel, down_items < down_cap ? down_items : down_cap, s, experts, num_experts,
+                          idx, weight, T, Out, F, (const float *)h, k, round, out));
+    K3C_CUDA_LAUNCHED("moe_pair_down");
+    return K3C_OK;
+}
+

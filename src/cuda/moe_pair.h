@@ -1,0 +1,32 @@
+/* Routed experts at decode, one (token, slot) pair per expert product (cuda/moe_pair.cu): the kernels
+ * k3c_cuda_moe_experts (cuda/moe.h) takes for few pairs. Internal to the CUDA backend. */
+#ifndef K3C_CUDA_MOE_PAIR_H
+#define K3C_CUDA_MOE_PAIR_H
+
+#include "cuda/moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* bf16 experts: h [T * k, F] = act(gate, up) of each pair, then out [T, Out] = the weighted sum of each
+ * token's k down projections, with the stock roundings (two launches; the weighted sum as
+ * moe_combine_kernel's). x: [T, In]; idx, weight: [T, k] (an invalid expert id contributes nothing). */
+int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
+                           int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round_bf16,
+                           float *h, float *out, cudaStream_t stream);
+
+/* MXFP4 experts, one launch over nm matrices per pair (2: gate into y0 and up into y1, rows of F from x,
+ * x_per_pair pairs per input row; 1: down into y0 from h): y [pair, rows], rounded as asked. */
+int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm, int rows,
+                         int cols, const float *x, int x_per_pair, float *y0, float *y1, int round_bf16,
+                         cudaStream_t stream);
+
+/* Whether k3c_cuda_moe_pair_mx takes widths In and F (its staged activation plane is bounded). */
+int k3c_cuda_moe_pair_mx_fits(int In, int F);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
