@@ -20,6 +20,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "ref/ref_forward.h"
+#include "synth_preset.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -36,15 +37,7 @@ typedef struct aux_env {
 static int env_open(aux_env *e, const char *preset, int dense_routing, int want_ref) {
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "%s/aux-%s%s", test_tmpdir(), preset, dense_routing ? "-dense" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config(preset, &c));
-    if (dense_routing) {
-        c.num_experts_per_token = c.num_experts;
-        c.topk_group = c.num_expert_group;
-    }
-    int rc = k3c_synth_write(&c, dense_routing ? NULL : preset, test_seed() ^ 0xa0c5, e->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
+    K3C_TRY(test_synth_preset(preset, dense_routing, test_seed() ^ 0xa0c5, e->dir));
     K3C_TRY(k3c_load(e->dir, &e->m));
     e->L = e->m->config.num_layers;
     e->D = e->m->config.hidden_size;

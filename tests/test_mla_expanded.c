@@ -26,6 +26,7 @@
 #include "model/synth.h"
 #include "ref/ref_forward.h"
 #include "stock/backend.h"
+#include "synth_preset.h"
 #include "test.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -250,15 +251,7 @@ typedef struct xenv {
 static int xenv_open(xenv *e, const char *preset, int dense_routing) {
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "%s/mlaexp-%s%s", test_tmpdir(), preset, dense_routing ? "-dense" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config(preset, &c));
-    if (dense_routing) {
-        c.num_experts_per_token = c.num_experts;
-        c.topk_group = c.num_expert_group;
-    }
-    int rc = k3c_synth_write(&c, dense_routing ? NULL : preset, test_seed() ^ 0x3c1b, e->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
+    K3C_TRY(test_synth_preset(preset, dense_routing, test_seed() ^ 0x3c1b, e->dir));
     K3C_TRY(k3c_load(e->dir, &e->m));
     e->V = e->m->config.vocab_size;
     return ref_model_open(e->dir, &e->ref);

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
+#include "../synth_preset.h"
 #include "../test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -32,15 +33,7 @@ typedef struct aenv {
 static int aenv_open(aenv *a, const char *preset, int dense_routing) {
     memset(a, 0, sizeof *a);
     snprintf(a->dir, sizeof a->dir, "%s/gpuaux-%s%s", test_tmpdir(), preset, dense_routing ? "-dense" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config(preset, &c));
-    if (dense_routing) {
-        c.num_experts_per_token = c.num_experts;
-        c.topk_group = c.num_expert_group;
-    }
-    int rc = k3c_synth_write(&c, dense_routing ? NULL : preset, test_seed() ^ k3c_hash_str(preset), a->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
+    K3C_TRY(test_synth_preset(preset, dense_routing, test_seed() ^ k3c_hash_str(preset), a->dir));
     K3C_TRY(k3c_load(a->dir, &a->m));
     a->L = a->m->config.num_layers;
     a->D = a->m->config.hidden_size;

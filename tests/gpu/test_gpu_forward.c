@@ -28,6 +28,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "runtime/engine_internal.h"
+#include "../synth_preset.h"
 #include "../test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -118,15 +119,7 @@ static int env_open(env *e, const char *preset, int dense, int exact, const char
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "%s/gpufwd-%s-%s%s%s", test_tmpdir(), preset, tag, dense ? "-dense" : "",
              exact ? "-f32" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config(preset, &c));
-    if (dense) {
-        c.num_experts_per_token = c.num_experts;
-        c.topk_group = c.num_expert_group;
-    }
-    int rc = k3c_synth_write(&c, dense ? NULL : preset, test_seed() ^ k3c_hash_str(tag), e->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
+    K3C_TRY(test_synth_preset(preset, dense, test_seed() ^ k3c_hash_str(tag), e->dir));
     K3C_TRY(k3c_load(e->dir, &e->m));
     e->V = e->m->config.vocab_size;
     k3c_engine_options o;
