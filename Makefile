@@ -73,7 +73,9 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-test: $(BUILD)/k3c $(BUILD)/test_k3c
+# where nvcc is, the GPU test and benchmark programs are built too (not run: CI has no GPU), so that a
+# change that breaks them fails here and not on the GPU host
+test: $(BUILD)/k3c $(BUILD)/test_k3c $(if $(HAVE_CUDA),$(BUILD)/test_gpu $(BUILD)/bench_gpu)
 	$(BUILD)/test_k3c
 
 gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu
