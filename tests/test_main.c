@@ -100,8 +100,26 @@ static int by_name(const void *a, const void *b) {
     return strcmp(((const test_case *)a)->name, ((const test_case *)b)->name);
 }
 
+/* Whether a test runs: no filters, or any filter matches. A filter is a substring of the name, or with a
+ * leading '=' the whole name (tools/gpu-check.sh shards the GPU suite by exact names). */
+static int selected(const char *name, char **filters, int nf) {
+    if (nf == 0) return 1;
+    for (int i = 0; i < nf; i++)
+        if (filters[i][0] == '=' ? strcmp(name, filters[i] + 1) == 0 : strstr(name, filters[i]) != NULL) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    const char *filter = argc > 1 ? argv[1] : NULL;
+    /* usage: [--list] [FILTER ...]; --list prints the selected tests' names, one a line, and runs none */
+    int list = argc > 1 && strcmp(argv[1], "--list") == 0;
+    char **filters = argv + 1 + list;
+    int nf = argc - 1 - list;
+    if (list) {
+        qsort(cases, num_cases, sizeof *cases, by_name);
+        for (size_t i = 0; i < num_cases; i++)
+            if (selected(cases[i].name, filters, nf)) printf("%s\n", cases[i].name);
+        return 0;
+    }
     const char *seed_env = getenv("K3C_TEST_SEED");
     run_seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/k3c-test-XXXXXX");
@@ -113,7 +131,7 @@ int main(int argc, char **argv) {
     qsort(cases, num_cases, sizeof *cases, by_name);
     int passed = 0, failed = 0;
     for (size_t i = 0; i < num_cases; i++) {
-        if (filter && !strstr(cases[i].name, filter)) continue;
+        if (!selected(cases[i].name, filters, nf)) continue;
         current_failed = 0;
         k3c_error_clear();
         struct timespec t0, t1;

@@ -16,7 +16,7 @@
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
 # stock decode benchmark), KBENCH (1: run the kernel benchmark), TESTS (space-separated test_gpu name filters;
-# default: all tests).
+# default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -82,7 +82,40 @@ fi
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
 test_rc=0
-if [ -z "${TESTS:-}" ]; then
+if [ -z "${TESTS:-}" ] && [ "${TEST_PROCS:-1}" -gt 1 ]; then
+    # The suite in TEST_PROCS processes at once on the one GPU (tests are independent; the largest model,
+    # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
+    # least loaded process. Seconds from run 20 (H200); the rest take a few seconds or less. Opt-in until a
+    # GPU run has compared it with the one-process suite.
+    declare -A secs=([gpu_executor_tiny]=83 [gpu_executor_mini]=63 [gpu_aux_vs_cpu_mini]=31
+        [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12)
+    mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
+        for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
+    declare -a load=() shard=()
+    for ((k = 0; k < TEST_PROCS; k++)); do load[k]=0; shard[k]=""; done
+    for n in "${names[@]}"; do
+        best=0
+        for ((k = 1; k < TEST_PROCS; k++)); do [ "${load[k]}" -lt "${load[best]}" ] && best=$k; done
+        shard[best]="${shard[best]} =$n"
+        load[best]=$((load[best] + ${secs[$n]:-2}))
+    done
+    pids=()
+    for ((k = 0; k < TEST_PROCS; k++)); do
+        [ -n "${shard[k]}" ] || continue
+        timeout 450 "$BUILD/test_gpu" ${shard[k]} >"$LOGDIR/test_gpu.$k.log" 2>&1 &
+        pids[k]=$!
+    done
+    passed=0 failed=0
+    for k in "${!pids[@]}"; do
+        wait "${pids[k]}" || test_rc=1
+        cat "$LOGDIR/test_gpu.$k.log" >>"$LOGDIR/test_gpu.log"
+        read -r p f < <(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGDIR/test_gpu.$k.log" | awk '{ print $1, $3 }')
+        [ -n "$p" ] || { test_rc=1; echo "gpu-check: test process $k ended without a summary" >&2; }
+        passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
+    done
+    grep -E 'FAIL' "$LOGDIR/test_gpu.log" | head -20
+    echo "$passed passed, $failed failed (in $TEST_PROCS processes)" | tee -a "$LOGDIR/test_gpu.log"
+elif [ -z "${TESTS:-}" ]; then
     # 314 s alone on the H200 (2026-11-29); the sanitizer runs beside it share the GPU and the CPUs
     timeout 450 "$BUILD/test_gpu" 2>&1 | tee "$LOGDIR/test_gpu.log"
     test_rc=${PIPESTATUS[0]}
