@@ -1,10 +1,17 @@
-/* Router: scores and selection in shared memory (one block per token), top-k by rank. */
+/* Router: scores and selection in shared memory (one block per token), top-k by a bitonic sort. */
 #include "cuda/router.h"
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 
 #define ROUTER_THREADS 256
+
+/* E rounded up to a power of two (the bitonic sort's length) */
+static int route_pad(int E) {
+    int p = 1;
+    while (p < E) p <<= 1;
+    return p;
+}
 
 /* Larger value wins; equal values go to the lower index; NaN never wins over a number. */
 __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
@@ -15,13 +22,12 @@ __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     }
 }
 
-__global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias,
-                             int *idx, float *weight) {
+__global__ void route_kernel(k3c_cuda_router r, int P, const float *__restrict__ logits,
+                             const float *__restrict__ bias, int *idx, float *weight) {
     extern __shared__ float sh[];
     float *score = sh, *sel = sh + r.num_experts;
-    /* then the selection keys [E] (8-byte aligned: 2E floats before them) and the winners [k] */
+    /* then the selection keys [route_pad(E)] (8-byte aligned: 2E floats before them) */
     unsigned long long *key = (unsigned long long *)(sh + 2 * r.num_experts);
-    int *win = (int *)(key + r.num_experts);
     __shared__ float red[32];
     int E = r.num_experts, k = r.k;
     const float *lg = logits + (size_t)blockIdx.x * E;
@@ -85,61 +91,52 @@ __global__ void route_kernel(k3c_cuda_router r, const float *__restrict__ logits
         __syncthreads();
     }
 
-    /* Top-k by rank: expert e's rank is the number of experts that beat it in `better`'s total order
-     * (larger value, then lower id; a number beats NaN; NaNs by id; -0 and +0 equal), so the winners are
-     * the ranks 0 .. k-1, the same experts in the same order as k arg-max passes or the cpu/ops.h reference.
-     * Every thread ranks its experts against all E from shared memory at once, as 64-bit keys (value order
-     * in the high word, inverted id in the low); a thread stops as soon as all of its experts have k
-     * winners above them, so only the threads holding winners scan everything. Run 19 (H200, bench_gpu
-     * small, in a graph) measured the warp-serial selection this replaces at 10.3 us a call for 256
-     * experts top-8 and 45 us for 896 experts top-16: k rounds, each a warp arg-max and a lane's rescan of
-     * its E / 32 candidates, one dependent chain. */
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float v = sel[e];
-        unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
-        unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* NaN below -inf */
-        key[e] = ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)e);
-    }
-    __syncthreads();
-    {
-        constexpr int PER = 4; /* experts ranked per thread per pass (E <= 4 * ROUTER_THREADS: one pass) */
-        for (int e0 = threadIdx.x; e0 < E; e0 += PER * blockDim.x) {
-            unsigned long long mine[PER];
-            int rank[PER];
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                int e = e0 + i * blockDim.x;
-                mine[i] = e < E ? key[e] : ~0ull; /* a missing slot ranks 0 and is never stored */
-                rank[i] = e < E ? 0 : k;
-            }
-            for (int j0 = 0; j0 < E; j0 += 32) {
-                int j1 = min(E, j0 + 32);
-                for (int j = j0; j < j1; j++) {
-                    unsigned long long kj = key[j];
-#pragma unroll
-                    for (int i = 0; i < PER; i++) rank[i] += kj > mine[i];
-                }
-                bool done = true;
-#pragma unroll
-                for (int i = 0; i < PER; i++) done = done && rank[i] >= k;
-                if (done) break;
-            }
-#pragma unroll
-            for (int i = 0; i < PER; i++) {
-                int e = e0 + i * blockDim.x;
-                if (e < E && rank[i] < k) win[rank[i]] = e;
-            }
+    /* Top-k by a bitonic sort of all E selection keys in shared memory, largest first. A key is 64 bits:
+     * the value's order in the high word (NaN below -inf, -0 as +0), the inverted id in the low word, so
+     * the order is `better`'s total order (larger value, then lower id; NaNs last, by id), the same experts
+     * in the same order as k arg-max passes or the cpu/ops.h reference. P = route_pad(E), the keys past E
+     * are 0, below every expert's. log2(P) (log2(P) + 1) / 2 stages of one barrier each (36 at
+     * 256 experts, 55 at 896). Why: the rank selection before it (every thread counting the keys above its
+     * experts) cost O(E) instructions per winner thread, and a warp holding one winner ran them all: run 21
+     * (H200, bench_gpu small, in a graph) 8.7 us for 256 experts top-8 and 26.8 us for 896 top-16, the
+     * warp-serial selection before that 10.3 and 45.1. */
+    for (int e = threadIdx.x; e < P; e += blockDim.x) {
+        unsigned long long kv = 0ull;
+        if (e < E) {
+            float v = sel[e];
+            unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
+            unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+            kv = ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)e);
         }
+        key[e] = kv;
     }
     __syncthreads();
-    /* the weights in winner order, as the reference: the sum of the k scores in that order (each lane the
-     * same sum), then a lane per weight */
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < (P >> 1); i += blockDim.x) {
+                int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
+                bool down = (lo & size) == 0; /* this run sorts descending */
+                unsigned long long a = key[lo], b = key[hi];
+                if ((a < b) == down) {
+                    key[lo] = b;
+                    key[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    /* the weights in winner order, as the reference: the sum of the k scores in that order (lane j holds
+     * winner j's score; the adds run in order over shuffles), then a lane per weight */
     if (threadIdx.x < 32) {
         int lane = threadIdx.x;
         float wsum = 0.0f;
-        for (int j = 0; j < k; j++) wsum += score[win[j]];
+        for (int j0 = 0; j0 < k; j0 += 32) {
+            int j = j0 + lane;
+            float w = j < k ? score[0xffffffffu - (unsigned int)key[j]] : 0.0f;
+            int n = min(32, k - j0);
+            for (int t = 0; t < n; t++) wsum += __shfl_sync(0xffffffffu, w, t);
+        }
         for (int j = lane; j < k; j += 32) {
-            int i = win[j];
+            int i = (int)(0xffffffffu - (unsigned int)key[j]);
             float w = score[i];
             idx[(size_t)blockIdx.x * k + j] = i;
             weight[(size_t)blockIdx.x * k + j] = r.renormalize ? w / (wsum + 1e-20f) * r.scale : w * r.scale;
@@ -153,12 +150,12 @@ extern "C" int k3c_cuda_route(const k3c_cuda_router *r, const float *logits, con
     if (r->num_experts <= 0 || r->k <= 0 || r->k > r->num_experts)
         return k3c_errorf("k3c_cuda_route: bad router: %d experts, top-%d", r->num_experts, r->k);
     if (r->num_groups > 64) return k3c_errorf("k3c_cuda_route: %d expert groups (at most 64 supported)", r->num_groups);
-    /* score, sel [E] f32; the keys [E] u64; the winners [k] int */
+    /* score, sel [E] f32; the keys [E rounded up to a power of two] u64 */
     size_t E = (size_t)r->num_experts;
-    size_t smem = 2 * E * sizeof(float) + E * sizeof(unsigned long long) + (size_t)r->k * sizeof(int);
+    size_t smem = 2 * E * sizeof(float) + (size_t)route_pad(r->num_experts) * sizeof(unsigned long long);
     if (smem > 48 * 1024)
         K3C_CUDA_TRY(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    route_kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, logits, bias, idx, weight);
+    route_kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, route_pad(r->num_experts), logits, bias, idx, weight);
     K3C_CUDA_LAUNCHED("route");
     return K3C_OK;
 }
