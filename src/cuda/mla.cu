@@ -838,6 +838,8 @@ static int attend_hg_splits(int T, int groups, int Hm, int kvl, const float *par
     return (int)s;
 }
 
+#define MLA_HG_MIN_ROWS 16
+
 extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
                                    int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
                                    float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
@@ -847,13 +849,16 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
                           32 * ATT_MAXJ, block_size);
     if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
-    /* The head-group kernel is opt-in (K3C_MLA_HG=1) until a GPU run has checked it against the per-head
-     * kernels below (checked only under the emulator so far: src/cuda/NOTES.md) */
-    static int hg_on = -1;
-    if (hg_on < 0) {
+    /* The head-group kernel from MLA_HG_MIN_ROWS rows (run 21, bench_gpu mlacore, 96 heads: 64 rows x 64
+     * positions 189 -> 79 us, x 4096 8.0 -> 2.9 ms, 8 rows x 4096 928 -> 591 us; but 1 row x 64 positions 16
+     * -> 27 us). The choice is made here, where the row count is known and the lengths are not (a captured
+     * graph serves every length). K3C_MLA_HG=1 / 0: at every row count / never. */
+    static int hg_mode = -1;
+    if (hg_mode < 0) {
         const char *v = getenv("K3C_MLA_HG");
-        hg_on = v && v[0] == '1';
+        hg_mode = v && v[0] == '1' ? 1 : v && v[0] == '0' ? 0 : 2;
     }
+    int hg_on = hg_mode == 1 || (hg_mode == 2 && T >= MLA_HG_MIN_ROWS);
     int Lat = kvl + rope, G = attend_hg_group(Hm, kvl);
     if (hg_on && G > 0 && kvl % 8 == 0 && rope % 8 == 0 && (Lat * elem_bytes) % 16 == 0 &&
         ((uintptr_t)cache & 15) == 0) {
