@@ -118,6 +118,8 @@ typedef struct k3c_sampler k3c_sampler;
 int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out);
 void k3c_sampler_free(k3c_sampler *s);
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits);
+/* The greedy token of one logits row: the first largest value, a NaN below every number (all NaN: 0). */
+int32_t k3c_greedy_token(const float *logits, int vocab);
 
 typedef struct k3c_generate_stats {
     int prompt_tokens, generated;

@@ -155,8 +155,10 @@ static int parse_list(const char *s, int hi, int *b, int *n) {
 /* Times warm + steps steps of b requests x q tokens (q = 1 decode, q > 1 verify + commit of q - 1) through
  * the stock engine (ex NULL) or the executor's run with the given plan; *med: median step seconds, *ctx_mean:
  * mean tokens each request held before a timed step. */
+/* ids non-NULL: the executor's greedy steps (run_argmax: token ids downloaded instead of logits) */
 static int time_steps(k3c_engine *e, const k3c_decode_executor *ex, const k3c_plan *plan, const int *id, int b,
-                      int q, int warm, int steps, int V, float *lg, double *t, double *med, double *ctx_mean) {
+                      int q, int warm, int steps, int V, float *lg, int32_t *ids, double *t, double *med,
+                      double *ctx_mean) {
     int32_t tok[64 * K3C_PREPARED_Q_MAX];
     k3c_step_item it[64];
     double ctx_sum = 0;
@@ -168,7 +170,9 @@ static int time_steps(k3c_engine *e, const k3c_decode_executor *ex, const k3c_pl
         if (s >= warm)
             for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]);
         double a = now_s();
-        K3C_TRY(ex ? ex->run(ex->ctx, plan, it, b, lg) : k3c_engine_step(e, it, b, lg));
+        K3C_TRY(ex && ids ? ex->run_argmax(ex->ctx, plan, it, b, ids)
+                : ex      ? ex->run(ex->ctx, plan, it, b, lg)
+                          : k3c_engine_step(e, it, b, lg));
         for (int i = 0; i < b && q > 1; i++) K3C_TRY(k3c_request_commit(e, id[i], q - 1));
         double dt = now_s() - a;
         if (s >= warm) t[s - warm] = dt;
@@ -263,7 +267,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
         for (int qi = 0; qi < nq; qi++) {
             int q = qs[qi];
             double med, ctx;
-            if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, t, &med, &ctx) != K3C_OK) goto fail;
+            if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx) != K3C_OK) goto fail;
             print_row("STEP", preset, m, b, q, med, ctx, bw);
             /* K3C_CUDA_PROFILE=1: GPU time per op of one more stock step of this shape */
             k3c_engine_view view;
@@ -272,7 +276,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             if (prof) {
                 double pmed, pctx;
                 k3c_op_profile_reset(prof);
-                if (time_steps(e, NULL, NULL, id, b, q, 0, 1, V, lg, t, &pmed, &pctx) != K3C_OK) goto fail;
+                if (time_steps(e, NULL, NULL, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx) != K3C_OK) goto fail;
                 printf("PROF %s batch %d q %d: one stock step\n", preset, b, q);
                 k3c_op_profile_report(prof, stdout, pmed * 1e3);
                 k3c_op_profile_reset(prof);
@@ -288,16 +292,24 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             }
             if (k3c_decode_cuda_capture(x, b * q, q) != K3C_OK) goto fail;
             k3c_plan plan = {.route = q > 1 ? K3C_ROUTE_VERIFY : K3C_ROUTE_DECODE, .rows = b * q, .q = q};
-            if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, t, &med, &ctx) !=
+            if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx) !=
                 K3C_OK)
                 goto fail;
             print_row("SPEC", preset, m, b, q, med, ctx, bw);
+            { /* the same steps returning greedy token ids (what a greedy runner step downloads) */
+                int32_t ids[64 * K3C_PREPARED_Q_MAX];
+                double imed, ictx;
+                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, ids, t, &imed,
+                               &ictx) != K3C_OK)
+                    goto fail;
+                print_row("SPECID", preset, m, b, q, imed, ictx, bw);
+            }
             k3c_op_profile *xprof = k3c_decode_cuda_profile(x);
             if (xprof) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run eagerly */
                 double pmed, pctx;
                 k3c_op_profile_reset(xprof);
                 k3c_decode_cuda_profile_next(x);
-                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, t, &pmed, &pctx) !=
+                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx) !=
                     K3C_OK)
                     goto fail;
                 printf("PROF %s batch %d q %d: one specialized step, run eagerly (not replayed)\n", preset, b, q);
@@ -314,7 +326,8 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     }
     printf("(SPEC: the same steps replayed by the specialized decode executor, one graph per (rows, q) shape; "
            "q > 1: verify of q tokens + commit of q - 1, tok/s counts verified tokens; RATIO needs q=1 before "
-           "q=4 in --verify)\n");
+           "q=4 in --verify; SPECID: the same steps returning greedy token ids, the arg-max taken on the device "
+           "and 4 bytes a row downloaded instead of the logits (its d2h_ms column is still the logits' estimate))\n");
     printf("(experts_L: distinct routed experts per MoE layer, estimated E(1-(1-k/E)^(b q)); GB_moved: non-expert "
            "weights + those experts + KV/KDA state; the step time includes the logits download d2h_ms)\n");
     rc = 0;

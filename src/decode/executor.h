@@ -20,6 +20,10 @@ typedef struct k3c_decode_executor {
     void *ctx;
     /* Runs one step that k3c_plan_step routed to plan->route != K3C_ROUTE_STOCK. 0 or -1 (k3c_errorf). */
     int (*run)(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits);
+    /* The same step with greedy token ids instead of logits: ids[row] = the arg-max of that logits row in
+     * runtime/sampler.c's greedy order (computed on the device, 4 bytes a row downloaded). NULL when the
+     * executor has none; the runner calls it only when every request of the step samples greedily. */
+    int (*run_argmax)(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, int32_t *ids);
 } k3c_decode_executor;
 
 #endif

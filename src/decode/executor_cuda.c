@@ -25,6 +25,7 @@
 #include "cuda/moe.h"
 #include "cuda/op_profile.h"
 #include "cuda/router.h"
+#include "cuda/sample.h"
 #include "decode/prepared.h"
 #include "runtime/engine_internal.h"
 #include "util/error.h"
@@ -59,6 +60,8 @@ struct k3c_decode_cuda {
     float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
     size_t mla_part_floats;
     int *idx;
+    int32_t *ids_d;   /* [PMAX] greedy token ids of a step's rows (run_argmax) */
+    float *logits_h;  /* [PMAX, V] host: run_argmax's logits when a step goes to the stock path */
     /* aux streams (engine option aux_layers, read at build): aux_dev [num_aux, PMAX, D]; a step of T rows
      * (every row a logits row) writes stream j at j * T * D, the engine's host layout, downloaded whole */
     float *aux_dev;
@@ -102,10 +105,10 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     float **fl[] = {&x->a_in, &x->x, &x->A, &x->F, &x->G, &x->logits, &x->kq, &x->kk, &x->kv, &x->cq, &x->ck,
                     &x->cv, &x->kf, &x->kg, &x->ko, &x->kz, &x->ky, &x->klow, &x->klow2, &x->kb, &x->kbeta, &x->mqa, &x->mq,
                     &x->mlat, &x->mo, &x->mg, &x->ga, &x->gu, &x->q_abs, &x->o_lat, &x->rlog, &x->wts, &x->z,
-                    &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx};
-    _Static_assert(sizeof fl / sizeof fl[0] == 41, "buffer list");
+                    &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx, (float **)&x->ids_d};
+    _Static_assert(sizeof fl / sizeof fl[0] == 42, "buffer list");
     size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
-                  I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K};
+                  I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K, 1};
     int alt = c->attn_res_block_size > 0;
     size_t n = sizeof w / sizeof w[0], total = (size_t)(x->nres + alt) * al256(R * D * 4);
     for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
@@ -142,6 +145,8 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     K3C_CUDA_TRY(cudaMalloc((void **)&x->xbf, R * max_cols * 2));
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
     x->gemm_ready = 1;
+    x->logits_h = malloc(R * V * sizeof(float));
+    if (!x->logits_h) return k3c_errorf("decode executor: out of host memory (%zu x %zu logits)", R, V);
     return K3C_OK;
 }
 
@@ -228,6 +233,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->xbf) cudaFree(x->xbf);
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
+    free(x->logits_h);
     k3c_op_profile_free(x->prof);
     if (x->st) cudaStreamDestroy(x->st);
     free(x->res);
@@ -793,24 +799,31 @@ static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
     return K3C_OK;
 }
 
-static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits) {
-    k3c_decode_cuda *x = ctx;
-    if (plan->route == K3C_ROUTE_WIDE) { /* not specialized yet: the stock forward (see the header) */
-        x->wide_stock++;
-        return k3c_engine_step(x->e, items, n, logits);
-    }
+/* One step: logits into the caller's buffer, or (ids non-NULL) only each row's greedy token id. */
+static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits,
+                    int32_t *ids) {
     int q = plan->q, T = plan->rows;
-    if (q < 1 || q > QMAX || T < 1 || T > PMAX || n * q != T || !x->graph[T][q])
+    size_t V = (size_t)x->c->vocab_size;
+    int stock = plan->route == K3C_ROUTE_WIDE; /* not specialized yet: the stock forward (see the header) */
+    if (!stock && (q < 1 || q > QMAX || T < 1 || T > PMAX || n * q != T || !x->graph[T][q]))
         return k3c_errorf("decode executor: no captured graph for %d items, %d rows, q %d", n, T, q);
-    for (int i = 0; i < n; i++)
-        if (items[i].verify != (q > 1)) /* a q = 1 verify (or a decode in a verify step): stock handles it */
-            return k3c_engine_step(x->e, items, n, logits);
+    for (int i = 0; i < n && !stock; i++)
+        stock = items[i].verify != (q > 1); /* a q = 1 verify (or a decode in a verify step): stock handles it */
+    if (stock) {
+        if (plan->route == K3C_ROUTE_WIDE) x->wide_stock++;
+        if (!ids) return k3c_engine_step(x->e, items, n, logits);
+        int rows = 0;
+        for (int i = 0; i < n; i++) rows += items[i].verify ? items[i].n : 1;
+        if (rows > PMAX) return k3c_errorf("decode executor: greedy ids of %d rows (at most %d)", rows, PMAX);
+        K3C_TRY(k3c_engine_step(x->e, items, n, x->logits_h));
+        for (int r = 0; r < rows; r++) ids[r] = k3c_greedy_token(x->logits_h + (size_t)r * V, (int)V);
+        return K3C_OK;
+    }
     const k3c_fwd_req *reqs;
     double t_begin = x->prof ? wall_ms() : 0;
     K3C_TRY(k3c_engine_step_begin(x->e, items, n, &reqs));
     K3C_TRY(x->v.be->sync(x->v.be)); /* the backend's stream is idle before this stream touches its caches */
     K3C_TRY(fill_meta(x, reqs, n, q));
-    size_t V = (size_t)x->c->vocab_size;
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
     if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* step begin, metadata, its upload issued */
     if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly, each timed (header) */
@@ -819,20 +832,37 @@ static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, i
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
-    K3C_TRY(download_logits(x, logits, (size_t)T * V));
+    if (ids) { /* after the graph, not in it: the same graph serves both kinds of step */
+        double t0 = x->prof ? wall_ms() : 0;
+        K3C_TRY(k3c_cuda_argmax_rows(x->logits, T, (int)V, x->ids_d, x->st));
+        K3C_CUDA_TRY(cudaMemcpyAsync(ids, x->ids_d, (size_t)T * sizeof(int32_t), cudaMemcpyDeviceToHost, x->st));
+        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+        if (x->prof) x->host_ms[1] += wall_ms() - t0;
+    } else {
+        K3C_TRY(download_logits(x, logits, (size_t)T * V));
+    }
     if (x->v.num_aux > 0) { /* the engine's aux streams, [num_aux, T, D] as stock packs them (engine_internal.h) */
         K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, x->st));
         K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
     }
-    k3c_op_profile_collect(x->prof); /* the stream is idle after the last chunk */
+    k3c_op_profile_collect(x->prof); /* the stream is idle after the download */
     k3c_engine_step_end(x->e, items, n);
     x->replays++;
     return K3C_OK;
 }
 
+static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits) {
+    return run_step(ctx, plan, items, n, logits, NULL);
+}
+
+static int run_argmax_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, int32_t *ids) {
+    return run_step(ctx, plan, items, n, NULL, ids);
+}
+
 const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) {
     x->ex.run = run_cb;
+    x->ex.run_argmax = run_argmax_cb;
     x->ex.plan_table.captured = captured_cb;
     x->ex.plan_table.captured_ctx = x;
     return &x->ex;

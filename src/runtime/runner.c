@@ -70,6 +70,8 @@ struct k3c_runner {
     uint8_t *has_prompt;
     int32_t *win;         /* [max_active * (1 + spec_tokens)] verify windows */
     float *logits;        /* [max_active * (1 + spec_tokens) rows, V] */
+    int32_t *ids;         /* [max_active * (1 + spec_tokens)] greedy token ids, when the step produced ids */
+    int step_ids;         /* the step just run produced ids (run_argmax), not logits */
     k3c_plan last_plan;
     k3c_runner_stats st;
 };
@@ -157,8 +159,9 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     r->has_prompt = malloc(A);
     r->win = malloc(sizeof(int32_t) * A * W);
     r->logits = malloc(sizeof(float) * A * W * (size_t)r->V);
+    r->ids = malloc(sizeof(int32_t) * A * W);
     if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
-        !r->win || !r->logits) {
+        !r->win || !r->logits || !r->ids) {
         k3c_runner_free(r);
         return k3c_errorf("runner: out of memory (%d requests x %d rows x vocab %d logits)", o.max_active,
                           (int)W, r->V);
@@ -190,6 +193,7 @@ void k3c_runner_free(k3c_runner *r) {
     free(r->has_prompt);
     free(r->win);
     free(r->logits);
+    free(r->ids);
     free(r);
 }
 
@@ -306,10 +310,15 @@ static int build_step(k3c_runner *r) {
     return n;
 }
 
-/* Walks the logits of the step just run: samples, accepts, commits. Marks finished requests REQ_DONE. */
+/* The token of logits row `row` of the step just run: its greedy id when the step produced ids (every
+ * request greedy), else the request's sampler on the row. */
+static int32_t row_token(const k3c_runner *r, const run_req *q, size_t row) {
+    return r->step_ids ? r->ids[row] : k3c_sampler_sample(q->smp, r->logits + row * (size_t)r->V);
+}
+
+/* Walks the logits rows of the step just run: samples, accepts, commits. Marks finished requests REQ_DONE. */
 static int finish_step(k3c_runner *r, int n) {
-    const float *row = r->logits;
-    size_t V = (size_t)r->V;
+    size_t row = 0;
     for (int i = 0; i < n; i++) {
         run_req *q = &r->req[r->item_req[i]];
         const k3c_step_item *it = &r->items[i];
@@ -318,22 +327,22 @@ static int finish_step(k3c_runner *r, int n) {
         case ITEM_PREFILL:
             q->prefilled += it->n;
             r->st.prompt_tokens += it->n;
-            if (q->prefilled == q->n_prompt) done = emit(r, q, k3c_sampler_sample(q->smp, row));
-            row += V;
+            if (q->prefilled == q->n_prompt) done = emit(r, q, row_token(r, q, row));
+            row++;
             break;
         case ITEM_DECODE:
-            done = emit(r, q, k3c_sampler_sample(q->smp, row));
-            row += V;
+            done = emit(r, q, row_token(r, q, row));
+            row++;
             break;
         case ITEM_VERIFY: {
             int D = it->n - 1, acc = 0;
             int32_t next = -1;
             for (int j = 0; j <= D; j++) {
-                next = k3c_sampler_sample(q->smp, row + (size_t)j * V);
+                next = row_token(r, q, row + (size_t)j);
                 if (j == D || next != it->tokens[1 + j]) break;
                 acc++;
             }
-            row += (size_t)it->n * V;
+            row += (size_t)it->n;
             if (k3c_request_commit(r->e, q->id, 1 + acc) != K3C_OK)
                 return k3c_error_context("runner: request %d", r->item_req[i]);
             r->st.drafts_accepted += acc;
@@ -366,10 +375,18 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
     r->st.steps++;
     r->st.route_steps[plan.route]++;
     if (plan.route == K3C_ROUTE_STOCK) r->st.stock_reason_steps[plan.reason]++;
+    r->step_ids = 0;
     if (r->x && plan.route != K3C_ROUTE_STOCK) {
-        if (r->x->run(r->x->ctx, &plan, r->items, n, r->logits) != K3C_OK)
+        /* every request greedy: only token ids come back from the device (executor.h run_argmax); wide
+         * steps (past the executor's rows) run stock and return logits */
+        int greedy = r->x->run_argmax != NULL && plan.route != K3C_ROUTE_WIDE;
+        for (int i = 0; i < n && greedy; i++) greedy = r->req[r->item_req[i]].sampling.temperature <= 0;
+        int rc = greedy ? r->x->run_argmax(r->x->ctx, &plan, r->items, n, r->ids)
+                        : r->x->run(r->x->ctx, &plan, r->items, n, r->logits);
+        if (rc != K3C_OK)
             return k3c_error_context("runner: executor step (%s, %d rows)", k3c_runner_route_name(plan.route),
                                      rows);
+        r->step_ids = greedy;
         r->st.executor_steps++;
     } else if (k3c_engine_step(r->e, r->items, n, r->logits) != K3C_OK) {
         return k3c_error_context("runner: stock step (%d items, %d rows)", n, rows);

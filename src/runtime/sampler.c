@@ -55,7 +55,7 @@ static int cmp_desc(const void *a, const void *b, void *logits) {
     return i - j;
 }
 
-static int32_t argmax(const float *l, int n) {
+int32_t k3c_greedy_token(const float *l, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (l[i] > l[best] || (isnan(l[best]) && !isnan(l[i]))) best = i;
@@ -140,7 +140,7 @@ static int nucleus_only(k3c_sampler *s, const float *logits) {
 
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
     int V = s->vocab;
-    if (s->s.temperature <= 0) return argmax(logits, V);
+    if (s->s.temperature <= 0) return k3c_greedy_token(logits, V);
     int k = s->s.top_k > 0 && s->s.top_k < V ? s->s.top_k : V;
     int nucleus = s->s.top_p > 0 && s->s.top_p < 1;
     if (k == V && !nucleus) {

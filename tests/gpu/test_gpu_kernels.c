@@ -13,6 +13,8 @@
 #include "cuda/mla.h"
 #include "cuda/moe.h"
 #include "cuda/router.h"
+#include "cuda/sample.h"
+#include "k3c.h"
 #include "format/mxfp4.h"
 #include "gpu_util.h"
 #include "ref_attnres64.h"
@@ -705,6 +707,42 @@ TEST(gpu_router) {
         CHECKF(e < 1e-6, "case %zu: weights rel L2 %.3g", ci, e);
         cudaFree(dlg); cudaFree(db); cudaFree(dw); cudaFree(didx);
         free(lg); free(bias); free(wref); free(w); free(iref); free(idx);
+    }
+}
+
+/* Greedy ids on the device against runtime/sampler.c's order (k3c_greedy_token), exact: random rows, rows of
+ * three values only (ties everywhere), +0 / -0, -inf, NaNs among numbers, NaN first, all NaN; outputs
+ * poisoned. */
+TEST(gpu_argmax_rows) {
+    k3c_rng r = rng_for("argmax_rows");
+    static const int Vs[] = {1, 7, 1000, 163840};
+    for (int vi = 0; vi < 4; vi++) {
+        int V = Vs[vi], rows = 7;
+        float *lg = fmalloc((size_t)rows * V);
+        fill_normal(&r, lg, (size_t)rows * V, 3.0f);
+        for (int t = 1; t < rows; t++)
+            for (int e = 0; e < V; e++) {
+                uint32_t u = (uint32_t)(k3c_rng_next(&r) >> 32);
+                float *v = &lg[(size_t)t * V + e];
+                if (t == 1) *v = (float)((int)(u % 3) - 1);
+                if (t == 2 && u % 5 == 0) *v = (u & 8) ? -0.0f : 0.0f;
+                if (t == 2 && u % 7 == 0) *v = -INFINITY;
+                if (t == 3 && u % 3 == 0) *v = NAN;
+                if (t == 4 && e == 0) *v = NAN;
+                if (t == 5) *v = NAN;
+                if (t == 6) *v = (u & 1) ? -0.0f : 0.0f;
+            }
+        int32_t ref[7], got[7];
+        for (int t = 0; t < rows; t++) ref[t] = k3c_greedy_token(lg + (size_t)t * V, V);
+        float *d = dev_upload(lg, (size_t)rows * V * 4);
+        int32_t *di = dev_poisoned(sizeof(int32_t) * rows);
+        CHECK(d && di);
+        CHECK_OK(k3c_cuda_argmax_rows(d, rows, V, di, 0));
+        CHECK(dev_download(got, di, sizeof got) == 0);
+        for (int t = 0; t < rows; t++) CHECKF(got[t] == ref[t], "V %d row %d: id %d, cpu %d", V, t, got[t], ref[t]);
+        cudaFree(d);
+        cudaFree(di);
+        free(lg);
     }
 }
 

@@ -13,7 +13,7 @@ moe=$root/tools/moe_emu
 out=${TMPDIR:-/tmp}/kernels_gpu_tests_emu
 mkdir -p "$out/gen/cuda"
 make -C "$root" -s -j4 BUILD=build-nocuda NVCC= all >/dev/null
-kernels="attnres router gemm elementwise moe moe_pair kda mla"
+kernels="attnres router gemm elementwise moe moe_pair kda mla sample"
 for f in $kernels; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
 for f in common mma gemv_t1 mxfp4; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"

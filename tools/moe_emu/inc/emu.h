@@ -165,6 +165,15 @@ static inline float __shfl_sync(unsigned mask, float v, int src) {
     return r;
 }
 
+static inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int o) {
+    emu_full_warp(mask, "__shfl_xor_sync");
+    emu_slot(emu_lane())[0] = v;
+    emu_bar_wait(emu_blk->warp[emu_warp()]);
+    unsigned r = emu_slot(emu_lane() ^ o)[0];
+    emu_bar_wait(emu_blk->warp[emu_warp()]);
+    return r;
+}
+
 template <class T> static inline T __ldg(const T *p) {
     emu_check_global(p, sizeof(T), sizeof(T) >= 16 ? 16 : sizeof(T), "__ldg");
     emu_maybe_yield();
