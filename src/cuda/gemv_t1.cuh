@@ -58,10 +58,12 @@ __device__ __forceinline__ float t1_dot8(uint4 w, float4 a, float4 b, float s) {
 }
 
 /* The dot products of T1_RPW rows (wr, cols bf16 each) with x (f32, read through L1) over this warp's share
- * of their k range (warp kw of the wpr warps of a row group), reduced over the group's warps in warp order
- * through part (shared, [GEMV_WARPS][T1_RPW]). The sums land in acc in every lane of the group's first warp
- * (kw == 0); live = 0: the warp has no rows (its sums are 0). Every warp of the block calls it the same
- * number of times (it may __syncthreads). */
+ * of their k range (warp kw of the wpr warps of a row group), U 16-byte chunks of each row per lane in
+ * flight, reduced over the group's warps in warp order through part (shared, [GEMV_WARPS][T1_RPW]; unused
+ * when wpr = 1). The sums land in acc in every lane of the group's first warp (kw == 0); live = 0: the warp
+ * has no rows (its sums are 0). With wpr > 1, every warp of the block calls it the same number of times (it
+ * __syncthreads); with wpr = 1 it has no barrier. */
+template <int U = T1_U>
 __device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool live, int cols,
                                        const float *__restrict__ x, int wpr, float (&acc)[T1_RPW],
                                        float (*part)[T1_RPW]) {
@@ -69,17 +71,17 @@ __device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool
 #pragma unroll
     for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
     if (live) {
-        for (int base = kw * 32 * T1_U; base < chunks; base += wpr * 32 * T1_U) {
-            uint4 wv[T1_RPW][T1_U];
+        for (int base = kw * 32 * U; base < chunks; base += wpr * 32 * U) {
+            uint4 wv[T1_RPW][U];
 #pragma unroll
-            for (int u = 0; u < T1_U; u++) {
+            for (int u = 0; u < U; u++) {
                 int c = base + 32 * u + lane;
 #pragma unroll
                 for (int r = 0; r < T1_RPW; r++)
                     wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int u = 0; u < T1_U; u++) {
+            for (int u = 0; u < U; u++) {
                 int c = base + 32 * u + lane;
                 if (c < chunks) {
                     const float4 *xp = (const float4 *)(x + (size_t)c * 8);

@@ -33,6 +33,7 @@
  * before it reads anything and only then lets the down launch start, so that down may read the expert ids
  * (written by the router, complete by then) before its own wait and prefetch its first rows into L2. */
 #define PG_U 6 /* gate/up: chunks of each row per lane in flight (2 rows: 12 x 16 B) */
+static_assert(T1_RPW == 2, "moe_pair_gate_up_kernel passes the gate and the up row as t1_dot's rows");
 #define PD_K 4 /* down: experts streamed at once */
 #define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
 
@@ -42,37 +43,17 @@ moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_exp
                         float *__restrict__ h) {
     k3c_pdl_wait(); /* idx, x: written by the kernels before this one */
     k3c_pdl_trigger();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = In >> 3, per = (F + GEMV_WARPS - 1) / GEMV_WARPS;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, per = (F + GEMV_WARPS - 1) / GEMV_WARPS;
     for (int item = blockIdx.x; item < pairs * per; item += gridDim.x) {
         int p = item / per, r = (item - p * per) * GEMV_WARPS + warp, e = idx[p];
         if (r >= F) continue; /* no barriers in this kernel: a warp may skip */
-        float g = 0.0f, u = 0.0f;
-        if (e >= 0 && e < num_experts) {
-            const k3c_cuda_expert &ex = experts[e];
-            const uint16_t *wg = ex.gate_w + (size_t)r * In, *wu = ex.up_w + (size_t)r * In;
-            const float *xr = x + (size_t)(p / k) * In;
-            for (int base = 0; base < chunks; base += 32 * PG_U) {
-                uint4 vg[PG_U], vu[PG_U];
-#pragma unroll
-                for (int i = 0; i < PG_U; i++) {
-                    int c = base + 32 * i + lane;
-                    vg[i] = c < chunks ? k3c_ld_stream16(wg + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
-                    vu[i] = c < chunks ? k3c_ld_stream16(wu + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int i = 0; i < PG_U; i++) {
-                    int c = base + 32 * i + lane;
-                    if (c < chunks) {
-                        const float4 *xp = (const float4 *)(xr + (size_t)c * 8);
-                        float4 a = __ldg(xp), b = __ldg(xp + 1);
-                        g = t1_dot8(vg[i], a, b, g);
-                        u = t1_dot8(vu[i], a, b, u);
-                    }
-                }
-            }
-            g = out_value(k3c_warp_sum(g), round);
-            u = out_value(k3c_warp_sum(u), round);
-        }
+        /* the gate and the up row as t1_dot's two rows, one warp a row (no barrier), PG_U chunks in flight */
+        bool valid = e >= 0 && e < num_experts;
+        const uint16_t *wr[T1_RPW] = {valid ? experts[e].gate_w + (size_t)r * In : NULL,
+                                      valid ? experts[e].up_w + (size_t)r * In : NULL};
+        float acc[T1_RPW];
+        t1_dot<PG_U>(wr, valid, In, x + (size_t)(p / k) * In, 1, acc, NULL);
+        float g = valid ? out_value(acc[0], round) : 0.0f, u = valid ? out_value(acc[1], round) : 0.0f;
         if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
 }

@@ -787,15 +787,26 @@ static double wall_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* The logits straight into the caller's (pageable) buffer, as the stock path downloads them. Run 18 (H200,
- * k3-slice b=64, K3C_CUDA_PROFILE=1): through a pinned staging buffer in 16 chunks, each copied out by the
- * host as it landed, the copy-out alone took 6.4 ms of a 41.1 ms step, and the direct download made the
- * step 37.7 ms against the stock path's 38.7 in the same process (K3C_EXEC_D2H_DIRECT=1 A/B). */
-static int download_logits(k3c_decode_cuda *x, float *logits, size_t n) {
+/* The step's results to the host, with one synchronization: the logits straight into the caller's
+ * (pageable) buffer as the stock path downloads them, or (ids non-NULL) each row's greedy token id, then the
+ * aux streams when the engine asked for them. Run 18 (H200, k3-slice b=64, K3C_CUDA_PROFILE=1): through a
+ * pinned staging buffer in 16 chunks, each copied out by the host as it landed, the copy-out alone took
+ * 6.4 ms of a 41.1 ms step, and the direct download made the step 37.7 ms against the stock path's 38.7 in
+ * the same process (K3C_EXEC_D2H_DIRECT=1 A/B). */
+static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids) {
+    size_t V = (size_t)x->c->vocab_size;
     double t0 = x->prof ? wall_ms() : 0;
-    K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, n * sizeof(float), cudaMemcpyDeviceToHost, x->st));
+    if (ids) { /* after the graph, not in it: the same graph serves both kinds of step */
+        K3C_TRY(k3c_cuda_argmax_rows(x->logits, T, (int)V, x->ids_d, x->st));
+        K3C_CUDA_TRY(cudaMemcpyAsync(ids, x->ids_d, (size_t)T * sizeof(int32_t), cudaMemcpyDeviceToHost, x->st));
+    } else {
+        K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, x->st));
+    }
+    if (x->v.num_aux > 0) /* the engine's aux streams, [num_aux, T, D] as stock packs them (engine_internal.h) */
+        K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
+                                     cudaMemcpyDeviceToHost, x->st));
     K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
-    if (x->prof) x->host_ms[1] += wall_ms() - t0; /* waiting for the step and its download together */
+    if (x->prof) x->host_ms[1] += wall_ms() - t0; /* waiting for the step and its downloads together */
     return K3C_OK;
 }
 
@@ -832,21 +843,8 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_ite
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
-    if (ids) { /* after the graph, not in it: the same graph serves both kinds of step */
-        double t0 = x->prof ? wall_ms() : 0;
-        K3C_TRY(k3c_cuda_argmax_rows(x->logits, T, (int)V, x->ids_d, x->st));
-        K3C_CUDA_TRY(cudaMemcpyAsync(ids, x->ids_d, (size_t)T * sizeof(int32_t), cudaMemcpyDeviceToHost, x->st));
-        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
-        if (x->prof) x->host_ms[1] += wall_ms() - t0;
-    } else {
-        K3C_TRY(download_logits(x, logits, (size_t)T * V));
-    }
-    if (x->v.num_aux > 0) { /* the engine's aux streams, [num_aux, T, D] as stock packs them (engine_internal.h) */
-        K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
-                                     cudaMemcpyDeviceToHost, x->st));
-        K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
-    }
-    k3c_op_profile_collect(x->prof); /* the stream is idle after the download */
+    K3C_TRY(download_results(x, T, logits, ids));
+    k3c_op_profile_collect(x->prof); /* the stream is idle after the downloads */
     k3c_engine_step_end(x->e, items, n);
     x->replays++;
     return K3C_OK;
