@@ -233,8 +233,9 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
     if (o.max_rows < maxb * maxq) o.max_rows = maxb * maxq;
-    /* every (batch, q) runs warm + steps stock steps, then as many specialized ones; each adds max(1, q - 1) */
-    o.max_context = context + 2 * nb * (warm + steps) * qsum + nb * nq * maxq + maxq + 8; /* + profiled steps */
+    /* every (batch, q) runs warm + steps stock steps, then as many specialized ones (SPEC) and as many
+     * returning token ids (SPECID); each adds max(1, q - 1) tokens to every request */
+    o.max_context = context + 3 * nb * (warm + steps) * qsum + nb * nq * maxq + maxq + 8; /* + profiled steps */
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
@@ -297,9 +298,9 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 goto fail;
             print_row("SPEC", preset, m, b, q, med, ctx, bw);
             { /* the same steps returning greedy token ids (what a greedy runner step downloads) */
-                int32_t ids[64 * K3C_PREPARED_Q_MAX];
+                int32_t row_ids[64 * K3C_PREPARED_Q_MAX];
                 double imed, ictx;
-                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, ids, t, &imed,
+                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, row_ids, t, &imed,
                                &ictx) != K3C_OK)
                     goto fail;
                 print_row("SPECID", preset, m, b, q, imed, ictx, bw);
