@@ -5,7 +5,7 @@
 # on a small forward, racecheck on the routed-experts kernel, the KDA kernels and a device-synthetic forward;
 # bounded time each), then alone the kernel benchmark (build/bench_gpu: achieved GB/s next to a measured
 # device-to-device copy) and the decode benchmark (k3c bench --device cuda on k3-slice and kimi-linear-48b:
-# stock STEP and executor SPEC lines), and prints a short table last. About 6-7 minutes on an H200.
+# stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (run 1 of session 7: 320 s).
 #
 # cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
 # committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
@@ -16,7 +16,8 @@
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
 # stock decode benchmark), KBENCH (1: run the kernel benchmark), TESTS (space-separated test_gpu name filters;
-# default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 1).
+# default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: session 7's
+# run 1 passed the same 46 tests with the longest process at 155 s, against 314 s for one process in run 20).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -82,16 +83,17 @@ fi
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
 test_rc=0
-if [ -z "${TESTS:-}" ] && [ "${TEST_PROCS:-1}" -gt 1 ]; then
+if [ -z "${TESTS:-}" ] && [ "${TEST_PROCS:-4}" -gt 1 ]; then
     # The suite in TEST_PROCS processes at once on the one GPU (tests are independent; the largest model,
     # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
-    # least loaded process. Seconds from run 20 (H200); the rest take a few seconds or less. Opt-in until a
-    # GPU run has compared it with the one-process suite.
+    # least loaded process. Seconds from run 20 (H200, alone; four at once share the GPU and take up to 1.7x
+    # longer each); the rest take a few seconds or less.
     declare -A secs=([gpu_executor_tiny]=83 [gpu_executor_mini]=63 [gpu_aux_vs_cpu_mini]=31
         [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12)
     mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
         for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
     declare -a load=() shard=()
+    TEST_PROCS=${TEST_PROCS:-4}
     for ((k = 0; k < TEST_PROCS; k++)); do load[k]=0; shard[k]=""; done
     for n in "${names[@]}"; do
         best=0
