@@ -13,7 +13,9 @@
 # Environment: BUILD (default build), OUT (default /tmp/k3c-gpu-profile), SECTIONS (default "moe gemm"),
 # LAUNCHES (kernels profiled per section, default 24), STALLS (1: a second, short ncu run per section for the
 # stall reasons, smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio: warps waiting on each
-# reason per issued instruction; the details pages here lack them, as pc sampling is unavailable).
+# reason per issued instruction; the details pages here lack them, as pc sampling is unavailable), KERNEL (an
+# ncu kernel-name regex, e.g. "moe_pair_mx_kernel|moe_mma_kernel": only those kernels are counted and
+# profiled, after 2 of them are skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -21,6 +23,10 @@ OUT=${OUT:-/tmp/k3c-gpu-profile}
 SECTIONS=${SECTIONS:-"moe gemm"}
 LAUNCHES=${LAUNCHES:-24}
 STALLS=${STALLS:-0}
+KERNEL=${KERNEL:-}
+# which launches: the first LAUNCHES after 8 of any kernel, or after 2 of those KERNEL names
+select=(--launch-skip 8)
+[ -n "$KERNEL" ] && select=(--kernel-name "regex:$KERNEL" --launch-skip 2)
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ]; then
@@ -29,9 +35,12 @@ if [ -z "$NCU" ]; then
 fi
 [ -x "$BUILD/bench_gpu" ] || { echo "gpu-profile: $BUILD/bench_gpu missing (run tools/gpu-check.sh first)" >&2; exit 1; }
 metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem
+# each timed row of bench_gpu launches its kernels 4 times (2 warm-ups, 1 untimed, 1 sample), so the
+# LAUNCHES profiled cover several rows
+export K3C_BENCH_REPS=${K3C_BENCH_REPS:-1}
 for section in $SECTIONS; do
     # the copy benchmark and warm-up launches come first: skip 8 kernels, then profile LAUNCHES of them
-    timeout 300 "$NCU" --clock-control none --launch-skip 8 --launch-count "$LAUNCHES" \
+    timeout 300 "$NCU" --clock-control none "${select[@]}" --launch-count "$LAUNCHES" \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --metrics "$metrics" "$BUILD/bench_gpu" "$section" >"$OUT/ncu_$section.txt" 2>&1
     echo "== $section: ncu exit $? ($OUT/ncu_$section.txt)"
@@ -49,7 +58,7 @@ for section in $SECTIONS; do
                  selected barrier no_instruction dispatch_stall branch_resolving drain membar sleeping tex_throttle; do
             stalls="$stalls${stalls:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
         done
-        timeout 120 "$NCU" --clock-control none --launch-skip 8 --launch-count 2 --metrics "$stalls" \
+        timeout 120 "$NCU" --clock-control none "${select[@]}" --launch-count "$LAUNCHES" --metrics "$stalls" \
             "$BUILD/bench_gpu" "$section" >"$OUT/ncu_stalls_$section.txt" 2>&1
         echo "== $section stalls: ncu exit $? ($OUT/ncu_stalls_$section.txt)"
         grep -E "^  [a-z_0-9]+.*\(|issue_stalled" "$OUT/ncu_stalls_$section.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | head -40

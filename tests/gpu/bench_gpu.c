@@ -22,6 +22,9 @@
 #include "util/error.h"
 
 #define REPS 30
+/* samples per timed row: REPS, or K3C_BENCH_REPS (1..REPS) for a profiler run that wants few launches of
+ * each kernel (tools/gpu-profile.sh) */
+static int reps = REPS;
 
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -53,7 +56,7 @@ static void time_samples(const char *name, double bytes, cudaStream_t st, launch
     OK(call(ctx, 0));
     CK(cudaStreamSynchronize(st));
     float ms[REPS];
-    for (int i = 0; i < REPS; i++) {
+    for (int i = 0; i < reps; i++) {
         CK(cudaEventRecord(a, st));
         OK(call(ctx, i));
         CK(cudaEventRecord(b, st));
@@ -62,7 +65,7 @@ static void time_samples(const char *name, double bytes, cudaStream_t st, launch
         ms[i] /= per;
     }
     CK(cudaGetLastError());
-    report(name, bytes, ms, REPS);
+    report(name, bytes, ms, reps);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
 }
@@ -294,6 +297,11 @@ static int want(const char *section) {
 int main(int argc, char **argv) {
     bench_argc = argc;
     bench_argv = argv;
+    const char *reps_env = getenv("K3C_BENCH_REPS");
+    if (reps_env) {
+        reps = atoi(reps_env);
+        if (reps < 1 || reps > REPS) DIE("K3C_BENCH_REPS=%s: want 1..%d", reps_env, REPS);
+    }
     int dev = 0;
     CK(cudaSetDevice(dev));
     struct cudaDeviceProp prop;
