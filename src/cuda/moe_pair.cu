@@ -202,8 +202,10 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
-template <int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+/* MINB: blocks per SM the launch bounds ask for (registers per thread capped at 65536 / (256 MINB)); 2 by
+ * default (105 registers at U = 2); 3 and 4 are A/B variants (K3C_MOE_MXP_MINB) */
+template <int U, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
                    int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
                    float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
@@ -304,10 +306,11 @@ typedef struct pair_plan {
     int wpr, per, items, grid;
 } pair_plan;
 
-static pair_plan plan_pairs(int units, int runs, int matrices, int cap) {
+static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int force_wpr) {
     pair_plan p;
     int grid, items;
     plan_grid(units * matrices, runs, cap, &p.wpr, &grid, &items);
+    if (force_wpr > 0) p.wpr = force_wpr; /* an A/B knob (K3C_MOE_MXP_WPR) */
     int groups = GEMV_WARPS / p.wpr;
     p.per = (units + groups - 1) / groups;
     p.items = p.per * matrices;
@@ -315,41 +318,58 @@ static pair_plan plan_pairs(int units, int runs, int matrices, int cap) {
     return p;
 }
 
-template <int U>
+template <int U, int MINB>
 static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
                                 int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
-                                cudaStream_t s) {
+                                int force_wpr, cudaStream_t s) {
     static int occ;
     size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
     if (!occ) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U>, GEMV_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U, MINB>, GEMV_WARPS * 32,
                                                           (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
                 cudaSuccess ||
             occ < 1)
             occ = 1;
     }
     int steps = ((cols >> 5) + 3) >> 2;
-    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count());
-    moe_pair_mx_kernel<U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
-                                                                 rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count(), force_wpr);
+    moe_pair_mx_kernel<U, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
+                                                                       rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_mx");
     return K3C_OK;
 }
 
 extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
 
-/* Steps per run (MXP_U above): K3C_MOE_MXP_U=3 for A/B runs, else 2 (run 18's measured kernel; run 20: 3 is
- * no faster). */
+/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 1, 2 or 3; default 2, run 18's kernel; run 20: 3 is
+ * no faster), K3C_MOE_MXP_MINB (blocks per SM the registers allow: 2, 3 or 4; default 2), K3C_MOE_MXP_WPR
+ * (warps per row: 1, 2, 4 or 8, else plan_grid's choice). Session 7 run 2's ncu: at U = 2, MINB = 2 the
+ * kernel runs 105 registers, 14.5 warps per SM, one instruction issued every 1.7 cycles per scheduler and
+ * DRAM at 41-52% of peak: latency-bound with too few warps. Instantiated: (U, MINB) = (2, 2), (3, 2),
+ * (1, 2), (2, 3), (1, 3), (1, 4); others fall back to (2, 2). */
+typedef int (*mx_launch_fn)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
+                            float *, int, int, cudaStream_t);
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && v[0] ? atoi(v) : dflt;
+}
 extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs,
                                     int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
                                     int round, cudaStream_t s) {
-    static int u = -1;
-    if (u < 0) {
-        const char *v = getenv("K3C_MOE_MXP_U");
-        u = v && v[0] == '3' ? 3 : 2;
+    static mx_launch_fn fn;
+    static int force_wpr;
+    if (!fn) {
+        int u = env_int("K3C_MOE_MXP_U", 2), minb = env_int("K3C_MOE_MXP_MINB", 2);
+        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
+        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
+        fn = u == 3 && minb == 2   ? moe_pair_mx_launch_u<3, 2>
+             : u == 1 && minb == 2 ? moe_pair_mx_launch_u<1, 2>
+             : u == 2 && minb == 3 ? moe_pair_mx_launch_u<2, 3>
+             : u == 1 && minb == 3 ? moe_pair_mx_launch_u<1, 3>
+             : u == 1 && minb == 4 ? moe_pair_mx_launch_u<1, 4>
+                                   : moe_pair_mx_launch_u<2, 2>;
     }
-    return (u == 3 ? moe_pair_mx_launch_u<3> : moe_pair_mx_launch_u<2>)(experts, num_experts, idx, pairs, nm, rows,
-                                                                        cols, x, x_per_pair, y0, y1, round, s);
+    return fn(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, force_wpr, s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
