@@ -202,10 +202,8 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
-/* MINB: blocks per SM the launch bounds ask for (registers per thread capped at 65536 / (256 MINB)); 2 by
- * default (105 registers at U = 2); 3 and 4 are A/B variants (K3C_MOE_MXP_MINB) */
-template <int U, int MINB>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
+template <int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
                    int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
                    float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
@@ -318,14 +316,14 @@ static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int forc
     return p;
 }
 
-template <int U, int MINB>
+template <int U>
 static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
                                 int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                                 int force_wpr, cudaStream_t s) {
     static int occ;
     size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
     if (!occ) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U, MINB>, GEMV_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U>, GEMV_WARPS * 32,
                                                           (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
                 cudaSuccess ||
             occ < 1)
@@ -333,22 +331,21 @@ static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts,
     }
     int steps = ((cols >> 5) + 3) >> 2;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count(), force_wpr);
-    moe_pair_mx_kernel<U, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
-                                                                       rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
+    moe_pair_mx_kernel<U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
+                                                                 rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_mx");
     return K3C_OK;
 }
 
 extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
 
-/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 1, 2 or 3; default 2, run 18's kernel; run 20: 3 is
- * no faster), K3C_MOE_MXP_MINB (blocks per SM the registers allow: 2, 3 or 4; default 2), K3C_MOE_MXP_WPR
- * (warps per row: 1, 2, 4 or 8, else plan_grid's choice). Session 7 run 2's ncu: at U = 2, MINB = 2 the
- * kernel runs 105 registers, 14.5 warps per SM, one instruction issued every 1.7 cycles per scheduler and
- * DRAM at 41-52% of peak: latency-bound with too few warps. Instantiated: (U, MINB) = (2, 2), (3, 2),
- * (1, 2), (2, 3), (1, 3), (1, 4); others fall back to (2, 2). */
-typedef int (*mx_launch_fn)(const k3c_cuda_expert *, int, const int *, int, int, int, int, const float *, int, float *,
-                            float *, int, int, cudaStream_t);
+/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, run 18's kernel) and K3C_MOE_MXP_WPR
+ * (warps per row: 1, 2, 4 or 8; else plan_grid's choice). None of them moves the kernel (session 7 run 3,
+ * `K3C_MOE_PAIR_MX=1 bench_gpu moe`, moe_mxfp4_all_T1_k16 as fraction of copy bandwidth: default 0.499,
+ * U 3 0.498, WPR 1 0.516, WPR 2 0.484; U 1 with 3 or 4 blocks per SM in the launch bounds (77 / 64
+ * registers instead of 105) 0.451 / 0.484, U 2 with 3 blocks 0.490). Run 2's ncu had it at 14.5 warps per
+ * SM, one instruction issued every 1.7 cycles per scheduler, DRAM at 41-52% of peak and L2 at 68%: neither
+ * more warps nor more bytes in flight help, so the next step is the access pattern (src/cuda/NOTES.md). */
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && v[0] ? atoi(v) : dflt;
@@ -356,20 +353,15 @@ static int env_int(const char *name, int dflt) {
 extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs,
                                     int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
                                     int round, cudaStream_t s) {
-    static mx_launch_fn fn;
-    static int force_wpr;
-    if (!fn) {
-        int u = env_int("K3C_MOE_MXP_U", 2), minb = env_int("K3C_MOE_MXP_MINB", 2);
+    static int u = -1, force_wpr;
+    if (u < 0) {
+        u = env_int("K3C_MOE_MXP_U", 2) == 3 ? 3 : 2;
         force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
         if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
-        fn = u == 3 && minb == 2   ? moe_pair_mx_launch_u<3, 2>
-             : u == 1 && minb == 2 ? moe_pair_mx_launch_u<1, 2>
-             : u == 2 && minb == 3 ? moe_pair_mx_launch_u<2, 3>
-             : u == 1 && minb == 3 ? moe_pair_mx_launch_u<1, 3>
-             : u == 1 && minb == 4 ? moe_pair_mx_launch_u<1, 4>
-                                   : moe_pair_mx_launch_u<2, 2>;
     }
-    return fn(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, force_wpr, s);
+    return (u == 3 ? moe_pair_mx_launch_u<3> : moe_pair_mx_launch_u<2>)(experts, num_experts, idx, pairs, nm, rows,
+                                                                        cols, x, x_per_pair, y0, y1, round, force_wpr,
+                                                                        s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
