@@ -143,15 +143,26 @@ struct mxp_run {
     uint32_t ea[U], eb[U];
 };
 
-template <int U>
+/* PROBE (a bandwidth probe, K3C_MOE_MXP_PROBE=1, wrong results): the same bytes of the warp's 16-row band
+ * read in another order, the 1 KB of a step as two 512-byte runs in lane order (every load instruction of
+ * the warp contiguous, as t1_dot's are) instead of 64 bytes of each of 16 rows. It asks whether a layout
+ * stored in that order (made by the repack) would stream faster; it needs full bands and rows of whole
+ * steps (rows % 16 == 0, chunks % 4 == 0), which the host checks. */
+template <int U, bool PROBE>
 __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
-                                         const uint8_t *sb, int base, int q, int chunks) {
+                                         const uint8_t *sb, const uint8_t *band, int base, int q, int chunks) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = (base + u) * 4 + q;
         const bool ok = c < chunks;
-        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
-        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        if (PROBE) {
+            const uint8_t *st = band + (size_t)(base + u) * 1024 + (threadIdx.x & 31) * 16;
+            r.wa[u] = ok ? k3c_ld_stream16(st) : make_uint4(0u, 0u, 0u, 0u);
+            r.wb[u] = ok ? k3c_ld_stream16(st + 512) : make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+            r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+        }
         r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
         r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
     }
@@ -202,7 +213,7 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
-template <int U>
+template <int U, bool PROBE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
                    int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
@@ -253,22 +264,23 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         if (row0 < rows) {
             const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
             const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
+            const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
             const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
             /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
              * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
             const int stride = wpr * U;
             int base = kw * U;
             mxp_run<U> r0, r1;
-            if (base < steps) mxp_load(r0, pa, pb, sa, sb, base, q, chunks);
+            if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
             while (base < steps) {
                 int next = base + stride;
-                if (next < steps) mxp_load(r1, pa, pb, sa, sb, next, q, chunks);
+                if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
                 if (nterms == 1) mxp_compute<1, U>(r0, base, q, g, chunks, mxp_plane, acc);
                 else mxp_compute<3, U>(r0, base, q, g, chunks, mxp_plane, acc);
                 base = next;
                 if (base >= steps) break;
                 next = base + stride;
-                if (next < steps) mxp_load(r0, pa, pb, sa, sb, next, q, chunks);
+                if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
                 if (nterms == 1) mxp_compute<1, U>(r1, base, q, g, chunks, mxp_plane, acc);
                 else mxp_compute<3, U>(r1, base, q, g, chunks, mxp_plane, acc);
                 base = next;
@@ -316,14 +328,14 @@ static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int forc
     return p;
 }
 
-template <int U>
+template <int U, bool PROBE>
 static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm,
                                 int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                                 int force_wpr, cudaStream_t s) {
     static int occ;
     size_t smem = (size_t)3 * (cols >> 5) * 4 * sizeof(uint4);
     if (!occ) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U>, GEMV_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_pair_mx_kernel<U, PROBE>, GEMV_WARPS * 32,
                                                           (size_t)3 * MXP_MAX_CHUNKS * 4 * sizeof(uint4)) !=
                 cudaSuccess ||
             occ < 1)
@@ -331,16 +343,18 @@ static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts,
     }
     int steps = ((cols >> 5) + 3) >> 2;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count(), force_wpr);
-    moe_pair_mx_kernel<U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per, pp.items,
-                                                                 rows, cols, x, x_per_pair, y0, y1, pp.wpr, round);
+    moe_pair_mx_kernel<U, PROBE><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per,
+                                                                        pp.items, rows, cols, x, x_per_pair, y0, y1,
+                                                                        pp.wpr, round);
     K3C_CUDA_LAUNCHED("moe_pair_mx");
     return K3C_OK;
 }
 
 extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
 
-/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, run 18's kernel) and K3C_MOE_MXP_WPR
- * (warps per row: 1, 2, 4 or 8; else plan_grid's choice). None of them moves the kernel (session 7 run 3,
+/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, run 18's kernel), K3C_MOE_MXP_WPR
+ * (warps per row: 1, 2, 4 or 8; else plan_grid's choice) and K3C_MOE_MXP_PROBE=1 (the bandwidth probe
+ * above: wrong results, benchmarks only). None of them moves the kernel (session 7 run 3,
  * `K3C_MOE_PAIR_MX=1 bench_gpu moe`, moe_mxfp4_all_T1_k16 as fraction of copy bandwidth: default 0.499,
  * U 3 0.498, WPR 1 0.516, WPR 2 0.484; U 1 with 3 or 4 blocks per SM in the launch bounds (77 / 64
  * registers instead of 105) 0.451 / 0.484, U 2 with 3 blocks 0.490). Run 2's ncu had it at 14.5 warps per
@@ -353,15 +367,18 @@ static int env_int(const char *name, int dflt) {
 extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs,
                                     int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
                                     int round, cudaStream_t s) {
-    static int u = -1, force_wpr;
+    static int u = -1, force_wpr, probe;
     if (u < 0) {
         u = env_int("K3C_MOE_MXP_U", 2) == 3 ? 3 : 2;
         force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
         if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
+        probe = env_int("K3C_MOE_MXP_PROBE", 0) == 1;
     }
-    return (u == 3 ? moe_pair_mx_launch_u<3> : moe_pair_mx_launch_u<2>)(experts, num_experts, idx, pairs, nm, rows,
-                                                                        cols, x, x_per_pair, y0, y1, round, force_wpr,
-                                                                        s);
+    if (probe && rows % 16 == 0 && (cols >> 5) % 4 == 0)
+        return moe_pair_mx_launch_u<2, true>(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1,
+                                             round, force_wpr, s);
+    return (u == 3 ? moe_pair_mx_launch_u<3, false> : moe_pair_mx_launch_u<2, false>)(
+        experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, force_wpr, s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
