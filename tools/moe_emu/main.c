@@ -220,6 +220,10 @@ static const mcase cases[] = {
     {"mx In64 F32 Out40 T800 k3 skew", 1, 1, 64, 32, 40, 2, 800, 3, 0, 1, 0},
     {"bf16 In16 F8 Out24 T800 k3 skew", 0, 0, 16, 8, 24, 2, 800, 3, 0, 1, 0},
     {"mx In1024 F256 Out64 E3 T5 k2", 1, 0, 1024, 256, 64, 3, 5, 2, 0, 0, 0},
+    /* the MXFP4 per-pair kernels (cuda/moe_pair.cu: up to 16 pairs and Out >= F), small: rows of whole and
+     * of partial 4-group steps, 16-row bands full and cut, an invalid pair */
+    {"mx pair In256 F128 Out256 E5 T2 k3", 1, 1, 256, 128, 256, 5, 2, 3, 0, 0, 0},
+    {"mx pair In96 F96 Out100 E3 T1 k3 rnd", 1, 0, 96, 96, 100, 3, 1, 3, 1, 0, 0},
     {"bf16 In520 F136 Out48 E3 T5 k2", 0, 1, 520, 136, 48, 3, 5, 2, 0, 0, 0},
 };
 
