@@ -171,9 +171,25 @@ static void check_vs_ref(const char *preset, int dense_routing, int exact, doubl
  * rounding to flip): against the float64 reference whose cached latents (c_normed, k_pe) are rounded by the
  * independent tests/ref/ref_fp8.c. The fp8 engine must sit far closer to that reference than to the exact one:
  * the rounding is applied where and as the format says. Measured on tiny: 1.5e-6 .. 1.9e-6 vs the E4M3
- * reference, 2.0e-2 .. 3.9e-2 vs the exact one (two seeds). A latent within f32 noise of an E4M3 midpoint
- * may round the other way than in float64 (one E4M3 step of one element): the bound 2e-3 leaves room for that. */
-static double ref_round_e4m3(double x) { return ref_e4m3_nearest(x); }
+ * reference, 2.0e-2 .. 3.9e-2 vs the exact one (two seeds).
+ *
+ * A latent within f32 noise of an E4M3 midpoint may round the other way in the engine than in float64: one
+ * E4M3 step (1/16 .. 1/8 relative) of one element, which moved the logits by 6.4e-3 (seed 45137607327855,
+ * token by token: one latent within 1e-6 relative of a midpoint; the other seeds tried had none that close).
+ * So the latents the reference finds ambiguous (within AMBIGUOUS relative of a midpoint) are also rounded
+ * the other way, all at once, in a second reference, and each plan must match one of the two. */
+#define AMBIGUOUS 4e-6
+static int e4m3_flip_ambiguous, e4m3_ambiguous_count;
+static double ref_round_e4m3(double x) {
+    double r = ref_e4m3_nearest(x);
+    double up = ref_e4m3_nearest(x * (1 + AMBIGUOUS)), down = ref_e4m3_nearest(x * (1 - AMBIGUOUS));
+    if (up == down) return r;
+    if (!e4m3_flip_ambiguous) {
+        e4m3_ambiguous_count++;
+        return r;
+    }
+    return up != r ? up : down;
+}
 
 TEST(forward_kv_fp8_vs_ref_e4m3_latents) {
     fwd_env env;
@@ -186,9 +202,18 @@ TEST(forward_kv_fp8_vs_ref_e4m3_latents) {
     double *exact = malloc(sizeof(double) * n * V), *rounded = malloc(sizeof(double) * n * V);
     float *lg = malloc(sizeof(float) * n * V);
     CHECK(exact && rounded && lg);
+    double *flipped = malloc(sizeof(double) * n * V);
+    CHECK(flipped);
     CHECK_OK(ref_logits(env.ref, iids, n, exact));
     ref_set_latent_round(env.ref, ref_round_e4m3);
+    e4m3_flip_ambiguous = 0, e4m3_ambiguous_count = 0;
     CHECK_OK(ref_logits(env.ref, iids, n, rounded));
+    int ambiguous = e4m3_ambiguous_count;
+    if (ambiguous > 0) {
+        e4m3_flip_ambiguous = 1;
+        CHECK_OK(ref_logits(env.ref, iids, n, flipped));
+        e4m3_flip_ambiguous = 0;
+    }
     k3c_engine *eng;
     CHECK_OK(make_engine_kv(&env, 0, 1, 0, 1, &eng));
     struct { const char *name; int chunks[20]; int nchunks; } plans[] = {
@@ -200,9 +225,15 @@ TEST(forward_kv_fp8_vs_ref_e4m3_latents) {
     for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++) {
         poison_f32(lg, (size_t)n * V);
         CHECK_OK(run_chunks(eng, ids, plans[p].chunks, plans[p].nchunks, V, lg));
-        int bad, ties;
+        int bad, ties, bad2, ties2;
         double vs_exact = compare_ref(lg, exact, n, V, &bad, &ties);
         double vs_rounded = compare_ref(lg, rounded, n, V, &bad, &ties);
+        if (ambiguous > 0) { /* the reference with the ambiguous latents rounded the other way */
+            double vs_flipped = compare_ref(lg, flipped, n, V, &bad2, &ties2);
+            printf("    %d latent(s) within %.0e of an E4M3 midpoint: %.3g vs the reference rounding them the "
+                   "other way\n", ambiguous, AMBIGUOUS, vs_flipped);
+            if (vs_flipped < vs_rounded) vs_rounded = vs_flipped, bad = bad2;
+        }
         printf("    tiny (k = E) f32, fp8 cache, %s: worst row rel L2 %.3g vs the E4M3-latent reference, %.3g vs "
                "the exact one\n", plans[p].name, vs_rounded, vs_exact);
         CHECKF(vs_rounded < 2e-3, "%s: %.3g from the E4M3-latent reference", plans[p].name, vs_rounded);
@@ -211,7 +242,7 @@ TEST(forward_kv_fp8_vs_ref_e4m3_latents) {
         CHECKF(bad == 0, "%s: %d top-1 mismatches against the E4M3-latent reference", plans[p].name, bad);
     }
     k3c_engine_free(eng);
-    free(exact), free(rounded), free(lg);
+    free(exact), free(rounded), free(flipped), free(lg);
     env_close(&env);
 }
 
