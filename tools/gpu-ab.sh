@@ -7,6 +7,9 @@
 # existed then (a branch pushed in an earlier session); the archive, unlike a clone, is not checked out from
 # anything else.
 #
+# REF may also be a tarball (a path ending in .tar) made here by `git archive -o out/NAME.tar BRANCH` and sent
+# with the call (the device tool's carry): the way to run a branch made after the session's start.
+#
 # Usage: tools/gpu-ab.sh REF[,REF...] [command ...]   (several refs: each gets a tree of its own, B1, B2, ...,
 # built and run beside A in the same call; default commands: bench_gpu moe, then k3c bench on k3-slice
 # and kimi-linear-48b at batch 1 and 8). In a command, @ stands for the build folder of the side it runs on;
@@ -40,7 +43,11 @@ for ref in "${refs[@]}"; do
     dir=$OUT/tree-$side
     if [ "${SKIP_BUILD:-0}" != 1 ]; then
         rm -rf "$dir" && mkdir -p "$dir"
-        git archive "$ref" | tar -x -C "$dir" || { echo "gpu-ab: cannot archive $ref (not in this .git?)" >&2; exit 1; }
+        if [[ "$ref" == *.tar ]]; then
+            tar -x -C "$dir" -f "$ref" || { echo "gpu-ab: cannot unpack $ref" >&2; exit 1; }
+        else
+            git archive "$ref" | tar -x -C "$dir" || { echo "gpu-ab: cannot archive $ref (not in this .git?)" >&2; exit 1; }
+        fi
     fi
     sides+=("$side")
     dirs+=("$dir")
