@@ -253,9 +253,14 @@ TEST(forward_kimi_linear_tiny_f32_vs_ref) { check_vs_ref("kimi-linear-tiny", 0, 
 /* The bf16 contract: with every expert selected no expert choice can flip, so the error is bf16 noise. */
 /* bf16 activations against float64: the bf16 noise of these small random models, measured over 80 seeds
  * x 4 plans (2026-11-29): mean row rel L2 at most 0.026, worst row at most 0.095 (tiny / tiny-grouped;
- * kimi-linear-tiny about 0.011). Bounds leave headroom over that spread. */
-TEST(forward_tiny_bf16_vs_ref) { check_vs_ref("tiny", 1, 0, 0.15, 0.04); }
-TEST(forward_tiny_grouped_bf16_vs_ref) { check_vs_ref("tiny-grouped", 1, 0, 0.15, 0.04); }
+ * kimi-linear-tiny about 0.011); over 150 more seeds x 4 plans (2026-11-30): mean at most 0.029, worst row
+ * 0.124 (tiny-grouped) and 0.116 (tiny). The worst row has a long tail: seed 104494055360905 put one row of
+ * tiny-grouped's prefill at 0.168 (mean 0.031; its other 19 rows at most 0.045, every row's logits of RMS
+ * ~1; the f32 test of that seed, preset routing, within 3.6e-6 of float64): bf16 noise amplified in one
+ * position, with no discrete choice to flip (dense routing). So the worst-row bound is 0.25: still far below the ~1 of a row
+ * computed wrong, while the mean bound (0.04) catches a systematic error. */
+TEST(forward_tiny_bf16_vs_ref) { check_vs_ref("tiny", 1, 0, 0.25, 0.04); }
+TEST(forward_tiny_grouped_bf16_vs_ref) { check_vs_ref("tiny-grouped", 1, 0, 0.25, 0.04); }
 TEST(forward_kimi_linear_tiny_bf16_vs_ref) { check_vs_ref("kimi-linear-tiny", 1, 0, 0.05, 0.02); }
 
 /* ---- the engine against itself ---- */
