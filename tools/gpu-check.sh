@@ -26,6 +26,7 @@ LOGDIR=${OUT:-/tmp/k3c-gpu-check}
 SANITIZE=${SANITIZE:-1}
 BENCH=${BENCH:-1}
 KBENCH=${KBENCH:-1}
+TEST_PROCS=${TEST_PROCS:-4}
 SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:120 racecheck:gpu_moe_bf16:90 racecheck:gpu_kda_recurrent:50 racecheck:gpu_synthetic_tiny:60"}
 mkdir -p "$LOGDIR"
 
@@ -83,7 +84,7 @@ fi
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
 test_rc=0
-if [ -z "${TESTS:-}" ] && [ "${TEST_PROCS:-4}" -gt 1 ]; then
+if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     # The suite in TEST_PROCS processes at once on the one GPU (tests are independent; the largest model,
     # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
     # least loaded process. Seconds from run 20 (H200, alone; four at once share the GPU and take up to 1.7x
@@ -93,7 +94,6 @@ if [ -z "${TESTS:-}" ] && [ "${TEST_PROCS:-4}" -gt 1 ]; then
     mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
         for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
     declare -a load=() shard=()
-    TEST_PROCS=${TEST_PROCS:-4}
     for ((k = 0; k < TEST_PROCS; k++)); do load[k]=0; shard[k]=""; done
     for n in "${names[@]}"; do
         best=0

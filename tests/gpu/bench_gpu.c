@@ -423,17 +423,17 @@ int main(int argc, char **argv) {
 
     if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
         int E = 64, In = 3584, F = 3072, Out = 3584, k = 16;
+        /* scales 2^-8 .. 2^1 (E8M0 119 .. 128), as real weights have them (|w| <= 12; the device-synthetic
+         * presets use 2^-7); K3C_BENCH_MX_BIG=1: 2^-8 .. 2^7, the only distribution before session 7: every
+         * warp step then has a scale above 2^1 and takes the kernels' second multiply (cuda/mxfp4.cuh),
+         * which real weights never need */
+        int span = getenv("K3C_BENCH_MX_BIG") ? 16 : 10;
         k3c_cuda_expert *tab = calloc(E, sizeof *tab);
         size_t pgu = (size_t)F * In / 2, sgu = (size_t)F * In / 32, pd = (size_t)Out * F / 2, sd = (size_t)Out * F / 32;
         for (int e = 0; e < E; e++) {
             tab[e].gate_packed = dmalloc_rand(pgu, 1000 + 6 * e);
             tab[e].up_packed = dmalloc_rand(pgu, 1001 + 6 * e);
             tab[e].down_packed = dmalloc_rand(pd, 1002 + 6 * e);
-            /* scales 2^-8 .. 2^1 (E8M0 119 .. 128), as real weights have them (|w| <= 12; the device-synthetic
-             * presets use 2^-7); K3C_BENCH_MX_BIG=1: 2^-8 .. 2^7, which before session 7 run 5 was the only
-             * distribution: every warp step then has a scale above 2^1 and takes the kernels' second
-             * multiply (cuda/mxfp4.cuh), which real weights never need */
-            int span = getenv("K3C_BENCH_MX_BIG") ? 16 : 10;
             uint8_t *hs = malloc(sgu > sd ? sgu : sd);
             for (size_t i = 0; i < (sgu > sd ? sgu : sd); i++) hs[i] = (uint8_t)(119 + (i * 7 + e) % span);
             void *a, *b, *c;
