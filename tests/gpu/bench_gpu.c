@@ -253,8 +253,11 @@ static void *dmalloc_rand_bf16x(size_t bytes, unsigned seed) {
 static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask) {
     void *d;
     CK(cudaMalloc(&d, bytes));
-    /* random bytes from the host in 64 MiB pieces (never zeros: they can run faster than real data) */
-    size_t piece = 64u << 20;
+    /* random bytes from the host in pieces of up to 64 MiB (never zeros: they can run faster than real data),
+     * only as many as the buffer needs. A whole 64 MiB piece for each buffer cost ~9 ms of host work
+     * (measured on the 2-core development machine) plus a fresh 64 MiB allocation, times the 960 expert
+     * matrices of the moe section, which took ~50 s a run in session 7's run 3 */
+    size_t piece = bytes < (64u << 20) ? (bytes + 7) & ~(size_t)7 : 64u << 20;
     unsigned char *h = malloc(piece);
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     for (size_t i = 0; i < piece; i += 8) {
