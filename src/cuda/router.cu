@@ -1,4 +1,5 @@
-/* Router: scores and selection in shared memory (one block per token), top-k by a bitonic sort. */
+/* Router: scores and selection in shared memory (one block per token), top-k by a bitonic sort held in
+ * registers. */
 #include "cuda/router.h"
 
 #include "cuda/check.h"
@@ -6,11 +7,69 @@
 
 #define ROUTER_THREADS 256
 
-/* E rounded up to a power of two (the bitonic sort's length) */
+/* The bitonic sort's length: E rounded up to a power of two, at least one key per thread */
 static int route_pad(int E) {
-    int p = 1;
+    int p = ROUTER_THREADS;
     while (p < E) p <<= 1;
     return p;
+}
+#define ROUTER_MAX_KEYS 8 /* keys per thread: up to 2048 experts */
+
+/* One compare-exchange of the bitonic network, seen from element i (partner i ^ stride, its key other): the
+ * lower index of a pair keeps the larger key in a run sorted descending ((i & size) == 0), the smaller in an
+ * ascending one, and the higher index the other. */
+__device__ __forceinline__ unsigned long long bitonic_pick(int i, int stride, int size, unsigned long long mine,
+                                                           unsigned long long other) {
+    bool lo = (i & stride) == 0, down = (i & size) == 0;
+    bool want_max = lo == down;
+    return (mine > other) == want_max ? mine : other;
+}
+
+__device__ __forceinline__ unsigned long long shfl_xor_u64(unsigned long long v, int m) {
+    unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)v, m);
+    unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(v >> 32), m);
+    return ((unsigned long long)hi << 32) | lo;
+}
+
+/* Sorts the PV = ROUTER_THREADS * R keys descending, thread t holding keys t R .. t R + R - 1 in kv, and
+ * leaves the sorted keys in key (shared, [PV]). The network is the one of the shared-memory version before
+ * (the same compare-exchanges, so the same order), but each stage goes where its partners are: within a
+ * thread's registers (stride < R), across the lanes of a warp by shuffles (stride < 32 R: lane ^ stride / R,
+ * no barrier), and through shared memory with two barriers only for stride >= 32 R (6 of the 36 stages at
+ * 256 experts, 6 of 55 at 896). Why: the shared-memory network paid a barrier, two 8-byte shared loads and
+ * stores, and an integer division and modulo by the stride in every one of its stages (session 7 run 1,
+ * H200: 7.8 us for 256 experts top-8 and 18.4 us for 896 top-16 in a graph). */
+template <int R>
+__device__ __forceinline__ void bitonic_sort_keys(unsigned long long (&kv)[R], unsigned long long *key, int PV) {
+    const int t = threadIdx.x;
+    for (int size = 2; size <= PV; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            if (stride >= 32 * R) {
+#pragma unroll
+                for (int j = 0; j < R; j++) key[t * R + j] = kv[j];
+                __syncthreads();
+#pragma unroll
+                for (int j = 0; j < R; j++) kv[j] = bitonic_pick(t * R + j, stride, size, kv[j], key[(t * R + j) ^ stride]);
+                __syncthreads(); /* every partner read before the next stage's stores */
+            } else if (stride >= R) {
+#pragma unroll
+                for (int j = 0; j < R; j++)
+                    kv[j] = bitonic_pick(t * R + j, stride, size, kv[j], shfl_xor_u64(kv[j], stride / R));
+            } else { /* stride < R: a compile-time stride per branch, so kv stays in registers */
+#pragma unroll
+                for (int sr = 1; sr < R; sr <<= 1)
+                    if (sr == stride) {
+                        unsigned long long nk[R];
+#pragma unroll
+                        for (int j = 0; j < R; j++) nk[j] = bitonic_pick(t * R + j, sr, size, kv[j], kv[j ^ sr]);
+#pragma unroll
+                        for (int j = 0; j < R; j++) kv[j] = nk[j];
+                    }
+            }
+        }
+#pragma unroll
+    for (int j = 0; j < R; j++) key[t * R + j] = kv[j];
+    __syncthreads();
 }
 
 /* Larger value wins; equal values go to the lower index; NaN never wins over a number. */
@@ -22,11 +81,13 @@ __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     }
 }
 
-__global__ void route_kernel(k3c_cuda_router r, int P, const float *__restrict__ logits,
-                             const float *__restrict__ bias, int *idx, float *weight) {
+template <int R>
+__global__ void __launch_bounds__(ROUTER_THREADS)
+route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int *idx,
+             float *weight) {
     extern __shared__ float sh[];
     float *score = sh, *sel = sh + r.num_experts;
-    /* then the selection keys [route_pad(E)] (8-byte aligned: 2E floats before them) */
+    /* then the selection keys [ROUTER_THREADS R] (8-byte aligned: 2E floats before them) */
     unsigned long long *key = (unsigned long long *)(sh + 2 * r.num_experts);
     __shared__ float red[32];
     int E = r.num_experts, k = r.k;
@@ -91,39 +152,27 @@ __global__ void route_kernel(k3c_cuda_router r, int P, const float *__restrict__
         __syncthreads();
     }
 
-    /* Top-k by a bitonic sort of all E selection keys in shared memory, largest first. A key is 64 bits:
-     * the value's order in the high word (NaN below -inf, -0 as +0), the inverted id in the low word, so
-     * the order is `better`'s total order (larger value, then lower id; NaNs last, by id), the same experts
-     * in the same order as k arg-max passes or the cpu/ops.h reference. P = route_pad(E), the keys past E
-     * are 0, below every expert's. log2(P) (log2(P) + 1) / 2 stages of one barrier each (36 at
-     * 256 experts, 55 at 896). Why: the rank selection before it (every thread counting the keys above its
-     * experts) cost O(E) instructions per winner thread, and a warp holding one winner ran them all: run 21
-     * (H200, bench_gpu small, in a graph) 8.7 us for 256 experts top-8 and 26.8 us for 896 top-16, the
-     * warp-serial selection before that 10.3 and 45.1. */
-    for (int e = threadIdx.x; e < P; e += blockDim.x) {
-        unsigned long long kv = 0ull;
-        if (e < E) {
-            float v = sel[e];
-            unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
-            unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-            kv = ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)e);
-        }
-        key[e] = kv;
-    }
-    __syncthreads();
-    for (int size = 2; size <= P; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < (P >> 1); i += blockDim.x) {
-                int lo = 2 * stride * (i / stride) + i % stride, hi = lo + stride;
-                bool down = (lo & size) == 0; /* this run sorts descending */
-                unsigned long long a = key[lo], b = key[hi];
-                if ((a < b) == down) {
-                    key[lo] = b;
-                    key[hi] = a;
-                }
+    /* Top-k by a bitonic sort of all E selection keys, largest first. A key is 64 bits: the value's order in
+     * the high word (NaN below -inf, -0 as +0), the inverted id in the low word, so the order is `better`'s
+     * total order (larger value, then lower id; NaNs last, by id), the same experts in the same order as k
+     * arg-max passes or the cpu/ops.h reference. The keys past E are 0, below every expert's. (The rank
+     * selection before the sort, every thread counting the keys above its experts, cost O(E) instructions
+     * per winner thread: run 21, 8.7 us at 256 experts, 26.8 us at 896.) */
+    {
+        unsigned long long kv[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            int e = threadIdx.x * R + j;
+            kv[j] = 0ull;
+            if (e < E) {
+                float v = sel[e];
+                unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
+                unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+                kv[j] = ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)e);
             }
-            __syncthreads();
         }
+        bitonic_sort_keys<R>(kv, key, ROUTER_THREADS * R);
+    }
     /* the weights in winner order, as the reference: the sum of the k scores in that order (lane j holds
      * winner j's score; the adds run in order over shuffles), then a lane per weight */
     if (threadIdx.x < 32) {
@@ -150,12 +199,16 @@ extern "C" int k3c_cuda_route(const k3c_cuda_router *r, const float *logits, con
     if (r->num_experts <= 0 || r->k <= 0 || r->k > r->num_experts)
         return k3c_errorf("k3c_cuda_route: bad router: %d experts, top-%d", r->num_experts, r->k);
     if (r->num_groups > 64) return k3c_errorf("k3c_cuda_route: %d expert groups (at most 64 supported)", r->num_groups);
-    /* score, sel [E] f32; the keys [E rounded up to a power of two] u64 */
+    int PV = route_pad(r->num_experts), R = PV / ROUTER_THREADS;
+    if (R > ROUTER_MAX_KEYS)
+        return k3c_errorf("k3c_cuda_route: %d experts (at most %d supported)", r->num_experts,
+                          ROUTER_MAX_KEYS * ROUTER_THREADS);
+    /* score, sel [E] f32; the keys [PV] u64 (at most 16 KB + 16 KB: under the 48 KB a launch gets) */
     size_t E = (size_t)r->num_experts;
-    size_t smem = 2 * E * sizeof(float) + (size_t)route_pad(r->num_experts) * sizeof(unsigned long long);
-    if (smem > 48 * 1024)
-        K3C_CUDA_TRY(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    route_kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, route_pad(r->num_experts), logits, bias, idx, weight);
+    size_t smem = 2 * E * sizeof(float) + (size_t)PV * sizeof(unsigned long long);
+    void (*kernel)(k3c_cuda_router, const float *, const float *, int *, float *) =
+        R == 1 ? route_kernel<1> : R == 2 ? route_kernel<2> : R == 4 ? route_kernel<4> : route_kernel<8>;
+    kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, logits, bias, idx, weight);
     K3C_CUDA_LAUNCHED("route");
     return K3C_OK;
 }

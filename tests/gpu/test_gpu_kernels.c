@@ -673,6 +673,7 @@ TEST(gpu_router) {
     struct { int E, k, sigmoid, groups, topk_group, renorm; float scale; } cases[] = {
         {896, 16, 1, 1, 1, 1, 1.0f}, {64, 1, 1, 1, 1, 1, 2.5f}, {256, 8, 1, 8, 3, 1, 2.446f},
         {100, 7, 0, 1, 1, 0, 1.0f},  {17, 17, 0, 1, 1, 1, 1.0f}, {896, 16, 1, 32, 4, 0, 1.5f},
+        {2000, 16, 1, 1, 1, 1, 1.0f}, /* 8 keys a thread, the most the kernel sorts */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         int E = cases[ci].E, k = cases[ci].k, T = 7;
@@ -708,6 +709,10 @@ TEST(gpu_router) {
         cudaFree(dlg); cudaFree(db); cudaFree(dw); cudaFree(didx);
         free(lg); free(bias); free(wref); free(w); free(iref); free(idx);
     }
+    /* more experts than the sort holds: an error that says so, nothing launched */
+    k3c_cuda_router big = {4096, 8, 1, 0, 1, 1, 1, 1.0f};
+    CHECK(k3c_cuda_route(&big, NULL, NULL, 1, NULL, NULL, 0) != K3C_OK);
+    CHECK(strstr(k3c_error_message(), "4096 experts") != NULL);
 }
 
 /* Greedy ids on the device against runtime/sampler.c's order (k3c_greedy_token), exact: random rows, rows of
