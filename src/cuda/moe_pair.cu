@@ -168,31 +168,26 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
     }
 }
 
-/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
- * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
- * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
- * ~2700 instructions per 4 KB, against ~500 of arithmetic) */
-template <int NT, int U>
-__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int g, int chunks,
-                                            const uint4 *plane, float (&acc)[4]) {
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float d[U][4];
+/* The sub-steps of a run: for each 8-element sub-step, each step's two words decoded and their mma pair on
+ * that step's chain d[u]. Sub-step outer, step inner, so that consecutive mma go to independent chains (the
+ * step-outer order put each step's 8 dependent mma back to back); the sums of each chain are the same as
+ * before, in the same order. BIG: the run has a scale above 2^1 somewhere in the warp (the second multiply,
+ * by exactly 1 where a scale is not). B fragments: every lane loads lane (0, q)'s (a broadcast): the other
+ * lanes' fragments only feed output columns 1-7, which nothing reads, so they need not be zero (the
+ * predicated load and its zero fill were 3 instructions a sub-step). */
+template <int NT, int U, bool BIG>
+__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[U], const uint32_t (&mula)[U],
+                                         const uint32_t (&mulb)[U], int chunks, float (&d)[U][4]) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = min((base + u) * 4 + q, chunks - 1);
-        const uint4 *bp = plane + (size_t)c * 4;
-        const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
-        const bool big = __ballot_sync(0xffffffffu, r.ea[u] > 128u || r.eb[u] > 128u) != 0;
+    for (int sub = 0; sub < 4; sub++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-#pragma unroll
-        for (int sub = 0; sub < 4; sub++) {
+        for (int u = 0; u < U; u++) {
             const uint32_t va = sub == 0 ? r.wa[u].x : sub == 1 ? r.wa[u].y : sub == 2 ? r.wa[u].z : r.wa[u].w;
             const uint32_t vb = sub == 0 ? r.wb[u].x : sub == 1 ? r.wb[u].y : sub == 2 ? r.wb[u].z : r.wb[u].w;
             uint32_t a[4], cb[4];
-            mx_word(va, mula, a);
-            mx_word(vb, mulb, cb);
-            if (big) {
+            mx_word(va, mula[u], a);
+            mx_word(vb, mulb[u], cb);
+            if (BIG) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     a[i] = bf16x2_mul(a[i], mx_mul2(r.ea[u]));
@@ -201,12 +196,37 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
             }
 #pragma unroll
             for (int term = 0; term < NT; term++) {
-                const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                const uint4 bq = bp[u][term * chunks * 4 + sub];
                 k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
                 k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
             }
         }
+}
+
+/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
+ * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
+ * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
+ * ~2700 instructions per 4 KB, against ~500 of arithmetic). One warp vote a run decides the second
+ * multiply (it was one a step and a branch a sub-step). */
+template <int NT, int U>
+__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
+                                            float (&acc)[4]) {
+    float d[U][4];
+    const uint4 *bp[U];
+    uint32_t mula[U], mulb[U];
+    bool big = false;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        bp[u] = plane + (size_t)c * 4;
+        mula[u] = mx_mul(r.ea[u]);
+        mulb[u] = mx_mul(r.eb[u]);
+        big = big || r.ea[u] > 128u || r.eb[u] > 128u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
     }
+    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true>(r, bp, mula, mulb, chunks, d);
+    else mxp_subs<NT, U, false>(r, bp, mula, mulb, chunks, d);
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
@@ -275,14 +295,14 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
             while (base < steps) {
                 int next = base + stride;
                 if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r0, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r0, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r0, base, q, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r0, base, q, chunks, mxp_plane, acc);
                 base = next;
                 if (base >= steps) break;
                 next = base + stride;
                 if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r1, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r1, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r1, base, q, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r1, base, q, chunks, mxp_plane, acc);
                 base = next;
             }
         }
