@@ -151,6 +151,20 @@ struct mxp_run {
 template <int U, bool PROBE>
 __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
                                          const uint8_t *sb, const uint8_t *band, int base, int q, int chunks) {
+    /* pa, pb, sa, sb: this lane's first bytes (piece q of the rows, scale byte q); step s at + 64 s / + 4 s.
+     * A run inside the row (every step whole: warp-uniform) loads without predicates or zero fills, with
+     * 32-bit offsets (the address arithmetic of the predicated form was ~27 instructions a KB). */
+    if (!PROBE && (base + U) * 4 <= chunks) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned w = (unsigned)(base + u) * 64u, sc = (unsigned)(base + u) * 4u;
+            r.wa[u] = k3c_ld_stream16(pa + w);
+            r.wb[u] = k3c_ld_stream16(pb + w);
+            r.ea[u] = (uint32_t)__ldg(sa + sc);
+            r.eb[u] = (uint32_t)__ldg(sb + sc);
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = (base + u) * 4 + q;
@@ -160,11 +174,11 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
             r.wa[u] = ok ? k3c_ld_stream16(st) : make_uint4(0u, 0u, 0u, 0u);
             r.wb[u] = ok ? k3c_ld_stream16(st + 512) : make_uint4(0u, 0u, 0u, 0u);
         } else {
-            r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
-            r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+            r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+            r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
         }
-        r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
-        r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+        r.ea[u] = ok ? (uint32_t)__ldg(sa + (size_t)(base + u) * 4) : 127u;
+        r.eb[u] = ok ? (uint32_t)__ldg(sb + (size_t)(base + u) * 4) : 127u;
     }
 }
 
@@ -283,9 +297,9 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (row0 < rows) {
             const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-            const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
+            const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
             const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
-            const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
+            const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
             /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
              * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
             const int stride = wpr * U;
