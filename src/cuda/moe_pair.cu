@@ -151,6 +151,20 @@ struct mxp_run {
 template <int U, bool PROBE>
 __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const uint8_t *pb, const uint8_t *sa,
                                          const uint8_t *sb, const uint8_t *band, int base, int q, int chunks) {
+    /* pa, pb, sa, sb: this lane's first bytes (piece q of the rows, scale byte q); step s at + 64 s / + 4 s.
+     * A run inside the row (every step whole: warp-uniform) loads without predicates or zero fills, with
+     * 32-bit offsets (the address arithmetic of the predicated form was ~27 instructions a KB). */
+    if (!PROBE && (base + U) * 4 <= chunks) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const unsigned w = (unsigned)(base + u) * 64u, sc = (unsigned)(base + u) * 4u;
+            r.wa[u] = k3c_ld_stream16(pa + w);
+            r.wb[u] = k3c_ld_stream16(pb + w);
+            r.ea[u] = (uint32_t)__ldg(sa + sc);
+            r.eb[u] = (uint32_t)__ldg(sb + sc);
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = (base + u) * 4 + q;
@@ -160,39 +174,34 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
             r.wa[u] = ok ? k3c_ld_stream16(st) : make_uint4(0u, 0u, 0u, 0u);
             r.wb[u] = ok ? k3c_ld_stream16(st + 512) : make_uint4(0u, 0u, 0u, 0u);
         } else {
-            r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
-            r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)c * 16) : make_uint4(0u, 0u, 0u, 0u);
+            r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+            r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
         }
-        r.ea[u] = ok ? (uint32_t)__ldg(sa + c) : 127u;
-        r.eb[u] = ok ? (uint32_t)__ldg(sb + c) : 127u;
+        r.ea[u] = ok ? (uint32_t)__ldg(sa + (size_t)(base + u) * 4) : 127u;
+        r.eb[u] = ok ? (uint32_t)__ldg(sb + (size_t)(base + u) * 4) : 127u;
     }
 }
 
-/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
- * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
- * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
- * ~2700 instructions per 4 KB, against ~500 of arithmetic) */
-template <int NT, int U>
-__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int g, int chunks,
-                                            const uint4 *plane, float (&acc)[4]) {
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float d[U][4];
+/* The sub-steps of a run: for each 8-element sub-step, each step's two words decoded and their mma pair on
+ * that step's chain d[u]. Sub-step outer, step inner, so that consecutive mma go to independent chains (the
+ * step-outer order put each step's 8 dependent mma back to back); the sums of each chain are the same as
+ * before, in the same order. BIG: the run has a scale above 2^1 somewhere in the warp (the second multiply,
+ * by exactly 1 where a scale is not). B fragments: every lane loads lane (0, q)'s (a broadcast): the other
+ * lanes' fragments only feed output columns 1-7, which nothing reads, so they need not be zero (the
+ * predicated load and its zero fill were 3 instructions a sub-step). */
+template <int NT, int U, bool BIG>
+__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[U], const uint32_t (&mula)[U],
+                                         const uint32_t (&mulb)[U], int chunks, float (&d)[U][4]) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = min((base + u) * 4 + q, chunks - 1);
-        const uint4 *bp = plane + (size_t)c * 4;
-        const uint32_t mula = mx_mul(r.ea[u]), mulb = mx_mul(r.eb[u]);
-        const bool big = __ballot_sync(0xffffffffu, r.ea[u] > 128u || r.eb[u] > 128u) != 0;
+    for (int sub = 0; sub < 4; sub++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-#pragma unroll
-        for (int sub = 0; sub < 4; sub++) {
+        for (int u = 0; u < U; u++) {
             const uint32_t va = sub == 0 ? r.wa[u].x : sub == 1 ? r.wa[u].y : sub == 2 ? r.wa[u].z : r.wa[u].w;
             const uint32_t vb = sub == 0 ? r.wb[u].x : sub == 1 ? r.wb[u].y : sub == 2 ? r.wb[u].z : r.wb[u].w;
             uint32_t a[4], cb[4];
-            mx_word(va, mula, a);
-            mx_word(vb, mulb, cb);
-            if (big) {
+            mx_word(va, mula[u], a);
+            mx_word(vb, mulb[u], cb);
+            if (BIG) {
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     a[i] = bf16x2_mul(a[i], mx_mul2(r.ea[u]));
@@ -201,12 +210,37 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
             }
 #pragma unroll
             for (int term = 0; term < NT; term++) {
-                const uint4 bq = g == 0 ? bp[term * chunks * 4 + sub] : zero;
+                const uint4 bq = bp[u][term * chunks * 4 + sub];
                 k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
                 k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
             }
         }
+}
+
+/* Decodes a run and adds its products (one mma chain per step, then the steps in order) to acc. NT: the
+ * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
+ * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
+ * ~2700 instructions per 4 KB, against ~500 of arithmetic). One warp vote a run decides the second
+ * multiply (it was one a step and a branch a sub-step). */
+template <int NT, int U>
+__device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
+                                            float (&acc)[4]) {
+    float d[U][4];
+    const uint4 *bp[U];
+    uint32_t mula[U], mulb[U];
+    bool big = false;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        bp[u] = plane + (size_t)c * 4;
+        mula[u] = mx_mul(r.ea[u]);
+        mulb[u] = mx_mul(r.eb[u]);
+        big = big || r.ea[u] > 128u || r.eb[u] > 128u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
     }
+    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true>(r, bp, mula, mulb, chunks, d);
+    else mxp_subs<NT, U, false>(r, bp, mula, mulb, chunks, d);
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
@@ -263,9 +297,9 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (row0 < rows) {
             const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-            const uint8_t *pa = P + (size_t)ra * row_bytes, *pb = P + (size_t)rb * row_bytes;
+            const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
             const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
-            const uint8_t *sa = S + (size_t)ra * chunks, *sb = S + (size_t)rb * chunks;
+            const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
             /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
              * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
             const int stride = wpr * U;
@@ -275,14 +309,14 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
             while (base < steps) {
                 int next = base + stride;
                 if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r0, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r0, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r0, base, q, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r0, base, q, chunks, mxp_plane, acc);
                 base = next;
                 if (base >= steps) break;
                 next = base + stride;
                 if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r1, base, q, g, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r1, base, q, g, chunks, mxp_plane, acc);
+                if (nterms == 1) mxp_compute<1, U>(r1, base, q, chunks, mxp_plane, acc);
+                else mxp_compute<3, U>(r1, base, q, chunks, mxp_plane, acc);
                 base = next;
             }
         }
