@@ -34,6 +34,8 @@
 #include "cuda/backend_cuda.h"
 #include "runtime/engine_internal.h"
 
+#define PROF_STAMPED 5 /* K3C_CUDA_PROFILE=2: stamped specialized steps per shape (one sample each) */
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -235,7 +237,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     if (o.max_rows < maxb * maxq) o.max_rows = maxb * maxq;
     /* every (batch, q) runs warm + steps stock steps, then as many specialized ones (SPEC) and as many
      * returning token ids (SPECID); each adds max(1, q - 1) tokens to every request */
-    o.max_context = context + 3 * nb * (warm + steps) * qsum + nb * nq * maxq + maxq + 8; /* + profiled steps */
+    o.max_context = context + 3 * nb * (warm + steps) * qsum + (1 + PROF_STAMPED) * nb * nq * maxq + maxq + 8; /* + profiled steps */
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
@@ -306,15 +308,24 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 print_row("SPECID", preset, m, b, q, imed, ictx, bw);
             }
             k3c_op_profile *xprof = k3c_decode_cuda_profile(x);
-            if (xprof) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run eagerly */
-                double pmed, pctx;
+            if (xprof) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run eagerly;
+                          * =2: PROF_STAMPED more, each replayed from a graph with a stamp after every op */
+                double pmed, pctx, pms = 0;
+                int stamped = k3c_op_profile_stamps(xprof), nprof = stamped ? PROF_STAMPED : 1;
                 k3c_op_profile_reset(xprof);
-                k3c_decode_cuda_profile_next(x);
-                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx) !=
-                    K3C_OK)
-                    goto fail;
-                printf("PROF %s batch %d q %d: one specialized step, run eagerly (not replayed)\n", preset, b, q);
-                k3c_op_profile_report(xprof, stdout, pmed * 1e3);
+                for (int i = 0; i < nprof; i++) {
+                    k3c_decode_cuda_profile_next(x);
+                    if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, NULL, t, &pmed,
+                                   &pctx) != K3C_OK)
+                        goto fail;
+                    pms += pmed * 1e3;
+                }
+                if (stamped)
+                    printf("PROF %s batch %d q %d: %d specialized steps, each replayed from a graph with a time stamp "
+                           "after every op (totals of the %d)\n", preset, b, q, nprof, nprof);
+                else
+                    printf("PROF %s batch %d q %d: one specialized step, run eagerly (not replayed)\n", preset, b, q);
+                k3c_op_profile_report(xprof, stdout, pms);
                 k3c_op_profile_reset(xprof);
                 double hm[2];
                 k3c_decode_cuda_host_profile(x, hm);

@@ -5,13 +5,26 @@
  * gives, per name, calls, total and share of the summed op time; the difference between a step's wall time
  * and that sum is launch gaps and host work. Events are created once (a fixed pool); calls beyond the pool
  * within one sync interval are not timed (counted as dropped). Ops launched while the stream is capturing a
- * graph are never timed. */
+ * graph are never timed.
+ *
+ * K3C_CUDA_PROFILE=2 adds the replayed-graph mode for the specialized path: the eager profile above times
+ * each op from its own host submission, so a small op's time includes the host's launch latency, and
+ * nothing in it overlaps the way a replayed graph's PDL launches do. In this mode, while a profile is
+ * armed (k3c_op_profile_arm, during a capture), end() adds a one-thread kernel after the op that stores
+ * the GPU's global timer in a slot; the graph so captured is replayed, and each op is charged the time
+ * from the stamp before it to its own. The stamps serialize the ops they sit between (the op after a stamp
+ * cannot start before the stamp kernel ends), so the stamped step is slower than the plain replay; the
+ * report gives both. */
 #ifndef K3C_CUDA_OP_PROFILE_H
 #define K3C_CUDA_OP_PROFILE_H
 
 #include <stdio.h>
 
 #include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct k3c_op_profile k3c_op_profile;
 
@@ -25,8 +38,21 @@ void k3c_op_profile_end(k3c_op_profile *p, int slot, cudaStream_t s);
 void k3c_op_profile_collect(k3c_op_profile *p);
 /* Forgets the totals. */
 void k3c_op_profile_reset(k3c_op_profile *p);
+/* Replayed-graph mode (K3C_CUDA_PROFILE=2)? */
+int k3c_op_profile_stamps(const k3c_op_profile *p);
+/* Arms the stamps while s captures (the first stamp, the step's start, goes in now); disarm after the
+ * capture's last op. Ops profiled in between get a stamp after them; collect() reads the stamps once the
+ * captured graph has run and s is idle. */
+int k3c_op_profile_arm(k3c_op_profile *p, cudaStream_t s);
+void k3c_op_profile_disarm(k3c_op_profile *p);
+/* The stamp kernel (cuda/op_stamp.cu): the global timer (ns) into *slot. */
+int k3c_cuda_stamp(unsigned long long *slot, cudaStream_t s);
 /* Prints "PROF" lines (name, calls, total us, share of the op sum), largest first, and the op sum against
  * step_ms when step_ms > 0. */
 void k3c_op_profile_report(const k3c_op_profile *p, FILE *f, double step_ms);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -810,6 +810,29 @@ static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *i
     return K3C_OK;
 }
 
+/* The step captured again with a time stamp after every op (cuda/op_profile.h, K3C_CUDA_PROFILE=2), that
+ * graph run once and freed; the op profile reads the stamps at its next collect. */
+static int run_stamped(k3c_decode_cuda *x, int T, int q) {
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
+    int rc = k3c_op_profile_arm(x->prof, x->st) == 0 ? record_step(x, T, q)
+                                                      : k3c_errorf("decode executor: the op profile's first stamp failed");
+    k3c_op_profile_disarm(x->prof);
+    cudaError_t ce = cudaStreamEndCapture(x->st, &g);
+    if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&ge, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphUpload(ge, x->st);
+    if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphLaunch(ge, x->st);
+    if (ge) { /* the launch holds its own reference to what it runs; freed once the stream is idle */
+        cudaStreamSynchronize(x->st);
+        cudaGraphExecDestroy(ge);
+    }
+    if (rc != K3C_OK) return rc;
+    if (ce != cudaSuccess) return k3c_errorf("decode executor: the stamped profile step: %s", cudaGetErrorString(ce));
+    return K3C_OK;
+}
+
 /* One step: logits into the caller's buffer, or (ids non-NULL) only each row's greedy token id. */
 static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits,
                     int32_t *ids) {
@@ -837,9 +860,9 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_ite
     K3C_TRY(fill_meta(x, reqs, n, q));
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
     if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* step begin, metadata, its upload issued */
-    if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly, each timed (header) */
+    if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly or stamped (header) */
         x->profile_next = 0;
-        K3C_TRY(record_step(x, T, q));
+        K3C_TRY(k3c_op_profile_stamps(x->prof) ? run_stamped(x, T, q) : record_step(x, T, q));
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }

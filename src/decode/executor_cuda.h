@@ -64,7 +64,9 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x);
  * the stock path's cuda/op_profile.h): profile_next makes the next replayable step run its recorded launches
  * eagerly instead of replaying the graph (the same launches and arguments, so the same outputs; without the
  * graph the launch gaps are larger, so read the shares), each timed with events; profile returns the totals
- * (NULL without K3C_CUDA_PROFILE). */
+ * (NULL without K3C_CUDA_PROFILE). With K3C_CUDA_PROFILE=2 the next step is instead captured again with a
+ * time stamp after every op and that graph replayed (the same launches, PDL included, plus the stamps),
+ * each op charged the time between its stamp and the one before. */
 struct k3c_op_profile;
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x);
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x);
