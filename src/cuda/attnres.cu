@@ -6,7 +6,8 @@
 #include "cuda/common.cuh"
 
 #define ATTNRES_THREADS 512
-#define ATTNRES_SRC_TILE 8    /* sources reduced together: 16 partial sums per thread, one barrier pair */
+#define ATTNRES_SRC_TILE 4    /* sources reduced together: 8 partial sums per thread, one barrier pair */
+#define ATTNRES_EPT 8         /* elements of a row per thread and pass in the logits: 4 x 8 loads in flight */
 #define ATTNRES_MAX_CHUNKS 16 /* blocks per row at most */
 
 /* The pending prefix of k3c_cuda_attnres_mix_pending: the last source, formed per element as the residual
@@ -32,9 +33,9 @@ __device__ __forceinline__ float attnres_pending_value(const attnres_pending &q,
 
 /* Grid (T, chunks): blockIdx.x the row, blockIdx.y its chunk. The old kernel (one block of 256 threads per
  * row, one source at a time with two block reductions each, then the mix reading every source again) took
- * 27.7 us a call at T = 1 on the H200, 24 calls per k3-slice step. Here 512 threads reduce 8 sources at once
- * (8 independent loads in flight per thread, one barrier pair per 8 sources), and the mix is split over the
- * row's blocks. Why redundant logits rather than a reduction across blocks: that would need a second launch
+ * 27.7 us a call at T = 1 on the H200, 24 calls per k3-slice step. Here 512 threads reduce 4 sources at once
+ * (up to 4 x ATTNRES_EPT independent loads in flight per thread, one barrier pair per 4 sources), and the
+ * mix is split over the row's blocks. Why redundant logits rather than a reduction across blocks: that would need a second launch
  * or a grid barrier, while re-reading the row's sources (L2-resident activations) in each block costs
  * chunks * nsrc * D * 4 bytes of L2 traffic, small at the T where chunks > 1. Reduction order: per thread,
  * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. The mix:
@@ -73,33 +74,34 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
             p[jj] = jj < nj && j0 + jj < nmem ? rows[j0 + jj] : NULL;
             ss[jj] = dot[jj] = 0.0f;
         }
-        /* two of the thread's elements per pass (d and d + B), all their loads issued before the sums; the
-         * sums still take d = tid, tid + B, ... in order */
-        int B = blockDim.x;
-        for (int d = threadIdx.x; d < D; d += 2 * B) {
-            bool two = d + B < D;
-            float x0[ATTNRES_SRC_TILE], x1[ATTNRES_SRC_TILE];
+        /* ATTNRES_EPT of the thread's elements per pass (d0, d0 + B, ...), every load of the pass (all its
+         * sources, the weights) issued before the sums: one memory round trip a pass. Run 3 of session 8
+         * (stamped profile) had this kernel at ~16 us a call with two elements a pass (7 dependent round
+         * trips over a K3 row, the activations long evicted from L2 by the weight streams). The sums still
+         * take d = tid, tid + B, ... in order per source, so the logits are bitwise those of before. */
+        const int B = blockDim.x;
+        for (int d0 = threadIdx.x; d0 < D; d0 += ATTNRES_EPT * B) {
+            float xv[ATTNRES_SRC_TILE][ATTNRES_EPT], wv[ATTNRES_EPT];
 #pragma unroll
-            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
-                if (PRE && j0 + jj == nmem) {
-                    x0[jj] = attnres_pending_value(pend, row + d);
-                    x1[jj] = two ? attnres_pending_value(pend, row + d + B) : 0.0f;
-                    continue;
+            for (int e = 0; e < ATTNRES_EPT; e++) {
+                const int d = d0 + e * B;
+                const bool in = d < D;
+                wv[e] = in ? norm[d] * proj[d] : 0.0f;
+#pragma unroll
+                for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
+                    if (PRE && j0 + jj == nmem) xv[jj][e] = in ? attnres_pending_value(pend, row + d) : 0.0f;
+                    else xv[jj][e] = jj < nj && in ? p[jj][d] : 0.0f;
                 }
-                x0[jj] = jj < nj ? p[jj][d] : 0.0f;
-                x1[jj] = jj < nj && two ? p[jj][d + B] : 0.0f;
             }
-            float w0 = norm[d] * proj[d], w1 = two ? norm[d + B] * proj[d + B] : 0.0f;
 #pragma unroll
-            for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
-                if (jj < nj) {
-                    ss[jj] = fmaf(x0[jj], x0[jj], ss[jj]);
-                    dot[jj] = fmaf(x0[jj], w0, dot[jj]);
-                    if (two) {
-                        ss[jj] = fmaf(x1[jj], x1[jj], ss[jj]);
-                        dot[jj] = fmaf(x1[jj], w1, dot[jj]);
-                    }
-                }
+            for (int e = 0; e < ATTNRES_EPT; e++)
+                if (d0 + e * B < D)
+#pragma unroll
+                    for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
+                        if (jj < nj) {
+                            ss[jj] = fmaf(xv[jj][e], xv[jj][e], ss[jj]);
+                            dot[jj] = fmaf(xv[jj][e], wv[e], dot[jj]);
+                        }
         }
 #pragma unroll
         for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {

@@ -12,7 +12,12 @@ static unsigned grid_for(size_t n, int threads) {
 /* One block per row; the sum of squares is reduced in a fixed order that depends only on n: thread t
  * accumulates x[t], x[t + B], ... by fmaf in index order (B = min(1024, n rounded up to 32 threads)), then
  * k3c_block_sum adds the B partials by the warp butterfly and the warp sums in warp order. Independent of T
- * and of the other rows of the step: the final norm's order (stock/forward.c) relies on it. */
+ * and of the other rows of the step: the final norm's order (stock/forward.c) relies on it.
+ * Rows of up to NORM_EPT x B elements (K3's 7168, Kimi Linear's 2304) are held in registers: a thread's loads
+ * are all issued before its sums, one memory round trip instead of one per element (the loop's loads wait
+ * on each other: run 3 of session 8 had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
+ * stamp's and the launch's). Same sums in the same order, so the same bits; longer rows take the loop. */
+#define NORM_EPT 8
 __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
                                float *y, int ys) {
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
@@ -20,10 +25,34 @@ __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__
     const float *xr = x + (size_t)blockIdx.x * xs;
     float *yr = y + (size_t)blockIdx.x * ys;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    const int B = blockDim.x;
+    if (n <= NORM_EPT * B) { /* the whole row in registers: every load issued before the sums (see above) */
+        float xv[NORM_EPT], wv[NORM_EPT];
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++) {
+            const int i = threadIdx.x + e * B;
+            xv[e] = i < n ? xr[i] : 0.0f;
+            wv[e] = i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++)
+            if (threadIdx.x + e * B < n) ss = fmaf(xv[e], xv[e], ss);
+        ss = k3c_block_sum(ss, red);
+        float r = rsqrtf(ss / n + eps);
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++) {
+            const int i = threadIdx.x + e * B;
+            if (i < n) {
+                float v = xv[e] * r * wv[e];
+                yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < n; i += B) ss = fmaf(xr[i], xr[i], ss);
     ss = k3c_block_sum(ss, red);
     float r = rsqrtf(ss / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += B) {
         float v = xr[i] * r * w[i];
         yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }
@@ -50,7 +79,46 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
     size_t row = (size_t)blockIdx.x * n;
     float *pr = p + row, *yr = y + row;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int B = blockDim.x;
+    if (n <= NORM_EPT * B) { /* in registers, as rmsnorm_kernel: every load of the row issued first */
+        float av[NORM_EPT], bv[NORM_EPT], pv[NORM_EPT], wv[NORM_EPT];
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++) {
+            const int i = threadIdx.x + e * B;
+            const bool in = i < n;
+            av[e] = in ? a1[row + i] : 0.0f;
+            bv[e] = in && a2 ? a2[row + i] : 0.0f;
+            pv[e] = in ? pr[i] : 0.0f;
+            wv[e] = in ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++) {
+            const int i = threadIdx.x + e * B;
+            if (i >= n) continue;
+            float v = av[e];
+            if (a2) {
+                float s = v + bv[e];
+                v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+            }
+            float s = pv[e] + v;
+            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+            pr[i] = v;
+            pv[e] = v;
+            ss = fmaf(v, v, ss);
+        }
+        ss = k3c_block_sum(ss, red);
+        float r = rsqrtf(ss / n + eps);
+#pragma unroll
+        for (int e = 0; e < NORM_EPT; e++) {
+            const int i = threadIdx.x + e * B;
+            if (i < n) {
+                float v = pv[e] * r * wv[e];
+                yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+            }
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < n; i += B) {
         float v = a1[row + i];
         if (a2) {
             float s = v + a2[row + i];
@@ -63,7 +131,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
     }
     ss = k3c_block_sum(ss, red);
     float r = rsqrtf(ss / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += B) {
         float v = pr[i] * r * w[i];
         yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }

@@ -379,7 +379,8 @@ int main(int argc, char **argv) {
             {"kl48_moe_front", 2304, 3, {256, 1024, 1024}},             /* router, shared gate, up */
             {"k3_mla_in", 7168, 2, {1536, 576}},                        /* q_a, kv_a */
             {"k3_moe_front", 7168, 4, {896, 3584, 6144, 6144}},         /* router, latent down, shared gate, up */
-            {"k3_kda_in", 7168, 6, {12288, 12288, 12288, 128, 96, 128}}, /* q, k, v, f_a, b, g_a (K3: 96 x 128) */
+            {"k3_kda_in", 7168, 6, {12288, 12288, 12288, 128, 96, 12288}}, /* q, k, v, f_a, b, g (K3: 96 x 128;
+                                                                              * its output gate is full rank) */
         };
         void *ws;
         CK(cudaMalloc(&ws, 32u << 20));
