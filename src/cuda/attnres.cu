@@ -18,17 +18,22 @@ struct attnres_pending {
     int round;
 };
 
-__device__ __forceinline__ float attnres_pending_value(const attnres_pending &q, size_t i) {
-    float v = q.a1[i];
+/* From the three loaded addends (a2v, pv unused when a2, p_old are NULL). */
+__device__ __forceinline__ float attnres_pending_combine(const attnres_pending &q, float a1v, float a2v, float pv) {
+    float v = a1v;
     if (q.a2) {
-        float s = v + q.a2[i];
+        float s = v + a2v;
         v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
     }
     if (q.p_old) {
-        float s = q.p_old[i] + v;
+        float s = pv + v;
         v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
     }
     return v;
+}
+
+__device__ __forceinline__ float attnres_pending_value(const attnres_pending &q, size_t i) {
+    return attnres_pending_combine(q, q.a1[i], q.a2 ? q.a2[i] : 0.0f, q.p_old ? q.p_old[i] : 0.0f);
 }
 
 /* Grid (T, chunks): blockIdx.x the row, blockIdx.y its chunk. The old kernel (one block of 256 threads per
@@ -80,18 +85,30 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
          * trips over a K3 row, the activations long evicted from L2 by the weight streams). The sums still
          * take d = tid, tid + B, ... in order per source, so the logits are bitwise those of before. */
         const int B = blockDim.x;
+        const bool pend_here = PRE && nmem >= j0 && nmem < j0 + nj; /* this tile has the pending source */
         for (int d0 = threadIdx.x; d0 < D; d0 += ATTNRES_EPT * B) {
-            float xv[ATTNRES_SRC_TILE][ATTNRES_EPT], wv[ATTNRES_EPT];
+            float xv[ATTNRES_SRC_TILE][ATTNRES_EPT], wv[ATTNRES_EPT], pv[ATTNRES_EPT];
+            /* loads only (the pending source's three addends too; its adds wait until all are issued) */
 #pragma unroll
             for (int e = 0; e < ATTNRES_EPT; e++) {
                 const int d = d0 + e * B;
                 const bool in = d < D;
                 wv[e] = in ? norm[d] * proj[d] : 0.0f;
 #pragma unroll
-                for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) {
-                    if (PRE && j0 + jj == nmem) xv[jj][e] = in ? attnres_pending_value(pend, row + d) : 0.0f;
-                    else xv[jj][e] = jj < nj && in ? p[jj][d] : 0.0f;
+                for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++) xv[jj][e] = p[jj] && in ? p[jj][d] : 0.0f;
+            }
+            if (pend_here) {
+                float a2v[ATTNRES_EPT], pov[ATTNRES_EPT];
+#pragma unroll
+                for (int e = 0; e < ATTNRES_EPT; e++) {
+                    const int d = d0 + e * B;
+                    const bool in = d < D;
+                    pv[e] = in ? pend.a1[row + d] : 0.0f;
+                    a2v[e] = in && pend.a2 ? pend.a2[row + d] : 0.0f;
+                    pov[e] = in && pend.p_old ? pend.p_old[row + d] : 0.0f;
                 }
+#pragma unroll
+                for (int e = 0; e < ATTNRES_EPT; e++) pv[e] = attnres_pending_combine(pend, pv[e], a2v[e], pov[e]);
             }
 #pragma unroll
             for (int e = 0; e < ATTNRES_EPT; e++)
@@ -99,8 +116,9 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
 #pragma unroll
                     for (int jj = 0; jj < ATTNRES_SRC_TILE; jj++)
                         if (jj < nj) {
-                            ss[jj] = fmaf(xv[jj][e], xv[jj][e], ss[jj]);
-                            dot[jj] = fmaf(xv[jj][e], wv[e], dot[jj]);
+                            const float v = PRE && j0 + jj == nmem ? pv[e] : xv[jj][e];
+                            ss[jj] = fmaf(v, v, ss[jj]);
+                            dot[jj] = fmaf(v, wv[e], dot[jj]);
                         }
         }
 #pragma unroll
