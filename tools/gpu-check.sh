@@ -129,12 +129,13 @@ else
 fi
 
 # The MXFP4 experts with the per-pair path at every decode size (K3C_MOE_PAIR_MX=1: up to 64 pairs; the
-# default stops at 16) and with it off (the grouped kernel at every size), so both kernels stay tested at the
-# sizes the default gives the other one (cuda/moe.cu)
+# default stops at 16), with it off (the band kernels past the per-pair sizes), and with the band kernels off
+# too (the grouped kernel at every size), so each kernel stays tested at the sizes the default gives another
+# (cuda/moe.cu)
 if [ -z "${TESTS:-}" ]; then
-    for mx in 1 0; do
-        echo "== GPU tests with K3C_MOE_PAIR_MX=$mx (gpu_moe_mxfp4)"
-        K3C_MOE_PAIR_MX=$mx timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    for env in K3C_MOE_PAIR_MX=1 K3C_MOE_PAIR_MX=0 "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0"; do
+        echo "== GPU tests with $env (gpu_moe_mxfp4)"
+        env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
     # the opt-in MLA attend by head groups (cuda/mla.cu), on the kernel test and a whole forward

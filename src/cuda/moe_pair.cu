@@ -188,8 +188,9 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
  * before, in the same order. BIG: the run has a scale above 2^1 somewhere in the warp (the second multiply,
  * by exactly 1 where a scale is not). B fragments: every lane loads lane (0, q)'s (a broadcast): the other
  * lanes' fragments only feed output columns 1-7, which nothing reads, so they need not be zero (the
- * predicated load and its zero fill were 3 instructions a sub-step). */
-template <int NT, int U, bool BIG>
+ * predicated load and its zero fill were 3 instructions a sub-step). COLS: the staged plane's columns (1:
+ * one pair, that broadcast; MXB_COLS: the band kernel below, lane (g, q) reading column g's fragment). */
+template <int NT, int U, bool BIG, int COLS>
 __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[U], const uint32_t (&mula)[U],
                                          const uint32_t (&mulb)[U], int chunks, float (&d)[U][4]) {
 #pragma unroll
@@ -210,7 +211,7 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
             }
 #pragma unroll
             for (int term = 0; term < NT; term++) {
-                const uint4 bq = bp[u][term * chunks * 4 + sub];
+                const uint4 bq = bp[u][(term * chunks * 4 + sub) * COLS];
                 k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
                 k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
             }
@@ -222,7 +223,7 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
  * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
  * ~2700 instructions per 4 KB, against ~500 of arithmetic). One warp vote a run decides the second
  * multiply (it was one a step and a branch a sub-step). */
-template <int NT, int U>
+template <int NT, int U, int COLS = 1>
 __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
                                             float (&acc)[4]) {
     float d[U][4];
@@ -232,15 +233,15 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = min((base + u) * 4 + q, chunks - 1);
-        bp[u] = plane + (size_t)c * 4;
+        bp[u] = plane + (size_t)c * 4 * COLS + (COLS > 1 ? (threadIdx.x & 31) >> 2 : 0); /* COLS: lane g's column */
         mula[u] = mx_mul(r.ea[u]);
         mulb[u] = mx_mul(r.eb[u]);
         big = big || r.ea[u] > 128u || r.eb[u] > 128u;
 #pragma unroll
         for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
     }
-    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true>(r, bp, mula, mulb, chunks, d);
-    else mxp_subs<NT, U, false>(r, bp, mula, mulb, chunks, d);
+    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true, COLS>(r, bp, mula, mulb, chunks, d);
+    else mxp_subs<NT, U, false, COLS>(r, bp, mula, mulb, chunks, d);
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
@@ -413,6 +414,247 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
                                              round, force_wpr, s);
     return (u == 3 ? moe_pair_mx_launch_u<3, false> : moe_pair_mx_launch_u<2, false>)(
         experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, force_wpr, s);
+}
+
+/* MXFP4 experts by expert band, for more pairs than the per-pair path takes (decode at several tokens): the
+ * per-pair kernel reads an expert once per pair that chose it, the grouped kernel (moe.cu) once per expert
+ * but at ~275 instructions per KB of bookkeeping (0.45 of copy bandwidth at 8 tokens, 0.26 at 64). Here the
+ * per-pair kernel's register streaming and decode (mxp_load, mxp_compute: the same instructions per byte)
+ * run over each selected expert once, and the mma's 8 B columns, which the per-pair kernel leaves empty,
+ * carry up to MXB_COLS pairs of that expert (a "tile"; an expert with more pairs has more tiles, each
+ * streaming the expert again). The lane (g, q) that holds output column 2q, 2q + 1 writes those pairs' rows.
+ *
+ * moe_band_lists_kernel (one block) sorts the pairs by (expert, pair) and writes the tile table: a tile is
+ * an expert id, the offset of its pairs in the sorted list and their count (<= MXB_COLS); pairs with an
+ * expert outside [0, num_experts) sort last and get no tile: the band kernel writes their rows as 0 (the
+ * per-pair kernel's zeros). The table lives in the caller's scratch (k3c_cuda_moe_experts: its `out`, written only by the
+ * combine after both band launches). Item = (tile, matrix, band group), as the per-pair kernel's (pair,
+ * matrix, band group); the item count is read from the table, so the grid (the resident blocks) is fixed
+ * while the work follows the routing, and each block takes a contiguous run of items, keeping a tile's
+ * staged activations while its next items share the tile. Staging: column c of the plane is pair c's
+ * activation row split into bf16 terms (one term staged at a time: for activations that are not bf16
+ * values, the f32 reference mode, the band streams once per term, adding each term's products in term
+ * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
+#define MXB_COLS 8
+#define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
+#define MXB_MAX_CHUNKS 192   /* plane: chunks x 4 x 8 x 16 bytes = 96 KB: two blocks per SM */
+
+__global__ void __launch_bounds__(MXB_MAX_PAIRS)
+moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, int *__restrict__ lists) {
+    __shared__ uint32_t key[MXB_MAX_PAIRS];
+    __shared__ int scan[MXB_MAX_PAIRS];
+    const int t = threadIdx.x, n = blockDim.x; /* n: a power of two >= pairs */
+    int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
+    /* key = (expert, or num_experts for an invalid one) << 11 | pair; padding sorts last */
+    if (t < pairs) {
+        const int e = idx[t];
+        key[t] = ((uint32_t)(e >= 0 && e < num_experts ? e : num_experts) << 11) | (uint32_t)t;
+    } else {
+        key[t] = 0xffffffffu;
+    }
+    __syncthreads();
+    for (int size = 2; size <= n; size <<= 1) /* bitonic sort, ascending */
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const int o = t ^ stride;
+            if (o > t) {
+                const uint32_t a = key[t], b = key[o];
+                const bool up = (t & size) == 0;
+                if ((a > b) == up) {
+                    key[t] = b;
+                    key[o] = a;
+                }
+            }
+            __syncthreads();
+        }
+    /* position t starts a tile when it is valid and starts an expert's run, or lies a multiple of MXB_COLS
+     * into it; the run's start comes from a prefix max of run starts, the tile's index from a prefix sum */
+    const uint32_t kt = key[t];
+    const int et = (int)(kt >> 11);
+    const bool valid = t < pairs && et < num_experts;
+    const bool run_start = valid && (t == 0 || (int)(key[t - 1] >> 11) != et);
+    scan[t] = run_start ? t : 0;
+    __syncthreads();
+    for (int o = 1; o < n; o <<= 1) { /* inclusive prefix max */
+        const int v = t >= o ? scan[t - o] : 0;
+        __syncthreads();
+        if (v > scan[t]) scan[t] = v;
+        __syncthreads();
+    }
+    const int rs = scan[t];
+    const bool tile_start = valid && (t - rs) % MXB_COLS == 0;
+    __syncthreads();
+    scan[t] = tile_start ? 1 : 0;
+    __syncthreads();
+    for (int o = 1; o < n; o <<= 1) { /* inclusive prefix sum */
+        const int v = t >= o ? scan[t - o] : 0;
+        __syncthreads();
+        scan[t] += v;
+        __syncthreads();
+    }
+    if (t < pairs) plist[t] = (int)(kt & 2047u); /* the invalid pairs last, from lists[1] on */
+    if (t < pairs && valid && (t == pairs - 1 || (int)(key[t + 1] >> 11) >= num_experts)) lists[1] = t + 1;
+    if (t == 0 && !valid) lists[1] = 0;
+    if (tile_start) {
+        int c = 1;
+        while (c < MXB_COLS && t + c < pairs && (int)(key[t + c] >> 11) == et) c++;
+        const int ti = scan[t] - 1;
+        tile_e[ti] = et;
+        tile_off[ti] = t;
+        tile_n[ti] = c;
+    }
+    if (t == n - 1) lists[0] = scan[t];
+}
+
+template <int U>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
+                   int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
+                   float *__restrict__ y1, int wpr, int round) {
+    extern __shared__ uint4 mxb_plane[]; /* [chunk][sub][column]: one bf16 term */
+    __shared__ float part[GEMV_WARPS][4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
+    const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
+    const int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
+    for (int i = lists[1] + blockIdx.x; i < pairs; i += gridDim.x) { /* invalid experts: their rows are 0 */
+        const size_t p = (size_t)plist[i];
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+            y0[p * rows + r] = 0.0f;
+            if (nm == 2) y1[p * rows + r] = 0.0f;
+        }
+    }
+    const int items = lists[0] * nm * per;
+    const int per_block = (items + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int i0 = (int)blockIdx.x * per_block, i1 = min(items, i0 + per_block);
+    int staged_tile = -1, staged_term = -1, nterms = 1;
+    for (int item = i0; item < i1; item++) {
+        const int mat = item / per, tile = mat / nm, m = mat % nm, local = item - mat * per;
+        const int row0 = (local * groups + group) * 16;
+        const int e = tile_e[tile], off = tile_off[tile], nc = tile_n[tile];
+        const k3c_cuda_expert &ex = experts[e];
+        const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
+        const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int term = 0; term < nterms; term++) {
+            if (tile != staged_tile || term != staged_term) { /* block-uniform */
+                __syncthreads(); /* every warp is done with the previous plane */
+                bool inexact = false;
+                for (int it = threadIdx.x; it < chunks * 4 * MXB_COLS; it += blockDim.x) {
+                    const int col = it % MXB_COLS, cs = it / MXB_COLS, c = cs >> 2, sub = cs & 3;
+                    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                    if (col < nc) {
+                        const int p = plist[off + col];
+                        const float *xr = x + (size_t)(p / x_per_pair) * cols + c * 32 + 8 * sub;
+                        float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                        float lo[4] = {a.x, a.y, a.z, a.w}, hi[4] = {b.x, b.y, b.z, b.w};
+                        uint32_t tt[4][3];
+#pragma unroll
+                        for (int j = 0; j < 4; j++) inexact |= k3c_split3(lo[j], hi[j], tt[j]);
+                        v = term == 0   ? make_uint4(tt[0][0], tt[1][0], tt[2][0], tt[3][0])
+                            : term == 1 ? make_uint4(tt[0][1], tt[1][1], tt[2][1], tt[3][1])
+                                        : make_uint4(tt[0][2], tt[1][2], tt[2][2], tt[3][2]);
+                    }
+                    mxb_plane[it] = v;
+                }
+                const bool any = __syncthreads_or(inexact);
+                if (term == 0) nterms = any ? 3 : 1;
+                staged_tile = tile;
+                staged_term = term;
+            }
+            if (row0 < rows) {
+                const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+                const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
+                const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
+                const int stride = wpr * U;
+                int base = kw * U;
+                mxp_run<U> r0, r1;
+                if (base < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, base, q, chunks);
+                while (base < steps) {
+                    int next = base + stride;
+                    if (next < steps) mxp_load<U, false>(r1, pa, pb, sa, sb, pa, next, q, chunks);
+                    mxp_compute<1, U, MXB_COLS>(r0, base, q, chunks, mxb_plane, acc);
+                    base = next;
+                    if (base >= steps) break;
+                    next = base + stride;
+                    if (next < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, next, q, chunks);
+                    mxp_compute<1, U, MXB_COLS>(r1, base, q, chunks, mxb_plane, acc);
+                    base = next;
+                }
+            }
+        }
+        /* lane (g, q): rows g, g + 8 of columns 2q, 2q + 1 (acc[0], acc[1]; acc[2], acc[3]) */
+        if (wpr > 1) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+            __syncthreads();
+            if (kw == 0)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float s = 0.0f;
+                    for (int j = 0; j < wpr; j++) s += part[warp + j][i][lane];
+                    acc[i] = s;
+                }
+        }
+        if (kw == 0)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int col = 2 * q + h;
+                if (col >= nc) continue;
+                float *yp = (m == 0 ? y0 : y1) + (size_t)plist[off + col] * rows;
+                if (row0 + g < rows) yp[row0 + g] = out_value(acc[h], round);
+                if (row0 + g + 8 < rows) yp[row0 + g + 8] = out_value(acc[2 + h], round);
+            }
+        if (wpr > 1) __syncthreads();
+    }
+}
+
+extern "C" int k3c_cuda_moe_band_mx_fits(int In, int F, int pairs) {
+    return pairs >= 1 && pairs <= MXB_MAX_PAIRS && In / 32 <= MXB_MAX_CHUNKS && F / 32 <= MXB_MAX_CHUNKS;
+}
+
+extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
+
+extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int *lists, cudaStream_t s) {
+    if (pairs < 1 || pairs > MXB_MAX_PAIRS || num_experts < 1 || num_experts >= (1 << 20))
+        return k3c_errorf("moe band lists: %d pairs over %d experts (1..%d pairs, < 2^20 experts)", pairs, num_experts,
+                          MXB_MAX_PAIRS);
+    int n = 32;
+    while (n < pairs) n <<= 1;
+    moe_band_lists_kernel<<<1, n, 0, s>>>(idx, pairs, num_experts, lists);
+    K3C_CUDA_LAUNCHED("moe_band_lists");
+    return K3C_OK;
+}
+
+/* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs`. */
+extern "C" int k3c_cuda_moe_band_mx(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
+                                    int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
+                                    int round, cudaStream_t s) {
+    static int occ, force_wpr = -1;
+    if (force_wpr < 0) {
+        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
+        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
+    }
+    if ((cols >> 5) > MXB_MAX_CHUNKS || cols % 32 || rows < 1)
+        return k3c_errorf("moe band: %d x %d matrices (cols a multiple of 32, at most %d)", rows, cols,
+                          32 * MXB_MAX_CHUNKS);
+    const size_t smem = (size_t)(cols >> 5) * 4 * MXB_COLS * sizeof(uint4);
+    const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * MXB_COLS * sizeof(uint4);
+    if (!occ) {
+        K3C_CUDA_TRY(cudaFuncSetAttribute(moe_band_mx_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)smem_max));
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_mx_kernel<2>, GEMV_WARPS * 32, smem_max) !=
+                cudaSuccess ||
+            occ < 1)
+            occ = 1;
+    }
+    /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
+    const int steps = ((cols >> 5) + 3) >> 2;
+    const int tiles_max = pairs < num_experts ? pairs : num_experts;
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + 1) / 2, tiles_max * nm, occ * k3c_cuda_sm_count(), force_wpr);
+    moe_band_mx_kernel<2><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols, x,
+                                                                  x_per_pair, y0, y1, pp.wpr, round);
+    K3C_CUDA_LAUNCHED("moe_band_mx");
+    return K3C_OK;
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels

@@ -390,11 +390,18 @@ TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 96, 64, 17, 5, 3, 3, 1);
     moe_case(1, 1, 160, 64, 40, 2, 9, 2, 0); /* 9 pairs per expert: two 8-column passes of the grouped kernel */
     moe_case(1, 0, 160, 64, 40, 3, 11, 3, 1);
-    /* the per-pair path (cuda/moe.cu: <= 64 pairs, Out >= F): f32 activations (three terms), rounded (one),
-     * a width of 3 scale groups (a partial step), 64 pairs */
+    /* the per-pair path (cuda/moe.cu: <= 16 pairs by default, 64 with K3C_MOE_PAIR_MX=1; Out >= F): f32
+     * activations (three terms), rounded (one), a width of 3 scale groups (a partial step); 64 pairs (the
+     * band path by default) */
     moe_case(1, 1, 1056, 96, 128, 6, 5, 3, 0);
     moe_case(1, 0, 1056, 96, 128, 6, 5, 3, 1);
     moe_case(1, 0, 96, 64, 64, 9, 8, 8, 0);
+    /* the band path (more pairs than the per-pair path takes, Out >= F; the grouped kernel with
+     * K3C_MOE_BAND_MX=0): one tile per expert, experts of several tiles (40 pairs over 3 experts, rounded),
+     * K3's expert shape at 4 tokens x 8 slots */
+    moe_case(1, 1, 256, 128, 256, 12, 8, 4, 0);
+    moe_case(1, 0, 96, 64, 100, 3, 20, 2, 1);
+    moe_case(1, 1, 3584, 3072, 3584, 16, 4, 8, 0);
 }
 
 TEST(gpu_moe_bf16) {

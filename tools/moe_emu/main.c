@@ -224,6 +224,12 @@ static const mcase cases[] = {
      * of partial 4-group steps, 16-row bands full and cut, an invalid pair */
     {"mx pair In256 F128 Out256 E5 T2 k3", 1, 1, 256, 128, 256, 5, 2, 3, 0, 0, 0},
     {"mx pair In96 F96 Out100 E3 T1 k3 rnd", 1, 0, 96, 96, 100, 3, 1, 3, 1, 0, 0},
+    /* more than 16 pairs with Out >= F: the MXFP4 band kernels (moe_pair.cu; one tile of <= 8 pairs per
+     * expert, then experts with several tiles, f32 activations: three terms) */
+    {"mx band In256 F128 Out256 E12 T8 k4", 1, 1, 256, 128, 256, 12, 8, 4, 0, 0, 0},
+    {"mx band In96 F64 Out100 E3 T20 k2 rnd", 1, 0, 96, 64, 100, 3, 20, 2, 1, 0, 0},
+    {"mx band In160 F96 Out96 E5 T9 k3", 1, 1, 160, 96, 96, 5, 9, 3, 0, 0, 0},
+    {"mx band K3 3584x3072 E16 T4 k8", 1, 1, 3584, 3072, 3584, 16, 4, 8, 0, 0, 1},
     {"bf16 In520 F136 Out48 E3 T5 k2", 0, 1, 520, 136, 48, 3, 5, 2, 0, 0, 0},
 };
 
