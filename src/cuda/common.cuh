@@ -92,6 +92,22 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
     return k3c_dev_silu(g) * u;
 }
 
+/* k3c_cuda_gated_act's elements first, first + step, ... of its T x n outputs (out dense [T, n], out[i] from
+ * gate and up of row i / n, column i % n; rounded to bf16 when round): the per-element work of
+ * gated_act_kernel and of the router's fused launch (router.cu route_act_kernel), one definition so both
+ * store the same bits. Each element is read and written by one thread, so out may be gate (or up) when
+ * that stride is n. */
+__device__ __forceinline__ void k3c_dev_gated_act_span(int kind, float beta, float beta_lin, const float *gate, int gs,
+                                                       const float *up, int us, int T, int n, int round, float *out,
+                                                       size_t first, size_t step) {
+    size_t total = (size_t)T * n;
+    for (size_t i = first; i < total; i += step) {
+        int t = (int)(i / n), c = (int)(i % n);
+        float v = k3c_dev_gated_act(kind, beta, beta_lin, gate[(size_t)t * gs + c], up[(size_t)t * us + c]);
+        out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
+    }
+}
+
 /* Host side: whether launches that support it use PDL: on unless K3C_PDL=0. Run 12 (H200, 2026-11-30;
  * src/cuda/NOTES.md) measured it: bf16 GEMVs back to back 0.56 -> 0.69 of copy bandwidth at 4096 x 4096,
  * kimi-linear-48b b=1 specialized step 4.85 -> 4.53 ms. It was opt-in while two GPU runs with it failed one

@@ -148,12 +148,8 @@ extern "C" int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, 
 __global__ void gated_act_kernel(k3c_cuda_act act, const float *__restrict__ gate, int gs, const float *__restrict__ up,
                                  int us, int T, int n, int round, float *out) {
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
-    size_t total = (size_t)T * n;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(i / n), c = (int)(i % n);
-        float v = k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, gate[(size_t)t * gs + c], up[(size_t)t * us + c]);
-        out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
-    }
+    k3c_dev_gated_act_span(act.kind, act.beta, act.beta_lin, gate, gs, up, us, T, n, round, out,
+                           (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
 }
 
 extern "C" int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up,

@@ -81,17 +81,18 @@ __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     }
 }
 
+/* The routing of token tok by a whole block of ROUTER_THREADS threads: sh is the launch's dynamic shared
+ * memory (route_plan's bytes), red 32 floats of scratch. route_kernel and route_act_kernel both run it, so
+ * their ids and weights are the same bits. */
 template <int R>
-__global__ void __launch_bounds__(ROUTER_THREADS)
-route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int *idx,
-             float *weight) {
-    extern __shared__ float sh[];
+__device__ __forceinline__ void route_token(const k3c_cuda_router &r, const float *__restrict__ logits,
+                                            const float *__restrict__ bias, int *idx, float *weight, unsigned tok,
+                                            float *sh, float *red) {
     float *score = sh, *sel = sh + r.num_experts;
     /* then the selection keys [ROUTER_THREADS R] (8-byte aligned: 2E floats before them) */
     unsigned long long *key = (unsigned long long *)(sh + 2 * r.num_experts);
-    __shared__ float red[32];
     int E = r.num_experts, k = r.k;
-    const float *lg = logits + (size_t)blockIdx.x * E;
+    const float *lg = logits + (size_t)tok * E;
     if (r.sigmoid) {
         for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = k3c_dev_sigmoid(lg[e]);
     } else {
@@ -187,28 +188,95 @@ route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *_
         for (int j = lane; j < k; j += 32) {
             int i = (int)(0xffffffffu - (unsigned int)key[j]);
             float w = score[i];
-            idx[(size_t)blockIdx.x * k + j] = i;
-            weight[(size_t)blockIdx.x * k + j] = r.renormalize ? w / (wsum + 1e-20f) * r.scale : w * r.scale;
+            idx[(size_t)tok * k + j] = i;
+            weight[(size_t)tok * k + j] = r.renormalize ? w / (wsum + 1e-20f) * r.scale : w * r.scale;
         }
     }
+}
+
+template <int R>
+__global__ void __launch_bounds__(ROUTER_THREADS)
+route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int *idx,
+             float *weight) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    route_token<R>(r, logits, bias, idx, weight, blockIdx.x, sh, red);
+}
+
+/* Routing and a gated activation in one launch (router.h k3c_cuda_route_act): blocks 0 .. T-1 route token
+ * blockIdx.x exactly as route_kernel; the blocks after them are gated_act_kernel's grid (the same block size,
+ * ROUTER_THREADS = 256, and the same per-element function, k3c_dev_gated_act_span), so every output is the
+ * bits of the two separate launches. The branch is uniform per block, so the router's barriers see whole
+ * blocks. The activation blocks carry the router's dynamic shared memory unused (15 KB at 896 experts: an SM
+ * still holds 8 blocks of 256 threads; 32 KB at the 2048-expert limit: 7).
+ *
+ * PDL: neither input comes from a PDL hand-off (launched without the attribute, the kernel starts after the
+ * one before it has completed), so there is no wait. Every block triggers at entry, as gated_act_kernel does:
+ * a PDL-launched successor may start early but must wait (griddepcontrol.wait: this whole grid complete, its
+ * writes visible) before it reads idx, weight or out. route_kernel alone never triggered; the successors in
+ * the executor (moe_pair_gate_up_kernel waits first; the grouped and MXFP4 expert kernels are launched
+ * without PDL) read nothing before their wait. */
+template <int R>
+__global__ void __launch_bounds__(ROUTER_THREADS)
+route_act_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int T,
+                 int *idx, float *weight, k3c_cuda_act act, const float *gate, int gs, const float *up, int us,
+                 int n, int round, float *out) {
+    k3c_pdl_trigger();
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    if ((int)blockIdx.x < T) {
+        route_token<R>(r, logits, bias, idx, weight, blockIdx.x, sh, red);
+        return;
+    }
+    k3c_dev_gated_act_span(act.kind, act.beta, act.beta_lin, gate, gs, up, us, T, n, round, out,
+                           (size_t)(blockIdx.x - T) * blockDim.x + threadIdx.x, (size_t)(gridDim.x - T) * blockDim.x);
+}
+
+/* The checks and the launch shape of a routing launch: keys per thread *R, dynamic shared memory *smem.
+ * fn names the caller in the error. */
+static int route_plan(const k3c_cuda_router *r, const char *fn, int *R, size_t *smem) {
+    if (r->num_experts <= 0 || r->k <= 0 || r->k > r->num_experts)
+        return k3c_errorf("%s: bad router: %d experts, top-%d", fn, r->num_experts, r->k);
+    if (r->num_groups > 64) return k3c_errorf("%s: %d expert groups (at most 64 supported)", fn, r->num_groups);
+    int PV = route_pad(r->num_experts);
+    *R = PV / ROUTER_THREADS;
+    if (*R > ROUTER_MAX_KEYS)
+        return k3c_errorf("%s: %d experts (at most %d supported)", fn, r->num_experts, ROUTER_MAX_KEYS * ROUTER_THREADS);
+    /* score, sel [E] f32; the keys [PV] u64 (at most 16 KB + 16 KB: under the 48 KB a launch gets) */
+    *smem = 2 * (size_t)r->num_experts * sizeof(float) + (size_t)PV * sizeof(unsigned long long);
+    return K3C_OK;
 }
 
 extern "C" int k3c_cuda_route(const k3c_cuda_router *r, const float *logits, const float *bias, int T, int *idx,
                               float *weight, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
-    if (r->num_experts <= 0 || r->k <= 0 || r->k > r->num_experts)
-        return k3c_errorf("k3c_cuda_route: bad router: %d experts, top-%d", r->num_experts, r->k);
-    if (r->num_groups > 64) return k3c_errorf("k3c_cuda_route: %d expert groups (at most 64 supported)", r->num_groups);
-    int PV = route_pad(r->num_experts), R = PV / ROUTER_THREADS;
-    if (R > ROUTER_MAX_KEYS)
-        return k3c_errorf("k3c_cuda_route: %d experts (at most %d supported)", r->num_experts,
-                          ROUTER_MAX_KEYS * ROUTER_THREADS);
-    /* score, sel [E] f32; the keys [PV] u64 (at most 16 KB + 16 KB: under the 48 KB a launch gets) */
-    size_t E = (size_t)r->num_experts;
-    size_t smem = 2 * E * sizeof(float) + (size_t)PV * sizeof(unsigned long long);
+    int R;
+    size_t smem;
+    K3C_TRY(route_plan(r, "k3c_cuda_route", &R, &smem));
     void (*kernel)(k3c_cuda_router, const float *, const float *, int *, float *) =
         R == 1 ? route_kernel<1> : R == 2 ? route_kernel<2> : R == 4 ? route_kernel<4> : route_kernel<8>;
     kernel<<<T, ROUTER_THREADS, smem, stream>>>(*r, logits, bias, idx, weight);
     K3C_CUDA_LAUNCHED("route");
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_route_act(const k3c_cuda_router *r, const float *logits, const float *bias, int T, int *idx,
+                                  float *weight, k3c_cuda_act act, const float *gate, int gate_stride,
+                                  const float *up, int up_stride, int n, int round_bf16, float *out,
+                                  cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (n < 0) return k3c_errorf("k3c_cuda_route_act: bad activation width %d", n);
+    int R;
+    size_t smem;
+    K3C_TRY(route_plan(r, "k3c_cuda_route_act", &R, &smem));
+    /* gated_act_kernel's grid (elementwise.cu grid_for(T n, 256)): blocks of 256 elements, at most 4096 */
+    size_t total = (size_t)T * n, act_blocks = (total + ROUTER_THREADS - 1) / ROUTER_THREADS;
+    if (act_blocks > 4096) act_blocks = 4096;
+    void (*kernel)(k3c_cuda_router, const float *, const float *, int, int *, float *, k3c_cuda_act, const float *,
+                   int, const float *, int, int, int, float *) =
+        R == 1 ? route_act_kernel<1> : R == 2 ? route_act_kernel<2> : R == 4 ? route_act_kernel<4> : route_act_kernel<8>;
+    kernel<<<(unsigned)(T + act_blocks), ROUTER_THREADS, smem, stream>>>(*r, logits, bias, T, idx, weight, act, gate,
+                                                                         gate_stride, up, up_stride, n, round_bf16, out);
+    K3C_CUDA_LAUNCHED("route_act");
     return K3C_OK;
 }

@@ -389,9 +389,9 @@ static int rec_mla(const rec *s, int l) {
 
 /* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
  * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
- * down-projection, the shared expert's gate and up), then routing and the shared activation; the tail one
- * grouped launch of the latent up-projection and the shared down-projection. Same kernels and reductions
- * per product as the backend, so the same outputs. The sum of the two (the backend's "moe out") is left to
+ * down-projection, the shared expert's gate and up), then routing and the shared activation (one launch);
+ * the tail one grouped launch of the latent up-projection and the shared down-projection. Same kernels and
+ * reductions per product as the backend, so the same outputs. The sum of the two (the backend's "moe out") is left to
  * the launch that reads the residual next (resid below): *routed and *shared (NULL without shared experts)
  * are the two addends. */
 static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
@@ -411,8 +411,13 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
         group_add(x, &front, &w->shared.up, y, x->su, 1);
     }
     P_TRY("moe front (group)", group_run(x, &front, T));
-    P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
-    if (shared) P_TRY("moe shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, 1, x->sa, st));
+    /* with shared experts, routing and their activation (both read only the front's outputs) in one launch,
+     * the bits of the two (cuda/router.h): one launch fewer a layer */
+    if (shared)
+        P_TRY("moe route + shared act", k3c_cuda_route_act(&x->router, x->rlog, bias, T, x->idx, x->wts, x->act, x->sa,
+                                                           Fs, x->su, Fs, Fs, 1, x->sa, st));
+    else
+        P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
     P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
                                latent ? x->z : y, T, x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
     const float *routed = x->r;

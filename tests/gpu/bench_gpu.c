@@ -127,6 +127,7 @@ typedef struct {
     k3c_cuda_router r;
     float *a, *b, *w, *y;
     int *idx;
+    float *gu, *o; /* kinds 4, 5: the shared expert's gate and up rows [T, 2n], the activation [T, n] */
 } small_ctx;
 static int run_small(void *c, int rep) {
     small_ctx *x = c;
@@ -134,6 +135,13 @@ static int run_small(void *c, int rep) {
     case 0: return k3c_cuda_route(&x->r, x->a, x->w, x->T, x->idx, x->y, x->st);
     case 1: return k3c_cuda_rmsnorm(x->a, x->n, x->w, x->T, x->n, 1e-6f, 1, x->y, x->n, x->st);
     case 2: return k3c_cuda_add(x->a, x->b, (size_t)x->T * x->n, 1, x->y, x->st);
+    case 4: /* the MoE's routing and shared activation as two launches, as the stock path */
+        if (k3c_cuda_route(&x->r, x->a, x->w, x->T, x->idx, x->y, x->st)) return -1;
+        return k3c_cuda_gated_act((k3c_cuda_act){1, 0, 0}, x->gu, 2 * x->n, x->gu + x->n, 2 * x->n, x->T, x->n, 1, x->o,
+                                  x->st);
+    case 5: /* the same in one launch, as the decode executor */
+        return k3c_cuda_route_act(&x->r, x->a, x->w, x->T, x->idx, x->y, (k3c_cuda_act){1, 0, 0}, x->gu, 2 * x->n,
+                                  x->gu + x->n, 2 * x->n, x->n, 1, x->o, x->st);
     default: {
         k3c_cuda_act act = {0};
         return k3c_cuda_gated_act(act, x->a, x->n, x->b, x->n, x->T, x->n, 1, x->y, x->st);
@@ -748,24 +756,35 @@ int main(int argc, char **argv) {
             {"rmsnorm_2304", 1, 0, 0, 2304},   {"rmsnorm_7168", 1, 0, 0, 7168},
             {"add_2304", 2, 0, 0, 2304},       {"add_7168", 2, 0, 0, 7168},
             {"gated_act_1024", 3, 0, 0, 1024}, {"gated_act_3072", 3, 0, 0, 3072},
+            /* route then the shared activation (Kimi Linear's 256 experts and width 1024, K3's 896 and 6144):
+             * two launches against k3c_cuda_route_act's one */
+            {"route_then_act_E256_1024", 4, 256, 8, 1024}, {"route_act_E256_1024", 5, 256, 8, 1024},
+            {"route_then_act_E896_6144", 4, 896, 16, 6144}, {"route_act_E896_6144", 5, 896, 16, 6144},
         };
         static const int Ts[] = {1, 64};
         for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
             for (int ti = 0; ti < 2; ti++) {
                 small_ctx c = {.kind = cases[ci].kind, .T = Ts[ti], .n = cases[ci].n};
-                int width = c.kind == 0 ? cases[ci].E : c.n;
+                int width = c.kind == 0 || c.kind >= 4 ? cases[ci].E : c.n;
                 c.a = dmalloc_rand((size_t)c.T * width * 4, 300 + (unsigned)ci);
                 c.b = dmalloc_rand((size_t)c.T * width * 4, 400 + (unsigned)ci);
                 c.w = dmalloc_rand((size_t)width * 4, 500 + (unsigned)ci);
                 CK(cudaMalloc((void **)&c.y, (size_t)c.T * width * 4));
                 CK(cudaMalloc((void **)&c.idx, (size_t)c.T * 64 * 4));
+                if (c.kind >= 4) {
+                    c.gu = dmalloc_rand((size_t)c.T * 2 * c.n * 4, 600 + (unsigned)ci);
+                    CK(cudaMalloc((void **)&c.o, (size_t)c.T * c.n * 4));
+                }
                 c.r = (k3c_cuda_router){.num_experts = cases[ci].E, .k = cases[ci].k, .sigmoid = 1, .use_bias = 1,
                                         .num_groups = 1, .topk_group = 1, .renormalize = 1, .scale = 2.5f};
-                double bytes = c.kind == 0 ? (double)c.T * width * 4 : (double)c.T * width * 4 * (c.kind == 1 ? 2 : 3);
+                double bytes = c.kind == 0   ? (double)c.T * width * 4
+                               : c.kind >= 4 ? (double)c.T * (width + 3.0 * c.n) * 4
+                                             : (double)c.T * width * 4 * (c.kind == 1 ? 2 : 3);
                 char name[64];
                 snprintf(name, sizeof name, "small_%s_T%d_graph", cases[ci].name, c.T);
                 time_graph(name, bytes, run_small, &c);
                 cudaFree(c.a); cudaFree(c.b); cudaFree(c.w); cudaFree(c.y); cudaFree(c.idx);
+                if (c.kind >= 4) { cudaFree(c.gu); cudaFree(c.o); }
             }
     }
     return 0;

@@ -806,6 +806,72 @@ TEST(gpu_router_ties_nan) {
     }
 }
 
+/* Routing and the shared expert's activation in one launch (k3c_cuda_route_act) against k3c_cuda_route then
+ * k3c_cuda_gated_act on the same inputs: ids, weights and activations bitwise equal, every output written
+ * (outputs poisoned, ids in range, no NaN). 8, 256 (grouped) and 896 experts; T 1, 3, 64 (64 x 16400: more
+ * activation elements than gated_act's 4096 blocks of 256, so its grid-stride loop runs); SiLU and SiTU,
+ * rounding on and off, out in place on gate (stride n) or apart (gate and up the halves of one row). */
+TEST(gpu_route_act) {
+    k3c_rng r = rng_for("route_act");
+    struct { int E, k, sigmoid, groups, topk_group, renorm; float scale; int n; } cases[] = {
+        {8, 2, 0, 1, 1, 0, 1.0f, 16400}, {256, 8, 1, 8, 4, 1, 2.446f, 1024}, {896, 16, 1, 1, 1, 1, 2.5f, 37},
+    };
+    static const int Ts[] = {1, 3, 64};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int v = 0; v < 8; v++) {
+                int E = cases[ci].E, k = cases[ci].k, n = cases[ci].n, T = Ts[ti];
+                int situ = v & 1, round = v >> 1 & 1, inplace = v >> 2 & 1;
+                k3c_cuda_router rc = {E, k, cases[ci].sigmoid, 1, cases[ci].groups, cases[ci].topk_group,
+                                      cases[ci].renorm, cases[ci].scale};
+                k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+                /* in place: gate [T, n] (stride n), overwritten, so one copy per path; apart: [T, 2n] rows of
+                 * gate then up */
+                int gs = inplace ? n : 2 * n, us = inplace ? n : 2 * n;
+                size_t NK = (size_t)T * k, N = (size_t)T * n, GU = (size_t)T * 2 * n;
+                float *lg = fmalloc((size_t)T * E), *bias = fmalloc(E), *gu = fmalloc(GU);
+                fill_normal(&r, lg, (size_t)T * E, 2.0f);
+                fill_normal(&r, bias, E, 0.1f);
+                fill_normal(&r, gu, GU, 8.0f);
+                float *dlg = dev_upload(lg, (size_t)T * E * 4), *db = dev_upload(bias, (size_t)E * 4);
+                float *dgu_s = dev_upload(gu, GU * 4), *dgu_f = dev_upload(gu, GU * 4);
+                float *dw_s = dev_poisoned(NK * 4), *dw_f = dev_poisoned(NK * 4);
+                int *di_s = dev_poisoned(NK * sizeof(int)), *di_f = dev_poisoned(NK * sizeof(int));
+                float *dout_s = inplace ? dgu_s : dev_poisoned(N * 4), *dout_f = inplace ? dgu_f : dev_poisoned(N * 4);
+                CHECK(dlg && db && dgu_s && dgu_f && dw_s && dw_f && di_s && di_f && dout_s && dout_f);
+                /* in place: the first T n floats are the gate rows, the next T n the up rows */
+                const float *g_s = dgu_s, *u_s = inplace ? dgu_s + N : dgu_s + n;
+                const float *g_f = dgu_f, *u_f = inplace ? dgu_f + N : dgu_f + n;
+                CHECK_OK(k3c_cuda_route(&rc, dlg, db, T, di_s, dw_s, 0));
+                CHECK_OK(k3c_cuda_gated_act(act, g_s, gs, u_s, us, T, n, round, dout_s, 0));
+                CHECK_OK(k3c_cuda_route_act(&rc, dlg, db, T, di_f, dw_f, act, g_f, gs, u_f, us, n, round, dout_f, 0));
+                int *is = malloc(NK * sizeof(int)), *ifu = malloc(NK * sizeof(int));
+                float *ws = fmalloc(NK), *wf = fmalloc(NK), *os = fmalloc(N), *of = fmalloc(N);
+                CHECK(dev_download(is, di_s, NK * sizeof(int)) == 0 && dev_download(ifu, di_f, NK * sizeof(int)) == 0);
+                CHECK(dev_download(ws, dw_s, NK * 4) == 0 && dev_download(wf, dw_f, NK * 4) == 0);
+                CHECK(dev_download(os, dout_s, N * 4) == 0 && dev_download(of, dout_f, N * 4) == 0);
+                size_t bad_i = 0, bad_w = 0, bad_o = 0;
+                for (size_t i = 0; i < NK; i++) {
+                    bad_i += is[i] != ifu[i] || ifu[i] < 0 || ifu[i] >= E;
+                    bad_w += memcmp(&ws[i], &wf[i], 4) != 0 || isnan(wf[i]) || isnan(ws[i]);
+                }
+                for (size_t i = 0; i < N; i++) bad_o += memcmp(&os[i], &of[i], 4) != 0 || isnan(of[i]) || isnan(os[i]);
+                CHECKF(bad_i == 0 && bad_w == 0 && bad_o == 0,
+                       "E %d k %d T %d n %d situ %d round %d in place %d: %zu ids, %zu weights, %zu activations differ "
+                       "from the separate launches (or are unwritten)", E, k, T, n, situ, round, inplace, bad_i, bad_w,
+                       bad_o);
+                cudaFree(dlg); cudaFree(db); cudaFree(dgu_s); cudaFree(dgu_f); cudaFree(dw_s); cudaFree(dw_f);
+                cudaFree(di_s); cudaFree(di_f);
+                if (!inplace) { cudaFree(dout_s); cudaFree(dout_f); }
+                free(lg); free(bias); free(gu); free(is); free(ifu); free(ws); free(wf); free(os); free(of);
+            }
+    /* the router's limits hold here too: an error naming the function, nothing launched */
+    k3c_cuda_router big = {4096, 8, 1, 0, 1, 1, 1, 1.0f};
+    k3c_cuda_act silu = {1, 0.0f, 0.0f};
+    CHECK(k3c_cuda_route_act(&big, NULL, NULL, 1, NULL, NULL, silu, NULL, 8, NULL, 8, 8, 0, NULL, 0) != K3C_OK);
+    CHECK(strstr(k3c_error_message(), "k3c_cuda_route_act: 4096 experts") != NULL);
+}
+
 /* ---- KDA ---- */
 
 /* Conv + window over consecutive calls (token counts below and above W-1): outputs rel L2 < 1e-5 (fma vs
