@@ -250,8 +250,8 @@ static int route_plan(const k3c_cuda_router *r, const char *fn, int *R, size_t *
 extern "C" int k3c_cuda_route(const k3c_cuda_router *r, const float *logits, const float *bias, int T, int *idx,
                               float *weight, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
-    int R;
-    size_t smem;
+    int R = 1; /* set by route_plan (initialized for gcc 14's -Wmaybe-uninitialized on the GPU host) */
+    size_t smem = 0;
     K3C_TRY(route_plan(r, "k3c_cuda_route", &R, &smem));
     void (*kernel)(k3c_cuda_router, const float *, const float *, int *, float *) =
         R == 1 ? route_kernel<1> : R == 2 ? route_kernel<2> : R == 4 ? route_kernel<4> : route_kernel<8>;
@@ -266,8 +266,8 @@ extern "C" int k3c_cuda_route_act(const k3c_cuda_router *r, const float *logits,
                                   cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (n < 0) return k3c_errorf("k3c_cuda_route_act: bad activation width %d", n);
-    int R;
-    size_t smem;
+    int R = 1; /* set by route_plan (initialized for gcc 14's -Wmaybe-uninitialized on the GPU host) */
+    size_t smem = 0;
     K3C_TRY(route_plan(r, "k3c_cuda_route_act", &R, &smem));
     /* gated_act_kernel's grid (elementwise.cu grid_for(T n, 256)): blocks of 256 elements, at most 4096 */
     size_t total = (size_t)T * n, act_blocks = (total + ROUTER_THREADS - 1) / ROUTER_THREADS;
