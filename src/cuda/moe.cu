@@ -602,8 +602,13 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
  * many pairs share an expert, which the grouped kernel reads once and the per-pair path once per pair.
+ * Past that limit MXFP4 goes to the band kernels (moe_pair.cu: each selected expert once, up to 8 of its
+ * pairs as the mma's columns; session 8 run 7: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
+ * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
+ * pairs, then to the grouped kernel.
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
- * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs. */
+ * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 the band
+ * kernels off. */
 #define MOE_PAIR_MAX 256
 #define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
