@@ -249,6 +249,39 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
+/* Streams a warp's 16-row band (rows row0 + g and row0 + g + 8 of P, S; row0 < rows) over the steps kw,
+ * kw + wpr, ... in runs of U and adds the products to acc: two runs in registers, run i + 1's loads issued
+ * before run i is decoded, so a warp has bytes in flight while it computes (runs in order: the same sums as
+ * one at a time). nterms: the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as
+ * one loop: two loops, one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS,
+ * bcol: as mxp_compute. */
+template <int U, bool PROBE, int MAXNT, int COLS>
+__device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
+                                           int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
+                                           float (&acc)[4], int bcol, int nterms) {
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+    const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
+    const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
+    const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
+    const int stride = wpr * U;
+    int base = kw * U;
+    mxp_run<U> r0, r1;
+    if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
+    while (base < steps) {
+        int next = base + stride;
+        if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
+        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
+        else mxp_compute<MAXNT, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
+        base = next;
+        if (base >= steps) break;
+        next = base + stride;
+        if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
+        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
+        else mxp_compute<MAXNT, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
+        base = next;
+    }
+}
+
 template <int U, bool PROBE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
@@ -297,31 +330,9 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
         const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row0 < rows) {
-            const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-            const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-            const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
-            const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-            /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
-             * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
-            const int stride = wpr * U;
-            int base = kw * U;
-            mxp_run<U> r0, r1;
-            if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
-            while (base < steps) {
-                int next = base + stride;
-                if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r0, base, q, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r0, base, q, chunks, mxp_plane, acc);
-                base = next;
-                if (base >= steps) break;
-                next = base + stride;
-                if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r1, base, q, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r1, base, q, chunks, mxp_plane, acc);
-                base = next;
-            }
-        }
+        if (row0 < rows)
+            mxp_stream<U, PROBE, 3, 1>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxp_plane, acc, 0,
+                                       nterms);
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
         if (wpr > 1) {
             part[warp][0][lane] = acc[0];
@@ -586,26 +597,9 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                 staged_tile = tile;
                 staged_term = term;
             }
-            if (row0 < rows) {
-                const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-                const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-                const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-                const int stride = wpr * U;
-                int base = kw * U;
-                mxp_run<U> r0, r1;
-                if (base < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, base, q, chunks);
-                while (base < steps) {
-                    int next = base + stride;
-                    if (next < steps) mxp_load<U, false>(r1, pa, pb, sa, sb, pa, next, q, chunks);
-                    mxp_compute<1, U, MXB_COLS>(r0, base, q, chunks, mxb_plane, acc, bcol);
-                    base = next;
-                    if (base >= steps) break;
-                    next = base + stride;
-                    if (next < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, next, q, chunks);
-                    mxp_compute<1, U, MXB_COLS>(r1, base, q, chunks, mxb_plane, acc, bcol);
-                    base = next;
-                }
-            }
+            if (row0 < rows)
+                mxp_stream<U, false, 1, MXB_COLS>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane,
+                                                  acc, bcol, 1);
         }
         /* lane (g, q): rows g, g + 8 of columns 2q, 2q + 1 (acc[0], acc[1]; acc[2], acc[3]) */
         if (wpr > 1) {
