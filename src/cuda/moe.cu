@@ -615,12 +615,12 @@ static int env_flag(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? v[0] != '0' : dflt;
 }
-/* MXFP4 past the per-pair limit: by expert band (moe_pair.cu) unless K3C_MOE_BAND_MX=0 (the grouped kernel,
- * for A/B runs). */
-static int moe_band_on(void) {
-    static int on = -1;
-    if (on < 0) on = env_flag("K3C_MOE_BAND_MX", 1);
-    return on;
+/* Past the per-pair limit: by expert band (moe_pair.cu) unless K3C_MOE_BAND_MX=0 (MXFP4) or
+ * K3C_MOE_BAND_BF16=0 (bf16) sends the format to the grouped kernel (for A/B runs). */
+static int moe_band_on(int mxfp4) {
+    static int on[2] = {-1, -1};
+    if (on[mxfp4] < 0) on[mxfp4] = env_flag(mxfp4 ? "K3C_MOE_BAND_MX" : "K3C_MOE_BAND_BF16", 1);
+    return on[mxfp4];
 }
 static int moe_pair_limit(int mxfp4) {
     static int bf16_max = -1, mx_max = -1;
@@ -650,17 +650,18 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
         K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (mxfp4 && moe_band_on() && k3c_cuda_moe_band_mx_fits(In, F, pairs) && Out >= F &&
+    } else if (moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
                k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out) {
-        /* by expert band (moe_pair.h): gate into h, up into part, the activation, down into part, as the per-pair
-         * path; the tile table lives in out until the combine below writes it */
+        /* by expert band (moe_pair.h): gate into h, up into part, the activation, down into part, as the MXFP4
+         * per-pair path; the tile table lives in out until the combine below writes it */
         int *lists = (int *)out;
         K3C_TRY(check_dims(mxfp4, In, "input width"));
         K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
-        K3C_TRY(k3c_cuda_moe_band_mx(experts, num_experts, lists, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        K3C_TRY(k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_band_mx(experts, num_experts, lists, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+        K3C_TRY(k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, 1, Out, F, h, 1, part, part, round_bf16,
+                                  stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));

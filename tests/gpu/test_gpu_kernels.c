@@ -417,6 +417,11 @@ TEST(gpu_moe_bf16) {
     /* past 64 pairs (the per-pair path runs up to 256): 160 pairs over 20 experts, rounded and not */
     moe_case(0, 0, 264, 40, 48, 20, 20, 8, 1);
     moe_case(0, 1, 136, 64, 72, 12, 20, 8, 0);
+    /* past 256 pairs: the band kernels (the grouped kernel with K3C_MOE_BAND_BF16=0): 320 pairs over 12
+     * experts, rounded over 5 (experts of many tiles), Kimi Linear's shape at 36 tokens */
+    moe_case(0, 1, 136, 64, 72, 12, 40, 8, 0);
+    moe_case(0, 0, 72, 40, 48, 5, 33, 8, 1);
+    moe_case(0, 0, 2304, 1024, 2304, 16, 36, 8, 0);
 }
 
 /* ---- elementwise ---- */
