@@ -823,13 +823,13 @@ static int run_stamped(k3c_decode_cuda *x, int T, int q) {
     K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
     int rc = k3c_op_profile_arm(x->prof, x->st) == 0 ? record_step(x, T, q)
                                                       : k3c_errorf("decode executor: the op profile's first stamp failed");
-    k3c_op_profile_disarm(x->prof);
     cudaError_t ce = cudaStreamEndCapture(x->st, &g);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&ge, g, 0);
     if (g) cudaGraphDestroy(g);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphUpload(ge, x->st);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphLaunch(ge, x->st);
-    if (ge) { /* the launch holds its own reference to what it runs; freed once the stream is idle */
+    k3c_op_profile_disarm(x->prof, rc == K3C_OK && ce == cudaSuccess);
+    if (ge) { /* destroyed once the stream is idle: the launch above must have finished */
         cudaStreamSynchronize(x->st);
         cudaGraphExecDestroy(ge);
     }
