@@ -61,8 +61,10 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     for k in "${!sides[@]}"; do
         if [ "$k" -gt 0 ] && [ "${INCREMENTAL:-1}" = 1 ] && [ -d "${dirs[0]}/build-ab" ]; then
             rm -rf "${dirs[$k]}/build-ab" && cp -a "${dirs[0]}/build-ab" "${dirs[$k]}/build-ab"
-            (cd "${dirs[$k]}" && find src tests include -type f 2>/dev/null | while read -r f; do
-                cmp -s "$f" "${dirs[0]}/$f" || touch "$f"
+            # every source older than A's objects first (an archive's files carry its commit's time, which
+            # may be newer than A's build), then the ones that differ from A's newer than all of them
+            (cd "${dirs[$k]}" && find src tests include Makefile -type f 2>/dev/null | while read -r f; do
+                if cmp -s "$f" "${dirs[0]}/$f"; then touch -d '2000-01-01' "$f"; else touch "$f"; fi
             done)
         fi
         OUT="$OUT/build-${sides[$k]}" BUILD=build-ab TESTS=gpu_router SANITIZE=0 KBENCH=0 BENCH=0 \
