@@ -96,6 +96,8 @@ typedef struct k3c_step_item {
 
 /* Runs one step. logits (host): the requested rows item by item, each [vocab] float32. */
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits);
+/* The logits rows such a step writes: n for a verify or all_logits item, else 1, summed over the items. */
+int k3c_step_logits_rows(const k3c_step_item *items, int n);
 /* After a verify of q tokens: keep the first `accepted` (0..q): the request then holds length + accepted
  * tokens and its KDA state is the state after exactly those tokens. */
 int k3c_request_commit(k3c_engine *e, int id, int accepted);

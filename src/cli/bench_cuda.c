@@ -237,7 +237,8 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     if (o.max_rows < maxb * maxq) o.max_rows = maxb * maxq;
     /* every (batch, q) runs warm + steps stock steps, then as many specialized ones (SPEC) and as many
      * returning token ids (SPECID); each adds max(1, q - 1) tokens to every request */
-    o.max_context = context + 3 * nb * (warm + steps) * qsum + (1 + PROF_STAMPED) * nb * nq * maxq + maxq + 8; /* + profiled steps */
+    o.max_context = context + 3 * nb * (warm + steps) * qsum + (1 + PROF_STAMPED) * nb * nq * maxq + maxq +
+                    8; /* + the profiled steps (K3C_CUDA_PROFILE: 1 stock and up to PROF_STAMPED specialized) */
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;

@@ -73,10 +73,10 @@ int k3c_op_profile_arm(k3c_op_profile *p, cudaStream_t s) {
     return k3c_cuda_stamp(p->stamps_d, s);
 }
 
-void k3c_op_profile_disarm(k3c_op_profile *p) {
+void k3c_op_profile_disarm(k3c_op_profile *p, int ran) {
     if (!p || !p->armed) return;
     p->armed = 0;
-    p->pending = p->nstamps;
+    p->pending = ran ? p->nstamps : 0; /* stamps of a graph that never ran are not read */
 }
 
 int k3c_op_profile_begin(k3c_op_profile *p, const char *op, cudaStream_t s) {

@@ -41,10 +41,10 @@ void k3c_op_profile_reset(k3c_op_profile *p);
 /* Replayed-graph mode (K3C_CUDA_PROFILE=2)? */
 int k3c_op_profile_stamps(const k3c_op_profile *p);
 /* Arms the stamps while s captures (the first stamp, the step's start, goes in now); disarm after the
- * capture's last op. Ops profiled in between get a stamp after them; collect() reads the stamps once the
- * captured graph has run and s is idle. */
+ * capture's last op, ran = whether the captured graph was launched. Ops profiled in between get a stamp
+ * after them; collect() reads the stamps once that graph has run and s is idle (none when ran is 0). */
 int k3c_op_profile_arm(k3c_op_profile *p, cudaStream_t s);
-void k3c_op_profile_disarm(k3c_op_profile *p);
+void k3c_op_profile_disarm(k3c_op_profile *p, int ran);
 /* The stamp kernel (cuda/op_stamp.cu): the global timer (ns) into *slot. */
 int k3c_cuda_stamp(unsigned long long *slot, cudaStream_t s);
 /* Prints "PROF" lines (name, calls, total us, share of the op sum), largest first, and the op sum against

@@ -391,9 +391,9 @@ static int rec_mla(const rec *s, int l) {
  * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
  * down-projection, the shared expert's gate and up), then routing and the shared activation (one launch);
  * the tail one grouped launch of the latent up-projection and the shared down-projection. Same kernels and
- * reductions per product as the backend, so the same outputs. The sum of the two (the backend's "moe out") is left to
- * the launch that reads the residual next (resid below): *routed and *shared (NULL without shared experts)
- * are the two addends. */
+ * reductions per product as the backend, so the same outputs. The sum of the two (the backend's "moe out")
+ * is left to the launch that reads the residual next (resid below): *routed and *shared (NULL without shared
+ * experts) are the two addends. */
 static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
                    const float **shared_out) {
     const k3c_config *c = x->c;
@@ -823,13 +823,13 @@ static int run_stamped(k3c_decode_cuda *x, int T, int q) {
     K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
     int rc = k3c_op_profile_arm(x->prof, x->st) == 0 ? record_step(x, T, q)
                                                       : k3c_errorf("decode executor: the op profile's first stamp failed");
-    k3c_op_profile_disarm(x->prof);
     cudaError_t ce = cudaStreamEndCapture(x->st, &g);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphInstantiate(&ge, g, 0);
     if (g) cudaGraphDestroy(g);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphUpload(ge, x->st);
     if (rc == K3C_OK && ce == cudaSuccess) ce = cudaGraphLaunch(ge, x->st);
-    if (ge) { /* the launch holds its own reference to what it runs; freed once the stream is idle */
+    k3c_op_profile_disarm(x->prof, rc == K3C_OK && ce == cudaSuccess);
+    if (ge) { /* destroyed once the stream is idle: the launch above must have finished */
         cudaStreamSynchronize(x->st);
         cudaGraphExecDestroy(ge);
     }
@@ -851,8 +851,7 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_ite
     if (stock) {
         if (plan->route == K3C_ROUTE_WIDE) x->wide_stock++;
         if (!ids) return k3c_engine_step(x->e, items, n, logits);
-        int rows = 0;
-        for (int i = 0; i < n; i++) rows += items[i].verify ? items[i].n : 1;
+        int rows = k3c_step_logits_rows(items, n);
         if (rows > PMAX) return k3c_errorf("decode executor: greedy ids of %d rows (at most %d)", rows, PMAX);
         K3C_TRY(k3c_engine_step(x->e, items, n, x->logits_h));
         for (int r = 0; r < rows; r++) ids[r] = k3c_greedy_token(x->logits_h + (size_t)r * V, (int)V);

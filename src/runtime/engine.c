@@ -257,15 +257,19 @@ int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, cons
     return K3C_OK;
 }
 
-void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
+int k3c_step_logits_rows(const k3c_step_item *items, int n) {
     int rows = 0;
+    for (int i = 0; i < n; i++) rows += items[i].verify || items[i].all_logits ? items[i].n : 1; /* step_begin's */
+    return rows;
+}
+
+void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
     for (int i = 0; i < n; i++) {
         engine_request *r = &e->req[items[i].request];
         if (items[i].verify) r->pending = items[i].n;
         else r->length += items[i].n;
-        rows += items[i].verify || items[i].all_logits ? items[i].n : 1; /* the logits rows (step_begin) */
     }
-    e->aux_rows = rows;
+    e->aux_rows = k3c_step_logits_rows(items, n);
 }
 
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
