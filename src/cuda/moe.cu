@@ -633,35 +633,42 @@ static int moe_pair_limit(int mxfp4) {
     return mxfp4 ? mx_max : bf16_max;
 }
 
+/* nm matrices a pair, per pair (MXFP4: k3c_cuda_moe_pair_mx, from idx) or by expert band
+ * (k3c_cuda_moe_band, from its tile table `lists`), as k3c_cuda_moe_experts runs them. */
+static int stream_mats(int band, const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *idx,
+                       const int *lists, int pairs, int nm, int rows, int cols, const float *x, int x_per_pair,
+                       float *y0, float *y1, int round_bf16, cudaStream_t s) {
+    if (band)
+        return k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1,
+                                 round_bf16, s);
+    return k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round_bf16, s);
+}
+
 extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F,
                                     int Out, const float *x, int T, const int *idx, const float *weight, int k,
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = k3c_cuda_moe_pair_mx_fits(In, F);
-    if (pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits)) {
+    const int per_pair = pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits);
+    const int band = !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
+                     k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out;
+    if (per_pair || band) {
         K3C_TRY(check_dims(mxfp4, In, "input width"));
         K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        if (!mxfp4)
+        if (per_pair && !mxfp4)
             return k3c_cuda_moe_pair_bf16(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round_bf16, h, out,
                                  stream);
-        /* MXFP4: gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation
-         * in place into h, then down into part, and the weighted sum below */
-        K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
+         * into h, then down into part, and the weighted sum below; per pair (MXFP4) or by expert band
+         * (moe_pair.h: its tile table lives in out until the combine writes it) */
+        int *lists = band ? (int *)out : NULL;
+        if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 2, F, In, x, k, h, part, round_bf16,
+                            stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
-               k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out) {
-        /* by expert band (moe_pair.h): gate into h, up into part, the activation, down into part, as the MXFP4
-         * per-pair path; the tile table lives in out until the combine below writes it */
-        int *lists = (int *)out;
-        K3C_TRY(check_dims(mxfp4, In, "input width"));
-        K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
-        K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
-        K3C_TRY(k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, 1, Out, F, h, 1, part, part, round_bf16,
-                                  stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 1, Out, F, h, 1, part, part,
+                            round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
