@@ -55,6 +55,23 @@ __device__ __forceinline__ uint4 k3c_ld_stream16(const void *p) {
     return v;
 }
 
+/* A selection key, larger = better: the value's order in the high word (NaN below -inf, -0 as +0), the
+ * inverted index in the low word (equal values: the lower index wins), so one unsigned comparison is the
+ * total order of the CPU references (cpu/ops.h k3c_route's `better`, runtime/sampler.c's greedy arg-max).
+ * The router's top-k sort and the greedy arg-max both use it. */
+__device__ __forceinline__ unsigned long long k3c_select_key(float v, int i) {
+    unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
+    unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)i);
+}
+
+/* __shfl_xor_sync of a 64-bit value (two 32-bit shuffles), every lane of the warp taking part. */
+__device__ __forceinline__ unsigned long long k3c_shfl_xor_u64(unsigned long long v, int m) {
+    unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)v, m);
+    unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(v >> 32), m);
+    return ((unsigned long long)hi << 32) | lo;
+}
+
 __device__ __forceinline__ float k3c_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -18,6 +18,22 @@ static unsigned grid_for(size_t n, int threads) {
  * on each other: run 3 of session 8 had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
  * stamp's and the launch's). Same sums in the same order, so the same bits; longer rows take the loop. */
 #define NORM_EPT 8
+/* The register path's end, shared by both norm kernels: the block's sum of squares, the scale, and
+ * y[i] = v[i] * r * w[i] for the thread's elements i = t, t + B, ... (rmsnorm_kernel's operations). */
+__device__ __forceinline__ void norm_regs_store(const float (&v)[NORM_EPT], const float (&w)[NORM_EPT], float ss,
+                                                float *red, int n, float eps, int round, float *yr) {
+    ss = k3c_block_sum(ss, red);
+    const float r = rsqrtf(ss / n + eps);
+#pragma unroll
+    for (int e = 0; e < NORM_EPT; e++) {
+        const int i = threadIdx.x + e * blockDim.x;
+        if (i < n) {
+            const float y = v[e] * r * w[e];
+            yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(y)) : y;
+        }
+    }
+}
+
 __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
                                float *y, int ys) {
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
@@ -37,16 +53,7 @@ __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__
 #pragma unroll
         for (int e = 0; e < NORM_EPT; e++)
             if (threadIdx.x + e * B < n) ss = fmaf(xv[e], xv[e], ss);
-        ss = k3c_block_sum(ss, red);
-        float r = rsqrtf(ss / n + eps);
-#pragma unroll
-        for (int e = 0; e < NORM_EPT; e++) {
-            const int i = threadIdx.x + e * B;
-            if (i < n) {
-                float v = xv[e] * r * wv[e];
-                yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
-            }
-        }
+        norm_regs_store(xv, wv, ss, red, n, eps, round, yr);
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) ss = fmaf(xr[i], xr[i], ss);
@@ -106,16 +113,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
             pv[e] = v;
             ss = fmaf(v, v, ss);
         }
-        ss = k3c_block_sum(ss, red);
-        float r = rsqrtf(ss / n + eps);
-#pragma unroll
-        for (int e = 0; e < NORM_EPT; e++) {
-            const int i = threadIdx.x + e * B;
-            if (i < n) {
-                float v = pv[e] * r * wv[e];
-                yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
-            }
-        }
+        norm_regs_store(pv, wv, ss, red, n, eps, round, yr);
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) {

@@ -211,7 +211,7 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
             }
 #pragma unroll
             for (int term = 0; term < NT; term++) {
-                const uint4 bq = bp[u][(term * chunks * 4 + sub) * COLS];
+                const uint4 bq = bp[u][term * chunks * 4 + sub * (COLS == 1 ? 1 : 4 * COLS)];
                 k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
                 k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
             }
@@ -225,7 +225,7 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
  * multiply (it was one a step and a branch a sub-step). */
 template <int NT, int U, int COLS = 1>
 __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
-                                            float (&acc)[4]) {
+                                            float (&acc)[4], int bcol = 0) {
     float d[U][4];
     const uint4 *bp[U];
     uint32_t mula[U], mulb[U];
@@ -233,7 +233,8 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = min((base + u) * 4 + q, chunks - 1);
-        bp[u] = plane + (size_t)c * 4 * COLS + (COLS > 1 ? (threadIdx.x & 31) >> 2 : 0); /* COLS: lane g's column */
+        /* COLS > 1: the band plane [step][sub][column][q], column bcol (see moe_band_mx_kernel) */
+        bp[u] = COLS == 1 ? plane + (size_t)c * 4 : plane + ((size_t)(c >> 2) * 4 * COLS + bcol) * 4 + (c & 3);
         mula[u] = mx_mul(r.ea[u]);
         mulb[u] = mx_mul(r.eb[u]);
         big = big || r.ea[u] > 128u || r.eb[u] > 128u;
@@ -246,6 +247,39 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+}
+
+/* Streams a warp's 16-row band (rows row0 + g and row0 + g + 8 of P, S; row0 < rows) over the steps kw,
+ * kw + wpr, ... in runs of U and adds the products to acc: two runs in registers, run i + 1's loads issued
+ * before run i is decoded, so a warp has bytes in flight while it computes (runs in order: the same sums as
+ * one at a time). nterms: the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as
+ * one loop: two loops, one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS,
+ * bcol: as mxp_compute. */
+template <int U, bool PROBE, int MAXNT, int COLS>
+__device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
+                                           int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
+                                           float (&acc)[4], int bcol, int nterms) {
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+    const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
+    const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
+    const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
+    const int stride = wpr * U;
+    int base = kw * U;
+    mxp_run<U> r0, r1;
+    if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
+    while (base < steps) {
+        int next = base + stride;
+        if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
+        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
+        else mxp_compute<MAXNT, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
+        base = next;
+        if (base >= steps) break;
+        next = base + stride;
+        if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
+        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
+        else mxp_compute<MAXNT, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
+        base = next;
+    }
 }
 
 template <int U, bool PROBE>
@@ -296,31 +330,9 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
         const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row0 < rows) {
-            const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-            const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-            const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
-            const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-            /* two runs of MXP_U steps in registers: run i + 1's loads are issued before run i is decoded, so
-             * a warp has bytes in flight while it computes (runs in order: the same sums as one at a time) */
-            const int stride = wpr * U;
-            int base = kw * U;
-            mxp_run<U> r0, r1;
-            if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
-            while (base < steps) {
-                int next = base + stride;
-                if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r0, base, q, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r0, base, q, chunks, mxp_plane, acc);
-                base = next;
-                if (base >= steps) break;
-                next = base + stride;
-                if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-                if (nterms == 1) mxp_compute<1, U>(r1, base, q, chunks, mxp_plane, acc);
-                else mxp_compute<3, U>(r1, base, q, chunks, mxp_plane, acc);
-                base = next;
-            }
-        }
+        if (row0 < rows)
+            mxp_stream<U, PROBE, 3, 1>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxp_plane, acc, 0,
+                                       nterms);
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
         if (wpr > 1) {
             part[warp][0][lane] = acc[0];
@@ -511,7 +523,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
                    int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
                    float *__restrict__ y1, int wpr, int round) {
-    extern __shared__ uint4 mxb_plane[]; /* [chunk][sub][column]: one bf16 term */
+    /* [step][sub][column][q]: one bf16 term. Lane (g, q) reads column g of its step and sub-step, or column 0
+     * when the tile has no column g (those output columns are never written): with one column the four
+     * q entries of a read lie in 64 contiguous bytes, one shared-memory wavefront, as the per-pair kernel's
+     * broadcast (the [chunk][sub][column] layout put them 512 bytes apart: four wavefronts at any width). */
+    extern __shared__ uint4 mxb_plane[];
     __shared__ float part[GEMV_WARPS][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
@@ -532,6 +548,7 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
         const int mat = item / per, tile = mat / nm, m = mat % nm, local = item - mat * per;
         const int row0 = (local * groups + group) * 16;
         const int e = tile_e[tile], off = tile_off[tile], nc = tile_n[tile];
+        const int bcol = g < nc ? g : 0; /* the plane column this lane reads (see the plane above) */
         const k3c_cuda_expert &ex = experts[e];
         const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
         const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
@@ -568,7 +585,8 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                         uint32_t tt[4][3];
 #pragma unroll
                         for (int k = 0; k < 4; k++) inexact |= k3c_split3(lo[k], hi[k], tt[k]);
-                        mxb_plane[cs * MXB_COLS + col] =
+                        const int c = cs >> 2, sub = cs & 3;
+                        mxb_plane[(((c >> 2) * 4 + sub) * MXB_COLS + col) * 4 + (c & 3)] =
                             term == 0   ? make_uint4(tt[0][0], tt[1][0], tt[2][0], tt[3][0])
                             : term == 1 ? make_uint4(tt[0][1], tt[1][1], tt[2][1], tt[3][1])
                                         : make_uint4(tt[0][2], tt[1][2], tt[2][2], tt[3][2]);
@@ -579,26 +597,9 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                 staged_tile = tile;
                 staged_term = term;
             }
-            if (row0 < rows) {
-                const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-                const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-                const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-                const int stride = wpr * U;
-                int base = kw * U;
-                mxp_run<U> r0, r1;
-                if (base < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, base, q, chunks);
-                while (base < steps) {
-                    int next = base + stride;
-                    if (next < steps) mxp_load<U, false>(r1, pa, pb, sa, sb, pa, next, q, chunks);
-                    mxp_compute<1, U, MXB_COLS>(r0, base, q, chunks, mxb_plane, acc);
-                    base = next;
-                    if (base >= steps) break;
-                    next = base + stride;
-                    if (next < steps) mxp_load<U, false>(r0, pa, pb, sa, sb, pa, next, q, chunks);
-                    mxp_compute<1, U, MXB_COLS>(r1, base, q, chunks, mxb_plane, acc);
-                    base = next;
-                }
-            }
+            if (row0 < rows)
+                mxp_stream<U, false, 1, MXB_COLS>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane,
+                                                  acc, bcol, 1);
         }
         /* lane (g, q): rows g, g + 8 of columns 2q, 2q + 1 (acc[0], acc[1]; acc[2], acc[3]) */
         if (wpr > 1) {
@@ -655,7 +656,8 @@ extern "C" int k3c_cuda_moe_band_mx(const k3c_cuda_expert *experts, int num_expe
     if ((cols >> 5) > MXB_MAX_CHUNKS || cols % 32 || rows < 1)
         return k3c_errorf("moe band: %d x %d matrices (cols a multiple of 32, at most %d)", rows, cols,
                           32 * MXB_MAX_CHUNKS);
-    const size_t smem = (size_t)(cols >> 5) * 4 * MXB_COLS * sizeof(uint4);
+    /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
+    const size_t smem = (size_t)((cols >> 5) + 3) / 4 * 4 * 4 * MXB_COLS * sizeof(uint4);
     const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * MXB_COLS * sizeof(uint4);
     if (!occ) {
         K3C_CUDA_TRY(cudaFuncSetAttribute(moe_band_mx_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -25,12 +25,6 @@ __device__ __forceinline__ unsigned long long bitonic_pick(int i, int stride, in
     return (mine > other) == want_max ? mine : other;
 }
 
-__device__ __forceinline__ unsigned long long shfl_xor_u64(unsigned long long v, int m) {
-    unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)v, m);
-    unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(v >> 32), m);
-    return ((unsigned long long)hi << 32) | lo;
-}
-
 /* Sorts the PV = ROUTER_THREADS * R keys descending, thread t holding keys t R .. t R + R - 1 in kv, and
  * leaves the sorted keys in key (shared, [PV]). The network is the one of the shared-memory version before
  * (the same compare-exchanges, so the same order), but each stage goes where its partners are: within a
@@ -54,7 +48,7 @@ __device__ __forceinline__ void bitonic_sort_keys(unsigned long long (&kv)[R], u
             } else if (stride >= R) {
 #pragma unroll
                 for (int j = 0; j < R; j++)
-                    kv[j] = bitonic_pick(t * R + j, stride, size, kv[j], shfl_xor_u64(kv[j], stride / R));
+                    kv[j] = bitonic_pick(t * R + j, stride, size, kv[j], k3c_shfl_xor_u64(kv[j], stride / R));
             } else { /* stride < R: a compile-time stride per branch, so kv stays in registers */
 #pragma unroll
                 for (int sr = 1; sr < R; sr <<= 1)
@@ -164,13 +158,7 @@ __device__ __forceinline__ void route_token(const k3c_cuda_router &r, const floa
 #pragma unroll
         for (int j = 0; j < R; j++) {
             int e = threadIdx.x * R + j;
-            kv[j] = 0ull;
-            if (e < E) {
-                float v = sel[e];
-                unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v); /* -0 as +0 */
-                unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-                kv[j] = ((unsigned long long)ord << 32) | (0xffffffffu - (unsigned int)e);
-            }
+            kv[j] = e < E ? k3c_select_key(sel[e], e) : 0ull;
         }
         bitonic_sort_keys<R>(kv, key, ROUTER_THREADS * R);
     }

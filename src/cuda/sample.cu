@@ -6,15 +6,6 @@
 
 #define ARGMAX_THREADS 1024
 
-/* The order as one 64-bit key, larger = better: the value's order in the high word (NaN below -inf, -0 as
- * +0), the inverted index in the low word (equal values: the lower index wins). The same keys as the
- * router's (cuda/router.cu). */
-__device__ __forceinline__ uint64_t argmax_key(float v, int i) {
-    unsigned int u = __float_as_uint(v == 0.0f ? 0.0f : v);
-    unsigned int ord = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)ord << 32) | (0xffffffffu - (unsigned int)i);
-}
-
 __device__ __forceinline__ uint64_t key_max(uint64_t a, uint64_t b) {
     return a > b ? a : b;
 }
@@ -26,12 +17,8 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows_kernel(const float
     __shared__ uint64_t best[ARGMAX_THREADS / 32];
     const float *row = logits + (size_t)blockIdx.x * V;
     uint64_t k = 0ull; /* below every element's key (an index's low word is never 0xffffffff - i < 0) */
-    for (int i = threadIdx.x; i < V; i += blockDim.x) k = key_max(k, argmax_key(row[i], i));
-    for (int o = 16; o > 0; o >>= 1) {
-        unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)k, o);
-        unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(k >> 32), o);
-        k = key_max(k, ((uint64_t)hi << 32) | lo);
-    }
+    for (int i = threadIdx.x; i < V; i += blockDim.x) k = key_max(k, k3c_select_key(row[i], i)); /* common.cuh */
+    for (int o = 16; o > 0; o >>= 1) k = key_max(k, k3c_shfl_xor_u64(k, o));
     if ((threadIdx.x & 31) == 0) best[threadIdx.x >> 5] = k;
     __syncthreads();
     if (threadIdx.x == 0) {
