@@ -142,7 +142,8 @@ if [ -z "${TESTS:-}" ]; then
     echo "== GPU tests with K3C_MOE_BAND_BF16=0 (gpu_moe_bf16)"
     K3C_MOE_BAND_BF16=0 timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
-    # the opt-in MLA attend by head groups (cuda/mla.cu), on the kernel test and a whole forward
+    # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
+    # on the kernel test and a whole forward
     echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"
     K3C_MLA_HG=1 timeout 180 "$BUILD/test_gpu" gpu_mla gpu_forward_tiny 2>&1 | tee -a "$LOGDIR/test_gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
