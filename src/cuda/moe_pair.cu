@@ -449,7 +449,10 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
 #define MXB_COLS 8
 #define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
-#define MXB_MAX_CHUNKS 192   /* plane: chunks x 4 x 8 x 16 bytes = 96 KB: two blocks per SM */
+#define MXB_MAX_CHUNKS 192   /* MXFP4 plane: chunks x 4 subs x 8 x 16 bytes = 96 KB: two blocks per SM */
+/* the most chunks of a row: a bf16 chunk (8 weights) stages one sub-step, a quarter of an MXFP4 chunk's
+ * plane, so the same 96 KB hold 768 (a row of 6144; Kimi Linear's 2304 is 288) */
+#define MXB_MAX_CHUNKS_OF(mx) ((mx) ? MXB_MAX_CHUNKS : 4 * MXB_MAX_CHUNKS)
 #define MXB_STAGE 2          /* plane entries a thread stages at once (their loads in flight together) */
 
 __global__ void __launch_bounds__(MXB_MAX_PAIRS)
@@ -716,7 +719,8 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
 
 extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
     const int per = mxfp4 ? 32 : 8; /* weights a chunk */
-    return pairs >= 1 && pairs <= MXB_MAX_PAIRS && In / per <= MXB_MAX_CHUNKS && F / per <= MXB_MAX_CHUNKS;
+    return pairs >= 1 && pairs <= MXB_MAX_PAIRS && In / per <= MXB_MAX_CHUNKS_OF(mxfp4) &&
+           F / per <= MXB_MAX_CHUNKS_OF(mxfp4);
 }
 
 extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
@@ -742,9 +746,9 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
         if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
     }
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
-    if (chunks > MXB_MAX_CHUNKS || cols % (MX ? 32 : 8) || rows < 1)
+    if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
         return k3c_errorf("moe band: %d x %d %s matrices (cols a multiple of %d, at most %d)", rows, cols,
-                          MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS);
+                          MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS_OF(MX));
     /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
     const int subs = MX ? 4 : 1;
     const size_t smem = (size_t)steps * 4 * subs * MXB_COLS * sizeof(uint4);

@@ -12,6 +12,7 @@
 #include "cuda/kda.h"
 #include "cuda/mla.h"
 #include "cuda/moe.h"
+#include "cuda/moe_pair.h"
 #include "cuda/router.h"
 #include "cuda/sample.h"
 #include "k3c.h"
@@ -425,6 +426,10 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 1, 136, 64, 72, 12, 40, 8, 0);
     moe_case(0, 0, 72, 40, 48, 5, 33, 8, 1);
     moe_case(0, 0, 2304, 1024, 2304, 16, 36, 8, 0);
+    /* the band kernels take Kimi Linear's widths (2304 / 8 = 288 chunks a row: 192 was MXFP4's limit, and the
+     * case above ran the grouped kernel until session 9's run 2 showed band and grouped timed the same) */
+    CHECK(k3c_cuda_moe_band_fits(0, 2304, 1024, 288) && k3c_cuda_moe_band_fits(0, 6144, 6144, 1024));
+    CHECK(!k3c_cuda_moe_band_fits(0, 6152, 1024, 8) && !k3c_cuda_moe_band_fits(1, 6176, 1024, 8));
 }
 
 /* ---- elementwise ---- */
