@@ -596,8 +596,10 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
 /* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
  * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel; run
  * 20 with the two-launch kernels, kimi-linear-48b specialized, limit 64 / 256: b=16 22.01 / 17.62 ms, b=32
- * 37.58 / 31.08 ms; b=64, 512 pairs, not measured: there most experts repeat, and the per-pair path reads
- * a repeated expert once per pair where the grouped kernel reads it once).
+ * 37.58 / 31.08 ms against the grouped kernel), and since session 9 (run 3) up to 64 pairs only: past that
+ * the band kernels read each selected expert once for up to 8 of its pairs, b=16 17.37 -> 15.52 ms, b=32
+ * 29.33 -> 21.22 ms against the per-pair path at 256 (which reads a repeated expert once per pair), while at
+ * 64 pairs (b=8) the per-pair path stays ahead, 9.42 against 10.22 ms with the band there.
  * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. Run 18 (`bench_gpu moe`, H200), the pipelined kernel against
  * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
@@ -607,9 +609,9 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
  * pairs, then to the grouped kernel.
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
- * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 the band
- * kernels off. */
-#define MOE_PAIR_MAX 256
+ * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
+ * the band kernels off for that format. */
+#define MOE_PAIR_MAX 64
 #define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
     const char *v = getenv(name);

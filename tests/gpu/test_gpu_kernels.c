@@ -418,11 +418,12 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 1, 264, 40, 48, 6, 5, 3, 0);
     moe_case(0, 0, 264, 40, 48, 6, 5, 3, 1);
     moe_case(0, 0, 1032, 256, 1032, 16, 8, 8, 0);
-    /* past 64 pairs (the per-pair path runs up to 256): 160 pairs over 20 experts, rounded and not */
+    /* past 64 pairs: the band kernels (the per-pair path with K3C_MOE_PAIR_MAX=256, the grouped kernel with
+     * K3C_MOE_BAND_BF16=0; gpu-check runs all three): 160 pairs over 20 experts, rounded and not */
     moe_case(0, 0, 264, 40, 48, 20, 20, 8, 1);
     moe_case(0, 1, 136, 64, 72, 12, 20, 8, 0);
-    /* past 256 pairs: the band kernels (the grouped kernel with K3C_MOE_BAND_BF16=0): 320 pairs over 12
-     * experts, rounded over 5 (experts of many tiles), Kimi Linear's shape at 36 tokens */
+    /* past 256 pairs (band, or grouped with K3C_MOE_BAND_BF16=0 also under K3C_MOE_PAIR_MAX=256): 320 pairs
+     * over 12 experts, rounded over 5 (experts of many tiles), Kimi Linear's shape at 36 tokens */
     moe_case(0, 1, 136, 64, 72, 12, 40, 8, 0);
     moe_case(0, 0, 72, 40, 48, 5, 33, 8, 1);
     moe_case(0, 0, 2304, 1024, 2304, 16, 36, 8, 0);
