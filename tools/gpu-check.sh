@@ -138,6 +138,13 @@ if [ -z "${TESTS:-}" ]; then
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
+    # bf16 experts past 64 pairs on the grouped kernel and on the per-pair path up to 256 pairs (the default
+    # takes the band kernels there)
+    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256; do
+        echo "== GPU tests with $env (gpu_moe_bf16)"
+        env $env timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+    done
     # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
     # on the kernel test and a whole forward
     echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"

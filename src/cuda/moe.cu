@@ -596,8 +596,10 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
 /* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
  * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel; run
  * 20 with the two-launch kernels, kimi-linear-48b specialized, limit 64 / 256: b=16 22.01 / 17.62 ms, b=32
- * 37.58 / 31.08 ms; b=64, 512 pairs, not measured: there most experts repeat, and the per-pair path reads
- * a repeated expert once per pair where the grouped kernel reads it once).
+ * 37.58 / 31.08 ms against the grouped kernel), and since session 9 (run 3) up to 64 pairs only: past that
+ * the band kernels read each selected expert once for up to 8 of its pairs, b=16 17.37 -> 15.52 ms, b=32
+ * 29.33 -> 21.22 ms against the per-pair path at 256 (which reads a repeated expert once per pair), while at
+ * 64 pairs (b=8) the per-pair path stays ahead, 9.42 against 10.22 ms with the band there.
  * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. Run 18 (`bench_gpu moe`, H200), the pipelined kernel against
  * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
@@ -607,20 +609,20 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
  * pairs, then to the grouped kernel.
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
- * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 the band
- * kernels off. */
-#define MOE_PAIR_MAX 256
+ * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
+ * the band kernels off for that format. */
+#define MOE_PAIR_MAX 64
 #define MOE_PAIR_MX_DEFAULT 16
 static int env_flag(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? v[0] != '0' : dflt;
 }
-/* MXFP4 past the per-pair limit: by expert band (moe_pair.cu) unless K3C_MOE_BAND_MX=0 (the grouped kernel,
- * for A/B runs). */
-static int moe_band_on(void) {
-    static int on = -1;
-    if (on < 0) on = env_flag("K3C_MOE_BAND_MX", 1);
-    return on;
+/* Past the per-pair limit: by expert band (moe_pair.cu) unless K3C_MOE_BAND_MX=0 (MXFP4) or
+ * K3C_MOE_BAND_BF16=0 (bf16) sends the format to the grouped kernel (for A/B runs). */
+static int moe_band_on(int mxfp4) {
+    static int on[2] = {-1, -1};
+    if (on[mxfp4] < 0) on[mxfp4] = env_flag(mxfp4 ? "K3C_MOE_BAND_MX" : "K3C_MOE_BAND_BF16", 1);
+    return on[mxfp4];
 }
 static int moe_pair_limit(int mxfp4) {
     static int bf16_max = -1, mx_max = -1;
@@ -633,34 +635,42 @@ static int moe_pair_limit(int mxfp4) {
     return mxfp4 ? mx_max : bf16_max;
 }
 
+/* nm matrices a pair, per pair (MXFP4: k3c_cuda_moe_pair_mx, from idx) or by expert band
+ * (k3c_cuda_moe_band, from its tile table `lists`), as k3c_cuda_moe_experts runs them. */
+static int stream_mats(int band, const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *idx,
+                       const int *lists, int pairs, int nm, int rows, int cols, const float *x, int x_per_pair,
+                       float *y0, float *y1, int round_bf16, cudaStream_t s) {
+    if (band)
+        return k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1,
+                                 round_bf16, s);
+    return k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round_bf16, s);
+}
+
 extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F,
                                     int Out, const float *x, int T, const int *idx, const float *weight, int k,
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = k3c_cuda_moe_pair_mx_fits(In, F);
-    if (pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits)) {
+    const int per_pair = pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits);
+    const int band = !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
+                     k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out;
+    if (per_pair || band) {
         K3C_TRY(check_dims(mxfp4, In, "input width"));
         K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
         if (k <= 0) return k3c_errorf("moe experts: %d slots per token", k);
-        if (!mxfp4)
+        if (per_pair && !mxfp4)
             return k3c_cuda_moe_pair_bf16(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round_bf16, h, out,
                                  stream);
-        /* MXFP4: gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation
-         * in place into h, then down into part, and the weighted sum below */
-        K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
+        /* gate into h, up into part (rows of F: part holds pairs x Out >= pairs x F), the activation in place
+         * into h, then down into part, and the weighted sum below; per pair (MXFP4) or by expert band
+         * (moe_pair.h: its tile table lives in out until the combine writes it) */
+        int *lists = band ? (int *)out : NULL;
+        if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 2, F, In, x, k, h, part, round_bf16,
+                            stream));
         K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
-    } else if (mxfp4 && moe_band_on() && k3c_cuda_moe_band_mx_fits(In, F, pairs) && Out >= F &&
-               k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out) {
-        /* by expert band (moe_pair.h): gate into h, up into part, the activation, down into part, as the per-pair
-         * path; the tile table lives in out until the combine below writes it */
-        int *lists = (int *)out;
-        K3C_TRY(check_dims(mxfp4, In, "input width"));
-        K3C_TRY(check_dims(mxfp4, F, "intermediate width"));
-        K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
-        K3C_TRY(k3c_cuda_moe_band_mx(experts, num_experts, lists, pairs, 2, F, In, x, k, h, part, round_bf16, stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_band_mx(experts, num_experts, lists, pairs, 1, Out, F, h, 1, part, part, round_bf16, stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 1, Out, F, h, 1, part, part,
+                            round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));

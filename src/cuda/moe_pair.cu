@@ -449,7 +449,10 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
 #define MXB_COLS 8
 #define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
-#define MXB_MAX_CHUNKS 192   /* plane: chunks x 4 x 8 x 16 bytes = 96 KB: two blocks per SM */
+#define MXB_MAX_CHUNKS 192   /* MXFP4 plane: chunks x 4 subs x 8 x 16 bytes = 96 KB: two blocks per SM */
+/* the most chunks of a row: a bf16 chunk (8 weights) stages one sub-step, a quarter of an MXFP4 chunk's
+ * plane, so the same 96 KB hold 768 (a row of 6144; Kimi Linear's 2304 is 288) */
+#define MXB_MAX_CHUNKS_OF(mx) ((mx) ? MXB_MAX_CHUNKS : 4 * MXB_MAX_CHUNKS)
 #define MXB_STAGE 2          /* plane entries a thread stages at once (their loads in flight together) */
 
 __global__ void __launch_bounds__(MXB_MAX_PAIRS)
@@ -518,20 +521,93 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
     if (t == n - 1) lists[0] = scan[t];
 }
 
+/* bf16 experts by band (moe_band_kernel<false>): lane (g, q) streams 16-byte chunk 4 s + q (8 weights) of
+ * rows g and g + 8 at step s, U steps a run, and each chunk is two mma as it stands in memory: weights
+ * (2j, 2j + 1) are the A word j (j = 0, 1 the first mma's k-low / k-high halves, 2, 3 the second's), and the
+ * staged plane entry of (step, column, q) holds the activations in the same pairs. No decode, so about a
+ * tenth of the MXFP4 band kernel's instructions per byte. Chunks past the row: zero weights (the loads'
+ * fill) against a staged entry (the clamp), so they add nothing. */
 template <int U>
+__device__ __forceinline__ void bfb_load(uint4 (&wa)[U], uint4 (&wb)[U], const uint8_t *pa, const uint8_t *pb, int base,
+                                         int q, int chunks) {
+    if ((base + U) * 4 <= chunks) { /* a run inside the row: unpredicated */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            wa[u] = k3c_ld_stream16(pa + (unsigned)(base + u) * 64u);
+            wb[u] = k3c_ld_stream16(pb + (unsigned)(base + u) * 64u);
+        }
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const bool ok = (base + u) * 4 + q < chunks;
+        wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+        wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+template <int U>
+__device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&wb)[U], int base, int q, int chunks,
+                                            const uint4 *plane, int bcol, float (&acc)[4]) {
+    float d[U][4];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = min((base + u) * 4 + q, chunks - 1);
+        const uint4 bq = plane[((c >> 2) * MXB_COLS + bcol) * 4 + (c & 3)];
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
+        k3c_mma_bf16(d[u], wa[u].x, wb[u].x, wa[u].y, wb[u].y, bq.x, bq.y);
+        k3c_mma_bf16(d[u], wa[u].z, wb[u].z, wa[u].w, wb[u].w, bq.z, bq.w);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+}
+
+/* The bf16 band of a warp (rows row0 + g, row0 + g + 8 of P; row0 < rows) over steps kw, kw + wpr, ...: two
+ * runs in registers as mxp_stream. */
+template <int U>
+__device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows, int row_bytes, int chunks, int steps,
+                                           int g, int q, int kw, int wpr, const uint4 *plane, float (&acc)[4],
+                                           int bcol) {
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+    const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
+    const int stride = wpr * U;
+    int base = kw * U;
+    uint4 a0[U], b0[U], a1[U], b1[U];
+    if (base < steps) bfb_load<U>(a0, b0, pa, pb, base, q, chunks);
+    while (base < steps) {
+        int next = base + stride;
+        if (next < steps) bfb_load<U>(a1, b1, pa, pb, next, q, chunks);
+        bfb_compute<U>(a0, b0, base, q, chunks, plane, bcol, acc);
+        base = next;
+        if (base >= steps) break;
+        next = base + stride;
+        if (next < steps) bfb_load<U>(a0, b0, pa, pb, next, q, chunks);
+        bfb_compute<U>(a1, b1, base, q, chunks, plane, bcol, acc);
+        base = next;
+    }
+}
+
+/* MX: MXFP4 experts (chunks of 32 weights: 16 packed bytes and a scale; 4 sub-steps of 8 a chunk), else bf16
+ * (chunks of 8 weights, bfb_stream above); U steps a run. */
+template <bool MX, int U>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
-moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
-                   int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
-                   float *__restrict__ y1, int wpr, int round) {
-    /* [step][sub][column][q]: one bf16 term. Lane (g, q) reads column g of its step and sub-step, or column 0
-     * when the tile has no column g (those output columns are never written): with one column the four
-     * q entries of a read lie in 64 contiguous bytes, one shared-memory wavefront, as the per-pair kernel's
-     * broadcast (the [chunk][sub][column] layout put them 512 bytes apart: four wavefronts at any width). */
+moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
+                int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
+                float *__restrict__ y1, int wpr, int round) {
+    /* [step][sub][column][q] (bf16: one sub): one bf16 term. Lane (g, q) reads column g of its step and
+     * sub-step, or column 0 when the tile has no column g (those output columns are never written): with one
+     * column the four q entries of a read lie in 64 contiguous bytes, one shared-memory wavefront, as the
+     * per-pair kernel's broadcast (the [chunk][sub][column] layout put them 512 bytes apart: four wavefronts
+     * at any width). */
+    constexpr int SUBS = MX ? 4 : 1;
     extern __shared__ uint4 mxb_plane[];
     __shared__ float part[GEMV_WARPS][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
-    const int chunks = cols >> 5, steps = (chunks + 3) >> 2, row_bytes = cols >> 1;
+    const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2, row_bytes = MX ? cols >> 1 : cols * 2;
     const int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
     for (int i = lists[1] + blockIdx.x; i < pairs; i += gridDim.x) { /* invalid experts: their rows are 0 */
         const size_t p = (size_t)plist[i];
@@ -550,8 +626,9 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
         const int e = tile_e[tile], off = tile_off[tile], nc = tile_n[tile];
         const int bcol = g < nc ? g : 0; /* the plane column this lane reads (see the plane above) */
         const k3c_cuda_expert &ex = experts[e];
-        const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
-        const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
+        const uint8_t *P = MX ? (nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed)
+                              : (const uint8_t *)(nm == 1 ? ex.down_w : m == 0 ? ex.gate_w : ex.up_w);
+        const uint8_t *S = MX ? (nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale) : NULL;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int term = 0; term < nterms; term++) {
             if (tile != staged_tile || term != staged_term) { /* block-uniform */
@@ -563,15 +640,16 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                  * after another (14 round trips a thread for a K3 row at one column), and run 6 measured the
                  * band kernel at one token 0.435 of copy bandwidth against the per-pair kernel's 0.581 on the
                  * same work. */
-                const int total = chunks * 4 * nc;
+                const int total = chunks * SUBS * nc;
                 for (int i0 = threadIdx.x; i0 < total; i0 += MXB_STAGE * blockDim.x) {
                     float4 va[MXB_STAGE], vb[MXB_STAGE];
 #pragma unroll
                     for (int j = 0; j < MXB_STAGE; j++) {
                         const int i = i0 + j * blockDim.x;
                         if (i < total) {
-                            const int col = i % nc, cs = i / nc;
-                            const float *xr = x + (size_t)(plist[off + col] / x_per_pair) * cols + (cs >> 2) * 32 + 8 * (cs & 3);
+                            const int col = i % nc, cs = i / nc; /* cs: chunk cs / SUBS, sub-step cs % SUBS */
+                            const float *xr = x + (size_t)(plist[off + col] / x_per_pair) * cols +
+                                              (MX ? (cs >> 2) * 32 + 8 * (cs & 3) : cs * 8);
                             va[j] = __ldg((const float4 *)xr);
                             vb[j] = __ldg((const float4 *)xr + 1);
                         }
@@ -581,12 +659,20 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                         const int i = i0 + j * blockDim.x;
                         if (i >= total) break;
                         const int col = i % nc, cs = i / nc;
-                        float lo[4] = {va[j].x, va[j].y, va[j].z, va[j].w}, hi[4] = {vb[j].x, vb[j].y, vb[j].z, vb[j].w};
+                        /* the pairs of mx_word's A words (j, j + 4), or of bf16 words as stored (2j, 2j + 1) */
+                        float lo[4], hi[4];
+                        if (MX) {
+                            lo[0] = va[j].x, lo[1] = va[j].y, lo[2] = va[j].z, lo[3] = va[j].w;
+                            hi[0] = vb[j].x, hi[1] = vb[j].y, hi[2] = vb[j].z, hi[3] = vb[j].w;
+                        } else {
+                            lo[0] = va[j].x, hi[0] = va[j].y, lo[1] = va[j].z, hi[1] = va[j].w;
+                            lo[2] = vb[j].x, hi[2] = vb[j].y, lo[3] = vb[j].z, hi[3] = vb[j].w;
+                        }
                         uint32_t tt[4][3];
 #pragma unroll
                         for (int k = 0; k < 4; k++) inexact |= k3c_split3(lo[k], hi[k], tt[k]);
-                        const int c = cs >> 2, sub = cs & 3;
-                        mxb_plane[(((c >> 2) * 4 + sub) * MXB_COLS + col) * 4 + (c & 3)] =
+                        const int c = cs / SUBS, sub = cs % SUBS;
+                        mxb_plane[(((c >> 2) * SUBS + sub) * MXB_COLS + col) * 4 + (c & 3)] =
                             term == 0   ? make_uint4(tt[0][0], tt[1][0], tt[2][0], tt[3][0])
                             : term == 1 ? make_uint4(tt[0][1], tt[1][1], tt[2][1], tt[3][1])
                                         : make_uint4(tt[0][2], tt[1][2], tt[2][2], tt[3][2]);
@@ -597,9 +683,13 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
                 staged_tile = tile;
                 staged_term = term;
             }
-            if (row0 < rows)
-                mxp_stream<U, false, 1, MXB_COLS>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane,
-                                                  acc, bcol, 1);
+            if (row0 < rows) {
+                if (MX)
+                    mxp_stream<U, false, 1, MXB_COLS>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr,
+                                                      mxb_plane, acc, bcol, 1);
+                else
+                    bfb_stream<U>(P, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane, acc, bcol);
+            }
         }
         /* lane (g, q): rows g, g + 8 of columns 2q, 2q + 1 (acc[0], acc[1]; acc[2], acc[3]) */
         if (wpr > 1) {
@@ -627,8 +717,10 @@ moe_band_mx_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__res
     }
 }
 
-extern "C" int k3c_cuda_moe_band_mx_fits(int In, int F, int pairs) {
-    return pairs >= 1 && pairs <= MXB_MAX_PAIRS && In / 32 <= MXB_MAX_CHUNKS && F / 32 <= MXB_MAX_CHUNKS;
+extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
+    const int per = mxfp4 ? 32 : 8; /* weights a chunk */
+    return pairs >= 1 && pairs <= MXB_MAX_PAIRS && In / per <= MXB_MAX_CHUNKS_OF(mxfp4) &&
+           F / per <= MXB_MAX_CHUNKS_OF(mxfp4);
 }
 
 extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
@@ -644,37 +736,49 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
     return K3C_OK;
 }
 
-/* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs`. */
-extern "C" int k3c_cuda_moe_band_mx(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
-                                    int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
-                                    int round, cudaStream_t s) {
+template <bool MX, int U>
+static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
+                           int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
+                           cudaStream_t s) {
     static int occ, force_wpr = -1;
     if (force_wpr < 0) {
         force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
         if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
     }
-    if ((cols >> 5) > MXB_MAX_CHUNKS || cols % 32 || rows < 1)
-        return k3c_errorf("moe band: %d x %d matrices (cols a multiple of 32, at most %d)", rows, cols,
-                          32 * MXB_MAX_CHUNKS);
+    const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
+    if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
+        return k3c_errorf("moe band: %d x %d %s matrices (cols a multiple of %d, at most %d)", rows, cols,
+                          MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS_OF(MX));
     /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
-    const size_t smem = (size_t)((cols >> 5) + 3) / 4 * 4 * 4 * MXB_COLS * sizeof(uint4);
+    const int subs = MX ? 4 : 1;
+    const size_t smem = (size_t)steps * 4 * subs * MXB_COLS * sizeof(uint4);
     const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * MXB_COLS * sizeof(uint4);
     if (!occ) {
-        K3C_CUDA_TRY(cudaFuncSetAttribute(moe_band_mx_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        K3C_CUDA_TRY(cudaFuncSetAttribute(moe_band_kernel<MX, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)smem_max));
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_mx_kernel<2>, GEMV_WARPS * 32, smem_max) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U>, GEMV_WARPS * 32, smem_max) !=
                 cudaSuccess ||
             occ < 1)
             occ = 1;
     }
     /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
-    const int steps = ((cols >> 5) + 3) >> 2;
     const int tiles_max = pairs < num_experts ? pairs : num_experts;
-    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + 1) / 2, tiles_max * nm, occ * k3c_cuda_sm_count(), force_wpr);
-    moe_band_mx_kernel<2><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols, x,
-                                                                  x_per_pair, y0, y1, pp.wpr, round);
-    K3C_CUDA_LAUNCHED("moe_band_mx");
+    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
+                              force_wpr);
+    moe_band_kernel<MX, U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols, x,
+                                                                   x_per_pair, y0, y1, pp.wpr, round);
+    K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
     return K3C_OK;
+}
+
+/* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs`.
+ * bf16 takes 3 steps a run (no decode: registers for more bytes in flight; 4 spilled 36 bytes), MXFP4 2 as the
+ * per-pair kernel. */
+extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *lists, int pairs,
+                                 int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
+                                 int round, cudaStream_t s) {
+    return (mxfp4 ? moe_band_launch<true, 2> : moe_band_launch<false, 3>)(experts, num_experts, lists, pairs, nm, rows,
+                                                                          cols, x, x_per_pair, y0, y1, round, s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels

@@ -498,7 +498,8 @@ int main(int argc, char **argv) {
         }
     }
 
-    if (want("moe")) { /* bf16 experts, Kimi Linear 48B shape (In 2304, F 1024), 256 experts, top-8, T = 1, 8, 32 */
+    if (want("moe")) { /* bf16 experts, Kimi Linear 48B shape (In 2304, F 1024), 256 experts, top-8, T = 1, 8, 32,
+                        * 64 (512 pairs: past the per-pair path, the band kernels or the grouped one) */
         int E = 256, In = 2304, F = 1024, Out = 2304, k = 8;
         k3c_cuda_expert *tab = calloc(E, sizeof *tab);
         size_t bgu = (size_t)F * In * 2, bd = (size_t)Out * F * 2;
@@ -510,8 +511,8 @@ int main(int argc, char **argv) {
         k3c_cuda_expert *dtab;
         CK(cudaMalloc((void **)&dtab, sizeof *tab * E));
         CK(cudaMemcpy(dtab, tab, sizeof *tab * E, cudaMemcpyHostToDevice));
-        static const int T_l[] = {1, 8, 32};
-        for (int ti = 0; ti < 3; ti++) {
+        static const int T_l[] = {1, 8, 32, 64};
+        for (int ti = 0; ti < 4; ti++) {
             int T = T_l[ti];
             moe_ctx m;
             memset(&m, 0, sizeof m);
