@@ -129,20 +129,20 @@ else
 fi
 
 # The MXFP4 experts with the per-pair path at every decode size (K3C_MOE_PAIR_MX=1: up to 64 pairs; the
-# default stops at 16), with it off (the band kernels past the per-pair sizes), and with the band kernels off
-# too (the grouped kernel at every size), with the band kernels' 16-column tiles everywhere past the per-pair
-# sizes and with their 8-column tiles everywhere (K3C_MOE_BAND_COLS), so each kernel stays tested at the sizes
-# the default gives another (cuda/moe.cu, cuda/moe_pair.cu)
+# default stops at 16) and rows split over 2 warps, with it off (the band kernels past the per-pair sizes)
+# and rows over 8 warps (the default gives MXFP4 rows one warp each), and with the band kernels off too (the
+# grouped kernel at every size), so each kernel and row split stays tested at the sizes the default gives
+# another (cuda/moe.cu, cuda/moe_pair.cu)
 if [ -z "${TESTS:-}" ]; then
-    for env in K3C_MOE_PAIR_MX=1 K3C_MOE_PAIR_MX=0 "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0" \
-        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16" K3C_MOE_BAND_COLS=8; do
+    for env in "K3C_MOE_PAIR_MX=1 K3C_MOE_MXP_WPR=2" "K3C_MOE_PAIR_MX=0 K3C_MOE_MXP_WPR=8" \
+        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0"; do
         echo "== GPU tests with $env (gpu_moe_mxfp4)"
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
     # bf16 experts past 64 pairs on the grouped kernel and on the per-pair path up to 256 pairs (the default
-    # takes the band kernels there)
-    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256; do
+    # takes the band kernels there), and rows split over 4 warps (the default: 2 for bf16 bands, 1 for MXFP4)
+    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256 K3C_MOE_MXP_WPR=4; do
         echo "== GPU tests with $env (gpu_moe_bf16)"
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1

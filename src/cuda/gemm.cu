@@ -226,6 +226,25 @@ typedef struct gemv_plan {
     int wpr, items, cap;
 } gemv_plan;
 
+/* K3C_GEMV_WPR / K3C_GEMV_MMA_WPR = 1, 2, 4 or 8: warps per row of the T = 1 / tensor-core GEMVs instead of
+ * plan_grid's choice (A/B runs; halved while a row has fewer load runs than warps). Read once. */
+static int gemv_forced_wpr(int mma) {
+    static int forced[2] = {-1, -1};
+    if (forced[mma] < 0) {
+        const char *v = getenv(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
+        int w = v && *v ? atoi(v) : 0;
+        forced[mma] = w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
+    }
+    return forced[mma];
+}
+
+static void plan_forced(int units, int batches, int wpr, gemv_plan *p) {
+    while (wpr > 1 && batches < wpr) wpr >>= 1;
+    const int groups = GEMV_WARPS / wpr;
+    p->wpr = wpr;
+    p->items = (units + groups - 1) / groups;
+}
+
 static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float *x, int T) {
     static int occ_t1, occ_mma;
     gemv_plan p = {0, 0, 1, 0, 0};
@@ -242,11 +261,14 @@ static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float 
         p.cap = resident_blocks(gemv_t1_kernel, &occ_t1);
         plan_grid((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U), p.cap, &p.wpr, &grid,
                   &p.items);
+        if (gemv_forced_wpr(0))
+            plan_forced((rows + T1_RPW - 1) / T1_RPW, (chunks + 32 * T1_U - 1) / (32 * T1_U), gemv_forced_wpr(0), &p);
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         p.mma = 1;
         p.cap = resident_blocks(gemv_mma_kernel, &occ_mma);
         plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+        if (gemv_forced_wpr(1)) plan_forced((rows + 15) / 16, (steps + MM_U - 1) / MM_U, gemv_forced_wpr(1), &p);
     }
     return p;
 }

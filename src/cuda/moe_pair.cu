@@ -369,17 +369,25 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
 }
 
 /* A per-pair launch's plan: `units` row groups of one matrix with `runs` load runs along a row, `matrices`
- * (pairs x matrices per pair) of them. The split of a row (wpr) is chosen for the whole launch's worth of
- * rows; per = items (blocks' shares) of one matrix; the grid is what stays resident. */
+ * (pairs x matrices per pair) of them. The split of a row (wpr, warps per row) is `wpr` (halved while a
+ * row has fewer runs than warps), or K3C_MOE_MXP_WPR's when that is set (force_wpr); per = items (blocks'
+ * shares) of one matrix; the grid is what stays resident.
+ *
+ * The launchers pass 1 for MXFP4 and 2 for the bf16 band kernel. Session 9 run 5 (H200, specialized steps,
+ * context 64) swept K3C_MOE_MXP_WPR over plan_grid's choice (0) and 1, 2, 4, 8: k3-slice (MXFP4) b=1 / 8 /
+ * 16 / 32 / 64 6.03 / 12.32 / 12.57-13.11 / 16.54-17.25 / 24.40-24.84 ms with plan_grid's choice, 5.94 /
+ * 11.37-11.43 / 11.84 / 15.33-15.35 / 22.59-22.64 with 1 (two rounds; 2, 4, 8 slower); kimi-linear-48b (bf16
+ * band) b=16 / 32 / 64 15.22 / 20.95 / 28.20 with plan_grid's choice, 14.74 / 19.89 / 27.25 with 2 (1: 14.74
+ * / 20.46 / 27.81). A warp owning whole rows needs no cross-warp sum (two block barriers an item) and keeps
+ * its loads running along a row; plan_grid's wave arithmetic preferred splitting rows. */
 typedef struct pair_plan {
     int wpr, per, items, grid;
 } pair_plan;
 
-static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int force_wpr) {
+static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int wpr, int force_wpr) {
     pair_plan p;
-    int grid, items;
-    plan_grid(units * matrices, runs, cap, &p.wpr, &grid, &items);
-    if (force_wpr > 0) p.wpr = force_wpr; /* an A/B knob (K3C_MOE_MXP_WPR) */
+    while (wpr > 1 && runs < wpr) wpr >>= 1;
+    p.wpr = force_wpr > 0 ? force_wpr : wpr; /* force_wpr: an A/B knob (K3C_MOE_MXP_WPR) */
     int groups = GEMV_WARPS / p.wpr;
     p.per = (units + groups - 1) / groups;
     p.items = p.per * matrices;
@@ -401,7 +409,8 @@ static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts,
             occ = 1;
     }
     int steps = ((cols >> 5) + 3) >> 2;
-    pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count(), force_wpr);
+    pair_plan pp =
+        plan_pairs((rows + 15) / 16, (steps + U - 1) / U, pairs * nm, occ * k3c_cuda_sm_count(), 1, force_wpr);
     moe_pair_mx_kernel<U, PROBE><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, num_experts, idx, nm, pp.per,
                                                                         pp.items, rows, cols, x, x_per_pair, y0, y1,
                                                                         pp.wpr, round);
@@ -412,7 +421,7 @@ static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts,
 extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
 
 /* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, run 18's kernel), K3C_MOE_MXP_WPR
- * (warps per row: 1, 2, 4 or 8; else plan_grid's choice) and K3C_MOE_MXP_PROBE=1 (the bandwidth probe
+ * (warps per row: 1, 2, 4 or 8; else plan_pairs' choice) and K3C_MOE_MXP_PROBE=1 (the bandwidth probe
  * above: wrong results, benchmarks only). None of them moves the kernel (session 7 run 3,
  * `K3C_MOE_PAIR_MX=1 bench_gpu moe`, moe_mxfp4_all_T1_k16 as fraction of copy bandwidth: default 0.499,
  * U 3 0.498, WPR 1 0.516, WPR 2 0.484; U 1 with 3 or 4 blocks per SM in the launch bounds (77 / 64
@@ -825,12 +834,10 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
     const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4);
     const int occ = band_occupancy<MX, U, NC>(smem);
     if (!occ) return k3c_errorf("moe band: %zu bytes of shared memory a block", smem);
-    /* planned for the most tiles the routing can give: an expert with n pairs has ceil(n / NC) tiles, so at
-     * most min(pairs, num_experts) + pairs / NC */
-    const int distinct = pairs < num_experts ? pairs : num_experts;
-    const int tiles_max = distinct + pairs / NC < pairs ? distinct + pairs / NC : pairs;
+    /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
+    const int tiles_max = pairs < num_experts ? pairs : num_experts;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
-                              force_wpr);
+                              MX ? 1 : 2, force_wpr);
     moe_band_kernel<MX, U, NC><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols,
                                                                        x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
