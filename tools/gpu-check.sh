@@ -135,7 +135,7 @@ fi
 # another (cuda/moe.cu, cuda/moe_pair.cu)
 if [ -z "${TESTS:-}" ]; then
     for env in "K3C_MOE_PAIR_MX=1 K3C_MOE_MXP_WPR=2" "K3C_MOE_PAIR_MX=0 K3C_MOE_MXP_WPR=8" \
-        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0"; do
+        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0" "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16" K3C_MOE_BAND_COLS=8; do
         echo "== GPU tests with $env (gpu_moe_mxfp4)"
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1

@@ -764,8 +764,11 @@ extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
 extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
 
 /* The tile width for `pairs` pairs over num_experts: MXB_COLS_WIDE for MXFP4 when the pairs average more than
- * 4 an expert (k3-slice at b >= 32: 512 pairs over 64 experts; an expert with 9..16 pairs is then one tile,
- * not two or three, each of which streamed and decoded it again), else MXB_COLS. K3C_MOE_BAND_COLS=8 / 16
+ * 8 an expert (k3-slice at b = 64: 1024 pairs over 64 experts; an expert with 9..16 pairs is then one tile,
+ * not two or three, each of which streamed and decoded it again), else MXB_COLS. The wide kernel runs one
+ * block per SM at 0.25-0.34 of copy bandwidth where the 8-column one reads 0.50-0.58 (session 9 run 4), so
+ * it pays only where most experts have more than 8 pairs: run 7, with a threshold of 4, k3-slice b=64
+ * 23.35/22.58 -> 22.05/21.79 ms but b=32 (8 an expert) 15.23/15.31 -> 16.07/16.09. K3C_MOE_BAND_COLS=8 / 16
  * forces it (A/B runs; 16 only for MXFP4). */
 extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts) {
     static int force = -1;
@@ -775,7 +778,7 @@ extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts) {
     }
     if (!mxfp4) return MXB_COLS;
     if (force) return force;
-    return pairs > 4 * num_experts ? MXB_COLS_WIDE : MXB_COLS;
+    return pairs > 8 * num_experts ? MXB_COLS_WIDE : MXB_COLS;
 }
 
 extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int tile_cols, int *lists,
