@@ -233,7 +233,7 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = min((base + u) * 4 + q, chunks - 1);
-        /* COLS > 1: the band plane [step][sub][column][q], column bcol (see moe_band_mx_kernel) */
+        /* COLS > 1: the band plane [step][sub][column][q], column bcol (see moe_band_kernel) */
         bp[u] = COLS == 1 ? plane + (size_t)c * 4 : plane + ((size_t)(c >> 2) * 4 * COLS + bcol) * 4 + (c & 3);
         mula[u] = mx_mul(r.ea[u]);
         mulb[u] = mx_mul(r.eb[u]);
