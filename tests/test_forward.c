@@ -3,8 +3,9 @@
  * cache blocks), plus the transformers oracle (tests/fixtures/kimi_linear_hf).
  *
  * Tolerances. f32 activations (the exact_f32 diagnostic) against float64: rel L2 per row < 1e-4 (measured
- * ~1e-6 .. 4e-6), top-1 equal; a plan that met a routing near-tie (route_ties.h) is printed, not compared. bf16 activations (the contract of stock/forward.c): a discrete expert choice
- * with a small score margin flips under bf16 noise and then moves a row by 20-90%, so the bf16 contract
+ * ~1e-6 .. 4e-6), top-1 equal; a plan that met a routing near-tie (route_ties.h) is printed, not compared.
+ * bf16 activations (the contract of stock/forward.c): a discrete expert choice with a small score margin
+ * flips under bf16 noise and then moves a row by 20-90%, so the bf16 contract
  * is checked on the same presets with every expert selected (k = E): measured rel L2 per row mean
  * ~0.9e-2 (kimi-linear-tiny) .. 2.5e-2 (tiny), worst ~5.5e-2; asserted worst < 8e-2, mean < 4e-2, top-1
  * equal except where the reference's top-2 margin is below 10% of the row's logit rms. */
