@@ -230,20 +230,11 @@ typedef struct gemv_plan {
  * plan_grid's choice (A/B runs; halved while a row has fewer load runs than warps). Read once. */
 static int gemv_forced_wpr(int mma) {
     static int forced[2] = {-1, -1};
-    if (forced[mma] < 0) {
-        const char *v = getenv(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
-        int w = v && *v ? atoi(v) : 0;
-        forced[mma] = w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
-    }
+    if (forced[mma] < 0) forced[mma] = forced_wpr_from_env(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
     return forced[mma];
 }
 
-static void plan_forced(int units, int batches, int wpr, gemv_plan *p) {
-    while (wpr > 1 && batches < wpr) wpr >>= 1;
-    const int groups = GEMV_WARPS / wpr;
-    p->wpr = wpr;
-    p->items = (units + groups - 1) / groups;
-}
+static void plan_forced(int units, int batches, int wpr, gemv_plan *p) { p->wpr = plan_split(units, batches, wpr, &p->items); }
 
 static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float *x, int T) {
     static int occ_t1, occ_mma;

@@ -651,8 +651,10 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = k3c_cuda_moe_pair_mx_fits(In, F);
-    const int per_pair = pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits);
-    const int band = !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
+    /* both streaming paths keep gate/up rows of F in part's rows of Out */
+    const int streamed = pairs > 0 && Out >= F;
+    const int per_pair = streamed && pairs <= moe_pair_limit(mxfp4) && (!mxfp4 || mx_fits);
+    const int band = streamed && !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) &&
                      k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out;
     if (per_pair || band) {
         K3C_TRY(check_dims(mxfp4, In, "input width"));

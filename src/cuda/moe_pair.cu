@@ -374,10 +374,9 @@ typedef struct pair_plan {
 
 static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int wpr, int force_wpr) {
     pair_plan p;
-    while (wpr > 1 && runs < wpr) wpr >>= 1;
-    p.wpr = force_wpr > 0 ? force_wpr : wpr; /* force_wpr: an A/B knob (K3C_MOE_MXP_WPR) */
-    int groups = GEMV_WARPS / p.wpr;
-    p.per = (units + groups - 1) / groups;
+    /* a forced wpr (K3C_MOE_MXP_WPR, an A/B knob) is taken as it is: no row has fewer than GEMV_WARPS runs */
+    if (force_wpr > 0) p.wpr = plan_split(units, GEMV_WARPS, force_wpr, &p.per);
+    else p.wpr = plan_split(units, runs, wpr, &p.per);
     p.items = p.per * matrices;
     p.grid = p.items < cap ? p.items : cap;
     return p;
@@ -426,8 +425,7 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
     static int u = -1, force_wpr, probe;
     if (u < 0) {
         u = env_int("K3C_MOE_MXP_U", 2) == 3 ? 3 : 2;
-        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
-        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
+        force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
         probe = env_int("K3C_MOE_MXP_PROBE", 0) == 1;
     }
     if (probe && rows % 16 == 0 && (cols >> 5) % 4 == 0)
@@ -750,10 +748,7 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
     static int occ, force_wpr = -1;
-    if (force_wpr < 0) {
-        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
-        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
-    }
+    if (force_wpr < 0) force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
     if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
         return k3c_errorf("moe band: %d x %d %s matrices (cols a multiple of %d, at most %d)", rows, cols,
