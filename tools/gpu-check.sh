@@ -147,6 +147,11 @@ if [ -z "${TESTS:-}" ]; then
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
+    # the tensor-core GEMV (2-8 tokens) planned by plan_grid (K3C_GEMV_MMA_GRID=1, cuda/gemm.cu): other
+    # warps-per-row splits than the default's all-warps one
+    echo "== GPU tests with K3C_GEMV_MMA_GRID=1 (gpu_matmul_bf16, gpu_gemv_group)"
+    K3C_GEMV_MMA_GRID=1 timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
     # on the kernel test and a whole forward
     echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"

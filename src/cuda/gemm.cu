@@ -227,11 +227,22 @@ typedef struct gemv_plan {
 } gemv_plan;
 
 /* K3C_GEMV_WPR / K3C_GEMV_MMA_WPR = 1, 2, 4 or 8: warps per row of the T = 1 / tensor-core GEMVs instead of
- * plan_grid's choice (A/B runs; halved while a row has fewer load runs than warps). Read once. */
+ * the planned split (A/B runs; halved while a row has fewer load runs than warps). Read once. */
 static int gemv_forced_wpr(int mma) {
     static int forced[2] = {-1, -1};
     if (forced[mma] < 0) forced[mma] = forced_wpr_from_env(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
     return forced[mma];
+}
+
+/* K3C_GEMV_MMA_GRID=1: the tensor-core GEMVs planned by plan_grid (their plan before session 10) instead of
+ * rows over all warps. Read once. */
+static bool gemv_mma_grid(void) {
+    static int grid = -1;
+    if (grid < 0) {
+        const char *v = getenv("K3C_GEMV_MMA_GRID");
+        grid = v && v[0] == '1';
+    }
+    return grid;
 }
 
 static void plan_forced(int units, int batches, int wpr, gemv_plan *p) { p->wpr = plan_split(units, batches, wpr, &p->items); }
@@ -258,7 +269,15 @@ static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float 
         int steps = ((cols >> 3) + 3) >> 2;
         p.mma = 1;
         p.cap = resident_blocks(gemv_mma_kernel, &occ_mma);
-        plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+        /* Rows split over all GEMV_WARPS warps (fewer while a row has fewer runs): each warp reads the
+         * activations of its own k range only, so an item's block reads them once from L2 (T tokens x
+         * cols x 4 bytes: at T = 8 as many bytes as the item's weights); with whole rows a warp, its 8
+         * warps each read all of them. plan_grid (K3C_GEMV_MMA_GRID=1, the A/B knob) picks the fewest warps
+         * a row that fill the GPU: 1 for a matrix of many bands. */
+        if (gemv_mma_grid())
+            plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+        else
+            plan_forced((rows + 15) / 16, (steps + MM_U - 1) / MM_U, GEMV_WARPS, &p);
         if (gemv_forced_wpr(1)) plan_forced((rows + 15) / 16, (steps + MM_U - 1) / MM_U, gemv_forced_wpr(1), &p);
     }
     return p;
