@@ -7,7 +7,7 @@
 # EMU_MMA=f32seq: f32 adds in k order), cvt.rn.bf16x2.f32 and mul.rn.bf16x2 (round to nearest even, bf16
 # subnormals kept), ld.global.nc.v4, cp.async.ca/cg 4/16 bytes with src-size zero fill, commit/wait_group
 # (EMU_CP=delay: the slot is NaN from the issue until the wait_group that retires its group, so a read of a
-# slot before its wait shows), __ballot_sync, __all_sync, __syncthreads(_or), __syncwarp, __ldg, occupancy
+# slot before its wait shows), __ballot_sync, __all_sync, __any_sync, __syncthreads(_or), __syncwarp, __ldg, occupancy
 # and cudaFuncSetAttribute with an H200's limits (132 SMs, 227 KB per block, 48 KB without the opt-in).
 # Each CUDA thread is a ucontext fiber; fibers switch at barriers and warp collectives (EMU_SHUFFLE=seed:
 # also at random at every cp.async / __ldg, in random order). Checked: global accesses inside an allocation

@@ -144,6 +144,7 @@ static inline unsigned __ballot_sync(unsigned mask, int p) {
     return r;
 }
 static inline int __all_sync(unsigned mask, int p) { return __ballot_sync(mask, p) == 0xffffffffu; }
+static inline int __any_sync(unsigned mask, int p) { return __ballot_sync(mask, p) != 0u; }
 /* CUDA's rsqrtf (approximate, ~2 ulp there): the correctly rounded 1 / sqrt here */
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
