@@ -273,7 +273,7 @@ static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float 
          * activations of its own k range only, so an item's block reads them once from L2 (T tokens x
          * cols x 4 bytes: at T = 8 as many bytes as the item's weights); with whole rows a warp, its 8
          * warps each read all of them. plan_grid (K3C_GEMV_MMA_GRID=1, the A/B knob) picks the fewest warps
-         * a row that fill the GPU: 1 for a matrix of many bands. */
+         * a row that fill the GPU: often 1 for a matrix of many bands. */
         if (gemv_mma_grid())
             plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
         else
