@@ -109,6 +109,23 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
     return k3c_dev_silu(g) * u;
 }
 
+/* The residual stream's update as the stock path forms it (two k3c_cuda_add launches): v = a1, or a1 + a2
+ * rounded when has_a2; then p + v rounded when has_p. add_rmsnorm_kernel (both of its paths) and the AttnRes
+ * Mix's pending source (attnres.cu) form it here, so the executor's fused launches store the bits of the
+ * separate adds. */
+__device__ __forceinline__ float k3c_dev_residual(float a1, bool has_a2, float a2, bool has_p, float p, int round) {
+    float v = a1;
+    if (has_a2) {
+        const float s = v + a2;
+        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    if (has_p) {
+        const float s = p + v;
+        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    return v;
+}
+
 /* k3c_cuda_gated_act's elements first, first + step, ... of its T x n outputs (out dense [T, n], out[i] from
  * gate and up of row i / n, column i % n; rounded to bf16 when round): the per-element work of
  * gated_act_kernel and of the router's fused launch (router.cu route_act_kernel), one definition so both

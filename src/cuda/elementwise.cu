@@ -102,13 +102,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         for (int e = 0; e < NORM_EPT; e++) {
             const int i = threadIdx.x + e * B;
             if (i >= n) continue;
-            float v = av[e];
-            if (a2) {
-                float s = v + bv[e];
-                v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-            }
-            float s = pv[e] + v;
-            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+            const float v = k3c_dev_residual(av[e], a2 != NULL, bv[e], true, pv[e], round);
             pr[i] = v;
             pv[e] = v;
             ss = fmaf(v, v, ss);
@@ -117,6 +111,9 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) {
+        /* k3c_dev_residual's operations written out, each load where it is used: through the helper the
+         * compiler issues the three loads first, code this path (rows past NORM_EPT x 1024) has not run on a
+         * GPU with (no GPU test has such rows yet) */
         float v = a1[row + i];
         if (a2) {
             float s = v + a2[row + i];
