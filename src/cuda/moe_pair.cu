@@ -249,12 +249,31 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         for (int i = 0; i < 4; i++) acc[i] += d[u][i];
 }
 
+/* The two-runs-in-registers loop of the streaming kernels: runs at base, base + stride, ... below steps, run
+ * i + 1 loaded (load(run, base)) before run i is computed (compute(run, base)), so a warp has bytes in flight
+ * while it computes; runs computed in order, so the same sums as one at a time. */
+template <typename Run, typename Load, typename Compute>
+__device__ __forceinline__ void stream_runs(int base, int stride, int steps, Load load, Compute compute) {
+    Run r0, r1;
+    if (base < steps) load(r0, base);
+    while (base < steps) {
+        int next = base + stride;
+        if (next < steps) load(r1, next);
+        compute(r0, base);
+        base = next;
+        if (base >= steps) break;
+        next = base + stride;
+        if (next < steps) load(r0, next);
+        compute(r1, base);
+        base = next;
+    }
+}
+
 /* Streams a warp's 16-row band (rows row0 + g and row0 + g + 8 of P, S; row0 < rows) over the steps kw,
- * kw + wpr, ... in runs of U and adds the products to acc: two runs in registers, run i + 1's loads issued
- * before run i is decoded, so a warp has bytes in flight while it computes (runs in order: the same sums as
- * one at a time). nterms: the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as
- * one loop: two loops, one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS,
- * bcol: as mxp_compute. */
+ * kw + wpr, ... in runs of U and adds the products to acc, two runs in registers (stream_runs). nterms:
+ * the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as one loop: two loops,
+ * one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS, bcol: as
+ * mxp_compute. */
 template <int U, bool PROBE, int MAXNT, int COLS>
 __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
                                            int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
@@ -263,23 +282,13 @@ __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, i
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
     const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
     const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-    const int stride = wpr * U;
-    int base = kw * U;
-    mxp_run<U> r0, r1;
-    if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
-    while (base < steps) {
-        int next = base + stride;
-        if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
-        else mxp_compute<MAXNT, U, COLS>(r0, base, q, chunks, plane, acc, bcol);
-        base = next;
-        if (base >= steps) break;
-        next = base + stride;
-        if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
-        else mxp_compute<MAXNT, U, COLS>(r1, base, q, chunks, plane, acc, bcol);
-        base = next;
-    }
+    stream_runs<mxp_run<U>>(
+        kw * U, wpr * U, steps,
+        [&](mxp_run<U> &r, int base) { mxp_load<U, PROBE>(r, pa, pb, sa, sb, band, base, q, chunks); },
+        [&](const mxp_run<U> &r, int base) {
+            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r, base, q, chunks, plane, acc, bcol);
+            else mxp_compute<MAXNT, U, COLS>(r, base, q, chunks, plane, acc, bcol);
+        });
 }
 
 template <int U, bool PROBE>
@@ -533,29 +542,34 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
  * (2j, 2j + 1) are the A word j (j = 0, 1 the first mma's k-low / k-high halves, 2, 3 the second's), and the
  * staged plane entry of (step, column, q) holds the activations in the same pairs. No decode, so about a
  * tenth of the MXFP4 band kernel's instructions per byte. Chunks past the row: zero weights (the loads'
- * fill) against a staged entry (the clamp), so they add nothing. */
+ * fill) against a staged entry (the clamp), so they add nothing. bfb_run: a run's loaded chunks. */
 template <int U>
-__device__ __forceinline__ void bfb_load(uint4 (&wa)[U], uint4 (&wb)[U], const uint8_t *pa, const uint8_t *pb, int base,
-                                         int q, int chunks) {
+struct bfb_run {
+    uint4 wa[U], wb[U];
+};
+
+template <int U>
+__device__ __forceinline__ void bfb_load(bfb_run<U> &r, const uint8_t *pa, const uint8_t *pb, int base, int q,
+                                         int chunks) {
     if ((base + U) * 4 <= chunks) { /* a run inside the row: unpredicated */
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            wa[u] = k3c_ld_stream16(pa + (unsigned)(base + u) * 64u);
-            wb[u] = k3c_ld_stream16(pb + (unsigned)(base + u) * 64u);
+            r.wa[u] = k3c_ld_stream16(pa + (unsigned)(base + u) * 64u);
+            r.wb[u] = k3c_ld_stream16(pb + (unsigned)(base + u) * 64u);
         }
         return;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const bool ok = (base + u) * 4 + q < chunks;
-        wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
-        wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
 template <int U>
-__device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&wb)[U], int base, int q, int chunks,
-                                            const uint4 *plane, int bcol, float (&acc)[4]) {
+__device__ __forceinline__ void bfb_compute(const bfb_run<U> &r, int base, int q, int chunks, const uint4 *plane,
+                                            int bcol, float (&acc)[4]) {
     float d[U][4];
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -563,8 +577,8 @@ __device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&
         const uint4 bq = plane[((c >> 2) * MXB_COLS + bcol) * 4 + (c & 3)];
 #pragma unroll
         for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-        k3c_mma_bf16(d[u], wa[u].x, wb[u].x, wa[u].y, wb[u].y, bq.x, bq.y);
-        k3c_mma_bf16(d[u], wa[u].z, wb[u].z, wa[u].w, wb[u].w, bq.z, bq.w);
+        k3c_mma_bf16(d[u], r.wa[u].x, r.wb[u].x, r.wa[u].y, r.wb[u].y, bq.x, bq.y);
+        k3c_mma_bf16(d[u], r.wa[u].z, r.wb[u].z, r.wa[u].w, r.wb[u].w, bq.z, bq.w);
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -573,28 +587,16 @@ __device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&
 }
 
 /* The bf16 band of a warp (rows row0 + g, row0 + g + 8 of P; row0 < rows) over steps kw, kw + wpr, ...: two
- * runs in registers as mxp_stream. */
+ * runs in registers (stream_runs), as mxp_stream. */
 template <int U>
 __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows, int row_bytes, int chunks, int steps,
                                            int g, int q, int kw, int wpr, const uint4 *plane, float (&acc)[4],
                                            int bcol) {
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-    const int stride = wpr * U;
-    int base = kw * U;
-    uint4 a0[U], b0[U], a1[U], b1[U];
-    if (base < steps) bfb_load<U>(a0, b0, pa, pb, base, q, chunks);
-    while (base < steps) {
-        int next = base + stride;
-        if (next < steps) bfb_load<U>(a1, b1, pa, pb, next, q, chunks);
-        bfb_compute<U>(a0, b0, base, q, chunks, plane, bcol, acc);
-        base = next;
-        if (base >= steps) break;
-        next = base + stride;
-        if (next < steps) bfb_load<U>(a0, b0, pa, pb, next, q, chunks);
-        bfb_compute<U>(a1, b1, base, q, chunks, plane, bcol, acc);
-        base = next;
-    }
+    stream_runs<bfb_run<U>>(
+        kw * U, wpr * U, steps, [&](bfb_run<U> &r, int base) { bfb_load<U>(r, pa, pb, base, q, chunks); },
+        [&](const bfb_run<U> &r, int base) { bfb_compute<U>(r, base, q, chunks, plane, bcol, acc); });
 }
 
 /* MX: MXFP4 experts (chunks of 32 weights: 16 packed bytes and a scale; 4 sub-steps of 8 a chunk), else bf16
