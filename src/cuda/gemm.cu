@@ -344,7 +344,8 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
             K3C_TRY(launch_stream(gemv_t1_kernel, grid, s, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
                                   p.wpr, p.items, round));
     } else {
-        K3C_TRY(launch_stream(gemv_mma_runvote() ? gemv_mma_kernel<true> : gemv_mma_kernel<false>, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
+        auto *mma_kernel = gemv_mma_runvote() ? gemv_mma_kernel<true> : gemv_mma_kernel<false>;
+        K3C_TRY(launch_stream(mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;
