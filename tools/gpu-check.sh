@@ -152,6 +152,10 @@ if [ -z "${TESTS:-}" ]; then
     echo "== GPU tests with K3C_GEMV_MMA_GRID=1 (gpu_matmul_bf16, gpu_gemv_group)"
     K3C_GEMV_MMA_GRID=1 timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+    # and with its exactness vote once a step (K3C_GEMV_MMA_VOTE=step; the default votes once a run)
+    echo "== GPU tests with K3C_GEMV_MMA_VOTE=step (gpu_matmul_bf16, gpu_gemv_group)"
+    K3C_GEMV_MMA_VOTE=step timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
     # on the kernel test and a whole forward
     echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"

@@ -121,11 +121,20 @@ TEST(gpu_matmul_bf16) {
     cudaFree(xbf);
 }
 
+/* x rounded to bf16 values but for about one element in 4096 (kept f32). */
+static void mostly_bf16(k3c_rng *r, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (k3c_rng_next(r) % 4096 != 0) x[i] = bf16_round(x[i]);
+}
+
 /* Grouped products (k3c_cuda_gemv_group): each product's outputs bitwise equal to the same product run alone
  * through k3c_cuda_matmul_bf16_round (the executor relies on it for bitwise parity with the stock path), and
  * the unrounded ones against the CPU (rel L2 < 1e-5). Random groups of 1..8 products mixing short matrices
  * (T = 1 kernel, token by token) and long ones (tensor-core kernel at T > 1), shared and separate inputs,
- * an unaligned width (scalar kernel), T = 1..8 and 11 (past the streaming cap: each product alone). */
+ * an unaligned width (scalar kernel), T = 1..8 and 11 (past the streaming cap: each product alone). A third
+ * of the inputs are bf16 values but for about one element in 4096, so that the tensor-core kernel meets runs
+ * of steps whose activations are all bf16-exact (one mma term), runs with a few steps that are not (three
+ * terms) and the mix inside a run (its exactness vote: cuda/gemm.cu). */
 TEST(gpu_gemv_group) {
     k3c_rng r = rng_for("gemv_group");
     static const int rows_l[] = {1, 3, 17, 64, 255, 256, 300, 1000}, cols_l[] = {8, 264, 1032, 2056};
@@ -141,6 +150,7 @@ TEST(gpu_gemv_group) {
             float *dxs = NULL; /* the input shared by the products that use it */
             float *xs = fmalloc((size_t)T * shared_cols);
             fill_normal(&r, xs, (size_t)T * shared_cols, 1.0f);
+            if (k3c_rng_next(&r) % 3 == 0) mostly_bf16(&r, xs, (size_t)T * shared_cols);
             dxs = dev_upload(xs, (size_t)T * shared_cols * 4);
             CHECK(dxs != NULL);
             for (int i = 0; i < n; i++) {
@@ -152,6 +162,7 @@ TEST(gpu_gemv_group) {
                 if (own) {
                     x[i] = fmalloc((size_t)T * cols);
                     fill_normal(&r, x[i], (size_t)T * cols, 1.0f);
+                    if (k3c_rng_next(&r) % 3 == 0) mostly_bf16(&r, x[i], (size_t)T * cols);
                 } else {
                     x[i] = xs;
                 }
