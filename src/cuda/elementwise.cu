@@ -111,16 +111,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) {
-        /* k3c_dev_residual's operations written out, each load where it is used: through the helper the
-         * compiler issues the three loads first, code this path (rows past NORM_EPT x 1024) has not run on a
-         * GPU with (no GPU test has such rows yet) */
-        float v = a1[row + i];
-        if (a2) {
-            float s = v + a2[row + i];
-            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-        }
-        float s = pr[i] + v;
-        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+        const float v = k3c_dev_residual(a1[row + i], a2 != NULL, a2 ? a2[row + i] : 0.0f, true, pr[i], round);
         pr[i] = v;
         ss = fmaf(v, v, ss);
     }

@@ -450,9 +450,10 @@ TEST(gpu_moe_bf16) {
 /* rmsnorm with strided rows: rel L2 < 1e-6; columns past n untouched (still poisoned). */
 TEST(gpu_rmsnorm) {
     k3c_rng r = rng_for("rmsnorm");
-    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 7168};
+    /* 9000: past NORM_EPT x 1024, the kernel's loop path */
+    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 7168, 9000};
     for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 4; b++) {
+        for (int b = 0; b < 5; b++) {
             int T = T_l[a], n = n_l[b], xs = n + 3, ys = n + 5;
             float *x = fmalloc((size_t)T * xs), *w = fmalloc(n), *ref = fmalloc((size_t)T * n), *y = fmalloc((size_t)T * ys);
             fill_normal(&r, x, (size_t)T * xs, 2.0f);
@@ -482,9 +483,10 @@ TEST(gpu_rmsnorm) {
  * host, and the unrounded output within rel L2 1e-6 of the CPU rmsnorm of that sum. */
 TEST(gpu_add_rmsnorm) {
     k3c_rng r = rng_for("add_rmsnorm");
-    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 1000, 2304, 7168};
+    /* 9000: past NORM_EPT x 1024, the kernel's loop path */
+    static const int T_l[] = {1, 3, 17}, n_l[] = {1, 7, 128, 1000, 2304, 7168, 9000};
     for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 6; b++)
+        for (int b = 0; b < 7; b++)
             for (int mode = 0; mode < 4; mode++) {
                 int T = T_l[a], n = n_l[b], two = mode & 1, round = mode >> 1;
                 size_t N = (size_t)T * n, bytes = N * 4;
