@@ -747,7 +747,7 @@ static k3c_cuda_seg *stage_segs(cuda_ctx *x, const k3c_seg *segs, int nseg, int 
     int n = 0;
     for (int s = 0; s < nseg; s++) {
         if (segs[s].n <= 0 || (chunked >= 0 && (segs[s].chunked != 0) != chunked)) continue;
-        h[n++] = (k3c_cuda_seg){segs[s].row0, segs[s].n, segs[s].state, segs[s].window};
+        h[n++] = (k3c_cuda_seg){segs[s].row0, segs[s].n, segs[s].state, segs[s].window, 0};
     }
     if (!n || meta_send(x, h, dev, sizeof(k3c_cuda_seg) * (size_t)n) != K3C_OK) return NULL;
     *count = n;

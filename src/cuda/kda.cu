@@ -132,7 +132,7 @@ __global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg 
     float *window = sg.window + (size_t)which * (W - 1) * C;
     const float *tap = taps + (size_t)c * W;
     for (int t = 0; t < T; t++) os[(size_t)t * C + c] = kda_conv_value(xs, window, tap, C, c, W, t, round);
-    kda_conv_advance(xs, window, C, c, W, T);
+    if (!sg.read_only) kda_conv_advance(xs, window, C, c, W, T);
 }
 
 extern "C" int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window,
@@ -254,7 +254,7 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
         __syncthreads();
         if (part == 0 && o && live) o[rk * dv + e] = maybe_round(kda_rec_sum(red2, parts, sw, el), round);
     }
-    if (live)
+    if (live && !sg.read_only)
 #pragma unroll
         for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + e] = s[i];
 }
@@ -504,7 +504,8 @@ kda_chunked_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, cons
         __syncthreads();
     }
 
-    for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
+    if (!sg.read_only)
+        for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
 }
 
 /* Whether the chunked kernel takes these dims (else the launchers run the recurrent kernel). */
@@ -711,6 +712,7 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
         }
     }
 
+    if (sg.read_only) return; /* verify: the committed state and window stay as they were */
     /* windows: each channel by the thread that read it in A */
     for (int i = tid; i < nch; i += nthr) {
         const int which = i < dk ? 0 : i < 2 * dk ? 1 : 2, d = i - which * dk;

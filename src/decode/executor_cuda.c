@@ -32,7 +32,7 @@
 
 #define PMAX K3C_PREPARED_MAX
 #define QMAX K3C_PREPARED_Q_MAX
-#define PRE_COPIES 5  /* per verifying request per KDA layer: state, window, pre-conv q, k, v rows */
+#define PRE_COPIES 3  /* per verifying request per KDA layer: pre-conv q, k, v rows */
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
 
 struct k3c_decode_cuda {
@@ -327,7 +327,8 @@ static int rec_kda(const rec *s, int l) {
         group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
     }
     P_TRY("kda in-proj (group)", group_run(x, &in, T));
-    if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
+    if (s->q > 1) /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
+                   * window in place and write neither back: read_only segments, fill_meta) */
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
     P_TRY("kda up-proj (group)", group_run(x, &up, T));
@@ -763,24 +764,21 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
             if (k < 0) continue;
             float *state = ks->state[l] + (size_t)r->slot * sf, *window = ks->window[l] + (size_t)r->slot * wf;
             if (q > 1) {
-                float *ss = ks->scratch_state + (size_t)i * sf, *sw = ks->scratch_window + (size_t)i * wf;
                 float *stv = k3c_kda_store(ks, l, r->slot);
                 size_t P = ks->P, rows = (size_t)q * P, row0 = (size_t)i * q;
                 k3c_cuda_copy *c0 = pre + ((size_t)k * PMAX + i) * PRE_COPIES;
-                c0[0] = (k3c_cuda_copy){state, ss, (long long)sf};
-                c0[1] = (k3c_cuda_copy){window, sw, (long long)wf};
-                c0[2] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
-                c0[3] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
-                c0[4] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
+                c0[0] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
+                c0[1] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
+                c0[2] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
                 k3c_cuda_copy *c1 = post + ((size_t)k * PMAX + i) * POST_COPIES;
                 c1[0] = (k3c_cuda_copy){x->ck + row0 * P, stv + k3c_kda_store_k(ks), (long long)rows};
                 c1[1] = (k3c_cuda_copy){x->cv + row0 * P, stv + k3c_kda_store_v(ks), (long long)rows};
                 c1[2] = (k3c_cuda_copy){x->kg + row0 * P, stv + k3c_kda_store_g(ks), (long long)rows};
                 c1[3] = (k3c_cuda_copy){x->kbeta + row0 * ks->H, stv + k3c_kda_store_beta(ks), (long long)q * ks->H};
-                state = ss;
-                window = sw;
             }
-            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window};
+            /* verify (q > 1) reads the committed slot and leaves it as it was (the stock path runs on a scratch
+             * copy of it: the same values in, the same bits out); commit folds the accepted tokens in */
+            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window, q > 1};
         }
     }
     return K3C_OK;
