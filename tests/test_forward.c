@@ -299,10 +299,13 @@ static int prefill_all(fwd_env *env, int chunk_min, int exact, const int32_t *id
     return rc;
 }
 
-/* The chunked delta rule (every request with >= 1 row) against the recurrent one (never chunked). */
+/* The chunked delta rule (every request with >= 1 row) against the recurrent one (never chunked). Dense
+ * routing: with tiny's top-k, the two forms' f32 rounding differences flip an expert choice now and then, and
+ * the row is then another function (seed 70009762964244: a row at rel L2 0.354), which says nothing about
+ * the delta rule. */
 TEST(forward_chunked_equals_recurrent) {
     fwd_env env;
-    CHECK_OK(env_open(&env, "tiny", 0));
+    CHECK_OK(env_open_cfg(&env, "tiny", 0, 1));
     int V = env.V, n = 40;
     int32_t ids[40];
     random_ids(test_seed() ^ 0xc4, V, n, ids);
@@ -318,7 +321,9 @@ TEST(forward_chunked_equals_recurrent) {
         if (!(e <= worst)) worst = e;
     }
     printf("    chunked vs recurrent KDA (f32 activations, 40 rows): worst row rel L2 %.3g\n", worst);
-    CHECKF(worst < 1e-5, "chunked vs recurrent: rel L2 %.3g", worst);
+    /* f32 rounding of two summation orders through every layer: 150 fresh seeds (2026-11-30) read at most
+     * 7.5e-6, so 1e-5 would fail now and then; a wrong chunked form reads ~1 */
+    CHECKF(worst < 5e-5, "chunked vs recurrent: rel L2 %.3g", worst);
     free(a), free(b);
     env_close(&env);
 }
