@@ -37,7 +37,11 @@ static_assert(T1_RPW == 2, "moe_pair_gate_up_kernel passes the gate and the up r
 #define PD_K 4 /* down: experts streamed at once */
 #define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+/* U: chunks of each row per lane in flight; MINB: the blocks an SM the compiler must fit (registers). Every
+ * lane takes its chunks in the same order at any U (t1_dot), so the sums are the same bits at every variant
+ * (K3C_MOE_PAIR_OCC below). */
+template <int U, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                         int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
                         float *__restrict__ h) {
@@ -52,13 +56,16 @@ moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_exp
         const uint16_t *wr[T1_RPW] = {valid ? experts[e].gate_w + (size_t)r * In : NULL,
                                       valid ? experts[e].up_w + (size_t)r * In : NULL};
         float acc[T1_RPW];
-        t1_dot<PG_U>(wr, valid, In, x + (size_t)(p / k) * In, 1, acc, NULL);
+        t1_dot<U>(wr, valid, In, x + (size_t)(p / k) * In, 1, acc, NULL);
         float g = valid ? out_value(acc[0], round) : 0.0f, u = valid ? out_value(acc[1], round) : 0.0f;
         if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
 }
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+/* K: experts streamed at once (each expert's chunks in the same order at any K, the experts summed in slot
+ * order: the same bits at every variant); MINB as above. */
+template <int K, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                      const float *__restrict__ weight, int T, int Out, int F, const float *__restrict__ h, int k,
                      int round, float *__restrict__ out) {
@@ -78,12 +85,12 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
         int t = item / per, r = (item - t * per) * GEMV_WARPS + warp;
         if (r >= Out) continue; /* no barriers in this kernel */
         float sum = 0.0f;
-        for (int j0 = 0; j0 < k; j0 += PD_K) {
-            const uint16_t *wr[PD_K];
-            const float *hr[PD_K];
-            float acc[PD_K];
+        for (int j0 = 0; j0 < k; j0 += K) {
+            const uint16_t *wr[K];
+            const float *hr[K];
+            float acc[K];
 #pragma unroll
-            for (int jj = 0; jj < PD_K; jj++) {
+            for (int jj = 0; jj < K; jj++) {
                 int j = j0 + jj, e = j < k ? idx[t * k + j] : -1;
                 bool ok = e >= 0 && e < num_experts;
                 wr[jj] = ok ? experts[e].down_w + (size_t)r * F : NULL;
@@ -91,16 +98,16 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
                 acc[jj] = 0.0f;
             }
             for (int base = 0; base < chunks; base += 32 * PD_U) {
-                uint4 v[PD_K][PD_U];
+                uint4 v[K][PD_U];
 #pragma unroll
-                for (int jj = 0; jj < PD_K; jj++)
+                for (int jj = 0; jj < K; jj++)
 #pragma unroll
                     for (int i = 0; i < PD_U; i++) {
                         int c = base + 32 * i + lane;
                         v[jj][i] = wr[jj] && c < chunks ? k3c_ld_stream16(wr[jj] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
                     }
 #pragma unroll
-                for (int jj = 0; jj < PD_K; jj++)
+                for (int jj = 0; jj < K; jj++)
 #pragma unroll
                     for (int i = 0; i < PD_U; i++) {
                         int c = base + 32 * i + lane;
@@ -111,7 +118,7 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
                     }
             }
 #pragma unroll
-            for (int jj = 0; jj < PD_K; jj++) {
+            for (int jj = 0; jj < K; jj++) {
                 float y = k3c_warp_sum(acc[jj]); /* every lane: the same sum */
                 if (wr[jj]) sum = fmaf(weight[t * k + j0 + jj], out_value(y, round), sum);
             }
@@ -789,20 +796,49 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
  * above), each a persistent launch of at most its resident blocks. */
-extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out,
-                                      const float *x, int T, const int *idx, const float *weight, int k,
-                                      k3c_cuda_act act, int round, float *h, float *out, cudaStream_t s) {
+/* K3C_MOE_PAIR_OCC=N (A/B runs; the same outputs every way), read once: the bf16 per-pair kernels' variant,
+ * (gate/up chunks in flight, its blocks an SM; down experts at once, its blocks an SM):
+ *   0 (default) (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM
+ *   1 (4, 4; 2, 3), 2 (6, 3; 2, 4), 3 (PG_U, 2; 2, 3)
+ * Why: at one token of kimi-linear-48b the down kernel has 288 items (8 rows each) for 264 resident blocks,
+ * so 24 blocks run a second round alone; gate/up has 1024 for 396 (2.6 rounds). More blocks an SM put the
+ * down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. */
+#define PAIR_OCC_VARIANTS 4
+static int pair_occ(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("K3C_MOE_PAIR_OCC");
+        v = e && atoi(e) > 0 && atoi(e) < PAIR_OCC_VARIANTS ? atoi(e) : 0;
+    }
+    return v;
+}
+
+template <int GU, int GB, int DK, int DB>
+static int pair_bf16_launch(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
+                            int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round, float *h,
+                            float *out, cudaStream_t s) {
     static int occ_up, occ_down;
     int pairs = T * k, up_items = pairs * ((F + GEMV_WARPS - 1) / GEMV_WARPS);
     int down_items = T * ((Out + GEMV_WARPS - 1) / GEMV_WARPS);
-    int up_cap = resident_blocks(moe_pair_gate_up_kernel, &occ_up);
-    int down_cap = resident_blocks(moe_pair_down_kernel, &occ_down);
-    K3C_TRY(launch_stream(moe_pair_gate_up_kernel, up_items < up_cap ? up_items : up_cap, s, experts, num_experts, idx,
-                          pairs, F, In, x, k, act, round, h));
+    int up_cap = resident_blocks(moe_pair_gate_up_kernel<GU, GB>, &occ_up);
+    int down_cap = resident_blocks(moe_pair_down_kernel<DK, DB>, &occ_down);
+    K3C_TRY(launch_stream(moe_pair_gate_up_kernel<GU, GB>, up_items < up_cap ? up_items : up_cap, s, experts,
+                          num_experts, idx, pairs, F, In, x, k, act, round, h));
     K3C_CUDA_LAUNCHED("moe_pair_gate_up");
-    K3C_TRY(launch_stream(moe_pair_down_kernel, down_items < down_cap ? down_items : down_cap, s, experts, num_experts,
-                          idx, weight, T, Out, F, (const float *)h, k, round, out));
+    K3C_TRY(launch_stream(moe_pair_down_kernel<DK, DB>, down_items < down_cap ? down_items : down_cap, s, experts,
+                          num_experts, idx, weight, T, Out, F, (const float *)h, k, round, out));
     K3C_CUDA_LAUNCHED("moe_pair_down");
     return K3C_OK;
+}
+
+extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out,
+                                      const float *x, int T, const int *idx, const float *weight, int k,
+                                      k3c_cuda_act act, int round, float *h, float *out, cudaStream_t s) {
+    switch (pair_occ()) {
+    case 1: return pair_bf16_launch<4, 4, 2, 3>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    case 2: return pair_bf16_launch<6, 3, 2, 4>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    case 3: return pair_bf16_launch<PG_U, 2, 2, 3>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    default: return pair_bf16_launch<PG_U, 2, PD_K, 2>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    }
 }
 
