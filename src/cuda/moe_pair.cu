@@ -798,17 +798,20 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
  * above), each a persistent launch of at most its resident blocks. */
 /* K3C_MOE_PAIR_OCC=N (A/B runs; the same outputs every way), read once: the bf16 per-pair kernels' variant,
  * (gate/up chunks in flight, its blocks an SM; down experts at once, its blocks an SM):
- *   0 (default) (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM
- *   1 (4, 4; 2, 3), 2 (6, 3; 2, 4), 3 (PG_U, 2; 2, 3)
- * Why: at one token of kimi-linear-48b the down kernel has 288 items (8 rows each) for 264 resident blocks,
- * so 24 blocks run a second round alone; gate/up has 1024 for 396 (2.6 rounds). More blocks an SM put the
- * down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. */
+ *   0 (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM (the kernels before session 12)
+ *   1 (default) (4, 4; 2, 3), 2 (6, 3; 2, 4), 3 (PG_U, 2; 2, 3)
+ * Why: at one token of kimi-linear-48b the down kernel has 288 items (8 rows each) for 264 resident blocks
+ * at variant 0, so 24 blocks run a second round alone; gate/up has 1024 for 396 (2.6 rounds). More blocks an
+ * SM put the down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. Session 12
+ * run 1 (H200, kimi-linear-48b, context 64, two rounds): variant 1 against 0 at b = 1 / 2 / 4 / 8: 2.80 /
+ * 3.96 / 5.45 / 8.89 ms against 2.96 / 4.12 / 5.87 / 9.40; b = 16 inside the spread; 2 and 3 in between. */
 #define PAIR_OCC_VARIANTS 4
+#define PAIR_OCC_DEFAULT 1
 static int pair_occ(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("K3C_MOE_PAIR_OCC");
-        v = e && atoi(e) > 0 && atoi(e) < PAIR_OCC_VARIANTS ? atoi(e) : 0;
+        v = e && *e && atoi(e) >= 0 && atoi(e) < PAIR_OCC_VARIANTS ? atoi(e) : PAIR_OCC_DEFAULT;
     }
     return v;
 }
