@@ -112,6 +112,8 @@ if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     for k in "${!pids[@]}"; do
         wait "${pids[k]}" || test_rc=1
         cat "$LOGDIR/test_gpu.$k.log" >>"$LOGDIR/test_gpu.log"
+        # each process's seed on the console, so that a failure can be replayed (K3C_TEST_SEED) from it alone
+        echo "gpu-check: process $k: $(grep -m1 -E '^k3c tests, seed' "$LOGDIR/test_gpu.$k.log")"
         read -r p f < <(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGDIR/test_gpu.$k.log" | awk '{ print $1, $3 }')
         [ -n "$p" ] || { test_rc=1; echo "gpu-check: test process $k ended without a summary" >&2; }
         passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
