@@ -51,13 +51,7 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+/* cp_async4, cp_async_commit, cp_async_wait: cuda/common.cuh */
 
 /* One k step of a warp's 16-row band in shared memory: per matrix 16 rows x 64 bytes (4 pieces of 16 bytes:
  * MXFP4 groups 4s .. 4s+3 of 32 elements, or bf16 chunks 4s .. 4s+3 of 8), then per matrix 16 rows x 4
