@@ -6,7 +6,8 @@
 # covered by run.sh). Usage: tools/kernels_emu/gpu_tests.sh [test-name-filter, default gpu_attnres]
 # (e.g. gpu_router, gpu_moe_bf16, gpu_moe_mxfp4: the MoE tests take tens of minutes); TMPDIR sets the build
 # directory ($TMPDIR/kernels_gpu_tests_emu); EMU_TEST_FILES the test files of tests/gpu linked (default
-# test_gpu_kernels; e.g. "test_gpu_kda_fused test_gpu_kda_chunked").
+# test_gpu_kernels; e.g. "test_gpu_kda_fused test_gpu_kda_chunked"); EMU_CP=delay leaves each cp.async slot NaN
+# until the wait_group that retires it (moe_emu/run.sh).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

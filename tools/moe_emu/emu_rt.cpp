@@ -16,6 +16,12 @@ dim3 blockDim, gridDim;
 thread_local emu_block *emu_blk;
 thread_local emu_fiber *emu_fib;
 int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq;
+/* EMU_CP=delay for every driver: moe_emu and mla_emu set it from their main; the kernels emulator's test runner
+ * (tools/kernels_emu/gpu_tests.sh, tests/test_main.c) has no main of its own, so it is read here, before main */
+__attribute__((constructor)) static void emu_cp_from_env(void) {
+    const char *e = getenv("EMU_CP");
+    if (e) emu_cp_delay = strcmp(e, "delay") == 0;
+}
 long emu_blocks_run, emu_launches;
 
 static std::mutex fail_mu;
