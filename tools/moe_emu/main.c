@@ -15,7 +15,7 @@
 #include "gpu_util.h"
 #include "util/bf16.h"
 
-extern int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq;
+extern int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq, emu_mma_trunc;
 
 static double rel_l2(const float *x, const double *ref, size_t n) {
     double num = 0, den = 0;
@@ -252,12 +252,12 @@ int main(int argc, char **argv) {
     const char *e;
     if ((e = getenv("EMU_CP"))) emu_cp_delay = strcmp(e, "delay") == 0;
     if ((e = getenv("EMU_SHUFFLE"))) emu_shuffle = atoi(e);
-    if ((e = getenv("EMU_MMA"))) emu_mma_f32seq = strcmp(e, "f32seq") == 0;
+    if ((e = getenv("EMU_MMA"))) emu_mma_f32seq = strcmp(e, "f32seq") == 0, emu_mma_trunc = strcmp(e, "trunc") == 0;
     const char *only = getenv("EMU_ONLY");
     static const int wprs[] = {0, 1, 2, 4, 8};
     int all = strcmp(mode, "all") == 0, big = strcmp(mode, "big") == 0;
     printf("moe_emu: cp.async %s, shuffle %d, mma %s\n", emu_cp_delay ? "delayed to wait_group" : "immediate",
-           emu_shuffle, emu_mma_f32seq ? "f32 sequential" : "exact sum, one rounding");
+           emu_shuffle, emu_mma_trunc ? "truncating accumulation model" : emu_mma_f32seq ? "f32 sequential" : "exact sum, one rounding");
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (only && !strstr(cases[c].name, only)) continue;
         if (cases[c].big && !(all || big)) continue;

@@ -22,7 +22,8 @@
 # own expf/tanhf (glibc's are used).
 # Usage: tools/moe_emu/run.sh [quick|big|all] (quick: small shapes, every wpr, ~1 min; big: K3's 3584 x 3072
 # and Kimi Linear's 2304 x 1024, wpr auto and 8; all: everything). Env: EMU_CP=delay, EMU_SHUFFLE=seed,
-# EMU_MMA=f32seq, EMU_WPR=n, EMU_ONLY=substring of a case name, EMU_THREADS (OS threads for blocks).
+# EMU_MMA=f32seq or trunc (inc/emu.h: a truncating accumulation model), EMU_WPR=n, EMU_ONLY=substring of a
+# case name, EMU_THREADS (OS threads for blocks).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
