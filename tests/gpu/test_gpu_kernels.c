@@ -318,6 +318,25 @@ TEST(gpu_mxfp4_repack) {
     free(w), free(got);
 }
 
+/* A random bf16 matrix [rows, cols] (fill_bf16, scale 0.1) on the device; its host copy goes to *host, or is
+ * freed when host is NULL. */
+static const uint16_t *dev_rand_bf16(k3c_rng *r, int rows, int cols, uint16_t **host) {
+    size_t n = (size_t)rows * cols;
+    uint16_t *w = malloc(n * 2);
+    fill_bf16(r, w, n, 0.1f);
+    const uint16_t *d = dev_upload(w, n * 2);
+    if (host) *host = w;
+    else free(w);
+    return d;
+}
+
+/* Matrix m (0 gate, 1 up, 2 down) of a bf16 expert. */
+static void expert_set_bf16(k3c_cuda_expert *e, int m, const uint16_t *d) {
+    if (m == 0) e->gate_w = d;
+    if (m == 1) e->up_w = d;
+    if (m == 2) e->down_w = d;
+}
+
 /* Routed experts (gate/up fused with the activation, then down, weighted sum) against the CPU matmuls and
  * activation, per (token, slot) pair. Unrounded: rel L2 < 1e-5; with the stock roundings on both sides
  * (a bf16 tie can flip an ulp): rel L2 < 1e-2. */
@@ -340,15 +359,11 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
                 if (m == 1) { de[e].up_packed = p; de[e].up_scale = s; }
                 if (m == 2) { de[e].down_packed = p; de[e].down_scale = s; }
             } else {
-                size_t n = (size_t)dims[m][0] * dims[m][1];
-                uint16_t *w = malloc(n * 2);
-                fill_bf16(&r, w, n, 0.1f);
+                uint16_t *w = NULL;
+                const uint16_t *d = dev_rand_bf16(&r, dims[m][0], dims[m][1], &w);
                 he[e].b[m] = (k3c_mat){w, dims[m][0], dims[m][1]};
-                const uint16_t *d = dev_upload(w, n * 2);
                 CHECK(d);
-                if (m == 0) de[e].gate_w = d;
-                if (m == 1) de[e].up_w = d;
-                if (m == 2) de[e].down_w = d;
+                expert_set_bf16(&de[e], m, d);
             }
         }
     float *x = fmalloc((size_t)T * In), *wt = fmalloc((size_t)T * k);
@@ -475,15 +490,9 @@ static void pair_variants_case(int situ, int In, int F, int E, int T, int k, int
     int dims[3][2] = {{F, In}, {F, In}, {In, F}};
     for (int e = 0; e < E; e++)
         for (int m = 0; m < 3; m++) {
-            size_t n = (size_t)dims[m][0] * dims[m][1];
-            uint16_t *w = malloc(n * 2);
-            fill_bf16(&r, w, n, 0.1f);
-            const uint16_t *d = dev_upload(w, n * 2);
-            free(w);
+            const uint16_t *d = dev_rand_bf16(&r, dims[m][0], dims[m][1], NULL);
             CHECK(d);
-            if (m == 0) de[e].gate_w = d;
-            if (m == 1) de[e].up_w = d;
-            if (m == 2) de[e].down_w = d;
+            expert_set_bf16(&de[e], m, d);
         }
     float *x = fmalloc((size_t)T * In), *wt = fmalloc((size_t)T * k);
     int *idx = malloc(sizeof(int) * T * k);
