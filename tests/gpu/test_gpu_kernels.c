@@ -401,7 +401,7 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
      * of ~2k. Past 2048 in all, 2e-5: at Kimi Linear's In 2304, F 1024 (36 tokens x 8) the grouped kernel reads
      * 1.2e-5-1.4e-5 (H200, session 9 runs 1-7, also with K3C_MOE_WPR=1) where the band kernels read
      * 4.6e-7-5.6e-7 against the same reference, so the excess is the grouped kernel's (not its split-k sums;
-     * not understood yet, docs/BENCHMARKS.md "Not measured yet"). */
+     * explained in part by its chained mma accumulation, src/cuda/NOTES.md session 12; wip/grouped-fresh). */
     double thr = round ? 1e-2 : (T * Out < 16 ? 5e-5 : In + F > 2048 ? 2e-5 : 1e-5);
     note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"), thr, e);
     CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
