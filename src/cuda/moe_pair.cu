@@ -807,13 +807,23 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
  * 3.96 / 5.45 / 8.89 ms against 2.96 / 4.12 / 5.87 / 9.40; b = 16 inside the spread; 2 and 3 in between. */
 #define PAIR_OCC_VARIANTS 4
 #define PAIR_OCC_DEFAULT 1
+static int pair_occ_forced = -1; /* k3c_cuda_moe_pair_occ_force (tests) */
 static int pair_occ(void) {
     static int v = -1;
+    if (pair_occ_forced >= 0) return pair_occ_forced;
     if (v < 0) {
         const char *e = getenv("K3C_MOE_PAIR_OCC");
         v = e && *e && atoi(e) >= 0 && atoi(e) < PAIR_OCC_VARIANTS ? atoi(e) : PAIR_OCC_DEFAULT;
     }
     return v;
+}
+
+extern "C" int k3c_cuda_moe_pair_occ_force(int variant) {
+    if (variant < -1 || variant >= PAIR_OCC_VARIANTS)
+        return k3c_errorf("k3c_cuda_moe_pair_occ_force: variant %d (0..%d, or -1 for the default)", variant,
+                          PAIR_OCC_VARIANTS - 1);
+    pair_occ_forced = variant;
+    return K3C_OK;
 }
 
 template <int GU, int GB, int DK, int DB>

@@ -318,6 +318,25 @@ TEST(gpu_mxfp4_repack) {
     free(w), free(got);
 }
 
+/* A random bf16 matrix [rows, cols] (fill_bf16, scale 0.1) on the device; its host copy goes to *host, or is
+ * freed when host is NULL. */
+static const uint16_t *dev_rand_bf16(k3c_rng *r, int rows, int cols, uint16_t **host) {
+    size_t n = (size_t)rows * cols;
+    uint16_t *w = malloc(n * 2);
+    fill_bf16(r, w, n, 0.1f);
+    const uint16_t *d = dev_upload(w, n * 2);
+    if (host) *host = w;
+    else free(w);
+    return d;
+}
+
+/* Matrix m (0 gate, 1 up, 2 down) of a bf16 expert. */
+static void expert_set_bf16(k3c_cuda_expert *e, int m, const uint16_t *d) {
+    if (m == 0) e->gate_w = d;
+    if (m == 1) e->up_w = d;
+    if (m == 2) e->down_w = d;
+}
+
 /* Routed experts (gate/up fused with the activation, then down, weighted sum) against the CPU matmuls and
  * activation, per (token, slot) pair. Unrounded: rel L2 < 1e-5; with the stock roundings on both sides
  * (a bf16 tie can flip an ulp): rel L2 < 1e-2. */
@@ -340,15 +359,11 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
                 if (m == 1) { de[e].up_packed = p; de[e].up_scale = s; }
                 if (m == 2) { de[e].down_packed = p; de[e].down_scale = s; }
             } else {
-                size_t n = (size_t)dims[m][0] * dims[m][1];
-                uint16_t *w = malloc(n * 2);
-                fill_bf16(&r, w, n, 0.1f);
+                uint16_t *w = NULL;
+                const uint16_t *d = dev_rand_bf16(&r, dims[m][0], dims[m][1], &w);
                 he[e].b[m] = (k3c_mat){w, dims[m][0], dims[m][1]};
-                const uint16_t *d = dev_upload(w, n * 2);
                 CHECK(d);
-                if (m == 0) de[e].gate_w = d;
-                if (m == 1) de[e].up_w = d;
-                if (m == 2) de[e].down_w = d;
+                expert_set_bf16(&de[e], m, d);
             }
         }
     float *x = fmalloc((size_t)T * In), *wt = fmalloc((size_t)T * k);
@@ -464,6 +479,68 @@ TEST(gpu_moe_bf16) {
      * case above ran the grouped kernel until session 9's run 2 showed band and grouped timed the same) */
     CHECK(k3c_cuda_moe_band_fits(0, 2304, 1024, 288) && k3c_cuda_moe_band_fits(0, 6144, 6144, 1024));
     CHECK(!k3c_cuda_moe_band_fits(0, 6152, 1024, 8) && !k3c_cuda_moe_band_fits(1, 6176, 1024, 8));
+}
+
+/* The bf16 per-pair kernels' four register / occupancy variants (k3c_cuda_moe_pair_occ_force; the default is
+ * 1) give the same bits: each lane takes its chunks and the experts in the same order at every variant
+ * (cuda/moe_pair.cu). h and out poisoned before each run; NaN never matches. */
+static void pair_variants_case(int situ, int In, int F, int E, int T, int k, int round) {
+    k3c_rng r = rng_for("moe_pair_variants");
+    k3c_cuda_expert *de = calloc(E, sizeof *de);
+    int dims[3][2] = {{F, In}, {F, In}, {In, F}};
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            const uint16_t *d = dev_rand_bf16(&r, dims[m][0], dims[m][1], NULL);
+            CHECK(d);
+            expert_set_bf16(&de[e], m, d);
+        }
+    float *x = fmalloc((size_t)T * In), *wt = fmalloc((size_t)T * k);
+    int *idx = malloc(sizeof(int) * T * k);
+    fill_normal(&r, x, (size_t)T * In, 1.0f);
+    if (round) round_host(x, (size_t)T * In);
+    for (int i = 0; i < T * k; i++) {
+        idx[i] = (int)(k3c_rng_next(&r) % (uint64_t)E) - (i == 1 ? E : 0); /* pair 1 may be invalid */
+        wt[i] = (float)k3c_rng_uniform(&r);
+    }
+    k3c_cuda_expert *dtab = dev_upload(de, sizeof *de * E);
+    float *dx = dev_upload(x, (size_t)T * In * 4), *dwt = dev_upload(wt, (size_t)T * k * 4);
+    int *didx = dev_upload(idx, sizeof(int) * T * k);
+    size_t nh = (size_t)T * k * F, no = (size_t)T * In;
+    float *dh = dev_poisoned(nh * 4), *dpart = dev_poisoned((size_t)T * k * In * 4), *dout = dev_poisoned(no * 4);
+    float *h[4], *out[4];
+    CHECK(dtab && dx && dwt && didx && dh && dpart && dout);
+    CHECK(k3c_cuda_moe_pair_occ_force(4) != K3C_OK && k3c_cuda_moe_pair_occ_force(-2) != K3C_OK);
+    k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+    for (int v = 0; v < 4; v++) {
+        h[v] = fmalloc(nh), out[v] = fmalloc(no);
+        CHECK(cudaMemset(dh, 0xff, nh * 4) == cudaSuccess && cudaMemset(dout, 0xff, no * 4) == cudaSuccess);
+        CHECK_OK(k3c_cuda_moe_pair_occ_force(v));
+        CHECK_OK(k3c_cuda_moe_pair_bf16(dtab, E, In, F, In, dx, T, didx, dwt, k, act, round, dh, dout, 0));
+        CHECK(dev_download(h[v], dh, nh * 4) == 0 && dev_download(out[v], dout, no * 4) == 0);
+    }
+    CHECK_OK(k3c_cuda_moe_pair_occ_force(-1));
+    size_t differ = 0, nan = 0;
+    for (int v = 1; v < 4; v++) {
+        for (size_t i = 0; i < nh; i++) differ += memcmp(&h[v][i], &h[0][i], 4) != 0;
+        for (size_t i = 0; i < no; i++) differ += memcmp(&out[v][i], &out[0][i], 4) != 0;
+    }
+    for (size_t i = 0; i < no; i++) nan += isnan(out[0][i]);
+    for (size_t i = 0; i < nh; i++) nan += isnan(h[0][i]);
+    CHECKF(differ == 0 && nan == 0, "In %d F %d T %d k %d round %d: %zu values differ between variants, %zu NaN", In,
+           F, T, k, round, differ, nan);
+    for (int e = 0; e < E; e++) {
+        cudaFree((void *)de[e].gate_w); cudaFree((void *)de[e].up_w); cudaFree((void *)de[e].down_w);
+    }
+    for (int v = 0; v < 4; v++) free(h[v]), free(out[v]);
+    cudaFree(dtab); cudaFree(dx); cudaFree(dwt); cudaFree(didx); cudaFree(dh); cudaFree(dpart); cudaFree(dout);
+    free(de); free(x); free(wt); free(idx);
+}
+
+TEST(gpu_moe_bf16_pair_variants) {
+    pair_variants_case(0, 264, 40, 6, 5, 3, 0);   /* awkward widths, k odd (an empty slot at 2 experts at once) */
+    pair_variants_case(1, 264, 40, 6, 5, 3, 1);   /* rounded, SiTU */
+    pair_variants_case(0, 2304, 1024, 16, 1, 8, 0); /* Kimi Linear's shape, one token */
+    pair_variants_case(0, 1032, 256, 16, 8, 8, 0);  /* 64 pairs */
 }
 
 /* ---- elementwise ---- */
