@@ -813,7 +813,8 @@ static int pair_occ(void) {
     if (pair_occ_forced >= 0) return pair_occ_forced;
     if (v < 0) {
         const char *e = getenv("K3C_MOE_PAIR_OCC");
-        v = e && *e && atoi(e) >= 0 && atoi(e) < PAIR_OCC_VARIANTS ? atoi(e) : PAIR_OCC_DEFAULT;
+        const int n = e && *e ? atoi(e) : -1;
+        v = n >= 0 && n < PAIR_OCC_VARIANTS ? n : PAIR_OCC_DEFAULT;
     }
     return v;
 }
