@@ -88,6 +88,17 @@ static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)ste
  * per lane (group 4 s + q), eight mma. x rows: token p / k of each pair (gate/up) or the pair's own row
  * (down). Invalid experts: the pair's rows are written as 0. Shared memory: the plist window, the B plane,
  * then the warps' rings; split-k partial sums in a static array. */
+/* A step's mma results (a fresh accumulator) added to the running sums in IEEE f32. Chaining the mma through
+ * the running sum (d = A B + acc) leaves its additions to the tensor core, whose f32 accumulation is not IEEE
+ * round-to-nearest (Fasi et al. 2021: addends aligned and cut toward zero): over 144 steps (Kimi Linear's
+ * 2304) this kernel read 1.2e-5-1.4e-5 rel L2 on the H200 where the band kernels, which add each step's fresh
+ * result in f32, read 4.6e-7-5.6e-7 (session 9); tools/moe_emu with EMU_MMA=trunc shows the same split
+ * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way; session 12). */
+__device__ __forceinline__ void mma_step_add(float (&acc)[4], const float (&d)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i] += d[i];
+}
+
 template <bool MX, bool UP, int S>
 __global__ void __launch_bounds__(MOE_WARPS * 32, (UP || MX) ? 2 : 3)
 moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
@@ -322,8 +333,12 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                                             c[i] = bf16x2_mul(c[i], mx_mul2(sc[m * 64 + 32]));
                                         }
                                     }
-                                    k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
-                                    k3c_mma_bf16(acc[m][sub], a[2], c[2], a[3], c[3], bq.z, bq.w);
+                                    /* each step's products into a fresh accumulator, added to the chain
+                                     * in f32 (see mma_step_add) */
+                                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                    k3c_mma_bf16(d, a[0], c[0], a[1], c[1], bq.x, bq.y);
+                                    k3c_mma_bf16(d, a[2], c[2], a[3], c[3], bq.z, bq.w);
+                                    mma_step_add(acc[m][sub], d);
                                 }
                             }
                         } else {
@@ -332,8 +347,11 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                             for (int m = 0; m < NM; m++) {
                                 uint4 va = *(const uint4 *)(wa_p + m * 16 * MOE_ROW_BYTES);
                                 uint4 vb = *(const uint4 *)(wb_p + m * 16 * MOE_ROW_BYTES);
-                                k3c_mma_bf16(acc[m][0], va.x, vb.x, va.y, vb.y, bq.x, bq.y);
-                                k3c_mma_bf16(acc[m][1], va.z, vb.z, va.w, vb.w, bq.z, bq.w);
+                                float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                k3c_mma_bf16(d0, va.x, vb.x, va.y, vb.y, bq.x, bq.y);
+                                k3c_mma_bf16(d1, va.z, vb.z, va.w, vb.w, bq.z, bq.w);
+                                mma_step_add(acc[m][0], d0);
+                                mma_step_add(acc[m][1], d1);
                             }
                         }
                         __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
