@@ -93,7 +93,9 @@ static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)ste
  * round-to-nearest (Fasi et al. 2021: addends aligned and cut toward zero): over 144 steps (Kimi Linear's
  * 2304) this kernel read 1.2e-5-1.4e-5 rel L2 on the H200 where the band kernels, which add each step's fresh
  * result in f32, read 4.6e-7-5.6e-7 (session 9); tools/moe_emu with EMU_MMA=trunc shows the same split
- * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way; session 12). */
+ * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way; session 12). Measured with this add
+ * (session 13 run 2, band kernels off): 1.2e-5 -> 5.6e-7 (bf16), 4.6e-6 -> 4.5e-7 (MXFP4); bench_gpu moe
+ * unchanged for bf16, MXFP4 T8 484 -> 498 us (0.436 -> 0.426 of copy; past 1024 pairs only, i.e. prefill). */
 __device__ __forceinline__ void mma_step_add(float (&acc)[4], const float (&d)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[i] += d[i];
