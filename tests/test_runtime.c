@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "k3c.h"
+#include "logits_alloc_case.h"
 #include "runtime/kv_cache.h"
 #include "test.h"
 #include "util/error.h"
@@ -218,3 +219,7 @@ TEST(runtime_sampler_rejects_nan) {
     CHECK_OK(k3c_sampler_create(&s, 10, &x));
     k3c_sampler_free(x);
 }
+
+/* k3c_engine_logits_alloc on the CPU engine (malloc'ed): steps into it as into any buffer (tests/logits_alloc_case.h;
+ * test_gpu runs the same case on the CUDA engine, where the buffer is page-locked). */
+TEST(runtime_engine_logits_alloc) { logits_alloc_case("cpu"); }

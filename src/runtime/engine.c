@@ -272,6 +272,24 @@ void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
     e->aux_rows = k3c_step_logits_rows(items, n);
 }
 
+float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
+    if (rows < 1) {
+        k3c_errorf("engine logits_alloc: %d rows (want >= 1)", rows);
+        return NULL;
+    }
+    size_t bytes = (size_t)rows * (size_t)e->m->config.vocab_size * sizeof(float);
+    float *p = e->be->host_alloc ? e->be->host_alloc(e->be, bytes) : malloc(bytes);
+    if (!p && !e->be->host_alloc)
+        k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d)", rows, e->m->config.vocab_size);
+    return p;
+}
+
+void k3c_engine_logits_free(k3c_engine *e, float *logits) {
+    if (!logits) return;
+    if (e->be->host_free) e->be->host_free(e->be, logits);
+    else free(logits);
+}
+
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
     if (n <= 0) return K3C_OK;
     const k3c_fwd_req *fr;

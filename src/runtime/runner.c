@@ -158,7 +158,7 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     r->query_lens = malloc(sizeof(int) * A);
     r->has_prompt = malloc(A);
     r->win = malloc(sizeof(int32_t) * A * W);
-    r->logits = malloc(sizeof(float) * A * W * (size_t)r->V);
+    r->logits = k3c_engine_logits_alloc(e, (int)(A * W)); /* page-locked on a device engine */
     r->ids = malloc(sizeof(int32_t) * A * W);
     if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
         !r->win || !r->logits || !r->ids) {
@@ -192,7 +192,7 @@ void k3c_runner_free(k3c_runner *r) {
     free(r->query_lens);
     free(r->has_prompt);
     free(r->win);
-    free(r->logits);
+    k3c_engine_logits_free(r->e, r->logits);
     free(r->ids);
     free(r);
 }

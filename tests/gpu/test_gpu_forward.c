@@ -28,6 +28,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "runtime/engine_internal.h"
+#include "../logits_alloc_case.h"
 #include "../synth_preset.h"
 #include "../test.h"
 #include "util/error.h"
@@ -503,3 +504,7 @@ TEST(gpu_synthetic_tiny) {
     CHECK(same);
     CHECK(spread > 1e-3);
 }
+
+/* k3c_engine_logits_alloc on the CUDA engine: page-locked, so the logits download is asynchronous to the host
+ * and the step must not return before it lands (tests/logits_alloc_case.h) */
+TEST(gpu_engine_logits_alloc) { logits_alloc_case("cuda"); }
