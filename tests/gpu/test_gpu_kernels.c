@@ -852,8 +852,10 @@ TEST(gpu_router) {
  * poisoned. */
 TEST(gpu_argmax_rows) {
     k3c_rng r = rng_for("argmax_rows");
-    static const int Vs[] = {1, 7, 1000, 163840};
-    for (int vi = 0; vi < 4; vi++) {
+    /* widths of a multiple of 4 take the float4 path (4: one load; 4100: a second round for one thread),
+     * the others the scalar one (163843: K3's vocabulary + 3) */
+    static const int Vs[] = {1, 4, 7, 1000, 4100, 163840, 163843};
+    for (int vi = 0; vi < (int)(sizeof Vs / sizeof Vs[0]); vi++) {
         int V = Vs[vi], rows = 7;
         float *lg = fmalloc((size_t)rows * V);
         fill_normal(&r, lg, (size_t)rows * V, 3.0f);
