@@ -43,7 +43,6 @@ __device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
  * nothing for one launched normally. */
 __device__ __forceinline__ void k3c_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void k3c_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-/* Bring the 128-byte line holding p into L2 (no registers held, nothing returned). */
 /* cp.async of 4 bytes, global -> shared, completing in the background (no register holds the value); a
  * thread's copies are visible to that thread after its cp_async_wait<0>, to others after a barrier too */
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
@@ -54,6 +53,7 @@ __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.c
 template <int N>
 __device__ __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/* Bring the 128-byte line holding p into L2 (no registers held, nothing returned). */
 __device__ __forceinline__ void k3c_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 /* A 16-byte streaming load that skips L1: weights are read once per step. */
