@@ -277,7 +277,13 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
         k3c_errorf("engine logits_alloc: %d rows (want >= 1)", rows);
         return NULL;
     }
-    size_t bytes = (size_t)rows * (size_t)e->m->config.vocab_size * sizeof(float);
+    size_t row_bytes = (size_t)e->m->config.vocab_size * sizeof(float);
+    if ((size_t)rows > SIZE_MAX / row_bytes) {
+        k3c_errorf("engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
+                   e->m->config.vocab_size);
+        return NULL;
+    }
+    size_t bytes = (size_t)rows * row_bytes;
     float *p = e->be->host_alloc ? e->be->host_alloc(e->be, bytes) : malloc(bytes);
     if (!p && !e->be->host_alloc)
         k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d)", rows, e->m->config.vocab_size);
