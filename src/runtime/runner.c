@@ -160,11 +160,14 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     r->win = malloc(sizeof(int32_t) * A * W);
     r->logits = k3c_engine_logits_alloc(e, (int)(A * W)); /* page-locked on a device engine */
     r->ids = malloc(sizeof(int32_t) * A * W);
-    if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
-        !r->win || !r->logits || !r->ids) {
+    if (!r->logits) { /* the engine's message says what failed (page-locked memory on a device engine) */
         k3c_runner_free(r);
-        return k3c_errorf("runner: out of memory (%d requests x %d rows x vocab %d logits)", o.max_active,
-                          (int)W, r->V);
+        return k3c_error_context("runner: logits for %d requests x %d rows", o.max_active, (int)W);
+    }
+    if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
+        !r->win || !r->ids) {
+        k3c_runner_free(r);
+        return k3c_errorf("runner: out of memory (%d requests x %d rows)", o.max_active, (int)W);
     }
     r->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
     *out = r;
