@@ -14,8 +14,9 @@
  * rows each request attends (read) and writes, each request's KDA state and conv window (read + written, f32).
  * Activations are not counted. Floor = bytes / copy bandwidth, the bandwidth of a 1 GiB device-to-device
  * cudaMemcpy measured in the same run (read + write bytes). The logits download (b x vocab floats into
- * k3c_engine_logits_alloc's page-locked memory; malloc'ed with K3C_BENCH_PAGEABLE=1) is inside the step
- * time; its own time is measured separately and printed (d2h_ms). */
+ * k3c_engine_logits_alloc's page-locked memory; malloc'ed with K3C_BENCH_PAGEABLE=1, or where page-locked
+ * memory is refused: the engine's warning on stderr says so) is inside the step time; its own time is
+ * measured separately and printed (d2h_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

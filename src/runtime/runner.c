@@ -158,9 +158,9 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     r->query_lens = malloc(sizeof(int) * A);
     r->has_prompt = malloc(A);
     r->win = malloc(sizeof(int32_t) * A * W);
-    r->logits = k3c_engine_logits_alloc(e, (int)(A * W)); /* page-locked on a device engine */
+    r->logits = k3c_engine_logits_alloc(e, (int)(A * W)); /* page-locked on a device engine, else malloc'ed */
     r->ids = malloc(sizeof(int32_t) * A * W);
-    if (!r->logits) { /* the engine's message says what failed (page-locked memory on a device engine) */
+    if (!r->logits) { /* out of host memory: refused page-locked memory already fell back to malloc */
         k3c_runner_free(r);
         return k3c_error_context("runner: logits for %d requests x %d rows", o.max_active, (int)W);
     }
