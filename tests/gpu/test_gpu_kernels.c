@@ -879,10 +879,35 @@ TEST(gpu_argmax_rows) {
         CHECK_OK(k3c_cuda_argmax_rows(d, rows, V, di, 0));
         CHECK(dev_download(got, di, sizeof got) == 0);
         for (int t = 0; t < rows; t++) CHECKF(got[t] == ref[t], "V %d row %d: id %d, cpu %d", V, t, got[t], ref[t]);
+        /* the same rows in parts, reduced on the host as the executor does: parts that split ties, put the
+         * maximum in a later part, or (64 parts of a short row) run past the row's end */
+        static const int parts_list[] = {1, 2, 3, 7, K3C_ARGMAX_PARTS_MAX};
+        uint64_t *dk = dev_poisoned(sizeof(uint64_t) * rows * K3C_ARGMAX_PARTS_MAX);
+        uint64_t hk[7 * K3C_ARGMAX_PARTS_MAX];
+        CHECK(dk != NULL);
+        for (int pi = 0; pi < (int)(sizeof parts_list / sizeof parts_list[0]); pi++) {
+            int parts = parts_list[pi];
+            CHECK_OK(k3c_cuda_argmax_keys(d, rows, V, parts, dk, 0));
+            CHECK(dev_download(hk, dk, sizeof(uint64_t) * rows * parts) == 0);
+            for (int t = 0; t < rows; t++) {
+                int32_t id = k3c_argmax_key_id(hk + (size_t)t * parts, parts);
+                CHECKF(id == ref[t], "V %d row %d in %d parts: id %d, cpu %d", V, t, parts, id, ref[t]);
+            }
+        }
+        cudaFree(dk);
         cudaFree(d);
         cudaFree(di);
         free(lg);
     }
+    /* the executor's parts: within the key buffer, and impossible part counts refused */
+    for (int rows = 1; rows <= 300; rows++) {
+        int parts = k3c_cuda_argmax_parts(rows);
+        CHECKF(parts >= 1 && parts <= K3C_ARGMAX_PARTS_MAX &&
+                   (size_t)rows * parts <= (size_t)(rows > K3C_ARGMAX_KEYS_MAX ? rows : K3C_ARGMAX_KEYS_MAX),
+               "rows %d: %d parts", rows, parts);
+    }
+    CHECK(k3c_cuda_argmax_keys((const float *)1, 1, 8, 0, (uint64_t *)1, 0) != K3C_OK);
+    CHECK(k3c_cuda_argmax_keys((const float *)1, 1, 8, K3C_ARGMAX_PARTS_MAX + 1, (uint64_t *)1, 0) != K3C_OK);
 }
 
 /* Selection order at its edges, ids exact against cpu/ops.h k3c_route: many equal scores (ties go to the
