@@ -201,8 +201,14 @@ fi
 echo
 echo "== summary (tests: worst rel L2 over all cases vs threshold; bench: median of 30 launches)"
 printf '%-30s %-8s %9s %11s %s\n' kernel metric threshold result verdict
-grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ v = ($5 <= $4) ? "ok" : "FAIL"; if ($5 == "nan" || $5 == "inf") v = "FAIL";
-    printf "%-30s %-8s %9s %11s %s\n", $2, $3, $4, $5, v }'
+# METRIC name... metric threshold result: the last three fields, the name whatever is before them (a name
+# with a space once shifted the columns, and the verdict compared two strings); numbers compared as numbers,
+# and a result that is not one (nan, inf, garbage) fails
+grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ res = $NF; thr = $(NF - 1); met = $(NF - 2); name = $2
+    for (i = 3; i <= NF - 3; i++) name = name "_" $i
+    num = res ~ /^[-+]?[0-9.]+([eE][-+]?[0-9]+)?$/
+    v = (num && res + 0 <= thr + 0) ? "ok" : "FAIL"
+    printf "%-30s %-8s %9s %11s %s\n", name, met, thr, res, v }'
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
 grep '^INFO' "$LOGDIR/test_gpu.log"

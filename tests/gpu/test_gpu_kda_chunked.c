@@ -174,7 +174,7 @@ static void chunked_case(k3c_rng *r, int T, int H, int dk, int dv, int gate, flo
     kcase_free(&c);
 
     double worst = fmax(fmax(eo, es), fmax(ero, ers));
-    note(gate == GATE_STRONG ? "kda_chunked(strong decay)" : "kda_chunked(o,state)", tol, worst);
+    note(gate == GATE_STRONG ? "kda_chunked(strong_decay)" : "kda_chunked(o,state)", tol, worst);
     CHECKF(ok, "T %d H %d dk %d dv %d: launch or copy failed", T, H, dk, dv);
     CHECKF(eo < tol && es < tol && ero < tol && ers < tol,
            "T %d H %d dk %d dv %d gate %s s0 %g: vs float64 o %.3g state %.3g; vs CPU f32 recurrence o %.3g state "
