@@ -96,6 +96,17 @@ typedef struct k3c_step_item {
 
 /* Runs one step. logits (host): the requested rows item by item, each [vocab] float32. */
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits);
+/* Host memory for `rows` logits rows ([rows, vocab] float32), for k3c_engine_step, the runner and the
+ * executor to write logits into: page-locked on a device engine, so a step's logits download runs at the
+ * link's DMA rate instead of through the driver's staging (kimi-linear-48b b=64 on the H200: 42 MB at 7.4
+ * GB/s into malloc'ed memory, docs/BENCHMARKS.md); malloc'ed on the CPU. Any host buffer still works as
+ * logits; this one is faster. Where page-locked memory is refused (the driver or the host will not pin that
+ * much) the buffer is malloc'ed instead, with a one-line warning on stderr giving the reason: the engine
+ * works, its downloads slower. NULL with an error message on failure (rows < 1, or no host memory at all).
+ * Free it with k3c_engine_logits_free (which frees each buffer the way it was allocated) before
+ * k3c_engine_free: the engine does not free buffers still held, and none can be freed after it is gone. */
+float *k3c_engine_logits_alloc(k3c_engine *e, int rows);
+void k3c_engine_logits_free(k3c_engine *e, float *logits);
 /* The logits rows such a step writes: n for a verify or all_logits item, else 1, summed over the items. */
 int k3c_step_logits_rows(const k3c_step_item *items, int n);
 /* After a verify of q tokens: keep the first `accepted` (0..q): the request then holds length + accepted

@@ -11,7 +11,9 @@
  * activations (the stock contract) with every expert selected (no routing choice to flip): measured worst
  * row 0.038 .. 0.073 on tiny (8 seeds), ~0.01 on kimi-linear-tiny; asserted < 0.15 and < 0.05.
  * Outputs are poisoned before each read; NaN fails every comparison. Also: the option's validation and
- * k3c_engine_aux's errors. */
+ * k3c_engine_aux's errors.
+ * With f32 activations and the presets' own routing, a comparison made after its plan met a routing
+ * near-tie (route_ties.h) is counted and printed, not compared. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +22,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "ref/ref_forward.h"
+#include "route_ties.h"
 #include "synth_preset.h"
 #include "test.h"
 #include "util/error.h"
@@ -84,6 +87,17 @@ static double check_streams(aux_env *env, k3c_engine *eng, int num_aux, const do
     return worst;
 }
 
+/* e against tol unless the plan met a routing near-tie (then counted); worst keeps the compared ones */
+#define CHECK_AUX(e, ...)                                                                                      \
+    do {                                                                                                       \
+        if (route_ties_met(&tw)) {                                                                             \
+            tw.skipped++;                                                                                      \
+        } else {                                                                                               \
+            CHECKF((e) < tol, __VA_ARGS__);                                                                    \
+            worst = fmax(worst, (e));                                                                          \
+        }                                                                                                      \
+    } while (0)
+
 /* Every layer tapped, every plan; tol: worst row rel L2. */
 static void check_vs_ref(const char *preset, int exact, int dense_routing, double tol) {
     aux_env env;
@@ -104,18 +118,20 @@ static void check_vs_ref(const char *preset, int exact, int dense_routing, doubl
     CHECK_OK(make_engine(&env, exact, aux, na, &eng));
     int pos[NTOK], id, id2;
     double e, worst = 0;
+    route_ties tw = {0};
 
     /* one prefill, every row */
+    route_ties_begin(&tw, eng);
     CHECK_OK(k3c_request_open(eng, &id));
     k3c_step_item all = {.request = id, .tokens = tok, .n = NTOK, .all_logits = 1};
     CHECK_OK(k3c_engine_step(eng, &all, 1, lg));
     for (int i = 0; i < NTOK; i++) pos[i] = i;
     e = check_streams(&env, eng, na, ref, pos, NTOK, buf);
-    CHECKF(e < tol, "%s prefill: worst aux row rel L2 %.3g", preset, e);
-    worst = fmax(worst, e);
+    CHECK_AUX(e, "%s prefill: worst aux row rel L2 %.3g", preset, e);
     CHECK_OK(k3c_request_close(eng, id));
 
     /* chunks 7 + 9 + 4, each returning its last row; then the same prompt's prefill of 12 + decodes */
+    route_ties_begin(&tw, eng);
     CHECK_OK(k3c_request_open(eng, &id));
     int chunks[3] = {7, 9, 4}, done = 0;
     for (int c = 0; c < 3; c++) {
@@ -124,10 +140,10 @@ static void check_vs_ref(const char *preset, int exact, int dense_routing, doubl
         done += chunks[c];
         pos[0] = done - 1;
         e = check_streams(&env, eng, na, ref, pos, 1, buf);
-        CHECKF(e < tol, "%s chunk %d: worst aux row rel L2 %.3g", preset, c, e);
-        worst = fmax(worst, e);
+        CHECK_AUX(e, "%s chunk %d: worst aux row rel L2 %.3g", preset, c, e);
     }
     CHECK_OK(k3c_request_close(eng, id));
+    route_ties_begin(&tw, eng);
     CHECK_OK(k3c_request_open(eng, &id));
     k3c_step_item pre = {.request = id, .tokens = tok, .n = 12};
     CHECK_OK(k3c_engine_step(eng, &pre, 1, lg));
@@ -136,20 +152,19 @@ static void check_vs_ref(const char *preset, int exact, int dense_routing, doubl
         CHECK_OK(k3c_engine_step(eng, &it, 1, lg));
         pos[0] = t;
         e = check_streams(&env, eng, na, ref, pos, 1, buf);
-        CHECKF(e < tol, "%s decode at %d: worst aux row rel L2 %.3g", preset, t, e);
-        worst = fmax(worst, e);
+        CHECK_AUX(e, "%s decode at %d: worst aux row rel L2 %.3g", preset, t, e);
     }
     /* a verify of tokens 16..19: every row */
     k3c_step_item vf = {.request = id, .tokens = tok + 16, .n = 4, .verify = 1};
     CHECK_OK(k3c_engine_step(eng, &vf, 1, lg));
     for (int i = 0; i < 4; i++) pos[i] = 16 + i;
     e = check_streams(&env, eng, na, ref, pos, 4, buf);
-    CHECKF(e < tol, "%s verify: worst aux row rel L2 %.3g", preset, e);
-    worst = fmax(worst, e);
+    CHECK_AUX(e, "%s verify: worst aux row rel L2 %.3g", preset, e);
     CHECK_OK(k3c_request_commit(eng, id, 2));
     CHECK_OK(k3c_request_close(eng, id));
 
     /* two requests in one step: A's prefill of 10 returning its last row, then B's 6 rows all returned */
+    route_ties_begin(&tw, eng);
     CHECK_OK(k3c_request_open(eng, &id));
     CHECK_OK(k3c_request_open(eng, &id2));
     k3c_step_item two[2] = {{.request = id, .tokens = tok, .n = 10}, {.request = id2, .tokens = tok, .n = 6, .all_logits = 1}};
@@ -157,12 +172,14 @@ static void check_vs_ref(const char *preset, int exact, int dense_routing, doubl
     pos[0] = 9;
     for (int i = 0; i < 6; i++) pos[1 + i] = i;
     e = check_streams(&env, eng, na, ref, pos, 7, buf);
-    CHECKF(e < tol, "%s two requests: worst aux row rel L2 %.3g", preset, e);
-    worst = fmax(worst, e);
+    CHECK_AUX(e, "%s two requests: worst aux row rel L2 %.3g", preset, e);
     CHECK_OK(k3c_request_close(eng, id));
     CHECK_OK(k3c_request_close(eng, id2));
-    printf("    %s %s%s: %d aux streams (layers 0..%d), worst row rel L2 %.3g over 5 plans\n", preset,
-           exact ? "f32" : "bf16", dense_routing ? " (k = E)" : "", na, L, worst);
+    route_ties_end(&tw);
+    printf("    %s %s%s: %d aux streams (layers 0..%d), worst row rel L2 %.3g over 5 plans (%d comparisons left out:"
+           " a routing margin below %.0e)\n",
+           preset, exact ? "f32" : "bf16", dense_routing ? " (k = E)" : "", na, L, worst, tw.skipped,
+           (double)ROUTE_NEAR_TIE);
 
     k3c_engine_free(eng);
     free(ref), free(lg), free(buf);

@@ -3,8 +3,9 @@
  * cache blocks), plus the transformers oracle (tests/fixtures/kimi_linear_hf).
  *
  * Tolerances. f32 activations (the exact_f32 diagnostic) against float64: rel L2 per row < 1e-4 (measured
- * ~1e-6 .. 4e-6), top-1 equal. bf16 activations (the contract of stock/forward.c): a discrete expert choice
- * with a small score margin flips under bf16 noise and then moves a row by 20-90%, so the bf16 contract
+ * ~1e-6 .. 4e-6), top-1 equal; a plan that met a routing near-tie (route_ties.h) is printed, not compared.
+ * bf16 activations (the contract of stock/forward.c): a discrete expert choice with a small score margin
+ * flips under bf16 noise and then moves a row by 20-90%, so the bf16 contract
  * is checked on the same presets with every expert selected (k = E): measured rel L2 per row mean
  * ~0.9e-2 (kimi-linear-tiny) .. 2.5e-2 (tiny), worst ~5.5e-2; asserted worst < 8e-2, mean < 4e-2, top-1
  * equal except where the reference's top-2 margin is below 10% of the row's logit rms. */
@@ -17,6 +18,7 @@
 #include "model/synth.h"
 #include "ref/ref_forward.h"
 #include "ref/ref_fp8.h"
+#include "route_ties.h"
 #include "synth_preset.h"
 #include "test.h"
 #include "util/error.h"
@@ -149,19 +151,26 @@ static void check_vs_ref(const char *preset, int dense_routing, int exact, doubl
         {"token by token", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 20},
         {"prefill 12 + decode", {12, 1, 1, 1, 1, 1, 1, 1, 1}, 9},
     };
+    route_ties tw = {0};
     for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++) {
         poison_f32(lg, (size_t)n * V);
+        route_ties_begin(&tw, eng);
         CHECK_OK(run_chunks(eng, ids, plans[p].chunks, plans[p].nchunks, V, lg));
         int bad, ties;
         double worst = compare_ref(lg, ref, n, V, &bad, &ties);
         printf("    %s%s %s %s: row rel L2 mean %.3g worst %.3g, top-1 mismatches %d (+%d near-ties)\n", preset,
                dense_routing ? " (k = E)" : "", exact ? "f32" : "bf16", plans[p].name, last_mean_err, worst, bad,
                ties);
+        if (route_ties_met(&tw)) { /* route_ties.h: the reference may have chosen other experts */
+            printf("    %s: left out, a routing margin below %.0e\n", plans[p].name, (double)ROUTE_NEAR_TIE);
+            continue;
+        }
         CHECKF(worst < tol, "%s %s: rel L2 %.3g >= %.3g", preset, plans[p].name, worst, tol);
         CHECKF(last_mean_err < mean_tol, "%s %s: mean rel L2 %.3g >= %.3g", preset, plans[p].name, last_mean_err,
                mean_tol);
         CHECKF(bad == 0, "%s %s: %d top-1 mismatches", preset, plans[p].name, bad);
     }
+    route_ties_end(&tw);
     k3c_engine_free(eng);
     free(ref), free(lg);
     env_close(&env);
@@ -290,10 +299,13 @@ static int prefill_all(fwd_env *env, int chunk_min, int exact, const int32_t *id
     return rc;
 }
 
-/* The chunked delta rule (every request with >= 1 row) against the recurrent one (never chunked). */
+/* The chunked delta rule (every request with >= 1 row) against the recurrent one (never chunked). Dense
+ * routing: with tiny's top-k, the two forms' f32 rounding differences flip an expert choice now and then, and
+ * the row is then another function (seed 70009762964244: a row at rel L2 0.354), which says nothing about
+ * the delta rule. */
 TEST(forward_chunked_equals_recurrent) {
     fwd_env env;
-    CHECK_OK(env_open(&env, "tiny", 0));
+    CHECK_OK(env_open_cfg(&env, "tiny", 0, 1));
     int V = env.V, n = 40;
     int32_t ids[40];
     random_ids(test_seed() ^ 0xc4, V, n, ids);
@@ -309,7 +321,9 @@ TEST(forward_chunked_equals_recurrent) {
         if (!(e <= worst)) worst = e;
     }
     printf("    chunked vs recurrent KDA (f32 activations, 40 rows): worst row rel L2 %.3g\n", worst);
-    CHECKF(worst < 1e-5, "chunked vs recurrent: rel L2 %.3g", worst);
+    /* f32 rounding of two summation orders through every layer: 150 fresh seeds (2026-11-30) read at most
+     * 7.5e-6, so 1e-5 would fail now and then; a wrong chunked form reads ~1 */
+    CHECKF(worst < 5e-5, "chunked vs recurrent: rel L2 %.3g", worst);
     free(a), free(b);
     env_close(&env);
 }

@@ -5,7 +5,10 @@
 # on a small forward, racecheck on the routed-experts kernel, the KDA kernels and a device-synthetic forward;
 # bounded time each), then alone the kernel benchmark (build/bench_gpu: achieved GB/s next to a measured
 # device-to-device copy) and the decode benchmark (k3c bench --device cuda on k3-slice and kimi-linear-48b:
-# stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (run 1 of session 7: 320 s).
+# stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (run 1 of session 7: 320 s);
+# from a fresh copy on a cold machine now ~8 minutes before the benchmarks (session 13 run 3: the four test
+# processes 142-188 s, the env runs ~165 s, a 450 s limit ended it in its last env run), so within the device
+# tool's 600 s a call run it with KBENCH=0 BENCH=0 and the decode benchmark in a call of its own.
 #
 # cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
 # committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
@@ -90,7 +93,8 @@ if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     # least loaded process. Seconds from run 20 (H200, alone; four at once share the GPU and take up to 1.7x
     # longer each); the rest take a few seconds or less.
     declare -A secs=([gpu_executor_tiny]=83 [gpu_executor_mini]=63 [gpu_aux_vs_cpu_mini]=31
-        [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12)
+        [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12
+        [gpu_executor_kimi_linear_tiny]=14) # session 12 run 7: 14 s, beside three other processes
     mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
         for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
     declare -a load=() shard=()
@@ -111,6 +115,8 @@ if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     for k in "${!pids[@]}"; do
         wait "${pids[k]}" || test_rc=1
         cat "$LOGDIR/test_gpu.$k.log" >>"$LOGDIR/test_gpu.log"
+        # each process's seed on the console, so that a failure can be replayed (K3C_TEST_SEED) from it alone
+        echo "gpu-check: process $k: $(grep -m1 -E '^k3c tests, seed' "$LOGDIR/test_gpu.$k.log")"
         read -r p f < <(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGDIR/test_gpu.$k.log" | awk '{ print $1, $3 }')
         [ -n "$p" ] || { test_rc=1; echo "gpu-check: test process $k ended without a summary" >&2; }
         passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
@@ -142,11 +148,20 @@ if [ -z "${TESTS:-}" ]; then
     done
     # bf16 experts past 64 pairs on the grouped kernel and on the per-pair path up to 256 pairs (the default
     # takes the band kernels there), and rows split over 4 warps (the default: 2 for bf16 bands, 1 for MXFP4)
-    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256 K3C_MOE_MXP_WPR=4; do
+    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256 K3C_MOE_MXP_WPR=4 K3C_MOE_PAIR_OCC=0 K3C_MOE_PAIR_OCC=2; do
         echo "== GPU tests with $env (gpu_moe_bf16)"
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     done
+    # the tensor-core GEMV (2-8 tokens) planned by plan_grid (K3C_GEMV_MMA_GRID=1, cuda/gemm.cu): other
+    # warps-per-row splits than the default's all-warps one
+    echo "== GPU tests with K3C_GEMV_MMA_GRID=1 (gpu_matmul_bf16, gpu_gemv_group)"
+    K3C_GEMV_MMA_GRID=1 timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+    # and with its exactness vote once a step (K3C_GEMV_MMA_VOTE=step; the default votes once a run)
+    echo "== GPU tests with K3C_GEMV_MMA_VOTE=step (gpu_matmul_bf16, gpu_gemv_group)"
+    K3C_GEMV_MMA_VOTE=step timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
     # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
     # on the kernel test and a whole forward
     echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"
@@ -186,8 +201,14 @@ fi
 echo
 echo "== summary (tests: worst rel L2 over all cases vs threshold; bench: median of 30 launches)"
 printf '%-30s %-8s %9s %11s %s\n' kernel metric threshold result verdict
-grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ v = ($5 <= $4) ? "ok" : "FAIL"; if ($5 == "nan" || $5 == "inf") v = "FAIL";
-    printf "%-30s %-8s %9s %11s %s\n", $2, $3, $4, $5, v }'
+# METRIC name... metric threshold result: the last three fields, the name whatever is before them (a name
+# with a space once shifted the columns, and the verdict compared two strings); numbers compared as numbers,
+# and a result that is not one (nan, inf, garbage) fails
+grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ res = $NF; thr = $(NF - 1); met = $(NF - 2); name = $2
+    for (i = 3; i <= NF - 3; i++) name = name "_" $i
+    num = res ~ /^[-+]?[0-9.]+([eE][-+]?[0-9]+)?$/
+    v = (num && res + 0 <= thr + 0) ? "ok" : "FAIL"
+    printf "%-30s %-8s %9s %11s %s\n", name, met, thr, res, v }'
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
 grep '^INFO' "$LOGDIR/test_gpu.log"

@@ -13,8 +13,10 @@
  * the batch, ESTIMATED as E (1 - (1 - k/E)^b) per MoE layer, i.e. uniform routing), the MLA latent cache
  * rows each request attends (read) and writes, each request's KDA state and conv window (read + written, f32).
  * Activations are not counted. Floor = bytes / copy bandwidth, the bandwidth of a 1 GiB device-to-device
- * cudaMemcpy measured in the same run (read + write bytes). The logits download (b x vocab floats to
- * pageable host memory) is inside the step time; its own time is measured separately and printed. */
+ * cudaMemcpy measured in the same run (read + write bytes). The logits download (b x vocab floats into
+ * k3c_engine_logits_alloc's page-locked memory; malloc'ed with K3C_BENCH_PAGEABLE=1, or where page-locked
+ * memory is refused: the engine's warning on stderr says so) is inside the step time; its own time is
+ * measured separately and printed (d2h_ms). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,13 +72,24 @@ done:
     return best;
 }
 
-/* Seconds of one device -> pageable host copy of `bytes` (median of 5), as the engine's logits download. */
+/* K3C_BENCH_PAGEABLE=1: the logits go to malloc'ed memory (the engine API's any-buffer case, and this
+ * bench before session 13) instead of k3c_engine_logits_alloc's page-locked buffer; an A/B of the download. */
+static int bench_pageable(void) {
+    const char *v = getenv("K3C_BENCH_PAGEABLE");
+    return v && v[0] == '1';
+}
+
+/* Seconds of one device -> host copy of `bytes` (median of 5) into memory of the kind the steps' logits go to
+ * (page-locked, or malloc'ed under K3C_BENCH_PAGEABLE=1), as the engine's logits download. */
 static double d2h_seconds(size_t bytes) {
-    void *d = NULL;
-    void *h = malloc(bytes);
+    void *d = NULL, *h = NULL;
     double t[5] = {0};
+    int pageable = bench_pageable();
+    if (pageable) h = malloc(bytes);
+    else if (cudaHostAlloc(&h, bytes, cudaHostAllocDefault) != cudaSuccess) h = NULL;
     if (!h || cudaMalloc(&d, bytes) != cudaSuccess) {
-        free(h);
+        if (pageable) free(h);
+        else if (h) cudaFreeHost(h);
         return 0;
     }
     cudaMemset(d, 0, bytes);
@@ -87,7 +100,8 @@ static double d2h_seconds(size_t bytes) {
         t[r] = now_s() - t0;
     }
     cudaFree(d);
-    free(h);
+    if (pageable) free(h);
+    else cudaFreeHost(h);
     for (int i = 0; i < 5; i++)
         for (int j = i + 1; j < 5; j++)
             if (t[j] < t[i]) {
@@ -243,7 +257,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
     fprintf(stderr, "engine ready in %.1f s\n", now_s() - t0);
-    lg = malloc(sizeof(float) * (size_t)o.max_rows * V);
+    lg = bench_pageable() ? malloc(sizeof(float) * (size_t)o.max_rows * V) : k3c_engine_logits_alloc(e, o.max_rows);
     ids = malloc(sizeof(int32_t) * (size_t)maxb * context);
     t = malloc(sizeof(double) * (size_t)steps);
     if (!lg || !ids || !t) {
@@ -349,9 +363,10 @@ fail:
     fprintf(stderr, "k3c bench: %s: %s\n", preset, k3c_last_error());
 done:
     k3c_decode_cuda_free(x);
+    if (bench_pageable()) free(lg);
+    else if (e) k3c_engine_logits_free(e, lg);
     k3c_engine_free(e);
     if (m) k3c_free(m);
-    free(lg);
     free(ids);
     free(t);
     return rc;

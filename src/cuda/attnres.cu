@@ -20,16 +20,7 @@ struct attnres_pending {
 
 /* From the three loaded addends (a2v, pv unused when a2, p_old are NULL). */
 __device__ __forceinline__ float attnres_pending_combine(const attnres_pending &q, float a1v, float a2v, float pv) {
-    float v = a1v;
-    if (q.a2) {
-        float s = v + a2v;
-        v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-    }
-    if (q.p_old) {
-        float s = pv + v;
-        v = q.round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-    }
-    return v;
+    return k3c_dev_residual(a1v, q.a2 != NULL, a2v, q.p_old != NULL, pv, q.round);
 }
 
 __device__ __forceinline__ float attnres_pending_value(const attnres_pending &q, size_t i) {

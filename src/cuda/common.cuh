@@ -43,6 +43,16 @@ __device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
  * nothing for one launched normally. */
 __device__ __forceinline__ void k3c_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void k3c_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+/* cp.async of 4 bytes, global -> shared, completing in the background (no register holds the value); a
+ * thread's copies are visible to that thread after its cp_async_wait<0>, to others after a barrier too */
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 /* Bring the 128-byte line holding p into L2 (no registers held, nothing returned). */
 __device__ __forceinline__ void k3c_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -107,6 +117,23 @@ __device__ __forceinline__ float k3c_dev_gated_act(int kind, float beta, float b
         return a * l;
     }
     return k3c_dev_silu(g) * u;
+}
+
+/* The residual stream's update as the stock path forms it (two k3c_cuda_add launches): v = a1, or a1 + a2
+ * rounded when has_a2; then p + v rounded when has_p. add_rmsnorm_kernel (both of its paths) and the AttnRes
+ * Mix's pending source (attnres.cu) form it here, so the executor's fused launches store the bits of the
+ * separate adds. */
+__device__ __forceinline__ float k3c_dev_residual(float a1, bool has_a2, float a2, bool has_p, float p, int round) {
+    float v = a1;
+    if (has_a2) {
+        const float s = v + a2;
+        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    if (has_p) {
+        const float s = p + v;
+        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+    }
+    return v;
 }
 
 /* k3c_cuda_gated_act's elements first, first + step, ... of its T x n outputs (out dense [T, n], out[i] from

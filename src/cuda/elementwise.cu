@@ -102,13 +102,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         for (int e = 0; e < NORM_EPT; e++) {
             const int i = threadIdx.x + e * B;
             if (i >= n) continue;
-            float v = av[e];
-            if (a2) {
-                float s = v + bv[e];
-                v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-            }
-            float s = pv[e] + v;
-            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+            const float v = k3c_dev_residual(av[e], a2 != NULL, bv[e], true, pv[e], round);
             pr[i] = v;
             pv[e] = v;
             ss = fmaf(v, v, ss);
@@ -117,13 +111,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) {
-        float v = a1[row + i];
-        if (a2) {
-            float s = v + a2[row + i];
-            v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
-        }
-        float s = pr[i] + v;
-        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
+        const float v = k3c_dev_residual(a1[row + i], a2 != NULL, a2 ? a2[row + i] : 0.0f, true, pr[i], round);
         pr[i] = v;
         ss = fmaf(v, v, ss);
     }

@@ -2,6 +2,7 @@
 #include "cuda/gemm.h"
 
 #include <cublasLt.h>
+#include <string.h>
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
@@ -92,7 +93,36 @@ __device__ __forceinline__ void mma_prefetch(const uint16_t *__restrict__ W, int
     }
 }
 
-/* One item of the tensor-core kernel; every warp of the block calls it with the same arguments. */
+/* One 32-element k step's products, NT bf16 terms of the activations (1 when they are all bf16 values, else
+ * 3), into a fresh fragment d. */
+template <int NT>
+__device__ __forceinline__ void mma_step(const uint4 &va, const uint4 &vb, const float4 &x0, const float4 &x1,
+                                         float (&d)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = 0.0f;
+    if (NT == 1) {
+        k3c_mma_bf16(d, va.x, vb.x, va.y, vb.y, k3c_pack_hi16(x0.x, x0.y), k3c_pack_hi16(x0.z, x0.w));
+        k3c_mma_bf16(d, va.z, vb.z, va.w, vb.w, k3c_pack_hi16(x1.x, x1.y), k3c_pack_hi16(x1.z, x1.w));
+    } else {
+        uint32_t b0[3], b1[3], b2[3], b3[3];
+        k3c_split3(x0.x, x0.y, b0);
+        k3c_split3(x0.z, x0.w, b1);
+        k3c_split3(x1.x, x1.y, b2);
+        k3c_split3(x1.z, x1.w, b3);
+#pragma unroll
+        for (int k = 0; k < 3; k++) {
+            k3c_mma_bf16(d, va.x, vb.x, va.y, vb.y, b0[k], b1[k]);
+            k3c_mma_bf16(d, va.z, vb.z, va.w, vb.w, b2[k], b3[k]);
+        }
+    }
+}
+
+/* One item of the tensor-core kernel; every warp of the block calls it with the same arguments. RUNVOTE: one
+ * warp vote a run picks the term count of all its steps, so a run's steps have no branch between them (the
+ * MXFP4 kernels' lesson, moe_pair.cu mxp_compute); else one vote a step, as before session 10
+ * (K3C_GEMV_MMA_VOTE=step, the A/B knob). The same sums either way, except that a bf16-exact step inside a
+ * run that is not also multiplies its zero mid and lo terms (adding zeros). */
+template <bool RUNVOTE>
 __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int rows, int cols,
                                          const float *__restrict__ x, int T, float *__restrict__ y, int wpr,
                                          int item, int round, float (*part)[4][32]) {
@@ -115,35 +145,40 @@ __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int row
                 va[u] = ok ? k3c_ld_stream16(wa + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
                 vb[u] = ok ? k3c_ld_stream16(wb + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
             }
-            /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U
-             * dependent mma was latency-bound: run 3 measured 0.55 of copy bandwidth) */
+            /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U dependent
+             * mma was latency-bound: run 3 measured 0.55 of copy bandwidth), then the steps in order */
             float d[MM_U][4];
+            if (RUNVOTE) {
+                float4 x0[MM_U], x1[MM_U];
+                bool exact = true;
 #pragma unroll
-            for (int u = 0; u < MM_U; u++) {
-                int c = (base + u) * 4 + q;
-                float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                if (tok && c < chunks) {
-                    x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
-                    x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
-                }
-#pragma unroll
-                for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-                if (__all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1))) {
-                    k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, k3c_pack_hi16(x0.x, x0.y),
-                                 k3c_pack_hi16(x0.z, x0.w));
-                    k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, k3c_pack_hi16(x1.x, x1.y),
-                                 k3c_pack_hi16(x1.z, x1.w));
-                } else {
-                    uint32_t b0[3], b1[3], b2[3], b3[3];
-                    k3c_split3(x0.x, x0.y, b0);
-                    k3c_split3(x0.z, x0.w, b1);
-                    k3c_split3(x1.x, x1.y, b2);
-                    k3c_split3(x1.z, x1.w, b3);
-#pragma unroll
-                    for (int k = 0; k < 3; k++) {
-                        k3c_mma_bf16(d[u], va[u].x, vb[u].x, va[u].y, vb[u].y, b0[k], b1[k]);
-                        k3c_mma_bf16(d[u], va[u].z, vb[u].z, va[u].w, vb[u].w, b2[k], b3[k]);
+                for (int u = 0; u < MM_U; u++) {
+                    int c = (base + u) * 4 + q;
+                    x0[u] = x1[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (tok && c < chunks) {
+                        x0[u] = __ldg((const float4 *)(xg + (size_t)c * 8));
+                        x1[u] = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
                     }
+                    exact = exact && k3c_bf16_exact8(x0[u], x1[u]);
+                }
+                if (__all_sync(0xffffffffu, exact)) {
+#pragma unroll
+                    for (int u = 0; u < MM_U; u++) mma_step<1>(va[u], vb[u], x0[u], x1[u], d[u]);
+                } else {
+#pragma unroll
+                    for (int u = 0; u < MM_U; u++) mma_step<3>(va[u], vb[u], x0[u], x1[u], d[u]);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < MM_U; u++) {
+                    int c = (base + u) * 4 + q;
+                    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                    if (tok && c < chunks) {
+                        x0 = __ldg((const float4 *)(xg + (size_t)c * 8));
+                        x1 = __ldg((const float4 *)(xg + (size_t)c * 8) + 1);
+                    }
+                    if (__all_sync(0xffffffffu, k3c_bf16_exact8(x0, x1))) mma_step<1>(va[u], vb[u], x0, x1, d[u]);
+                    else mma_step<3>(va[u], vb[u], x0, x1, d[u]);
                 }
             }
 #pragma unroll
@@ -176,6 +211,7 @@ __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int row
     if (wpr > 1) __syncthreads();
 }
 
+template <bool RUNVOTE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
                 float *__restrict__ y, int wpr, int items, int round) {
@@ -184,9 +220,10 @@ gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float 
     if ((int)blockIdx.x < items) mma_prefetch(W, rows, cols, wpr, blockIdx.x);
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x)
-        mma_item(W, rows, cols, x, T, y, wpr, item, round, part);
+        mma_item<RUNVOTE>(W, rows, cols, x, T, y, wpr, item, round, part);
 }
 
+template <bool RUNVOTE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(const __grid_constant__ gemv_group g) {
     __shared__ float part[GEMV_WARPS][4][32];
     int items = g.first[g.n];
@@ -198,7 +235,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(cons
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         int s = group_find(g, item);
-        mma_item(g.W[s], g.rows[s], g.cols[s], g.x[s], g.T, g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
+        mma_item<RUNVOTE>(g.W[s], g.rows[s], g.cols[s], g.x[s], g.T, g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
 }
 
@@ -227,23 +264,36 @@ typedef struct gemv_plan {
 } gemv_plan;
 
 /* K3C_GEMV_WPR / K3C_GEMV_MMA_WPR = 1, 2, 4 or 8: warps per row of the T = 1 / tensor-core GEMVs instead of
- * plan_grid's choice (A/B runs; halved while a row has fewer load runs than warps). Read once. */
+ * the planned split (A/B runs; halved while a row has fewer load runs than warps). Read once. */
 static int gemv_forced_wpr(int mma) {
     static int forced[2] = {-1, -1};
-    if (forced[mma] < 0) {
-        const char *v = getenv(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
-        int w = v && *v ? atoi(v) : 0;
-        forced[mma] = w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
-    }
+    if (forced[mma] < 0) forced[mma] = forced_wpr_from_env(mma ? "K3C_GEMV_MMA_WPR" : "K3C_GEMV_WPR");
     return forced[mma];
 }
 
-static void plan_forced(int units, int batches, int wpr, gemv_plan *p) {
-    while (wpr > 1 && batches < wpr) wpr >>= 1;
-    const int groups = GEMV_WARPS / wpr;
-    p->wpr = wpr;
-    p->items = (units + groups - 1) / groups;
+/* K3C_GEMV_MMA_GRID=1: the tensor-core GEMVs planned by plan_grid (their plan before session 10) instead of
+ * rows over all warps. Read once. */
+static bool gemv_mma_grid(void) {
+    static int grid = -1;
+    if (grid < 0) {
+        const char *v = getenv("K3C_GEMV_MMA_GRID");
+        grid = v && v[0] == '1';
+    }
+    return grid;
 }
+
+/* K3C_GEMV_MMA_VOTE=step: the tensor-core kernels' exactness vote once a step instead of once a run (A/B
+ * runs). Read once. */
+static bool gemv_mma_runvote(void) {
+    static int runvote = -1;
+    if (runvote < 0) {
+        const char *v = getenv("K3C_GEMV_MMA_VOTE");
+        runvote = !(v && strcmp(v, "step") == 0);
+    }
+    return runvote;
+}
+
+static void plan_forced(int units, int batches, int wpr, gemv_plan *p) { p->wpr = plan_split(units, batches, wpr, &p->items); }
 
 static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float *x, int T) {
     static int occ_t1, occ_mma;
@@ -266,8 +316,16 @@ static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float 
     } else {
         int steps = ((cols >> 3) + 3) >> 2;
         p.mma = 1;
-        p.cap = resident_blocks(gemv_mma_kernel, &occ_mma);
-        plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+        p.cap = resident_blocks(gemv_mma_runvote() ? gemv_mma_kernel<true> : gemv_mma_kernel<false>, &occ_mma);
+        /* Rows split over all GEMV_WARPS warps (fewer while a row has fewer runs): each warp reads the
+         * activations of its own k range only, so an item's block reads them once from L2 (T tokens x
+         * cols x 4 bytes: at T = 8 as many bytes as the item's weights); with whole rows a warp, its 8
+         * warps each read all of them. plan_grid (K3C_GEMV_MMA_GRID=1, the A/B knob) picks the fewest warps
+         * a row that fill the GPU: often 1 for a matrix of many bands. */
+        if (gemv_mma_grid())
+            plan_grid((rows + 15) / 16, (steps + MM_U - 1) / MM_U, p.cap, &p.wpr, &grid, &p.items);
+        else
+            plan_forced((rows + 15) / 16, (steps + MM_U - 1) / MM_U, GEMV_WARPS, &p);
         if (gemv_forced_wpr(1)) plan_forced((rows + 15) / 16, (steps + MM_U - 1) / MM_U, gemv_forced_wpr(1), &p);
     }
     return p;
@@ -286,7 +344,8 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
             K3C_TRY(launch_stream(gemv_t1_kernel, grid, s, W, rows, cols, x + (size_t)t * cols, y + (size_t)t * rows,
                                   p.wpr, p.items, round));
     } else {
-        K3C_TRY(launch_stream(gemv_mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
+        auto *mma_kernel = gemv_mma_runvote() ? gemv_mma_kernel<true> : gemv_mma_kernel<false>;
+        K3C_TRY(launch_stream(mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
     return K3C_OK;
@@ -297,9 +356,10 @@ static int group_flush(gemv_group *grp, int mma, cudaStream_t s) {
     static int occ_t1g, occ_mmag;
     if (grp->n == 0) return K3C_OK;
     int items = grp->first[grp->n];
-    int cap = mma ? resident_blocks(gemv_mma_group_kernel, &occ_mmag) : resident_blocks(gemv_t1_group_kernel, &occ_t1g);
+    auto *mma_kernel = gemv_mma_runvote() ? gemv_mma_group_kernel<true> : gemv_mma_group_kernel<false>;
+    int cap = mma ? resident_blocks(mma_kernel, &occ_mmag) : resident_blocks(gemv_t1_group_kernel, &occ_t1g);
     int grid = items < cap ? items : cap;
-    if (mma) K3C_TRY(launch_stream(gemv_mma_group_kernel, grid, s, *grp));
+    if (mma) K3C_TRY(launch_stream(mma_kernel, grid, s, *grp));
     else K3C_TRY(launch_stream(gemv_t1_group_kernel, grid, s, *grp));
     K3C_CUDA_LAUNCHED(mma ? "gemv_mma_group" : "gemv_t1_group");
     grp->n = 0;

@@ -194,4 +194,20 @@ static inline void plan_grid(int units, int batches, int cap, int *wpr_out, int 
     *grid_out = items < cap ? items : cap;
 }
 
+/* A given split of rows into wpr warps each (halved while a row has fewer load batches than warps): the
+ * items of `units` row groups of one warp. Returns the wpr taken. */
+static inline int plan_split(int units, int batches, int wpr, int *items_out) {
+    while (wpr > 1 && batches < wpr) wpr >>= 1;
+    const int groups = GEMV_WARPS / wpr;
+    *items_out = (units + groups - 1) / groups;
+    return wpr;
+}
+
+/* An A/B knob forcing warps per row: the environment variable's 1, 2, 4 or 8, else 0 (not forced). */
+static inline int forced_wpr_from_env(const char *name) {
+    const char *v = getenv(name);
+    const int w = v && *v ? atoi(v) : 0;
+    return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
+}
+
 #endif

@@ -18,10 +18,26 @@ __device__ __forceinline__ float maybe_round(float x, int round) {
 
 /* Conv + SiLU of channel c at token t of x rows xs [*, C] (token 0 = row 0), the W - 1 tokens before the
  * first one read from window [W-1, C] (oldest first; not yet advanced). */
+#define KDA_CONV_WMAX 4 /* conv widths up to this load all their taps and inputs before the first product */
 __device__ __forceinline__ float kda_conv_value(const float *xs, const float *window, const float *tap, int C,
                                                 int c, int W, int t, int round) {
     int h = W - 1;
     float s = 0.0f;
+    if (W <= KDA_CONV_WMAX) {
+        /* the loads first, then the products in tap order (the same sum as the loop below): a rolled loop
+         * waits for each tap's two loads before issuing the next tap's, W round trips a token */
+        float v[KDA_CONV_WMAX], tp[KDA_CONV_WMAX];
+#pragma unroll
+        for (int j = 0; j < KDA_CONV_WMAX; j++) {
+            int ti = t - h + j;
+            v[j] = j >= W ? 0.0f : ti >= 0 ? xs[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
+            tp[j] = j < W ? tap[j] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < KDA_CONV_WMAX; j++)
+            if (j < W) s = fmaf(tp[j], v[j], s);
+        return maybe_round(k3c_dev_silu(s), round);
+    }
     for (int j = 0; j < W; j++) {
         int ti = t - h + j;
         float v = ti >= 0 ? xs[(size_t)ti * C + c] : window[(size_t)(h + ti) * C + c];
@@ -103,18 +119,24 @@ __device__ __forceinline__ float kda_rec_update_oq(float (&s)[KDA_ROWS], const f
 }
 
 /* Gated RMSNorm of one (token, head) row of dv by one whole warp: yrow[e] = o * rsqrt(mean(o^2) + eps) *
- * w * act(z). */
-__device__ __forceinline__ void kda_gated_norm_row(const float *orow, const float *zrow, const float *w, int dv,
-                                                   float eps, int silu, int round, float *yrow, int lane) {
+ * w * act(z), as the row's scale (every lane gets it) and each element's value from it: the fused kernel
+ * calls the two with z and w staged in shared memory, the same arithmetic. */
+__device__ __forceinline__ float kda_gated_norm_scale(const float *orow, int dv, float eps, int lane) {
     float ss = 0.0f;
     for (int e = lane; e < dv; e += 32) ss = fmaf(orow[e], orow[e], ss);
     ss = k3c_warp_sum(ss);
-    float rs = 1.0f / sqrtf(ss / (float)dv + eps);
-    for (int e = lane; e < dv; e += 32) {
-        float zz = zrow[e];
-        float gate = silu ? k3c_dev_silu(zz) : k3c_dev_sigmoid(zz);
-        yrow[e] = maybe_round(orow[e] * rs * w[e] * gate, round);
-    }
+    return 1.0f / sqrtf(ss / (float)dv + eps);
+}
+
+__device__ __forceinline__ float kda_gated_norm_value(float o, float rs, float w, float zz, int silu, int round) {
+    float gate = silu ? k3c_dev_silu(zz) : k3c_dev_sigmoid(zz);
+    return maybe_round(o * rs * w * gate, round);
+}
+
+__device__ __forceinline__ void kda_gated_norm_row(const float *orow, const float *zrow, const float *w, int dv,
+                                                   float eps, int silu, int round, float *yrow, int lane) {
+    float rs = kda_gated_norm_scale(orow, dv, eps, lane);
+    for (int e = lane; e < dv; e += 32) yrow[e] = kda_gated_norm_value(orow[e], rs, w[e], zrow[e], silu, round);
 }
 
 /* grid (ceil(C / 256), nseg): one thread per (channel, request), the request's tokens in order; the window
@@ -132,7 +154,7 @@ __global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg 
     float *window = sg.window + (size_t)which * (W - 1) * C;
     const float *tap = taps + (size_t)c * W;
     for (int t = 0; t < T; t++) os[(size_t)t * C + c] = kda_conv_value(xs, window, tap, C, c, W, t, round);
-    kda_conv_advance(xs, window, C, c, W, T);
+    if (!sg.read_only) kda_conv_advance(xs, window, C, c, W, T);
 }
 
 extern "C" int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window,
@@ -254,7 +276,7 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
         __syncthreads();
         if (part == 0 && o && live) o[rk * dv + e] = maybe_round(kda_rec_sum(red2, parts, sw, el), round);
     }
-    if (live)
+    if (live && !sg.read_only)
 #pragma unroll
         for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + e] = s[i];
 }
@@ -504,7 +526,8 @@ kda_chunked_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, cons
         __syncthreads();
     }
 
-    for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
+    if (!sg.read_only)
+        for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
 }
 
 /* Whether the chunked kernel takes these dims (else the launchers run the recurrent kernel). */
@@ -598,9 +621,11 @@ extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const flo
 static int kda_fused_threads(int dk, int dv) { return ((dk / KDA_ROWS) * dv + 31) / 32 * 32; }
 
 /* Shared floats for a pass of ft tokens: q, k, exp(g) [ft][dk]; v, o [ft][dv]; beta [ft]; two reduction
- * rows [parts][dv]. */
+ * rows [parts][dv]; then the pass's inputs staged by cp.async at its start: f and dt_bias [ft][dk] (by gate
+ * item), b [ft], z and the norm weight [ft][dv] (by the gated norm's element). */
 static size_t kda_fused_smem_floats(int dk, int dv, int ft) {
-    return (size_t)ft * (3 * (size_t)dk + 2 * (size_t)dv + 1) + 2 * (size_t)(dk / KDA_ROWS) * dv;
+    return (size_t)ft * (3 * (size_t)dk + 2 * (size_t)dv + 1) + 2 * (size_t)(dk / KDA_ROWS) * dv +
+           (size_t)ft * (2 * (size_t)dk + 1 + 2 * (size_t)dv);
 }
 
 /* Tokens per pass for these dims, 0 when the fused kernel does not take them. */
@@ -631,6 +656,9 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
     const int Ck = H * dk, Cv = H * dv, nch = 2 * dk + dv;
     float *qs = sm, *ks = qs + (size_t)ft * dk, *as = ks + (size_t)ft * dk, *vs = as + (size_t)ft * dk;
     float *os = vs + (size_t)ft * dv, *bs = os + (size_t)ft * dv, *red1 = bs + ft, *red2 = red1 + parts * dv;
+    float *f_st = red2 + parts * dv, *dtb_st = f_st + (size_t)ft * dk, *b_st = dtb_st + (size_t)ft * dk;
+    float *z_st = b_st + ft, *nw_st = z_st + (size_t)ft * dv;
+    const float alog = a_log[h]; /* issued here, used in A's gate loop */
     float *S = sg.state + (size_t)h * dk * dv;
     float s[KDA_ROWS];
     if (live)
@@ -640,6 +668,24 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
     for (int t0 = 0; t0 < sg.n; t0 += ft) {
         const int m = sg.n - t0 < ft ? sg.n - t0 : ft;
         const size_t r0 = (size_t)sg.row0 + t0; /* activation row of the pass's first token */
+
+        /* The pass's other inputs, copied in the background while the conv below waits for its own: each
+         * thread stages exactly the elements it uses later (the gate items and beta of A, its lanes' elements
+         * of D), so its own wait makes them visible and no barrier is needed. Read where they are used, they
+         * were ~3 round trips after the conv's (f, b, then z, one after another); the values and the
+         * arithmetic are the same. */
+        for (int i = tid; i < m * dk; i += nthr) {
+            const int j = i / dk, d = i % dk;
+            cp_async4(f_st + i, f + (r0 + j) * Ck + (size_t)h * dk + d);
+            cp_async4(dtb_st + i, dt_bias + (size_t)h * dk + d);
+        }
+        if (tid < m) cp_async4(b_st + tid, b + (r0 + tid) * H + h);
+        for (int j = warp; j < m; j += nwarp)
+            for (int e = lane; e < dv; e += 32) {
+                cp_async4(z_st + j * dv + e, z + (r0 + j) * Cv + (size_t)h * dv + e);
+                cp_async4(nw_st + j * dv + e, nw + e);
+            }
+        cp_async_commit();
 
         /* A. conv of channel i of the head (q: 0..dk-1, k: dk..2dk-1, v: 2dk..), gate, beta */
         for (int i = tid; i < nch; i += nthr) {
@@ -656,15 +702,16 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
                 if (which == 2) cv[(r0 + j) * Cv + c] = val;
             }
         }
+        cp_async_wait<0>(); /* this thread's staged inputs (above) */
         for (int i = tid; i < m * dk; i += nthr) {
             const int j = i / dk, d = i % dk;
             const size_t at = (r0 + j) * Ck + (size_t)h * dk + d;
-            float gv = kda_gate_value(f[at], dt_bias[(size_t)h * dk + d], a_log[h], has_lb, lb);
+            float gv = kda_gate_value(f_st[i], dtb_st[i], alog, has_lb, lb);
             g[at] = gv;
             as[j * dk + d] = expf(gv);
         }
         if (tid < m) {
-            float bv = k3c_dev_sigmoid(b[(r0 + tid) * H + h]);
+            float bv = k3c_dev_sigmoid(b_st[tid]);
             beta[(r0 + tid) * H + h] = bv;
             bs[tid] = bv;
         }
@@ -707,10 +754,13 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
          * (last read in C, before the barrier above) and o only in its C, after two more barriers. */
         for (int j = warp; j < m; j += nwarp) {
             const size_t at = (r0 + j) * Cv + (size_t)h * dv;
-            kda_gated_norm_row(os + j * dv, z + at, nw, dv, eps, silu, round, y + at, lane);
+            const float rs = kda_gated_norm_scale(os + j * dv, dv, eps, lane);
+            for (int e = lane; e < dv; e += 32)
+                y[at + e] = kda_gated_norm_value(os[j * dv + e], rs, nw_st[j * dv + e], z_st[j * dv + e], silu, round);
         }
     }
 
+    if (sg.read_only) return; /* verify: the committed state and window stay as they were */
     /* windows: each channel by the thread that read it in A */
     for (int i = tid; i < nch; i += nthr) {
         const int which = i < dk ? 0 : i < 2 * dk ? 1 : 2, d = i - which * dk;

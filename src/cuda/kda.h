@@ -16,6 +16,12 @@ typedef struct k3c_cuda_seg {
     int row0, n;
     float *state;  /* [H, dk, dv] */
     float *window; /* [3][W-1][P]; the conv adds which * (W-1) * P */
+    /* 1: read the state and window, write neither back. A speculative verify's end state is thrown away
+     * (its commit folds the accepted tokens from saved inputs into the committed slot), so the verify reads
+     * the committed slot in place instead of a scratch copy of it (with the copies of its 6.3 MB of state a
+     * layer, k3-slice's q = 4 verify step took 10.43 ms, without them 9.07: session 11). Every _segs
+     * launcher and the fused provider honor it. */
+    int read_only;
 } k3c_cuda_seg;
 
 /* Causal depthwise conv + SiLU of T tokens of C channels; window [W-1, C] (oldest first) is read and

@@ -51,13 +51,7 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+/* cp_async4, cp_async_commit, cp_async_wait: cuda/common.cuh */
 
 /* One k step of a warp's 16-row band in shared memory: per matrix 16 rows x 64 bytes (4 pieces of 16 bytes:
  * MXFP4 groups 4s .. 4s+3 of 32 elements, or bf16 chunks 4s .. 4s+3 of 8), then per matrix 16 rows x 4
@@ -94,6 +88,19 @@ static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)ste
  * per lane (group 4 s + q), eight mma. x rows: token p / k of each pair (gate/up) or the pair's own row
  * (down). Invalid experts: the pair's rows are written as 0. Shared memory: the plist window, the B plane,
  * then the warps' rings; split-k partial sums in a static array. */
+/* A step's mma results (a fresh accumulator) added to the running sums in IEEE f32. Chaining the mma through
+ * the running sum (d = A B + acc) leaves its additions to the tensor core, whose f32 accumulation is not IEEE
+ * round-to-nearest (Fasi et al. 2021: addends aligned and cut toward zero): over 144 steps (Kimi Linear's
+ * 2304) this kernel read 1.2e-5-1.4e-5 rel L2 on the H200 where the band kernels, which add each step's fresh
+ * result in f32, read 4.6e-7-5.6e-7 (session 9); tools/moe_emu with EMU_MMA=trunc shows the same split
+ * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way; session 12). Measured with this add
+ * (session 13 run 2, band kernels off): 1.2e-5 -> 5.6e-7 (bf16), 4.6e-6 -> 4.5e-7 (MXFP4); bench_gpu moe
+ * unchanged for bf16, MXFP4 T8 484 -> 498 us (0.436 -> 0.426 of copy; past 1024 pairs only, i.e. prefill). */
+__device__ __forceinline__ void mma_step_add(float (&acc)[4], const float (&d)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i] += d[i];
+}
+
 template <bool MX, bool UP, int S>
 __global__ void __launch_bounds__(MOE_WARPS * 32, (UP || MX) ? 2 : 3)
 moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
@@ -328,8 +335,12 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                                             c[i] = bf16x2_mul(c[i], mx_mul2(sc[m * 64 + 32]));
                                         }
                                     }
-                                    k3c_mma_bf16(acc[m][sub], a[0], c[0], a[1], c[1], bq.x, bq.y);
-                                    k3c_mma_bf16(acc[m][sub], a[2], c[2], a[3], c[3], bq.z, bq.w);
+                                    /* each step's products into a fresh accumulator, added to the chain
+                                     * in f32 (see mma_step_add) */
+                                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                    k3c_mma_bf16(d, a[0], c[0], a[1], c[1], bq.x, bq.y);
+                                    k3c_mma_bf16(d, a[2], c[2], a[3], c[3], bq.z, bq.w);
+                                    mma_step_add(acc[m][sub], d);
                                 }
                             }
                         } else {
@@ -338,8 +349,11 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
                             for (int m = 0; m < NM; m++) {
                                 uint4 va = *(const uint4 *)(wa_p + m * 16 * MOE_ROW_BYTES);
                                 uint4 vb = *(const uint4 *)(wb_p + m * 16 * MOE_ROW_BYTES);
-                                k3c_mma_bf16(acc[m][0], va.x, vb.x, va.y, vb.y, bq.x, bq.y);
-                                k3c_mma_bf16(acc[m][1], va.z, vb.z, va.w, vb.w, bq.z, bq.w);
+                                float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                k3c_mma_bf16(d0, va.x, vb.x, va.y, vb.y, bq.x, bq.y);
+                                k3c_mma_bf16(d1, va.z, vb.z, va.w, vb.w, bq.z, bq.w);
+                                mma_step_add(acc[m][0], d0);
+                                mma_step_add(acc[m][1], d1);
                             }
                         }
                         __syncwarp(); /* every lane is done with this slot before a later step's copy lands in it */
@@ -651,8 +665,10 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = k3c_cuda_moe_pair_mx_fits(In, F);
-    const int per_pair = pairs > 0 && pairs <= moe_pair_limit(mxfp4) && Out >= F && (!mxfp4 || mx_fits);
-    const int band = !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) && Out >= F &&
+    /* both streaming paths keep gate/up rows of F in part's rows of Out */
+    const int streamed = pairs > 0 && Out >= F;
+    const int per_pair = streamed && pairs <= moe_pair_limit(mxfp4) && (!mxfp4 || mx_fits);
+    const int band = streamed && !per_pair && moe_band_on(mxfp4) && k3c_cuda_moe_band_fits(mxfp4, In, F, pairs) &&
                      k3c_cuda_moe_band_lists_ints(pairs) <= (size_t)T * Out;
     if (per_pair || band) {
         K3C_TRY(check_dims(mxfp4, In, "input width"));

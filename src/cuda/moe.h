@@ -36,8 +36,8 @@ int k3c_cuda_mxfp4_repack(uint8_t *packed, size_t bytes, cudaStream_t stream);
 
 /* experts: device array [num_experts]; mxfp4: 1 for MXFP4 matrices, 0 for bf16. x: [T, In];
  * idx, weight: [T, k] (an index outside [0, num_experts) contributes nothing); h: scratch [T*k, F];
- * part: scratch [T*k, Out]; out: [T, Out], which must not overlap the other arrays (the MXFP4 band path keeps
- * its tile table there until the final weighted sum writes it). In and F must be multiples of 32 (MXFP4) or 8 (bf16).
+ * part: scratch [T*k, Out]; out: [T, Out], which must not overlap the other arrays (the band path, MXFP4 or
+ * bf16, keeps its tile table there until the final weighted sum writes it). In and F must be multiples of 32 (MXFP4) or 8 (bf16).
  * round_bf16: the stock contract's roundings (stock/backend.h moe): gate and up outputs, h, each expert's
  * down output and the weighted sum are rounded to bf16. */
 int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F, int Out,

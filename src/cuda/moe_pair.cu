@@ -37,7 +37,11 @@ static_assert(T1_RPW == 2, "moe_pair_gate_up_kernel passes the gate and the up r
 #define PD_K 4 /* down: experts streamed at once */
 #define PD_U 4 /* down: chunks per lane per expert in flight (PD_K x PD_U x 16 B; F = 1024: one pass) */
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+/* U: chunks of each row per lane in flight; MINB: the blocks an SM the compiler must fit (registers). Every
+ * lane takes its chunks in the same order at any U (t1_dot), so the sums are the same bits at every variant
+ * (K3C_MOE_PAIR_OCC below). */
+template <int U, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                         int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
                         float *__restrict__ h) {
@@ -52,13 +56,16 @@ moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_exp
         const uint16_t *wr[T1_RPW] = {valid ? experts[e].gate_w + (size_t)r * In : NULL,
                                       valid ? experts[e].up_w + (size_t)r * In : NULL};
         float acc[T1_RPW];
-        t1_dot<PG_U>(wr, valid, In, x + (size_t)(p / k) * In, 1, acc, NULL);
+        t1_dot<U>(wr, valid, In, x + (size_t)(p / k) * In, 1, acc, NULL);
         float g = valid ? out_value(acc[0], round) : 0.0f, u = valid ? out_value(acc[1], round) : 0.0f;
         if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
 }
 
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+/* K: experts streamed at once (each expert's chunks in the same order at any K, the experts summed in slot
+ * order: the same bits at every variant); MINB as above. */
+template <int K, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                      const float *__restrict__ weight, int T, int Out, int F, const float *__restrict__ h, int k,
                      int round, float *__restrict__ out) {
@@ -78,12 +85,12 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
         int t = item / per, r = (item - t * per) * GEMV_WARPS + warp;
         if (r >= Out) continue; /* no barriers in this kernel */
         float sum = 0.0f;
-        for (int j0 = 0; j0 < k; j0 += PD_K) {
-            const uint16_t *wr[PD_K];
-            const float *hr[PD_K];
-            float acc[PD_K];
+        for (int j0 = 0; j0 < k; j0 += K) {
+            const uint16_t *wr[K];
+            const float *hr[K];
+            float acc[K];
 #pragma unroll
-            for (int jj = 0; jj < PD_K; jj++) {
+            for (int jj = 0; jj < K; jj++) {
                 int j = j0 + jj, e = j < k ? idx[t * k + j] : -1;
                 bool ok = e >= 0 && e < num_experts;
                 wr[jj] = ok ? experts[e].down_w + (size_t)r * F : NULL;
@@ -91,16 +98,16 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
                 acc[jj] = 0.0f;
             }
             for (int base = 0; base < chunks; base += 32 * PD_U) {
-                uint4 v[PD_K][PD_U];
+                uint4 v[K][PD_U];
 #pragma unroll
-                for (int jj = 0; jj < PD_K; jj++)
+                for (int jj = 0; jj < K; jj++)
 #pragma unroll
                     for (int i = 0; i < PD_U; i++) {
                         int c = base + 32 * i + lane;
                         v[jj][i] = wr[jj] && c < chunks ? k3c_ld_stream16(wr[jj] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
                     }
 #pragma unroll
-                for (int jj = 0; jj < PD_K; jj++)
+                for (int jj = 0; jj < K; jj++)
 #pragma unroll
                     for (int i = 0; i < PD_U; i++) {
                         int c = base + 32 * i + lane;
@@ -111,7 +118,7 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
                     }
             }
 #pragma unroll
-            for (int jj = 0; jj < PD_K; jj++) {
+            for (int jj = 0; jj < K; jj++) {
                 float y = k3c_warp_sum(acc[jj]); /* every lane: the same sum */
                 if (wr[jj]) sum = fmaf(weight[t * k + j0 + jj], out_value(y, round), sum);
             }
@@ -259,12 +266,31 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
             for (int i = 0; i < 4; i++) acc[h][i] += d[h][u][i];
 }
 
+/* The two-runs-in-registers loop of the streaming kernels: runs at base, base + stride, ... below steps, run
+ * i + 1 loaded (load(run, base)) before run i is computed (compute(run, base)), so a warp has bytes in flight
+ * while it computes; runs computed in order, so the same sums as one at a time. */
+template <typename Run, typename Load, typename Compute>
+__device__ __forceinline__ void stream_runs(int base, int stride, int steps, Load load, Compute compute) {
+    Run r0, r1;
+    if (base < steps) load(r0, base);
+    while (base < steps) {
+        int next = base + stride;
+        if (next < steps) load(r1, next);
+        compute(r0, base);
+        base = next;
+        if (base >= steps) break;
+        next = base + stride;
+        if (next < steps) load(r0, next);
+        compute(r1, base);
+        base = next;
+    }
+}
+
 /* Streams a warp's 16-row band (rows row0 + g and row0 + g + 8 of P, S; row0 < rows) over the steps kw,
- * kw + wpr, ... in runs of U and adds the products to acc: two runs in registers, run i + 1's loads issued
- * before run i is decoded, so a warp has bytes in flight while it computes (runs in order: the same sums as
- * one at a time). nterms: the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as
- * one loop: two loops, one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS,
- * bcol: as mxp_compute. */
+ * kw + wpr, ... in runs of U and adds the products to acc, two runs in registers (stream_runs). nterms:
+ * the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as one loop: two loops,
+ * one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS, bcol: as
+ * mxp_compute. */
 template <int U, bool PROBE, int MAXNT, int COLS, int H>
 __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
                                            int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
@@ -273,23 +299,13 @@ __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, i
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
     const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
     const uint8_t *sa = S + (size_t)ra * chunks + q, *sb = S + (size_t)rb * chunks + q;
-    const int stride = wpr * U;
-    int base = kw * U;
-    mxp_run<U> r0, r1;
-    if (base < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, base, q, chunks);
-    while (base < steps) {
-        int next = base + stride;
-        if (next < steps) mxp_load<U, PROBE>(r1, pa, pb, sa, sb, band, next, q, chunks);
-        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r0, base, q, chunks, plane, acc, bcol);
-        else mxp_compute<MAXNT, U, COLS, H>(r0, base, q, chunks, plane, acc, bcol);
-        base = next;
-        if (base >= steps) break;
-        next = base + stride;
-        if (next < steps) mxp_load<U, PROBE>(r0, pa, pb, sa, sb, band, next, q, chunks);
-        if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r1, base, q, chunks, plane, acc, bcol);
-        else mxp_compute<MAXNT, U, COLS, H>(r1, base, q, chunks, plane, acc, bcol);
-        base = next;
-    }
+    stream_runs<mxp_run<U>>(
+        kw * U, wpr * U, steps,
+        [&](mxp_run<U> &r, int base) { mxp_load<U, PROBE>(r, pa, pb, sa, sb, band, base, q, chunks); },
+        [&](const mxp_run<U> &r, int base) {
+            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
+            else mxp_compute<MAXNT, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
+        });
 }
 
 template <int U, bool PROBE>
@@ -386,10 +402,9 @@ typedef struct pair_plan {
 
 static pair_plan plan_pairs(int units, int runs, int matrices, int cap, int wpr, int force_wpr) {
     pair_plan p;
-    while (wpr > 1 && runs < wpr) wpr >>= 1;
-    p.wpr = force_wpr > 0 ? force_wpr : wpr; /* force_wpr: an A/B knob (K3C_MOE_MXP_WPR) */
-    int groups = GEMV_WARPS / p.wpr;
-    p.per = (units + groups - 1) / groups;
+    /* a forced wpr (K3C_MOE_MXP_WPR, an A/B knob) is taken as it is: no row has fewer than GEMV_WARPS runs */
+    if (force_wpr > 0) p.wpr = plan_split(units, GEMV_WARPS, force_wpr, &p.per);
+    else p.wpr = plan_split(units, runs, wpr, &p.per);
     p.items = p.per * matrices;
     p.grid = p.items < cap ? p.items : cap;
     return p;
@@ -438,8 +453,7 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
     static int u = -1, force_wpr, probe;
     if (u < 0) {
         u = env_int("K3C_MOE_MXP_U", 2) == 3 ? 3 : 2;
-        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
-        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
+        force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
         probe = env_int("K3C_MOE_MXP_PROBE", 0) == 1;
     }
     if (probe && rows % 16 == 0 && (cols >> 5) % 4 == 0)
@@ -548,29 +562,34 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
  * (2j, 2j + 1) are the A word j (j = 0, 1 the first mma's k-low / k-high halves, 2, 3 the second's), and the
  * staged plane entry of (step, column, q) holds the activations in the same pairs. No decode, so about a
  * tenth of the MXFP4 band kernel's instructions per byte. Chunks past the row: zero weights (the loads'
- * fill) against a staged entry (the clamp), so they add nothing. */
+ * fill) against a staged entry (the clamp), so they add nothing. bfb_run: a run's loaded chunks. */
 template <int U>
-__device__ __forceinline__ void bfb_load(uint4 (&wa)[U], uint4 (&wb)[U], const uint8_t *pa, const uint8_t *pb, int base,
-                                         int q, int chunks) {
+struct bfb_run {
+    uint4 wa[U], wb[U];
+};
+
+template <int U>
+__device__ __forceinline__ void bfb_load(bfb_run<U> &r, const uint8_t *pa, const uint8_t *pb, int base, int q,
+                                         int chunks) {
     if ((base + U) * 4 <= chunks) { /* a run inside the row: unpredicated */
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            wa[u] = k3c_ld_stream16(pa + (unsigned)(base + u) * 64u);
-            wb[u] = k3c_ld_stream16(pb + (unsigned)(base + u) * 64u);
+            r.wa[u] = k3c_ld_stream16(pa + (unsigned)(base + u) * 64u);
+            r.wb[u] = k3c_ld_stream16(pb + (unsigned)(base + u) * 64u);
         }
         return;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const bool ok = (base + u) * 4 + q < chunks;
-        wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
-        wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+        r.wa[u] = ok ? k3c_ld_stream16(pa + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
+        r.wb[u] = ok ? k3c_ld_stream16(pb + (size_t)(base + u) * 64) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
 template <int U>
-__device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&wb)[U], int base, int q, int chunks,
-                                            const uint4 *plane, int bcol, float (&acc)[4]) {
+__device__ __forceinline__ void bfb_compute(const bfb_run<U> &r, int base, int q, int chunks, const uint4 *plane,
+                                            int bcol, float (&acc)[4]) {
     float d[U][4];
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -578,8 +597,8 @@ __device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&
         const uint4 bq = plane[((c >> 2) * MXB_COLS + bcol) * 4 + (c & 3)];
 #pragma unroll
         for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
-        k3c_mma_bf16(d[u], wa[u].x, wb[u].x, wa[u].y, wb[u].y, bq.x, bq.y);
-        k3c_mma_bf16(d[u], wa[u].z, wb[u].z, wa[u].w, wb[u].w, bq.z, bq.w);
+        k3c_mma_bf16(d[u], r.wa[u].x, r.wb[u].x, r.wa[u].y, r.wb[u].y, bq.x, bq.y);
+        k3c_mma_bf16(d[u], r.wa[u].z, r.wb[u].z, r.wa[u].w, r.wb[u].w, bq.z, bq.w);
     }
 #pragma unroll
     for (int u = 0; u < U; u++)
@@ -588,28 +607,16 @@ __device__ __forceinline__ void bfb_compute(const uint4 (&wa)[U], const uint4 (&
 }
 
 /* The bf16 band of a warp (rows row0 + g, row0 + g + 8 of P; row0 < rows) over steps kw, kw + wpr, ...: two
- * runs in registers as mxp_stream. */
+ * runs in registers (stream_runs), as mxp_stream. */
 template <int U>
 __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows, int row_bytes, int chunks, int steps,
                                            int g, int q, int kw, int wpr, const uint4 *plane, float (&acc)[4],
                                            int bcol) {
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
-    const int stride = wpr * U;
-    int base = kw * U;
-    uint4 a0[U], b0[U], a1[U], b1[U];
-    if (base < steps) bfb_load<U>(a0, b0, pa, pb, base, q, chunks);
-    while (base < steps) {
-        int next = base + stride;
-        if (next < steps) bfb_load<U>(a1, b1, pa, pb, next, q, chunks);
-        bfb_compute<U>(a0, b0, base, q, chunks, plane, bcol, acc);
-        base = next;
-        if (base >= steps) break;
-        next = base + stride;
-        if (next < steps) bfb_load<U>(a0, b0, pa, pb, next, q, chunks);
-        bfb_compute<U>(a1, b1, base, q, chunks, plane, bcol, acc);
-        base = next;
-    }
+    stream_runs<bfb_run<U>>(
+        kw * U, wpr * U, steps, [&](bfb_run<U> &r, int base) { bfb_load<U>(r, pa, pb, base, q, chunks); },
+        [&](const bfb_run<U> &r, int base) { bfb_compute<U>(r, base, q, chunks, plane, bcol, acc); });
 }
 
 /* MX: MXFP4 experts (chunks of 32 weights: 16 packed bytes and a scale; 4 sub-steps of 8 a chunk), else bf16
@@ -824,10 +831,7 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
     static int force_wpr = -1;
-    if (force_wpr < 0) {
-        force_wpr = env_int("K3C_MOE_MXP_WPR", 0);
-        if (force_wpr != 1 && force_wpr != 2 && force_wpr != 4 && force_wpr != 8) force_wpr = 0;
-    }
+    if (force_wpr < 0) force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
     if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
         return k3c_errorf("moe band: %d x %d %s matrices (cols a multiple of %d, at most %d)", rows, cols,
@@ -866,20 +870,63 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
  * above), each a persistent launch of at most its resident blocks. */
-extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out,
-                                      const float *x, int T, const int *idx, const float *weight, int k,
-                                      k3c_cuda_act act, int round, float *h, float *out, cudaStream_t s) {
+/* K3C_MOE_PAIR_OCC=N (A/B runs; the same outputs every way), read once: the bf16 per-pair kernels' variant,
+ * (gate/up chunks in flight, its blocks an SM; down experts at once, its blocks an SM):
+ *   0 (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM (the kernels before session 12)
+ *   1 (default) (4, 4; 2, 3), 2 (6, 3; 2, 4), 3 (PG_U, 2; 2, 3)
+ * Why: at one token of kimi-linear-48b the down kernel has 288 items (8 rows each) for 264 resident blocks
+ * at variant 0, so 24 blocks run a second round alone; gate/up has 1024 for 396 (2.6 rounds). More blocks an
+ * SM put the down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. Session 12
+ * run 1 (H200, kimi-linear-48b, context 64, two rounds): variant 1 against 0 at b = 1 / 2 / 4 / 8: 2.80 /
+ * 3.96 / 5.45 / 8.89 ms against 2.96 / 4.12 / 5.87 / 9.40; b = 16 inside the spread; 2 and 3 in between. */
+#define PAIR_OCC_VARIANTS 4
+#define PAIR_OCC_DEFAULT 1
+static int pair_occ_forced = -1; /* k3c_cuda_moe_pair_occ_force (tests) */
+static int pair_occ(void) {
+    static int v = -1;
+    if (pair_occ_forced >= 0) return pair_occ_forced;
+    if (v < 0) {
+        const char *e = getenv("K3C_MOE_PAIR_OCC");
+        const int n = e && *e ? atoi(e) : -1;
+        v = n >= 0 && n < PAIR_OCC_VARIANTS ? n : PAIR_OCC_DEFAULT;
+    }
+    return v;
+}
+
+extern "C" int k3c_cuda_moe_pair_occ_force(int variant) {
+    if (variant < -1 || variant >= PAIR_OCC_VARIANTS)
+        return k3c_errorf("k3c_cuda_moe_pair_occ_force: variant %d (0..%d, or -1 for the default)", variant,
+                          PAIR_OCC_VARIANTS - 1);
+    pair_occ_forced = variant;
+    return K3C_OK;
+}
+
+template <int GU, int GB, int DK, int DB>
+static int pair_bf16_launch(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
+                            int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round, float *h,
+                            float *out, cudaStream_t s) {
     static int occ_up, occ_down;
     int pairs = T * k, up_items = pairs * ((F + GEMV_WARPS - 1) / GEMV_WARPS);
     int down_items = T * ((Out + GEMV_WARPS - 1) / GEMV_WARPS);
-    int up_cap = resident_blocks(moe_pair_gate_up_kernel, &occ_up);
-    int down_cap = resident_blocks(moe_pair_down_kernel, &occ_down);
-    K3C_TRY(launch_stream(moe_pair_gate_up_kernel, up_items < up_cap ? up_items : up_cap, s, experts, num_experts, idx,
-                          pairs, F, In, x, k, act, round, h));
+    int up_cap = resident_blocks(moe_pair_gate_up_kernel<GU, GB>, &occ_up);
+    int down_cap = resident_blocks(moe_pair_down_kernel<DK, DB>, &occ_down);
+    K3C_TRY(launch_stream(moe_pair_gate_up_kernel<GU, GB>, up_items < up_cap ? up_items : up_cap, s, experts,
+                          num_experts, idx, pairs, F, In, x, k, act, round, h));
     K3C_CUDA_LAUNCHED("moe_pair_gate_up");
-    K3C_TRY(launch_stream(moe_pair_down_kernel, down_items < down_cap ? down_items : down_cap, s, experts, num_experts,
-                          idx, weight, T, Out, F, (const float *)h, k, round, out));
+    K3C_TRY(launch_stream(moe_pair_down_kernel<DK, DB>, down_items < down_cap ? down_items : down_cap, s, experts,
+                          num_experts, idx, weight, T, Out, F, (const float *)h, k, round, out));
     K3C_CUDA_LAUNCHED("moe_pair_down");
     return K3C_OK;
+}
+
+extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out,
+                                      const float *x, int T, const int *idx, const float *weight, int k,
+                                      k3c_cuda_act act, int round, float *h, float *out, cudaStream_t s) {
+    switch (pair_occ()) {
+    case 1: return pair_bf16_launch<4, 4, 2, 3>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    case 2: return pair_bf16_launch<6, 3, 2, 4>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    case 3: return pair_bf16_launch<PG_U, 2, 2, 3>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    default: return pair_bf16_launch<PG_U, 2, PD_K, 2>(experts, num_experts, In, F, Out, x, T, idx, weight, k, act, round, h, out, s);
+    }
 }
 

@@ -16,6 +16,11 @@ int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int 
                            int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round_bf16,
                            float *h, float *out, cudaStream_t stream);
 
+/* For tests: the bf16 per-pair kernels' register / occupancy variant (0..3, cuda/moe_pair.cu) for every later
+ * launch of this process, or -1 for the default (K3C_MOE_PAIR_OCC, else 1). Not thread-safe: set it between
+ * launches. */
+int k3c_cuda_moe_pair_occ_force(int variant);
+
 /* MXFP4 experts, one launch over nm matrices per pair (2: gate into y0 and up into y1, rows of F from x,
  * x_per_pair pairs per input row; 1: down into y0 from h): y [pair, rows], rounded as asked. */
 int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const int *idx, int pairs, int nm, int rows,

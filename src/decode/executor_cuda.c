@@ -32,7 +32,7 @@
 
 #define PMAX K3C_PREPARED_MAX
 #define QMAX K3C_PREPARED_Q_MAX
-#define PRE_COPIES 5  /* per verifying request per KDA layer: state, window, pre-conv q, k, v rows */
+#define PRE_COPIES 3  /* per verifying request per KDA layer: pre-conv q, k, v rows */
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
 
 struct k3c_decode_cuda {
@@ -60,7 +60,8 @@ struct k3c_decode_cuda {
     float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
     size_t mla_part_floats;
     int *idx;
-    int32_t *ids_d;   /* [PMAX] greedy token ids of a step's rows (run_argmax) */
+    uint64_t *keys_d; /* [K3C_ARGMAX_KEYS_MAX] the greedy arg-max's keys of row parts (run_argmax, cuda/sample.h) */
+    uint64_t *keys_h; /* [K3C_ARGMAX_KEYS_MAX] page-locked: keys_d downloaded at the copy engine's rate */
     float *logits_h;  /* [PMAX, V] host: run_argmax's logits when a step goes to the stock path */
     /* aux streams (engine option aux_layers, read at build): aux_dev [num_aux, PMAX, D]; a step of T rows
      * (every row a logits row) writes stream j at j * T * D, the engine's host layout, downloaded whole */
@@ -105,10 +106,11 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     float **fl[] = {&x->a_in, &x->x, &x->A, &x->F, &x->G, &x->logits, &x->kq, &x->kk, &x->kv, &x->cq, &x->ck,
                     &x->cv, &x->kf, &x->kg, &x->ko, &x->kz, &x->ky, &x->klow, &x->klow2, &x->kb, &x->kbeta, &x->mqa, &x->mq,
                     &x->mlat, &x->mo, &x->mg, &x->ga, &x->gu, &x->q_abs, &x->o_lat, &x->rlog, &x->wts, &x->z,
-                    &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx, (float **)&x->ids_d};
+                    &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx, (float **)&x->keys_d};
     _Static_assert(sizeof fl / sizeof fl[0] == 42, "buffer list");
+    _Static_assert(K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t) <= PMAX * 8 * sizeof(float), "keys_d's 8 floats a row");
     size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
-                  I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K, 1};
+                  I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K, 8};
     int alt = c->attn_res_block_size > 0;
     size_t n = sizeof w / sizeof w[0], total = (size_t)(x->nres + alt) * al256(R * D * 4);
     for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
@@ -147,6 +149,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     x->gemm_ready = 1;
     x->logits_h = malloc(R * V * sizeof(float));
     if (!x->logits_h) return k3c_errorf("decode executor: out of host memory (%zu x %zu logits)", R, V);
+    K3C_CUDA_TRY(cudaHostAlloc((void **)&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t), cudaHostAllocDefault));
     return K3C_OK;
 }
 
@@ -234,6 +237,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
     free(x->logits_h);
+    if (x->keys_h) cudaFreeHost(x->keys_h);
     k3c_op_profile_free(x->prof);
     if (x->st) cudaStreamDestroy(x->st);
     free(x->res);
@@ -327,7 +331,8 @@ static int rec_kda(const rec *s, int l) {
         group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
     }
     P_TRY("kda in-proj (group)", group_run(x, &in, T));
-    if (s->q > 1) /* verify: committed state and window to scratch, pre-conv rows to the slot's store */
+    if (s->q > 1) /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
+                   * window in place and write neither back: read_only segments, fill_meta) */
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
     P_TRY("kda up-proj (group)", group_run(x, &up, T));
@@ -763,24 +768,21 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
             if (k < 0) continue;
             float *state = ks->state[l] + (size_t)r->slot * sf, *window = ks->window[l] + (size_t)r->slot * wf;
             if (q > 1) {
-                float *ss = ks->scratch_state + (size_t)i * sf, *sw = ks->scratch_window + (size_t)i * wf;
                 float *stv = k3c_kda_store(ks, l, r->slot);
                 size_t P = ks->P, rows = (size_t)q * P, row0 = (size_t)i * q;
                 k3c_cuda_copy *c0 = pre + ((size_t)k * PMAX + i) * PRE_COPIES;
-                c0[0] = (k3c_cuda_copy){state, ss, (long long)sf};
-                c0[1] = (k3c_cuda_copy){window, sw, (long long)wf};
-                c0[2] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
-                c0[3] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
-                c0[4] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
+                c0[0] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
+                c0[1] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
+                c0[2] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
                 k3c_cuda_copy *c1 = post + ((size_t)k * PMAX + i) * POST_COPIES;
                 c1[0] = (k3c_cuda_copy){x->ck + row0 * P, stv + k3c_kda_store_k(ks), (long long)rows};
                 c1[1] = (k3c_cuda_copy){x->cv + row0 * P, stv + k3c_kda_store_v(ks), (long long)rows};
                 c1[2] = (k3c_cuda_copy){x->kg + row0 * P, stv + k3c_kda_store_g(ks), (long long)rows};
                 c1[3] = (k3c_cuda_copy){x->kbeta + row0 * ks->H, stv + k3c_kda_store_beta(ks), (long long)q * ks->H};
-                state = ss;
-                window = sw;
             }
-            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window};
+            /* verify (q > 1) reads the committed slot and leaves it as it was (the stock path runs on a scratch
+             * copy of it: the same values in, the same bits out); commit folds the accepted tokens in */
+            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window, q > 1};
         }
     }
     return K3C_OK;
@@ -792,18 +794,34 @@ static double wall_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-/* The step's results to the host, with one synchronization: the logits straight into the caller's
- * (pageable) buffer as the stock path downloads them, or (ids non-NULL) each row's greedy token id, then the
- * aux streams when the engine asked for them. Run 18 (H200, k3-slice b=64, K3C_CUDA_PROFILE=1): through a
- * pinned staging buffer in 16 chunks, each copied out by the host as it landed, the copy-out alone took
- * 6.4 ms of a 41.1 ms step, and the direct download made the step 37.7 ms against the stock path's 38.7 in
- * the same process (K3C_EXEC_D2H_DIRECT=1 A/B). */
+/* Parts a row of the greedy arg-max: k3c_cuda_argmax_parts's ~256 blocks, or one block a row with
+ * K3C_EXEC_ARGMAX_PARTS=1 (the A/B of the split; the ids are the same either way). */
+static int argmax_parts(int T) {
+    static int one = -1;
+    if (one < 0) {
+        const char *v = getenv("K3C_EXEC_ARGMAX_PARTS");
+        one = v && v[0] == '1' && v[1] == 0;
+    }
+    return one ? 1 : k3c_cuda_argmax_parts(T);
+}
+
+/* The step's results to the host, with one synchronization: the logits straight into the caller's buffer
+ * as the stock path downloads them, or (ids non-NULL) each row's greedy token id, then the aux streams when
+ * the engine asked for them. The ids: the arg-max's best key of each part of each row (~256 blocks in all,
+ * cuda/sample.h) into page-locked keys_h, a row's parts reduced here (a few hundred bytes at most). Run 18 (H200, k3-slice b=64, K3C_CUDA_PROFILE=1): through a pinned staging
+ * buffer in 16 chunks, each copied out by the host as it landed, the copy-out alone took 6.4 ms of a 41.1 ms
+ * step, and the direct download made the step 37.7 ms against the stock path's 38.7 in the same process
+ * (K3C_EXEC_D2H_DIRECT=1 A/B). The caller's buffer itself page-locked (k3c_engine_logits_alloc, as the runner
+ * and the bench use) removes the staging altogether: kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into
+ * malloc'ed memory (session 13 run 4). */
 static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids) {
     size_t V = (size_t)x->c->vocab_size;
     double t0 = x->prof ? wall_ms() : 0;
+    int parts = ids ? argmax_parts(T) : 0;
     if (ids) { /* after the graph, not in it: the same graph serves both kinds of step */
-        K3C_TRY(k3c_cuda_argmax_rows(x->logits, T, (int)V, x->ids_d, x->st));
-        K3C_CUDA_TRY(cudaMemcpyAsync(ids, x->ids_d, (size_t)T * sizeof(int32_t), cudaMemcpyDeviceToHost, x->st));
+        K3C_TRY(k3c_cuda_argmax_keys(x->logits, T, (int)V, parts, x->keys_d, x->st));
+        K3C_CUDA_TRY(cudaMemcpyAsync(x->keys_h, x->keys_d, (size_t)T * parts * sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, x->st));
     } else {
         K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, x->st));
     }
@@ -811,6 +829,8 @@ static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *i
         K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, x->st));
     K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+    if (ids)
+        for (int r = 0; r < T; r++) ids[r] = k3c_argmax_key_id(x->keys_h + (size_t)r * parts, parts);
     if (x->prof) x->host_ms[1] += wall_ms() - t0; /* waiting for the step and its downloads together */
     return K3C_OK;
 }

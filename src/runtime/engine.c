@@ -1,6 +1,7 @@
 /* The engine of include/k3c.h: a backend, the stock forward, the paged MLA cache, the KDA slots and the
  * request table, all allocated at creation. A step only takes cache blocks from the free list. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,10 @@ struct k3c_engine {
     int *aux_layers;     /* [o.num_aux] copy of the option */
     float *aux;          /* host [num_aux, max_rows, D]: the last step's streams, [num_aux, aux_rows, D] packed */
     int aux_rows;        /* logits rows of the last step; -1: none valid (no step yet, or it failed) */
+    /* logits buffers malloc'ed because the backend's host_alloc refused (k3c_engine_logits_alloc's fallback),
+     * so k3c_engine_logits_free gives them to free() and not to host_free; [n_fallback] of cap_fallback */
+    float **fallback;
+    int n_fallback, cap_fallback;
 };
 
 /* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
@@ -177,6 +182,7 @@ void k3c_engine_free(k3c_engine *e) {
     free(e->fr);
     free(e->aux_layers);
     free(e->aux);
+    free(e->fallback); /* the list only: a buffer still held here is the caller's (k3c.h: free it before) */
     free(e);
 }
 
@@ -270,6 +276,70 @@ void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
         else r->length += items[i].n;
     }
     e->aux_rows = k3c_step_logits_rows(items, n);
+}
+
+/* Adds p to the engine's fallback list (grown by doubling). */
+static int fallback_record(k3c_engine *e, float *p) {
+    if (e->n_fallback == e->cap_fallback) {
+        int cap = e->cap_fallback ? 2 * e->cap_fallback : 4;
+        float **f = realloc(e->fallback, sizeof *f * (size_t)cap);
+        if (!f) return K3C_ERR;
+        e->fallback = f;
+        e->cap_fallback = cap;
+    }
+    e->fallback[e->n_fallback++] = p;
+    return K3C_OK;
+}
+
+float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
+    if (rows < 1) {
+        k3c_errorf("engine logits_alloc: %d rows (want >= 1)", rows);
+        return NULL;
+    }
+    size_t row_bytes = (size_t)e->m->config.vocab_size * sizeof(float);
+    if ((size_t)rows > SIZE_MAX / row_bytes) {
+        k3c_errorf("engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
+                   e->m->config.vocab_size);
+        return NULL;
+    }
+    size_t bytes = (size_t)rows * row_bytes;
+    if (!e->be->host_alloc) {
+        float *p = malloc(bytes);
+        if (!p)
+            k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d)", rows, e->m->config.vocab_size);
+        return p;
+    }
+    float *p = e->be->host_alloc(e->be, bytes);
+    if (p) return p;
+    /* Page-locked memory refused (the driver or the host will not pin that much): fall back to malloc.
+     * Page-locked is only a speed-up: the download into malloc'ed memory goes through the driver's staging
+     * (5-9 GB/s instead of ~55 on the H200 host, docs/BENCHMARKS.md), so the engine keeps working, slower,
+     * and says so once per buffer. The buffer is recorded so logits_free hands it to free(). */
+    char why[512];
+    snprintf(why, sizeof why, "%s", k3c_error_message());
+    p = malloc(bytes);
+    if (!p || fallback_record(e, p) != K3C_OK) {
+        free(p);
+        k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d) after page-locked memory was "
+                   "refused: %s", rows, e->m->config.vocab_size, why);
+        return NULL;
+    }
+    fprintf(stderr, "k3c: warning: logits (%d rows x vocab %d) fall back to malloc'ed memory (a slower download): %s\n",
+            rows, e->m->config.vocab_size, why);
+    return p;
+}
+
+void k3c_engine_logits_free(k3c_engine *e, float *logits) {
+    if (!logits) return;
+    for (int i = 0; i < e->n_fallback; i++)
+        if (e->fallback[i] == logits) { /* no wait as in host_free: a download into pageable memory is
+                                          * synchronous to the host (CUDA), so none is in flight */
+            e->fallback[i] = e->fallback[--e->n_fallback];
+            free(logits);
+            return;
+        }
+    if (e->be->host_free) e->be->host_free(e->be, logits);
+    else free(logits);
 }
 
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {

@@ -158,13 +158,16 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     r->query_lens = malloc(sizeof(int) * A);
     r->has_prompt = malloc(A);
     r->win = malloc(sizeof(int32_t) * A * W);
-    r->logits = malloc(sizeof(float) * A * W * (size_t)r->V);
+    r->logits = k3c_engine_logits_alloc(e, (int)(A * W)); /* page-locked on a device engine, else malloc'ed */
     r->ids = malloc(sizeof(int32_t) * A * W);
-    if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
-        !r->win || !r->logits || !r->ids) {
+    if (!r->logits) { /* out of host memory: refused page-locked memory already fell back to malloc */
         k3c_runner_free(r);
-        return k3c_errorf("runner: out of memory (%d requests x %d rows x vocab %d logits)", o.max_active,
-                          (int)W, r->V);
+        return k3c_error_context("runner: logits for %d requests x %d rows", o.max_active, (int)W);
+    }
+    if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
+        !r->win || !r->ids) {
+        k3c_runner_free(r);
+        return k3c_errorf("runner: out of memory (%d requests x %d rows)", o.max_active, (int)W);
     }
     r->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
     *out = r;
@@ -192,7 +195,7 @@ void k3c_runner_free(k3c_runner *r) {
     free(r->query_lens);
     free(r->has_prompt);
     free(r->win);
-    free(r->logits);
+    k3c_engine_logits_free(r->e, r->logits);
     free(r->ids);
     free(r);
 }

@@ -79,6 +79,12 @@ struct k3c_backend {
     void (*download)(k3c_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(k3c_backend *be, void *dst, const void *src, size_t bytes);
     void (*fill_bytes)(k3c_backend *be, void *dst, int byte, size_t bytes); /* memset; 0xff poisons (NaN) */
+    /* Optional (NULL: plain malloc / free): host memory that downloads land in at the link's DMA rate
+     * (page-locked), for the logits buffers (k3c_engine_logits_alloc, which falls back to malloc when
+     * host_alloc fails and never hands such a buffer to host_free). host_free waits for queued ops first,
+     * since a download into p may still be in flight. */
+    void *(*host_alloc)(k3c_backend *be, size_t bytes); /* NULL + error message on failure */
+    void (*host_free)(k3c_backend *be, void *p);
     /* dst[i, :] = src[rows[i], :] for i < n, width D floats (host row indices). */
     void (*gather_rows)(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst);
 

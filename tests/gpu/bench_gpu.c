@@ -17,6 +17,7 @@
 #include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
 #include "cuda/router.h"
+#include "cuda/sample.h"
 #include "format/mxfp4.h"
 #include "gpu_util.h"
 #include "util/error.h"
@@ -142,6 +143,10 @@ static int run_small(void *c, int rep) {
     case 5: /* the same in one launch, as the decode executor */
         return k3c_cuda_route_act(&x->r, x->a, x->w, x->T, x->idx, x->y, (k3c_cuda_act){1, 0, 0}, x->gu, 2 * x->n,
                                   x->gu + x->n, 2 * x->n, x->n, 1, x->o, x->st);
+    case 6: /* the greedy arg-max, one block a row */
+        return k3c_cuda_argmax_rows(x->a, x->T, x->n, x->idx, x->st);
+    case 7: /* the same in parts, as the decode executor (the host's reduction of the keys not timed) */
+        return k3c_cuda_argmax_keys(x->a, x->T, x->n, k3c_cuda_argmax_parts(x->T), (uint64_t *)x->y, x->st);
     default: {
         k3c_cuda_act act = {0};
         return k3c_cuda_gated_act(act, x->a, x->n, x->b, x->n, x->T, x->n, 1, x->y, x->st);
@@ -761,31 +766,33 @@ int main(int argc, char **argv) {
              * two launches against k3c_cuda_route_act's one */
             {"route_then_act_E256_1024", 4, 256, 8, 1024}, {"route_act_E256_1024", 5, 256, 8, 1024},
             {"route_then_act_E896_6144", 4, 896, 16, 6144}, {"route_act_E896_6144", 5, 896, 16, 6144},
+            /* the greedy arg-max of a K3 / Kimi Linear logits row: one block a row against parts */
+            {"argmax_rows_163840", 6, 0, 0, 163840}, {"argmax_keys_163840", 7, 0, 0, 163840},
         };
         static const int Ts[] = {1, 64};
         for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
             for (int ti = 0; ti < 2; ti++) {
                 small_ctx c = {.kind = cases[ci].kind, .T = Ts[ti], .n = cases[ci].n};
-                int width = c.kind == 0 || c.kind >= 4 ? cases[ci].E : c.n;
+                int routed = c.kind == 0 || c.kind == 4 || c.kind == 5, width = routed ? cases[ci].E : c.n;
                 c.a = dmalloc_rand((size_t)c.T * width * 4, 300 + (unsigned)ci);
                 c.b = dmalloc_rand((size_t)c.T * width * 4, 400 + (unsigned)ci);
                 c.w = dmalloc_rand((size_t)width * 4, 500 + (unsigned)ci);
                 CK(cudaMalloc((void **)&c.y, (size_t)c.T * width * 4));
                 CK(cudaMalloc((void **)&c.idx, (size_t)c.T * 64 * 4));
-                if (c.kind >= 4) {
+                if (c.kind == 4 || c.kind == 5) {
                     c.gu = dmalloc_rand((size_t)c.T * 2 * c.n * 4, 600 + (unsigned)ci);
                     CK(cudaMalloc((void **)&c.o, (size_t)c.T * c.n * 4));
                 }
                 c.r = (k3c_cuda_router){.num_experts = cases[ci].E, .k = cases[ci].k, .sigmoid = 1, .use_bias = 1,
                                         .num_groups = 1, .topk_group = 1, .renormalize = 1, .scale = 2.5f};
-                double bytes = c.kind == 0   ? (double)c.T * width * 4
-                               : c.kind >= 4 ? (double)c.T * (width + 3.0 * c.n) * 4
+                double bytes = c.kind == 0 || c.kind >= 6 ? (double)c.T * width * 4
+                               : c.kind >= 4             ? (double)c.T * (width + 3.0 * c.n) * 4
                                              : (double)c.T * width * 4 * (c.kind == 1 ? 2 : 3);
                 char name[64];
                 snprintf(name, sizeof name, "small_%s_T%d_graph", cases[ci].name, c.T);
                 time_graph(name, bytes, run_small, &c);
                 cudaFree(c.a); cudaFree(c.b); cudaFree(c.w); cudaFree(c.y); cudaFree(c.idx);
-                if (c.kind >= 4) { cudaFree(c.gu); cudaFree(c.o); }
+                if (c.kind == 4 || c.kind == 5) { cudaFree(c.gu); cudaFree(c.o); }
             }
     }
     return 0;

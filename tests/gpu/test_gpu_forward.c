@@ -28,6 +28,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "runtime/engine_internal.h"
+#include "../logits_alloc_case.h"
 #include "../synth_preset.h"
 #include "../test.h"
 #include "util/error.h"
@@ -306,17 +307,32 @@ TEST(gpu_forward_tiny) { run_forward("tiny", 1); }
 
 /* The fp8 latent cache: CUDA (E4M3 bytes, hardware conversion) against the CPU (E4M3 values in f32 slots,
  * util/fp8.h), f32 activations, dense routing. Both round the same latents to nearest even, but a latent
- * within f32 noise of an E4M3 midpoint can round differently on the two (one E4M3 step of one element):
- * worst row bounded by 2e-3 (the CPU's own fp8-vs-float64-E4M3 bound, test_forward.c), median by F32_THR. */
+ * within f32 noise of an E4M3 midpoint can round differently on the two (one E4M3 step of one element), and
+ * every later row of that request that attends to the element moves with it:
+ *  - seed 8230953371816 (session 10, H200): median 2.28e-4, worst 1.52e-3, under both tensor-core GEMV plans
+ *    and both MLA attend paths, where other seeds give medians of 1e-6..5e-6;
+ *  - session 12 run 5 (H200, seed not recorded): worst 3.90e-3 at median 8.3e-6, one flip's trail.
+ * A cache that rounds latents differently in general moves every row, the first ones of each request too:
+ * the median (FP8_MEDIAN_THR) is what tells it. Rows past 2e-3 (the CPU's own fp8-vs-float64-E4M3 bound,
+ * test_forward.c) are counted: at most FP8_TRAIL_FRAC of the rows, none past FP8_WORST_THR (a flip moves a
+ * row by a few 1e-3). */
+#define FP8_MEDIAN_THR 1e-3
+#define FP8_ROW_THR 2e-3
+#define FP8_TRAIL_FRAC 0.1
+#define FP8_WORST_THR 2e-2
 TEST(gpu_forward_tiny_kv_fp8) {
     env_kv_fp8 = 1;
-    int rc = forward_regime("tiny", 1, 1, 2e-3);
+    int rc = forward_regime("tiny", 1, 1, FP8_ROW_THR);
     env_kv_fp8 = 0;
     CHECK_OK(rc);
     double med = stats_median(&st);
-    metric("fwd_tiny_kv_fp8_f32_worst", 2e-3, st.worst);
-    printf("INFO tiny kv_fp8 f32 dense routing: %d rows, worst rel L2 %.3e, median %.3e\n", st.n, st.worst, med);
-    CHECKF(st.worst <= 2e-3 && med <= F32_THR, "tiny kv_fp8: worst %.3e, median %.3e", st.worst, med);
+    metric("fwd_tiny_kv_fp8_f32_median", FP8_MEDIAN_THR, med);
+    metric("fwd_tiny_kv_fp8_f32_worst", FP8_WORST_THR, st.worst);
+    printf("INFO tiny kv_fp8 f32 dense routing: %d rows, worst rel L2 %.3e, median %.3e, %d rows above %.0e\n",
+           st.n, st.worst, med, st.over, FP8_ROW_THR);
+    CHECKF(st.worst <= FP8_WORST_THR && med <= FP8_MEDIAN_THR && st.over <= FP8_TRAIL_FRAC * st.n,
+           "tiny kv_fp8: worst %.3e, median %.3e, %d of %d rows above %.0e", st.worst, med, st.over, st.n,
+           FP8_ROW_THR);
 }
 TEST(gpu_forward_mini) { run_forward("mini", 0); }
 TEST(gpu_forward_kimi_linear_tiny) { run_forward("kimi-linear-tiny", 1); }
@@ -488,3 +504,7 @@ TEST(gpu_synthetic_tiny) {
     CHECK(same);
     CHECK(spread > 1e-3);
 }
+
+/* k3c_engine_logits_alloc on the CUDA engine: page-locked, so the logits download is asynchronous to the host
+ * and the step must not return before it lands (tests/logits_alloc_case.h) */
+TEST(gpu_engine_logits_alloc) { logits_alloc_case("cuda"); }

@@ -174,7 +174,7 @@ static void chunked_case(k3c_rng *r, int T, int H, int dk, int dv, int gate, flo
     kcase_free(&c);
 
     double worst = fmax(fmax(eo, es), fmax(ero, ers));
-    note(gate == GATE_STRONG ? "kda_chunked(strong decay)" : "kda_chunked(o,state)", tol, worst);
+    note(gate == GATE_STRONG ? "kda_chunked(strong_decay)" : "kda_chunked(o,state)", tol, worst);
     CHECKF(ok, "T %d H %d dk %d dv %d: launch or copy failed", T, H, dk, dv);
     CHECKF(eo < tol && es < tol && ero < tol && ers < tol,
            "T %d H %d dk %d dv %d gate %s s0 %g: vs float64 o %.3g state %.3g; vs CPU f32 recurrence o %.3g state "
@@ -214,7 +214,8 @@ TEST(gpu_kda_chunked_dims) {
 
 /* Requests of lengths 1, 31, 0, 64, 90 in one batch (rows concatenated, each with its own state and conv
  * window): the _segs launchers give per request the same bits as the single-request launchers on that
- * request's rows (chunked, recurrent, conv). */
+ * request's rows (chunked, recurrent, conv); and with read_only segments (a verify's) the same outputs, the
+ * states and windows left as they were. */
 TEST(gpu_kda_segs_match_single) {
     k3c_rng r = rng_for("kda_segs");
     enum { NS = 5 };
@@ -238,7 +239,7 @@ TEST(gpu_kda_segs_match_single) {
     float *dc_seg = dev_poisoned(nk * 4), *dc_one = dev_poisoned(nk * 4);
     k3c_cuda_seg hs[NS];
     for (int s = 0; s < NS; s++)
-        hs[s] = (k3c_cuda_seg){row0[s], len[s], dS_seg + ns * s, dW_seg + nw * s};
+        hs[s] = (k3c_cuda_seg){row0[s], len[s], dS_seg + ns * s, dW_seg + nw * s, 0};
     k3c_cuda_seg *dsegs = dev_upload(hs, sizeof hs);
     CHECK(dq && dk_ && dv_ && dg && db && dtaps && dS_seg && dS_one && dW_seg && dW_one && do_seg && do_one &&
           dc_seg && dc_one && dsegs);
@@ -301,6 +302,35 @@ TEST(gpu_kda_segs_match_single) {
         note("kda_chunked_segs(o)", 1e-5, e);
         CHECKF(e < 1e-5, "chunked _segs vs recurrent _segs: o rel L2 %.3g", e);
         free(o_ch);
+    }
+    { /* read_only segments (a verify's, kda.h): each _segs launcher gives the in-place run's outputs and leaves
+       * the states and windows as they were */
+        k3c_cuda_seg hr[NS];
+        for (int s = 0; s < NS; s++) hr[s] = hs[s], hr[s].read_only = 1;
+        k3c_cuda_seg *dro = dev_upload(hr, sizeof hr);
+        CHECK(dro != NULL);
+        for (int kind = 0; kind < 3; kind++) { /* chunked, recurrent, conv of k */
+            const char *what = kind == 0 ? "chunked" : kind == 1 ? "recurrent" : "conv";
+            float *dout = kind == 2 ? dc_seg : do_seg, *out_a = kind == 2 ? c_seg : o_seg;
+            float *out_b = kind == 2 ? c_one : o_one;
+            size_t n = kind == 2 ? nk : nv;
+            for (int ro = 0; ro < 2; ro++) {
+                const k3c_cuda_seg *sg = ro ? dro : dsegs;
+                CHECK(cudaMemcpy(dS_seg, s0, ns * NS * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+                CHECK(cudaMemcpy(dW_seg, win, nw * NS * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+                CHECK(cudaMemset(dout, 0xff, n * 4) == cudaSuccess);
+                if (kind == 0) CHECK_OK(k3c_cuda_kda_chunked_segs(sg, NS, dq, dk_, dv_, dg, db, H, dk, dv, 1, dout, 0));
+                if (kind == 1) CHECK_OK(k3c_cuda_kda_recurrent_segs(sg, NS, dq, dk_, dv_, dg, db, H, dk, dv, 1, dout, 0));
+                if (kind == 2) CHECK_OK(k3c_cuda_kda_conv_segs(dk_, sg, NS, C, W, dtaps, 1, 1, dout, 0));
+                CHECK(dev_download(ro ? out_b : out_a, dout, n * 4) == 0);
+            }
+            CHECK(dev_download(S_seg, dS_seg, ns * NS * 4) == 0 && dev_download(W_seg, dW_seg, nw * NS * 4) == 0);
+            CHECKF(rel_l2_f32f32(out_b, out_a, n) < 1e30, "%s read_only: NaN in the output", what);
+            CHECKF(memcmp(out_a, out_b, n * 4) == 0, "%s read_only: the output differs from the in-place run's", what);
+            CHECKF(memcmp(S_seg, s0, ns * NS * 4) == 0, "%s read_only: a state changed", what);
+            CHECKF(memcmp(W_seg, win, nw * NS * 4) == 0, "%s read_only: a window changed", what);
+        }
+        cudaFree(dro);
     }
     cudaFree(dq), cudaFree(dk_), cudaFree(dv_), cudaFree(dg), cudaFree(db), cudaFree(dtaps);
     cudaFree(dS_seg), cudaFree(dS_one), cudaFree(dW_seg), cudaFree(dW_one), cudaFree(do_seg), cudaFree(do_one);

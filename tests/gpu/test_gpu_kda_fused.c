@@ -5,8 +5,10 @@
  * kernel), K3 dims (H 96, dk = dv = 128, conv 4) and a small config, both gate kinds (safe gate with a
  * lower bound, softplus gate), sigmoid and SiLU output gates, round_bf16 1 (the executor's flags) and 0,
  * every output poisoned (NaN) before the launches: cq, ck, cv, g, beta, o, y, the states and the windows
- * must be bit-identical, and NaN-free. Also: o = NULL gives the same bits, and dims the fused kernel does
- * not take ((dk/32) dv > 512) run the separate launches through the same launcher. */
+ * must be bit-identical, and NaN-free. Also: o = NULL gives the same bits; read_only segments (a verify's)
+ * give the same outputs through both the fused kernel and the separate launches and leave the states and
+ * windows bitwise as they were; and dims the fused kernel does not take ((dk/32) dv > 512) run the separate
+ * launches through the same launcher. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +35,8 @@ typedef struct {
     k3c_cuda_seg *segs;
 } frun;
 
-static int frun_make(frun *u, const fcase *c, const float *s0, const float *w0, size_t sf, size_t wf) {
+/* read_only: the segments a verify step passes (kda.h): state and window read, never written. */
+static int frun_make(frun *u, const fcase *c, const float *s0, const float *w0, size_t sf, size_t wf, int read_only) {
     size_t T = (size_t)c->nseg * c->q, Ck = (size_t)c->H * c->dk, Cv = (size_t)c->H * c->dv;
     memset(u, 0, sizeof *u);
     u->cq = dev_poisoned(T * Ck * 4), u->ck = dev_poisoned(T * Ck * 4), u->g = dev_poisoned(T * Ck * 4);
@@ -44,7 +47,7 @@ static int frun_make(frun *u, const fcase *c, const float *s0, const float *w0, 
     k3c_cuda_seg h[8];
     if (c->nseg > 8) return -1;
     for (int s = 0; s < c->nseg && s < 8; s++)
-        h[s] = (k3c_cuda_seg){s * c->q, c->q, u->state + (size_t)s * sf, u->window + (size_t)s * wf};
+        h[s] = (k3c_cuda_seg){s * c->q, c->q, u->state + (size_t)s * sf, u->window + (size_t)s * wf, read_only};
     u->segs = dev_upload(h, sizeof(k3c_cuda_seg) * (size_t)c->nseg);
     return u->segs ? 0 : -1;
 }
@@ -104,10 +107,12 @@ static void fused_case(k3c_rng *r, const fcase *c) {
     float *d_tq = dev_upload(tq, (size_t)Ck * W * 4), *d_tk = dev_upload(tk, (size_t)Ck * W * 4);
     float *d_tv = dev_upload(tv, (size_t)Cv * W * 4), *d_al = dev_upload(alog, (size_t)H * 4);
     float *d_dt = dev_upload(dtb, (size_t)Ck * 4), *d_nw = dev_upload(nw, (size_t)dv * 4);
-    frun A, B, C;
+    /* D, E: read_only segments (verify), fused and separate; I: never launched, the initial state / window */
+    frun A, B, C, D, E, I;
     int ok = d_xq && d_xk && d_xv && d_f && d_b && d_z && d_tq && d_tk && d_tv && d_al && d_dt && d_nw;
-    ok = frun_make(&A, c, s0, w0, sf, wf) == 0 && frun_make(&B, c, s0, w0, sf, wf) == 0 &&
-         frun_make(&C, c, s0, w0, sf, wf) == 0 && ok;
+    ok = frun_make(&A, c, s0, w0, sf, wf, 0) == 0 && frun_make(&B, c, s0, w0, sf, wf, 0) == 0 &&
+         frun_make(&C, c, s0, w0, sf, wf, 0) == 0 && frun_make(&D, c, s0, w0, sf, wf, 1) == 0 &&
+         frun_make(&E, c, s0, w0, sf, wf, 1) == 0 && frun_make(&I, c, s0, w0, sf, wf, 0) == 0 && ok;
     float eps = 1e-5f, lb = -5.0f;
     int fits = k3c_cuda_kda_decode_fused_fits(dk, dv);
     if (ok) { /* A: the separate launches, in the order the executor ran them */
@@ -128,13 +133,20 @@ static void fused_case(k3c_rng *r, const fcase *c) {
                                                        d_tv, d_f, d_b, d_al, d_dt, c->has_lb, lb, d_z, d_nw, eps,
                                                        c->silu, c->round, C.cq, C.ck, C.cv, C.g, C.beta, NULL, C.y,
                                                        0) == K3C_OK);
+        ok = ok &&
+             k3c_cuda_kda_decode_fused(D.segs, c->nseg, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv, d_f, d_b,
+                                       d_al, d_dt, c->has_lb, lb, d_z, d_nw, eps, c->silu, c->round, D.cq, D.ck, D.cv,
+                                       D.g, D.beta, D.o, D.y, 0) == K3C_OK &&
+             k3c_cuda_kda_decode_separate(E.segs, c->nseg, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv, d_f,
+                                          d_b, d_al, d_dt, c->has_lb, lb, d_z, d_nw, eps, c->silu, c->round, E.cq,
+                                          E.ck, E.cv, E.g, E.beta, E.o, E.y, 0) == K3C_OK;
         ok = ok && cudaDeviceSynchronize() == cudaSuccess;
         if (!ok) fprintf(stderr, "kda fused case: %s / %s\n", k3c_error_message(),
                          cudaGetErrorString(cudaGetLastError()));
     }
     static const char *names[] = {"cq", "ck", "cv", "g", "beta", "o", "y", "state", "window"};
-    long diffB[9], diffC[9], nanB = 0, nanC = 0;
-    for (int i = 0; i < 9; i++) diffB[i] = diffC[i] = 0;
+    long diffB[9], diffC[9], diffD[9], diffE[9], nanB = 0, nanC = 0, nanD = 0;
+    for (int i = 0; i < 9; i++) diffB[i] = diffC[i] = diffD[i] = diffE[i] = 0;
     if (ok) {
         const float *a[9] = {A.cq, A.ck, A.cv, A.g, A.beta, A.o, A.y, A.state, A.window};
         const float *pb[9] = {B.cq, B.ck, B.cv, B.g, B.beta, B.o, B.y, B.state, B.window};
@@ -144,10 +156,20 @@ static void fused_case(k3c_rng *r, const fcase *c) {
             diffB[i] = diff_words(pb[i], a[i], n[i], &nanB);
             if (fits && i != 5) diffC[i] = diff_words(pc[i], a[i], n[i], &nanC);
         }
+        /* read_only: the same outputs as A, the state and window still the initial ones (I's). Only where
+         * the three window regions are apart (dv >= dk): else v's region overlaps k's, which the in-place
+         * run advances before v's conv reads it */
+        const float *pd[9] = {D.cq, D.ck, D.cv, D.g, D.beta, D.o, D.y, D.state, D.window};
+        const float *pe[9] = {E.cq, E.ck, E.cv, E.g, E.beta, E.o, E.y, E.state, E.window};
+        for (int i = 0; i < 9 && dv >= dk; i++) {
+            const float *ref = i < 7 ? a[i] : i == 7 ? I.state : I.window;
+            diffD[i] = diff_words(pd[i], ref, n[i], &nanD);
+            diffE[i] = diff_words(pe[i], ref, n[i], &nanD);
+        }
     }
     cudaFree(d_xq), cudaFree(d_xk), cudaFree(d_xv), cudaFree(d_f), cudaFree(d_b), cudaFree(d_z);
     cudaFree(d_tq), cudaFree(d_tk), cudaFree(d_tv), cudaFree(d_al), cudaFree(d_dt), cudaFree(d_nw);
-    frun_free(&A), frun_free(&B), frun_free(&C);
+    frun_free(&A), frun_free(&B), frun_free(&C), frun_free(&D), frun_free(&E), frun_free(&I);
     free(xq), free(xk), free(xv), free(f), free(b), free(z), free(tq), free(tk), free(tv), free(alog), free(dtb);
     free(nw), free(s0), free(w0);
 
@@ -159,7 +181,12 @@ static void fused_case(k3c_rng *r, const fcase *c) {
                diffB[i]);
         CHECKF(diffC[i] == 0, "H %d dk %d dv %d nseg %d q %d: fused with o = NULL: %s differs in %ld words", H, dk, dv,
                c->nseg, c->q, names[i], diffC[i]);
+        CHECKF(diffD[i] == 0 && diffE[i] == 0, "H %d dk %d dv %d nseg %d q %d: read_only segments: %s differs from %s "
+               "in %ld (fused) / %ld (separate) words", H, dk, dv, c->nseg, c->q, names[i],
+               i < 7 ? "the in-place run's" : "the initial one", diffD[i], diffE[i]);
     }
+    CHECKF(nanD == 0, "H %d dk %d dv %d nseg %d q %d: %ld NaN words in the read_only runs' outputs", H, dk, dv,
+           c->nseg, c->q, nanD);
     CHECKF(nanB == 0 && nanC == 0, "H %d dk %d dv %d nseg %d q %d: %ld / %ld NaN words in the fused outputs", H, dk,
            dv, c->nseg, c->q, nanB, nanC);
 }

@@ -5,7 +5,9 @@
 # build-nocuda). cuBLASLt is a stub that fails, so gpu_matmul_bf16 cannot run (its streaming kernels are
 # covered by run.sh). Usage: tools/kernels_emu/gpu_tests.sh [test-name-filter, default gpu_attnres]
 # (e.g. gpu_router, gpu_moe_bf16, gpu_moe_mxfp4: the MoE tests take tens of minutes); TMPDIR sets the build
-# directory ($TMPDIR/kernels_gpu_tests_emu).
+# directory ($TMPDIR/kernels_gpu_tests_emu); EMU_TEST_FILES the test files of tests/gpu linked (default
+# test_gpu_kernels; e.g. "test_gpu_kda_fused test_gpu_kda_chunked"); EMU_CP=delay leaves each cp.async slot NaN
+# until the wait_group that retires it (moe_emu/run.sh).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,9 +25,12 @@ g++ -std=c++20 -O2 -ffp-contract=off -w $inc -DEMU_KERNELS='"emu.h"' -c "$moe/em
 # a stale object from an earlier run)
 for job in $(jobs -p); do wait "$job" || { echo "$0: a compile failed" >&2; exit 1; }; done
 cc="gcc -std=gnu11 -O2 -I$root/src -I$root/include -I$root/tests"
-$cc -I"$moe/inc" -I"$root/tools/mla_emu/inc" -c "$root/tests/gpu/test_gpu_kernels.c" -o "$out/tk.o"
+objs="$out/tm.o $out/emu_rt.o"
+for t in ${EMU_TEST_FILES:-test_gpu_kernels}; do
+    $cc -I"$moe/inc" -I"$root/tools/mla_emu/inc" -c "$root/tests/gpu/$t.c" -o "$out/$t.o"
+    objs="$objs $out/$t.o"
+done
 $cc -c "$root/tests/test_main.c" -o "$out/tm.o"
-objs="$out/tk.o $out/tm.o $out/emu_rt.o"
 for f in $kernels; do objs="$objs $out/${f}_k.o"; done
 g++ $objs "$root/build-nocuda/libk3c.a" -lcjson -o "$out/test_gpu_kernels" -pthread -lm
 "$out/test_gpu_kernels" "${1:-gpu_attnres}"

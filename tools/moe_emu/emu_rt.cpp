@@ -15,7 +15,13 @@ thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 thread_local emu_block *emu_blk;
 thread_local emu_fiber *emu_fib;
-int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq;
+int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq, emu_mma_trunc;
+/* EMU_CP=delay for every driver: moe_emu and mla_emu set it from their main; the kernels emulator's test runner
+ * (tools/kernels_emu/gpu_tests.sh, tests/test_main.c) has no main of its own, so it is read here, before main */
+__attribute__((constructor)) static void emu_cp_from_env(void) {
+    const char *e = getenv("EMU_CP");
+    if (e) emu_cp_delay = strcmp(e, "delay") == 0;
+}
 long emu_blocks_run, emu_launches;
 
 static std::mutex fail_mu;
@@ -213,4 +219,13 @@ void emu_run_grid(dim3 grid, dim3 block, size_t smem, const void *kernel, const 
     for (auto &t : th) t.join();
     emu_blocks_run += nb;
     for (auto &kv : allocs) guard_check(kv.first, kv.second, "after a launch");
+}
+
+/* EMU_MMA for the kernels emulator's test runner (no main of its own; the drivers' main sets it again) */
+__attribute__((constructor)) static void emu_mma_from_env(void) {
+    const char *e = getenv("EMU_MMA");
+    if (e) {
+        emu_mma_f32seq = strcmp(e, "f32seq") == 0;
+        emu_mma_trunc = strcmp(e, "trunc") == 0;
+    }
 }

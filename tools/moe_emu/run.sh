@@ -7,7 +7,7 @@
 # EMU_MMA=f32seq: f32 adds in k order), cvt.rn.bf16x2.f32 and mul.rn.bf16x2 (round to nearest even, bf16
 # subnormals kept), ld.global.nc.v4, cp.async.ca/cg 4/16 bytes with src-size zero fill, commit/wait_group
 # (EMU_CP=delay: the slot is NaN from the issue until the wait_group that retires its group, so a read of a
-# slot before its wait shows), __ballot_sync, __all_sync, __syncthreads(_or), __syncwarp, __ldg, occupancy
+# slot before its wait shows), __ballot_sync, __all_sync, __any_sync, __syncthreads(_or), __syncwarp, __ldg, occupancy
 # and cudaFuncSetAttribute with an H200's limits (132 SMs, 227 KB per block, 48 KB without the opt-in).
 # Each CUDA thread is a ucontext fiber; fibers switch at barriers and warp collectives (EMU_SHUFFLE=seed:
 # also at random at every cp.async / __ldg, in random order). Checked: global accesses inside an allocation
@@ -22,7 +22,8 @@
 # own expf/tanhf (glibc's are used).
 # Usage: tools/moe_emu/run.sh [quick|big|all] (quick: small shapes, every wpr, ~1 min; big: K3's 3584 x 3072
 # and Kimi Linear's 2304 x 1024, wpr auto and 8; all: everything). Env: EMU_CP=delay, EMU_SHUFFLE=seed,
-# EMU_MMA=f32seq, EMU_WPR=n, EMU_ONLY=substring of a case name, EMU_THREADS (OS threads for blocks).
+# EMU_MMA=f32seq or trunc (inc/emu.h: a truncating accumulation model), EMU_WPR=n, EMU_ONLY=substring of a
+# case name, EMU_THREADS (OS threads for blocks).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

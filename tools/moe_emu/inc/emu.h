@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -86,6 +87,7 @@ extern "C" int emu_force_wpr;  /* EMU_WPR: moe.cu's launcher uses this many warp
 extern "C" int emu_cp_delay;   /* EMU_CP=delay: cp.async lands at its wait_group; the slot is NaN until then */
 extern "C" int emu_shuffle;    /* EMU_SHUFFLE=seed: random resume order and random switches */
 extern "C" int emu_mma_f32seq; /* EMU_MMA=f32seq: mma sums in f32 in k order (default: exact, one rounding) */
+extern "C" int emu_mma_trunc;  /* EMU_MMA=trunc: the truncating accumulation model below */
 void emu_check_global(const void *p, size_t n, size_t align, const char *what);
 
 static inline void emu_yield(void) { swapcontext(&emu_fib->ctx, &emu_blk->sched); }
@@ -144,6 +146,7 @@ static inline unsigned __ballot_sync(unsigned mask, int p) {
     return r;
 }
 static inline int __all_sync(unsigned mask, int p) { return __ballot_sync(mask, p) == 0xffffffffu; }
+static inline int __any_sync(unsigned mask, int p) { return __ballot_sync(mask, p) != 0u; }
 /* CUDA's rsqrtf (approximate, ~2 ulp there): the correctly rounded 1 / sqrt here */
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
@@ -277,6 +280,41 @@ static inline double emu_mma_b(int k, int col) {
     uint32_t r = s[4 + (k >> 3)];
     return emu_bf16_val((k & 1) ? r >> 16 : r & 0xffff);
 }
+/* EMU_MMA=trunc: a model of the tensor cores' f32 accumulation after Fasi, Higham, Mikaitis and Pranesh,
+ * "Numerical behavior of NVIDIA tensor cores" (PeerJ CS 7:e330, 2021; V100, T4, A100): the products exact, the
+ * addends of one pass (c and 8 products here: k 0-7, then the result and k 8-15) aligned to the largest and cut
+ * to 24 bits below its leading bit (toward zero), summed exactly, the sum cut to f32 toward zero. Not the H200's
+ * measured behaviour: a way to see what a truncating accumulator does to a kernel that chains its mma through
+ * one accumulator against one that adds each mma's fresh result in f32. */
+static inline float emu_trunc_f32(long double s) {
+    float r = (float)s;
+    if (fabsl((long double)r) > fabsl(s)) r = nextafterf(r, 0.0f);
+    return r;
+}
+static inline float emu_mma_trunc_sum(float c, int row, int col) {
+    float acc = c;
+    for (int half = 0; half < 2; half++) {
+        long double t[9];
+        t[0] = acc;
+        for (int k = 0; k < 8; k++) t[1 + k] = (long double)(emu_mma_a(row, 8 * half + k) * emu_mma_b(8 * half + k, col));
+        int emax = INT_MIN;
+        for (int i = 0; i < 9; i++)
+            if (t[i] != 0) {
+                int e;
+                frexpl(t[i], &e);
+                if (e > emax) emax = e;
+            }
+        if (emax == INT_MIN) {
+            acc = 0.0f;
+            continue;
+        }
+        long double ulp = ldexpl(1.0L, emax - 24), s = 0;
+        for (int i = 0; i < 9; i++) s += truncl(t[i] / ulp) * ulp;
+        acc = emu_trunc_f32(s);
+    }
+    return acc;
+}
+
 static inline void emu_mma_m16n8k16_bf16(float &d0, float &d1, float &d2, float &d3, uint32_t a0, uint32_t a1,
                                          uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1, float c0, float c1,
                                          float c2, float c3) {
@@ -288,7 +326,9 @@ static inline void emu_mma_m16n8k16_bf16(float &d0, float &d1, float &d2, float 
     float c[4] = {c0, c1, c2, c3}, d[4];
     for (int i = 0; i < 4; i++) {
         int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
-        if (emu_mma_f32seq) {
+        if (emu_mma_trunc) {
+            d[i] = emu_mma_trunc_sum(c[i], row, col);
+        } else if (emu_mma_f32seq) {
             float acc = c[i];
             for (int k = 0; k < 16; k++) acc += (float)(emu_mma_a(row, k) * emu_mma_b(k, col));
             d[i] = acc;
