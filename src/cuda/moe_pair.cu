@@ -484,6 +484,8 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
 #define MXB_COLS 8     /* a tile's pairs: the mma's 8 B columns */
 #define MXB_COLS_WIDE 16 /* MXFP4 with many pairs an expert: two column groups, each decoded word used twice */
+/* bytes of a band block's partial sums ([GEMV_WARPS][4 x column groups][32] floats) when rows are split */
+#define MXB_PART_BYTES(NC) ((size_t)GEMV_WARPS * 4 * ((NC) / MXB_COLS) * 32 * sizeof(float))
 #define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
 #define MXB_MAX_CHUNKS 192   /* MXFP4 plane: chunks x 4 subs x 8 x 16 bytes = 96 KB: two blocks per SM */
 /* the most chunks of a row: a bf16 chunk (8 weights) stages one sub-step, a quarter of an MXFP4 chunk's
@@ -623,8 +625,8 @@ __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows,
  * (chunks of 8 weights, bfb_stream above); U steps a run. NC: a tile's columns, MXB_COLS, or MXB_COLS_WIDE
  * (MXFP4 only): the plane twice as wide (one block per SM at K3's 3584: 112 KB), each lane reading columns g
  * and g + 8, so an expert with up to 16 pairs is streamed and decoded once instead of twice. */
-template <bool MX, int U, int NC>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NC == MXB_COLS ? 2 : 1)
+template <bool MX, int U, int NC, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
                 int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
                 float *__restrict__ y1, int wpr, int round) {
@@ -636,10 +638,13 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
     constexpr int SUBS = MX ? 4 : 1, H = NC / MXB_COLS;
     static_assert(NC == MXB_COLS || (MX && NC == MXB_COLS_WIDE), "bf16 bands take 8 columns");
     extern __shared__ uint4 mxb_plane[];
-    __shared__ float part[GEMV_WARPS][4 * H][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2, row_bytes = MX ? cols >> 1 : cols * 2;
+    /* [GEMV_WARPS][4 H][32] partial sums of a row split over wpr > 1 warps, after the plane in the dynamic
+     * shared memory, which holds them only when wpr > 1 can occur (moe_band_launch): at one warp a row (the
+     * MXFP4 default) the wide plane at K3's 3584 (112 KB) then fits twice in an SM (MINB 2) */
+    float *part = (float *)(mxb_plane + (size_t)steps * 4 * SUBS * NC);
     const int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
     for (int i = lists[1] + blockIdx.x; i < pairs; i += gridDim.x) { /* invalid experts: their rows are 0 */
         const size_t p = (size_t)plist[i];
@@ -735,7 +740,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
 #pragma unroll
             for (int h = 0; h < H; h++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) part[warp][4 * h + i][lane] = acc[h][i];
+                for (int i = 0; i < 4; i++) part[(warp * 4 * H + 4 * h + i) * 32 + lane] = acc[h][i];
             __syncthreads();
             if (kw == 0)
 #pragma unroll
@@ -743,7 +748,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         float s = 0.0f;
-                        for (int j = 0; j < wpr; j++) s += part[warp + j][4 * h + i][lane];
+                        for (int j = 0; j < wpr; j++) s += part[((warp + j) * 4 * H + 4 * h + i) * 32 + lane];
                         acc[h][i] = s;
                     }
         }
@@ -804,21 +809,21 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
 
 /* Resident blocks of a band kernel at `smem` bytes of plane (a few sizes occur: a model's In and F): found
  * once per size. */
-template <bool MX, int U, int NC>
+template <bool MX, int U, int NC, int MINB>
 static int band_occupancy(size_t smem) {
     static size_t sizes[4];
     static int occs[4], n, attr_set;
     for (int i = 0; i < n; i++)
         if (sizes[i] == smem) return occs[i];
     if (!attr_set) {
-        const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4);
-        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
+        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_max) != cudaSuccess)
             return 0;
         attr_set = 1;
     }
     int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC>, GEMV_WARPS * 32, smem) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB>, GEMV_WARPS * 32, smem) !=
             cudaSuccess ||
         occ < 1)
         occ = 1;
@@ -826,7 +831,7 @@ static int band_occupancy(size_t smem) {
     return occ;
 }
 
-template <bool MX, int U, int NC>
+template <bool MX, int U, int NC, int MINB>
 static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
@@ -838,17 +843,32 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
                           MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS_OF(MX));
     /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
     const int subs = MX ? 4 : 1;
-    const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4);
-    const int occ = band_occupancy<MX, U, NC>(smem);
+    /* the partial sums only where a row can be split: plan_pairs takes the forced wpr, else lowers the
+     * default (1 for MXFP4, 2 for bf16), never raises it */
+    const int wpr_max = force_wpr > 0 ? force_wpr : MX ? 1 : 2;
+    const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4) + (wpr_max > 1 ? MXB_PART_BYTES(NC) : 0);
+    const int occ = band_occupancy<MX, U, NC, MINB>(smem);
     if (!occ) return k3c_errorf("moe band: %zu bytes of shared memory a block", smem);
     /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
     const int tiles_max = pairs < num_experts ? pairs : num_experts;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
                               MX ? 1 : 2, force_wpr);
-    moe_band_kernel<MX, U, NC><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols,
+    if (pp.wpr > wpr_max) return k3c_errorf("moe band: %d warps a row planned, room for %d", pp.wpr, wpr_max);
+    moe_band_kernel<MX, U, NC, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols,
                                                                        x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
     return K3C_OK;
+}
+
+/* The wide (16-column) MXFP4 band kernel's blocks an SM: 1 (161 registers, no spill) by default;
+ * K3C_MOE_BAND_WIDE_OCC=2 builds it for two (128 registers, 48 bytes spilled; session 14, ptxas) so that
+ * twice the warps keep loads in flight, where one block of 8 warps read 0.25-0.34 of copy bandwidth (session
+ * 9 run 4). Two fit when the plane does: K3's 3584-wide gate / up plane is 112 KB, two of them 224 of an
+ * SM's 228 KB, with the partial sums left out at one warp a row (moe_band_kernel). An A/B knob. */
+static int band_wide_blocks(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_WIDE_OCC", 1) == 2 ? 2 : 1;
+    return v;
 }
 
 /* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
@@ -862,9 +882,11 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
     if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
         return k3c_errorf("moe band: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
     if (!mxfp4)
-        return moe_band_launch<false, 3, MXB_COLS>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
+        return moe_band_launch<false, 3, MXB_COLS, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
                                                    y0, y1, round, s);
-    return (tile_cols == MXB_COLS ? moe_band_launch<true, 2, MXB_COLS> : moe_band_launch<true, 2, MXB_COLS_WIDE>)(
+    return (tile_cols == MXB_COLS       ? moe_band_launch<true, 2, MXB_COLS, 2>
+            : band_wide_blocks() == 2 ? moe_band_launch<true, 2, MXB_COLS_WIDE, 2>
+                                      : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
         experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
 
