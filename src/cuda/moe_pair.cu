@@ -820,6 +820,9 @@ static int band_occupancy(size_t smem) {
         if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_max) != cudaSuccess)
             return 0;
+        if (MINB == 2 && NC == MXB_COLS_WIDE) /* two 112 KB planes: a hint for the largest carveout (a hint only) */
+            (void)cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared);
         attr_set = 1;
     }
     int occ = 0;
