@@ -8,6 +8,7 @@
 #define K3C_TESTS_LOGITS_ALLOC_CASE_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,12 +25,13 @@ static inline size_t logits_same_bits(const float *a, const float *b, size_t n) 
     return 0;
 }
 
-static inline void logits_alloc_case(const char *device) {
+/* The tiny model the logits tests step: synthesized as `tag` under the test's scratch directory and loaded
+ * (*m), and an engine over it on `device` with room for two requests of 64 positions (*e). */
+static inline int logits_case_engine(const char *device, const char *tag, k3c_model **m, k3c_engine **e) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/logits-alloc-%s", test_tmpdir(), device);
-    CHECK_OK(test_synth_preset("tiny", 0, test_seed(), dir));
-    k3c_model *m = NULL;
-    CHECK_OK(k3c_load(dir, &m));
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), tag);
+    K3C_TRY(test_synth_preset("tiny", 0, test_seed(), dir));
+    K3C_TRY(k3c_load(dir, m));
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = device;
@@ -37,8 +39,15 @@ static inline void logits_alloc_case(const char *device) {
     o.max_context = 64;
     o.max_rows = 32;
     o.q_max = 1;
+    return k3c_engine_create(*m, &o, e);
+}
+
+static inline void logits_alloc_case(const char *device) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "logits-alloc-%s", device);
+    k3c_model *m = NULL;
     k3c_engine *e = NULL;
-    CHECK_OK(k3c_engine_create(m, &o, &e));
+    CHECK_OK(logits_case_engine(device, tag, &m, &e));
     size_t V = (size_t)k3c_engine_vocab(e);
     float *plain = malloc(sizeof(float) * V), *pinned = k3c_engine_logits_alloc(e, 2);
     int ok = plain && pinned;

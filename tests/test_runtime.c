@@ -252,20 +252,11 @@ static void stub_host_free(k3c_backend *be, void *p) {
  * host_alloc did give goes back to host_free exactly once. Seven refused buffers (past the fallback list's
  * first capacity of 4) are freed out of order. */
 TEST(runtime_engine_logits_fallback) {
-    char dir[512], errpath[600];
-    snprintf(dir, sizeof dir, "%s/logits-fallback", test_tmpdir());
+    char errpath[600];
     snprintf(errpath, sizeof errpath, "%s/logits-fallback.stderr", test_tmpdir());
-    CHECK_OK(test_synth_preset("tiny", 0, test_seed(), dir));
     k3c_model *m = NULL;
-    CHECK_OK(k3c_load(dir, &m));
-    k3c_engine_options o;
-    k3c_engine_options_default(&o);
-    o.max_requests = 2;
-    o.max_context = 64;
-    o.max_rows = 32;
-    o.q_max = 1;
     k3c_engine *e = NULL;
-    CHECK_OK(k3c_engine_create(m, &o, &e));
+    CHECK_OK(logits_case_engine("cpu", "logits-fallback", &m, &e));
     k3c_engine_view v;
     k3c_engine_view_get(e, &v);
     void *(*orig_alloc)(k3c_backend *, size_t) = v.be->host_alloc;
