@@ -874,6 +874,15 @@ static int band_wide_blocks(void) {
     return v;
 }
 
+/* Steps a run of the two-block wide kernel: 2 (as every MXFP4 kernel), or 1 with K3C_MOE_BAND_WIDE_U=1: 118
+ * registers and no spill (ptxas, session 14), half the bytes in flight a warp for twice the warps. An A/B
+ * knob beside K3C_MOE_BAND_WIDE_OCC=2. */
+static int band_wide_steps(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_WIDE_U", 2) == 1 ? 1 : 2;
+    return v;
+}
+
 /* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
  * tiles of tile_cols (k3c_cuda_moe_band_cols). bf16 takes 3 steps a run (no decode: registers for more bytes
  * in flight; 4 spilled 36 bytes), MXFP4 2 as the per-pair kernel. */
@@ -888,7 +897,8 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
         return moe_band_launch<false, 3, MXB_COLS, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
                                                    y0, y1, round, s);
     return (tile_cols == MXB_COLS       ? moe_band_launch<true, 2, MXB_COLS, 2>
-            : band_wide_blocks() == 2 ? moe_band_launch<true, 2, MXB_COLS_WIDE, 2>
+            : band_wide_blocks() == 2 ? (band_wide_steps() == 1 ? moe_band_launch<true, 1, MXB_COLS_WIDE, 2>
+                                                                : moe_band_launch<true, 2, MXB_COLS_WIDE, 2>)
                                       : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
         experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
