@@ -508,3 +508,8 @@ TEST(gpu_synthetic_tiny) {
 /* k3c_engine_logits_alloc on the CUDA engine: page-locked, so the logits download is asynchronous to the host
  * and the step must not return before it lands (tests/logits_alloc_case.h) */
 TEST(gpu_engine_logits_alloc) { logits_alloc_case("cuda"); }
+
+/* k3c_engine_logits_alloc on the CUDA engine when cudaHostAlloc is refused (a stub host_alloc): the malloc'ed
+ * fallback, its warning, its steps (pageable downloads through the driver's staging) bitwise as into any
+ * malloc'ed buffer, each buffer freed the way it was allocated (tests/logits_alloc_case.h) */
+TEST(gpu_engine_logits_fallback) { logits_fallback_case("cuda"); }
