@@ -45,7 +45,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps clean deps
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
@@ -98,6 +98,16 @@ fuzz:
 
 fuzz-deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
+
+# Whole-checkpoint mutations (config values, shard headers and lengths, the index) loaded end to end by an
+# ASan + UBSan build of the CLI (build-asan, CPU only): tools/fuzz_load.py. FUZZ_LOAD_N iterations, a fresh
+# seed each run (printed; FUZZ_LOAD_SEED replays one).
+FUZZ_LOAD_N ?= 500
+fuzz-load:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
+	    build-asan/k3c
+	python3 tools/fuzz_load.py --k3c build-asan/k3c --iterations $(FUZZ_LOAD_N) \
+	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
 
 deps:
 	apt-get update -qq && apt-get install -y -qq libcjson-dev

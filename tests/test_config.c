@@ -465,6 +465,8 @@ TEST(config_invalid_configs_are_named) {
          "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim) = 128000000000", "larger than"},
         {'K', "text_config.kv_lora_rank", "2147483647", "kv_lora_rank + qk_rope_head_dim", "larger than"},
         {'K', "text_config.linear_attn_config.head_dim", "65536", "(KDA state)", "larger than"},
+        /* num_heads x head_dim x head_dim past int64 (tools/fuzz_load.py under UBSan): refused, no overflow */
+        {'K', "text_config.linear_attn_config.head_dim", "2147483647", "num_heads x head_dim =", "larger than"},
         {'K', "text_config.num_shared_experts", "100000000", "num_shared_experts x moe_intermediate_size",
          "larger than"},
         {'K', "text_config.attn_res_block_size", "2147483647", "attn_res_block_size = 2147483647", "too large"},

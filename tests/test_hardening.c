@@ -319,6 +319,13 @@ static void more_experts_fn(cJSON *root) {
 }
 static int config_more_experts(const char *dir) { return edit_json(dir, "config.json", more_experts_fn); }
 
+/* tools/fuzz_load.py's finding: num_experts = 2^31 - 1 made the inventory ask for ~257 GB before any tensor
+ * was compared (out of memory under ASan; a refusal, but naming memory, not the config, without it) */
+static void huge_experts_fn(cJSON *root) {
+    cJSON_SetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "text_config"), "num_experts"), 2147483647.0);
+}
+static int config_huge_experts(const char *dir) { return edit_json(dir, "config.json", huge_experts_fn); }
+
 static void a_log_pad_fn(cJSON *t, uint8_t *data, shard_edit *e) {
     float one = 1.0f;
     memcpy(data + 4 * (size_t)fx.H, &one, 4); /* first padding entry */
@@ -406,6 +413,7 @@ static const hard_case cases[] = {
     {"index_names_missing_shard", index_names_missing_shard, "model-00099-of-000099.safetensors", 0},
     {"mxfp4_scale_shape", mxfp4_scale_shape, "w2.weight_scale in", 0},
     {"config_more_experts", config_more_experts, "block_sparse_moe.gate.weight in", 0},
+    {"config_huge_experts", config_huge_experts, "num_experts = 2147483647 over", 1},
     {"a_log_padding_nonzero", a_log_padding_nonzero, "padding entry", 1},
     {"unexpected_extra_tensor", unexpected_extra_tensor, "unexpected tensor language_model.model.layers", 1},
     {"nan_mxfp4_scale", nan_mxfp4_scale, "E8M0 NaN", 1},

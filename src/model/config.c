@@ -141,6 +141,13 @@ static int validate_moe(const k3c_config *c, const char *prefix) {
     return K3C_OK;
 }
 
+/* a * b, or INT64_MAX where the product does not fit: the widths below multiply three int fields, whose
+ * product a hostile config.json can push past int64 too (num_heads x 2^31 x 2^31, tools/fuzz_load.py) */
+static int64_t mul_sat(int64_t a, int64_t b) {
+    int64_t p;
+    return __builtin_mul_overflow(a, b, &p) ? INT64_MAX : p;
+}
+
 /* Every width the code derives from two fields (config.h helpers, projection shapes) is an int: each must
  * fit, or a hostile config.json would overflow (undefined behaviour) before any shape check could catch it. */
 static int validate_widths(const k3c_config *c, const char *prefix) {
@@ -151,7 +158,7 @@ static int validate_widths(const k3c_config *c, const char *prefix) {
     } w[] = {
         {"linear_attn_config.num_heads x head_dim", (int64_t)c->kda_num_heads * c->kda_head_dim},
         {"linear_attn_config.num_heads x head_dim x head_dim (KDA state)",
-         (int64_t)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim},
+         mul_sat((int64_t)c->kda_num_heads * c->kda_head_dim, c->kda_head_dim)},
         {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * (nope + rope)},
         {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (nope + c->v_head_dim)},
         {"kv_lora_rank + qk_rope_head_dim", (int64_t)c->kv_lora_rank + rope},

@@ -134,12 +134,33 @@ static int bind_spec(const k3c_tensor_spec *s, const k3c_st_tensor *t, const cha
 
 static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
 
+/* Counts in config.json that imply more tensors than the checkpoint holds are refused before the inventory
+ * is built from them: the inventory allocates per layer and per routed expert, and a config.json with
+ * num_experts = 2147483647 (tools/fuzz_load.py) asked for ~257 GB before a single tensor was compared. Every
+ * layer has at least one tensor and every routed expert at least three (gate, up, down), whatever the format. */
+static int check_counts(const k3c_config *c, const k3c_checkpoint *ck, const char *dir) {
+    const uint64_t have = ck->num_tensors;
+    if ((uint64_t)c->num_layers > have)
+        return k3c_errorf("config.json: %d layers, but the checkpoint in %s holds %llu tensors in all", c->num_layers,
+                          dir, (unsigned long long)have);
+    uint64_t moe_layers = 0;
+    for (int l = 0; c->layer_is_moe && l < c->num_layers; l++) moe_layers += c->layer_is_moe[l] != 0;
+    const uint64_t need = moe_layers * (uint64_t)(c->num_experts > 0 ? c->num_experts : 0) * 3;
+    if (need > have)
+        return k3c_errorf("config.json: num_experts = %d over %llu MoE layers implies at least %llu expert tensors, "
+                          "but the checkpoint in %s holds %llu tensors in all",
+                          c->num_experts, (unsigned long long)moe_layers, (unsigned long long)need, dir,
+                          (unsigned long long)have);
+    return K3C_OK;
+}
+
 static int load_into(struct k3c_model *m, const char *dir) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
         return k3c_errorf("checkpoint directory path too long: %s", dir);
     K3C_TRY(k3c_config_load(path, &m->config));
     K3C_TRY(k3c_checkpoint_open(&m->checkpoint, dir));
+    K3C_TRY(check_counts(&m->config, &m->checkpoint, dir));
     K3C_TRY(k3c_inventory_build(&m->config, &m->weights, &m->inventory));
 
     const k3c_checkpoint *ck = &m->checkpoint;
