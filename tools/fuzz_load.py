@@ -9,7 +9,7 @@ exit 0, or exit 1 or 2 with a message on stderr; a signal, a sanitizer report, a
 without a message is a finding. Build k3c with ASan + UBSan for this (`make fuzz-load` does).
 
 Usage: tools/fuzz_load.py [--k3c build-asan/k3c] [--iterations 500] [--seed S] [--preset tiny]
-                          [--out DIR]
+                          [--mutations K] [--out DIR]
 Prints the seed (replay with --seed), a line per finding, and a summary of exit codes; each finding's
 checkpoint is kept under DIR/finding-N with the command that failed. Exit 1 if there were findings.
 """
@@ -54,26 +54,30 @@ def mutate_shard(rng, d):
     name = rng.choice(sorted(n for n in os.listdir(d) if n.endswith('.safetensors')))
     f = os.path.join(d, name)
     b = bytearray(open(f, 'rb').read())
-    hl = int.from_bytes(b[:8], 'little')
+    # the header as it stands, which an earlier mutation of this copy may have cut or mislabelled
+    hl = min(int.from_bytes(b[:8], 'little'), max(len(b) - 8, 0))
+    h = b[8:8 + hl].decode('utf-8', 'replace')
+    nums = list(re.finditer(r'\d+', h))
     kind = rng.randrange(4)
+    if (kind == 0 and hl == 0) or (kind == 2 and not nums) or len(b) < 9:
+        kind = 1
     if kind == 0:
         i = 8 + rng.randrange(hl)
         b[i] = rng.randrange(256)
         what = 'header byte %d = %d' % (i, b[i])
     elif kind == 1:
-        v = rng.choice([0, 1, 7, hl - 1, hl + 1, len(b), 2**40, 2**64 - 1])
+        v = rng.choice([0, 1, 7, max(hl - 1, 0), hl + 1, len(b), 2**40, 2**64 - 1])
         b[:8] = v.to_bytes(8, 'little')
         what = 'header length %d' % v
     elif kind == 2:
-        h = b[8:8 + hl].decode('utf-8', 'replace')
-        m = rng.choice(list(re.finditer(r'\d+', h)))
+        m = rng.choice(nums)
         old = int(m.group())
         nv = rng.choice([0, 1, 2**31, 2**63, 99999999, old + 1, max(old - 1, 0)])
         hb = (h[:m.start()] + str(nv) + h[m.end():]).encode()
         b = bytearray(len(hb).to_bytes(8, 'little')) + hb + b[8 + hl:]
         what = 'header number %d -> %d' % (old, nv)
     else:
-        n = rng.randrange(len(b))
+        n = rng.randrange(max(len(b), 1))
         b = b[:n]
         what = 'truncated to %d bytes' % n
     open(f, 'wb').write(b)
@@ -99,6 +103,7 @@ def main():
     ap.add_argument('--iterations', type=int, default=500)
     ap.add_argument('--seed', type=int, default=None)
     ap.add_argument('--preset', default='tiny')
+    ap.add_argument('--mutations', type=int, default=1, help='mutations applied to each copy (1..K, random)')
     ap.add_argument('--out', default=None, help='where findings are kept (default: a new temp dir)')
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(2**32)
@@ -119,7 +124,8 @@ def main():
     for it in range(a.iterations):
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(base, work)
-        what = rng.choice([mutate_config, mutate_shard, mutate_shard, mutate_index])(rng, work)
+        what = '; '.join(rng.choice([mutate_config, mutate_shard, mutate_shard, mutate_index])(rng, work)
+                         for _ in range(rng.randint(1, max(1, a.mutations))))
         for cmd in ([a.k3c, 'inspect', work], [a.k3c, 'generate', '--model', work, '-n', '2']):
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, errors='replace', timeout=120, env=env)
