@@ -65,7 +65,8 @@ static inline void logits_alloc_case(const char *device) {
     if (ok) {
         poison_f32(plain, V);
         poison_f32(pinned, 2 * V);
-        k3c_step_item a = {.request = id[0], .tokens = prompt, .n = 12}, b = {.request = id[1], .tokens = prompt, .n = 12};
+        k3c_step_item a = {.request = id[0], .tokens = prompt, .n = 12};
+        k3c_step_item b = {.request = id[1], .tokens = prompt, .n = 12};
         ok = k3c_engine_step(e, &a, 1, plain) == K3C_OK && k3c_engine_step(e, &b, 1, pinned) == K3C_OK;
         if (ok) bad1 = logits_same_bits(plain, pinned, V);
         int32_t next = (int32_t)(k3c_rng_next(&r) % V);
