@@ -643,7 +643,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2, row_bytes = MX ? cols >> 1 : cols * 2;
     /* [GEMV_WARPS][4 H][32] partial sums of a row split over wpr > 1 warps, after the plane in the dynamic
      * shared memory, which holds them only when wpr > 1 can occur (moe_band_launch): at one warp a row (the
-     * MXFP4 default) the wide plane at K3's 3584 (112 KB) then fits twice in an SM (MINB 2) */
+     * MXFP4 default) they take no room from the blocks an SM */
     float *part = (float *)(mxb_plane + (size_t)steps * 4 * SUBS * NC);
     const int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
     for (int i = lists[1] + blockIdx.x; i < pairs; i += gridDim.x) { /* invalid experts: their rows are 0 */
@@ -820,9 +820,6 @@ static int band_occupancy(size_t smem) {
         if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_max) != cudaSuccess)
             return 0;
-        if (MINB == 2 && NC == MXB_COLS_WIDE) /* two 112 KB planes: a hint for the largest carveout (a hint only) */
-            (void)cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared);
         attr_set = 1;
     }
     int occ = 0;
@@ -863,26 +860,6 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
     return K3C_OK;
 }
 
-/* The wide (16-column) MXFP4 band kernel's blocks an SM: 1 (161 registers, no spill) by default;
- * K3C_MOE_BAND_WIDE_OCC=2 builds it for two (128 registers, 48 bytes spilled; session 14, ptxas) so that
- * twice the warps keep loads in flight, where one block of 8 warps read 0.25-0.34 of copy bandwidth (session
- * 9 run 4). Two fit when the plane does: K3's 3584-wide gate / up plane is 112 KB, two of them 224 of an
- * SM's 228 KB, with the partial sums left out at one warp a row (moe_band_kernel). An A/B knob. */
-static int band_wide_blocks(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("K3C_MOE_BAND_WIDE_OCC", 1) == 2 ? 2 : 1;
-    return v;
-}
-
-/* Steps a run of the two-block wide kernel: 2 (as every MXFP4 kernel), or 1 with K3C_MOE_BAND_WIDE_U=1: 118
- * registers and no spill (ptxas, session 14), half the bytes in flight a warp for twice the warps. An A/B
- * knob beside K3C_MOE_BAND_WIDE_OCC=2. */
-static int band_wide_steps(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("K3C_MOE_BAND_WIDE_U", 2) == 1 ? 1 : 2;
-    return v;
-}
-
 /* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
  * tiles of tile_cols (k3c_cuda_moe_band_cols). bf16 takes 3 steps a run (no decode: registers for more bytes
  * in flight; 4 spilled 36 bytes), MXFP4 2 as the per-pair kernel. */
@@ -896,10 +873,9 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
     if (!mxfp4)
         return moe_band_launch<false, 3, MXB_COLS, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
                                                    y0, y1, round, s);
-    return (tile_cols == MXB_COLS       ? moe_band_launch<true, 2, MXB_COLS, 2>
-            : band_wide_blocks() == 2 ? (band_wide_steps() == 1 ? moe_band_launch<true, 1, MXB_COLS_WIDE, 2>
-                                                                : moe_band_launch<true, 2, MXB_COLS_WIDE, 2>)
-                                      : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
+    /* the wide kernel at one block an SM (161 registers, no spill): built for two (128 registers, spilled;
+     * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (session 15 run 1) */
+    return (tile_cols == MXB_COLS ? moe_band_launch<true, 2, MXB_COLS, 2> : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
         experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
 

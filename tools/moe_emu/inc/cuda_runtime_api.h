@@ -10,11 +10,7 @@ typedef int cudaError_t;
 #define cudaErrorInvalidValue 1
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
-enum cudaFuncAttribute {
-    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
-    cudaFuncAttributePreferredSharedMemoryCarveout = 9 /* a hint: the emulator refuses it (no carveout model) */
-};
-#define cudaSharedmemCarveoutMaxShared 100
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #ifdef __cplusplus
 extern "C" {
 #endif
