@@ -621,7 +621,7 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * Past that limit MXFP4 goes to the band kernels (moe_pair.cu: each selected expert once, up to 8 of its
  * pairs as the mma's columns; session 8 run 7: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
  * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
- * pairs, then to the grouped kernel.
+ * pairs, then to the grouped kernel; tiles of 16 pairs past 4 pairs an expert (k3c_cuda_moe_band_cols).
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
  * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
  * the band kernels off for that format. */
@@ -652,11 +652,11 @@ static int moe_pair_limit(int mxfp4) {
 /* nm matrices a pair, per pair (MXFP4: k3c_cuda_moe_pair_mx, from idx) or by expert band
  * (k3c_cuda_moe_band, from its tile table `lists`), as k3c_cuda_moe_experts runs them. */
 static int stream_mats(int band, const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *idx,
-                       const int *lists, int pairs, int nm, int rows, int cols, const float *x, int x_per_pair,
-                       float *y0, float *y1, int round_bf16, cudaStream_t s) {
+                       const int *lists, int tile_cols, int pairs, int nm, int rows, int cols, const float *x,
+                       int x_per_pair, float *y0, float *y1, int round_bf16, cudaStream_t s) {
     if (band)
-        return k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1,
-                                 round_bf16, s);
+        return k3c_cuda_moe_band(experts, num_experts, mxfp4, lists, pairs, tile_cols, nm, rows, cols, x, x_per_pair,
+                                 y0, y1, round_bf16, s);
     return k3c_cuda_moe_pair_mx(experts, num_experts, idx, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round_bf16, s);
 }
 
@@ -681,12 +681,13 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
          * into h, then down into part, and the weighted sum below; per pair (MXFP4) or by expert band
          * (moe_pair.h: its tile table lives in out until the combine writes it) */
         int *lists = band ? (int *)out : NULL;
-        if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, lists, stream));
-        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 2, F, In, x, k, h, part, round_bf16,
-                            stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
-        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, pairs, 1, Out, F, h, 1, part, part,
+        const int tile_cols = band ? k3c_cuda_moe_band_cols(mxfp4, pairs, num_experts) : 0;
+        if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, tile_cols, lists, stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, tile_cols, pairs, 2, F, In, x, k, h, part,
                             round_bf16, stream));
+        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
+        K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, tile_cols, pairs, 1, Out, F, h, 1, part,
+                            part, round_bf16, stream));
     } else {
         K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
         K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));

@@ -196,10 +196,12 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
  * by exactly 1 where a scale is not). B fragments: every lane loads lane (0, q)'s (a broadcast): the other
  * lanes' fragments only feed output columns 1-7, which nothing reads, so they need not be zero (the
  * predicated load and its zero fill were 3 instructions a sub-step). COLS: the staged plane's columns (1:
- * one pair, that broadcast; MXB_COLS: the band kernel below, lane (g, q) reading column g's fragment). */
-template <int NT, int U, bool BIG, int COLS>
-__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[U], const uint32_t (&mula)[U],
-                                         const uint32_t (&mulb)[U], int chunks, float (&d)[U][4]) {
+ * one pair, that broadcast; 8 or 16: the band kernel below, lane (g, q) reading column g's fragment and, with 16,
+ * column g + 8's: H = COLS / 8 mma columns groups, each decoded word used by H mma pairs). */
+template <int NT, int U, bool BIG, int COLS, int H>
+__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[H][U],
+                                         const uint32_t (&mula)[U], const uint32_t (&mulb)[U], int chunks,
+                                         float (&d)[H][U][4]) {
 #pragma unroll
     for (int sub = 0; sub < 4; sub++)
 #pragma unroll
@@ -217,11 +219,13 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
                 }
             }
 #pragma unroll
-            for (int term = 0; term < NT; term++) {
-                const uint4 bq = bp[u][term * chunks * 4 + sub * (COLS == 1 ? 1 : 4 * COLS)];
-                k3c_mma_bf16(d[u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
-                k3c_mma_bf16(d[u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
-            }
+            for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int term = 0; term < NT; term++) {
+                    const uint4 bq = bp[h][u][term * chunks * 4 + sub * (COLS == 1 ? 1 : 4 * COLS)];
+                    k3c_mma_bf16(d[h][u], a[0], cb[0], a[1], cb[1], bq.x, bq.y);
+                    k3c_mma_bf16(d[h][u], a[2], cb[2], a[3], cb[3], bq.z, bq.w);
+                }
         }
 }
 
@@ -230,30 +234,36 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
  * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
  * ~2700 instructions per 4 KB, against ~500 of arithmetic). One warp vote a run decides the second
  * multiply (it was one a step and a branch a sub-step). */
-template <int NT, int U, int COLS = 1>
+template <int NT, int U, int COLS, int H>
 __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
-                                            float (&acc)[4], int bcol = 0) {
-    float d[U][4];
-    const uint4 *bp[U];
+                                            float (&acc)[H][4], const int (&bcol)[H]) {
+    float d[H][U][4];
+    const uint4 *bp[H][U];
     uint32_t mula[U], mulb[U];
     bool big = false;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int c = min((base + u) * 4 + q, chunks - 1);
-        /* COLS > 1: the band plane [step][sub][column][q], column bcol (see moe_band_kernel) */
-        bp[u] = COLS == 1 ? plane + (size_t)c * 4 : plane + ((size_t)(c >> 2) * 4 * COLS + bcol) * 4 + (c & 3);
+        /* COLS > 1: the band plane [step][sub][column][q], columns bcol[h] (see moe_band_kernel) */
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+            bp[h][u] = COLS == 1 ? plane + (size_t)c * 4
+                                 : plane + ((size_t)(c >> 2) * 4 * COLS + bcol[h]) * 4 + (c & 3);
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[h][u][i] = 0.0f;
+        }
         mula[u] = mx_mul(r.ea[u]);
         mulb[u] = mx_mul(r.eb[u]);
         big = big || r.ea[u] > 128u || r.eb[u] > 128u;
-#pragma unroll
-        for (int i = 0; i < 4; i++) d[u][i] = 0.0f;
     }
-    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true, COLS>(r, bp, mula, mulb, chunks, d);
-    else mxp_subs<NT, U, false, COLS>(r, bp, mula, mulb, chunks, d);
+    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true, COLS, H>(r, bp, mula, mulb, chunks, d);
+    else mxp_subs<NT, U, false, COLS, H>(r, bp, mula, mulb, chunks, d);
 #pragma unroll
-    for (int u = 0; u < U; u++)
+    for (int h = 0; h < H; h++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[i] += d[u][i];
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[h][i] += d[h][u][i];
 }
 
 /* The two-runs-in-registers loop of the streaming kernels: runs at base, base + stride, ... below steps, run
@@ -281,10 +291,10 @@ __device__ __forceinline__ void stream_runs(int base, int stride, int steps, Loa
  * the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as one loop: two loops,
  * one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS, bcol: as
  * mxp_compute. */
-template <int U, bool PROBE, int MAXNT, int COLS>
+template <int U, bool PROBE, int MAXNT, int COLS, int H>
 __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
                                            int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
-                                           float (&acc)[4], int bcol, int nterms) {
+                                           float (&acc)[H][4], const int (&bcol)[H], int nterms) {
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
     const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
@@ -293,8 +303,8 @@ __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, i
         kw * U, wpr * U, steps,
         [&](mxp_run<U> &r, int base) { mxp_load<U, PROBE>(r, pa, pb, sa, sb, band, base, q, chunks); },
         [&](const mxp_run<U> &r, int base) {
-            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS>(r, base, q, chunks, plane, acc, bcol);
-            else mxp_compute<MAXNT, U, COLS>(r, base, q, chunks, plane, acc, bcol);
+            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
+            else mxp_compute<MAXNT, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
         });
 }
 
@@ -345,10 +355,12 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         const k3c_cuda_expert &ex = experts[e];
         const uint8_t *P = nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed;
         const uint8_t *S = nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc2[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        float(&acc)[4] = acc2[0];
+        const int col0[1] = {0};
         if (row0 < rows)
-            mxp_stream<U, PROBE, 3, 1>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxp_plane, acc, 0,
-                                       nterms);
+            mxp_stream<U, PROBE, 3, 1, 1>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxp_plane, acc2,
+                                          col0, nterms);
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
         if (wpr > 1) {
             part[warp][0][lane] = acc[0];
@@ -470,7 +482,10 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * activation row split into bf16 terms (one term staged at a time: for activations that are not bf16
  * values, the f32 reference mode, the band streams once per term, adding each term's products in term
  * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
-#define MXB_COLS 8
+#define MXB_COLS 8     /* a tile's pairs: the mma's 8 B columns */
+#define MXB_COLS_WIDE 16 /* MXFP4 with many pairs an expert: two column groups, each decoded word used twice */
+/* bytes of a band block's partial sums ([GEMV_WARPS][4 x column groups][32] floats) when rows are split */
+#define MXB_PART_BYTES(NC) ((size_t)GEMV_WARPS * 4 * ((NC) / MXB_COLS) * 32 * sizeof(float))
 #define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
 #define MXB_MAX_CHUNKS 192   /* MXFP4 plane: chunks x 4 subs x 8 x 16 bytes = 96 KB: two blocks per SM */
 /* the most chunks of a row: a bf16 chunk (8 weights) stages one sub-step, a quarter of an MXFP4 chunk's
@@ -479,7 +494,7 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
 #define MXB_STAGE 2          /* plane entries a thread stages at once (their loads in flight together) */
 
 __global__ void __launch_bounds__(MXB_MAX_PAIRS)
-moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, int *__restrict__ lists) {
+moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, int tile_cols, int *__restrict__ lists) {
     __shared__ uint32_t key[MXB_MAX_PAIRS];
     __shared__ int scan[MXB_MAX_PAIRS];
     const int t = threadIdx.x, n = blockDim.x; /* n: a power of two >= pairs */
@@ -505,7 +520,7 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
             }
             __syncthreads();
         }
-    /* position t starts a tile when it is valid and starts an expert's run, or lies a multiple of MXB_COLS
+    /* position t starts a tile when it is valid and starts an expert's run, or lies a multiple of tile_cols
      * into it; the run's start comes from a prefix max of run starts, the tile's index from a prefix sum */
     const uint32_t kt = key[t];
     const int et = (int)(kt >> 11);
@@ -520,7 +535,7 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
         __syncthreads();
     }
     const int rs = scan[t];
-    const bool tile_start = valid && (t - rs) % MXB_COLS == 0;
+    const bool tile_start = valid && (t - rs) % tile_cols == 0;
     __syncthreads();
     scan[t] = tile_start ? 1 : 0;
     __syncthreads();
@@ -535,7 +550,7 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
     if (t == 0 && !valid) lists[1] = 0;
     if (tile_start) {
         int c = 1;
-        while (c < MXB_COLS && t + c < pairs && (int)(key[t + c] >> 11) == et) c++;
+        while (c < tile_cols && t + c < pairs && (int)(key[t + c] >> 11) == et) c++;
         const int ti = scan[t] - 1;
         tile_e[ti] = et;
         tile_off[ti] = t;
@@ -607,9 +622,11 @@ __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows,
 }
 
 /* MX: MXFP4 experts (chunks of 32 weights: 16 packed bytes and a scale; 4 sub-steps of 8 a chunk), else bf16
- * (chunks of 8 weights, bfb_stream above); U steps a run. */
-template <bool MX, int U>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+ * (chunks of 8 weights, bfb_stream above); U steps a run. NC: a tile's columns, MXB_COLS, or MXB_COLS_WIDE
+ * (MXFP4 only): the plane twice as wide (one block per SM at K3's 3584: 112 KB), each lane reading columns g
+ * and g + 8, so an expert with up to 16 pairs is streamed and decoded once instead of twice. */
+template <bool MX, int U, int NC, int MINB>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
                 int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
                 float *__restrict__ y1, int wpr, int round) {
@@ -618,12 +635,16 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
      * column the four q entries of a read lie in 64 contiguous bytes, one shared-memory wavefront, as the
      * per-pair kernel's broadcast (the [chunk][sub][column] layout put them 512 bytes apart: four wavefronts
      * at any width). */
-    constexpr int SUBS = MX ? 4 : 1;
+    constexpr int SUBS = MX ? 4 : 1, H = NC / MXB_COLS;
+    static_assert(NC == MXB_COLS || (MX && NC == MXB_COLS_WIDE), "bf16 bands take 8 columns");
     extern __shared__ uint4 mxb_plane[];
-    __shared__ float part[GEMV_WARPS][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2, row_bytes = MX ? cols >> 1 : cols * 2;
+    /* [GEMV_WARPS][4 H][32] partial sums of a row split over wpr > 1 warps, after the plane in the dynamic
+     * shared memory, which holds them only when wpr > 1 can occur (moe_band_launch): at one warp a row (the
+     * MXFP4 default) they take no room from the blocks an SM */
+    float *part = (float *)(mxb_plane + (size_t)steps * 4 * SUBS * NC);
     const int *tile_e = lists + 2, *tile_off = tile_e + pairs, *tile_n = tile_off + pairs, *plist = tile_n + pairs;
     for (int i = lists[1] + blockIdx.x; i < pairs; i += gridDim.x) { /* invalid experts: their rows are 0 */
         const size_t p = (size_t)plist[i];
@@ -640,12 +661,18 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
         const int mat = item / per, tile = mat / nm, m = mat % nm, local = item - mat * per;
         const int row0 = (local * groups + group) * 16;
         const int e = tile_e[tile], off = tile_off[tile], nc = tile_n[tile];
-        const int bcol = g < nc ? g : 0; /* the plane column this lane reads (see the plane above) */
+        int bcol[H]; /* the plane columns this lane reads (see the plane above) */
+#pragma unroll
+        for (int h = 0; h < H; h++) bcol[h] = g + 8 * h < nc ? g + 8 * h : 0;
         const k3c_cuda_expert &ex = experts[e];
         const uint8_t *P = MX ? (nm == 1 ? ex.down_packed : m == 0 ? ex.gate_packed : ex.up_packed)
                               : (const uint8_t *)(nm == 1 ? ex.down_w : m == 0 ? ex.gate_w : ex.up_w);
         const uint8_t *S = MX ? (nm == 1 ? ex.down_scale : m == 0 ? ex.gate_scale : ex.up_scale) : NULL;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[H][4];
+#pragma unroll
+        for (int h = 0; h < H; h++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[h][i] = 0.0f;
         for (int term = 0; term < nterms; term++) {
             if (tile != staged_tile || term != staged_term) { /* block-uniform */
                 __syncthreads(); /* every warp is done with the previous plane */
@@ -688,7 +715,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
 #pragma unroll
                         for (int k = 0; k < 4; k++) inexact |= k3c_split3(lo[k], hi[k], tt[k]);
                         const int c = cs / SUBS, sub = cs % SUBS;
-                        mxb_plane[(((c >> 2) * SUBS + sub) * MXB_COLS + col) * 4 + (c & 3)] =
+                        mxb_plane[(((c >> 2) * SUBS + sub) * NC + col) * 4 + (c & 3)] =
                             term == 0   ? make_uint4(tt[0][0], tt[1][0], tt[2][0], tt[3][0])
                             : term == 1 ? make_uint4(tt[0][1], tt[1][1], tt[2][1], tt[3][1])
                                         : make_uint4(tt[0][2], tt[1][2], tt[2][2], tt[3][2]);
@@ -700,35 +727,42 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
                 staged_term = term;
             }
             if (row0 < rows) {
-                if (MX)
-                    mxp_stream<U, false, 1, MXB_COLS>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr,
-                                                      mxb_plane, acc, bcol, 1);
+                if constexpr (MX)
+                    mxp_stream<U, false, 1, NC, H>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr,
+                                                   mxb_plane, acc, bcol, 1);
                 else
-                    bfb_stream<U>(P, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane, acc, bcol);
+                    bfb_stream<U>(P, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane, acc[0], bcol[0]);
             }
         }
-        /* lane (g, q): rows g, g + 8 of columns 2q, 2q + 1 (acc[0], acc[1]; acc[2], acc[3]) */
+        /* lane (g, q): rows g, g + 8 of columns 8h + 2q, 8h + 2q + 1 (acc[h][0], acc[h][1]; acc[h][2],
+         * acc[h][3]) */
         if (wpr > 1) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) part[warp][i][lane] = acc[i];
+            for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[(warp * 4 * H + 4 * h + i) * 32 + lane] = acc[h][i];
             __syncthreads();
             if (kw == 0)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < wpr; j++) s += part[warp + j][i][lane];
-                    acc[i] = s;
-                }
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < wpr; j++) s += part[((warp + j) * 4 * H + 4 * h + i) * 32 + lane];
+                        acc[h][i] = s;
+                    }
         }
         if (kw == 0)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int col = 2 * q + h;
-                if (col >= nc) continue;
-                float *yp = (m == 0 ? y0 : y1) + (size_t)plist[off + col] * rows;
-                if (row0 + g < rows) yp[row0 + g] = out_value(acc[h], round);
-                if (row0 + g + 8 < rows) yp[row0 + g + 8] = out_value(acc[2 + h], round);
-            }
+            for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int col = 8 * h + 2 * q + hh;
+                    if (col >= nc) continue;
+                    float *yp = (m == 0 ? y0 : y1) + (size_t)plist[off + col] * rows;
+                    if (row0 + g < rows) yp[row0 + g] = out_value(acc[h][hh], round);
+                    if (row0 + g + 8 < rows) yp[row0 + g + 8] = out_value(acc[h][2 + hh], round);
+                }
         if (wpr > 1) __syncthreads();
     }
 }
@@ -741,22 +775,67 @@ extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
 
 extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
 
-extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int *lists, cudaStream_t s) {
+/* The tile width for `pairs` pairs over num_experts: MXB_COLS_WIDE for MXFP4 when the pairs average more than
+ * 8 an expert (k3-slice at b = 64: 1024 pairs over 64 experts; an expert with 9..16 pairs is then one tile,
+ * not two or three, each of which streamed and decoded it again), else MXB_COLS. The wide kernel runs one
+ * block per SM at 0.25-0.34 of copy bandwidth where the 8-column one reads 0.50-0.58 (session 9 run 4), so
+ * it pays only where most experts have more than 8 pairs: run 7, with a threshold of 4, k3-slice b=64
+ * 23.35/22.58 -> 22.05/21.79 ms but b=32 (8 an expert) 15.23/15.31 -> 16.07/16.09. K3C_MOE_BAND_COLS=8 / 16
+ * forces it (A/B runs; 16 only for MXFP4). */
+extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts) {
+    static int force = -1;
+    if (force < 0) {
+        force = env_int("K3C_MOE_BAND_COLS", 0);
+        if (force != MXB_COLS && force != MXB_COLS_WIDE) force = 0;
+    }
+    if (!mxfp4) return MXB_COLS;
+    if (force) return force;
+    return pairs > 8 * num_experts ? MXB_COLS_WIDE : MXB_COLS;
+}
+
+extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int tile_cols, int *lists,
+                                       cudaStream_t s) {
     if (pairs < 1 || pairs > MXB_MAX_PAIRS || num_experts < 1 || num_experts >= (1 << 20))
         return k3c_errorf("moe band lists: %d pairs over %d experts (1..%d pairs, < 2^20 experts)", pairs, num_experts,
                           MXB_MAX_PAIRS);
+    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
+        return k3c_errorf("moe band lists: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
     int n = 32;
     while (n < pairs) n <<= 1;
-    moe_band_lists_kernel<<<1, n, 0, s>>>(idx, pairs, num_experts, lists);
+    moe_band_lists_kernel<<<1, n, 0, s>>>(idx, pairs, num_experts, tile_cols, lists);
     K3C_CUDA_LAUNCHED("moe_band_lists");
     return K3C_OK;
 }
 
-template <bool MX, int U>
+/* Resident blocks of a band kernel at `smem` bytes of plane (a few sizes occur: a model's In and F): found
+ * once per size. */
+template <bool MX, int U, int NC, int MINB>
+static int band_occupancy(size_t smem) {
+    static size_t sizes[4];
+    static int occs[4], n, attr_set;
+    for (int i = 0; i < n; i++)
+        if (sizes[i] == smem) return occs[i];
+    if (!attr_set) {
+        const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
+        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem_max) != cudaSuccess)
+            return 0;
+        attr_set = 1;
+    }
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB>, GEMV_WARPS * 32, smem) !=
+            cudaSuccess ||
+        occ < 1)
+        occ = 1;
+    if (n < 4) sizes[n] = smem, occs[n] = occ, n++;
+    return occ;
+}
+
+template <bool MX, int U, int NC, int MINB>
 static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
-    static int occ, force_wpr = -1;
+    static int force_wpr = -1;
     if (force_wpr < 0) force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
     if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
@@ -764,34 +843,40 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
                           MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS_OF(MX));
     /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
     const int subs = MX ? 4 : 1;
-    const size_t smem = (size_t)steps * 4 * subs * MXB_COLS * sizeof(uint4);
-    const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * MXB_COLS * sizeof(uint4);
-    if (!occ) {
-        K3C_CUDA_TRY(cudaFuncSetAttribute(moe_band_kernel<MX, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)smem_max));
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U>, GEMV_WARPS * 32, smem_max) !=
-                cudaSuccess ||
-            occ < 1)
-            occ = 1;
-    }
+    /* the partial sums only where a row can be split: plan_pairs takes the forced wpr, else lowers the
+     * default (1 for MXFP4, 2 for bf16), never raises it */
+    const int wpr_max = force_wpr > 0 ? force_wpr : MX ? 1 : 2;
+    const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4) + (wpr_max > 1 ? MXB_PART_BYTES(NC) : 0);
+    const int occ = band_occupancy<MX, U, NC, MINB>(smem);
+    if (!occ) return k3c_errorf("moe band: %zu bytes of shared memory a block", smem);
     /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
     const int tiles_max = pairs < num_experts ? pairs : num_experts;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
                               MX ? 1 : 2, force_wpr);
-    moe_band_kernel<MX, U><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols, x,
-                                                                   x_per_pair, y0, y1, pp.wpr, round);
+    if (pp.wpr > wpr_max) return k3c_errorf("moe band: %d warps a row planned, room for %d", pp.wpr, wpr_max);
+    moe_band_kernel<MX, U, NC, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols,
+                                                                       x, x_per_pair, y0, y1, pp.wpr, round);
     K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
     return K3C_OK;
 }
 
-/* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs`.
- * bf16 takes 3 steps a run (no decode: registers for more bytes in flight; 4 spilled 36 bytes), MXFP4 2 as the
- * per-pair kernel. */
+/* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
+ * tiles of tile_cols (k3c_cuda_moe_band_cols). bf16 takes 3 steps a run (no decode: registers for more bytes
+ * in flight; 4 spilled 36 bytes), MXFP4 2 as the per-pair kernel. */
 extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *lists, int pairs,
-                                 int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
-                                 int round, cudaStream_t s) {
-    return (mxfp4 ? moe_band_launch<true, 2> : moe_band_launch<false, 3>)(experts, num_experts, lists, pairs, nm, rows,
-                                                                          cols, x, x_per_pair, y0, y1, round, s);
+                                 int tile_cols, int nm, int rows, int cols, const float *x, int x_per_pair, float *y0,
+                                 float *y1, int round, cudaStream_t s) {
+    if (!mxfp4 && tile_cols != MXB_COLS)
+        return k3c_errorf("moe band: bf16 tiles of %d pairs (%d)", tile_cols, MXB_COLS);
+    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
+        return k3c_errorf("moe band: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
+    if (!mxfp4)
+        return moe_band_launch<false, 3, MXB_COLS, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
+                                                   y0, y1, round, s);
+    /* the wide kernel at one block an SM (161 registers, no spill): built for two (128 registers, spilled;
+     * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (session 15 run 1) */
+    return (tile_cols == MXB_COLS ? moe_band_launch<true, 2, MXB_COLS, 2> : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
+        experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels

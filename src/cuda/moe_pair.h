@@ -30,17 +30,20 @@ int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_experts, const 
 /* Whether k3c_cuda_moe_pair_mx takes widths In and F (its staged activation plane is bounded). */
 int k3c_cuda_moe_pair_mx_fits(int In, int F);
 
-/* Experts by expert band (moe_pair.cu), MXFP4 or bf16: each selected expert streamed once for up to 8 of its
- * pairs (more: once more per 8). k3c_cuda_moe_band_lists sorts the pairs of idx [pairs] by expert into
- * `lists` (k3c_cuda_moe_band_lists_ints(pairs) ints of device scratch); k3c_cuda_moe_band then computes what
- * k3c_cuda_moe_pair_mx would for nm matrices a pair (rows of pairs with an invalid expert: 0). fits: widths
- * and pair counts the kernels take. */
+/* Experts by expert band (moe_pair.cu), MXFP4 or bf16: each selected expert streamed once for up to
+ * tile_cols of its pairs (more: once more per tile). k3c_cuda_moe_band_cols gives the tile width for a call
+ * (8, or 16 for MXFP4 with many pairs an expert); k3c_cuda_moe_band_lists sorts the pairs of idx [pairs] by
+ * expert into tiles of that width in `lists` (k3c_cuda_moe_band_lists_ints(pairs) ints of device scratch);
+ * k3c_cuda_moe_band, given the same width, then computes what k3c_cuda_moe_pair_mx would for nm matrices a
+ * pair (rows of pairs with an invalid expert: 0). fits: widths and pair counts the kernels take. */
 int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs);
+int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts);
 size_t k3c_cuda_moe_band_lists_ints(int pairs);
-int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int *lists, cudaStream_t stream);
-int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *lists, int pairs, int nm,
-                      int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round_bf16,
-                      cudaStream_t stream);
+int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int tile_cols, int *lists,
+                            cudaStream_t stream);
+int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts, int mxfp4, const int *lists, int pairs,
+                      int tile_cols, int nm, int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1,
+                      int round_bf16, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -453,6 +453,11 @@ TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 256, 128, 256, 12, 8, 4, 0);
     moe_case(1, 0, 96, 64, 100, 3, 20, 2, 1);
     moe_case(1, 1, 3584, 3072, 3584, 16, 4, 8, 0);
+    /* more than 8 pairs an expert: tiles of 16 (k3c_cuda_moe_band_cols; gpu-check also forces 8 and 16 on
+     * every band case with K3C_MOE_BAND_COLS): f32 activations (three terms) at 12 pairs an expert, K3's
+     * shape at 9 x 8 over 8 experts (tiles of 9..16 pairs, and experts of two tiles) */
+    moe_case(1, 1, 256, 128, 256, 2, 12, 2, 0);
+    moe_case(1, 1, 3584, 3072, 3584, 8, 9, 8, 0);
 }
 
 TEST(gpu_moe_bf16) {

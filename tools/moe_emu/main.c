@@ -235,6 +235,9 @@ static const mcase cases[] = {
     {"mx band In96 F64 Out100 E3 T20 k2 rnd", 1, 0, 96, 64, 100, 3, 20, 2, 1, 0, 0},
     {"mx band In160 F96 Out96 E5 T9 k3", 1, 1, 160, 96, 96, 5, 9, 3, 0, 0, 0},
     {"mx band K3 3584x3072 E16 T4 k8", 1, 1, 3584, 3072, 3584, 16, 4, 8, 0, 0, 1},
+    /* more than 8 pairs an expert: tiles of 16 (two column groups; K3C_MOE_BAND_COLS=8 / 16 forces a width) */
+    {"mx band16 In256 F128 Out256 E2 T12 k2", 1, 1, 256, 128, 256, 2, 12, 2, 0, 0, 0},
+    {"mx band16 K3 3584x3072 E8 T9 k8", 1, 1, 3584, 3072, 3584, 8, 9, 8, 0, 0, 1},
     /* bf16 past the per-pair path's 256 pairs: the band kernels (partial steps, experts of many tiles) */
     {"bf16 band In64 F32 Out64 E12 T40 k8", 0, 1, 64, 32, 64, 12, 40, 8, 0, 0, 0},
     {"bf16 band In72 F40 Out48 E5 T33 k8 rnd", 0, 0, 72, 40, 48, 5, 33, 8, 1, 0, 0},
