@@ -621,7 +621,8 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * Past that limit MXFP4 goes to the band kernels (moe_pair.cu: each selected expert once, up to 8 of its
  * pairs as the mma's columns; session 8 run 7: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
  * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
- * pairs, then to the grouped kernel; tiles of 16 pairs past 4 pairs an expert (k3c_cuda_moe_band_cols).
+ * pairs, then to the grouped kernel; MXFP4 tiles of 16 pairs past 8 pairs an expert (k3c_cuda_moe_band_cols;
+ * session 15: k3-slice b=64 -0.5 ms, forced at 4-8 pairs an expert slower by 0.3-1.7 ms).
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
  * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
  * the band kernels off for that format. */
