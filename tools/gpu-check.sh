@@ -7,8 +7,9 @@
 # device-to-device copy) and the decode benchmark (k3c bench --device cuda on k3-slice and kimi-linear-48b:
 # stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (run 1 of
 # session 7: 320 s); from a fresh copy on a cold machine now ~7-8 minutes before the benchmarks (session 13
-# run 3: a 450 s limit ended it in its last env run; session 14 run 2: 406 s with KBENCH=0 BENCH=0), so within
-# the device tool's 600 s a call run it with KBENCH=0 BENCH=0 and the decode benchmark in a call of its own.
+# run 3: a 450 s limit ended it in its last env run; with KBENCH=0 BENCH=0 session 14 run 2 took 406 s,
+# session 15 run 3 504 s), so within the device tool's 600 s a call run it with KBENCH=0 BENCH=0 and the
+# decode benchmark in a call of its own.
 #
 # cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
 # committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
