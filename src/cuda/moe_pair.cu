@@ -854,8 +854,9 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
                               MX ? 1 : 2, force_wpr);
     if (pp.wpr > wpr_max) return k3c_errorf("moe band: %d warps a row planned, room for %d", pp.wpr, wpr_max);
-    moe_band_kernel<MX, U, NC, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows, cols,
-                                                                       x, x_per_pair, y0, y1, pp.wpr, round);
+    moe_band_kernel<MX, U, NC, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows,
+                                                                             cols, x, x_per_pair, y0, y1, pp.wpr,
+                                                                             round);
     K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
     return K3C_OK;
 }
