@@ -491,7 +491,6 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
 /* the most chunks of a row: a bf16 chunk (8 weights) stages one sub-step, a quarter of an MXFP4 chunk's
  * plane, so the same 96 KB hold 768 (a row of 6144; Kimi Linear's 2304 is 288) */
 #define MXB_MAX_CHUNKS_OF(mx) ((mx) ? MXB_MAX_CHUNKS : 4 * MXB_MAX_CHUNKS)
-#define MXB_STAGE 2          /* plane entries a thread stages at once (their loads in flight together) */
 
 __global__ void __launch_bounds__(MXB_MAX_PAIRS)
 moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, int tile_cols, int *__restrict__ lists) {
@@ -625,7 +624,7 @@ __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows,
  * (chunks of 8 weights, bfb_stream above); U steps a run. NC: a tile's columns, MXB_COLS, or MXB_COLS_WIDE
  * (MXFP4 only): the plane twice as wide (one block per SM at K3's 3584: 112 KB), each lane reading columns g
  * and g + 8, so an expert with up to 16 pairs is streamed and decoded once instead of twice. */
-template <bool MX, int U, int NC, int MINB>
+template <bool MX, int U, int NC, int MINB, int STG>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
                 int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
@@ -678,16 +677,16 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
                 __syncthreads(); /* every warp is done with the previous plane */
                 bool inexact = false;
                 /* only the tile's nc columns: the others feed output columns nothing writes (stale entries
-                 * are harmless, as the per-pair kernel's). MXB_STAGE entries a thread at once, their loads
+                 * are harmless, as the per-pair kernel's). STG entries a thread at once, their loads
                  * issued before any is used: one strided entry at a time, each thread's loads waited one
                  * after another (14 round trips a thread for a K3 row at one column), and run 6 measured the
                  * band kernel at one token 0.435 of copy bandwidth against the per-pair kernel's 0.581 on the
                  * same work. */
                 const int total = chunks * SUBS * nc;
-                for (int i0 = threadIdx.x; i0 < total; i0 += MXB_STAGE * blockDim.x) {
-                    float4 va[MXB_STAGE], vb[MXB_STAGE];
+                for (int i0 = threadIdx.x; i0 < total; i0 += STG * blockDim.x) {
+                    float4 va[STG], vb[STG];
 #pragma unroll
-                    for (int j = 0; j < MXB_STAGE; j++) {
+                    for (int j = 0; j < STG; j++) {
                         const int i = i0 + j * blockDim.x;
                         if (i < total) {
                             const int col = i % nc, cs = i / nc; /* cs: chunk cs / SUBS, sub-step cs % SUBS */
@@ -698,7 +697,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
                         }
                     }
 #pragma unroll
-                    for (int j = 0; j < MXB_STAGE; j++) {
+                    for (int j = 0; j < STG; j++) {
                         const int i = i0 + j * blockDim.x;
                         if (i >= total) break;
                         const int col = i % nc, cs = i / nc;
@@ -809,7 +808,7 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
 
 /* Resident blocks of a band kernel at `smem` bytes of plane (a few sizes occur: a model's In and F): found
  * once per size. */
-template <bool MX, int U, int NC, int MINB>
+template <bool MX, int U, int NC, int MINB, int STG>
 static int band_occupancy(size_t smem) {
     static size_t sizes[4];
     static int occs[4], n, attr_set;
@@ -817,21 +816,21 @@ static int band_occupancy(size_t smem) {
         if (sizes[i] == smem) return occs[i];
     if (!attr_set) {
         const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
-        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB, STG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_max) != cudaSuccess)
             return 0;
         attr_set = 1;
     }
     int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB>, GEMV_WARPS * 32, smem) !=
-            cudaSuccess ||
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB, STG>, GEMV_WARPS * 32,
+                                                      smem) != cudaSuccess ||
         occ < 1)
         occ = 1;
     if (n < 4) sizes[n] = smem, occs[n] = occ, n++;
     return occ;
 }
 
-template <bool MX, int U, int NC, int MINB>
+template <bool MX, int U, int NC, int MINB, int STG>
 static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
@@ -847,18 +846,36 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
      * default (1 for MXFP4, 2 for bf16), never raises it */
     const int wpr_max = force_wpr > 0 ? force_wpr : MX ? 1 : 2;
     const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4) + (wpr_max > 1 ? MXB_PART_BYTES(NC) : 0);
-    const int occ = band_occupancy<MX, U, NC, MINB>(smem);
+    const int occ = band_occupancy<MX, U, NC, MINB, STG>(smem);
     if (!occ) return k3c_errorf("moe band: %zu bytes of shared memory a block", smem);
     /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
     const int tiles_max = pairs < num_experts ? pairs : num_experts;
     pair_plan pp = plan_pairs((rows + 15) / 16, (steps + U - 1) / U, tiles_max * nm, occ * k3c_cuda_sm_count(),
                               MX ? 1 : 2, force_wpr);
     if (pp.wpr > wpr_max) return k3c_errorf("moe band: %d warps a row planned, room for %d", pp.wpr, wpr_max);
-    moe_band_kernel<MX, U, NC, MINB><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per, rows,
-                                                                             cols, x, x_per_pair, y0, y1, pp.wpr,
-                                                                             round);
+    moe_band_kernel<MX, U, NC, MINB, STG><<<pp.grid, GEMV_WARPS * 32, smem, s>>>(experts, lists, pairs, nm, pp.per,
+                                                                                  rows, cols, x, x_per_pair, y0, y1,
+                                                                                  pp.wpr, round);
     K3C_CUDA_LAUNCHED(MX ? "moe_band_mx" : "moe_band_bf16");
     return K3C_OK;
+}
+
+/* Plane entries a thread stages at once, their loads in flight together (a tile's activation rows come from
+ * L2, so a stage is a chain of round trips while the block's weight stream waits at the barrier): K3's
+ * 3584-wide row at 8 columns is 3584 entries, 14 a thread, 7 round trips at 2; at 16 columns 28 a thread, 14
+ * round trips, with one block an SM so that nothing else streams meanwhile. The wide kernel has registers to
+ * spare (161 of 255 at one block an SM) and stages 8 at once (4 round trips); the 8-column kernels keep 2
+ * (their 128-register bound). A/B knobs, read once: K3C_MOE_BAND_STAGE_W=2 (the wide kernel's old count),
+ * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). */
+static int band_stage_wide(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_STAGE_W", 8) == 2 ? 2 : 8;
+    return v;
+}
+static int band_stage_narrow(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_STAGE_N", 2) == 4 ? 4 : 2;
+    return v;
 }
 
 /* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
@@ -871,12 +888,17 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
         return k3c_errorf("moe band: bf16 tiles of %d pairs (%d)", tile_cols, MXB_COLS);
     if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
         return k3c_errorf("moe band: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
+    const bool narrow4 = band_stage_narrow() == 4;
     if (!mxfp4)
-        return moe_band_launch<false, 3, MXB_COLS, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair,
-                                                   y0, y1, round, s);
+        return (narrow4 ? moe_band_launch<false, 3, MXB_COLS, 2, 4> : moe_band_launch<false, 3, MXB_COLS, 2, 2>)(
+            experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
     /* the wide kernel at one block an SM (161 registers, no spill): built for two (128 registers, spilled;
      * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (session 15 run 1) */
-    return (tile_cols == MXB_COLS ? moe_band_launch<true, 2, MXB_COLS, 2> : moe_band_launch<true, 2, MXB_COLS_WIDE, 1>)(
+    if (tile_cols == MXB_COLS)
+        return (narrow4 ? moe_band_launch<true, 2, MXB_COLS, 2, 4> : moe_band_launch<true, 2, MXB_COLS, 2, 2>)(
+            experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
+    return (band_stage_wide() == 2 ? moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 2>
+                                   : moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 8>)(
         experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
 
