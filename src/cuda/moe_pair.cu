@@ -866,7 +866,10 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
  * round trips, with one block an SM so that nothing else streams meanwhile. The wide kernel has registers to
  * spare (161 of 255 at one block an SM) and stages 8 at once (4 round trips); the 8-column kernels keep 2
  * (their 128-register bound). A/B knobs, read once: K3C_MOE_BAND_STAGE_W=2 (the wide kernel's old count),
- * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). */
+ * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). Session 15 run 5 (H200, context 64,
+ * two rounds): k3-slice b=64 SPEC 19.98 / 19.99 -> 19.82 / 19.84 ms with 8 (predicted -1.0..-1.5: the stage
+ * is not where the wide kernel's time goes), b=16 / 32 unchanged; STAGE_N=4 (spilling 44 / 72 bytes) made
+ * k3-slice b=16 / 32 0.24 / 0.37 ms and kimi-linear-48b b=16 / 64 0.15 / 0.20 ms slower. */
 static int band_stage_wide(void) {
     static int v = -1;
     if (v < 0) v = env_int("K3C_MOE_BAND_STAGE_W", 8) == 2 ? 2 : 8;
