@@ -109,6 +109,9 @@ static int alloc_buffers(k3c_decode_cuda *x) {
                     &x->h, &x->part, &x->r, &x->rup, &x->sa, &x->su, &x->sh, (float **)&x->idx, (float **)&x->keys_d};
     _Static_assert(sizeof fl / sizeof fl[0] == 42, "buffer list");
     _Static_assert(K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t) <= PMAX * 8 * sizeof(float), "keys_d's 8 floats a row");
+    /* keys_h holds K3C_ARGMAX_KEYS_MAX keys: a step's rows x parts stays within it only while rows do (parts
+     * fall to 1 past it, k3c_cuda_argmax_parts), and a specialized step has at most PMAX rows */
+    _Static_assert(PMAX <= K3C_ARGMAX_KEYS_MAX, "keys_h: rows x parts within K3C_ARGMAX_KEYS_MAX");
     size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
                   I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K, 8};
     int alt = c->attn_res_block_size > 0;
