@@ -65,6 +65,11 @@ $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS) -lstdc++
 
+# Load benchmark (tools/gpu-check.sh runs it): checkpoints written to disk, loaded into GPU memory, GB/s vs
+# the measured host-to-device and page-cache read rates.
+$(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_load.o $(LIB) $(LDLIBS) -lstdc++
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -75,10 +80,10 @@ $(BUILD)/%.o: %.cu
 
 # where nvcc is, the GPU test and benchmark programs are built too (not run: CI has no GPU), so that a
 # change that breaks them fails here and not on the GPU host
-test: $(BUILD)/k3c $(BUILD)/test_k3c $(if $(HAVE_CUDA),$(BUILD)/test_gpu $(BUILD)/bench_gpu)
+test: $(BUILD)/k3c $(BUILD)/test_k3c $(if $(HAVE_CUDA),$(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_load)
 	$(BUILD)/test_k3c
 
-gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu
+gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_load
 
 # libFuzzer targets: clang with ASan + UBSan over the parsers of untrusted input. New inputs go to
 # $(BUILD)/fuzz/corpus_* (the checked-in seeds under tests/fuzz/ are read, never written); a crash leaves

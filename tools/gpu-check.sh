@@ -19,7 +19,8 @@
 #
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
-# stock decode benchmark), KBENCH (1: run the kernel benchmark), TESTS (space-separated test_gpu name filters;
+# stock decode benchmark), KBENCH (1: run the kernel benchmark), LBENCH (1: run the load benchmark,
+# build/bench_load: checkpoints written to $LOGDIR's disk and loaded into GPU memory), TESTS (space-separated test_gpu name filters;
 # default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: session 7's
 # run 1 passed the same 46 tests with the longest process at 155 s, against 314 s for one process in run 20).
 set -uo pipefail
@@ -30,6 +31,7 @@ LOGDIR=${OUT:-/tmp/k3c-gpu-check}
 SANITIZE=${SANITIZE:-1}
 BENCH=${BENCH:-1}
 KBENCH=${KBENCH:-1}
+LBENCH=${LBENCH:-1}
 TEST_PROCS=${TEST_PROCS:-4}
 SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:120 racecheck:gpu_moe_bf16:90 racecheck:gpu_kda_recurrent:50 racecheck:gpu_synthetic_tiny:60"}
 mkdir -p "$LOGDIR"
@@ -187,6 +189,18 @@ if [ "$KBENCH" = 1 ]; then
     bench_rc=${PIPESTATUS[0]}
 fi
 
+# The load benchmark: mini, a 4-layer Kimi-Linear-48B (12.9 GB, bf16 experts) and a 2-layer k3-slice (9.3 GB,
+# MXFP4 experts) written to disk, each loaded twice (the second from the page cache is the LOAD line) next to
+# the host-to-device and page-cache read floors measured in the same run; then the staged upload's reader
+# and buffer shapes (UPLOAD lines). Needs ~13 GB of free disk under $TMPDIR (or /tmp) at a time.
+load_rc=0
+: >"$LOGDIR/bench_load.log"
+if [ "$LBENCH" = 1 ]; then
+    echo "== load benchmark (build/bench_load)"
+    timeout 300 "$BUILD/bench_load" 2>&1 | tee "$LOGDIR/bench_load.log"
+    load_rc=${PIPESTATUS[0]}
+fi
+
 stock_rc=0
 : >"$LOGDIR/bench_stock.log"
 if [ "$BENCH" = 1 ]; then
@@ -221,6 +235,8 @@ awk '/^gpu_[a-z0-9_]+ / { name = $1 } /^    [a-z].*:[0-9]+: / { msg[name] = msg[
      /FAIL \(/ { printf "FAILED %s%s\n", name, msg[name] }' "$LOGDIR/test_gpu.log"
 cat "$LOGDIR/sanitizer.log" 2>/dev/null
 grep -E '^(bench |prefill|STEP|SPEC|RATIO)' "$LOGDIR/bench_stock.log"
+printf '%-22s %8s %8s %10s %s\n' load GB GB/s floor_GB/s fraction_of_floor
+grep '^LOAD' "$LOGDIR/bench_load.log" | awk '{ printf "%-22s %8s %8s %10s %s\n", $2, $3, $4, $5, $6 }'
 echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log" | tr '\n' ' ')(exit $test_rc); bench exit $bench_rc;" \
-     "sanitizers $san_rc; stock bench $stock_rc"
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]
+     "sanitizers $san_rc; load bench $load_rc; stock bench $stock_rc"
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]

@@ -38,6 +38,7 @@
 #include "cuda/moe.h"
 #include "cuda/router.h"
 #include "cuda/op_profile.h"
+#include "cuda/upload.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "stock/backend.h"
@@ -90,6 +91,7 @@ typedef struct cuda_ctx {
     int mla_chunk;
 
     k3c_op_profile *prof; /* NULL unless K3C_CUDA_PROFILE */
+    k3c_cuda_upload_stats load; /* the weight upload of init */
 
     /* host scratch for building metadata (pinned area is written directly) */
     int failed;
@@ -284,29 +286,54 @@ static int synthetic_scale_byte(int cols) {
     return 127 + (int)lround(-log2(2.32 * sqrt((double)(cols > 0 ? cols : 1))));
 }
 
+/* The upload's hooks (cuda/upload.h): the MXFP4 repack of a packed tensor queued right after its last copy,
+ * and the progress line. */
+typedef struct upload_hook_ctx {
+    const k3c_inventory *inv;
+    const size_t *spec_of; /* extent -> inventory index */
+    void **devs;
+    progress *pg;
+    uint64_t queued;
+} upload_hook_ctx;
+
+static int upload_extent_done(void *ctx, size_t extent, cudaStream_t stream) {
+    upload_hook_ctx *h = ctx;
+    size_t i = h->spec_of[extent];
+    const k3c_tensor_spec *s = &h->inv->specs[i];
+    if (s->cls != K3C_TENSOR_MXFP4_PACKED) return K3C_OK;
+    /* MXFP4 codes into the routed-experts kernels' layout (cuda/moe.h), in place on the device */
+    if (k3c_cuda_mxfp4_repack(h->devs[i], (size_t)k3c_tensor_spec_bytes(s), stream) != K3C_OK)
+        return k3c_error_context("cuda backend: %s", s->name);
+    return K3C_OK;
+}
+
+static void upload_queued(void *ctx, uint64_t bytes) {
+    upload_hook_ctx *h = ctx;
+    progress_update(h->pg, (size_t)(bytes - h->queued), 0);
+    h->queued = bytes;
+}
+
 /* Uploads (or, device-synthetic, generates) every inventory tensor into the arena entries already laid
- * out in x->map order of the inventory; pinned double-buffered staging for real host bytes. */
+ * out in x->map order of the inventory. Host bytes go through the staged upload (cuda/upload.h: pinned
+ * buffers filled by reader threads while the previous ones copy); the arena is in inventory order, so the
+ * extents are too. */
 static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
     const k3c_inventory *inv = &m->inventory;
-    size_t chunk = (size_t)64 << 20;
-    uint8_t *pin[2] = {NULL, NULL};
-    cudaEvent_t ev[2] = {NULL, NULL};
-    int rc = K3C_ERR;
     progress pg = {.what = m->device_synthetic ? "generating weights" : "uploading weights", .t0 = now_s()};
+    k3c_stage_extent *ex = calloc(inv->count + 1, sizeof *ex);
+    size_t *spec_of = calloc(inv->count + 1, sizeof *spec_of), n = 0;
+    if (!ex || !spec_of) {
+        free(ex);
+        free(spec_of);
+        return k3c_errorf("cuda backend: out of host memory planning the upload of %zu tensors", inv->count);
+    }
+    int rc = K3C_ERR;
     for (size_t i = 0; i < inv->count; i++) {
         size_t b;
         if (spec_host(&inv->specs[i], &b)) pg.total += (double)b;
     }
     pg.show = pg.total >= (double)(256u << 20);
     pg.last = pg.t0;
-    if (cudaHostAlloc((void **)&pin[0], chunk, cudaHostAllocDefault) != cudaSuccess ||
-        cudaHostAlloc((void **)&pin[1], chunk, cudaHostAllocDefault) != cudaSuccess ||
-        cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&ev[1], cudaEventDisableTiming) != cudaSuccess) {
-        k3c_errorf("cuda backend: cannot allocate 2 x %zu MiB of pinned upload staging", chunk >> 20);
-        goto done;
-    }
-    int cur = 0;
     for (size_t i = 0; i < inv->count; i++) {
         const k3c_tensor_spec *s = &inv->specs[i];
         size_t bytes;
@@ -332,42 +359,34 @@ static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
             progress_update(&pg, bytes, 0);
             continue;
         }
-        for (size_t off = 0; off < bytes; off += chunk) {
-            size_t n = bytes - off < chunk ? bytes - off : chunk;
-            /* the copy that last used this buffer must be done before it is overwritten */
-            if (cudaEventSynchronize(ev[cur]) != cudaSuccess) {
-                k3c_errorf("cuda backend: upload of %s failed: %s", s->name, cudaGetErrorString(cudaGetLastError()));
-                goto done;
-            }
-            memcpy(pin[cur], src + off, n);
-            cudaError_t e = cudaMemcpyAsync((uint8_t *)devs[i] + off, pin[cur], n, cudaMemcpyHostToDevice, x->stream);
-            if (e == cudaSuccess) e = cudaEventRecord(ev[cur], x->stream);
-            if (e != cudaSuccess) {
-                k3c_errorf("cuda backend: upload of %s (%zu bytes at %zu): %s", s->name, n, off, cudaGetErrorString(e));
-                goto done;
-            }
-            cur ^= 1;
-            progress_update(&pg, n, 0);
-        }
-        /* MXFP4 codes into the routed-experts kernels' layout (cuda/moe.h), after the tensor's last copy */
-        if (s->cls == K3C_TENSOR_MXFP4_PACKED && k3c_cuda_mxfp4_repack(devs[i], bytes, x->stream)) {
-            k3c_error_context("cuda backend: %s", s->name);
-            goto done;
-        }
+        ex[n] = (k3c_stage_extent){(uint64_t)((uint8_t *)devs[i] - (uint8_t *)x->arena), src, bytes};
+        spec_of[n++] = i;
+    }
+    upload_hook_ctx hc = {.inv = inv, .spec_of = spec_of, .devs = devs, .pg = &pg};
+    k3c_cuda_upload_hooks hooks = {.ctx = &hc, .extent_done = upload_extent_done, .queued = upload_queued};
+    if (k3c_cuda_upload(x->arena, ex, n, x->stream, NULL, &hooks, &x->load) != K3C_OK) {
+        k3c_error_context("cuda backend: weight upload");
+        goto done;
     }
     cudaError_t e = cudaStreamSynchronize(x->stream);
     if (e != cudaSuccess) {
         k3c_errorf("cuda backend: weight upload: %s", cudaGetErrorString(e));
         goto done;
     }
-    progress_update(&pg, 0, 1);
+    if (m->device_synthetic) {
+        progress_update(&pg, 0, 1);
+    } else if (pg.show) {
+        const k3c_cuda_upload_stats *st = &x->load;
+        double gb = (double)st->run.payload / 1e9;
+        fprintf(stderr, "\rcuda: uploaded weights %.2f GB in %.3f s: %.2f GB/s (%d readers, %d x %zu MiB %s "
+                        "staging)\n", gb, st->seconds, st->seconds > 0 ? gb / st->seconds : 0, st->run.readers,
+                st->buffers, st->buffer_bytes >> 20, st->pinned ? "pinned" : "pageable");
+    }
     rc = K3C_OK;
 done:
     if (rc != K3C_OK && pg.show) fprintf(stderr, "\n");
-    if (ev[0]) cudaEventDestroy(ev[0]);
-    if (ev[1]) cudaEventDestroy(ev[1]);
-    if (pin[0]) cudaFreeHost(pin[0]);
-    if (pin[1]) cudaFreeHost(pin[1]);
+    free(ex);
+    free(spec_of);
     return rc;
 }
 
@@ -1027,6 +1046,10 @@ void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes) {
 int k3c_backend_cuda_device(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->device; }
 
 int k3c_backend_cuda_exact(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->exact; }
+
+void k3c_backend_cuda_load_stats(const k3c_backend *be, k3c_cuda_upload_stats *out) {
+    *out = ((const cuda_ctx *)be->ctx)->load;
+}
 
 k3c_op_profile *k3c_backend_cuda_profile(k3c_backend *be) {
     return be && be->name && !strcmp(be->name, "cuda") ? ((cuda_ctx *)be->ctx)->prof : NULL;

@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "cuda/op_profile.h"
+#include "cuda/upload.h"
 #include "stock/backend.h"
 
 /* 1 when be is an initialised CUDA backend. */
@@ -19,6 +20,8 @@ void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes);
 int k3c_backend_cuda_device(const k3c_backend *be);
 /* 1 when the exact f32 diagnostic is on (no bf16 rounding): the executor then plans every step stock. */
 int k3c_backend_cuda_exact(const k3c_backend *be);
+/* The weight upload of init (bytes, seconds and how: what its progress line printed). */
+void k3c_backend_cuda_load_stats(const k3c_backend *be, k3c_cuda_upload_stats *out);
 /* The per-op profile of the stock path (cuda/op_profile.h), or NULL when K3C_CUDA_PROFILE was not set. */
 k3c_op_profile *k3c_backend_cuda_profile(k3c_backend *be);
 
