@@ -196,15 +196,15 @@ void k3c_pyjson_number(k3c_strbuf *b, const cJSON *v) {
 
 /* ---- strings -------------------------------------------------------------------------------------------- */
 
-/* json.dumps(ensure_ascii=False): escapes " \ and the C0 controls (\n \r \t \b \f by name, the rest as
- * \u00xx); every other byte, DEL and non-ASCII included, is written as is. */
-static void put_py_string(k3c_strbuf *b, const char *s) {
-    k3c_strbuf_putc(b, '"');
-    const char *run = s;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
+/* json.dumps(ensure_ascii=False): escapes " \\ and the C0 controls (\\n \\r \\t \\b \\f by name, the rest as
+ * \\u00xx); every other byte, DEL and non-ASCII included, is written as is. Byte-local, so a string split
+ * anywhere escapes to the same bytes piece by piece. */
+void k3c_pyjson_escape(k3c_strbuf *b, const char *s, size_t n) {
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        k3c_strbuf_put(b, run, (size_t)(s - run));
+        k3c_strbuf_put(b, s + run, i - run);
         switch (c) {
         case '"': k3c_strbuf_puts(b, "\\\""); break;
         case '\\': k3c_strbuf_puts(b, "\\\\"); break;
@@ -215,9 +215,14 @@ static void put_py_string(k3c_strbuf *b, const char *s) {
         case '\f': k3c_strbuf_puts(b, "\\f"); break;
         default: k3c_strbuf_printf(b, "\\u%04x", c); break;
         }
-        run = s + 1;
+        run = i + 1;
     }
-    k3c_strbuf_put(b, run, (size_t)(s - run));
+    k3c_strbuf_put(b, s + run, n - run);
+}
+
+static void put_py_string(k3c_strbuf *b, const char *s) {
+    k3c_strbuf_putc(b, '"');
+    k3c_pyjson_escape(b, s, strlen(s));
     k3c_strbuf_putc(b, '"');
 }
 

@@ -34,6 +34,9 @@ enum {
 /* Appends json.dumps(v, ensure_ascii=False, ...) of the value json.loads would have built. */
 void k3c_pyjson_dump(k3c_strbuf *b, const cJSON *v, int flags);
 
+/* Appends the body of json.dumps(s) for n bytes of a string (no quotes): byte-local, so pieces escape alike. */
+void k3c_pyjson_escape(k3c_strbuf *b, const char *s, size_t n);
+
 /* Appends the number as json.dumps writes it (also Python's str() of that number). */
 void k3c_pyjson_number(k3c_strbuf *b, const cJSON *v);
 
