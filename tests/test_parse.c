@@ -739,3 +739,114 @@ TEST(parse_fuzz_grammar_mutations) {
            with_calls[0], with_calls[1], voided[0], voided[1]);
     CHECK(runs == 12000 && with_calls[0] > 400 && with_calls[1] > 400 && voided[0] > 200 && voided[1] > 200);
 }
+
+static int has_k2_special(const char *s) {
+    for (size_t k = 0; k < sizeof k2_names / sizeof k2_names[0]; k++)
+        if (strstr(s, k2_names[k].name)) return 1;
+    return 0;
+}
+
+/* The K2-Thinking renderer's assistant turns parse back: each turn's body (after <|im_middle|>, up to
+ * <|im_end|>) split into tokens gives its reasoning (kept for turns with tool calls, which lie after the split),
+ * content and calls, with the renderer's functions.NAME:N ids and the arguments text as written. Turns whose
+ * text spells a K2 marker are skipped: rendered as one MIXED string, that text is the marker token. */
+/* The options a rendered prompt implies. */
+TEST(parse_opts_of_format) {
+    k3c_parser_opts o = k3c_parser_opts_of(K3C_CHAT_K3, 0);
+    CHECK(o.dialect == K3C_PARSE_K3 && o.start_in_reasoning == 1);
+    CHECK(k3c_parser_opts_of(K3C_CHAT_K3, 1).start_in_reasoning == 0);
+    o = k3c_parser_opts_of(K3C_CHAT_K2_THINKING_MOONSHOT, 0);
+    CHECK(o.dialect == K3C_PARSE_K2 && o.reasoning == 1 && o.start_in_reasoning == 0);
+    CHECK(k3c_parser_opts_of(K3C_CHAT_K2_INSTRUCT, 0).reasoning == 0);
+    CHECK(k3c_parser_opts_of(K3C_CHAT_KIMI_LINEAR, 0).reasoning == 0);
+    /* the lookup fills the markers by name and the dialect's stop tokens */
+    k3c_parse_specials sp;
+    names_tab t = table_of(K3C_PARSE_K2);
+    k3c_parse_specials_lookup(&sp, K3C_PARSE_K2, lookup, &t);
+    CHECK(sp.call_begin == 163597 && sp.think_close == 163607 && sp.open == -1 && sp.n_stop == 2 &&
+          sp.stop[0] == 163586 && sp.stop[1] == 163585);
+    t = table_of(K3C_PARSE_K3);
+    k3c_parse_specials_lookup(&sp, K3C_PARSE_K3, lookup, &t);
+    CHECK(sp.sep == 163589 && sp.call_begin == -1 && sp.stop[0] == 163586);
+}
+
+TEST(parse_k2_round_trip_corpus) {
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_OK(k3c_read_file("tests/fixtures/chat/conversations.json", (size_t)1 << 20, &text, &len));
+    cJSON *corpus = k3c_pyjson_parse(text, len, "corpus");
+    free(text);
+    CHECK(corpus);
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    int turns = 0, calls = 0;
+    for (const cJSON *conv = corpus->child; conv; conv = conv->next) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(conv, "messages");
+        for (const cJSON *m = msgs->child; m; m = m->next) {
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring, "assistant") != 0) continue;
+            cJSON *one = cJSON_CreateArray();
+            cJSON_AddItemReferenceToArray(one, (cJSON *)m);
+            k3c_chat_request req = {.messages = one};
+            k3c_chat_prompt p;
+            int rc = k3c_chat_render(K3C_CHAT_K2_THINKING, &req, &p);
+            cJSON_Delete(one);
+            CHECK_OK(rc);
+            const char *body = strstr(strstr(p.text, "<|im_assistant|>"), "<|im_middle|>") + strlen("<|im_middle|>");
+            const char *end = p.text + p.len - strlen("<|im_end|>");
+            CHECK(end >= body && !strcmp(end, "<|im_end|>"));
+            /* what the parse must give */
+            const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+            int with_calls = cJSON_IsArray(tcs) && tcs->child;
+            const cJSON *rcj = cJSON_GetObjectItemCaseSensitive(m, "reasoning_content");
+            if (!cJSON_IsString(rcj)) rcj = cJSON_GetObjectItemCaseSensitive(m, "reasoning");
+            k3c_strbuf want = {0}, ctext = {0};
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+            if (cJSON_IsString(c)) k3c_strbuf_puts(&ctext, c->valuestring);
+            for (const cJSON *part = cJSON_IsArray(c) ? c->child : NULL; part; part = part->next)
+                k3c_strbuf_puts(&ctext, cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+            k3c_strbuf_printf(&want, "content=[%s] reasoning=[%s]", k3c_strbuf_cstr(&ctext),
+                              with_calls && cJSON_IsString(rcj) ? rcj->valuestring : "");
+            int skip = has_k2_special(want.data), index = 0;
+            for (const cJSON *tc = with_calls ? tcs->child : NULL; tc; tc = tc->next, index++) {
+                const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+                const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+                const cJSON *a = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+                k3c_strbuf args = {0};
+                if (cJSON_IsString(a)) {
+                    cJSON *v = cJSON_Parse(a->valuestring);
+                    skip |= !cJSON_IsObject(v) || has_k2_special(a->valuestring); /* voided: parse_k2_cases */
+                    cJSON_Delete(v);
+                    k3c_strbuf_puts(&args, a->valuestring);
+                } else {
+                    k3c_pyjson_dump(&args, a, 0);
+                }
+                k3c_strbuf_printf(&want, " call(%d functions.%s:%d %s %s)", index, name, index, name, args.data);
+                k3c_strbuf_free(&args);
+            }
+            if (!skip) {
+                tok_list l = {0};
+                char *copy = strndup(body, (size_t)(end - body));
+                tokenize(&l, K3C_PARSE_K2, copy, 4, &r);
+                k3c_parser_opts o = {K3C_PARSE_K2, 1, 0};
+                char why[200] = "";
+                char *got = run_tokens(&o, &l, why, sizeof why);
+                int ok = got && !strcmp(got, want.data);
+                if (!ok)
+                    fprintf(stderr, "    %s: %s\n      want %s\n      got  %s\n",
+                            cJSON_GetObjectItemCaseSensitive(conv, "name")->valuestring, why, want.data, got ? got : "-");
+                free(got);
+                free(l.t);
+                free(copy);
+                CHECK(ok);
+                turns++;
+                calls += index;
+            }
+            k3c_strbuf_free(&want);
+            k3c_strbuf_free(&ctext);
+            k3c_chat_prompt_free(&p);
+        }
+    }
+    cJSON_Delete(corpus);
+    printf("    %d assistant turns, %d tool calls parsed back\n", turns, calls);
+    CHECK(turns >= 20 && calls >= 12);
+}

@@ -11,6 +11,17 @@
 
 k3c_parse_dialect k3c_parse_dialect_of(k3c_chat_format f) { return f == K3C_CHAT_K3 ? K3C_PARSE_K3 : K3C_PARSE_K2; }
 
+k3c_parser_opts k3c_parser_opts_of(k3c_chat_format f, int no_thinking) {
+    k3c_parser_opts o = {k3c_parse_dialect_of(f), 0, 0};
+    if (f == K3C_CHAT_K3) {
+        o.reasoning = 1;
+        o.start_in_reasoning = !no_thinking;
+    } else {
+        o.reasoning = f == K3C_CHAT_K2_THINKING || f == K3C_CHAT_K2_THINKING_MOONSHOT;
+    }
+    return o;
+}
+
 void k3c_parse_specials_lookup(k3c_parse_specials *s, k3c_parse_dialect d,
                                int32_t (*special_id)(void *user, const char *name), void *user) {
     s->think_open = special_id(user, "<think>");

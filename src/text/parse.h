@@ -68,6 +68,10 @@ typedef struct k3c_parser_opts {
     int start_in_reasoning;
 } k3c_parser_opts;
 
+/* The options matching a prompt rendered in format f: reasoning parsed for the K2 thinking templates, and for
+ * K3 the channel its generation prompt opened (think, or response when rendered with no_thinking). */
+k3c_parser_opts k3c_parser_opts_of(k3c_chat_format f, int no_thinking);
+
 typedef enum k3c_parse_event_kind {
     K3C_PARSE_CONTENT = 1,  /* text: a content delta */
     K3C_PARSE_REASONING,    /* text: a reasoning delta */
