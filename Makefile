@@ -86,7 +86,7 @@ gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -pthread
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
-FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(sort $(wildcard src/text/*.c))
+FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(addprefix src/text/,strbuf.c pyjson.c chat.c chat_k2.c chat_k3.c parse.c parse_k2.c parse_k3.c)
 FUZZ_SECONDS ?= 30
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
