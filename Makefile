@@ -31,9 +31,11 @@ HAVE_CUDA := 1
 NVCCFLAGS ?= -O3 -lineinfo
 override NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
              -Xcompiler -Wall,-Wno-unused-parameter -Werror all-warnings -MMD -MP
-override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-# cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU.
-override LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
+override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DK3C_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU. cuBLASLt is
+# not linked: cuda/cublaslt.c loads it (dlopen, -ldl) when the first cuda engine needs it.
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+override LDLIBS  += $(CUDA_LIBS)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else
 CU_OBJ  :=
@@ -53,17 +55,17 @@ $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/k3c: $(CLI_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS) $(if $(HAVE_CUDA),-lstdc++)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) $(if $(HAVE_CUDA),-lstdc++)
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS)
 
 # GPU kernel benchmark (tools/gpu-check.sh runs it): bandwidth of the big kernels vs a measured copy.
 $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
