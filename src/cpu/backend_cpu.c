@@ -136,7 +136,7 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     if (bad) {
         cpu_free_scratch(x);
         memset(&x->kda_o, 0, sizeof *x - offsetof(cpu_ctx, kda_o));
-        return k3c_errorf("cpu backend: out of memory for step scratch (max_rows %d, max_context %d)",
+        return k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: out of memory for step scratch (max_rows %d, max_context %d)",
                           lim->max_rows, lim->max_context);
     }
     return K3C_OK;
@@ -163,7 +163,7 @@ static int cpu_sync(k3c_backend *be) {
 static void *cpu_alloc(k3c_backend *be, size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-        k3c_errorf("cpu backend: cannot allocate %zu bytes", bytes);
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: cannot allocate %zu bytes", bytes);
         return NULL;
     }
     return p;
@@ -674,14 +674,14 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     if (!be || !x) {
         free(be);
         free(x);
-        k3c_errorf("cpu backend: out of memory");
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: out of memory");
         return NULL;
     }
     x->pool = k3c_pool_create(threads);
     if (!x->pool) {
         free(be);
         free(x);
-        k3c_errorf("cpu backend: cannot create the thread pool (%d threads)", threads);
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: cannot create the thread pool (%d threads)", threads);
         return NULL;
     }
     x->threads = k3c_pool_threads(x->pool);
