@@ -5,6 +5,8 @@
 #   make test       build and run the CPU tests (what .ci/run runs)
 #   make gpu-test   build the GPU test binary (build/test_gpu); tools/gpu-check.sh runs it
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
+#   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
+#   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make deps       install the Debian packages k3c needs (root)
 
 CC      ?= cc
@@ -47,7 +49,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
@@ -111,8 +113,42 @@ fuzz-load:
 	python3 tools/fuzz_load.py --k3c build-asan/k3c --iterations $(FUZZ_LOAD_N) \
 	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
 
+# ---- install: the static library, the header, the CLI and a pkg-config file ----
+# k3c.pc is written at install time for the PREFIX given then. libk3c.a is static, so what linking it
+# needs is in Requires.private / Libs.private: `pkg-config --cflags --libs --static k3c`. A CUDA-enabled
+# build adds the CUDA runtime (static) and what it needs; cuBLASLt is loaded at run time (dlopen), not linked.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+K3C_VERSION := $(shell sed -n 's/^\#define K3C_VERSION_STRING "\(.*\)"/\1/p' include/k3c.h)
+PC_LIBS_PRIVATE := -lm -pthread $(if $(HAVE_CUDA),$(CUDA_LIBS))
+PC_DESCRIPTION  := inference engine for Kimi K3 and the Kimi Linear family (static library, $(if $(HAVE_CUDA),cpu and cuda,cpu only))
+
+install: $(BUILD)/k3c $(LIB)
+	install -d '$(DESTDIR)$(BINDIR)' '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)' '$(DESTDIR)$(PKGCONFIGDIR)'
+	install -m 755 $(BUILD)/k3c '$(DESTDIR)$(BINDIR)/k3c'
+	install -m 644 $(LIB) '$(DESTDIR)$(LIBDIR)/libk3c.a'
+	install -m 644 include/k3c.h '$(DESTDIR)$(INCLUDEDIR)/k3c.h'
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' 'Name: k3c' \
+	    'Description: $(PC_DESCRIPTION)' \
+	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson' 'Cflags: -I$${includedir}' \
+	    'Libs: -L$${libdir} -lk3c' 'Libs.private: $(PC_LIBS_PRIVATE)' > '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
+	chmod 644 '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
+
+# The example against the installed library only (its header, its k3c.pc, no -Isrc): what a user does.
+EXAMPLE_PREFIX := $(abspath $(BUILD))/example-prefix
+example-check: $(BUILD)/k3c $(LIB)
+	rm -rf '$(EXAMPLE_PREFIX)'
+	$(MAKE) --no-print-directory install PREFIX='$(EXAMPLE_PREFIX)'
+	$(CC) -std=c11 -Wall -Wextra -Werror -o $(BUILD)/example-generate examples/generate.c \
+	    $$(PKG_CONFIG_PATH='$(EXAMPLE_PREFIX)/lib/pkgconfig' pkg-config --cflags --libs --static k3c)
+	$(BUILD)/example-generate -n 8
+	'$(EXAMPLE_PREFIX)/bin/k3c' --version
+
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev
+	apt-get update -qq && apt-get install -y -qq libcjson-dev pkg-config
 
 clean:
 	rm -rf $(BUILD)

@@ -194,7 +194,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     } else if (!strcmp(o.device, "cuda")) {
         if (!cuda_create) {
             free(e->aux_layers), free(e->aux), free(e);
-            return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: device 'cuda': this build has no CUDA backend");
         }
         e->be = cuda_create(0);
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
@@ -372,7 +372,7 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
     }
     size_t row_bytes = (size_t)e->m->config.vocab_size * sizeof(float);
     if ((size_t)rows > SIZE_MAX / row_bytes) {
-        k3c_errorf("engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
+        k3c_errorf_kind(K3C_ERROR_OOM, "engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
                    e->m->config.vocab_size);
         return NULL;
     }
