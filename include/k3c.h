@@ -53,9 +53,9 @@ k3c_error_kind k3c_last_error_kind(void);
 const char *k3c_error_kind_name(k3c_error_kind kind);
 
 /* ---- log and progress ----
- * The library never writes to stdout or stderr itself: warnings and notes go to the log callback, and
- * long tasks (weight upload to the device, ...) send progress events to the progress callback. The
- * defaults write them to stderr ("k3c: warning: ..." lines; a progress line rewritten in place with \r).
+ * Warnings and notes go to the log callback, and long tasks (the weight upload to the device, ...) send
+ * progress events to the progress callback; the library writes to stderr only through their defaults
+ * ("k3c: warning: ..." lines; a progress line rewritten in place with \r), and never to stdout.
  * Set both before using the library from several threads: the setters are not synchronized with calls in
  * flight. A callback may be called from any thread that runs a library call. */
 typedef enum k3c_log_level {
@@ -102,7 +102,7 @@ int k3c_model_synthesize_device(const char *preset, uint64_t seed, k3c_model **o
 
 /* What a model is: its config, its layer schedule and its sizes (k3c_model_info_get). Every count is
  * over the text model; sizes in bytes. */
-#define K3C_DTYPES 16
+#define K3C_DTYPES 16 /* entries of k3c_model_info's per-dtype arrays */
 typedef enum k3c_layer_attention { K3C_LAYER_KDA = 1, K3C_LAYER_MLA = 2 } k3c_layer_attention;
 typedef enum k3c_layer_ffn { K3C_LAYER_DENSE = 1, K3C_LAYER_MOE = 2 } k3c_layer_ffn;
 typedef struct k3c_model_info {
@@ -134,7 +134,8 @@ typedef struct k3c_model_info {
     uint64_t owned_bytes;        /* f32 copies of small vectors the loader keeps */
     uint64_t embedding_bytes;    /* the embedding matrix as stored */
     uint64_t routed_expert_bytes; /* all routed experts as stored */
-    uint64_t mla_cache_bytes_per_token; /* bf16 latent x MLA layers: what one token adds to the MLA cache */
+    uint64_t mla_cache_bytes_per_token; /* bf16 latent x MLA layers: what one token adds to the MLA cache
+                                         * (half with k3c_engine_options.kv_fp8 on cuda) */
     uint64_t kda_state_bytes_per_request; /* KDA layers x (f32 state + bf16 conv window) */
     uint64_t kda_state_bytes, kda_conv_bytes; /* of one KDA layer */
     /* bytes and tensor counts per stored dtype of the model tensors, indexed as k3c_dtype_name_of names them */
