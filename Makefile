@@ -9,6 +9,12 @@
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make deps       install the Debian packages k3c needs (root)
 
+# Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
+# (`make -j1` still builds serially).
+ifeq ($(filter -j% j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
 CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -25,7 +31,10 @@ override LDLIBS  += -lcjson -lm -pthread
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
-CU_SRC   := $(shell find src/cuda -name '*.cu' 2>/dev/null | sort)
+# Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
+# files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
+# slowest (moe_pair.cu, kda.cu, mla.cu) starting last and running alone at the end.
+CU_SRC   := $(shell ls -S src/cuda/*.cu 2>/dev/null)
 GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' -not -name 'bench_*' 2>/dev/null | sort)
 
 ifneq ($(strip $(NVCC)),)
@@ -52,11 +61,11 @@ LIB      := $(BUILD)/libk3c.a
 .PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
-$(LIB): $(LIB_OBJ) $(CU_OBJ)
+$(LIB): $(CU_OBJ) $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/k3c: $(CLI_OBJ) $(LIB)
+$(BUILD)/k3c: $(LIB) $(CLI_OBJ)
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
