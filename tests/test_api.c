@@ -378,3 +378,31 @@ TEST(api_cuda_libraries_loaded_lazily) {
     CHECK(k3c_has_cuda() == 0);
 #endif
 }
+
+/* The CLI on the cpu: `k3c run` counts the planned routes and says every step ran stock (no executor
+ * here), with and without --stock; both runs emit the same tokens. */
+static int read_text(const char *path, char *buf, size_t n) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = 0;
+    fclose(f);
+    return 0;
+}
+
+TEST(api_cli_run_counts_routes_on_cpu) {
+    char bin[1024], cmd[4096], out[2][8192], err[8192], path[1024];
+    CHECK(test_k3c_binary(bin, sizeof bin));
+    for (int stock = 0; stock < 2; stock++) {
+        snprintf(cmd, sizeof cmd, "'%s' run --prompts '1,2,3;4,5' -n 5 --spec 2 --threads 2 %s > '%s/run%d.out' "
+                 "2> '%s/run%d.err'", bin, stock ? "--stock" : "", test_tmpdir(), stock, test_tmpdir(), stock);
+        CHECK(test_run_status(cmd) == 0);
+        snprintf(path, sizeof path, "%s/run%d.out", test_tmpdir(), stock);
+        CHECK(read_text(path, out[stock], sizeof out[stock]) == 0);
+        snprintf(path, sizeof path, "%s/run%d.err", test_tmpdir(), stock);
+        CHECK(read_text(path, err, sizeof err) == 0);
+        CHECKF(strstr(err, "steps: ") && strstr(err, "decode ") && strstr(err, "every step ran stock"),
+               "k3c run%s summary: %s", stock ? " --stock" : "", err);
+    }
+    CHECK(strcmp(out[0], out[1]) == 0 && strstr(out[0], "request 1 (2 prompt tokens):") != NULL);
+}
