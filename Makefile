@@ -5,7 +5,15 @@
 #   make test       build and run the CPU tests (what .ci/run runs)
 #   make gpu-test   build the GPU test binary (build/test_gpu); tools/gpu-check.sh runs it
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
+#   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
+#   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make deps       install the Debian packages k3c needs (root)
+
+# Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
+# (`make -j1` still builds serially).
+ifeq ($(filter -j% j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 
 CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -23,7 +31,10 @@ override LDLIBS  += -lcjson -lm -pthread
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
-CU_SRC   := $(shell find src/cuda -name '*.cu' 2>/dev/null | sort)
+# Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
+# files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
+# slowest (moe_pair.cu, kda.cu, mla.cu) starting last and running alone at the end.
+CU_SRC   := $(shell ls -S src/cuda/*.cu 2>/dev/null)
 GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' -not -name 'bench_*' 2>/dev/null | sort)
 
 ifneq ($(strip $(NVCC)),)
@@ -31,9 +42,11 @@ HAVE_CUDA := 1
 NVCCFLAGS ?= -O3 -lineinfo
 override NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
              -Xcompiler -Wall,-Wno-unused-parameter -Werror all-warnings -MMD -MP
-override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-# cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU.
-override LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt
+override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DK3C_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU. cuBLASLt is
+# not linked: cuda/cublaslt.c loads it (dlopen, -ldl) when the first cuda engine needs it.
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+override LDLIBS  += $(CUDA_LIBS)
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 else
 CU_OBJ  :=
@@ -45,25 +58,25 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
-$(LIB): $(LIB_OBJ) $(CU_OBJ)
+$(LIB): $(CU_OBJ) $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/k3c: $(CLI_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS) $(if $(HAVE_CUDA),-lstdc++)
+$(BUILD)/k3c: $(LIB) $(CLI_OBJ)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) $(if $(HAVE_CUDA),-lstdc++)
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS)
 
 # GPU kernel benchmark (tools/gpu-check.sh runs it): bandwidth of the big kernels vs a measured copy.
 $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS)
 
 # Load benchmark (tools/gpu-check.sh runs it): checkpoints written to disk, loaded into GPU memory, GB/s vs
 # the measured host-to-device and page-cache read rates.
@@ -117,8 +130,42 @@ fuzz-load:
 	python3 tools/fuzz_load.py --k3c build-asan/k3c --iterations $(FUZZ_LOAD_N) \
 	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
 
+# ---- install: the static library, the header, the CLI and a pkg-config file ----
+# k3c.pc is written at install time for the PREFIX given then. libk3c.a is static, so what linking it
+# needs is in Requires.private / Libs.private: `pkg-config --cflags --libs --static k3c`. A CUDA-enabled
+# build adds the CUDA runtime (static) and what it needs; cuBLASLt is loaded at run time (dlopen), not linked.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+K3C_VERSION := $(shell sed -n 's/^\#define K3C_VERSION_STRING "\(.*\)"/\1/p' include/k3c.h)
+PC_LIBS_PRIVATE := -lm -pthread $(if $(HAVE_CUDA),$(CUDA_LIBS))
+PC_DESCRIPTION  := inference engine for Kimi K3 and the Kimi Linear family (static library, $(if $(HAVE_CUDA),cpu and cuda,cpu only))
+
+install: $(BUILD)/k3c $(LIB)
+	install -d '$(DESTDIR)$(BINDIR)' '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)' '$(DESTDIR)$(PKGCONFIGDIR)'
+	install -m 755 $(BUILD)/k3c '$(DESTDIR)$(BINDIR)/k3c'
+	install -m 644 $(LIB) '$(DESTDIR)$(LIBDIR)/libk3c.a'
+	install -m 644 include/k3c.h '$(DESTDIR)$(INCLUDEDIR)/k3c.h'
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' 'Name: k3c' \
+	    'Description: $(PC_DESCRIPTION)' \
+	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson' 'Cflags: -I$${includedir}' \
+	    'Libs: -L$${libdir} -lk3c' 'Libs.private: $(PC_LIBS_PRIVATE)' > '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
+	chmod 644 '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
+
+# The example against the installed library only (its header, its k3c.pc, no -Isrc): what a user does.
+EXAMPLE_PREFIX := $(abspath $(BUILD))/example-prefix
+example-check: $(BUILD)/k3c $(LIB)
+	rm -rf '$(EXAMPLE_PREFIX)'
+	$(MAKE) --no-print-directory install PREFIX='$(EXAMPLE_PREFIX)'
+	$(CC) -std=c11 -Wall -Wextra -Werror -o $(BUILD)/example-generate examples/generate.c \
+	    $$(PKG_CONFIG_PATH='$(EXAMPLE_PREFIX)/lib/pkgconfig' pkg-config --cflags --libs --static k3c)
+	$(BUILD)/example-generate -n 8
+	'$(EXAMPLE_PREFIX)/bin/k3c' --version
+
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev
+	apt-get update -qq && apt-get install -y -qq libcjson-dev pkg-config
 
 clean:
 	rm -rf $(BUILD)

@@ -23,6 +23,7 @@
 #include "model/synth.h"
 #include "format/safetensors.h"
 #include "runtime/drafter.h"
+#include "runtime/engine_internal.h"
 #include "runtime/runner.h"
 #include "test.h"
 #include "util/error.h"
@@ -518,25 +519,43 @@ TEST(runner_repetitive_prompt_accepts_drafts) {
 }
 
 /* The executor interface: a fake executor that prepared only the row counts 2, 4, 6, 8 runs the steps the
- * plan routes to it (through the stock engine, counting them); everything else stays stock. */
+ * engine's plan routes to it (through the stock forward on the engine's caches, counting them, the greedy
+ * ids taken from its own logits); everything else stays stock. */
 typedef struct fake_exec {
     k3c_engine *e;
     int ran[K3C_RUNNER_ROUTES];
+    long id_steps;
+    float *lg; /* [64, V] */
 } fake_exec;
-static int fake_run(void *ctx, const k3c_plan *p, const k3c_step_item *items, int n, float *logits) {
+static int fake_step(void *ctx, const k3c_plan *p, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
+                     float *aux) {
     fake_exec *f = ctx;
     f->ran[p->route]++;
-    if (p->route == K3C_ROUTE_STOCK) return k3c_errorf("fake executor: got a stock step (%d items)", n);
-    return k3c_engine_step(f->e, items, n, logits);
+    if (p->route != K3C_ROUTE_DECODE && p->route != K3C_ROUTE_VERIFY)
+        return k3c_errorf("fake executor: got a %s step (%d items)", k3c_route_name(p->route), n);
+    for (int i = 0; i < n; i++)
+        if (reqs[i].n != p->q || (reqs[i].verify != 0) != (p->q > 1))
+            return k3c_errorf("fake executor: request %d runs %d tokens (verify %d) in a q = %d step", i, reqs[i].n,
+                              reqs[i].verify, p->q);
+    k3c_engine_view v;
+    k3c_engine_view_get(f->e, &v);
+    int V = v.m->config.vocab_size;
+    K3C_TRY(k3c_forward_step(v.fwd, v.kv, v.ks, reqs, n, ids ? f->lg : logits, aux));
+    if (ids) {
+        f->id_steps++;
+        for (int r = 0; r < p->rows; r++) ids[r] = k3c_greedy_token(f->lg + (size_t)r * V, V);
+    }
+    return K3C_OK;
 }
 
 TEST(runner_executor_takes_planned_steps) {
     run_env env;
     CHECK_OK(env_open(&env, 2, 1, 0));
     static const int batches[] = {2, 4, 6, 8};
-    fake_exec f = {.e = env.e};
+    fake_exec f = {.e = env.e, .lg = malloc(sizeof(float) * 64 * (size_t)env.V)};
+    CHECK(f.lg != NULL);
     k3c_decode_executor x = {.plan_table = {.batches = batches, .num_batches = 4, .kv_prepared = 1},
-                             .ctx = &f, .run = fake_run};
+                             .ctx = &f, .step = fake_step};
     workload w;
     make_workload(&w, env.V, test_seed() ^ 0xe7ec);
     static int32_t base[NREQ][MAXNEW];
@@ -547,7 +566,7 @@ TEST(runner_executor_takes_planned_steps) {
     o.spec_tokens = 1;
     k3c_runner *r;
     CHECK_OK(k3c_runner_create(env.e, &o, &r));
-    k3c_runner_set_executor(r, &x);
+    k3c_engine_set_executor(env.e, &x);
     int h[NREQ];
     for (int i = 0; i < NREQ; i++) {
         k3c_runner_request q = {.prompt = w.prompt[i], .n_prompt = w.n_prompt[i], .max_new = w.max_new[i],
@@ -567,10 +586,18 @@ TEST(runner_executor_takes_planned_steps) {
         CHECK_OK(streams_agree(&env, w.prompt[i], w.n_prompt[i], base[i], t, n, what));
     }
     k3c_runner_free(r);
+    k3c_engine_stats es;
+    k3c_engine_stats_get(env.e, &es);
+    k3c_engine_set_executor(env.e, NULL);
     CHECK(st.executor_steps == f.ran[K3C_ROUTE_DECODE] + f.ran[K3C_ROUTE_VERIFY]);
     CHECK(st.executor_steps == st.route_steps[K3C_ROUTE_DECODE] + st.route_steps[K3C_ROUTE_VERIFY]);
     CHECK(st.executor_steps > 0);
     CHECK(f.ran[K3C_ROUTE_STOCK] == 0 && f.ran[K3C_ROUTE_WIDE] == 0);
+    /* the runner's requests are all greedy: every executor step returned ids only */
+    CHECK(f.id_steps == st.executor_steps);
+    /* the engine saw the same steps (the reference workload ran first on it, all stock) */
+    CHECK(es.specialized == 1 && es.executor_steps == st.executor_steps && es.greedy_id_steps == f.id_steps);
+    free(f.lg);
     env_close(&env);
 }
 

@@ -16,7 +16,12 @@
  * cudaMemcpy measured in the same run (read + write bytes). The logits download (b x vocab floats into
  * k3c_engine_logits_alloc's page-locked memory; malloc'ed with K3C_BENCH_PAGEABLE=1, or where page-locked
  * memory is refused: the engine's warning on stderr says so) is inside the step time; its own time is
- * measured separately and printed (d2h_ms). */
+ * measured separately and printed (d2h_ms).
+ *
+ * The same engine runs both paths: k3c_engine_set_specialized(e, 0) for the STEP rows, 1 for SPEC and
+ * SPECID (k3c_engine_step_greedy: token ids instead of logits); the warm-up steps let the engine capture
+ * the shape's graph (the second step of a shape captures it), and a row whose timed steps did not all run
+ * on the executor says so. Uses include/k3c.h only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,19 +29,9 @@
 #include <time.h>
 
 #include "cli/commands.h"
-#include "decode/executor_cuda.h"
-#include "decode/prepared.h"
-#include "model/model.h"
-#include "model/presets.h"
-#include "util/error.h"
-
-#ifdef K3C_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "cuda/backend_cuda.h"
-#include "runtime/engine_internal.h"
 
 #define PROF_STAMPED 5 /* K3C_CUDA_PROFILE=2: stamped specialized steps per shape (one sample each) */
+#define PREPARED_Q_MAX 8 /* the executor's largest verify width (k3c.h: routing) */
 
 static double now_s(void) {
     struct timespec ts;
@@ -44,32 +39,10 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Read + write bytes per second of a 1 GiB device-to-device copy, best of 5 (CUDA events). */
+/* Read + write bytes per second of a 1 GiB device-to-device copy, best of 5 (0 where it fails). */
 static double copy_bandwidth(void) {
-    size_t n = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
-    cudaEvent_t e0, e1;
-    double best = 0;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) goto done;
-    cudaMemset(a, 1, n);
-    cudaMemset(b, 2, n);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int r = 0; r < 6; r++) {
-        cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(r & 1 ? a : b, r & 1 ? b : a, n, cudaMemcpyDeviceToDevice, 0);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (r > 0 && ms > 0 && 2.0 * n / (ms * 1e-3) > best) best = 2.0 * n / (ms * 1e-3);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-done:
-    cudaFree(a);
-    cudaFree(b);
-    return best;
+    double bw = 0;
+    return k3c_device_copy_bandwidth("cuda", &bw) == K3C_OK ? bw : 0;
 }
 
 /* K3C_BENCH_PAGEABLE=1: the logits go to malloc'ed memory (the engine API's any-buffer case, and this
@@ -82,34 +55,8 @@ static int bench_pageable(void) {
 /* Seconds of one device -> host copy of `bytes` (median of 5) into memory of the kind the steps' logits go to
  * (page-locked, or malloc'ed under K3C_BENCH_PAGEABLE=1), as the engine's logits download. */
 static double d2h_seconds(size_t bytes) {
-    void *d = NULL, *h = NULL;
-    double t[5] = {0};
-    int pageable = bench_pageable();
-    if (pageable) h = malloc(bytes);
-    else if (cudaHostAlloc(&h, bytes, cudaHostAllocDefault) != cudaSuccess) h = NULL;
-    if (!h || cudaMalloc(&d, bytes) != cudaSuccess) {
-        if (pageable) free(h);
-        else if (h) cudaFreeHost(h);
-        return 0;
-    }
-    cudaMemset(d, 0, bytes);
-    cudaDeviceSynchronize();
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_s();
-        cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
-        t[r] = now_s() - t0;
-    }
-    cudaFree(d);
-    if (pageable) free(h);
-    else cudaFreeHost(h);
-    for (int i = 0; i < 5; i++)
-        for (int j = i + 1; j < 5; j++)
-            if (t[j] < t[i]) {
-                double x = t[i];
-                t[i] = t[j];
-                t[j] = x;
-            }
-    return t[2];
+    double t = 0;
+    return k3c_device_download_seconds("cuda", bytes, bench_pageable(), &t) == K3C_OK ? t : 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -122,37 +69,20 @@ typedef struct step_bytes {
 } step_bytes;
 
 /* Bytes one decode step of batch b at mean context ctx must move (see the file comment). */
-static step_bytes bytes_for(const k3c_model *m, int b, int q, double ctx) {
-    const k3c_config *c = &m->config;
+static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx) {
     step_bytes s = {0};
-    double expert_layer = 0; /* bytes of all experts of one MoE layer */
-    int moe_layers = 0;
-    for (size_t i = 0; i < m->inventory.count; i++) {
-        const k3c_tensor_spec *t = &m->inventory.specs[i];
-        double bytes = (double)k3c_tensor_spec_bytes(t);
-        if (t->expert >= 0) {
-            expert_layer += bytes;
-            continue;
-        }
-        if (t->mat == &m->weights.embed && !c->tie_word_embeddings) {
-            s.dense += 2.0 * b * c->hidden_size;
-            continue;
-        }
-        s.dense += bytes;
-    }
-    for (int l = 0; l < c->num_layers; l++) moe_layers += m->weights.layers[l].is_moe;
-    if (moe_layers > 0) expert_layer /= moe_layers;
-    double E = c->num_experts, k = c->num_experts_per_token;
+    s.dense = (double)(f->weight_bytes - f->routed_expert_bytes);
+    if (!f->tie_word_embeddings) s.dense += 2.0 * b * f->hidden_size - (double)f->embedding_bytes;
+    double expert_layer = f->num_moe_layers > 0 ? (double)f->routed_expert_bytes / f->num_moe_layers : 0;
+    double E = f->num_experts, k = f->num_experts_per_token;
     s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)b * q)) : 0; /* over all b x q rows */
-    s.experts = moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
-    double lat = k3c_config_mla_latent(c), P = k3c_config_kda_proj(c);
-    double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * 4;
-    double window = 3.0 * (c->kda_conv_kernel - 1) * P * 4;
-    for (int l = 0; l < c->num_layers; l++) {
-        /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
-        if (c->layer_attn[l] == K3C_ATTN_MLA) s.kv += b * (ctx + q) * lat * 2 + b * q * lat * 2;
-        else s.kda += b * 2 * (state + window);
-    }
+    s.experts = f->num_moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
+    double lat = f->kv_lora_rank + f->qk_rope_head_dim, P = (double)f->kda_num_heads * f->kda_head_dim;
+    double state = (double)f->kda_state_bytes;
+    double window = 3.0 * (f->kda_conv_kernel - 1) * P * 4;
+    /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
+    s.kv = f->num_mla_layers * (b * (ctx + q) * lat * 2 + b * q * lat * 2);
+    s.kda = f->num_kda_layers * (b * 2 * (state + window));
     return s;
 }
 
@@ -169,15 +99,16 @@ static int parse_list(const char *s, int hi, int *b, int *n) {
 }
 
 /* Times warm + steps steps of b requests x q tokens (q = 1 decode, q > 1 verify + commit of q - 1) through
- * the stock engine (ex NULL) or the executor's run with the given plan; *med: median step seconds, *ctx_mean:
- * mean tokens each request held before a timed step. */
-/* ids non-NULL: the executor's greedy steps (run_argmax: token ids downloaded instead of logits) */
-static int time_steps(k3c_engine *e, const k3c_decode_executor *ex, const k3c_plan *plan, const int *id, int b,
-                      int q, int warm, int steps, int V, float *lg, int32_t *ids, double *t, double *med,
-                      double *ctx_mean) {
-    int32_t tok[64 * K3C_PREPARED_Q_MAX];
+ * the engine on the path it is set to (k3c_engine_set_specialized); ids non-NULL: k3c_engine_step_greedy
+ * (token ids instead of logits where the executor runs). *med: median step seconds, *ctx_mean: mean tokens
+ * each request held before a timed step, *exec: timed steps the executor ran. */
+static int time_steps(k3c_engine *e, const int *id, int b, int q, int warm, int steps, int V, float *lg,
+                      int32_t *ids, double *t, double *med, double *ctx_mean, long *exec) {
+    int32_t tok[64 * PREPARED_Q_MAX];
     k3c_step_item it[64];
     double ctx_sum = 0;
+    k3c_engine_stats st;
+    long exec0 = 0;
     for (int s = 0; s < warm + steps; s++) {
         for (int i = 0; i < b; i++) {
             for (int j = 0; j < q; j++) tok[i * q + j] = (int32_t)((s * 7919 + i * 104729 + j * 31 + 3) % V);
@@ -185,28 +116,34 @@ static int time_steps(k3c_engine *e, const k3c_decode_executor *ex, const k3c_pl
         }
         if (s >= warm)
             for (int i = 0; i < b; i++) ctx_sum += k3c_request_length(e, id[i]);
+        if (s == warm) {
+            k3c_engine_stats_get(e, &st);
+            exec0 = st.executor_steps;
+        }
         double a = now_s();
-        K3C_TRY(ex && ids ? ex->run_argmax(ex->ctx, plan, it, b, ids)
-                : ex      ? ex->run(ex->ctx, plan, it, b, lg)
-                          : k3c_engine_step(e, it, b, lg));
-        for (int i = 0; i < b && q > 1; i++) K3C_TRY(k3c_request_commit(e, id[i], q - 1));
+        if ((ids ? k3c_engine_step_greedy(e, it, b, ids, lg) : k3c_engine_step(e, it, b, lg)) != K3C_OK)
+            return K3C_ERR;
+        for (int i = 0; i < b && q > 1; i++)
+            if (k3c_request_commit(e, id[i], q - 1) != K3C_OK) return K3C_ERR;
         double dt = now_s() - a;
         if (s >= warm) t[s - warm] = dt;
     }
+    k3c_engine_stats_get(e, &st);
+    *exec = st.executor_steps - exec0;
     qsort(t, (size_t)steps, sizeof *t, cmp_double);
     *med = t[steps / 2];
     *ctx_mean = ctx_sum / ((double)steps * b);
     return K3C_OK;
 }
 
-static void print_row(const char *path, const char *preset, const k3c_model *m, int b, int q, double med,
+static void print_row(const char *path, const char *preset, const k3c_model_info *f, int b, int q, double med,
                       double ctx, double bw) {
-    step_bytes sb = bytes_for(m, b, q, ctx);
+    step_bytes sb = bytes_for(f, b, q, ctx);
     double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
     double floor_s = bw > 0 ? bytes / bw : 0;
     printf("%s %-11s %5d %2d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", path, preset, b, q, med * 1e3,
            bytes / 1e9, floor_s * 1e3, med > 0 ? floor_s / med : 0, b * q / med, sb.distinct, (sb.kv + sb.kda) / 1e6,
-           d2h_seconds(sizeof(float) * (size_t)b * q * m->config.vocab_size) * 1e3);
+           d2h_seconds(sizeof(float) * (size_t)b * q * f->vocab_size) * 1e3);
     fflush(stdout);
 }
 
@@ -216,35 +153,36 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
         fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
         return 2;
     }
-    if (parse_list(verify_s ? verify_s : "1", K3C_PREPARED_Q_MAX, qs, &nq) != 0) {
-        fprintf(stderr, "k3c bench: --verify wants a comma-separated list of 1..%d\n", K3C_PREPARED_Q_MAX);
+    if (parse_list(verify_s ? verify_s : "1", PREPARED_Q_MAX, qs, &nq) != 0) {
+        fprintf(stderr, "k3c bench: --verify wants a comma-separated list of 1..%d\n", PREPARED_Q_MAX);
         return 2;
+    }
+    if (!k3c_has_cuda()) {
+        fprintf(stderr, "k3c bench: %s: this build has no CUDA backend (built without nvcc)\n", preset);
+        return 1;
     }
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
     for (int i = 0; i < nq; i++) maxq = qs[i] > maxq ? qs[i] : maxq, qsum += qs[i] > 1 ? qs[i] - 1 : 1;
     const int warm = 3;
-    k3c_config c;
     k3c_model *m = NULL;
+    k3c_model_info f;
     k3c_engine *e = NULL;
-    k3c_decode_cuda *x = NULL;
     float *lg = NULL;
     int32_t *ids = NULL;
     int id[64];
     double *t = NULL, ms1[2][16] = {{0}}; /* q = 1 step times per batch (stock, spec), for the RATIO lines */
-    if (k3c_preset_config(preset, &c) != K3C_OK) goto fail;
-    int mrc = k3c_model_synthetic(&c, 1, &m);
-    k3c_config_free(&c);
-    if (mrc != K3C_OK) goto fail;
+    if (k3c_model_synthesize_device(preset, 1, &m) != K3C_OK || k3c_model_info_get(m, &f) != K3C_OK) goto fail;
     double bw = copy_bandwidth();
-    int V = m->config.vocab_size;
+    int V = f.vocab_size;
     printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
            "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)\n",
-           preset, m->weight_bytes / 1e9, m->config.num_layers, context, bw / 1e9);
+           preset, f.weight_bytes / 1e9, f.num_layers, context, bw / 1e9);
     fflush(stdout);
 
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = "cuda";
+    o.specialized = K3C_SPECIALIZED_ON;
     o.max_requests = 64;
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
@@ -261,7 +199,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     ids = malloc(sizeof(int32_t) * (size_t)maxb * context);
     t = malloc(sizeof(double) * (size_t)steps);
     if (!lg || !ids || !t) {
-        k3c_errorf("out of host memory");
+        cli_errorf("out of host memory");
         goto fail;
     }
     for (int i = 0; i < maxb * context; i++) ids[i] = (int32_t)(((uint64_t)i * 2654435761u + 17) % (uint64_t)V);
@@ -280,58 +218,53 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
     printf("%-16s %5s %2s %9s %9s %9s %9s %8s %10s %9s %9s\n", "STEP preset", "batch", "q", "step_ms", "GB_moved",
            "floor_ms", "of_floor", "tok/s", "experts_L", "kv+kda_MB", "d2h_ms");
+    int profiling = k3c_engine_profile(e, K3C_PROFILE_QUERY, NULL, 0);
     for (int bi = 0; bi < nb; bi++) {
         int b = batches[bi];
         for (int qi = 0; qi < nq; qi++) {
             int q = qs[qi];
             double med, ctx;
-            if (time_steps(e, NULL, NULL, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx) != K3C_OK) goto fail;
-            print_row("STEP", preset, m, b, q, med, ctx, bw);
-            /* K3C_CUDA_PROFILE=1: GPU time per op of one more stock step of this shape */
-            k3c_engine_view view;
-            k3c_engine_view_get(e, &view);
-            k3c_op_profile *prof = k3c_backend_cuda_profile(view.be);
-            if (prof) {
+            long exec;
+            if (k3c_engine_set_specialized(e, 0) != K3C_OK) goto fail;
+            if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
+            print_row("STEP", preset, &f, b, q, med, ctx, bw);
+            if (profiling > 0) { /* K3C_CUDA_PROFILE=1: GPU time per op of one more stock step of this shape */
                 double pmed, pctx;
-                k3c_op_profile_reset(prof);
-                if (time_steps(e, NULL, NULL, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx) != K3C_OK) goto fail;
+                if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK ||
+                    time_steps(e, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx, &exec) != K3C_OK)
+                    goto fail;
                 printf("PROF %s batch %d q %d: one stock step\n", preset, b, q);
-                k3c_op_profile_report(prof, stdout, pmed * 1e3);
-                k3c_op_profile_reset(prof);
+                if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, pmed * 1e3) != K3C_OK ||
+                    k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK)
+                    goto fail;
             }
             if (q == 1) ms1[0][bi] = med;
             if (q == 4 && ms1[0][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
-            /* the same steps through the specialized executor (one captured graph per shape) */
-            if (!x && (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK))
-                goto fail;
-            if (!k3c_prepared_shape(b * q, q, o.q_max, o.max_requests)) {
-                printf("SPEC %-11s %5d %2d (rows %d: not a prepared shape, runs stock)\n", preset, b, q, b * q);
+            /* the same steps through the specialized executor (one captured graph per shape, captured by the
+             * engine during the warm-up steps) */
+            if (k3c_engine_set_specialized(e, 1) != K3C_OK) goto fail;
+            if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
+            if (exec < steps) {
+                printf("SPEC %-11s %5d %2d (rows %d: %ld of %d timed steps on the executor; not a prepared shape, "
+                       "runs stock)\n", preset, b, q, b * q, exec, steps);
                 continue;
             }
-            if (k3c_decode_cuda_capture(x, b * q, q) != K3C_OK) goto fail;
-            k3c_plan plan = {.route = q > 1 ? K3C_ROUTE_VERIFY : K3C_ROUTE_DECODE, .rows = b * q, .q = q};
-            if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx) !=
-                K3C_OK)
-                goto fail;
-            print_row("SPEC", preset, m, b, q, med, ctx, bw);
+            print_row("SPEC", preset, &f, b, q, med, ctx, bw);
             { /* the same steps returning greedy token ids (what a greedy runner step downloads) */
-                int32_t row_ids[64 * K3C_PREPARED_Q_MAX];
+                int32_t row_ids[64 * PREPARED_Q_MAX];
                 double imed, ictx;
-                if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, warm, steps, V, lg, row_ids, t, &imed,
-                               &ictx) != K3C_OK)
-                    goto fail;
-                print_row("SPECID", preset, m, b, q, imed, ictx, bw);
+                if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
+                print_row("SPECID", preset, &f, b, q, imed, ictx, bw);
             }
-            k3c_op_profile *xprof = k3c_decode_cuda_profile(x);
-            if (xprof) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run eagerly;
-                          * =2: PROF_STAMPED more, each replayed from a graph with a stamp after every op */
+            if (profiling > 0) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run
+                                  * eagerly; =2: PROF_STAMPED more, each replayed from a graph with a stamp after
+                                  * every op */
                 double pmed, pctx, pms = 0;
-                int stamped = k3c_op_profile_stamps(xprof), nprof = stamped ? PROF_STAMPED : 1;
-                k3c_op_profile_reset(xprof);
+                int stamped = profiling == 2, nprof = stamped ? PROF_STAMPED : 1;
+                if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK) goto fail;
                 for (int i = 0; i < nprof; i++) {
-                    k3c_decode_cuda_profile_next(x);
-                    if (time_steps(e, k3c_decode_cuda_executor(x), &plan, id, b, q, 0, 1, V, lg, NULL, t, &pmed,
-                                   &pctx) != K3C_OK)
+                    if (k3c_engine_profile(e, K3C_PROFILE_NEXT, NULL, 0) != K3C_OK ||
+                        time_steps(e, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx, &exec) != K3C_OK)
                         goto fail;
                     pms += pmed * 1e3;
                 }
@@ -340,12 +273,9 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                            "after every op (totals of the %d)\n", preset, b, q, nprof, nprof);
                 else
                     printf("PROF %s batch %d q %d: one specialized step, run eagerly (not replayed)\n", preset, b, q);
-                k3c_op_profile_report(xprof, stdout, pms);
-                k3c_op_profile_reset(xprof);
-                double hm[2];
-                k3c_decode_cuda_host_profile(x, hm);
-                printf("PROF host: begin + metadata %.3f ms, waiting for the step and the logits download %.3f ms\n",
-                       hm[0], hm[1]);
+                if (k3c_engine_profile(e, K3C_PROFILE_REPORT_SPECIALIZED, stdout, pms) != K3C_OK ||
+                    k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK)
+                    goto fail;
             }
             if (q == 1) ms1[1][bi] = med;
             if (q == 4 && ms1[1][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 spec  %.3f\n", preset, b, med / ms1[1][bi]);
@@ -360,9 +290,8 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "k3c bench: %s: %s\n", preset, k3c_last_error());
+    fprintf(stderr, "k3c bench: %s: %s\n", preset, cli_error());
 done:
-    k3c_decode_cuda_free(x);
     if (bench_pageable()) free(lg);
     else if (e) k3c_engine_logits_free(e, lg);
     k3c_engine_free(e);
@@ -371,16 +300,3 @@ done:
     free(t);
     return rc;
 }
-
-#else
-
-int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps) {
-    (void)batches;
-    (void)verify;
-    (void)context;
-    (void)steps;
-    fprintf(stderr, "k3c bench: %s: this build has no CUDA backend (built without nvcc)\n", preset);
-    return 1;
-}
-
-#endif

@@ -3,13 +3,25 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
-#include "util/error.h"
+
+static char cli_message[1024];
+
+int cli_errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cli_message, sizeof cli_message, fmt, ap);
+    va_end(ap);
+    return K3C_ERR;
+}
+
+const char *cli_error(void) { return cli_message[0] ? cli_message : k3c_last_error(); }
 
 const char *cli_option(int argc, char **argv, int *i, const char *name) {
     size_t n = strlen(name);
@@ -93,7 +105,7 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
     const char *tmp = getenv("TMPDIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset);
-    if (!mkdtemp(path)) return k3c_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
+    if (!mkdtemp(path)) return cli_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
     int rc = k3c_synthesize(preset, seed, path);
     if (rc == K3C_OK) rc = k3c_load(path, m);

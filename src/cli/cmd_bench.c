@@ -12,8 +12,6 @@
 #include <time.h>
 
 #include "cli/commands.h"
-#include "model/model.h"
-#include "util/error.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -57,33 +55,18 @@ static double memcpy_bandwidth(void) {
     return best;
 }
 
-static double mat_bytes(const k3c_mat *m) { return m->w ? 2.0 * m->rows * m->cols : 0; }
-static double mx_bytes(const k3c_mxfp4_mat *m) {
-    return m->packed ? (double)m->rows * (m->cols / 2) + (double)m->rows * (m->cols / 32) : 0;
-}
-
 static double decode_bytes(const k3c_model *m, int context) {
-    const k3c_config *c = &m->config;
-    double total = (double)m->weight_bytes, experts = 0;
-    total -= mat_bytes(&m->weights.embed);
-    total += 2.0 * c->hidden_size;
-    if (m->weights.lm_head.w == m->weights.embed.w) total += mat_bytes(&m->weights.lm_head);
-    for (int l = 0; l < c->num_layers; l++) {
-        const k3c_layer_weights *lw = &m->weights.layers[l];
-        if (lw->is_moe && lw->moe.experts) {
-            double le = 0;
-            for (int e = 0; e < c->num_experts; e++) {
-                const k3c_expert *x = &lw->moe.experts[e];
-                le += mat_bytes(&x->w1) + mat_bytes(&x->w2) + mat_bytes(&x->w3);
-                le += mx_bytes(&x->q1) + mx_bytes(&x->q2) + mx_bytes(&x->q3);
-            }
-            experts += le * (1.0 - (double)c->num_experts_per_token / c->num_experts);
-        }
-        if (c->layer_attn[l] == K3C_ATTN_KDA)
-            total += 2.0 * 4 * c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
-        else
-            total += 4.0 * context * k3c_config_mla_latent(c);
-    }
+    k3c_model_info f;
+    if (k3c_model_info_get(m, &f) != K3C_OK) return 0;
+    double total = (double)f.weight_bytes;
+    total -= (double)f.embedding_bytes;
+    total += 2.0 * f.hidden_size;
+    if (f.tie_word_embeddings) total += (double)f.embedding_bytes; /* the LM head reads it whole */
+    double experts = f.num_experts > 0 ? (double)f.routed_expert_bytes * (1.0 - (double)f.num_experts_per_token /
+                                                                                  f.num_experts)
+                                       : 0;
+    total += (double)f.num_kda_layers * 2.0 * f.kda_state_bytes;
+    total += 2.0 * context * (double)f.mla_cache_bytes_per_token; /* f32 on the cpu: twice the bf16 bytes */
     return total - experts;
 }
 
@@ -106,7 +89,7 @@ static int bench_preset(const char *preset, const char *device, int threads, int
     int32_t ids[16];
     for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
     if (!lg) {
-        k3c_errorf("out of memory");
+        cli_errorf("out of memory");
         goto done;
     }
     if (k3c_request_open(e, &id) != K3C_OK) goto free_lg;
@@ -183,7 +166,7 @@ int cmd_bench(int argc, char **argv) {
     const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
     for (int i = 0; i < 2 && presets[i]; i++)
         if (bench_preset(presets[i], device, (int)threads, (int)steps, bw) != K3C_OK) {
-            fprintf(stderr, "k3c bench: %s: %s\n", presets[i], k3c_last_error());
+            fprintf(stderr, "k3c bench: %s: %s\n", presets[i], cli_error());
             return 1;
         }
     return 0;

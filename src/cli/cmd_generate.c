@@ -5,15 +5,12 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "decode/executor_cuda.h"
-#include "runtime/runner.h"
-#include "util/error.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f, "usage: k3c generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T] [--top-k K]\n"
                "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N] [--stock]\n"
                "                    [--kv-cache bf16|fp8]\n"
-               "with --device cuda the runner takes the specialized decode executor (graph-captured steps) unless\n"
+               "with --device cuda the engine takes the specialized decode executor (graph-captured steps) unless\n"
                "--stock forces the stock forward; a summary of steps per path goes to stderr\n"
                "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
@@ -27,40 +24,16 @@ static int print_token(void *user, int32_t tok) {
     return 0;
 }
 
-/* --device cuda (without --stock): the continuous-batching runner with the specialized decode executor
- * (decode/executor_cuda.h); prints the steps each path took. */
-static int generate_specialized(k3c_engine *e, const int32_t *ids, int n_ids, int n, const k3c_sampling *s) {
-    k3c_decode_cuda *x = NULL;
-    k3c_runner *r = NULL;
-    int rc = 1;
-    if (k3c_decode_cuda_build(e, 0, 1, &x) != K3C_OK || k3c_decode_cuda_prepare_kv(x, 0) != K3C_OK) goto out;
-    k3c_runner_options o;
-    k3c_runner_options_default(&o);
-    if (k3c_runner_create(e, &o, &r) != K3C_OK) goto out;
-    k3c_runner_set_executor(r, k3c_decode_cuda_executor(x));
-    k3c_runner_request q = {.prompt = ids, .n_prompt = n_ids, .max_new = n, .sampling = *s, .stop_token = -1};
-    int h;
-    if (k3c_runner_submit(r, &q, &h) != K3C_OK || k3c_runner_run(r) != K3C_OK) goto out;
-    const int32_t *tok;
-    int nt, fin;
-    if (k3c_runner_output(r, h, &tok, &nt, &fin) != K3C_OK) goto out;
-    for (int i = 0; i < nt; i++) printf(i ? " %d" : "%d", tok[i]);
-    printf("\n");
-    fflush(stdout); /* the tokens before the summary on stderr, also when both go to one pipe */
-    k3c_runner_stats st;
-    k3c_runner_stats_get(r, &st);
-    fprintf(stderr, "%ld steps in %.3f s: %ld specialized (decode %ld, verify %ld, wide %ld), %ld stock;",
-            st.steps, st.seconds, st.executor_steps, st.route_steps[K3C_ROUTE_DECODE], st.route_steps[K3C_ROUTE_VERIFY],
-            st.route_steps[K3C_ROUTE_WIDE], st.route_steps[K3C_ROUTE_STOCK]);
-    for (int i = 1; i < K3C_RUNNER_REASONS; i++)
-        if (st.stock_reason_steps[i]) fprintf(stderr, " %s: %ld", k3c_runner_reason_name(i), st.stock_reason_steps[i]);
-    fprintf(stderr, "; %d graphs captured [cuda, specialized; --stock for the stock path]\n",
-            k3c_decode_cuda_num_captured(x));
-    rc = 0;
-out:
-    k3c_runner_free(r);
-    k3c_decode_cuda_free(x);
-    return rc;
+/* Steps per path (k3c_engine_stats): what the specialized executor ran and why the rest ran stock. */
+static void print_routes(const k3c_engine *e) {
+    k3c_engine_stats st;
+    k3c_engine_stats_get(e, &st);
+    fprintf(stderr, "%ld steps: %ld specialized (planned decode %ld, verify %ld, wide %ld), stock %ld;", st.steps,
+            st.executor_steps, st.route_steps[1], st.route_steps[2], st.route_steps[3], st.route_steps[0]);
+    for (int i = 1; i < K3C_STOCK_REASONS; i++)
+        if (st.stock_reason_steps[i]) fprintf(stderr, " %s: %ld", k3c_stock_reason_text(i), st.stock_reason_steps[i]);
+    fprintf(stderr, "; %d graphs captured [%s; --stock for the stock path]\n", st.graphs_captured,
+            st.specialized ? "specialized" : "no specialized executor");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -105,12 +78,8 @@ int cmd_generate(int argc, char **argv) {
     if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
     o.max_context = n_ids + (int)n + 1;
+    o.specialized = stock ? K3C_SPECIALIZED_OFF : K3C_SPECIALIZED_AUTO;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
-    if (!strcmp(o.device, "cuda") && !stock) {
-        rc = generate_specialized(e, ids, n_ids, (int)n, &s);
-        if (rc) goto fail;
-        goto done;
-    }
     k3c_generate_stats st;
     int first = 1;
     if (k3c_generate(e, ids, n_ids, (int)n, &s, print_token, &first, &st) != K3C_OK) {
@@ -123,10 +92,11 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s) [%s]\n",
             st.prompt_tokens, st.prefill_seconds, st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0,
             decode_steps, st.decode_seconds, st.decode_seconds > 0 ? decode_steps / st.decode_seconds : 0, o.device);
+    if (!strcmp(o.device, "cuda")) print_routes(e);
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "k3c generate: %s\n", k3c_last_error());
+    fprintf(stderr, "k3c generate: %s\n", cli_error());
 done:
     k3c_engine_free(e);
     if (m) k3c_free(m);

@@ -5,9 +5,6 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "format/dtype.h"
-#include "model/model.h"
-#include "util/error.h"
 
 static void human(char *buf, size_t size, double bytes) {
     const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -32,90 +29,57 @@ static void count(char *buf, size_t size, double n) {
         snprintf(buf, size, "%.4g", n);
 }
 
-static void print_schedule(const k3c_config *c) {
+static void print_schedule(const k3c_model *m, const k3c_model_info *f) {
     printf("\nlayer schedule:\n  %5s  %-4s  %-5s  %s\n", "layer", "attn", "ffn", "AttnRes");
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < f->num_layers; l++) {
         char res[32] = "";
-        if (c->attn_res_block_size > 0 && k3c_config_is_block_start(c, l))
-            snprintf(res, sizeof res, "block %d start", l / c->attn_res_block_size);
-        printf("  %5d  %-4s  %-5s  %s\n", l, c->layer_attn[l] == K3C_ATTN_KDA ? "KDA" : "MLA",
-               c->layer_is_moe[l] ? "MoE" : "dense", res);
+        if (f->attn_res_block_size > 0 && k3c_model_layer_block_start(m, l))
+            snprintf(res, sizeof res, "block %d start", l / f->attn_res_block_size);
+        printf("  %5d  %-4s  %-5s  %s\n", l, k3c_model_layer_attention(m, l) == K3C_LAYER_KDA ? "KDA" : "MLA",
+               k3c_model_layer_ffn(m, l) == K3C_LAYER_MOE ? "MoE" : "dense", res);
     }
 }
 
-static void print_params(const struct k3c_model *m) {
-    const k3c_config *c = &m->config;
-    unsigned long long total = 0, routed = 0, embed = 0;
-    for (size_t i = 0; i < m->inventory.count; i++) {
-        const k3c_tensor_spec *s = &m->inventory.specs[i];
-        unsigned long long p = k3c_tensor_spec_params(s);
-        total += p;
-        if (s->expert >= 0) routed += p;
-        if (s->mat == &m->weights.embed) embed = p;
-    }
-    /* Per token only top-k of E routed experts run; the embedding is a row lookup, not a matmul, so it
-     * is left out of "active" unless tied (then it is the LM head, which does run in full). */
-    double active = (double)(total - routed);
-    if (c->num_experts > 0) active += (double)routed * c->num_experts_per_token / c->num_experts;
-    int embed_active = c->tie_word_embeddings;
-    if (!embed_active) active -= (double)embed;
+static void print_params(const k3c_model_info *f) {
     char a[32], b[32], r[32], e[32];
-    count(a, sizeof a, (double)total);
-    count(b, sizeof b, active);
-    count(r, sizeof r, (double)routed);
-    count(e, sizeof e, (double)embed);
+    count(a, sizeof a, (double)f->params_total);
+    count(b, sizeof b, f->params_active);
+    count(r, sizeof r, (double)f->params_routed);
+    count(e, sizeof e, (double)f->params_embedding);
     printf("\nparameters:\n");
-    printf("  total              %llu (%s), routed experts %llu (%s), embedding %llu (%s)\n", total, a, routed, r, embed,
-           e);
-    printf("  active per token   %.0f (%s): non-expert weights + %d/%d of the routed experts; embedding %s\n", active,
-           b, c->num_experts_per_token, c->num_experts,
-           embed_active ? "counted (tied: it is also the LM head)" : "not counted (a row lookup)");
+    printf("  total              %llu (%s), routed experts %llu (%s), embedding %llu (%s)\n",
+           (unsigned long long)f->params_total, a, (unsigned long long)f->params_routed, r,
+           (unsigned long long)f->params_embedding, e);
+    printf("  active per token   %.0f (%s): non-expert weights + %d/%d of the routed experts; embedding %s\n",
+           f->params_active, b, f->num_experts_per_token, f->num_experts,
+           f->tie_word_embeddings ? "counted (tied: it is also the LM head)" : "not counted (a row lookup)");
 }
 
-static void print_bytes(const struct k3c_model *m) {
-    const k3c_checkpoint *ck = &m->checkpoint;
-    enum { NT = 16 };
-    unsigned long long bytes[NT] = {0}, tensors[NT] = {0};
-    for (size_t i = 0; i < m->inventory.count; i++) {
-        const k3c_st_tensor *t = k3c_checkpoint_find(ck, m->inventory.specs[i].name);
-        if (!t || (int)t->dtype < 0 || (int)t->dtype >= NT) continue;
-        bytes[t->dtype] += t->end - t->begin;
-        tensors[t->dtype]++;
-    }
+static void print_bytes(const k3c_model_info *f) {
     printf("\nbytes per dtype (model tensors as stored):\n");
     char h[32];
-    for (int d = 0; d < NT; d++) {
-        if (!tensors[d]) continue;
-        human(h, sizeof h, (double)bytes[d]);
-        printf("  %-6s %8llu tensors  %16llu bytes (%s)\n", k3c_dtype_name((k3c_dtype)d), tensors[d], bytes[d], h);
+    for (int d = 0; d < K3C_DTYPES; d++) {
+        if (!f->dtype_tensors[d]) continue;
+        human(h, sizeof h, (double)f->dtype_bytes[d]);
+        printf("  %-6s %8llu tensors  %16llu bytes (%s)\n", k3c_dtype_name_of(d),
+               (unsigned long long)f->dtype_tensors[d], (unsigned long long)f->dtype_bytes[d], h);
     }
-    size_t skipped = ck->num_tensors > m->inventory.count ? ck->num_tensors - m->inventory.count : 0;
-    if (skipped) printf("  skipped: %zu vision_tower./mm_projector. tensors (not part of the text model)\n", skipped);
+    if (f->num_skipped_tensors)
+        printf("  skipped: %zu vision_tower./mm_projector. tensors (not part of the text model)\n",
+               f->num_skipped_tensors);
 }
 
-static void print_state(const struct k3c_model *m) {
-    const k3c_config *c = &m->config;
-    int n_kda = 0, n_mla = 0;
-    for (int l = 0; l < c->num_layers; l++) {
-        if (c->layer_attn[l] == K3C_ATTN_KDA)
-            n_kda++;
-        else
-            n_mla++;
-    }
-    /* MLA caches the bf16 latent (kv_lora + rope) per token per layer; KDA keeps an fp32 [H, dk, dv]
-     * state plus a bf16 window of the last W-1 pre-conv q/k/v inputs, per request per layer. */
-    unsigned long long kv = (unsigned long long)k3c_config_mla_latent(c) * 2 * (unsigned long long)n_mla;
-    unsigned long long kda_state = (unsigned long long)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * 4;
-    unsigned long long kda_conv = (unsigned long long)(c->kda_conv_kernel - 1) * 3 * k3c_config_kda_proj(c) * 2;
-    unsigned long long per_req = (kda_state + kda_conv) * (unsigned long long)n_kda;
+static void print_state(const k3c_model_info *f) {
     char h1[32], h2[32];
-    human(h1, sizeof h1, (double)kv);
-    human(h2, sizeof h2, (double)per_req);
+    human(h1, sizeof h1, (double)f->mla_cache_bytes_per_token);
+    human(h2, sizeof h2, (double)f->kda_state_bytes_per_request);
     printf("\ncache:\n");
-    printf("  MLA KV cache per token    %llu bytes (%s): bf16 latent %d x %d MLA layers\n", kv, h1,
-           k3c_config_mla_latent(c), n_mla);
+    printf("  MLA KV cache per token    %llu bytes (%s): bf16 latent %d x %d MLA layers\n",
+           (unsigned long long)f->mla_cache_bytes_per_token, h1, f->kv_lora_rank + f->qk_rope_head_dim,
+           f->num_mla_layers);
     printf("  KDA state per request     %llu bytes (%s): %d KDA layers x (fp32 state %llu + bf16 conv window %llu)\n",
-           per_req, h2, n_kda, kda_state, kda_conv);
+           (unsigned long long)f->kda_state_bytes_per_request, h2, f->num_kda_layers,
+           (unsigned long long)f->kda_state_bytes, (unsigned long long)f->kda_conv_bytes);
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -127,36 +91,30 @@ int cmd_inspect(int argc, char **argv) {
         fprintf(stderr, "usage: k3c inspect DIR\n");
         return 2;
     }
-    struct k3c_model *m;
-    if (k3c_model_load(argv[1], &m) != K3C_OK) {
-        fprintf(stderr, "k3c inspect: %s\n", k3c_error_message());
+    k3c_model *m;
+    k3c_model_info f;
+    if (k3c_load(argv[1], &m) != K3C_OK || k3c_model_info_get(m, &f) != K3C_OK) {
+        fprintf(stderr, "k3c inspect: %s\n", cli_error());
         return 1;
     }
-    const k3c_config *c = &m->config;
-    int n_kda = 0, n_moe = 0;
-    for (int l = 0; l < c->num_layers; l++) {
-        n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
-        n_moe += c->layer_is_moe[l] != 0;
-    }
-    printf("checkpoint %s: valid (%zu tensors checked, %d shard%s)\n", argv[1], m->inventory.count,
-           m->checkpoint.num_shards, m->checkpoint.num_shards == 1 ? "" : "s");
-    printf("family: %s\n", c->family == K3C_FAMILY_K3 ? "Kimi K3 (tensor prefix \"language_model.\")"
-                                                      : "Kimi Linear (tensor prefix \"\")");
+    printf("checkpoint %s: valid (%zu tensors checked, %d shard%s)\n", argv[1], f.num_tensors, f.num_shards,
+           f.num_shards == 1 ? "" : "s");
+    printf("family: %s (tensor prefix \"%s\")\n", f.family, f.tensor_prefix);
     printf("dims: hidden %d, vocab %d, layers %d (%d KDA, %d MLA; %d dense, %d MoE), experts %d (top-%d, %s)%s\n",
-           c->hidden_size, c->vocab_size, c->num_layers, n_kda, c->num_layers - n_kda, c->num_layers - n_moe, n_moe,
-           c->num_experts, c->num_experts_per_token, c->expert_format == K3C_EXPERTS_MXFP4 ? "MXFP4" : "BF16",
-           c->attn_res_block_size > 0 ? "" : ", plain residual");
-    if (c->attn_res_block_size > 0)
-        printf("AttnRes: block size %d, %d blocks\n", c->attn_res_block_size, c->num_attn_res_blocks);
-    print_schedule(c);
-    print_params(m);
-    print_bytes(m);
-    print_state(m);
+           f.hidden_size, f.vocab_size, f.num_layers, f.num_kda_layers, f.num_mla_layers, f.num_dense_layers,
+           f.num_moe_layers, f.num_experts, f.num_experts_per_token, f.expert_dtype,
+           f.attn_res_block_size > 0 ? "" : ", plain residual");
+    if (f.attn_res_block_size > 0)
+        printf("AttnRes: block size %d, %d blocks\n", f.attn_res_block_size, f.num_attn_res_blocks);
+    print_schedule(m, &f);
+    print_params(&f);
+    print_bytes(&f);
+    print_state(&f);
     char h1[32], h2[32], h3[32];
-    human(h1, sizeof h1, (double)m->checkpoint.file_bytes);
-    human(h2, sizeof h2, (double)m->owned_bytes);
-    human(h3, sizeof h3, (double)(m->checkpoint.file_bytes + m->owned_bytes));
+    human(h1, sizeof h1, (double)f.file_bytes);
+    human(h2, sizeof h2, (double)f.owned_bytes);
+    human(h3, sizeof h3, (double)(f.file_bytes + f.owned_bytes));
     printf("\nmemory when loaded: %s mapped (shard files) + %s owned (f32 vectors) = %s\n", h1, h2, h3);
-    k3c_model_free(m);
+    k3c_free(m);
     return 0;
 }

@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 
 #include "cli/commands.h"
-#include "util/error.h"
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
@@ -23,13 +22,13 @@ static void logits_usage(FILE *f) {
 /* Writes n floats to path; a short file is removed (it would read as valid rows), a device never is. */
 static int write_f32(const char *path, const float *x, size_t n) {
     FILE *f = fopen(path, "wb");
-    if (!f) return k3c_errorf("cannot open %s for writing: %s", path, strerror(errno));
+    if (!f) return cli_errorf("cannot open %s for writing: %s", path, strerror(errno));
     struct stat st;
     int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
     size_t wrote = fwrite(x, sizeof(float), n, f);
     int close_rc = fclose(f);
     if (wrote != n || close_rc != 0) {
-        k3c_errorf("writing %s: %s", path, strerror(errno));
+        cli_errorf("writing %s: %s", path, strerror(errno));
         if (regular) remove(path);
         return K3C_ERR;
     }
@@ -100,7 +99,7 @@ int cmd_logits(int argc, char **argv) {
     if (na > 0) {
         aux_layers = malloc(sizeof(int) * (size_t)na);
         if (!aux_layers) {
-            k3c_errorf("out of memory");
+            cli_errorf("out of memory");
             goto fail;
         }
         for (int j = 0; j < na; j++) aux_layers[j] = aux32[j];
@@ -113,7 +112,7 @@ int cmd_logits(int argc, char **argv) {
     lg = malloc(sizeof(float) * (size_t)n * V);
     aux = na ? malloc(sizeof(float) * (size_t)na * n * D) : NULL;
     if (!lg || (na && !aux)) {
-        k3c_errorf("out of memory for %d x %d logits and %d aux streams", n, V, na);
+        cli_errorf("out of memory for %d x %d logits and %d aux streams", n, V, na);
         goto fail;
     }
     if (k3c_request_open(e, &id) != K3C_OK) goto fail;
@@ -130,7 +129,7 @@ int cmd_logits(int argc, char **argv) {
     if (na && write_f32(aux_out, aux, (size_t)na * n * D) != K3C_OK) goto fail;
     FILE *f = fopen(out, "wb");
     if (!f) {
-        k3c_errorf("cannot open %s for writing: %s", out, strerror(errno));
+        cli_errorf("cannot open %s for writing: %s", out, strerror(errno));
         goto fail;
     }
     struct stat st;
@@ -138,7 +137,7 @@ int cmd_logits(int argc, char **argv) {
     size_t wrote = fwrite(lg, sizeof(float), (size_t)n * V, f);
     int close_rc = fclose(f);
     if (wrote != (size_t)n * V || close_rc != 0) {
-        k3c_errorf("writing %s: %s", out, strerror(errno));
+        cli_errorf("writing %s: %s", out, strerror(errno));
         /* a short logits file would read as valid rows; a device (/dev/full) is never unlinked */
         if (regular) remove(out);
         goto fail;
@@ -147,7 +146,7 @@ int cmd_logits(int argc, char **argv) {
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "k3c logits: %s\n", k3c_last_error());
+    fprintf(stderr, "k3c logits: %s\n", cli_error());
 done:
     free(lg);
     free(aux);

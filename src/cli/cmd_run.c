@@ -7,15 +7,15 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "util/error.h"
 
 static void run_usage(FILE *f) {
     fprintf(f,
             "usage: k3c run [--model DIR] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D] [--max-requests M]\n"
             "               [--prefill-budget B] [--stop ID] [--temperature T --top-k K --top-p P --seed S]\n"
-            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8]\n"
+            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8] [--stock]\n"
             "runs every prompt (';'-separated token-id lists) for -n tokens, at most M at once (default 4);\n"
             "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
+            "with --device cuda the decode and verify steps take the specialized decode executor unless --stock\n"
             "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
@@ -69,8 +69,8 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
             }
         }
     }
-    fprintf(stderr, ")%s\n",
-            with_executor ? "" : "\n       routes as planned; no specialized executor here, so every step ran stock");
+    if (with_executor) fprintf(stderr, "), %ld on the specialized executor\n", st->executor_steps);
+    else fprintf(stderr, ")\n       routes as planned; no specialized executor here, so every step ran stock\n");
     if (st->drafts_proposed > 0)
         fprintf(stderr, "drafts: accepted %ld / proposed %ld (%.1f%%; %ld of the proposed were padding), %ld verifies, "
                         "%.2f tokens per verify\n",
@@ -94,7 +94,8 @@ int cmd_run(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             run_usage(stdout);
             return 0;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
+        } else if (!strcmp(argv[i], "--stock")) o.specialized = K3C_SPECIALIZED_OFF;
+        else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
         else if ((v = cli_option(argc, argv, &i, "--prompts"))) prompts_s = v;
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 1, 1 << 30, &n);
         else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_parse_int(v, 0, 64, &spec);
@@ -156,11 +157,13 @@ int cmd_run(int argc, char **argv) {
     fflush(stdout);
     k3c_runner_stats st;
     k3c_runner_stats_get(r, &st);
-    print_summary(&st, o.device, 0);
+    k3c_engine_stats es;
+    k3c_engine_stats_get(e, &es);
+    print_summary(&st, o.device, es.specialized);
     rc = 0;
     goto done;
 fail:
-    fprintf(stderr, "k3c run: %s\n", k3c_last_error());
+    fprintf(stderr, "k3c run: %s\n", cli_error());
 done:
     k3c_runner_free(r);
     k3c_engine_free(e);

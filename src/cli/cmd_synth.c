@@ -6,10 +6,6 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "model/config.h"
-#include "model/presets.h"
-#include "model/synth.h"
-#include "util/error.h"
 
 static void synth_usage(FILE *f) {
     fprintf(f, "usage: k3c synth --preset NAME --out DIR [--seed N]\npresets:");
@@ -52,15 +48,8 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
-    k3c_config c;
-    if (k3c_preset_config(preset, &c) != K3C_OK) {
-        fprintf(stderr, "k3c synth: %s\n", k3c_error_message());
-        return 1;
-    }
-    int rc = k3c_synth_write(&c, preset, seed, out);
-    k3c_config_free(&c);
-    if (rc != K3C_OK) {
-        fprintf(stderr, "k3c synth: %s\n", k3c_error_message());
+    if (k3c_synthesize(preset, seed, out) != K3C_OK) {
+        fprintf(stderr, "k3c synth: %s\n", cli_error());
         return 1;
     }
     if (!k3c_preset_has_weights(preset))

@@ -15,6 +15,12 @@ int cmd_run(int argc, char **argv);
 
 #include "k3c.h"
 
+/* A command's own failure (a file it writes, its memory), kept beside the library's messages so a command's
+ * failure path prints one of them: cli_errorf returns K3C_ERR; cli_error() is the message of the last
+ * cli_errorf, else k3c_last_error(). The CLI uses include/k3c.h only. */
+int cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *cli_error(void);
+
 /* --name VALUE or --name=VALUE at argv[*i]: the value (advancing *i past a separate one), else NULL. */
 const char *cli_option(int argc, char **argv, int *i, const char *name);
 int cli_parse_int(const char *s, long lo, long hi, long *out);       /* 0 or -1 */

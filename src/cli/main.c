@@ -20,11 +20,16 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: k3c COMMAND [options]\n\ncommands:\n");
+    fprintf(f, "usage: k3c COMMAND [options]   (k3c --version: the version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %s\n", commands[i].help);
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
+        /* the library linked, and the header this binary was compiled against */
+        printf("k3c %s (%s)\n", k3c_version(), k3c_has_cuda() ? "cpu, cuda" : "cpu");
+        return strcmp(k3c_version(), K3C_VERSION_STRING) ? 1 : 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

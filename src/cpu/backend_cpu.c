@@ -15,6 +15,7 @@
 #include "util/bf16.h"
 #include "util/fp8.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #define MM_QUEUE 16
 /* Tokens per chunk of the chunked delta rule (the form of prompt segments). */
@@ -138,7 +139,7 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     if (bad) {
         cpu_free_scratch(x);
         memset(&x->kda_o, 0, sizeof *x - offsetof(cpu_ctx, kda_o));
-        return k3c_errorf("cpu backend: out of memory for step scratch (max_rows %d, max_context %d)",
+        return k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: out of memory for step scratch (max_rows %d, max_context %d)",
                           lim->max_rows, lim->max_context);
     }
     /* the load (cpu/resident.h): the mapped weights read in now, not page by page in the first steps */
@@ -146,7 +147,7 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     double secs = 0;
     K3C_TRY(k3c_cpu_make_resident(x->pool, m, &bytes, &secs));
     if (bytes >= (256u << 20))
-        fprintf(stderr, "cpu: weights %.2f GB resident in %.3f s: %.2f GB/s (%d thread%s, mapped checkpoint)\n",
+        k3c_log(K3C_LOG_INFO, "cpu: weights %.2f GB resident in %.3f s: %.2f GB/s (%d thread%s, mapped checkpoint)",
                 bytes / 1e9, secs, secs > 0 ? bytes / 1e9 / secs : 0, x->threads, x->threads == 1 ? "" : "s");
     return K3C_OK;
 }
@@ -172,7 +173,7 @@ static int cpu_sync(k3c_backend *be) {
 static void *cpu_alloc(k3c_backend *be, size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-        k3c_errorf("cpu backend: cannot allocate %zu bytes", bytes);
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: cannot allocate %zu bytes", bytes);
         return NULL;
     }
     return p;
@@ -683,14 +684,14 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     if (!be || !x) {
         free(be);
         free(x);
-        k3c_errorf("cpu backend: out of memory");
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: out of memory");
         return NULL;
     }
     x->pool = k3c_pool_create(threads);
     if (!x->pool) {
         free(be);
         free(x);
-        k3c_errorf("cpu backend: cannot create the thread pool (%d threads)", threads);
+        k3c_errorf_kind(K3C_ERROR_OOM, "cpu backend: cannot create the thread pool (%d threads)", threads);
         return NULL;
     }
     x->threads = k3c_pool_threads(x->pool);

@@ -299,7 +299,7 @@ int k3c_kda_chunked(float *state, const float *q, const float *k, const float *v
     size_t need = k3c_kda_chunk_scratch(chunk, dk, dv);
     float *scratch = malloc(need * sizeof(float));
     if (!scratch)
-        return k3c_errorf("kda chunked: out of memory for %zu floats of chunk scratch (chunk %d, dk %d, dv %d)",
+        return k3c_errorf_kind(K3C_ERROR_OOM, "kda chunked: out of memory for %zu floats of chunk scratch (chunk %d, dk %d, dv %d)",
                           need, chunk, dk, dv);
     k3c_kda_chunked_heads(state, q, k, v, g, beta, T, H, 0, H, dk, dv, chunk, scratch, o);
     free(scratch);

@@ -43,6 +43,7 @@
 #include "model/synth.h"
 #include "stock/backend.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/rng.h"
 
 typedef struct wmap_entry {
@@ -96,6 +97,7 @@ typedef struct cuda_ctx {
     /* host scratch for building metadata (pinned area is written directly) */
     int failed;
     char err[1024];
+    k3c_error_kind err_kind; /* of the recorded failure, reported by sync with err */
 } cuda_ctx;
 
 /* ---- errors ---- */
@@ -104,12 +106,14 @@ static void record(cuda_ctx *x, const char *op) {
     if (x->failed) return;
     x->failed = 1;
     snprintf(x->err, sizeof x->err, "%s: %s", op, k3c_error_message());
+    x->err_kind = k3c_error_kind_get();
 }
 
 static void record_cuda(cuda_ctx *x, const char *op, cudaError_t e) {
     if (x->failed) return;
     x->failed = 1;
     snprintf(x->err, sizeof x->err, "%s: CUDA error %s (%s)", op, cudaGetErrorName(e), cudaGetErrorString(e));
+    x->err_kind = K3C_CUDA_ERROR_KIND(e);
 }
 
 /* Also the timing site of the op profile (cuda/op_profile.h; a no-op unless K3C_CUDA_PROFILE is set). */
@@ -176,6 +180,7 @@ static void *wdev(const cuda_ctx *x, const void *p) {
         if (!(out)) {                                                                                              \
             if (!(x)->failed) {                                                                                    \
                 (x)->failed = 1;                                                                                   \
+                (x)->err_kind = K3C_ERROR_INTERNAL;                                                                \
                 snprintf((x)->err, sizeof (x)->err, "%s: weight at host address %p was not uploaded in init",     \
                          (op), (const void *)(ptr));                                                               \
             }                                                                                                      \
@@ -192,6 +197,7 @@ static void *meta_alloc(cuda_ctx *x, size_t bytes, void **dev) {
     if (need > x->meta_cap) {
         if (!x->failed) {
             x->failed = 1;
+            x->err_kind = K3C_ERROR_INTERNAL;
             snprintf(x->err, sizeof x->err, "metadata of %zu bytes exceeds the %zu-byte staging area", bytes,
                      x->meta_cap);
         }
@@ -246,16 +252,14 @@ typedef struct progress {
     int show;
 } progress;
 
+/* Progress events (include/k3c.h k3c_set_progress; the default is the line on stderr) every 0.25 s. */
 static void progress_update(progress *p, size_t add, int final) {
     p->done += (double)add;
     if (!p->show) return;
     double t = now_s();
     if (!final && t - p->last < 0.25) return;
     p->last = t;
-    double rate = t > p->t0 ? p->done / (t - p->t0) : 0;
-    fprintf(stderr, "\rcuda: %s %7.2f / %.2f GB  %6.2f GB/s%s", p->what, p->done / 1e9, p->total / 1e9, rate / 1e9,
-            final ? "\n" : "");
-    fflush(stderr);
+    k3c_progress_report(p->what, p->done, p->total, t - p->t0, final);
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -319,7 +323,7 @@ static void upload_queued(void *ctx, uint64_t bytes) {
  * extents are too. */
 static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
     const k3c_inventory *inv = &m->inventory;
-    progress pg = {.what = m->device_synthetic ? "generating weights" : "uploading weights", .t0 = now_s()};
+    progress pg = {.what = m->device_synthetic ? "cuda: generating weights" : "cuda: uploading weights", .t0 = now_s()};
     k3c_stage_extent *ex = calloc(inv->count + 1, sizeof *ex);
     size_t *spec_of = calloc(inv->count + 1, sizeof *spec_of), n = 0;
     if (!ex || !spec_of) {
@@ -370,7 +374,7 @@ static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
     }
     cudaError_t e = cudaStreamSynchronize(x->stream);
     if (e != cudaSuccess) {
-        k3c_errorf("cuda backend: weight upload: %s", cudaGetErrorString(e));
+        k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: weight upload: %s", cudaGetErrorString(e));
         goto done;
     }
     if (m->device_synthetic) {
@@ -378,13 +382,13 @@ static int fill_arena(cuda_ctx *x, const struct k3c_model *m, void **devs) {
     } else if (pg.show) {
         const k3c_cuda_upload_stats *st = &x->load;
         double gb = (double)st->run.payload / 1e9;
-        fprintf(stderr, "\rcuda: uploaded weights %.2f GB in %.3f s: %.2f GB/s (%d readers, %d x %zu MiB %s "
-                        "staging)\n", gb, st->seconds, st->seconds > 0 ? gb / st->seconds : 0, st->run.readers,
+        k3c_log(K3C_LOG_INFO, "cuda: uploaded weights %.2f GB in %.3f s: %.2f GB/s (%d readers, %d x %zu MiB %s "
+                              "staging)", gb, st->seconds, st->seconds > 0 ? gb / st->seconds : 0, st->run.readers,
                 st->buffers, st->buffer_bytes >> 20, st->pinned ? "pinned" : "pageable");
     }
     rc = K3C_OK;
 done:
-    if (rc != K3C_OK && pg.show) fprintf(stderr, "\n");
+    if (rc != K3C_OK) progress_update(&pg, 0, 1); /* ends the progress line */
     free(ex);
     free(spec_of);
     return rc;
@@ -430,7 +434,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     void **devs = calloc(inv->count + 1, sizeof *devs);
     if (!x->map || !devs) {
         free(devs);
-        return k3c_errorf("cuda backend: out of host memory for the weight table (%zu tensors)", inv->count);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: out of host memory for the weight table (%zu tensors)", inv->count);
     }
     size_t total = 0, max_cols = 1;
     for (size_t i = 0; i < inv->count; i++) {
@@ -449,7 +453,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
         cudaMemGetInfo(&fr, &tot);
         free(devs);
         x->arena = NULL;
-        return k3c_errorf("cuda backend: cannot allocate the weight arena of %.2f GB (device has %.2f GB free of "
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: cannot allocate the weight arena of %.2f GB (device has %.2f GB free of "
                           "%.2f GB): %s", total / 1e9, fr / 1e9, tot / 1e9, cudaGetErrorString(e));
     }
     x->arena_bytes = total;
@@ -477,7 +481,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     if (n_moe) {
         size_t E = (size_t)c->num_experts;
         k3c_cuda_expert *tab = calloc(E, sizeof *tab);
-        if (!tab) return k3c_errorf("cuda backend: out of host memory for an expert table of %zu", E);
+        if (!tab) return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: out of host memory for an expert table of %zu", E);
         size_t moff = experts_off;
         int mx = c->expert_format == K3C_EXPERTS_MXFP4;
         size_t n_tables = x->nmap;
@@ -510,7 +514,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
             e = cudaMemcpy(dev, tab, sizeof(k3c_cuda_expert) * E, cudaMemcpyHostToDevice);
             if (e != cudaSuccess) {
                 free(tab);
-                return k3c_errorf("cuda backend: expert table of layer %d: %s", l, cudaGetErrorString(e));
+                return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: expert table of layer %d: %s", l, cudaGetErrorString(e));
             }
             /* appended past the sorted part, which the lookups above and below keep using */
             x->map[n_tables++] = (wmap_entry){(uintptr_t)w->experts, sizeof(k3c_expert) * E, dev};
@@ -537,7 +541,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     e = cudaMalloc(&x->scratch, stotal);
     if (e != cudaSuccess) {
         x->scratch = NULL;
-        return k3c_errorf("cuda backend: step scratch of %.1f MB (max_rows %d): %s", stotal / 1e6, lim->max_rows,
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: step scratch of %.1f MB (max_rows %d): %s", stotal / 1e6, lim->max_rows,
                           cudaGetErrorString(e));
     }
     char *p = x->scratch;
@@ -557,7 +561,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
         e = cudaMalloc(&x->mla_x, xb);
         if (e != cudaSuccess) {
             x->mla_x = NULL;
-            return k3c_errorf("cuda backend: expanded MLA scratch of %.1f MB (passes of %d positions, max_rows %d): "
+            return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: expanded MLA scratch of %.1f MB (passes of %d positions, max_rows %d): "
                               "%s", xb / 1e6, x->mla_chunk, lim->max_rows, cudaGetErrorString(e));
         }
     }
@@ -567,7 +571,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     size_t ws = (size_t)32 << 20, xbf_elems = R * max_cols;
     if ((size_t)x->mla_chunk * kvl > xbf_elems) xbf_elems = (size_t)x->mla_chunk * kvl;
     if (cudaMalloc(&x->gemm_ws, ws) != cudaSuccess || cudaMalloc((void **)&x->xbf, xbf_elems * 2) != cudaSuccess)
-        return k3c_errorf("cuda backend: cuBLASLt workspace (%zu MiB) and staging (%zu elements)", ws >> 20,
+        return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: cannot allocate the cuBLASLt workspace (%zu MiB) and staging (%zu elements)", ws >> 20,
                           xbf_elems);
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, xbf_elems));
     x->gemm_ready = 1;
@@ -583,7 +587,7 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     x->meta_cap = cap;
     if (cudaHostAlloc((void **)&x->meta_host, cap, cudaHostAllocDefault) != cudaSuccess ||
         cudaMalloc((void **)&x->meta_dev, cap) != cudaSuccess)
-        return k3c_errorf("cuda backend: metadata staging of %zu KB", cap >> 10);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: cannot allocate the metadata staging of %zu KB", cap >> 10);
     x->meta_used = 0;
     K3C_CUDA_TRY(cudaStreamSynchronize(x->stream));
     return K3C_OK;
@@ -621,7 +625,7 @@ static int cuda_sync(k3c_backend *be) {
     else k3c_op_profile_collect(x->prof);
     if (x->failed) {
         x->failed = 0;
-        return k3c_errorf("cuda backend: %s", x->err);
+        return k3c_errorf_kind(x->err_kind ? x->err_kind : K3C_ERROR_DEVICE, "cuda backend: %s", x->err);
     }
     return K3C_OK;
 }
@@ -634,7 +638,7 @@ static void *cuda_alloc(k3c_backend *be, size_t bytes) {
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
-        k3c_errorf("cuda backend: cannot allocate %zu bytes (%.2f GB free of %.2f GB): %s", bytes, fr / 1e9,
+        k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: cannot allocate %zu bytes (%.2f GB free of %.2f GB): %s", bytes, fr / 1e9,
                    tot / 1e9, cudaGetErrorString(e));
         return NULL;
     }
@@ -656,7 +660,7 @@ static void *cuda_host_alloc(k3c_backend *be, size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault);
     if (e != cudaSuccess) {
-        k3c_errorf("cuda backend: cannot allocate %zu bytes of page-locked host memory: %s", bytes,
+        k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: cannot allocate %zu bytes of page-locked host memory: %s", bytes,
                    cudaGetErrorString(e));
         return NULL;
     }
@@ -1064,7 +1068,7 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count <= 0) {
-        k3c_errorf("cuda backend: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        k3c_errorf_kind(K3C_ERROR_DEVICE, "cuda backend: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
         return NULL;
     }
     if (device < 0 || device >= count) {
@@ -1076,13 +1080,13 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     if (!be || !x) {
         free(be);
         free(x);
-        k3c_errorf("cuda backend: out of memory");
+        k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: out of memory");
         return NULL;
     }
     x->device = device;
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
-        k3c_errorf("cuda backend: device %d: %s", device, cudaGetErrorString(e));
+        k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: device %d: %s", device, cudaGetErrorString(e));
         free(be);
         free(x);
         return NULL;

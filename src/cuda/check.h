@@ -8,13 +8,18 @@
 
 #include "util/error.h"
 
+/* The error kind of a CUDA failure (include/k3c.h k3c_error_kind): device memory refused is OOM, the rest
+ * (no device, driver, launch, fault) DEVICE. */
+#define K3C_CUDA_ERROR_KIND(err) ((err) == cudaErrorMemoryAllocation ? K3C_ERROR_OOM : K3C_ERROR_DEVICE)
+
 /* Returns K3C_ERR from the enclosing function when `call` does not return cudaSuccess. */
 #define K3C_CUDA_TRY(call)                                                                                         \
     do {                                                                                                           \
         cudaError_t k3c_cuda_err_ = (call);                                                                        \
         if (k3c_cuda_err_ != cudaSuccess)                                                                          \
-            return k3c_errorf("%s:%d: %s: CUDA error %s (%s)", __FILE__, __LINE__, #call,                        \
-                              cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_));                 \
+            return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(k3c_cuda_err_), "%s:%d: %s: CUDA error %s (%s)", __FILE__,  \
+                                   __LINE__, #call, cudaGetErrorName(k3c_cuda_err_),                               \
+                                   cudaGetErrorString(k3c_cuda_err_));                                              \
     } while (0)
 
 /* After a <<<...>>> launch: a bad configuration shows up here (the kernel's own faults surface at the next
@@ -23,8 +28,9 @@
     do {                                                                                                           \
         cudaError_t k3c_cuda_err_ = cudaGetLastError();                                                            \
         if (k3c_cuda_err_ != cudaSuccess)                                                                          \
-            return k3c_errorf("%s:%d: launching %s: CUDA error %s (%s)", __FILE__, __LINE__, what,               \
-                              cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_));                 \
+            return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(k3c_cuda_err_), "%s:%d: launching %s: CUDA error %s (%s)",  \
+                                   __FILE__, __LINE__, what, cudaGetErrorName(k3c_cuda_err_),                      \
+                                   cudaGetErrorString(k3c_cuda_err_));                                              \
     } while (0)
 
 #endif

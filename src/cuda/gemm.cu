@@ -1,10 +1,10 @@
 /* bf16 matrix products: a weight-streaming kernel for skinny T (decode) and cuBLASLt for prefill. */
 #include "cuda/gemm.h"
 
-#include <cublasLt.h>
 #include <string.h>
 
 #include "cuda/check.h"
+#include "cuda/cublaslt.h"
 #include "cuda/common.cuh"
 #include "cuda/elementwise.h"
 
@@ -449,7 +449,7 @@ extern "C" int k3c_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cud
     do {                                                                                                           \
         cublasStatus_t st_ = (call);                                                                               \
         if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                        \
-            rc = k3c_errorf("%s:%d: %s: cuBLASLt status %d", __FILE__, __LINE__, #call, (int)st_);                 \
+            rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "%s:%d: %s: cuBLASLt status %d", __FILE__, __LINE__, #call, (int)st_);                 \
             goto done;                                                                                             \
         }                                                                                                          \
     } while (0)
@@ -461,15 +461,17 @@ extern "C" int k3c_cuda_gemm_init(k3c_cuda_gemm *g, void *workspace, size_t work
     g->workspace_bytes = workspace_bytes;
     g->xbf = xbf;
     g->xbf_elems = xbf_elems;
+    const k3c_cublaslt_api *lt = k3c_cublaslt(); /* loaded here, on the first cuda engine (cuda/cublaslt.h) */
+    if (!lt) return k3c_error_context("cuBLASLt");
     cublasLtHandle_t h;
-    cublasStatus_t st = cublasLtCreate(&h);
-    if (st != CUBLAS_STATUS_SUCCESS) return k3c_errorf("cublasLtCreate: status %d", (int)st);
+    cublasStatus_t st = lt->Create(&h);
+    if (st != CUBLAS_STATUS_SUCCESS) return k3c_errorf_kind(K3C_ERROR_DEVICE, "cublasLtCreate: status %d", (int)st);
     g->lt = h;
     return K3C_OK;
 }
 
 extern "C" void k3c_cuda_gemm_free(k3c_cuda_gemm *g) {
-    if (g->lt) cublasLtDestroy((cublasLtHandle_t)g->lt);
+    if (g->lt) k3c_cublaslt()->Destroy((cublasLtHandle_t)g->lt); /* a handle exists: the library is loaded */
     g->lt = NULL;
 }
 
@@ -477,6 +479,7 @@ extern "C" void k3c_cuda_gemm_free(k3c_cuda_gemm *g) {
  * op T (lda = cols), B = x as bf16 [cols, T] (ldb = cols), D = y [rows, T] (ldd = rows), all f32-accumulated. */
 static int lt_matmul(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, int T, float *y, cudaStream_t s) {
     int rc = K3C_OK;
+    const k3c_cublaslt_api *lt = k3c_cublaslt(); /* loaded: g->lt exists */
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -484,28 +487,29 @@ static int lt_matmul(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, in
     int found = 0;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     float alpha = 1.0f, beta = 0.0f;
-    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, cols, rows, cols));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, cols, T, cols));
-    LT_TRY(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, rows, T, rows));
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->workspace_bytes,
-                                                sizeof g->workspace_bytes));
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)g->lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    LT_TRY(lt->MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(lt->MatrixLayoutCreate(&la, CUDA_R_16BF, cols, rows, cols));
+    LT_TRY(lt->MatrixLayoutCreate(&lb, CUDA_R_16BF, cols, T, cols));
+    LT_TRY(lt->MatrixLayoutCreate(&ld, CUDA_R_32F, rows, T, rows));
+    LT_TRY(lt->MatmulPreferenceCreate(&pref));
+    LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->workspace_bytes,
+                                            sizeof g->workspace_bytes));
+    LT_TRY(lt->MatmulAlgoGetHeuristic((cublasLtHandle_t)g->lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
     if (found < 1) {
-        rc = k3c_errorf("cuBLASLt: no algorithm for bf16 [%d x %d] x [%d x %d]", rows, cols, cols, T);
+        rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "cuBLASLt: no algorithm for bf16 [%d x %d] x [%d x %d]", rows, cols,
+                             cols, T);
         goto done;
     }
-    LT_TRY(cublasLtMatmul((cublasLtHandle_t)g->lt, op, &alpha, W, la, g->xbf, lb, &beta, y, ld, y, ld, &heur.algo,
-                          g->workspace, g->workspace_bytes, s));
+    LT_TRY(lt->Matmul((cublasLtHandle_t)g->lt, op, &alpha, W, la, g->xbf, lb, &beta, y, ld, y, ld, &heur.algo,
+                      g->workspace, g->workspace_bytes, s));
 done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (ld) cublasLtMatrixLayoutDestroy(ld);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) lt->MatmulPreferenceDestroy(pref);
+    if (ld) lt->MatrixLayoutDestroy(ld);
+    if (lb) lt->MatrixLayoutDestroy(lb);
+    if (la) lt->MatrixLayoutDestroy(la);
+    if (op) lt->MatmulDescDestroy(op);
     return rc;
 }
 

@@ -238,7 +238,7 @@ extern "C" int k3c_cuda_mla_expanded(k3c_cuda_gemm *gemm, const uint16_t *kv_b, 
         return k3c_errorf("k3c_cuda_mla_expanded: head dims nope %d + rope %d, v %d need %zu bytes of shared memory, "
                           "the device allows %d per block", nope, rope, vh, smem, optin);
     if (gemm && gemm->lt && chunk > K3C_CUDA_GEMV_MAX_T && (size_t)chunk * kvl > gemm->xbf_elems)
-        return k3c_errorf("k3c_cuda_mla_expanded: cuBLASLt staging holds %zu elements, a pass of %d positions needs "
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "k3c_cuda_mla_expanded: cuBLASLt staging holds %zu elements, a pass of %d positions needs "
                           "%zu", gemm->xbf_elems, chunk, (size_t)chunk * kvl);
 
     size_t C = (size_t)chunk, R = (size_t)max_rows, H = (size_t)Hm;

@@ -2,6 +2,8 @@
 #ifdef K3C_HAVE_CUDA /* the whole file */
 #include "cuda/op_profile.h"
 
+#include "util/log.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,7 +46,7 @@ k3c_op_profile *k3c_op_profile_create_from_env(void) {
              cudaMalloc((void **)&p->stamps_d, (PROF_SLOTS + 1) * sizeof *p->stamps_d) == cudaSuccess;
     }
     if (!ok) {
-        fprintf(stderr, "k3c: K3C_CUDA_PROFILE: cannot create the event pool; profiling off\n");
+        k3c_log(K3C_LOG_WARN, "K3C_CUDA_PROFILE: cannot create the event pool; profiling off");
         k3c_op_profile_free(p);
         return NULL;
     }

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "util/error.h"
+#include "util/log.h"
 
 /* Extents closer than this share one copy (the weight arena aligns tensors to 256 bytes). */
 #define UPLOAD_MERGE_GAP 256
@@ -110,8 +111,8 @@ int k3c_cuda_upload(uint8_t *dst_base, const k3c_stage_extent *ex, size_t n, cud
             cudaGetLastError(); /* the refusal is handled here: not left for the next checked call */
             bufs[b] = NULL;
             for (int i = 0; i < b; i++) cudaFreeHost(bufs[i]), bufs[i] = NULL;
-            fprintf(stderr, "cuda: warning: cudaHostAlloc refused %d x %zu MiB of pinned staging; uploading through "
-                            "pageable buffers (slower)\n", o.buffers, o.buffer_bytes >> 20);
+            k3c_log(K3C_LOG_WARN, "cuda: cudaHostAlloc refused %d x %zu MiB of pinned staging; uploading through "
+                                  "pageable buffers (slower)", o.buffers, o.buffer_bytes >> 20);
             st.pinned = 0;
         }
     }

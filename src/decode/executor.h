@@ -1,29 +1,59 @@
-/* What a specialized decode executor offers the runner (shared/spec/decode-executor.md §2, §4).
+/* What a specialized decode executor offers the engine (shared/spec/decode-executor.md §2, §4).
  *
- * The runner describes every step once, asks k3c_plan_step (decode/plan.h) with the executor's plan table,
- * and on a specialized route (decode, uniform verify, wide verify) calls run; everything else runs the stock
- * forward through k3c_engine_step. A NULL executor means there is no specialized path (the CPU build): every
- * step runs stock, and the runner still takes and counts the plan decision against a nominal table.
+ * The engine owns the executor (k3c_engine_options.specialized) and calls it, never the reverse. For every
+ * step the engine takes the plan (k3c_plan_step with the executor's plan_table), validates the step and
+ * takes its cache blocks, and then, on a fully specialized route (decode, uniform verify), calls step with
+ * the prepared forward requests, exactly what it would hand k3c_forward_step; everything else (the wide
+ * route included: not specialized yet) it runs through the stock forward itself. step has
+ * k3c_forward_step's contract: the same rows out (every row of a verify request, the last row of a decode
+ * request, request by request), the same effects on the caches and KDA slots (a verify leaves the
+ * committed state as it was and saves the fold inputs for k3c_forward_commit), bitwise the same values.
  *
- * run has k3c_engine_step's contract exactly: the same items, the same logits rows (item by item: every row
- * of a verify item, the last row of a decode item), and the same effects on the engine's requests (lengths,
- * an uncommitted verify that k3c_request_commit then folds), so the runner cannot tell the two apart except
- * by speed. That is why the executor is built over the engine it serves (its caches and KDA slots). */
+ * Which shapes exist: plan_table.captured(ctx, rows, q) answers, and only answers; capture(ctx, rows, q)
+ * builds one. When to capture is the engine's policy (the second time a shape is planned, or all at once
+ * in k3c_engine_warmup). */
 #ifndef K3C_DECODE_EXECUTOR_H
 #define K3C_DECODE_EXECUTOR_H
 
+#include <stdint.h>
+
 #include "decode/plan.h"
-#include "k3c.h"
+#include "model/model.h"
+#include "runtime/kda_slots.h"
+#include "runtime/kv_cache.h"
+#include "stock/backend.h"
+#include "stock/forward.h"
+
+/* What the engine gives an executor at build: read access to the model, the backend and the caches the
+ * steps will run on, and the engine's limits. The pointers stay valid for the executor's life. */
+typedef struct k3c_decode_env {
+    const struct k3c_model *m;
+    k3c_backend *be;
+    k3c_kv_cache *kv;
+    k3c_kda_slots *ks;
+    int max_requests, max_rows, max_context, block_size, q_max;
+    int max_blocks_per_request; /* block table length that covers max_context */
+    /* aux streams (k3c_engine_options.aux_layers, validated): a step writes stream j of its N logits rows
+     * to aux + j * N * hidden (the aux argument of step) */
+    const int *aux_layers;
+    int num_aux;
+} k3c_decode_env;
 
 typedef struct k3c_decode_executor {
-    k3c_plan_table plan_table; /* the prepared set; may change as prepare_kv and graph capture proceed */
+    k3c_plan_table plan_table; /* the prepared set; changes as prepare_kv and capture proceed */
     void *ctx;
-    /* Runs one step that k3c_plan_step routed to plan->route != K3C_ROUTE_STOCK. 0 or -1 (k3c_errorf). */
-    int (*run)(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits);
-    /* The same step with greedy token ids instead of logits: ids[row] = the arg-max of that logits row in
-     * runtime/sampler.c's greedy order (computed on the device, 4 bytes a row downloaded). NULL when the
-     * executor has none; the runner calls it only when every request of the step samples greedily. */
-    int (*run_argmax)(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, int32_t *ids);
+    /* Runs one step planned K3C_ROUTE_DECODE or K3C_ROUTE_VERIFY (plan->rows rows, plan->q per request,
+     * every request a verify exactly when q > 1) over reqs[0 .. n-1]. logits: [rows, vocab] host; or, with
+     * ids non-NULL, ids[row] = the arg-max of each logits row in runtime/sampler.c's greedy order, taken
+     * on the device (logits is then not written). aux: the engine's aux buffer (NULL without aux layers).
+     * 0 or -1 (k3c_errorf). */
+    int (*step)(void *ctx, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
+                float *aux);
+    /* Builds the shape (rows, q) now (captures its graph); 0 when it exists already. NULL where shapes
+     * need no building (plan_table.needs_graphs = 0). */
+    int (*capture)(void *ctx, int rows, int q);
+    /* Shapes built so far (NULL: none are built). */
+    int (*num_captured)(void *ctx);
 } k3c_decode_executor;
 
 #endif

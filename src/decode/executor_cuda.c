@@ -27,7 +27,6 @@
 #include "cuda/router.h"
 #include "cuda/sample.h"
 #include "decode/prepared.h"
-#include "runtime/engine_internal.h"
 #include "util/error.h"
 
 #define PMAX K3C_PREPARED_MAX
@@ -36,8 +35,7 @@
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
 
 struct k3c_decode_cuda {
-    k3c_engine *e;
-    k3c_engine_view v;
+    k3c_decode_env v;
     const k3c_model *m;
     const k3c_config *c;
     cudaStream_t st;
@@ -62,7 +60,6 @@ struct k3c_decode_cuda {
     int *idx;
     uint64_t *keys_d; /* [K3C_ARGMAX_KEYS_MAX] the greedy arg-max's keys of row parts (run_argmax, cuda/sample.h) */
     uint64_t *keys_h; /* [K3C_ARGMAX_KEYS_MAX] page-locked: keys_d downloaded at the copy engine's rate */
-    float *logits_h;  /* [PMAX, V] host: run_argmax's logits when a step goes to the stock path */
     /* aux streams (engine option aux_layers, read at build): aux_dev [num_aux, PMAX, D]; a step of T rows
      * (every row a logits row) writes stream j at j * T * D, the engine's host layout, downloaded whole */
     float *aux_dev;
@@ -76,9 +73,8 @@ struct k3c_decode_cuda {
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
-    unsigned char seen[PMAX + 1][QMAX + 1];
     int num_captured;
-    long replays, wide_stock;
+    long replays;
     int batches[K3C_PREPARED_NUM_BATCHES];
     k3c_decode_executor ex;
 };
@@ -121,7 +117,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     K3C_CUDA_TRY(cudaMalloc(&x->dev, total));
     char *p = x->dev;
     x->res = calloc((size_t)x->nres, sizeof(float *));
-    if (!x->res) return k3c_errorf("decode executor: out of host memory");
+    if (!x->res) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory");
     for (int i = 0; i < x->nres; i++, p += al256(R * D * 4)) x->res[i] = (float *)p;
     if (alt) {
         x->res_alt = (float *)p;
@@ -150,8 +146,6 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     K3C_CUDA_TRY(cudaMalloc((void **)&x->xbf, R * max_cols * 2));
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
     x->gemm_ready = 1;
-    x->logits_h = malloc(R * V * sizeof(float));
-    if (!x->logits_h) return k3c_errorf("decode executor: out of host memory (%zu x %zu logits)", R, V);
     K3C_CUDA_TRY(cudaHostAlloc((void **)&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t), cudaHostAllocDefault));
     return K3C_OK;
 }
@@ -176,19 +170,17 @@ static int check_weights(k3c_decode_cuda *x) {
     return K3C_OK;
 }
 
-int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cuda **out) {
+int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out) {
     *out = NULL;
     if (rank != 0 || world_size != 1)
         return k3c_errorf("decode executor: rank %d of %d: only (0, 1) is built (no tensor parallelism yet)", rank,
                           world_size);
-    k3c_engine_view v;
-    k3c_engine_view_get(e, &v);
+    const k3c_decode_env v = *env;
     if (!k3c_backend_is_cuda(v.be)) return k3c_errorf("decode executor: the engine's backend is %s, not cuda", v.be->name);
     if (k3c_backend_cuda_exact(v.be))
         return k3c_errorf("decode executor: the backend runs the exact f32 diagnostic (no specialized path)");
     k3c_decode_cuda *x = calloc(1, sizeof *x);
-    if (!x) return k3c_errorf("decode executor: out of memory");
-    x->e = e;
+    if (!x) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of memory");
     x->v = v;
     x->m = v.m;
     x->c = &v.m->config;
@@ -203,7 +195,7 @@ int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cu
     x->kda_ord = malloc(sizeof(int) * (size_t)c->num_layers);
     if (!x->kda_ord) {
         free(x);
-        return k3c_errorf("decode executor: out of memory");
+        return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of memory");
     }
     for (int l = 0; l < c->num_layers; l++) x->kda_ord[l] = c->layer_attn[l] == K3C_ATTN_KDA ? x->nkda++ : -1;
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
@@ -214,7 +206,7 @@ int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cu
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         k3c_decode_cuda_free(x);
-        return k3c_errorf("decode executor: stream: %s", cudaGetErrorString(ce));
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: stream: %s", cudaGetErrorString(ce));
     }
     x->prof = k3c_op_profile_create_from_env();
     if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK) {
@@ -239,7 +231,6 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->xbf) cudaFree(x->xbf);
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
-    free(x->logits_h);
     if (x->keys_h) cudaFreeHost(x->keys_h);
     k3c_op_profile_free(x->prof);
     if (x->st) cudaStreamDestroy(x->st);
@@ -651,7 +642,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
 /* ---- prepare_kv, capture ---- */
 
 int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
-    const k3c_engine_view *v = &x->v;
+    const k3c_decode_env *v = &x->v;
     if (!v->kv || !v->kv->base || !v->ks)
         return k3c_errorf("decode executor: prepare_kv: the engine has no bound caches");
     if (x->meta_h) return k3c_errorf("decode executor: prepare_kv called twice");
@@ -697,12 +688,12 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
         return k3c_error_context("decode executor: capturing (%d rows, q %d): ", rows, q);
     }
     if (ce != cudaSuccess)
-        return k3c_errorf("decode executor: capturing (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: capturing (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
     cudaGraphExec_t ge = NULL;
     ce = cudaGraphInstantiate(&ge, g, 0);
     cudaGraphDestroy(g);
     if (ce != cudaSuccess)
-        return k3c_errorf("decode executor: instantiating (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: instantiating (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
     x->graph[rows][q] = ge;
     x->num_captured++;
     return K3C_OK;
@@ -716,29 +707,15 @@ int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) {
 
 /* ---- plan table callbacks and run ---- */
 
+/* Whether the shape's graph exists; capturing is k3c_decode_cuda_capture's, when the engine asks. */
 static int captured_cb(void *ctx, int rows, int q) {
-    k3c_decode_cuda *x = ctx;
-    if (rows < 1 || rows > PMAX || q < 1 || q > QMAX || !x->kv_prepared) return 0;
-    if (x->graph[rows][q]) return 1;
-    if (!k3c_prepared_shape(rows, q, x->v.q_max, x->v.max_requests)) return 0;
-    /* lazy: the first time runs stock (warms the kernels and their host-side caches up), the second
-     * captures; a capture failure keeps the shape on the stock path */
-    if (!x->seen[rows][q]) {
-        x->seen[rows][q] = 1;
-        return 0;
-    }
-    if (x->seen[rows][q] == 2) return 0;
-    if (k3c_decode_cuda_capture(x, rows, q) != K3C_OK) {
-        x->seen[rows][q] = 2;
-        k3c_error_clear();
-        return 0;
-    }
-    return 1;
+    const k3c_decode_cuda *x = ctx;
+    return rows >= 1 && rows <= PMAX && q >= 1 && q <= QMAX && x->kv_prepared && x->graph[rows][q] != NULL;
 }
 
 /* Fills the metadata of one step (b requests of q rows) into the pinned block. */
 static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) {
-    const k3c_engine_view *v = &x->v;
+    const k3c_decode_env *v = &x->v;
     const k3c_kda_slots *ks = v->ks;
     int *ids = (int *)(x->meta_h + x->off_ids), *slots = (int *)(x->meta_h + x->off_slots);
     int *aoff = (int *)(x->meta_h + x->off_aoff), *alen = (int *)(x->meta_h + x->off_alen);
@@ -817,7 +794,7 @@ static int argmax_parts(int T) {
  * against the stock path's 38.7 in the same process (K3C_EXEC_D2H_DIRECT=1 A/B). The caller's buffer itself
  * page-locked (k3c_engine_logits_alloc, as the runner and the bench use) removes the staging altogether:
  * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (session 13 run 4). */
-static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids) {
+static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids, float *aux) {
     size_t V = (size_t)x->c->vocab_size;
     double t0 = x->prof ? wall_ms() : 0;
     int parts = ids ? argmax_parts(T) : 0;
@@ -828,8 +805,8 @@ static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *i
     } else {
         K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, x->st));
     }
-    if (x->v.num_aux > 0) /* the engine's aux streams, [num_aux, T, D] as stock packs them (engine_internal.h) */
-        K3C_CUDA_TRY(cudaMemcpyAsync(x->v.aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
+    if (x->v.num_aux > 0) /* the engine's aux streams, [num_aux, T, D] as stock packs them (decode/executor.h) */
+        K3C_CUDA_TRY(cudaMemcpyAsync(aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, x->st));
     K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
     if (ids)
@@ -857,60 +834,48 @@ static int run_stamped(k3c_decode_cuda *x, int T, int q) {
         cudaGraphExecDestroy(ge);
     }
     if (rc != K3C_OK) return rc;
-    if (ce != cudaSuccess) return k3c_errorf("decode executor: the stamped profile step: %s", cudaGetErrorString(ce));
+    if (ce != cudaSuccess) return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: the stamped profile step: %s", cudaGetErrorString(ce));
     return K3C_OK;
 }
 
 /* One step: logits into the caller's buffer, or (ids non-NULL) only each row's greedy token id. */
-static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits,
-                    int32_t *ids) {
+static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits,
+                    int32_t *ids, float *aux) {
     int q = plan->q, T = plan->rows;
-    size_t V = (size_t)x->c->vocab_size;
-    int stock = plan->route == K3C_ROUTE_WIDE; /* not specialized yet: the stock forward (see the header) */
-    if (!stock && (q < 1 || q > QMAX || T < 1 || T > PMAX || n * q != T || !x->graph[T][q]))
-        return k3c_errorf("decode executor: no captured graph for %d items, %d rows, q %d", n, T, q);
-    for (int i = 0; i < n && !stock; i++)
-        stock = items[i].verify != (q > 1); /* a q = 1 verify (or a decode in a verify step): stock handles it */
-    if (stock) {
-        if (plan->route == K3C_ROUTE_WIDE) x->wide_stock++;
-        if (!ids) return k3c_engine_step(x->e, items, n, logits);
-        int rows = k3c_step_logits_rows(items, n);
-        if (rows > PMAX) return k3c_errorf("decode executor: greedy ids of %d rows (at most %d)", rows, PMAX);
-        K3C_TRY(k3c_engine_step(x->e, items, n, x->logits_h));
-        for (int r = 0; r < rows; r++) ids[r] = k3c_greedy_token(x->logits_h + (size_t)r * V, (int)V);
-        return K3C_OK;
-    }
-    const k3c_fwd_req *reqs;
+    if ((plan->route != K3C_ROUTE_DECODE && plan->route != K3C_ROUTE_VERIFY) || q < 1 || q > QMAX || T < 1 ||
+        T > PMAX || n * q != T || !x->graph[T][q])
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: no captured graph for route %d, %d requests, %d "
+                               "rows, q %d", (int)plan->route, n, T, q);
+    if (x->v.num_aux > 0 && !aux) return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: no aux buffer");
     double t_begin = x->prof ? wall_ms() : 0;
-    K3C_TRY(k3c_engine_step_begin(x->e, items, n, &reqs));
     K3C_TRY(x->v.be->sync(x->v.be)); /* the backend's stream is idle before this stream touches its caches */
     K3C_TRY(fill_meta(x, reqs, n, q));
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
-    if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* step begin, metadata, its upload issued */
+    if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* metadata and its upload issued */
     if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly or stamped (header) */
         x->profile_next = 0;
         K3C_TRY(k3c_op_profile_stamps(x->prof) ? run_stamped(x, T, q) : record_step(x, T, q));
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
-    K3C_TRY(download_results(x, T, logits, ids));
+    K3C_TRY(download_results(x, T, logits, ids, aux));
     k3c_op_profile_collect(x->prof); /* the stream is idle after the downloads */
-    k3c_engine_step_end(x->e, items, n);
     x->replays++;
     return K3C_OK;
 }
 
-static int run_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, float *logits) {
-    return run_step(ctx, plan, items, n, logits, NULL);
+static int step_cb(void *ctx, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
+                   float *aux) {
+    return run_step(ctx, plan, reqs, n, logits, ids, aux);
 }
 
-static int run_argmax_cb(void *ctx, const k3c_plan *plan, const k3c_step_item *items, int n, int32_t *ids) {
-    return run_step(ctx, plan, items, n, NULL, ids);
-}
+static int capture_cb(void *ctx, int rows, int q) { return k3c_decode_cuda_capture(ctx, rows, q); }
+static int num_captured_cb(void *ctx) { return k3c_decode_cuda_num_captured(ctx); }
 
 const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) {
-    x->ex.run = run_cb;
-    x->ex.run_argmax = run_argmax_cb;
+    x->ex.step = step_cb;
+    x->ex.capture = capture_cb;
+    x->ex.num_captured = num_captured_cb;
     x->ex.plan_table.captured = captured_cb;
     x->ex.plan_table.captured_ctx = x;
     return &x->ex;
@@ -918,9 +883,8 @@ const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) {
 
 int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x) { return x->num_captured; }
 
-void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock) {
+void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     if (replays) *replays = x->replays;
-    if (wide_stock) *wide_stock = x->wide_stock;
 }
 
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
@@ -936,20 +900,19 @@ struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { return x->p
 
 #include "util/error.h"
 
-int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cuda **out) {
-    (void)e, (void)rank, (void)world_size;
+int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out) {
+    (void)env, (void)rank, (void)world_size;
     *out = NULL;
-    return k3c_errorf("decode executor: this build has no CUDA");
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "decode executor: this build has no CUDA");
 }
 int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) { (void)x, (void)rows, (void)q; return k3c_errorf("decode executor: no CUDA"); }
 int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) { (void)x, (void)eager; return k3c_errorf("decode executor: no CUDA"); }
 int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) { (void)x; return k3c_errorf("decode executor: no CUDA"); }
 const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) { (void)x; return NULL; }
 int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x) { (void)x; return 0; }
-void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock) {
+void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     (void)x;
     if (replays) *replays = 0;
-    if (wide_stock) *wide_stock = 0;
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }

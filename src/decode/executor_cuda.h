@@ -7,8 +7,8 @@
  * workspace, pinned metadata and logits staging) and resolves every weight's device address; a step
  * allocates nothing. prepare_kv() binds the engine's caches (block size, max blocks per request, element
  * size) and from then on each prepared shape (rows, q) (decode/prepared.h) is captured as one CUDA graph,
- * eagerly in prepare_kv or lazily (a shape is captured the second time the planner asks for it; the first
- * runs stock and warms the kernels up). A replay changes only the contents of fixed device buffers: token
+ * eagerly in prepare_kv or when capture is called (the engine's policy: the second time the planner meets
+ * a shape; the first runs stock and warms the kernels up). A replay changes only the contents of fixed device buffers: token
  * ids, cache slots, attention lengths, block tables padded to max blocks per request, KDA segment
  * descriptors (state / window pointers of each request's slot) and the verify save descriptors.
  *
@@ -31,8 +31,8 @@
  * Verify steps run on scratch copies of the committed KDA state and save the fold inputs in the engine's
  * k3c_kda_slots store, so k3c_request_commit folds them exactly as after a stock verify.
  * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are
- * still their own launches before the AttnRes mix); wide verify steps (rows past 64, q > 1) run the plain
- * stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
+ * still their own launches before the AttnRes mix); wide verify steps (rows past 64, q > 1): the engine
+ * runs them through the plain stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
  * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
  * Tensor parallelism: everything is built for (rank, world_size) = (0, 1). */
@@ -44,20 +44,22 @@
 
 typedef struct k3c_decode_cuda k3c_decode_cuda;
 
-/* Builds the executor over e (device "cuda"); before prepare_kv every step plans stock. */
-int k3c_decode_cuda_build(k3c_engine *e, int rank, int world_size, k3c_decode_cuda **out);
-/* Binds the engine's caches; eager = 1 captures every prepared shape now (else lazily, see above). */
+/* Builds the executor over an engine's model, backend (device "cuda") and caches (decode/executor.h
+ * k3c_decode_env; the engine calls this at creation when its options ask for the executor); before
+ * prepare_kv every step plans stock. */
+int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out);
+/* Binds the engine's caches; eager = 1 captures every prepared shape now (else on capture, see above). */
 int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager);
 /* Captures one prepared shape now (prepare_kv must have run); a no-op when it exists. */
 int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q);
 /* After new weights were written into the same device storage: re-derives what the executor derived from
  * them (in place, same addresses), so captured graphs replay the new weights. */
 int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x);
-/* The interface the runner calls (k3c_runner_set_executor); valid while x lives. */
+/* The interface the engine calls (decode/executor.h); valid while x lives. */
 const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x);
-/* Shapes captured so far, and how many steps were replayed / ran stock through run (wide steps). */
+/* Shapes captured so far, and how many steps were replayed. */
 int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x);
-void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays, long *wide_stock);
+void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
 /* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for

@@ -36,6 +36,16 @@ k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {
     return (k3c_plan){.route = route, .reason = K3C_STOCK_NONE, .rows = rows, .q = q};
 }
 
+static const int nominal_batches[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
+                                      17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
+                                      33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48,
+                                      49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64};
+static const k3c_plan_table nominal = {.batches = nominal_batches,
+                                       .num_batches = (int)(sizeof nominal_batches / sizeof nominal_batches[0]),
+                                       .wide_max = 256, .kv_prepared = 1, .needs_graphs = 0};
+
+const k3c_plan_table *k3c_plan_nominal_table(void) { return &nominal; }
+
 const char *k3c_stock_reason_name(k3c_stock_reason r) {
     switch (r) {
     case K3C_STOCK_NONE: return "specialized";

@@ -56,6 +56,10 @@ typedef struct k3c_plan {
 } k3c_plan;
 
 k3c_plan k3c_plan_step(const k3c_plan_table *table, const k3c_step_shape *step);
+/* The table an engine without an executor plans against: every row count 1..64 prepared (the spec's
+ * PREPARED_MAX), wide verify up to 256 rows, KV prepared, no graphs. The counts then classify each step by
+ * its shape alone. */
+const k3c_plan_table *k3c_plan_nominal_table(void);
 const char *k3c_stock_reason_name(k3c_stock_reason r);
 
 #endif

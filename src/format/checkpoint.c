@@ -94,7 +94,7 @@ static int build_table(k3c_checkpoint *ck) {
     size_t n = 0;
     for (int s = 0; s < ck->num_shards; s++) n += ck->shards[s].header.num_tensors;
     ck->tensors = malloc((n ? n : 1) * sizeof *ck->tensors);
-    if (!ck->tensors) return k3c_errorf("%s: out of memory for %zu tensors", ck->dir, n);
+    if (!ck->tensors) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for %zu tensors", ck->dir, n);
     size_t k = 0;
     for (int s = 0; s < ck->num_shards; s++)
         for (size_t j = 0; j < ck->shards[s].header.num_tensors; j++) ck->tensors[k++] = &ck->shards[s].header.tensors[j];
@@ -116,7 +116,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
     int *slot = NULL;        /* index shard number -> position in ck->shards */
     int rc = K3C_ERR;
     if (!(ck->dir = strdup(dir)) || !(index_path = join_path(dir, INDEX_NAME))) {
-        k3c_errorf("%s: out of memory", dir);
+        k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
         goto done;
     }
     struct stat st;
@@ -127,13 +127,13 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
         free(json);
         json = NULL;
         if (!(ck->shards = calloc((size_t)ix.num_shards, sizeof *ck->shards))) {
-            k3c_errorf("%s: out of memory", dir);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
             goto done;
         }
         order = malloc((size_t)ix.num_shards * sizeof *order);
         slot = malloc((size_t)ix.num_shards * sizeof *slot);
         if (!order || !slot) {
-            k3c_errorf("%s: out of memory", dir);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
             goto done;
         }
         for (int s = 0; s < ix.num_shards; s++) order[s] = (shard_ref){ix.shard_files[s], s};
@@ -142,7 +142,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
         for (int s = 0; s < ix.num_shards; s++) {
             char *path = join_path(dir, order[s].file);
             if (!path) {
-                k3c_errorf("%s: out of memory", dir);
+                k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
                 goto done;
             }
             int r = k3c_st_open(&ck->shards[s], path);
@@ -158,7 +158,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
     } else {
         char *single = join_path(dir, SINGLE_NAME);
         if (!single) {
-            k3c_errorf("%s: out of memory", dir);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
             goto done;
         }
         if (stat(single, &st) != 0) {
@@ -168,7 +168,7 @@ int k3c_checkpoint_open(k3c_checkpoint *ck, const char *dir) {
         }
         if (!(ck->shards = calloc(1, sizeof *ck->shards))) {
             free(single);
-            k3c_errorf("%s: out of memory", dir);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", dir);
             goto done;
         }
         int r = k3c_st_open(&ck->shards[0], single);

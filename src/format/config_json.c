@@ -380,7 +380,7 @@ static int read_decoder(const jreader *r, const cJSON *root, k3c_config *c) {
     /* attention schedule: layer_types and/or linear_attn_config.{kda,full_attn}_layers */
     c->layer_attn = calloc((size_t)c->num_layers, sizeof *c->layer_attn);
     c->layer_is_moe = calloc((size_t)c->num_layers, 1);
-    if (!c->layer_attn || !c->layer_is_moe) return k3c_errorf("out of memory for %d layers", c->num_layers);
+    if (!c->layer_attn || !c->layer_is_moe) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for %d layers", c->num_layers);
     const cJSON *kda = jget(&lr, "kda_layers"), *full = jget(&lr, "full_attn_layers");
     const cJSON *types = jget(r, "layer_types");
     int have_lists = !is_absent(kda) || !is_absent(full);
@@ -392,7 +392,7 @@ static int read_decoder(const jreader *r, const cJSON *root, k3c_config *c) {
     }
     if (!is_absent(types)) {
         uint8_t *is_linear = malloc((size_t)c->num_layers);
-        if (!is_linear) return k3c_errorf("out of memory for %d layers", c->num_layers);
+        if (!is_linear) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for %d layers", c->num_layers);
         int rc = read_string_schedule(r, "layer_types", types, c->num_layers, "linear_attention", "full_attention",
                                       is_linear);
         for (int l = 0; rc == K3C_OK && l < c->num_layers; l++) {
@@ -932,7 +932,7 @@ static int transformers_decoder(jbuild *b, cJSON *o, const k3c_config *c) {
     put_int(b, o, "intermediate_size", c->intermediate_size);
     put_int(b, o, "kv_lora_rank", c->kv_lora_rank);
     const char **names = malloc(sizeof *names * (size_t)c->num_layers);
-    if (!names) return k3c_errorf("out of memory writing %d layer types", c->num_layers);
+    if (!names) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory writing %d layer types", c->num_layers);
     for (int l = 0; l < c->num_layers; l++)
         names[l] = c->layer_attn[l] == K3C_ATTN_KDA ? "linear_attention" : "full_attention";
     put_str_list(b, o, "layer_types", names, c->num_layers);
@@ -972,11 +972,11 @@ static int transformers_decoder(jbuild *b, cJSON *o, const k3c_config *c) {
 static int write_file_atomic(const char *path, const char *data, size_t n) {
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 32);
-    if (!tmp) return k3c_errorf("%s: out of memory", path);
+    if (!tmp) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", path);
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        int rc = k3c_errorf("%s: cannot create: %s", tmp, strerror(errno));
+        int rc = k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot create: %s", tmp, strerror(errno));
         free(tmp);
         return rc;
     }
@@ -985,7 +985,7 @@ static int write_file_atomic(const char *path, const char *data, size_t n) {
     ok = (fsync(fileno(f)) == 0) && ok;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
-        int rc = k3c_errorf("%s: writing failed: %s", path, strerror(errno));
+        int rc = k3c_errorf_kind(K3C_ERROR_IO, "%s: writing failed: %s", path, strerror(errno));
         unlink(tmp);
         free(tmp);
         return rc;
@@ -998,7 +998,7 @@ int k3c_config_write_json(const k3c_config *c, const char *path) {
     K3C_TRY(k3c_config_validate_named(c, "writing config.json: "));
     jbuild b = {0};
     cJSON *root = cJSON_CreateObject();
-    if (!root) return k3c_errorf("%s: out of memory", path);
+    if (!root) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", path);
     int rc = K3C_OK;
     if (c->family == K3C_FAMILY_K3) {
         static const char *const arch[] = {"KimiK3ForConditionalGeneration"};
@@ -1016,7 +1016,7 @@ int k3c_config_write_json(const k3c_config *c, const char *path) {
     } else {
         rc = official_decoder(&b, root, c);
     }
-    if (rc == K3C_OK && b.failed) rc = k3c_errorf("%s: out of memory building config.json", path);
+    if (rc == K3C_OK && b.failed) rc = k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory building config.json", path);
     if (rc != K3C_OK) {
         cJSON_Delete(root);
         return k3c_error_context("%s", path);
@@ -1028,7 +1028,7 @@ int k3c_config_write_json(const k3c_config *c, const char *path) {
     cJSON_Delete(root);
     if (s.failed) {
         free(s.data);
-        return k3c_errorf("%s: out of memory printing config.json", path);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory printing config.json", path);
     }
     rc = write_file_atomic(path, s.data, s.len);
     free(s.data);

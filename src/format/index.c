@@ -70,7 +70,7 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
     memset(out, 0, sizeof *out);
     /* A NUL-terminated copy for cJSON: the input need not be terminated. */
     char *buf = malloc(len + 1);
-    if (!buf) return k3c_errorf("%s: out of memory for a %zu-byte index", where, len);
+    if (!buf) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for a %zu-byte index", where, len);
     memcpy(buf, json, len);
     buf[len] = 0;
     const char *end = NULL;
@@ -125,7 +125,7 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
         goto done;
     }
     if (!(pairs = malloc(n * sizeof *pairs)) || table_grow(&table, NULL, 64) != 0) {
-        k3c_errorf("%s: out of memory for %zu entries", where, n);
+        k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for %zu entries", where, n);
         goto done;
     }
     size_t k = 0;
@@ -150,19 +150,19 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
                 files_cap = files_cap ? 2 * files_cap : 16;
                 char **f = realloc(out->shard_files, files_cap * sizeof *f);
                 if (!f) {
-                    k3c_errorf("%s: out of memory", where);
+                    k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", where);
                     goto done;
                 }
                 out->shard_files = f;
             }
             if (!(out->shard_files[out->num_shards] = strdup(file))) {
-                k3c_errorf("%s: out of memory", where);
+                k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", where);
                 goto done;
             }
             table.slots[j] = out->num_shards++;
             /* keep the load factor under 1/2 */
             if ((size_t)out->num_shards * 2 > table.cap && table_grow(&table, out->shard_files, table.cap * 2) != 0) {
-                k3c_errorf("%s: out of memory", where);
+                k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", where);
                 goto done;
             }
             pairs[k].shard = out->num_shards - 1;
@@ -180,14 +180,14 @@ int k3c_index_parse(const char *json, size_t len, const char *where, k3c_index *
     out->names = calloc(n, sizeof *out->names);
     out->shard_of = malloc(n * sizeof *out->shard_of);
     if (!out->names || !out->shard_of) {
-        k3c_errorf("%s: out of memory for %zu entries", where, n);
+        k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for %zu entries", where, n);
         goto done;
     }
     out->num_names = n;
     for (size_t i = 0; i < n; i++) {
         out->shard_of[i] = pairs[i].shard;
         if (!(out->names[i] = strdup(pairs[i].name))) {
-            k3c_errorf("%s: out of memory", where);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", where);
             goto done;
         }
     }

@@ -132,7 +132,7 @@ static int check_layout(k3c_st_header *h, const char *where) {
             return k3c_errorf("%s: duplicate tensor name %s", where, h->tensors[i].name);
     if (h->num_tensors == 0) return K3C_OK;
     const k3c_st_tensor **order = malloc(h->num_tensors * sizeof *order);
-    if (!order) return k3c_errorf("%s: out of memory sorting %zu tensors", where, h->num_tensors);
+    if (!order) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory sorting %zu tensors", where, h->num_tensors);
     for (size_t i = 0; i < h->num_tensors; i++) order[i] = &h->tensors[i];
     qsort(order, h->num_tensors, sizeof *order, by_offset);
     const k3c_st_tensor *furthest = NULL;
@@ -164,7 +164,7 @@ int k3c_st_parse_header(const char *json, size_t len, uint64_t data_region_size,
     /* cJSON gets its own NUL-terminated copy (at most a few MB): the mapped header is not terminated, and the
      * copy keeps any over-read inside our buffer. */
     char *buf = malloc(len + 1);
-    if (!buf) return k3c_errorf("%s: out of memory for a %zu-byte header", where, len);
+    if (!buf) return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for a %zu-byte header", where, len);
     memcpy(buf, json, len);
     buf[len] = 0;
     const char *end = NULL;
@@ -190,7 +190,7 @@ int k3c_st_parse_header(const char *json, size_t len, uint64_t data_region_size,
     for (const cJSON *e = root->child; e; e = e->next) n++;
     out->tensors = calloc(n ? n : 1, sizeof *out->tensors);
     if (!out->tensors) {
-        k3c_errorf("%s: out of memory for %zu tensors", where, n);
+        k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory for %zu tensors", where, n);
         goto done;
     }
     int seen_metadata = 0;
@@ -211,7 +211,7 @@ int k3c_st_parse_header(const char *json, size_t len, uint64_t data_region_size,
         k3c_st_tensor *t = &out->tensors[out->num_tensors];
         if (parse_entry(e, name, data_region_size, where, t) != K3C_OK) goto done;
         if (!(t->name = strdup(name))) {
-            k3c_errorf("%s: out of memory", where);
+            k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", where);
             goto done;
         }
         out->num_tensors++;
@@ -248,12 +248,12 @@ const k3c_st_tensor *k3c_st_header_find(const k3c_st_header *h, const char *name
 int k3c_st_open(k3c_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return k3c_errorf("%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return k3c_errorf("%s: cannot stat: %s", path, strerror(e));
+        return k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -269,12 +269,12 @@ int k3c_st_open(k3c_st_file *f, const char *path) {
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);
-    if (map == MAP_FAILED) return k3c_errorf("%s: mmap of %llu bytes failed: %s", path, (unsigned long long)size, strerror(map_errno));
+    if (map == MAP_FAILED) return k3c_errorf_kind(K3C_ERROR_IO, "%s: mmap of %llu bytes failed: %s", path, (unsigned long long)size, strerror(map_errno));
     f->map = map;
     f->map_size = size;
     if (!(f->path = strdup(path))) {
         k3c_st_close(f);
-        return k3c_errorf("%s: out of memory", path);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory", path);
     }
     const uint8_t *p = map;
     uint64_t hlen = 0;
@@ -398,7 +398,7 @@ static int plan_entries(const char *path, const k3c_st_entry *entries, size_t n,
     }
     if (n > 1) {
         const char **names = malloc(n * sizeof *names);
-        if (!names) return k3c_errorf("writing %s: out of memory", path);
+        if (!names) return k3c_errorf_kind(K3C_ERROR_OOM, "writing %s: out of memory", path);
         for (size_t i = 0; i < n; i++) names[i] = entries[i].name;
         qsort(names, n, sizeof *names, cmp_str_ptr);
         for (size_t i = 1; i < n; i++)
@@ -414,7 +414,7 @@ static int plan_entries(const char *path, const k3c_st_entry *entries, size_t n,
 
 int k3c_st_write(const char *path, const k3c_st_entry *entries, size_t n, k3c_st_fill_fn fill, void *ctx) {
     uint64_t *nbytes = calloc(n ? n : 1, sizeof *nbytes);
-    if (!nbytes) return k3c_errorf("writing %s: out of memory", path);
+    if (!nbytes) return k3c_errorf_kind(K3C_ERROR_OOM, "writing %s: out of memory", path);
     strbuf hdr = {0};
     char *tmp = NULL;
     void *bytes = NULL;
@@ -447,25 +447,25 @@ int k3c_st_write(const char *path, const k3c_st_entry *entries, size_t n, k3c_st
     /* Spaces to a multiple of 8, as the reference writer does: the data region then starts 8-byte aligned. */
     while (!hdr.oom && hdr.len % 8) sb_puts(&hdr, " ");
     if (hdr.oom) {
-        k3c_errorf("writing %s: out of memory building the header", path);
+        k3c_errorf_kind(K3C_ERROR_OOM, "writing %s: out of memory building the header", path);
         goto done;
     }
 
     size_t plen = strlen(path);
     if (!(tmp = malloc(plen + 5))) {
-        k3c_errorf("writing %s: out of memory", path);
+        k3c_errorf_kind(K3C_ERROR_OOM, "writing %s: out of memory", path);
         goto done;
     }
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", 5);
     /* One buffer, sized for the largest tensor, reused for all: fill writes into it, then it goes to disk. */
     if (largest > SIZE_MAX || !(bytes = malloc(largest ? (size_t)largest : 1))) {
-        k3c_errorf("writing %s: out of memory for a %llu-byte tensor", path, (unsigned long long)largest);
+        k3c_errorf_kind(K3C_ERROR_OOM, "writing %s: out of memory for a %llu-byte tensor", path, (unsigned long long)largest);
         goto done;
     }
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        k3c_errorf("writing %s: cannot create %s: %s", path, tmp, strerror(errno));
+        k3c_errorf_kind(K3C_ERROR_IO, "writing %s: cannot create %s: %s", path, tmp, strerror(errno));
         free(tmp);
         tmp = NULL; /* nothing of ours to remove */
         goto done;
@@ -473,7 +473,7 @@ int k3c_st_write(const char *path, const k3c_st_entry *entries, size_t n, k3c_st
     uint8_t prefix[8];
     for (int i = 0; i < 8; i++) prefix[i] = (uint8_t)((uint64_t)hdr.len >> (8 * i));
     if (write_all(fd, prefix, 8) != 0 || write_all(fd, hdr.p, hdr.len) != 0) {
-        k3c_errorf("writing %s: %s", tmp, strerror(errno));
+        k3c_errorf_kind(K3C_ERROR_IO, "writing %s: %s", tmp, strerror(errno));
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
@@ -482,23 +482,23 @@ int k3c_st_write(const char *path, const k3c_st_entry *entries, size_t n, k3c_st
             goto done;
         }
         if (write_all(fd, bytes, (size_t)nbytes[i]) != 0) {
-            k3c_errorf("writing %s: tensor %s: %s", tmp, entries[i].name, strerror(errno));
+            k3c_errorf_kind(K3C_ERROR_IO, "writing %s: tensor %s: %s", tmp, entries[i].name, strerror(errno));
             goto done;
         }
     }
     /* fsync before rename: after a crash the final name holds either the old file or the complete new one. */
     if (fsync(fd) != 0) {
-        k3c_errorf("writing %s: fsync: %s", tmp, strerror(errno));
+        k3c_errorf_kind(K3C_ERROR_IO, "writing %s: fsync: %s", tmp, strerror(errno));
         goto done;
     }
     int cr = close(fd);
     fd = -1;
     if (cr != 0) {
-        k3c_errorf("writing %s: close: %s", tmp, strerror(errno));
+        k3c_errorf_kind(K3C_ERROR_IO, "writing %s: close: %s", tmp, strerror(errno));
         goto done;
     }
     if (rename(tmp, path) != 0) {
-        k3c_errorf("writing %s: rename from %s: %s", path, tmp, strerror(errno));
+        k3c_errorf_kind(K3C_ERROR_IO, "writing %s: rename from %s: %s", path, tmp, strerror(errno));
         goto done;
     }
     rc = K3C_OK;

@@ -25,7 +25,7 @@ int k3c_config_copy(k3c_config *dst, const k3c_config *src) {
     dst->layer_is_moe = malloc((size_t)src->num_layers);
     if (!dst->layer_attn || !dst->layer_is_moe) {
         k3c_config_free(dst);
-        return k3c_errorf("out of memory copying a config of %d layers", src->num_layers);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory copying a config of %d layers", src->num_layers);
     }
     memcpy(dst->layer_attn, src->layer_attn, sizeof *dst->layer_attn * (size_t)src->num_layers);
     memcpy(dst->layer_is_moe, src->layer_is_moe, (size_t)src->num_layers);

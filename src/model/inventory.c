@@ -34,7 +34,7 @@ static k3c_tensor_spec *add(builder *b, k3c_tensor_class cls, k3c_dtype dtype, i
         size_t cap = b->cap ? 2 * b->cap : 256;
         k3c_tensor_spec *specs = realloc(inv->specs, cap * sizeof *specs);
         if (!specs) {
-            k3c_errorf("out of memory growing the tensor inventory to %zu entries", cap);
+            k3c_errorf_kind(K3C_ERROR_OOM, "out of memory growing the tensor inventory to %zu entries", cap);
             return NULL;
         }
         inv->specs = specs;
@@ -300,7 +300,7 @@ int k3c_inventory_build(const k3c_config *c, k3c_weights *w, k3c_inventory *out)
     if (w) {
         memset(w, 0, sizeof *w);
         w->layers = calloc((size_t)c->num_layers, sizeof *w->layers);
-        if (!w->layers) return k3c_errorf("out of memory allocating %d layers of weights", c->num_layers);
+        if (!w->layers) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory allocating %d layers of weights", c->num_layers);
         w->num_layers = c->num_layers;
         for (int l = 0; l < c->num_layers; l++) {
             k3c_layer_weights *lw = &w->layers[l];
@@ -310,7 +310,7 @@ int k3c_inventory_build(const k3c_config *c, k3c_weights *w, k3c_inventory *out)
                 lw->moe.experts = calloc((size_t)c->num_experts, sizeof *lw->moe.experts);
                 if (!lw->moe.experts) {
                     k3c_weights_free(w);
-                    return k3c_errorf("out of memory allocating %d experts of layer %d", c->num_experts, l);
+                    return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory allocating %d experts of layer %d", c->num_experts, l);
                 }
             }
         }

@@ -75,7 +75,7 @@ static float element_f32(const void *data, k3c_dtype dt, size_t i) {
 static int bind_vector(const k3c_tensor_spec *s, const k3c_st_tensor *t, const char *file, uint64_t *owned) {
     uint64_t numel = k3c_st_numel(t);
     float *v = malloc(sizeof(float) * (size_t)(s->vec_len > 0 ? s->vec_len : 1));
-    if (!v) return k3c_errorf("tensor %s: out of memory for %d floats", s->name, s->vec_len);
+    if (!v) return k3c_errorf_kind(K3C_ERROR_OOM, "tensor %s: out of memory for %d floats", s->name, s->vec_len);
     for (uint64_t i = 0; i < numel; i++) {
         float x = element_f32(t->data, t->dtype, (size_t)i);
         if (!isfinite(x)) {
@@ -165,7 +165,7 @@ static int load_into(struct k3c_model *m, const char *dir) {
 
     const k3c_checkpoint *ck = &m->checkpoint;
     uint8_t *used = calloc(ck->num_tensors ? ck->num_tensors : 1, 1);
-    if (!used) return k3c_errorf("out of memory marking %zu tensors", ck->num_tensors);
+    if (!used) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory marking %zu tensors", ck->num_tensors);
     uint64_t weight_bytes = 0, owned = 0;
     for (size_t i = 0; i < m->inventory.count; i++) {
         const k3c_tensor_spec *s = &m->inventory.specs[i];
@@ -203,7 +203,7 @@ static int load_into(struct k3c_model *m, const char *dir) {
 int k3c_model_load(const char *dir, struct k3c_model **out) {
     *out = NULL;
     struct k3c_model *m = calloc(1, sizeof *m);
-    if (!m) return k3c_errorf("out of memory allocating a model");
+    if (!m) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory allocating a model");
     if (load_into(m, dir) != K3C_OK) {
         k3c_error_context("loading %s", dir);
         k3c_model_free(m);

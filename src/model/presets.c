@@ -122,7 +122,7 @@ static int set_schedule(k3c_config *c, const int *full_attn_1based, int n_full) 
     c->layer_is_moe = malloc((size_t)c->num_layers);
     if (!c->layer_attn || !c->layer_is_moe) {
         k3c_config_free(c);
-        return k3c_errorf("out of memory for a %d-layer preset", c->num_layers);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for a %d-layer preset", c->num_layers);
     }
     for (int l = 0; l < c->num_layers; l++) {
         c->layer_attn[l] = K3C_ATTN_KDA;

@@ -96,7 +96,7 @@ static int scratch(synth_ctx *x, size_t n) {
     if (p) x->row_packed = p;
     uint8_t *sc = realloc(x->row_scale, n / 8 + 1);
     if (sc) x->row_scale = sc;
-    if (!row || !p || !sc) return k3c_errorf("out of memory for a synth row of %zu values", n);
+    if (!row || !p || !sc) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for a synth row of %zu values", n);
     x->row_cap = n;
     return K3C_OK;
 }
@@ -188,7 +188,7 @@ static int by_dtype_then_name(const void *a, const void *b) {
 static int write_shard(synth_ctx *x, const char *path, const k3c_tensor_spec **specs, size_t n) {
     qsort(specs, n, sizeof *specs, by_dtype_then_name);
     k3c_st_entry *entries = calloc(n ? n : 1, sizeof *entries);
-    if (!entries) return k3c_errorf("out of memory for %zu shard entries", n);
+    if (!entries) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for %zu shard entries", n);
     for (size_t i = 0; i < n; i++) {
         entries[i].name = specs[i]->name;
         entries[i].dtype = specs[i]->dtype;
@@ -216,7 +216,7 @@ static int by_row_name(const void *a, const void *b) {
 static int write_index(const char *dir, const k3c_inventory *inv, const int *shard_of, char (*files)[64],
                        uint64_t total) {
     index_row *rows = malloc(sizeof *rows * (inv->count ? inv->count : 1));
-    if (!rows) return k3c_errorf("out of memory for the index of %zu tensors", inv->count);
+    if (!rows) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for the index of %zu tensors", inv->count);
     for (size_t i = 0; i < inv->count; i++) rows[i] = (index_row){inv->specs[i].name, shard_of[i]};
     qsort(rows, inv->count, sizeof *rows, by_row_name);
     char path[4096], tmp[4200];
@@ -225,7 +225,7 @@ static int write_index(const char *dir, const k3c_inventory *inv, const int *sha
     FILE *f = fopen(tmp, "w");
     if (!f) {
         free(rows);
-        return k3c_errorf("synth: cannot create %s: %s", tmp, strerror(errno));
+        return k3c_errorf_kind(K3C_ERROR_IO, "synth: cannot create %s: %s", tmp, strerror(errno));
     }
     fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n", (unsigned long long)total);
     for (size_t i = 0; i < inv->count; i++)
@@ -235,11 +235,11 @@ static int write_index(const char *dir, const k3c_inventory *inv, const int *sha
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         unlink(tmp);
-        return k3c_errorf("synth: writing %s failed", tmp);
+        return k3c_errorf_kind(K3C_ERROR_IO, "synth: writing %s failed", tmp);
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
-        return k3c_errorf("synth: renaming %s to %s: %s", tmp, path, strerror(errno));
+        return k3c_errorf_kind(K3C_ERROR_IO, "synth: renaming %s to %s: %s", tmp, path, strerror(errno));
     }
     return K3C_OK;
 }
@@ -252,10 +252,10 @@ static int mkdir_p(const char *dir) {
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return k3c_errorf("synth: mkdir %s: %s", buf, strerror(errno));
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return k3c_errorf_kind(K3C_ERROR_IO, "synth: mkdir %s: %s", buf, strerror(errno));
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return k3c_errorf("synth: mkdir %s: %s", buf, strerror(errno));
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return k3c_errorf_kind(K3C_ERROR_IO, "synth: mkdir %s: %s", buf, strerror(errno));
     return K3C_OK;
 }
 
@@ -271,12 +271,12 @@ static int is_checkpoint_file(const char *name) {
 static int prepare_dir(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0) {
-        if (errno != ENOENT) return k3c_errorf("synth: %s: %s", dir, strerror(errno));
+        if (errno != ENOENT) return k3c_errorf_kind(K3C_ERROR_IO, "synth: %s: %s", dir, strerror(errno));
         return mkdir_p(dir);
     }
     if (!S_ISDIR(st.st_mode)) return k3c_errorf("synth: %s exists and is not a directory", dir);
     DIR *d = opendir(dir);
-    if (!d) return k3c_errorf("synth: cannot open directory %s: %s", dir, strerror(errno));
+    if (!d) return k3c_errorf_kind(K3C_ERROR_IO, "synth: cannot open directory %s: %s", dir, strerror(errno));
     int entries = 0, marker = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -297,7 +297,7 @@ static int prepare_dir(const char *dir) {
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         if (unlink(path) != 0 && errno != ENOENT) {
             closedir(d);
-            return k3c_errorf("synth: cannot remove the previous %s: %s", path, strerror(errno));
+            return k3c_errorf_kind(K3C_ERROR_IO, "synth: cannot remove the previous %s: %s", path, strerror(errno));
         }
     }
     closedir(d);
@@ -308,9 +308,9 @@ static int write_marker(const char *dir, const char *preset, uint64_t seed) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, K3C_SYNTH_MARKER);
     FILE *f = fopen(path, "w");
-    if (!f) return k3c_errorf("synth: cannot create %s: %s", path, strerror(errno));
+    if (!f) return k3c_errorf_kind(K3C_ERROR_IO, "synth: cannot create %s: %s", path, strerror(errno));
     fprintf(f, "k3c synth\npreset %s\nseed %llu\n", preset ? preset : "(config)", (unsigned long long)seed);
-    if (fclose(f) != 0) return k3c_errorf("synth: writing %s failed", path);
+    if (fclose(f) != 0) return k3c_errorf_kind(K3C_ERROR_IO, "synth: writing %s failed", path);
     return K3C_OK;
 }
 
@@ -325,7 +325,7 @@ static int write_weights(const k3c_config *c, uint64_t seed, const char *dir) {
     int rc = K3C_ERR;
     char path[4096];
     if (!list || !shard_of) {
-        k3c_errorf("out of memory planning %zu tensors", inv.count);
+        k3c_errorf_kind(K3C_ERROR_OOM, "out of memory planning %zu tensors", inv.count);
         goto done;
     }
     if (c->family == K3C_FAMILY_KIMI_LINEAR) {
@@ -338,7 +338,7 @@ static int write_weights(const k3c_config *c, uint64_t seed, const char *dir) {
     int total = c->num_layers + 1;
     char(*files)[64] = malloc(sizeof *files * (size_t)total);
     if (!files) {
-        k3c_errorf("out of memory naming %d shards", total);
+        k3c_errorf_kind(K3C_ERROR_OOM, "out of memory naming %d shards", total);
         goto done;
     }
     uint64_t total_bytes = 0;

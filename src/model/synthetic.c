@@ -51,7 +51,7 @@ static int bind(struct k3c_model *m, uint64_t seed) {
             if (!s->vec) break;
             size_t stored = (size_t)(bytes / k3c_dtype_size(s->dtype));
             float *v = malloc(sizeof(float) * (stored > 0 ? stored : 1));
-            if (!v) return k3c_errorf("device-synthetic model: tensor %s: out of memory for %zu floats", s->name, stored);
+            if (!v) return k3c_errorf_kind(K3C_ERROR_OOM, "device-synthetic model: tensor %s: out of memory for %zu floats", s->name, stored);
             k3c_synth_vector_values(&m->config, s, seed, v, stored);
             /* as stored: synth writes non-F32 vectors as bf16, and a load converts them back */
             if (s->dtype != K3C_DTYPE_F32)
@@ -76,7 +76,7 @@ int k3c_model_synthetic(const k3c_config *c, uint64_t seed, struct k3c_model **o
     *out = NULL;
     if (k3c_config_validate(c) != K3C_OK) return k3c_error_context("device-synthetic model");
     struct k3c_model *m = calloc(1, sizeof *m);
-    if (!m) return k3c_errorf("device-synthetic model: out of memory");
+    if (!m) return k3c_errorf_kind(K3C_ERROR_OOM, "device-synthetic model: out of memory");
     if (k3c_config_copy(&m->config, c) != K3C_OK || k3c_inventory_build(&m->config, &m->weights, &m->inventory) != K3C_OK ||
         bind(m, seed) != K3C_OK) {
         k3c_error_context("device-synthetic model");

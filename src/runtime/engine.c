@@ -1,10 +1,15 @@
-/* The engine of include/k3c.h: a backend, the stock forward, the paged MLA cache, the KDA slots and the
- * request table, all allocated at creation. A step only takes cache blocks from the free list. */
+/* The engine of include/k3c.h: a backend, the stock forward, the paged MLA cache, the KDA slots, the
+ * request table and (cuda) the specialized decode executor, all allocated at creation. A step only takes
+ * cache blocks from the free list. Every step is planned here (decode/plan.h) and run by the executor on a
+ * specialized route, else by the stock forward: the engine calls the executor, never the reverse. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode/executor.h"
+#include "decode/executor_cuda.h"
+#include "decode/prepared.h"
 #include "k3c.h"
 #include "model/model.h"
 #include "runtime/engine_internal.h"
@@ -13,6 +18,7 @@
 #include "stock/backend.h"
 #include "stock/forward.h"
 #include "util/error.h"
+#include "util/log.h"
 
 /* The CUDA backend exists only in builds with nvcc (K3C_HAVE_CUDA). The reference is strong there: a weak
  * one would not pull backend_cuda.o out of the static library. */
@@ -50,6 +56,18 @@ struct k3c_engine {
      * so k3c_engine_logits_free gives them to free() and not to host_free; [n_fallback] of cap_fallback */
     float **fallback;
     int n_fallback, cap_fallback;
+    /* routing: the executor (NULL: none; xc its CUDA build when the engine built it), whether it takes
+     * steps now (k3c_engine_set_specialized), the capture policy's per-shape state (0 never planned, 1
+     * planned once and run stock, 2 capture failed: stays stock), the step shape's scratch, the counts */
+    const k3c_decode_executor *x;
+    k3c_decode_cuda *xc;
+    int spec_on;
+    unsigned char seen[K3C_PREPARED_MAX + 1][K3C_PREPARED_Q_MAX + 1];
+    int *ql;        /* [max_requests] query lengths */
+    uint8_t *hp;    /* [max_requests] prompt flags */
+    k3c_plan last_plan;
+    int last_exec;  /* the last step ran on the executor */
+    k3c_engine_stats st;
 };
 
 /* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
@@ -70,6 +88,44 @@ static int check_aux(const k3c_model *m, const k3c_engine_options *o) {
     return K3C_OK;
 }
 
+static void fill_env(k3c_engine *e, k3c_decode_env *env) {
+    *env = (k3c_decode_env){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
+                            .max_rows = e->o.max_rows, .max_context = e->o.max_context,
+                            .block_size = e->o.block_size, .q_max = e->o.q_max,
+                            .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
+                            .num_aux = e->o.num_aux};
+}
+
+/* The specialized decode executor where the options ask for it (k3c_specialized): cuda only, and not under
+ * the exact f32 diagnostic (the executor replays the bf16 path's launches). AUTO builds it where it can and
+ * runs stock, with a warning, where the build fails; ON fails then. Shapes are captured later (step_plan). */
+static int build_executor(k3c_engine *e) {
+    int mode = e->o.specialized;
+    if (mode == K3C_SPECIALIZED_OFF) return K3C_OK;
+    if (strcmp(e->o.device, "cuda") != 0 || e->o.exact_f32) {
+        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
+        return k3c_errorf("the specialized executor needs device cuda without exact_f32 (device %s%s)", e->o.device,
+                          e->o.exact_f32 ? ", exact_f32" : "");
+    }
+    k3c_decode_env env;
+    fill_env(e, &env);
+    k3c_decode_cuda *xc = NULL;
+    int rc = k3c_decode_cuda_build(&env, 0, 1, &xc);
+    if (rc == K3C_OK) rc = k3c_decode_cuda_prepare_kv(xc, 0);
+    if (rc != K3C_OK) {
+        k3c_decode_cuda_free(xc);
+        if (mode == K3C_SPECIALIZED_ON) return K3C_ERR;
+        k3c_log(K3C_LOG_WARN, "the specialized decode executor was not built, every step runs stock: %s",
+                k3c_error_message());
+        k3c_error_clear();
+        return K3C_OK;
+    }
+    e->xc = xc;
+    e->x = k3c_decode_cuda_executor(xc);
+    e->spec_on = 1;
+    return K3C_OK;
+}
+
 void k3c_engine_options_default(k3c_engine_options *o) {
     memset(o, 0, sizeof *o);
     o->device = "cpu";
@@ -78,6 +134,7 @@ void k3c_engine_options_default(k3c_engine_options *o) {
     o->max_context = 4096;
     o->block_size = 16;
     o->q_max = 8;
+    o->specialized = K3C_SPECIALIZED_AUTO;
 }
 
 int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **out) {
@@ -96,6 +153,9 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (o.q_max <= 0) o.q_max = d.q_max;
     }
     if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
+    if (o.specialized < K3C_SPECIALIZED_AUTO || o.specialized > K3C_SPECIALIZED_ON)
+        return k3c_errorf("engine: specialized %d: expected K3C_SPECIALIZED_AUTO (%d), _OFF (%d) or _ON (%d)",
+                          o.specialized, K3C_SPECIALIZED_AUTO, K3C_SPECIALIZED_OFF, K3C_SPECIALIZED_ON);
     /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
     int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
     if (o.num_blocks <= 0) {
@@ -111,7 +171,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     K3C_TRY(check_aux(m, &o));
 
     k3c_engine *e = calloc(1, sizeof *e);
-    if (!e) return k3c_errorf("engine: out of memory");
+    if (!e) return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory");
     e->m = m;
     e->o = o;
     e->max_blocks_per_request = mbr;
@@ -123,7 +183,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
             free(e->aux_layers);
             free(e->aux);
             free(e);
-            return k3c_errorf("engine: out of host memory for %d aux streams of %d rows", o.num_aux, o.max_rows);
+            return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of host memory for %d aux streams of %d rows", o.num_aux, o.max_rows);
         }
         memcpy(e->aux_layers, o.aux_layers, sizeof(int) * (size_t)o.num_aux);
         e->o.aux_layers = e->aux_layers;
@@ -134,7 +194,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     } else if (!strcmp(o.device, "cuda")) {
         if (!cuda_create) {
             free(e->aux_layers), free(e->aux), free(e);
-            return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: device 'cuda': this build has no CUDA backend");
         }
         e->be = cuda_create(0);
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
@@ -149,9 +209,11 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     e->req = calloc((size_t)o.max_requests, sizeof *e->req);
     e->block_store = malloc(sizeof(int32_t) * (size_t)mbr * o.max_requests);
     e->fr = calloc((size_t)o.max_requests, sizeof *e->fr);
-    if (!e->req || !e->block_store || !e->fr) {
+    e->ql = calloc((size_t)o.max_requests, sizeof *e->ql);
+    e->hp = calloc((size_t)o.max_requests, sizeof *e->hp);
+    if (!e->req || !e->block_store || !e->fr || !e->ql || !e->hp) {
         k3c_engine_free(e);
-        return k3c_errorf("engine: out of host memory");
+        return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of host memory");
     }
     for (int i = 0; i < o.max_requests; i++) e->req[i].blocks = e->block_store + (size_t)i * mbr;
 
@@ -165,12 +227,18 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         k3c_engine_free(e);
         return k3c_error_context("engine");
     }
+    e->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
+    if (build_executor(e) != K3C_OK) {
+        k3c_engine_free(e);
+        return k3c_error_context("engine: specialized decode executor");
+    }
     *out = e;
     return K3C_OK;
 }
 
 void k3c_engine_free(k3c_engine *e) {
     if (!e) return;
+    k3c_decode_cuda_free(e->xc); /* before the caches and the backend it runs on */
     if (e->be) {
         k3c_forward_free(e->fwd);
         if (e->kv.layer) k3c_kv_cache_release(&e->kv, e->be);
@@ -180,15 +248,21 @@ void k3c_engine_free(k3c_engine *e) {
     free(e->req);
     free(e->block_store);
     free(e->fr);
+    free(e->ql);
+    free(e->hp);
     free(e->aux_layers);
     free(e->aux);
     free(e->fallback); /* the list only: a buffer still held here is the caller's (k3c.h: free it before) */
     free(e);
 }
 
-int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
-int k3c_engine_max_rows(const k3c_engine *e) { return e->o.max_rows; }
-int k3c_engine_hidden_size(const k3c_engine *e) { return e->m->config.hidden_size; }
+int k3c_engine_vocab(const k3c_engine *e) { return e ? e->m->config.vocab_size : 0; }
+int k3c_engine_max_rows(const k3c_engine *e) { return e ? e->o.max_rows : 0; }
+int k3c_engine_hidden_size(const k3c_engine *e) { return e ? e->m->config.hidden_size : 0; }
+int k3c_engine_max_requests(const k3c_engine *e) { return e ? e->o.max_requests : 0; }
+const char *k3c_engine_device(const k3c_engine *e) {
+    return !e ? "" : !strcmp(e->o.device, "cuda") ? "cuda" : "cpu"; /* static strings, not the caller's option */
+}
 
 static int check_id(const k3c_engine *e, int id) {
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
@@ -224,14 +298,14 @@ int k3c_request_length(const k3c_engine *e, int id) {
 }
 
 void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v) {
-    *v = (k3c_engine_view){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
-                           .max_rows = e->o.max_rows, .max_context = e->o.max_context,
-                           .block_size = e->o.block_size, .q_max = e->o.q_max,
-                           .max_blocks_per_request = e->max_blocks_per_request,
-                           .aux_layers = e->aux_layers, .num_aux = e->o.num_aux, .aux = e->aux};
+    *v = (k3c_engine_view){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .fwd = e->fwd,
+                           .max_requests = e->o.max_requests, .max_rows = e->o.max_rows,
+                           .max_context = e->o.max_context, .block_size = e->o.block_size, .q_max = e->o.q_max,
+                           .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
+                           .num_aux = e->o.num_aux, .aux = e->aux, .xc = e->xc};
 }
 
-int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs) {
+static int step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs) {
     *reqs = e->fr;
     e->aux_rows = -1; /* valid again only once this step has run (step_end) */
     if (n > e->o.max_requests) return k3c_errorf("engine step: %d items, at most %d", n, e->o.max_requests);
@@ -269,7 +343,7 @@ int k3c_step_logits_rows(const k3c_step_item *items, int n) {
     return rows;
 }
 
-void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n) {
+static void step_end(k3c_engine *e, const k3c_step_item *items, int n) {
     for (int i = 0; i < n; i++) {
         engine_request *r = &e->req[items[i].request];
         if (items[i].verify) r->pending = items[i].n;
@@ -298,7 +372,7 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
     }
     size_t row_bytes = (size_t)e->m->config.vocab_size * sizeof(float);
     if ((size_t)rows > SIZE_MAX / row_bytes) {
-        k3c_errorf("engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
+        k3c_errorf_kind(K3C_ERROR_OOM, "engine logits_alloc: %d rows x vocab %d floats do not fit in memory", rows,
                    e->m->config.vocab_size);
         return NULL;
     }
@@ -306,7 +380,7 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
     if (!e->be->host_alloc) {
         float *p = malloc(bytes);
         if (!p)
-            k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d)", rows, e->m->config.vocab_size);
+            k3c_errorf_kind(K3C_ERROR_OOM, "engine logits_alloc: out of host memory (%d rows x vocab %d)", rows, e->m->config.vocab_size);
         return p;
     }
     float *p = e->be->host_alloc(e->be, bytes);
@@ -320,12 +394,12 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
     p = malloc(bytes);
     if (!p || fallback_record(e, p) != K3C_OK) {
         free(p);
-        k3c_errorf("engine logits_alloc: out of host memory (%d rows x vocab %d) after page-locked memory was "
+        k3c_errorf_kind(K3C_ERROR_OOM, "engine logits_alloc: out of host memory (%d rows x vocab %d) after page-locked memory was "
                    "refused: %s", rows, e->m->config.vocab_size, why);
         return NULL;
     }
-    fprintf(stderr, "k3c: warning: logits (%d rows x vocab %d) fall back to malloc'ed memory (a slower download): %s\n",
-            rows, e->m->config.vocab_size, why);
+    k3c_log(K3C_LOG_WARN, "logits (%d rows x vocab %d) fall back to malloc'ed memory (a slower download): %s", rows,
+            e->m->config.vocab_size, why);
     return p;
 }
 
@@ -342,13 +416,139 @@ void k3c_engine_logits_free(k3c_engine *e, float *logits) {
     else free(logits);
 }
 
-int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
+/* The plan of the step whose shape is in e->ql / e->hp. A prepared shape without its graph runs stock the
+ * first time it is planned (that warms the kernels and their host-side caches up) and is captured the
+ * second; a capture that fails leaves the shape on the stock path for good. */
+static k3c_plan step_plan(k3c_engine *e, int n) {
+    int with_x = e->x && e->spec_on;
+    const k3c_plan_table *t = with_x ? &e->x->plan_table : k3c_plan_nominal_table();
+    k3c_step_shape sh = {.num_requests = n, .query_lens = e->ql, .has_prompt = e->hp};
+    k3c_plan p = k3c_plan_step(t, &sh);
+    if (with_x && p.route == K3C_ROUTE_STOCK && p.reason == K3C_STOCK_NOT_CAPTURED && e->x->capture &&
+        p.rows >= 1 && p.rows <= K3C_PREPARED_MAX && p.q >= 1 && p.q <= K3C_PREPARED_Q_MAX) {
+        unsigned char *seen = &e->seen[p.rows][p.q];
+        if (*seen == 0) {
+            *seen = 1;
+        } else if (*seen == 1) {
+            if (e->x->capture(e->x->ctx, p.rows, p.q) == K3C_OK) {
+                p = k3c_plan_step(t, &sh);
+            } else {
+                *seen = 2;
+                k3c_log(K3C_LOG_DEBUG, "capturing the step shape (%d rows, q %d) failed, it runs stock: %s", p.rows,
+                        p.q, k3c_error_message());
+                k3c_error_clear();
+            }
+        }
+    }
+    return p;
+}
+
+int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const uint8_t *has_prompt,
+                        float *logits, int32_t *ids, int *wrote_ids) {
+    if (wrote_ids) *wrote_ids = 0;
+    if (!e || (n > 0 && !items)) return k3c_errorf("engine step: NULL %s", e ? "items" : "engine");
     if (n <= 0) return K3C_OK;
     const k3c_fwd_req *fr;
-    K3C_TRY(k3c_engine_step_begin(e, items, n, &fr));
-    K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
-    k3c_engine_step_end(e, items, n);
+    K3C_TRY(step_begin(e, items, n, &fr));
+    /* an item is prompt rows unless it verifies, or decodes one token after the request's first step */
+    for (int i = 0; i < n; i++) {
+        e->ql[i] = items[i].n;
+        e->hp[i] = has_prompt ? has_prompt[i] != 0 : !items[i].verify && (items[i].n > 1 || fr[i].pos == 0);
+    }
+    k3c_plan p = step_plan(e, n);
+    e->last_plan = p;
+    e->last_exec = 0;
+    e->st.steps++;
+    e->st.route_steps[p.route]++;
+    if (p.route == K3C_ROUTE_STOCK) e->st.stock_reason_steps[p.reason]++;
+    /* wide steps are not specialized yet (decode/executor_cuda.h): stock; a step planned q > 1 whose items
+     * are not all verifies (or q = 1 with a verify) is not the executor's shape either */
+    int exec = e->x && e->spec_on && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY);
+    for (int i = 0; i < n && exec; i++) exec = (items[i].verify != 0) == (p.q > 1);
+    if (exec) {
+        K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids ? NULL : logits, ids, e->aux));
+        e->last_exec = 1;
+        e->st.executor_steps++;
+        if (ids) {
+            e->st.greedy_id_steps++;
+            if (wrote_ids) *wrote_ids = 1;
+        }
+    } else {
+        K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
+    }
+    step_end(e, items, n);
     return K3C_OK;
+}
+
+int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
+    return k3c_engine_run_step(e, items, n, NULL, logits, NULL, NULL);
+}
+
+int k3c_engine_step_greedy(k3c_engine *e, const k3c_step_item *items, int n, int32_t *ids, float *logits) {
+    if (!ids || !logits) return k3c_errorf("engine step_greedy: NULL %s buffer", ids ? "logits" : "ids");
+    int got = 0;
+    K3C_TRY(k3c_engine_run_step(e, items, n, NULL, logits, ids, &got));
+    if (!got) {
+        int rows = k3c_step_logits_rows(items, n), V = e->m->config.vocab_size;
+        for (int r = 0; r < rows; r++) ids[r] = k3c_greedy_token(logits + (size_t)r * V, V);
+    }
+    return K3C_OK;
+}
+
+k3c_plan k3c_engine_last_plan(const k3c_engine *e) { return e->last_plan; }
+int k3c_engine_last_step_executor(const k3c_engine *e) { return e->last_exec; }
+
+void k3c_engine_set_executor(k3c_engine *e, const k3c_decode_executor *x) {
+    e->x = x;
+    e->spec_on = x != NULL;
+    memset(e->seen, 0, sizeof e->seen);
+}
+
+void k3c_engine_stats_get(const k3c_engine *e, k3c_engine_stats *out) {
+    if (!out) return;
+    if (!e) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = e->st;
+    out->specialized = e->x && e->spec_on;
+    out->graphs_captured = e->x && e->x->num_captured ? e->x->num_captured(e->x->ctx) : 0;
+}
+
+int k3c_engine_set_specialized(k3c_engine *e, int on) {
+    if (!e) return k3c_errorf("engine set_specialized: NULL engine");
+    if (on && !e->x)
+        return k3c_errorf("engine set_specialized: this engine has no specialized executor (device %s, option "
+                          "specialized %d)", e->o.device, e->o.specialized);
+    e->spec_on = on != 0;
+    return K3C_OK;
+}
+
+int k3c_engine_warmup(k3c_engine *e) {
+    if (!e) return k3c_errorf("engine warmup: NULL engine");
+    if (!e->x || !e->x->capture) return K3C_OK;
+    int shapes[K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX][2];
+    int n = k3c_prepared_shapes(e->o.q_max, e->o.max_requests, shapes,
+                                K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX);
+    for (int i = 0; i < n; i++)
+        if (e->x->capture(e->x->ctx, shapes[i][0], shapes[i][1]) != K3C_OK)
+            return k3c_error_context("engine warmup: shape (%d rows, q %d)", shapes[i][0], shapes[i][1]);
+    return K3C_OK;
+}
+
+const char *k3c_route_name(int route) {
+    switch (route) {
+    case K3C_ROUTE_STOCK: return "stock";
+    case K3C_ROUTE_DECODE: return "decode";
+    case K3C_ROUTE_VERIFY: return "verify";
+    case K3C_ROUTE_WIDE: return "wide";
+    }
+    return "?";
+}
+
+const char *k3c_stock_reason_text(int reason) {
+    if (reason < 0 || reason >= K3C_STOCK_REASONS) return "?";
+    return k3c_stock_reason_name((k3c_stock_reason)reason);
 }
 
 int k3c_request_commit(k3c_engine *e, int id, int accepted) {

@@ -1,10 +1,16 @@
-/* What a specialized decode executor needs of the engine it serves (decode/executor.h): read access to
- * its model, backend, caches and KDA slots, and the two halves of k3c_engine_step around the forward, so a
- * step the executor runs has exactly the engine's checks and effects (blocks taken, lengths moved, an
- * uncommitted verify left for k3c_request_commit). Not part of include/k3c.h: front ends never see it. */
+/* The engine's internal interface (the public one is include/k3c.h): the runner's step entry with the
+ * prompt flags it knows, the plan of the last step, attaching an executor other than the engine's own
+ * (tests), and read access to the engine's parts for tests. Not part of include/k3c.h: front ends never
+ * see it, and decode/ does not include it (the engine hands the executor what it needs at build,
+ * decode/executor.h k3c_decode_env). */
 #ifndef K3C_RUNTIME_ENGINE_INTERNAL_H
 #define K3C_RUNTIME_ENGINE_INTERNAL_H
 
+#include <stdint.h>
+
+#include "decode/executor.h"
+#include "decode/executor_cuda.h"
+#include "decode/plan.h"
 #include "k3c.h"
 #include "model/model.h"
 #include "runtime/kda_slots.h"
@@ -17,23 +23,32 @@ typedef struct k3c_engine_view {
     k3c_backend *be;
     k3c_kv_cache *kv;
     k3c_kda_slots *ks;
+    k3c_forward *fwd;
     int max_requests, max_rows, max_context, block_size, q_max;
     int max_blocks_per_request; /* block table length that covers max_context */
     /* aux streams (k3c_engine_options.aux_layers, validated): a path running a step writes stream j of its
-     * N logits rows to aux + j * N * hidden (host, [num_aux, max_rows, hidden] floats); step_end marks them valid */
+     * N logits rows to aux + j * N * hidden (host, [num_aux, max_rows, hidden] floats) */
     const int *aux_layers;
     int num_aux;
     float *aux;
+    k3c_decode_cuda *xc; /* the CUDA executor the engine built, or NULL */
 } k3c_engine_view;
 
 void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v);
 
-/* First half of k3c_engine_step: validates the items, takes the cache blocks the step writes and returns
- * the forward requests (pos, block table, slot, verify) in *reqs (valid until the next step). Nothing is
- * changed on failure except blocks taken (they stay with their requests, as in k3c_engine_step). */
-int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3c_fwd_req **reqs);
-/* Second half, after the forward ran the step: moves lengths, marks verifies pending, marks the aux streams
- * (written by the path that ran the step) valid for the step's logits rows. */
-void k3c_engine_step_end(k3c_engine *e, const k3c_step_item *items, int n);
+/* k3c_engine_step / k3c_engine_step_greedy with the step's prompt flags given (has_prompt[i] for item i;
+ * NULL: inferred as k3c.h says). logits: the step's logits rows (always given: a stock step writes them);
+ * ids non-NULL: where the executor runs the step it writes only ids (greedy ids per logits row) and sets
+ * *wrote_ids = 1; else the logits are written and *wrote_ids = 0. */
+int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const uint8_t *has_prompt,
+                        float *logits, int32_t *ids, int *wrote_ids);
+/* The plan of the most recent step (route STOCK, reason EMPTY before the first), and whether the executor
+ * ran it. */
+k3c_plan k3c_engine_last_plan(const k3c_engine *e);
+int k3c_engine_last_step_executor(const k3c_engine *e);
+/* Routes the engine's specialized steps to x instead of its own executor (NULL: none); x must outlive the
+ * engine or be detached, and is not freed by it (the engine's own executor stays built, unused, until the
+ * engine is freed). For tests of the routing with a fake executor on the CPU. */
+void k3c_engine_set_executor(k3c_engine *e, const k3c_decode_executor *x);
 
 #endif

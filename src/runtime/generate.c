@@ -1,6 +1,7 @@
 /* Generation on one request: prompt prefill in chunks of at most max_rows tokens, then one decode step per
  * sampled token. Timing separates the prefill (up to and including the first sampled token's logits) from
- * the decode steps. */
+ * the decode steps. Greedy generation steps through k3c_engine_step_greedy: where the specialized executor
+ * runs a step only its token id comes back from the device. */
 #include <stdlib.h>
 #include <time.h>
 
@@ -23,27 +24,30 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
     k3c_sampler *smp = NULL;
     int id = -1, rc = K3C_ERR;
     if (!logits) {
-        k3c_errorf("generate: out of memory");
+        k3c_errorf_kind(K3C_ERROR_OOM, "generate: out of memory");
         goto done;
     }
     if (k3c_sampler_create(s, V, &smp) != K3C_OK || k3c_request_open(e, &id) != K3C_OK) goto done;
-    int chunk = k3c_engine_max_rows(e);
+    int chunk = k3c_engine_max_rows(e), greedy = s->temperature <= 0;
+    int32_t next = 0; /* greedy: the token the last step chose */
     double t0 = now_s();
     for (int done_n = 0; done_n < n_prompt;) {
         int n = n_prompt - done_n < chunk ? n_prompt - done_n : chunk;
         k3c_step_item it = {.request = id, .tokens = prompt + done_n, .n = n};
-        if (k3c_engine_step(e, &it, 1, logits) != K3C_OK) goto done;
+        if ((greedy ? k3c_engine_step_greedy(e, &it, 1, &next, logits) : k3c_engine_step(e, &it, 1, logits)) != K3C_OK)
+            goto done;
         done_n += n;
     }
     st.prefill_seconds = now_s() - t0;
     double t1 = now_s();
     for (int i = 0; i < max_new; i++) {
-        int32_t tok = k3c_sampler_sample(smp, logits);
+        int32_t tok = greedy ? next : k3c_sampler_sample(smp, logits);
         st.generated++;
         if (on_token && on_token(user, tok)) break;
         if (i + 1 == max_new) break;
         k3c_step_item it = {.request = id, .tokens = &tok, .n = 1};
-        if (k3c_engine_step(e, &it, 1, logits) != K3C_OK) goto done;
+        if ((greedy ? k3c_engine_step_greedy(e, &it, 1, &next, logits) : k3c_engine_step(e, &it, 1, logits)) != K3C_OK)
+            goto done;
     }
     st.decode_seconds = now_s() - t1;
     rc = K3C_OK;

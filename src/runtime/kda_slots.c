@@ -31,7 +31,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->store = calloc((size_t)L, sizeof(float *));
     if (!ks->state || !ks->window || !ks->store) {
         k3c_kda_slots_release(ks, be);
-        return k3c_errorf("kda slots: out of host memory");
+        return k3c_errorf_kind(K3C_ERROR_OOM, "kda slots: out of host memory");
     }
     if (n_kda == 0) return K3C_OK;
     size_t per_layer = (size_t)num_slots * (ks->state_floats + ks->window_floats + ks->store_floats);

@@ -23,7 +23,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
     if (!kv->layer || !kv->free_ids) {
         free(kv->layer);
         free(kv->free_ids);
-        return k3c_errorf("kv cache: out of host memory (%d blocks)", num_blocks);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "kv cache: out of host memory (%d blocks)", num_blocks);
     }
     if (n_mla > 0) {
         kv->base = be->alloc(be, kv->layer_bytes * n_mla);

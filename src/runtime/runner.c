@@ -1,8 +1,9 @@
 /* Continuous batching over one engine (include/k3c.h, runner section).
  *
  * One k3c_runner_step = admit waiting requests into free slots, build ONE engine step from every active
- * request, plan it (decode/plan.h), run it (the executor on a specialized route, else the stock forward),
- * then sample, accept drafts, commit verifies and retire finished requests.
+ * request, run it through the engine (which plans it, decode/plan.h, and runs it on the specialized
+ * executor where the plan allows, else the stock forward), then sample, accept drafts, commit verifies and
+ * retire finished requests.
  *
  * Step composition. Decoding requests come first in the row budget (max_rows): a decode token, or a verify
  * window [t0, d1..dD]. Prefilling requests share what is left, up to prefill_budget, in admission order; a
@@ -30,11 +31,12 @@
 
 #include "k3c.h"
 #include "runtime/drafter.h"
+#include "runtime/engine_internal.h"
 #include "runtime/runner.h"
 #include "util/error.h"
 
-_Static_assert(K3C_RUNNER_ROUTES == K3C_ROUTE_WIDE + 1, "route count");
-_Static_assert(K3C_RUNNER_REASONS == K3C_STOCK_EMPTY + 1, "stock reason count");
+_Static_assert(K3C_ROUTES == K3C_ROUTE_WIDE + 1, "route count");
+_Static_assert(K3C_STOCK_REASONS == K3C_STOCK_EMPTY + 1, "stock reason count");
 
 enum { REQ_WAITING, REQ_ACTIVE, REQ_DONE };
 
@@ -56,7 +58,6 @@ enum { ITEM_PREFILL, ITEM_DECODE, ITEM_VERIFY };
 struct k3c_runner {
     k3c_engine *e;
     k3c_runner_options o;
-    const k3c_decode_executor *x;
     int V, max_rows, max_active;
     run_req *req;         /* [cap_req] in submission order */
     int n_req, cap_req;
@@ -82,20 +83,9 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-#define NOMINAL_PREPARED_MAX 64
-static int nominal_batches[NOMINAL_PREPARED_MAX];
-static const k3c_plan_table nominal = {.batches = nominal_batches, .num_batches = NOMINAL_PREPARED_MAX,
-                                       .wide_max = 256, .kv_prepared = 1, .needs_graphs = 0};
-
-__attribute__((constructor)) static void nominal_init(void) {
-    for (int i = 0; i < NOMINAL_PREPARED_MAX; i++) nominal_batches[i] = i + 1;
-}
-
-const k3c_plan_table *k3c_runner_nominal_table(void) { return &nominal; }
+const k3c_plan_table *k3c_runner_nominal_table(void) { return k3c_plan_nominal_table(); }
 
 void k3c_runner_options_default(k3c_runner_options *o) { memset(o, 0, sizeof *o); }
-
-void k3c_runner_set_executor(k3c_runner *r, const k3c_decode_executor *x) { r->x = x; }
 
 k3c_plan k3c_runner_last_plan(const k3c_runner *r) { return r->last_plan; }
 
@@ -104,7 +94,7 @@ k3c_plan k3c_runner_last_plan(const k3c_runner *r) { return r->last_plan; }
 static int probe_slots(k3c_engine *e, int *slots) {
     int cap = 64, n = 0, rc = K3C_OK;
     int *ids = malloc(sizeof(int) * (size_t)cap);
-    if (!ids) return k3c_errorf("runner: out of memory");
+    if (!ids) return k3c_errorf_kind(K3C_ERROR_OOM, "runner: out of memory");
     for (;;) {
         if (n == cap) {
             int *ni = realloc(ids, sizeof(int) * (size_t)(cap *= 2));
@@ -144,7 +134,7 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     if (o.max_active > max_rows) o.max_active = max_rows;
 
     k3c_runner *r = calloc(1, sizeof *r);
-    if (!r) return k3c_errorf("runner: out of memory");
+    if (!r) return k3c_errorf_kind(K3C_ERROR_OOM, "runner: out of memory");
     r->e = e;
     r->o = o;
     r->V = k3c_engine_vocab(e);
@@ -167,7 +157,7 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
     if (!r->active || !r->items || !r->item_req || !r->item_kind || !r->query_lens || !r->has_prompt ||
         !r->win || !r->ids) {
         k3c_runner_free(r);
-        return k3c_errorf("runner: out of memory (%d requests x %d rows)", o.max_active, (int)W);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "runner: out of memory (%d requests x %d rows)", o.max_active, (int)W);
     }
     r->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
     *out = r;
@@ -210,14 +200,14 @@ int k3c_runner_submit(k3c_runner *r, const k3c_runner_request *in, int *handle) 
     if (r->n_req == r->cap_req) {
         int cap = r->cap_req ? 2 * r->cap_req : 16;
         run_req *nr = realloc(r->req, sizeof *nr * (size_t)cap);
-        if (!nr) return k3c_errorf("runner submit: out of memory");
+        if (!nr) return k3c_errorf_kind(K3C_ERROR_OOM, "runner submit: out of memory");
         r->req = nr;
         r->cap_req = cap;
     }
     run_req q = {.state = REQ_WAITING, .n_prompt = in->n_prompt, .n_hist = in->n_prompt, .max_new = in->max_new,
                  .stop = in->stop_token, .sampling = in->sampling, .id = -1};
     q.hist = malloc(sizeof(int32_t) * ((size_t)in->n_prompt + (size_t)in->max_new));
-    if (!q.hist) return k3c_errorf("runner submit: out of memory (%d + %d tokens)", in->n_prompt, in->max_new);
+    if (!q.hist) return k3c_errorf_kind(K3C_ERROR_OOM, "runner submit: out of memory (%d + %d tokens)", in->n_prompt, in->max_new);
     memcpy(q.hist, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
     r->req[r->n_req] = q;
     *handle = r->n_req++;
@@ -371,29 +361,18 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
         r->has_prompt[i] = r->item_kind[i] == ITEM_PREFILL;
         rows += r->items[i].n;
     }
-    k3c_step_shape shape = {.num_requests = n, .query_lens = r->query_lens, .has_prompt = r->has_prompt};
-    const k3c_plan_table *table = r->x ? &r->x->plan_table : &nominal;
-    k3c_plan plan = k3c_plan_step(table, &shape);
+    /* every request greedy: where the executor runs the step only token ids come back from the device */
+    int greedy = 1;
+    for (int i = 0; i < n && greedy; i++) greedy = r->req[r->item_req[i]].sampling.temperature <= 0;
+    r->step_ids = 0;
+    int rc = k3c_engine_run_step(r->e, r->items, n, r->has_prompt, r->logits, greedy ? r->ids : NULL, &r->step_ids);
+    if (rc != K3C_OK) return k3c_error_context("runner: step (%d items, %d rows)", n, rows);
+    k3c_plan plan = k3c_engine_last_plan(r->e);
     r->last_plan = plan;
     r->st.steps++;
     r->st.route_steps[plan.route]++;
     if (plan.route == K3C_ROUTE_STOCK) r->st.stock_reason_steps[plan.reason]++;
-    r->step_ids = 0;
-    if (r->x && plan.route != K3C_ROUTE_STOCK) {
-        /* every request greedy: only token ids come back from the device (executor.h run_argmax); wide
-         * steps (past the executor's rows) run stock and return logits */
-        int greedy = r->x->run_argmax != NULL && plan.route != K3C_ROUTE_WIDE;
-        for (int i = 0; i < n && greedy; i++) greedy = r->req[r->item_req[i]].sampling.temperature <= 0;
-        int rc = greedy ? r->x->run_argmax(r->x->ctx, &plan, r->items, n, r->ids)
-                        : r->x->run(r->x->ctx, &plan, r->items, n, r->logits);
-        if (rc != K3C_OK)
-            return k3c_error_context("runner: executor step (%s, %d rows)", k3c_runner_route_name(plan.route),
-                                     rows);
-        r->step_ids = greedy;
-        r->st.executor_steps++;
-    } else if (k3c_engine_step(r->e, r->items, n, r->logits) != K3C_OK) {
-        return k3c_error_context("runner: stock step (%d items, %d rows)", n, rows);
-    }
+    if (k3c_engine_last_step_executor(r->e)) r->st.executor_steps++;
     K3C_TRY(finish_step(r, n));
     /* retire finished requests, keeping the admission order of the rest */
     int k = 0;
@@ -432,14 +411,6 @@ int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, i
 
 void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out) { *out = r->st; }
 
-const char *k3c_runner_route_name(int route) {
-    switch (route) {
-    case K3C_ROUTE_STOCK: return "stock";
-    case K3C_ROUTE_DECODE: return "decode";
-    case K3C_ROUTE_VERIFY: return "verify";
-    case K3C_ROUTE_WIDE: return "wide";
-    }
-    return "?";
-}
+const char *k3c_runner_route_name(int route) { return k3c_route_name(route); }
 
-const char *k3c_runner_reason_name(int reason) { return k3c_stock_reason_name((k3c_stock_reason)reason); }
+const char *k3c_runner_reason_name(int reason) { return k3c_stock_reason_text(reason); }

@@ -26,14 +26,14 @@ int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out) {
         return k3c_errorf("sampler: temperature %g, expected a finite number (<= 0: greedy)", (double)s->temperature);
     if (isnan(s->top_p)) return k3c_errorf("sampler: top_p is NaN");
     k3c_sampler *x = calloc(1, sizeof *x);
-    if (!x) return k3c_errorf("sampler: out of memory");
+    if (!x) return k3c_errorf_kind(K3C_ERROR_OOM, "sampler: out of memory");
     x->s = *s;
     x->vocab = vocab;
     x->idx = malloc(sizeof(int) * (size_t)vocab);
     x->prob = malloc(sizeof(float) * (size_t)vocab);
     if (!x->idx || !x->prob) {
         k3c_sampler_free(x);
-        return k3c_errorf("sampler: out of memory (vocab %d)", vocab);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "sampler: out of memory (vocab %d)", vocab);
     }
     k3c_rng_seed(&x->rng, s->seed);
     *out = x;

@@ -85,7 +85,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         if (o->aux_layers[i] < 0 || o->aux_layers[i] > c->num_layers)
             return k3c_errorf("forward: aux layer %d outside 0..%d", o->aux_layers[i], c->num_layers);
     k3c_forward *f = calloc(1, sizeof *f);
-    if (!f) return k3c_errorf("forward: out of memory");
+    if (!f) return k3c_errorf_kind(K3C_ERROR_OOM, "forward: out of memory");
     f->be = be;
     f->m = m;
     f->c = c;
@@ -159,7 +159,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     return K3C_OK;
 oom:
     k3c_forward_free(f);
-    return k3c_errorf("forward: out of host memory");
+    return k3c_errorf_kind(K3C_ERROR_OOM, "forward: out of host memory");
 }
 
 void k3c_forward_free(k3c_forward *f) {

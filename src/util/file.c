@@ -13,12 +13,12 @@
 
 int k3c_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) return k3c_errorf("%s: cannot open: %s", path, strerror(errno));
+    if (!f) return k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0) {
         int e = errno;
         fclose(f);
-        return k3c_errorf("%s: cannot stat: %s", path, strerror(e));
+        return k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         fclose(f);
@@ -33,15 +33,15 @@ int k3c_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     char *buf = malloc(n + 1);
     if (!buf) {
         fclose(f);
-        return k3c_errorf("%s: out of memory reading %zu bytes", path, n);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "%s: out of memory reading %zu bytes", path, n);
     }
     size_t got = fread(buf, 1, n, f);
     int e = ferror(f) ? errno : 0;
     fclose(f);
     if (got != n) {
         free(buf);
-        if (e) return k3c_errorf("%s: read %zu of %zu bytes: %s", path, got, n, strerror(e));
-        return k3c_errorf("%s: read %zu of %zu bytes (the file shrank while being read)", path, got, n);
+        if (e) return k3c_errorf_kind(K3C_ERROR_IO, "%s: read %zu of %zu bytes: %s", path, got, n, strerror(e));
+        return k3c_errorf_kind(K3C_ERROR_IO, "%s: read %zu of %zu bytes (the file shrank while being read)", path, got, n);
     }
     buf[n] = 0;
     *out = buf;

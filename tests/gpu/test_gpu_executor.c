@@ -1,13 +1,16 @@
 /* The specialized decode executor (decode/executor_cuda.h) against the stock forward on the same CUDA
  * engine (decode-executor.md §9), on tiny and mini (synthesized checkpoints) and a 4-layer k3-slice
- * (K3's layer dims, device-synthetic). Fresh weights and prompts per run (test_seed()).
+ * (K3's layer dims, device-synthetic). Fresh weights and prompts per run (test_seed()). The engine owns the
+ * executor (k3c_engine_options.specialized) and routes steps to it; these tests switch the same engine
+ * between its two paths with k3c_engine_set_specialized and read what ran from k3c_engine_stats.
  *
  * The executor replays the stock path's launches, so the expected agreement is bitwise: logits rows are
  * counted bitwise equal and their cosine against stock asserted > 0.9999 (this test compares logits rows,
  * not the final hidden states, which the engine does not expose); greedy token streams of the runner with
  * and without the executor must be identical, except after a step where the stock top-2 margin is below
  * TIE_MARGIN (counted and reported, that request is not compared further). Also: the executor never writes
- * the backbone weights (arena checksum before build and after the stream runs), a verify leaves the
+ * the backbone weights (arena checksum after the engine built it, before any step, and after the stream
+ * runs), a verify leaves the
  * committed KDA state bitwise unchanged, commit(a) after an executor verify leaves the state bitwise equal to
  * commit(a) after a stock verify (the fold itself equals the prefix recurrence: test_forward on the CPU; the
  * distance to one-at-a-time decoding is reported), and after new weights are written into the same device
@@ -38,7 +41,6 @@ typedef struct xenv {
     char dir[512];
     k3c_model *m;
     k3c_engine *e;
-    k3c_decode_cuda *x;
     int V, max_requests;
     int open[256], n_open; /* requests the step checks opened: closed even after a failed check */
 } xenv;
@@ -53,7 +55,6 @@ static void close_open(xenv *v) {
 
 static void xenv_close(xenv *v) {
     if (v->e) close_open(v);
-    k3c_decode_cuda_free(v->x);
     k3c_engine_free(v->e);
     if (v->m) k3c_free(v->m);
     memset(v, 0, sizeof *v);
@@ -109,10 +110,30 @@ static int xenv_open(xenv *v, const char *preset, int layers, int max_requests, 
     o.max_context = 320;
     o.block_size = 16;
     o.q_max = 8;
+    o.specialized = K3C_SPECIALIZED_ON;
     K3C_TRY(k3c_engine_create(v->m, &o, &v->e));
     if (hash_before) *hash_before = arena_hash(v->e);
-    K3C_TRY(k3c_decode_cuda_build(v->e, 0, 1, &v->x));
-    return k3c_decode_cuda_prepare_kv(v->x, 1);
+    return k3c_engine_warmup(v->e); /* every prepared shape captured now */
+}
+
+static long executor_steps(xenv *v) {
+    k3c_engine_stats st;
+    k3c_engine_stats_get(v->e, &st);
+    return st.executor_steps;
+}
+
+static int graphs_captured(xenv *v) {
+    k3c_engine_stats st;
+    k3c_engine_stats_get(v->e, &st);
+    return st.graphs_captured;
+}
+
+/* One step on the stock forward of the engine (its executor switched off for the step). */
+static int stock_step(xenv *v, k3c_step_item *items, int n, float *logits) {
+    K3C_TRY(k3c_engine_set_specialized(v->e, 0));
+    int rc = k3c_engine_step(v->e, items, n, logits);
+    k3c_engine_set_specialized(v->e, 1);
+    return rc;
 }
 
 static double cosine(const float *a, const float *b, int n) {
@@ -154,8 +175,9 @@ static int run_streams(xenv *v, int b, int spec, int max_new, uint64_t seed, int
             return K3C_ERR;
         }
     }
-    if (exec_steps) k3c_runner_set_executor(run, k3c_decode_cuda_executor(v->x));
-    int rc = k3c_runner_run(run);
+    int rc = k3c_engine_set_specialized(v->e, exec_steps != NULL);
+    if (rc == K3C_OK) rc = k3c_runner_run(run);
+    k3c_engine_set_specialized(v->e, 1);
     for (int i = 0; i < b && rc == K3C_OK; i++) {
         const int32_t *t;
         int n, fin;
@@ -220,7 +242,7 @@ static int open_sets(xenv *v, int b, k3c_rng *r, int *ids) {
             v->open[v->n_open++] = ids[s * b + i];
             k3c_step_item it = {.request = ids[s * b + i], .tokens = prompt, .n = n};
             float *lg = malloc(sizeof(float) * v->V);
-            int rc = k3c_engine_step(v->e, &it, 1, lg);
+            int rc = stock_step(v, &it, 1, lg);
             free(lg);
             K3C_TRY(rc);
         }
@@ -228,17 +250,16 @@ static int open_sets(xenv *v, int b, k3c_rng *r, int *ids) {
     return K3C_OK;
 }
 
+/* One step that the engine must route to its executor (an error when it ran stock). */
 static int exec_step(xenv *v, k3c_step_item *items, int n, float *logits) {
-    int ql[64];
-    uint8_t hp[64] = {0};
-    for (int i = 0; i < n; i++) ql[i] = items[i].n;
-    k3c_step_shape sh = {.num_requests = n, .query_lens = ql, .has_prompt = hp};
-    const k3c_decode_executor *ex = k3c_decode_cuda_executor(v->x);
-    k3c_plan p = k3c_plan_step(&ex->plan_table, &sh);
-    if (p.route != K3C_ROUTE_DECODE && p.route != K3C_ROUTE_VERIFY)
-        return k3c_errorf("step of %d x %d planned %d (reason %s)", n, items[0].n, p.route,
+    long before = executor_steps(v);
+    K3C_TRY(k3c_engine_step(v->e, items, n, logits));
+    if (executor_steps(v) != before + 1) {
+        k3c_plan p = k3c_engine_last_plan(v->e);
+        return k3c_errorf("step of %d x %d ran stock: planned %s (reason %s)", n, items[0].n, k3c_route_name(p.route),
                           k3c_stock_reason_name(p.reason));
-    return ex->run(ex->ctx, &p, items, n, logits);
+    }
+    return K3C_OK;
 }
 
 static int slot_state(xenv *v, int slot, float *out) {
@@ -281,7 +302,7 @@ static void check_steps(xenv *v, const char *name, int b, int q) {
     }
     for (size_t i = 0; i < T * V; i++) la[i] = lb[i] = NAN;
     if (q > 1 && SF) CHECK_OK(slot_state(v, ids[b], s0));
-    CHECK_OK(k3c_engine_step(v->e, ia, b, la));
+    CHECK_OK(stock_step(v, ia, b, la));
     CHECK_OK(exec_step(v, ib, b, lb));
     size_t bitwise = 0;
     int flips = 0, ties = 0;
@@ -315,7 +336,7 @@ static void check_steps(xenv *v, const char *name, int b, int q) {
             CHECK_OK(k3c_request_commit(v->e, ids[b + i], a));
             for (int j = 0; j < a; j++) {
                 k3c_step_item it = {.request = ids[2 * b + i], .tokens = tok + i * q + j, .n = 1};
-                CHECK_OK(k3c_engine_step(v->e, &it, 1, lc));
+                CHECK_OK(stock_step(v, &it, 1, lc));
             }
         }
         int same = 1;
@@ -347,7 +368,7 @@ static void check_reload(xenv *v, const char *name) {
     k3c_rng_seed(&r, test_seed() ^ 0x72656c6f6164ull);
     int ids[12];
     CHECK_OK(open_sets(v, b, &r, ids));
-    int captured = k3c_decode_cuda_num_captured(v->x);
+    int captured = graphs_captured(v);
     size_t V = v->V;
     float *la = malloc(sizeof(float) * b * V), *lb = malloc(sizeof(float) * b * V), *lc = malloc(sizeof(float) * b * V);
     int32_t tok[4];
@@ -355,7 +376,7 @@ static void check_reload(xenv *v, const char *name) {
     k3c_step_item it[3][4];
     for (int s = 0; s < 3; s++)
         for (int i = 0; i < b; i++) it[s][i] = (k3c_step_item){.request = ids[s * b + i], .tokens = tok + i, .n = 1};
-    CHECK_OK(k3c_engine_step(v->e, it[0], b, la)); /* old weights */
+    CHECK_OK(stock_step(v, it[0], b, la)); /* old weights */
     /* reload: the final norm and every layer's input norm get new values, in place */
     k3c_engine_view w;
     k3c_engine_view_get(v->e, &w);
@@ -372,10 +393,11 @@ static void check_reload(xenv *v, const char *name) {
         if (d) CHECK(cudaMemcpy(d, nv, sizeof(float) * D, cudaMemcpyHostToDevice) == cudaSuccess);
     }
     free(nv);
-    CHECK_OK(k3c_decode_cuda_process_weights_after_loading(v->x));
+    CHECK(w.xc != NULL);
+    if (w.xc) CHECK_OK(k3c_decode_cuda_process_weights_after_loading(w.xc));
     CHECK_OK(exec_step(v, it[1], b, lb));
-    CHECK_OK(k3c_engine_step(v->e, it[2], b, lc));
-    CHECK(k3c_decode_cuda_num_captured(v->x) == captured);
+    CHECK_OK(stock_step(v, it[2], b, lc));
+    CHECK(graphs_captured(v) == captured);
     double worst = 1;
     int same_old = 0;
     for (int i = 0; i < b; i++) {
@@ -403,7 +425,7 @@ static void run_model(const char *preset, int layers, int max_requests, const in
         xenv_close(&v);
         return;
     }
-    printf("INFO %s: %d shapes captured at prepare_kv\n", name, k3c_decode_cuda_num_captured(v.x));
+    printf("INFO %s: %d shapes captured by k3c_engine_warmup\n", name, graphs_captured(&v));
     static const int qs[] = {1, 2, 4, 8};
     static const int bs[] = {1, 4, 8, 16};
     for (int i = 0; i < 4; i++)
@@ -440,4 +462,80 @@ TEST(gpu_executor_kimi_linear_tiny) {
 TEST(gpu_executor_k3slice_4layers) {
     static const int b[] = {1, 16, 64}, s[] = {0, 3};
     run_model("k3-slice", 4, 64, b, 3, s, 2, 48);
+}
+
+/* A runner over a cuda engine made with the default options (specialized AUTO, no warm-up: the engine
+ * captures each shape the second time it plans it) takes the executor for its decode and verify steps, and
+ * its greedy streams equal those of an engine made with K3C_SPECIALIZED_OFF. Before the engine owned the
+ * executor, only `k3c generate` built one and `k3c run --device cuda` ran every step stock. */
+static int default_streams(k3c_model *m, int specialized, int spec, uint64_t seed, int32_t out[6][64],
+                           k3c_runner_stats *st, k3c_engine_stats *es) {
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.device = "cuda";
+    o.max_requests = 8;
+    o.max_context = 128;
+    if (!specialized) o.specialized = K3C_SPECIALIZED_OFF;
+    k3c_engine *e = NULL;
+    k3c_runner *r = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    k3c_runner_options ro;
+    k3c_runner_options_default(&ro);
+    ro.spec_tokens = spec;
+    int rc = k3c_runner_create(e, &ro, &r);
+    k3c_rng g;
+    k3c_rng_seed(&g, seed);
+    int V = k3c_engine_vocab(e);
+    for (int i = 0; i < 6 && rc == K3C_OK; i++) {
+        int32_t prompt[16];
+        int n = 3 + (int)(k3c_rng_next(&g) % 12);
+        for (int j = 0; j < n; j++) prompt[j] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
+        k3c_runner_request q = {.prompt = prompt, .n_prompt = n, .max_new = 64, .stop_token = -1};
+        int h;
+        rc = k3c_runner_submit(r, &q, &h);
+    }
+    if (rc == K3C_OK) rc = k3c_runner_run(r);
+    for (int i = 0; i < 6 && rc == K3C_OK; i++) {
+        const int32_t *t;
+        int n, fin;
+        rc = k3c_runner_output(r, i, &t, &n, &fin);
+        if (rc == K3C_OK && n != 64) rc = k3c_errorf("request %d: %d tokens", i, n);
+        if (rc == K3C_OK) memcpy(out[i], t, sizeof(int32_t) * 64);
+    }
+    if (r) k3c_runner_stats_get(r, st);
+    k3c_engine_stats_get(e, es);
+    k3c_runner_free(r);
+    k3c_engine_free(e);
+    return rc;
+}
+
+TEST(gpu_runner_default_engine_takes_executor) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/gpuexe-default", test_tmpdir());
+    CHECK_OK(k3c_synthesize("tiny", test_seed() ^ 0xdefa, dir));
+    k3c_model *m = NULL;
+    CHECK_OK(k3c_load(dir, &m));
+    if (!m) return;
+    for (int spec = 0; spec <= 3; spec += 3) {
+        static int32_t a[6][64], b[6][64];
+        k3c_runner_stats sa, sb;
+        k3c_engine_stats ea, eb;
+        uint64_t seed = test_seed() ^ (uint64_t)(0x51 + spec);
+        CHECK_OK(default_streams(m, 1, spec, seed, a, &sa, &ea));
+        CHECK_OK(default_streams(m, 0, spec, seed, b, &sb, &eb));
+        int differ = 0;
+        for (int i = 0; i < 6; i++) differ += memcmp(a[i], b[i], sizeof a[i]) != 0;
+        printf("INFO default engine spec=%d: %ld steps, %ld on the executor (decode %ld, verify %ld planned), %d "
+               "graphs captured; %d of 6 streams differ from the stock engine's\n", spec, sa.steps,
+               sa.executor_steps, sa.route_steps[K3C_ROUTE_DECODE], sa.route_steps[K3C_ROUTE_VERIFY],
+               ea.graphs_captured, differ);
+        CHECKF(ea.specialized == 1, "spec=%d: the default cuda engine has no specialized executor", spec);
+        CHECKF(sa.executor_steps > 0 && ea.executor_steps == sa.executor_steps,
+               "spec=%d: the runner ran %ld steps on the executor (engine: %ld)", spec, sa.executor_steps,
+               ea.executor_steps);
+        CHECKF(eb.specialized == 0 && sb.executor_steps == 0, "spec=%d: K3C_SPECIALIZED_OFF ran %ld executor steps",
+               spec, sb.executor_steps);
+        CHECKF(differ == 0, "spec=%d: %d greedy streams differ between the executor and stock engines", spec, differ);
+    }
+    k3c_free(m);
 }

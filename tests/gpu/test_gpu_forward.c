@@ -136,6 +136,7 @@ static int env_open(env *e, const char *preset, int dense, int exact, const char
     o.device = "cpu";
     K3C_TRY(k3c_engine_create(e->m, &o, &e->cpu));
     o.device = "cuda";
+    o.specialized = K3C_SPECIALIZED_OFF; /* the stock forward is what this file checks */
     K3C_TRY(k3c_engine_create(e->m, &o, &e->gpu));
     e->lc = malloc(sizeof(float) * (size_t)MAX_ROWS * e->V);
     e->lg = malloc(sizeof(float) * (size_t)MAX_ROWS * e->V);

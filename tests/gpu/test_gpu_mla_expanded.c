@@ -418,6 +418,7 @@ static int fenv_open(fenv *e, const char *preset, int exact) {
     o.device = "cpu";
     K3C_TRY(k3c_engine_create(e->m, &o, &e->cpu));
     o.device = "cuda";
+    o.specialized = K3C_SPECIALIZED_OFF; /* the stock forward is what this file checks */
     K3C_TRY(k3c_engine_create(e->m, &o, &e->gpu));
     o.mla_expand_min = 1 << 30;
     K3C_TRY(k3c_engine_create(e->m, &o, &e->gabs));
