@@ -36,7 +36,9 @@ typedef struct k3c_engine_options {
     int threads;             /* cpu: worker threads, 0 = one per core */
     int max_requests;        /* open requests at once (KDA slots); default 4 */
     int max_rows;            /* tokens in one step, all requests together; default 256 */
-    int max_context;         /* tokens one request may hold; default 4096 */
+    int max_context;         /* tokens one request may hold; 0 (default) = 4096, or the model's context length
+                              * if shorter; more than the model's context length (max_position_embeddings) is
+                              * refused */
     int block_size;          /* MLA cache block, tokens; default 16 */
     int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
     int q_max;               /* most tokens one verify may hold; default 8 */
@@ -61,6 +63,11 @@ typedef struct k3c_engine_options {
      * norm. Pre-norm f32 holding the bf16-rounded values the forward keeps. Read with k3c_engine_aux. */
     const int *aux_layers;
     int num_aux;
+    /* The memory plan: bytes the caches (MLA latent cache + KDA state, on the engine's device) may take; 0 =
+     * what the device has free at creation, once the weights are in place (cpu: MemAvailable; cuda:
+     * cudaMemGetInfo). Caches for max_requests x max_context (or num_blocks) past it are refused at creation;
+     * k3c_engine_memory_get tells what was reserved. */
+    size_t memory_limit;
 } k3c_engine_options;
 
 /* Most aux streams one engine keeps (each costs max_rows x hidden floats on the device and on the host). */
@@ -75,6 +82,18 @@ int k3c_engine_vocab(const k3c_engine *e);
 int k3c_engine_max_rows(const k3c_engine *e);
 /* The model's hidden size (the width of an aux stream row). */
 int k3c_engine_hidden_size(const k3c_engine *e);
+
+/* What the memory plan reserved at creation. */
+typedef struct k3c_engine_memory {
+    size_t cache_bytes;       /* kv_bytes + kda_bytes, on the engine's device */
+    size_t kv_bytes;          /* the MLA latent cache */
+    size_t kda_bytes;         /* the KDA state slots (and their verify scratch) */
+    size_t limit;             /* the limit they were checked against; 0 = none could be told */
+    const char *limit_source; /* "memory_limit", or where the device's free memory was read */
+    int max_requests, max_context;
+    long cache_tokens;        /* token positions the MLA cache holds, all requests together */
+} k3c_engine_memory;
+int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out);
 
 /* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
 int k3c_request_open(k3c_engine *e, int *id);

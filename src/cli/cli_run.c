@@ -2,6 +2,7 @@
  * lists, loading a checkpoint or synthesizing a preset into a temporary directory. */
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,32 +12,97 @@
 #include "cli/commands.h"
 #include "util/error.h"
 
+const char cli_no_value[] = "";
+
 const char *cli_option(int argc, char **argv, int *i, const char *name) {
     size_t n = strlen(name);
     if (strncmp(argv[*i], name, n) != 0) return NULL;
     if (argv[*i][n] == '=') return argv[*i] + n + 1;
     if (argv[*i][n] != '\0') return NULL;
-    if (*i + 1 >= argc) return NULL;
+    if (*i + 1 >= argc) return cli_no_value;
     return argv[++*i];
 }
 
-int cli_parse_int(const char *s, long lo, long hi, long *out) {
+static int no_value(const char *name, const char *v) {
+    if (v != cli_no_value) return 0;
+    k3c_errorf("%s needs a value", name);
+    return 1;
+}
+
+int cli_int(const char *name, const char *v, long lo, long hi, long *out) {
+    if (no_value(name, v)) return -1;
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !*s || *end || v < lo || v > hi) return -1;
-    *out = v;
+    long x = strtol(v, &end, 10);
+    if (errno || !*v || *end || x < lo || x > hi)
+        return k3c_errorf("%s: '%s' is not an integer in %ld..%ld", name, v, lo, hi);
+    *out = x;
     return 0;
 }
 
-int cli_parse_float(const char *s, double *out) {
+int cli_u64(const char *name, const char *v, uint64_t *out) {
+    if (no_value(name, v)) return -1;
     char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (errno || !*s || *end || !isfinite(v)) return -1; /* strtod takes "nan" and "inf" */
-    *out = v;
+    unsigned long long x = strtoull(v, &end, 0);
+    /* strtoull negates "-1" into 2^64 - 1 */
+    if (errno || !*v || *end || strchr(v, '-'))
+        return k3c_errorf("%s: '%s' is not an integer in 0..%llu", name, v, (unsigned long long)UINT64_MAX);
+    *out = x;
     return 0;
 }
+
+int cli_float(const char *name, const char *v, double lo, double hi, int lo_open, double *out) {
+    if (no_value(name, v)) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    /* strtod takes "nan" and "inf" (NaN fails both comparisons below) */
+    if (errno || !*v || *end || !(lo_open ? x > lo : x >= lo) || !(x <= hi))
+        return k3c_errorf("%s: '%s' is not a number in %s%g, %g]", name, v, lo_open ? "(" : "[", lo, hi);
+    *out = x;
+    return 0;
+}
+
+int cli_bytes(const char *name, const char *v, size_t *out) {
+    if (no_value(name, v)) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    double unit = 1;
+    const char *u = end;
+    if (*u) {
+        const char *units = "KMGTP";
+        const char *at = strchr(units, *u >= 'a' ? *u - 32 : *u);
+        if (at) {
+            for (const char *k = units; k <= at; k++) unit *= 1024;
+            u++;
+            if (*u == 'i') u++;
+            if (*u == 'B') u++;
+        } else if (*u == 'B') {
+            u++;
+        }
+    }
+    double b = x * unit;
+    if (errno || end == v || *u || !(b >= 1) || b > 0x1p62)
+        return k3c_errorf("%s: '%s' is not a size of at least one byte (bytes, or with K, M, G, T or P: powers of "
+                          "1024, e.g. 8G)", name, v);
+    *out = (size_t)b;
+    return 0;
+}
+
+int cli_str(const char *name, const char *v) {
+    if (no_value(name, v)) return -1;
+    return *v ? 0 : k3c_errorf("%s: an empty value", name);
+}
+
+int cli_flush_stdout(void) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    return k3c_errorf("writing standard output: %s", errno ? strerror(errno) : "write error");
+}
+
+int cli_unexpected(const char *arg) { return k3c_errorf("unexpected argument '%s'", arg); }
 
 int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     int cap = 16, cnt = 0;
@@ -103,7 +169,9 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
 }
 
 int cli_check_device(const char *device) {
-    return !strcmp(device, "cpu") || !strcmp(device, "cuda") ? 0 : -1;
+    if (no_value("--device", device)) return -1;
+    if (!strcmp(device, "cpu") || !strcmp(device, "cuda")) return 0;
+    return k3c_errorf("--device: '%s' is not cpu or cuda", device);
 }
 
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad) {
@@ -113,11 +181,18 @@ int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int 
         *bad = cli_check_device(v);
         o->device = v;
     } else if ((v = cli_option(argc, argv, i, "--threads"))) {
-        *bad = cli_parse_int(v, 0, 4096, &l);
+        *bad = cli_int("--threads", v, 0, 4096, &l);
         o->threads = (int)l;
     } else if ((v = cli_option(argc, argv, i, "--kv-cache"))) {
-        *bad = strcmp(v, "bf16") && strcmp(v, "fp8");
+        *bad = no_value("--kv-cache", v) ? -1
+               : strcmp(v, "bf16") && strcmp(v, "fp8") ? k3c_errorf("--kv-cache: '%s' is not bf16 or fp8", v)
+                                                        : 0;
         o->kv_fp8 = !strcmp(v, "fp8");
+    } else if ((v = cli_option(argc, argv, i, "--max-context"))) {
+        *bad = cli_int("--max-context", v, 1, INT32_MAX, &l);
+        o->max_context = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--memory-limit"))) {
+        *bad = cli_bytes("--memory-limit", v, &o->memory_limit);
     } else {
         return 0;
     }
@@ -129,19 +204,60 @@ int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad
     double d = 0;
     long l = 0;
     if ((v = cli_option(argc, argv, i, "--temperature"))) {
-        *bad = cli_parse_float(v, &d) || d < 0;
+        /* FLT_MAX: the sampler's float must hold it (1e39 would become inf) */
+        *bad = cli_float("--temperature", v, 0, FLT_MAX, 0, &d);
         s->temperature = (float)d;
     } else if ((v = cli_option(argc, argv, i, "--top-k"))) {
-        *bad = cli_parse_int(v, 0, 1 << 30, &l);
+        *bad = cli_int("--top-k", v, 0, 1 << 30, &l);
         s->top_k = (int)l;
     } else if ((v = cli_option(argc, argv, i, "--top-p"))) {
-        *bad = cli_parse_float(v, &d) || d <= 0 || d > 1;
+        *bad = cli_float("--top-p", v, 0, 1, 1, &d);
         s->top_p = (float)d;
     } else if ((v = cli_option(argc, argv, i, "--seed"))) {
-        *bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &l);
-        s->seed = (uint64_t)l;
+        *bad = cli_u64("--seed", v, &s->seed);
     } else {
         return 0;
     }
     return 1;
+}
+
+int cli_sampling_check(const k3c_sampling *s) {
+    if (s->temperature > 0) return 0;
+    if (s->top_k > 0)
+        return k3c_errorf("--top-k %d filters sampled tokens: it needs --temperature T > 0 (without it decoding is "
+                          "greedy)", s->top_k);
+    if (s->top_p < 1)
+        return k3c_errorf("--top-p %g filters sampled tokens: it needs --temperature T > 0 (without it decoding is "
+                          "greedy)", (double)s->top_p);
+    return 0;
+}
+
+int cli_context(const k3c_engine_options *o, int n_prompt, long n_new, const char *n_name, int *ctx) {
+    /* the last sampled token is never fed back: a request holds the prompt and n_new - 1 generated tokens */
+    long need = (long)n_prompt + (n_new > 0 ? n_new - 1 : 0);
+    if (o->max_context > 0) {
+        if (need > o->max_context)
+            return k3c_errorf("%s %ld with a %d-token prompt needs a context of %ld tokens, more than --max-context %d",
+                              n_name, n_new, n_prompt, need, o->max_context);
+        *ctx = o->max_context;
+        return 0;
+    }
+    if (need > INT32_MAX) return k3c_errorf("%s %ld with a %d-token prompt: %ld tokens", n_name, n_new, n_prompt, need);
+    *ctx = (int)need;
+    return 0;
+}
+
+void cli_report_memory(const char *cmd, const k3c_engine *e, const char *device) {
+    k3c_engine_memory mm;
+    if (k3c_engine_memory_get(e, &mm) != K3C_OK) return;
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double b = (double)mm.cache_bytes, l = (double)mm.limit;
+    int i = 0, j = 0;
+    while (b >= 1024 && i < 5) b /= 1024, i++;
+    while (l >= 1024 && j < 5) l /= 1024, j++;
+    char lim[96];
+    if (mm.limit) snprintf(lim, sizeof lim, "of a %.2f %s limit (%s)", l, u[j], mm.limit_source);
+    else snprintf(lim, sizeof lim, "(no limit known)");
+    fprintf(stderr, "k3c %s: reserved %.2f %s of caches on %s %s: %d request%s x %d tokens (%ld cache tokens)\n", cmd,
+            b, u[i], device, lim, mm.max_requests, mm.max_requests == 1 ? "" : "s", mm.max_context, mm.cache_tokens);
 }

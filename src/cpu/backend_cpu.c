@@ -3,6 +3,7 @@
  * bf16-rounded (kv_elem_bytes = 4). Every op output the contract calls "rounded" is rounded here, after
  * the kernel ran in f32. All scratch is allocated in init() from the limits. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,6 +180,18 @@ static void cpu_copy(k3c_backend *be, void *dst, const void *src, size_t bytes) 
 static void cpu_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) {
     flush(be->ctx);
     memset(dst, byte, bytes);
+}
+/* MemAvailable (kB) from /proc/meminfo: the kernel's estimate of what can be allocated without swapping. */
+static size_t cpu_mem_free(k3c_backend *be, const char **source) {
+    *source = "MemAvailable in /proc/meminfo";
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
 }
 static void cpu_gather_rows(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst) {
     flush(be->ctx);
@@ -697,6 +710,7 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->download = cpu_copy;
     be->copy = cpu_copy;
     be->fill_bytes = cpu_fill_bytes;
+    be->mem_free = cpu_mem_free;
     be->gather_rows = cpu_gather_rows;
     be->embed = cpu_embed;
     be->matmul = cpu_matmul;

@@ -629,6 +629,14 @@ static void cuda_freebuf(k3c_backend *be, void *p) {
     cudaFree(p);
 }
 
+static size_t cuda_mem_free(k3c_backend *be, const char **source) {
+    cuda_ctx *x = be->ctx;
+    size_t fr = 0, tot = 0;
+    *source = "cudaMemGetInfo free";
+    if (cudaSetDevice(x->device) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) return 0;
+    return fr;
+}
+
 /* Page-locked host memory for the logits (k3c_engine_logits_alloc). A download into pageable memory is
  * staged by the driver through its own pinned buffers: 7.4 GB/s for kimi-linear-48b's 42 MB of b=64 logits
  * on the H200 host (session 13 run 3, 5.65 ms of a 30.8 ms step); into page-locked memory the copy engine
@@ -1076,6 +1084,7 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->download = cuda_download;
     be->copy = cuda_copy;
     be->fill_bytes = cuda_fill_bytes;
+    be->mem_free = cuda_mem_free;
     be->host_alloc = cuda_host_alloc;
     be->host_free = cuda_host_free;
     be->gather_rows = cuda_gather_rows;

@@ -50,6 +50,8 @@ struct k3c_engine {
      * so k3c_engine_logits_free gives them to free() and not to host_free; [n_fallback] of cap_fallback */
     float **fallback;
     int n_fallback, cap_fallback;
+    int num_blocks_given;  /* o.num_blocks came from the caller (else max_requests x max_context) */
+    k3c_engine_memory mem; /* the memory plan's reservation (k3c_engine_memory_get) */
 };
 
 /* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
@@ -75,13 +77,61 @@ void k3c_engine_options_default(k3c_engine_options *o) {
     o->device = "cpu";
     o->max_requests = 4;
     o->max_rows = 256;
-    o->max_context = 4096;
+    o->max_context = 0; /* min(4096, the model's context length), at creation */
     o->block_size = 16;
     o->q_max = 8;
 }
 
+/* "1.23 GiB" */
+static const char *human_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    while (b >= 1024 && i < 6) b /= 1024, i++;
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+/* The memory plan: the caches (the MLA latent cache of num_blocks blocks and the KDA state of max_requests
+ * slots) are the engine's only reservations that grow with max_requests x max_context, so they are sized
+ * from the options and checked against the limit (memory_limit, or what the device has free once the
+ * weights and step buffers are in place) before anything is allocated for them. A need past the limit is
+ * refused, naming the options that set it; nothing is reserved beyond the limit. */
+static int plan_memory(k3c_engine *e) {
+    const k3c_engine_options *o = &e->o;
+    const k3c_config *c = &e->m->config;
+    double kv = k3c_kv_cache_bytes(c, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
+    double kda = k3c_kda_slots_bytes(c, o->max_requests, o->q_max, o->max_requests);
+    const char *source = "memory_limit";
+    double limit = (double)o->memory_limit;
+    if (!o->memory_limit) limit = e->be->mem_free ? (double)e->be->mem_free(e->be, &source) : 0;
+    char need[32], lim[32], kvs[32], kdas[32];
+    human_bytes(need, sizeof need, kv + kda);
+    human_bytes(lim, sizeof lim, limit);
+    human_bytes(kvs, sizeof kvs, kv);
+    human_bytes(kdas, sizeof kdas, kda);
+    if (limit > 0 && kv + kda > limit) {
+        if (e->num_blocks_given)
+            return k3c_errorf("num_blocks %d (%d tokens each) and the KDA state of %d requests need %s "
+                              "(MLA cache %s, KDA state %s), more than the memory limit of %s (%s): lower "
+                              "num_blocks or max_requests, or raise memory_limit (--memory-limit)",
+                              o->num_blocks, o->block_size, o->max_requests, need, kvs, kdas, lim, source);
+        return k3c_errorf("max_requests %d x max_context %d tokens need %s of caches (MLA cache %s, KDA "
+                          "state %s), more than the memory limit of %s on %s (%s): lower max_requests "
+                          "(--max-requests) or max_context (--max-context, -n), or raise memory_limit "
+                          "(--memory-limit)",
+                          o->max_requests, o->max_context, need, kvs, kdas, lim, e->be->name, source);
+    }
+    e->mem = (k3c_engine_memory){.cache_bytes = (size_t)(kv + kda), .kv_bytes = (size_t)kv,
+                                 .kda_bytes = (size_t)kda, .limit = (size_t)limit, .limit_source = source,
+                                 .max_requests = o->max_requests, .max_context = o->max_context,
+                                 .cache_tokens = (long)o->num_blocks * o->block_size};
+    return K3C_OK;
+}
+
 int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **out) {
+    if (!out) return k3c_errorf("engine: no output handle (NULL)");
     *out = NULL;
+    if (!m) return k3c_errorf("engine: no model (NULL)");
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     if (opt) {
@@ -91,13 +141,20 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (!o.device) o.device = d.device;
         if (o.max_requests <= 0) o.max_requests = d.max_requests;
         if (o.max_rows <= 0) o.max_rows = d.max_rows;
-        if (o.max_context <= 0) o.max_context = d.max_context;
         if (o.block_size <= 0) o.block_size = d.block_size;
         if (o.q_max <= 0) o.q_max = d.q_max;
     }
+    /* the model's context length: positions past it are outside what it was built for (its RoPE and
+     * training), so no request may hold more */
+    const int model_ctx = m->config.max_position_embeddings;
+    if (o.max_context <= 0) o.max_context = model_ctx > 0 && model_ctx < 4096 ? model_ctx : 4096;
+    if (model_ctx > 0 && o.max_context > model_ctx)
+        return k3c_errorf("engine: max_context %d tokens exceeds the model's context length of %d "
+                          "(max_position_embeddings in config.json)", o.max_context, model_ctx);
     if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
     /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
     int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
+    int num_blocks_given = o.num_blocks > 0;
     if (o.num_blocks <= 0) {
         int64_t blocks = mbr64 * o.max_requests;
         if (blocks > INT32_MAX)
@@ -114,15 +171,16 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     if (!e) return k3c_errorf("engine: out of memory");
     e->m = m;
     e->o = o;
+    e->num_blocks_given = num_blocks_given;
     e->max_blocks_per_request = mbr;
     e->aux_rows = -1;
+    /* From here every failure goes through k3c_engine_free, which releases what was set up and nothing twice
+     * (each part's init leaves a zeroed, freeable state when it fails). */
     if (o.num_aux > 0) {
         e->aux_layers = malloc(sizeof(int) * (size_t)o.num_aux);
         e->aux = malloc(sizeof(float) * (size_t)o.num_aux * o.max_rows * m->config.hidden_size);
         if (!e->aux_layers || !e->aux) {
-            free(e->aux_layers);
-            free(e->aux);
-            free(e);
+            k3c_engine_free(e);
             return k3c_errorf("engine: out of host memory for %d aux streams of %d rows", o.num_aux, o.max_rows);
         }
         memcpy(e->aux_layers, o.aux_layers, sizeof(int) * (size_t)o.num_aux);
@@ -133,17 +191,17 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (e->be && o.exact_f32) k3c_backend_cpu_set_exact(e->be, 1);
     } else if (!strcmp(o.device, "cuda")) {
         if (!cuda_create) {
-            free(e->aux_layers), free(e->aux), free(e);
+            k3c_engine_free(e);
             return k3c_errorf("engine: device 'cuda': this build has no CUDA backend");
         }
         e->be = cuda_create(0);
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
     } else {
-        free(e->aux_layers), free(e->aux), free(e);
+        k3c_engine_free(e);
         return k3c_errorf("engine: unknown device '%s' (expected cpu or cuda)", o.device);
     }
     if (!e->be) {
-        free(e->aux_layers), free(e->aux), free(e);
+        k3c_engine_free(e);
         return k3c_error_context("engine: device %s", o.device);
     }
     e->req = calloc((size_t)o.max_requests, sizeof *e->req);
@@ -159,7 +217,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
                               .aux_layers = e->aux_layers, .num_aux = o.num_aux};
-    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK ||
+    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
         k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
@@ -173,8 +231,8 @@ void k3c_engine_free(k3c_engine *e) {
     if (!e) return;
     if (e->be) {
         k3c_forward_free(e->fwd);
-        if (e->kv.layer) k3c_kv_cache_release(&e->kv, e->be);
-        if (e->ks.state) k3c_kda_slots_release(&e->ks, e->be);
+        k3c_kv_cache_release(&e->kv, e->be);
+        k3c_kda_slots_release(&e->ks, e->be);
         e->be->destroy(e->be);
     }
     free(e->req);
@@ -184,6 +242,12 @@ void k3c_engine_free(k3c_engine *e) {
     free(e->aux);
     free(e->fallback); /* the list only: a buffer still held here is the caller's (k3c.h: free it before) */
     free(e);
+}
+
+int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out) {
+    if (!e || !out) return k3c_errorf("engine memory: %s is NULL", e ? "the output" : "the engine");
+    *out = e->mem;
+    return K3C_OK;
 }
 
 int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
