@@ -2,7 +2,8 @@
  *
  * The public API is a set of opaque handles: a model (config + loaded weights), and, on top of it, an
  * engine that runs steps. Front ends (the CLI, a server) use only this header. Every call returns 0 on
- * success or -1 with a message from k3c_last_error(). */
+ * success or -1 with a message from k3c_last_error(); a NULL handle or output pointer is such an error (a
+ * getter then returns -1, a pointer-returning call NULL), and the free functions take NULL as a no-op. */
 #ifndef K3C_H
 #define K3C_H
 
@@ -147,6 +148,7 @@ typedef struct k3c_sampling {
 } k3c_sampling;
 
 typedef struct k3c_sampler k3c_sampler;
+/* s NULL: greedy. */
 int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out);
 void k3c_sampler_free(k3c_sampler *s);
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits);
@@ -162,7 +164,7 @@ typedef struct k3c_generate_stats {
 typedef int (*k3c_token_fn)(void *user, int32_t token);
 
 /* Opens a request, prefills the prompt (in chunks of max_rows), samples max_new tokens (each fed back as a
- * decode step), closes the request. */
+ * decode step), closes the request. s NULL: greedy; on_token and stats may be NULL. */
 int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
                  k3c_token_fn on_token, void *user, k3c_generate_stats *stats);
 

@@ -1,12 +1,14 @@
 /* Helpers shared by the commands that run the model (generate, logits, bench): option parsing, token-id
  * lists, loading a checkpoint or synthesizing a preset into a temporary directory. */
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -141,17 +143,73 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     return 0;
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[4096 + 512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < sizeof path) unlink(path);
+/* ---- the implicit synthesis's temporary directory ----
+ * Without --model a preset is synthesized into $TMPDIR/k3c-<preset>-XXXXXX (430 MB for bench's mini) and
+ * removed once loaded (the loader maps the files; the mapping outlives the unlink). A SIGINT / SIGTERM /
+ * SIGHUP / SIGQUIT while the directory exists removes it in the handler, then ends the process by the same
+ * signal. The directory is flat (synth writes no subdirectories), and the removal uses only async-signal-safe
+ * calls (open, getdents64, unlinkat, rmdir), so it is the same code in the handler and on the normal path. */
+static char synth_dir[4096];
+static volatile sig_atomic_t synth_dir_live;
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define N_CLEANUP_SIGNALS (sizeof cleanup_signals / sizeof cleanup_signals[0])
+static struct sigaction cleanup_saved[N_CLEANUP_SIGNALS];
+
+struct dirent64_raw {
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+};
+
+static void remove_flat_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096] __attribute__((aligned(8)));
+        /* passes until one removes nothing: unlinking while reading may move entries past the offset read */
+        for (int removed = 1; removed;) {
+            removed = 0;
+            lseek(fd, 0, SEEK_SET);
+            long n;
+            while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+                for (long off = 0; off < n;) {
+                    struct dirent64_raw *d = (struct dirent64_raw *)(buf + off);
+                    off += d->reclen;
+                    if (d->name[0] == '.' && (!d->name[1] || (d->name[1] == '.' && !d->name[2]))) continue;
+                    if (unlinkat(fd, d->name, 0) == 0) removed = 1;
+                }
+        }
+        close(fd);
     }
-    closedir(d);
     rmdir(dir);
+}
+
+static void cleanup_on_signal(int sig) {
+    if (synth_dir_live) remove_flat_dir(synth_dir);
+    /* SA_RESETHAND made the action the default again: the raised signal ends the process on return */
+    raise(sig);
+}
+
+static void cleanup_arm(const char *dir) {
+    snprintf(synth_dir, sizeof synth_dir, "%s", dir);
+    synth_dir_live = 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cleanup_on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&sa.sa_mask, cleanup_signals[i]);
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) {
+        sigaction(cleanup_signals[i], NULL, &cleanup_saved[i]);
+        if (cleanup_saved[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL); /* nohup stays */
+    }
+}
+
+static void cleanup_done(void) {
+    remove_flat_dir(synth_dir);
+    synth_dir_live = 0;
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaction(cleanup_signals[i], &cleanup_saved[i], NULL);
 }
 
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m) {
@@ -160,11 +218,12 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
     char path[4096];
     snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset);
     if (!mkdtemp(path)) return k3c_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
+    cleanup_arm(path);
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
     int rc = k3c_synthesize(preset, seed, path);
     if (rc == K3C_OK) rc = k3c_load(path, m);
     /* the loader maps the files; unlinking them keeps the mapping valid and leaves nothing behind */
-    remove_tree(path);
+    cleanup_done();
     return rc;
 }
 

@@ -73,6 +73,7 @@ static int check_aux(const k3c_model *m, const k3c_engine_options *o) {
 }
 
 void k3c_engine_options_default(k3c_engine_options *o) {
+    if (!o) return;
     memset(o, 0, sizeof *o);
     o->device = "cpu";
     o->max_requests = 4;
@@ -250,17 +251,25 @@ int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out) {
     return K3C_OK;
 }
 
-int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
-int k3c_engine_max_rows(const k3c_engine *e) { return e->o.max_rows; }
-int k3c_engine_hidden_size(const k3c_engine *e) { return e->m->config.hidden_size; }
+/* The public entry points refuse a NULL handle or output with a message instead of dereferencing it; the
+ * getters then return -1. */
+static int null_engine(const char *what) { return k3c_errorf("%s: the engine is NULL", what); }
+
+int k3c_engine_vocab(const k3c_engine *e) { return e ? e->m->config.vocab_size : null_engine("engine vocab"); }
+int k3c_engine_max_rows(const k3c_engine *e) { return e ? e->o.max_rows : null_engine("engine max_rows"); }
+int k3c_engine_hidden_size(const k3c_engine *e) {
+    return e ? e->m->config.hidden_size : null_engine("engine hidden_size");
+}
 
 static int check_id(const k3c_engine *e, int id) {
+    if (!e) return null_engine("engine request");
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
         return k3c_errorf("engine: request %d is not open", id);
     return K3C_OK;
 }
 
 int k3c_request_open(k3c_engine *e, int *id) {
+    if (!e || !id) return k3c_errorf("engine request_open: %s is NULL", e ? "the id output" : "the engine");
     for (int i = 0; i < e->o.max_requests; i++) {
         engine_request *r = &e->req[i];
         if (r->open) continue;
@@ -328,6 +337,7 @@ int k3c_engine_step_begin(k3c_engine *e, const k3c_step_item *items, int n, cons
 }
 
 int k3c_step_logits_rows(const k3c_step_item *items, int n) {
+    if (!items) return n > 0 ? k3c_errorf("step logits rows: %d items but the list is NULL", n) : 0;
     int rows = 0;
     for (int i = 0; i < n; i++) rows += items[i].verify || items[i].all_logits ? items[i].n : 1; /* step_begin's */
     return rows;
@@ -356,6 +366,10 @@ static int fallback_record(k3c_engine *e, float *p) {
 }
 
 float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
+    if (!e) {
+        null_engine("engine logits_alloc");
+        return NULL;
+    }
     if (rows < 1) {
         k3c_errorf("engine logits_alloc: %d rows (want >= 1)", rows);
         return NULL;
@@ -394,7 +408,7 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
 }
 
 void k3c_engine_logits_free(k3c_engine *e, float *logits) {
-    if (!logits) return;
+    if (!e || !logits) return; /* without its engine a buffer cannot be told page-locked or not: kept */
     for (int i = 0; i < e->n_fallback; i++)
         if (e->fallback[i] == logits) { /* no wait as in host_free: a download into pageable memory is
                                           * synchronous to the host (CUDA), so none is in flight */
@@ -407,7 +421,9 @@ void k3c_engine_logits_free(k3c_engine *e, float *logits) {
 }
 
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
+    if (!e) return null_engine("engine step");
     if (n <= 0) return K3C_OK;
+    if (!items || !logits) return k3c_errorf("engine step: %d items, but %s is NULL", n, items ? "logits" : "the item list");
     const k3c_fwd_req *fr;
     K3C_TRY(k3c_engine_step_begin(e, items, n, &fr));
     K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
@@ -428,6 +444,7 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted) {
 }
 
 int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows) {
+    if (!e) return null_engine("engine aux");
     if (e->o.num_aux == 0) return k3c_errorf("engine aux: the engine has no aux layers (k3c_engine_options.aux_layers)");
     if (j < 0 || j >= e->o.num_aux) return k3c_errorf("engine aux: stream %d outside 0..%d", j, e->o.num_aux - 1);
     if (e->aux_rows < 0)

@@ -93,7 +93,9 @@ __attribute__((constructor)) static void nominal_init(void) {
 
 const k3c_plan_table *k3c_runner_nominal_table(void) { return &nominal; }
 
-void k3c_runner_options_default(k3c_runner_options *o) { memset(o, 0, sizeof *o); }
+void k3c_runner_options_default(k3c_runner_options *o) {
+    if (o) memset(o, 0, sizeof *o);
+}
 
 void k3c_runner_set_executor(k3c_runner *r, const k3c_decode_executor *x) { r->x = x; }
 
@@ -125,7 +127,9 @@ static int probe_slots(k3c_engine *e, int *slots) {
 }
 
 int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner **out) {
+    if (!out) return k3c_errorf("runner: the output handle is NULL");
     *out = NULL;
+    if (!e) return k3c_errorf("runner: the engine is NULL");
     k3c_runner_options o;
     k3c_runner_options_default(&o);
     if (opt) o = *opt;
@@ -201,6 +205,8 @@ void k3c_runner_free(k3c_runner *r) {
 }
 
 int k3c_runner_submit(k3c_runner *r, const k3c_runner_request *in, int *handle) {
+    if (!r || !in || !handle)
+        return k3c_errorf("runner submit: %s is NULL", !r ? "the runner" : !in ? "the request" : "the handle output");
     if (!in->prompt || in->n_prompt <= 0) return k3c_errorf("runner submit: empty prompt");
     if (in->max_new <= 0) return k3c_errorf("runner submit: max_new %d, expected >= 1", in->max_new);
     for (int i = 0; i < in->n_prompt; i++)
@@ -360,6 +366,7 @@ static int finish_step(k3c_runner *r, int n) {
 }
 
 int k3c_runner_step(k3c_runner *r, int *busy) {
+    if (!r || !busy) return k3c_errorf("runner step: %s is NULL", r ? "the busy output" : "the runner");
     double t0 = now_s();
     *busy = 0;
     K3C_TRY(admit(r));
@@ -416,12 +423,15 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
 }
 
 int k3c_runner_run(k3c_runner *r) {
+    if (!r) return k3c_errorf("runner run: the runner is NULL");
     int busy = 1;
     while (busy) K3C_TRY(k3c_runner_step(r, &busy));
     return K3C_OK;
 }
 
 int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, int *n, int *finished) {
+    if (!r || !tokens || !n)
+        return k3c_errorf("runner output: %s is NULL", !r ? "the runner" : !tokens ? "the tokens output" : "the count output");
     if (handle < 0 || handle >= r->n_req) return k3c_errorf("runner: no request %d (%d submitted)", handle, r->n_req);
     const run_req *q = &r->req[handle];
     *tokens = q->hist + q->n_prompt;
@@ -430,7 +440,11 @@ int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, i
     return K3C_OK;
 }
 
-void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out) { *out = r->st; }
+void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out) {
+    if (!out) return;
+    if (r) *out = r->st;
+    else memset(out, 0, sizeof *out);
+}
 
 const char *k3c_runner_route_name(int route) {
     switch (route) {
