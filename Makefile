@@ -5,6 +5,8 @@
 #   make test       build and run the CPU tests (what .ci/run runs)
 #   make gpu-test   build the GPU test binary (build/test_gpu); tools/gpu-check.sh runs it
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
+#   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
+#                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
 #   make deps       install the Debian packages k3c needs (root)
 
 CC      ?= cc
@@ -45,7 +47,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
@@ -103,11 +105,20 @@ fuzz-deps:
 # ASan + UBSan build of the CLI (build-asan, CPU only): tools/fuzz_load.py. FUZZ_LOAD_N iterations, a fresh
 # seed each run (printed; FUZZ_LOAD_SEED replays one).
 FUZZ_LOAD_N ?= 500
+ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
 fuzz-load:
-	$(MAKE) BUILD=build-asan NVCC= CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	    build-asan/k3c
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c
 	python3 tools/fuzz_load.py --k3c build-asan/k3c --iterations $(FUZZ_LOAD_N) \
 	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
+
+# The hardening tests under ASan + UBSan (build-asan, CPU only, the flags of fuzz-load): a failed cache
+# allocation, NULL handles, write failures, bad options, signals. allocator_may_return_null: a refused huge
+# allocation returns NULL, as malloc does, instead of ASan aborting, so the unwinding after it is what runs;
+# halt_on_error: any UBSan report fails the run.
+asan-test:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c build-asan/test_k3c
+	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    build-asan/test_k3c hardening_
 
 deps:
 	apt-get update -qq && apt-get install -y -qq libcjson-dev
