@@ -229,7 +229,8 @@ TEST(hardening_engine_memory_plan) {
     CHECK(root && tc);
     int kv_lora = cJSON_GetObjectItem(tc, "kv_lora_rank")->valueint;
     int rope = cJSON_GetObjectItem(tc, "qk_rope_head_dim")->valueint;
-    int n_mla = cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(tc, "linear_attn_config"), "full_attn_layers"));
+    cJSON *lac = cJSON_GetObjectItem(tc, "linear_attn_config");
+    int n_mla = cJSON_GetArraySize(cJSON_GetObjectItem(lac, "full_attn_layers"));
     cJSON_Delete(root);
     CHECK(n_mla > 0 && kv_lora > 0 && rope > 0);
     k3c_engine_options o;

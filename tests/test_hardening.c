@@ -643,7 +643,8 @@ static int widen_f32(const char *dir, int layer, const char *suffix, int nudge) 
         return -1;
     }
     cJSON *off = cJSON_GetObjectItem(t, "data_offsets");
-    size_t b = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble, n = ((size_t)cJSON_GetArrayItem(off, 1)->valuedouble - b) / 2;
+    size_t b = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+    size_t n = ((size_t)cJSON_GetArrayItem(off, 1)->valuedouble - b) / 2;
     uint8_t *grown = realloc(e.data, e.data_len + 4 * n + 4096);
     if (!grown) return -1;
     e.data = grown;

@@ -314,9 +314,10 @@ void cli_report_memory(const char *cmd, const k3c_engine *e, const char *device)
     int i = 0, j = 0;
     while (b >= 1024 && i < 5) b /= 1024, i++;
     while (l >= 1024 && j < 5) l /= 1024, j++;
-    char lim[96];
-    if (mm.limit) snprintf(lim, sizeof lim, "of a %.2f %s limit (%s)", l, u[j], mm.limit_source);
-    else snprintf(lim, sizeof lim, "(no limit known)");
-    fprintf(stderr, "k3c %s: reserved %.2f %s of caches on %s %s: %d request%s x %d tokens (%ld cache tokens)\n", cmd,
-            b, u[i], device, lim, mm.max_requests, mm.max_requests == 1 ? "" : "s", mm.max_context, mm.cache_tokens);
+    char lim[128];
+    if (mm.limit) snprintf(lim, sizeof lim, "limit %.2f %s, %s", l, u[j], mm.limit_source);
+    else snprintf(lim, sizeof lim, "no limit could be told");
+    fprintf(stderr, "k3c %s: reserved %.2f %s of caches on %s for %d request%s x %d tokens (%ld cache positions; %s)\n",
+            cmd, b, u[i], device, mm.max_requests, mm.max_requests == 1 ? "" : "s", mm.max_context, mm.cache_tokens,
+            lim);
 }

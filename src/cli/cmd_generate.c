@@ -126,7 +126,7 @@ int cmd_generate(int argc, char **argv) {
     o.max_requests = 1;
     o.max_context = ctx;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) {
-        k3c_error_context("the prompt (%d tokens) and -n %ld", n_ids, n);
+        k3c_error_context("-n %ld with a %d-token prompt", n, n_ids);
         goto fail;
     }
     cli_report_memory("generate", e, o.device);

@@ -98,7 +98,8 @@ int cmd_run(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prompts"))) bad = cli_str("--prompts", prompts_s = v);
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_int("-n", v, 1, 1 << 30, &n);
         else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_int("--spec", v, 0, 64, &spec);
-        else if ((v = cli_option(argc, argv, &i, "--max-requests"))) bad = cli_int("--max-requests", v, 1, 4096, &max_req);
+        else if ((v = cli_option(argc, argv, &i, "--max-requests")))
+            bad = cli_int("--max-requests", v, 1, 4096, &max_req);
         else if ((v = cli_option(argc, argv, &i, "--prefill-budget")))
             bad = cli_int("--prefill-budget", v, 0, 1 << 20, &budget);
         else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_int("--stop", v, 0, 0x7fffffffL, &stop);
@@ -151,7 +152,8 @@ int cmd_run(int argc, char **argv) {
     o.q_max = (int)spec + 1 > o.q_max ? (int)spec + 1 : o.q_max;
     if (o.max_rows < (int)max_req * ((int)spec + 1)) o.max_rows = (int)max_req * ((int)spec + 1);
     if (k3c_engine_create(m, &o, &e) != K3C_OK) {
-        k3c_error_context("%d requests of up to %d prompt tokens and -n %ld", o.max_requests, max_prompt, n);
+        k3c_error_context("%d request%s, prompts of up to %d tokens, -n %ld", o.max_requests,
+                          o.max_requests == 1 ? "" : "s", max_prompt, n);
         goto fail;
     }
     cli_report_memory("run", e, o.device);

@@ -423,7 +423,8 @@ void k3c_engine_logits_free(k3c_engine *e, float *logits) {
 int k3c_engine_step(k3c_engine *e, const k3c_step_item *items, int n, float *logits) {
     if (!e) return null_engine("engine step");
     if (n <= 0) return K3C_OK;
-    if (!items || !logits) return k3c_errorf("engine step: %d items, but %s is NULL", n, items ? "logits" : "the item list");
+    if (!items || !logits)
+        return k3c_errorf("engine step: %d items, but %s is NULL", n, items ? "logits" : "the item list");
     const k3c_fwd_req *fr;
     K3C_TRY(k3c_engine_step_begin(e, items, n, &fr));
     K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));

@@ -18,7 +18,8 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
     k3c_generate_stats st = {.prompt_tokens = n_prompt};
     if (stats) *stats = (k3c_generate_stats){0};
     if (!e) return k3c_errorf("generate: the engine is NULL");
-    if (n_prompt <= 0 || !prompt) return k3c_errorf("generate: empty prompt (%d tokens%s)", n_prompt, prompt ? "" : ", NULL");
+    if (n_prompt <= 0 || !prompt)
+        return k3c_errorf("generate: empty prompt (%d tokens%s)", n_prompt, prompt ? "" : ", NULL");
     if (max_new < 0) return k3c_errorf("generate: max_new %d is negative", max_new);
     int V = k3c_engine_vocab(e);
     float *logits = malloc(sizeof(float) * (size_t)V);

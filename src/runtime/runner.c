@@ -431,7 +431,8 @@ int k3c_runner_run(k3c_runner *r) {
 
 int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, int *n, int *finished) {
     if (!r || !tokens || !n)
-        return k3c_errorf("runner output: %s is NULL", !r ? "the runner" : !tokens ? "the tokens output" : "the count output");
+        return k3c_errorf("runner output: %s is NULL",
+                          !r ? "the runner" : !tokens ? "the tokens output" : "the count output");
     if (handle < 0 || handle >= r->n_req) return k3c_errorf("runner: no request %d (%d submitted)", handle, r->n_req);
     const run_req *q = &r->req[handle];
     *tokens = q->hist + q->n_prompt;
