@@ -181,17 +181,31 @@ static void cpu_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) {
     flush(be->ctx);
     memset(dst, byte, bytes);
 }
-/* MemAvailable (kB) from /proc/meminfo: the kernel's estimate of what can be allocated without swapping. */
+/* MemAvailable (kB) from /proc/meminfo: the kernel's estimate of what can be allocated without swapping; in a
+ * cgroup (v2) with a memory.max, at most what is left under that limit (a container's MemAvailable is the
+ * host's). */
 static size_t cpu_mem_free(k3c_backend *be, const char **source) {
     *source = "MemAvailable in /proc/meminfo";
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
+    unsigned long long avail = 0, max = 0, cur = 0;
     char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (size_t)kb * 1024;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &avail) == 1) break;
+        fclose(f);
+    }
+    avail *= 1024;
+    FILE *fm = fopen("/sys/fs/cgroup/memory.max", "r"), *fc = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (fm && fc && fscanf(fm, "%llu", &max) == 1 && fscanf(fc, "%llu", &cur) == 1) { /* "max": no limit */
+        unsigned long long left = max > cur ? max - cur : 0;
+        if (!avail || left < avail) {
+            avail = left;
+            *source = "memory.max of the cgroup";
+        }
+    }
+    if (fm) fclose(fm);
+    if (fc) fclose(fc);
+    return (size_t)avail;
 }
 static void cpu_gather_rows(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst) {
     flush(be->ctx);
