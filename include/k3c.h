@@ -65,9 +65,10 @@ typedef struct k3c_engine_options {
     const int *aux_layers;
     int num_aux;
     /* The memory plan: bytes the caches (MLA latent cache + KDA state, on the engine's device) may take; 0 =
-     * what the device has free at creation, once the weights are in place (cpu: MemAvailable; cuda:
-     * cudaMemGetInfo). Caches for max_requests x max_context (or num_blocks) past it are refused at creation;
-     * k3c_engine_memory_get tells what was reserved. */
+     * what the device has free at creation, once the weights are in place (cpu: MemAvailable, within a
+     * cgroup's memory.max; cuda: cudaMemGetInfo). Caches for max_requests x max_context (or num_blocks) past
+     * it are refused at creation; weights and step buffers are not counted. k3c_engine_memory_get tells what
+     * was reserved. */
     size_t memory_limit;
 } k3c_engine_options;
 
