@@ -2,11 +2,9 @@
  * writes the logits of every position as float32 [len, vocab], row-major, to FILE; with --aux, the aux
  * hidden-state streams of the listed layers (k3c_engine_options.aux_layers) as float32 [num_aux, len, hidden]
  * to the --aux-out file. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/commands.h"
 #include "util/error.h"
@@ -17,7 +15,9 @@ static void logits_usage(FILE *f) {
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
                "--aux: the hidden state entering each listed layer (0..num_layers, increasing; num_layers = the\n"
                "       final norm's input), written as float32 [num_aux, len, hidden] to --aux-out\n"
-               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n");
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16); --max-context N, --memory-limit BYTES: the\n"
+               "       memory plan (as generate)\n"
+               "both files are opened before the model loads and appear, whole, only once everything is written\n");
 }
 
 int cmd_logits(int argc, char **argv) {
