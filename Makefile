@@ -7,6 +7,8 @@
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
 #   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
+#   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
+#                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
 #   make deps       install the Debian packages k3c needs (root)
 
 # Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
@@ -58,7 +60,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load clean deps install example-check
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(CU_OBJ) $(LIB_OBJ)
@@ -124,9 +126,9 @@ fuzz-deps:
 # ASan + UBSan build of the CLI (build-asan, CPU only): tools/fuzz_load.py. FUZZ_LOAD_N iterations, a fresh
 # seed each run (printed; FUZZ_LOAD_SEED replays one).
 FUZZ_LOAD_N ?= 500
+ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
 fuzz-load:
-	$(MAKE) BUILD=build-asan NVCC= CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	    build-asan/k3c
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c
 	python3 tools/fuzz_load.py --k3c build-asan/k3c --iterations $(FUZZ_LOAD_N) \
 	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
 
@@ -163,6 +165,14 @@ example-check: $(BUILD)/k3c $(LIB)
 	    $$(PKG_CONFIG_PATH='$(EXAMPLE_PREFIX)/lib/pkgconfig' pkg-config --cflags --libs --static k3c)
 	$(BUILD)/example-generate -n 8
 	'$(EXAMPLE_PREFIX)/bin/k3c' --version
+# The hardening tests under ASan + UBSan (build-asan, CPU only, the flags of fuzz-load): a failed cache
+# allocation, NULL handles, write failures, bad options, signals. allocator_may_return_null: a refused huge
+# allocation returns NULL, as malloc does, instead of ASan aborting, so the unwinding after it is what runs;
+# halt_on_error: any UBSan report fails the run.
+asan-test:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c build-asan/test_k3c
+	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    build-asan/test_k3c hardening_
 
 deps:
 	apt-get update -qq && apt-get install -y -qq libcjson-dev pkg-config

@@ -2,7 +2,9 @@
  *
  * The public API is a set of opaque handles: a model (config + loaded weights), and, on top of it, an
  * engine that runs steps. Front ends (the CLI, a server) use only this header. Every call returns 0 on
- * success or -1 with a message from k3c_last_error() and a kind from k3c_last_error_kind().
+ * success or -1 with a message from k3c_last_error() and a kind from k3c_last_error_kind(); a NULL handle or
+ * output pointer is such an error (a getter then returns -1, a pointer-returning call NULL), and the free
+ * functions take NULL as a no-op.
  *
  * Linking: `make install PREFIX=...` installs libk3c.a, this header and k3c.pc; build against it with
  * `cc prog.c $(pkg-config --cflags --libs --static k3c)` (a CUDA-enabled build needs the CUDA runtime's
@@ -174,7 +176,9 @@ typedef struct k3c_engine_options {
     int specialized;
     int max_requests;        /* open requests at once (KDA slots); default 4 */
     int max_rows;            /* tokens in one step, all requests together; default 256 */
-    int max_context;         /* tokens one request may hold; default 4096 */
+    int max_context;         /* tokens one request may hold; 0 (default) = 4096, or the model's context length
+                              * if shorter; more than the model's context length (max_position_embeddings) is
+                              * refused */
     int block_size;          /* MLA cache block, tokens; default 16 */
     int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
     int q_max;               /* most tokens one verify may hold; default 8 */
@@ -199,6 +203,12 @@ typedef struct k3c_engine_options {
      * norm. Pre-norm f32 holding the bf16-rounded values the forward keeps. Read with k3c_engine_aux. */
     const int *aux_layers;
     int num_aux;
+    /* The memory plan: bytes the caches (MLA latent cache + KDA state, on the engine's device) may take; 0 =
+     * what the device has free at creation, once the weights are in place (cpu: MemAvailable, within a
+     * cgroup's memory.max; cuda: cudaMemGetInfo). Caches for max_requests x max_context (or num_blocks) past
+     * it are refused at creation; weights and step buffers are not counted. k3c_engine_memory_get tells what
+     * was reserved. */
+    size_t memory_limit;
 } k3c_engine_options;
 
 /* Most aux streams one engine keeps (each costs max_rows x hidden floats on the device and on the host). */
@@ -217,6 +227,18 @@ int k3c_engine_hidden_size(const k3c_engine *e);
 int k3c_engine_max_requests(const k3c_engine *e);
 /* The device the engine runs on ("cpu" or "cuda"; static). */
 const char *k3c_engine_device(const k3c_engine *e);
+
+/* What the memory plan reserved at creation. */
+typedef struct k3c_engine_memory {
+    size_t cache_bytes;       /* kv_bytes + kda_bytes, on the engine's device */
+    size_t kv_bytes;          /* the MLA latent cache */
+    size_t kda_bytes;         /* the KDA state slots (and their verify scratch) */
+    size_t limit;             /* the limit they were checked against; 0 = none could be told */
+    const char *limit_source; /* "memory_limit", or where the device's free memory was read */
+    int max_requests, max_context;
+    long cache_tokens;        /* token positions the MLA cache holds, all requests together */
+} k3c_engine_memory;
+int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out);
 
 /* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
 int k3c_request_open(k3c_engine *e, int *id);
@@ -335,6 +357,7 @@ typedef struct k3c_sampling {
 } k3c_sampling;
 
 typedef struct k3c_sampler k3c_sampler;
+/* s NULL: greedy. */
 int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out);
 void k3c_sampler_free(k3c_sampler *s);
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits);
@@ -350,7 +373,7 @@ typedef struct k3c_generate_stats {
 typedef int (*k3c_token_fn)(void *user, int32_t token);
 
 /* Opens a request, prefills the prompt (in chunks of max_rows), samples max_new tokens (each fed back as a
- * decode step), closes the request. */
+ * decode step), closes the request. s NULL: greedy; on_token and stats may be NULL. */
 int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
                  k3c_token_fn on_token, void *user, k3c_generate_stats *stats);
 

@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include "format/config_json.h"
+#include "k3c.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
 #include "test.h"
 #include "util/bf16.h"
 #include "util/error.h"
+#include "util/rng.h"
 
 /* ------------------------------------------------------------ file helpers ---- */
 
@@ -523,4 +525,216 @@ TEST(hardening_vector_dtypes_accepted) {
     for (int i = 0; i < dk; i++) CHECK(lw->kda.o_norm[i] == 1.0f + i / 1024.0f);
     free(want_norm);
     k3c_model_free(m);
+}
+
+/* ------------------------------------------------ non-finite weights, FIFOs, empty paths ---- */
+
+/* A NaN or Inf in a bf16 matrix is refused at load, naming the tensor and the first bad element (it loaded and
+ * generated token 0 everywhere, exit 0). */
+static void nan_matrix_fn(cJSON *t, uint8_t *data, shard_edit *e) {
+    uint16_t nan = 0x7fc0;
+    memcpy(data + 2 * 5, &nan, 2);
+    memcpy(data + 2 * 9, &nan, 2); /* the first one is reported */
+}
+static int nan_matrix_weight(const char *dir) {
+    return edit_tensor(dir, fx.kda_layer, "self_attn.q_proj.weight", nan_matrix_fn);
+}
+static void inf_matrix_fn(cJSON *t, uint8_t *data, shard_edit *e) {
+    uint16_t ninf = 0xff80;
+    memcpy(data + 2 * 7, &ninf, 2);
+}
+static int inf_matrix_weight(const char *dir) {
+    return edit_tensor(dir, fx.moe_layer, "self_attn.o_proj.weight", inf_matrix_fn);
+}
+
+static const hard_case finite_cases[] = {
+    {"nan_matrix_weight", nan_matrix_weight, "q_proj.weight in", 1},
+    {"inf_matrix_weight", inf_matrix_weight, "o_proj.weight in", 1},
+};
+
+TEST(hardening_nonfinite_matrix_weights_refused) {
+    const fixture *f = get_fixture();
+    CHECK(f != NULL);
+    char bin[PATH_MAX];
+    CHECK(test_k3c_binary(bin, sizeof bin));
+    const char *want[] = {"element 5 (row 0, col 5) is NaN (bf16 0x7fc0): not finite",
+                          "element 7 (row 0, col 7) is -Inf (bf16 0xff80): not finite"};
+    for (int i = 0; i < 2; i++) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/hard_%s", test_tmpdir(), finite_cases[i].name);
+        CHECK(copy_dir(f->base, dir) == 0);
+        CHECK(finite_cases[i].corrupt(dir) == 0);
+        struct k3c_model *m = NULL;
+        CHECK(k3c_model_load(dir, &m) != 0 && m == NULL);
+        CHECKF(strstr(k3c_error_message(), finite_cases[i].expect) && strstr(k3c_error_message(), want[i]),
+               "case %s: %s", finite_cases[i].name, k3c_error_message());
+        char cmd[2 * PATH_MAX + 64];
+        snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' -n 2 >/dev/null 2>&1", bin, dir);
+        CHECKF(test_run_status(cmd) == 1, "case %s: generate did not fail", finite_cases[i].name);
+    }
+}
+
+/* A FIFO where the loader expects a file (config.json, the index, a shard) is refused, not waited on
+ * forever: each load runs in a child with a 20 s alarm. */
+static int load_refuses_in_child(const char *dir, const char *expect, char *msg, size_t n) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        struct k3c_model *m = NULL;
+        int rc = k3c_model_load(dir, &m);
+        _exit(rc != 0 && m == NULL && strstr(k3c_error_message(), expect) ? 0 : 3);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    snprintf(msg, n, WIFSIGNALED(st) ? "load still blocked after 20 s (signal %d)" : "load did not refuse (%d)",
+             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    return -1;
+}
+
+TEST(hardening_fifo_files_refused) {
+    const fixture *f = get_fixture();
+    CHECK(f != NULL);
+    char shard[64];
+    snprintf(shard, sizeof shard, "model-%05d-of-%06d.safetensors", fx.kda_layer + 1, fx.L + 1);
+    const char *files[] = {"config.json", "model.safetensors.index.json", shard};
+    for (int i = 0; i < 3; i++) {
+        char dir[PATH_MAX], path[PATH_MAX + 64], msg[128];
+        snprintf(dir, sizeof dir, "%s/hard_fifo_%d", test_tmpdir(), i);
+        CHECK(copy_dir(f->base, dir) == 0);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK(unlink(path) == 0 && mkfifo(path, 0644) == 0);
+        CHECKF(load_refuses_in_child(dir, "not a regular file", msg, sizeof msg) == 0, "%s as a FIFO: %s", files[i],
+               msg);
+    }
+}
+
+/* An empty checkpoint path is refused (it read "/config.json"). */
+TEST(hardening_empty_model_path_refused) {
+    struct k3c_model *m = NULL;
+    CHECK(k3c_model_load("", &m) != 0 && m == NULL);
+    CHECKF(strstr(k3c_error_message(), "empty") != NULL, "%s", k3c_error_message());
+    char bin[PATH_MAX], cmd[PATH_MAX + 64];
+    CHECK(test_k3c_binary(bin, sizeof bin));
+    snprintf(cmd, sizeof cmd, "'%s' inspect '' 2>&1 | grep -q 'an empty path'", bin);
+    CHECK(test_run_status(cmd) == 0);
+}
+
+/* ------------------------------------------------ float dtypes that convert without loss ---- */
+
+/* Re-stores a BF16 tensor as F32 (appended after the data; the old bytes become an unused gap); nudge > 0
+ * moves element nudge - 1 off the bf16 grid by one f32 ulp. Returns the bytes added, -1 on failure. */
+static int widen_f32(const char *dir, int layer, const char *suffix, int nudge) {
+    char path[PATH_MAX], name[200];
+    if (layer >= 0) {
+        shard_path(path, sizeof path, dir, layer);
+        name_of(name, sizeof name, layer, suffix);
+    } else {
+        snprintf(path, sizeof path, "%.3900s/model-%05d-of-%06d.safetensors", dir, fx.L + 1, fx.L + 1);
+        snprintf(name, sizeof name, "language_model.%s", suffix);
+    }
+    shard_edit e;
+    if (shard_load(&e, path) != 0) return -1;
+    cJSON *t = cJSON_GetObjectItem(e.hdr, name);
+    if (!t || strcmp(cJSON_GetObjectItem(t, "dtype")->valuestring, "BF16")) {
+        cJSON_Delete(e.hdr);
+        free(e.data);
+        return -1;
+    }
+    cJSON *off = cJSON_GetObjectItem(t, "data_offsets");
+    size_t b = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+    size_t n = ((size_t)cJSON_GetArrayItem(off, 1)->valuedouble - b) / 2;
+    uint8_t *grown = realloc(e.data, e.data_len + 4 * n + 4096);
+    if (!grown) return -1;
+    e.data = grown;
+    size_t at = e.data_len;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, e.data + b + 2 * i, 2);
+        uint32_t u = (uint32_t)h << 16;
+        if (nudge > 0 && i == (size_t)nudge - 1) u += 1;
+        memcpy(e.data + at + 4 * i, &u, 4);
+    }
+    cJSON_ReplaceItemInObject(t, "dtype", cJSON_CreateString("F32"));
+    cJSON_ReplaceItemInObject(t, "data_offsets", cJSON_CreateDoubleArray((double[]){at, at + 4.0 * n}, 2));
+    e.data_len += 4 * n;
+    if (shard_save(&e) != 0) return -1;
+    return (int)(2 * n);
+}
+
+/* All prompt rows' logits of a checkpoint, one prefill step on the CPU. */
+static float *prompt_logits(const char *dir, const int32_t *ids, int n, int *vocab) {
+    k3c_model *m = NULL;
+    if (k3c_load(dir, &m) != 0) return NULL;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.max_requests = 1;
+    o.max_context = n;
+    o.threads = 2;
+    k3c_engine *e = NULL;
+    float *lg = NULL;
+    int id;
+    if (k3c_engine_create(m, &o, &e) == 0 && k3c_request_open(e, &id) == 0) {
+        *vocab = k3c_engine_vocab(e);
+        lg = malloc(sizeof(float) * (size_t)n * *vocab);
+        poison_f32(lg, (size_t)n * *vocab);
+        k3c_step_item it = {.request = id, .tokens = ids, .n = n, .all_logits = 1};
+        if (lg && k3c_engine_step(e, &it, 1, lg) != 0) {
+            free(lg);
+            lg = NULL;
+        }
+    }
+    k3c_engine_free(e);
+    k3c_free(m);
+    return lg;
+}
+
+/* transformers 5.24 saves the MoE router (gate.weight) in F32: a checkpoint whose routers and norms hold their
+ * bf16 values as F32 loads (the kernels read the router as bf16: the conversion is exact) and gives the bf16
+ * checkpoint's logits bitwise; an F32 router value off the bf16 grid is refused with its element. */
+TEST(hardening_f32_router_and_norms_accepted) {
+    const fixture *f = get_fixture();
+    CHECK(f != NULL);
+    char dir[PATH_MAX], bad[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/hard_f32_router", test_tmpdir());
+    snprintf(bad, sizeof bad, "%s/hard_f32_router_lossy", test_tmpdir());
+    CHECK(copy_dir(f->base, dir) == 0 && copy_dir(f->base, bad) == 0);
+    widened_bytes = 0;
+    int routers = 0;
+    for (int l = 0; l < fx.L; l++) {
+        int w;
+        if ((w = widen_f32(dir, l, "block_sparse_moe.gate.weight", 0)) > 0) widened_bytes += w, routers++;
+        CHECK((w = widen_f32(dir, l, "input_layernorm.weight", 0)) > 0);
+        widened_bytes += w;
+        CHECK((w = widen_f32(dir, l, "post_attention_layernorm.weight", 0)) > 0);
+        widened_bytes += w;
+    }
+    int w = widen_f32(dir, -1, "model.norm.weight", 0);
+    CHECK(w > 0);
+    widened_bytes += w;
+    CHECK(routers > 0);
+    CHECK(edit_json(dir, "model.safetensors.index.json", total_size_fn) == 0);
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    int32_t ids[12];
+    int V0 = 0, V1 = 0;
+    for (int i = 0; i < 12; i++) ids[i] = 1 + (int32_t)(k3c_rng_next(&r) % 500);
+    float *want = prompt_logits(f->base, ids, 12, &V0);
+    float *got = prompt_logits(dir, ids, 12, &V1);
+    CHECKF(want && got, "%s", k3c_error_message());
+    CHECK(V0 == V1 && V0 > 0);
+    for (size_t i = 0; i < (size_t)12 * V0; i++) CHECK(!isnan(want[i]));
+    CHECK(memcmp(want, got, sizeof(float) * 12 * (size_t)V0) == 0);
+    free(want);
+    free(got);
+    /* one router value one f32 ulp off the bf16 grid: not convertible without loss */
+    widened_bytes = widen_f32(bad, fx.moe_layer, "block_sparse_moe.gate.weight", 4);
+    CHECK(widened_bytes > 0);
+    CHECK(edit_json(bad, "model.safetensors.index.json", total_size_fn) == 0);
+    struct k3c_model *m = NULL;
+    CHECK(k3c_model_load(bad, &m) != 0);
+    CHECKF(strstr(k3c_error_message(), "gate.weight in") && strstr(k3c_error_message(), "got F32 whose element 3") &&
+               strstr(k3c_error_message(), "not a bf16 value"),
+           "%s", k3c_error_message());
 }

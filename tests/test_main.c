@@ -153,5 +153,12 @@ int main(int argc, char **argv) {
     }
     if (failed) printf("failed with seed %llu\n", (unsigned long long)run_seed);
     printf("%d passed, %d failed\n", passed, failed);
+    /* a filter that selects nothing (a typo, a renamed test) must not read as a green run */
+    if (passed + failed == 0) {
+        fprintf(stderr, "no test matches");
+        for (int i = 0; i < nf; i++) fprintf(stderr, " '%s'", filters[i]);
+        fprintf(stderr, " (--list shows the names)\n");
+        return 1;
+    }
     return failed ? 1 : 0;
 }

@@ -186,6 +186,12 @@ TEST(runtime_engine_rejects_oversized_options) {
     o.max_context = 0x7ffffff0;
     k3c_engine *e = NULL;
     CHECK(k3c_engine_create(m, &o, &e) != K3C_OK);
+    CHECKF(strstr(k3c_last_error(), "context length of 1048576") != NULL, "message: %s", k3c_last_error());
+    CHECK(e == NULL);
+    /* within the model's context, the block count of 4096 x 2^20 one-token blocks does not fit an int */
+    o.max_context = 1 << 20;
+    o.block_size = 1;
+    CHECK(k3c_engine_create(m, &o, &e) != K3C_OK);
     CHECKF(strstr(k3c_last_error(), "cache blocks") != NULL, "message: %s", k3c_last_error());
     CHECK(e == NULL);
 

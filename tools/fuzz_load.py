@@ -107,17 +107,30 @@ def main():
     ap.add_argument('--out', default=None, help='where findings are kept (default: a new temp dir)')
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(2**32)
-    rng = random.Random(seed)
     out = a.out or tempfile.mkdtemp(prefix='k3c-fuzz-load-')
     os.makedirs(out, exist_ok=True)
     base, work = os.path.join(out, 'base'), os.path.join(out, 'work')
+    findings = 0
+    try:
+        findings = run(a, seed, out, base, work)
+    finally:
+        # the scratch copies always go; the folder stays only for what it holds: findings, or a --out given
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+        if a.out is None and not findings:
+            shutil.rmtree(out, ignore_errors=True)
+    sys.exit(1 if findings else 0)
+
+
+def run(a, seed, out, base, work):
+    rng = random.Random(seed)
     shutil.rmtree(base, ignore_errors=True)
     r = subprocess.run([a.k3c, 'synth', '--preset', a.preset, '--out', base, '--seed', str(seed % 1000)],
                        capture_output=True, text=True)
     if r.returncode:
-        sys.exit('fuzz_load: %s synth failed: %s' % (a.k3c, r.stderr.strip()))
-    print('fuzz_load: seed %d, %d iterations, preset %s, findings under %s' % (seed, a.iterations, a.preset, out),
-          flush=True)
+        raise SystemExit('fuzz_load: %s synth failed: %s' % (a.k3c, r.stderr.strip()))
+    print('fuzz_load: seed %d, %d iterations, preset %s, findings under %s (removed if none)' %
+          (seed, a.iterations, a.preset, out), flush=True)
     env = dict(os.environ, ASAN_OPTIONS='detect_leaks=0', UBSAN_OPTIONS='print_stacktrace=1')
     codes = collections.Counter()
     findings = 0
@@ -144,10 +157,9 @@ def main():
                 print('FINDING %d (iteration %d): %s: %s exit %s: %s' % (findings, it, what, cmd[1], rc,
                                                                          err.strip()[-400:].replace('\n', ' | ')),
                       flush=True)
-    shutil.rmtree(work, ignore_errors=True)
     summary = ', '.join('%s exit %s: %d' % (c, rc, n) for (c, rc), n in sorted(codes.items(), key=str))
     print('fuzz_load: %d iterations, %d findings (%s)' % (a.iterations, findings, summary), flush=True)
-    sys.exit(1 if findings else 0)
+    return findings
 
 
 if __name__ == '__main__':

@@ -1,12 +1,15 @@
 /* Helpers shared by the commands that run the model (generate, logits, bench): option parsing, token-id
  * lists, loading a checkpoint or synthesizing a preset into a temporary directory. */
-#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -23,32 +26,97 @@ int cli_errorf(const char *fmt, ...) {
 
 const char *cli_error(void) { return cli_message[0] ? cli_message : k3c_last_error(); }
 
+const char cli_no_value[] = "";
+
 const char *cli_option(int argc, char **argv, int *i, const char *name) {
     size_t n = strlen(name);
     if (strncmp(argv[*i], name, n) != 0) return NULL;
     if (argv[*i][n] == '=') return argv[*i] + n + 1;
     if (argv[*i][n] != '\0') return NULL;
-    if (*i + 1 >= argc) return NULL;
+    if (*i + 1 >= argc) return cli_no_value;
     return argv[++*i];
 }
 
-int cli_parse_int(const char *s, long lo, long hi, long *out) {
+static int no_value(const char *name, const char *v) {
+    if (v != cli_no_value) return 0;
+    cli_errorf("%s needs a value", name);
+    return 1;
+}
+
+int cli_int(const char *name, const char *v, long lo, long hi, long *out) {
+    if (no_value(name, v)) return -1;
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !*s || *end || v < lo || v > hi) return -1;
-    *out = v;
+    long x = strtol(v, &end, 10);
+    if (errno || !*v || *end || x < lo || x > hi)
+        return cli_errorf("%s: '%s' is not an integer in %ld..%ld", name, v, lo, hi);
+    *out = x;
     return 0;
 }
 
-int cli_parse_float(const char *s, double *out) {
+int cli_u64(const char *name, const char *v, uint64_t *out) {
+    if (no_value(name, v)) return -1;
     char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (errno || !*s || *end || !isfinite(v)) return -1; /* strtod takes "nan" and "inf" */
-    *out = v;
+    unsigned long long x = strtoull(v, &end, 0);
+    /* strtoull negates "-1" into 2^64 - 1 */
+    if (errno || !*v || *end || strchr(v, '-'))
+        return cli_errorf("%s: '%s' is not an integer in 0..%llu", name, v, (unsigned long long)UINT64_MAX);
+    *out = x;
     return 0;
 }
+
+int cli_float(const char *name, const char *v, double lo, double hi, int lo_open, double *out) {
+    if (no_value(name, v)) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    /* strtod takes "nan" and "inf" (NaN fails both comparisons below) */
+    if (errno || !*v || *end || !(lo_open ? x > lo : x >= lo) || !(x <= hi))
+        return cli_errorf("%s: '%s' is not a number in %s%g, %g]", name, v, lo_open ? "(" : "[", lo, hi);
+    *out = x;
+    return 0;
+}
+
+int cli_bytes(const char *name, const char *v, size_t *out) {
+    if (no_value(name, v)) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    double unit = 1;
+    const char *u = end;
+    if (*u) {
+        const char *units = "KMGTP";
+        const char *at = strchr(units, *u >= 'a' ? *u - 32 : *u);
+        if (at) {
+            for (const char *k = units; k <= at; k++) unit *= 1024;
+            u++;
+            if (*u == 'i') u++;
+            if (*u == 'B') u++;
+        } else if (*u == 'B') {
+            u++;
+        }
+    }
+    double b = x * unit;
+    if (errno || end == v || *u || !(b >= 1) || b > 0x1p62)
+        return cli_errorf("%s: '%s' is not a size of at least one byte (bytes, or with K, M, G, T or P: powers of "
+                          "1024, e.g. 8G)", name, v);
+    *out = (size_t)b;
+    return 0;
+}
+
+int cli_str(const char *name, const char *v) {
+    if (no_value(name, v)) return -1;
+    return *v ? 0 : cli_errorf("%s: an empty value", name);
+}
+
+int cli_flush_stdout(void) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    return cli_errorf("writing standard output: %s", errno ? strerror(errno) : "write error");
+}
+
+int cli_unexpected(const char *arg) { return cli_errorf("unexpected argument '%s'", arg); }
 
 int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     int cap = 16, cnt = 0;
@@ -87,17 +155,73 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     return 0;
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[4096 + 512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < sizeof path) unlink(path);
+/* ---- the implicit synthesis's temporary directory ----
+ * Without --model a preset is synthesized into $TMPDIR/k3c-<preset>-XXXXXX (430 MB for bench's mini) and
+ * removed once loaded (the loader maps the files; the mapping outlives the unlink). A SIGINT / SIGTERM /
+ * SIGHUP / SIGQUIT while the directory exists removes it in the handler, then ends the process by the same
+ * signal. The directory is flat (synth writes no subdirectories), and the removal uses only async-signal-safe
+ * calls (open, getdents64, unlinkat, rmdir), so it is the same code in the handler and on the normal path. */
+static char synth_dir[4096];
+static volatile sig_atomic_t synth_dir_live;
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define N_CLEANUP_SIGNALS (sizeof cleanup_signals / sizeof cleanup_signals[0])
+static struct sigaction cleanup_saved[N_CLEANUP_SIGNALS];
+
+struct dirent64_raw {
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+};
+
+static void remove_flat_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096] __attribute__((aligned(8)));
+        /* passes until one removes nothing: unlinking while reading may move entries past the offset read */
+        for (int removed = 1; removed;) {
+            removed = 0;
+            lseek(fd, 0, SEEK_SET);
+            long n;
+            while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+                for (long off = 0; off < n;) {
+                    struct dirent64_raw *d = (struct dirent64_raw *)(buf + off);
+                    off += d->reclen;
+                    if (d->name[0] == '.' && (!d->name[1] || (d->name[1] == '.' && !d->name[2]))) continue;
+                    if (unlinkat(fd, d->name, 0) == 0) removed = 1;
+                }
+        }
+        close(fd);
     }
-    closedir(d);
     rmdir(dir);
+}
+
+static void cleanup_on_signal(int sig) {
+    if (synth_dir_live) remove_flat_dir(synth_dir);
+    /* SA_RESETHAND made the action the default again: the raised signal ends the process on return */
+    raise(sig);
+}
+
+static void cleanup_arm(const char *dir) {
+    snprintf(synth_dir, sizeof synth_dir, "%s", dir);
+    synth_dir_live = 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cleanup_on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&sa.sa_mask, cleanup_signals[i]);
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) {
+        sigaction(cleanup_signals[i], NULL, &cleanup_saved[i]);
+        if (cleanup_saved[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL); /* nohup stays */
+    }
+}
+
+static void cleanup_done(void) {
+    remove_flat_dir(synth_dir);
+    synth_dir_live = 0;
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaction(cleanup_signals[i], &cleanup_saved[i], NULL);
 }
 
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m) {
@@ -106,16 +230,19 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
     char path[4096];
     snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset);
     if (!mkdtemp(path)) return cli_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
+    cleanup_arm(path);
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
     int rc = k3c_synthesize(preset, seed, path);
     if (rc == K3C_OK) rc = k3c_load(path, m);
     /* the loader maps the files; unlinking them keeps the mapping valid and leaves nothing behind */
-    remove_tree(path);
+    cleanup_done();
     return rc;
 }
 
 int cli_check_device(const char *device) {
-    return !strcmp(device, "cpu") || !strcmp(device, "cuda") ? 0 : -1;
+    if (no_value("--device", device)) return -1;
+    if (!strcmp(device, "cpu") || !strcmp(device, "cuda")) return 0;
+    return cli_errorf("--device: '%s' is not cpu or cuda", device);
 }
 
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad) {
@@ -125,11 +252,18 @@ int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int 
         *bad = cli_check_device(v);
         o->device = v;
     } else if ((v = cli_option(argc, argv, i, "--threads"))) {
-        *bad = cli_parse_int(v, 0, 4096, &l);
+        *bad = cli_int("--threads", v, 0, 4096, &l);
         o->threads = (int)l;
     } else if ((v = cli_option(argc, argv, i, "--kv-cache"))) {
-        *bad = strcmp(v, "bf16") && strcmp(v, "fp8");
+        *bad = no_value("--kv-cache", v) ? -1
+               : strcmp(v, "bf16") && strcmp(v, "fp8") ? cli_errorf("--kv-cache: '%s' is not bf16 or fp8", v)
+                                                        : 0;
         o->kv_fp8 = !strcmp(v, "fp8");
+    } else if ((v = cli_option(argc, argv, i, "--max-context"))) {
+        *bad = cli_int("--max-context", v, 1, INT32_MAX, &l);
+        o->max_context = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--memory-limit"))) {
+        *bad = cli_bytes("--memory-limit", v, &o->memory_limit);
     } else {
         return 0;
     }
@@ -141,19 +275,61 @@ int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad
     double d = 0;
     long l = 0;
     if ((v = cli_option(argc, argv, i, "--temperature"))) {
-        *bad = cli_parse_float(v, &d) || d < 0;
+        /* FLT_MAX: the sampler's float must hold it (1e39 would become inf) */
+        *bad = cli_float("--temperature", v, 0, FLT_MAX, 0, &d);
         s->temperature = (float)d;
     } else if ((v = cli_option(argc, argv, i, "--top-k"))) {
-        *bad = cli_parse_int(v, 0, 1 << 30, &l);
+        *bad = cli_int("--top-k", v, 0, 1 << 30, &l);
         s->top_k = (int)l;
     } else if ((v = cli_option(argc, argv, i, "--top-p"))) {
-        *bad = cli_parse_float(v, &d) || d <= 0 || d > 1;
+        *bad = cli_float("--top-p", v, 0, 1, 1, &d);
         s->top_p = (float)d;
     } else if ((v = cli_option(argc, argv, i, "--seed"))) {
-        *bad = cli_parse_int(v, 0, 0x7fffffffffffffffL, &l);
-        s->seed = (uint64_t)l;
+        *bad = cli_u64("--seed", v, &s->seed);
     } else {
         return 0;
     }
     return 1;
+}
+
+int cli_sampling_check(const k3c_sampling *s) {
+    if (s->temperature > 0) return 0;
+    if (s->top_k > 0)
+        return cli_errorf("--top-k %d filters sampled tokens: it needs --temperature T > 0 (without it decoding is "
+                          "greedy)", s->top_k);
+    if (s->top_p < 1)
+        return cli_errorf("--top-p %g filters sampled tokens: it needs --temperature T > 0 (without it decoding is "
+                          "greedy)", (double)s->top_p);
+    return 0;
+}
+
+int cli_context(const k3c_engine_options *o, int n_prompt, long n_new, const char *n_name, int *ctx) {
+    /* the last sampled token is never fed back: a request holds the prompt and n_new - 1 generated tokens */
+    long need = (long)n_prompt + (n_new > 0 ? n_new - 1 : 0);
+    if (o->max_context > 0) {
+        if (need > o->max_context)
+            return cli_errorf("%s %ld with a %d-token prompt needs a context of %ld tokens, more than --max-context %d",
+                              n_name, n_new, n_prompt, need, o->max_context);
+        *ctx = o->max_context;
+        return 0;
+    }
+    if (need > INT32_MAX) return cli_errorf("%s %ld with a %d-token prompt: %ld tokens", n_name, n_new, n_prompt, need);
+    *ctx = (int)need;
+    return 0;
+}
+
+void cli_report_memory(const char *cmd, const k3c_engine *e, const char *device) {
+    k3c_engine_memory mm;
+    if (k3c_engine_memory_get(e, &mm) != K3C_OK) return;
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double b = (double)mm.cache_bytes, l = (double)mm.limit;
+    int i = 0, j = 0;
+    while (b >= 1024 && i < 5) b /= 1024, i++;
+    while (l >= 1024 && j < 5) l /= 1024, j++;
+    char lim[128];
+    if (mm.limit) snprintf(lim, sizeof lim, "limit %.2f %s, %s", l, u[j], mm.limit_source);
+    else snprintf(lim, sizeof lim, "no limit could be told");
+    fprintf(stderr, "k3c %s: reserved %.2f %s of caches on %s for %d request%s x %d tokens (%ld cache positions; %s)\n",
+            cmd, b, u[i], device, mm.max_requests, mm.max_requests == 1 ? "" : "s", mm.max_context, mm.cache_tokens,
+            lim);
 }

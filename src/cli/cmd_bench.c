@@ -134,15 +134,15 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stdout);
             return 0;
         } else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--preset"))) preset = v;
-        else if ((v = cli_option(argc, argv, &i, "--batches"))) batches = v;
-        else if ((v = cli_option(argc, argv, &i, "--verify"))) verify = v;
-        else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_parse_int(v, 1, 1 << 20, &context);
-        else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_parse_int(v, 1, 100000, &steps);
-        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_parse_int(v, 0, 4096, &threads);
-        else bad = 1;
+        else if ((v = cli_option(argc, argv, &i, "--preset"))) bad = cli_str("--preset", preset = v);
+        else if ((v = cli_option(argc, argv, &i, "--batches"))) bad = cli_str("--batches", batches = v);
+        else if ((v = cli_option(argc, argv, &i, "--verify"))) bad = cli_str("--verify", verify = v);
+        else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_int("--context", v, 1, 1 << 20, &context);
+        else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_int("--steps", v, 1, 100000, &steps);
+        else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_int("--threads", v, 0, 4096, &threads);
+        else bad = cli_unexpected(argv[i]);
         if (bad) {
-            fprintf(stderr, "k3c bench: bad or unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "k3c bench: %s\n", cli_error());
             bench_usage(stderr);
             return 2;
         }

@@ -1,5 +1,6 @@
 /* k3c generate: prefill a prompt of token ids and sample new tokens, printing them as they come and a
  * summary (prefill and decode tokens/s). Without --model the `tiny` preset is synthesized on the fly. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,18 +10,26 @@
 static void generate_usage(FILE *f) {
     fprintf(f, "usage: k3c generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T] [--top-k K]\n"
                "                    [--top-p P] [--seed S] [--device cpu|cuda] [--threads N] [--stock]\n"
-               "                    [--kv-cache bf16|fp8]\n"
+               "                    [--kv-cache bf16|fp8] [--max-context N] [--memory-limit BYTES]\n"
                "with --device cuda the engine takes the specialized decode executor (graph-captured steps) unless\n"
                "--stock forces the stock forward; a summary of steps per path goes to stderr\n"
                "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n"
+               "--max-context: tokens the request may hold (default: the prompt and -n); at most the model's\n"
+               "  context length; --memory-limit (e.g. 8G): most bytes its caches may take (default: what the\n"
+               "  device has free); a need past either is refused\n"
                "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
+/* Streams each token as it comes; a failed write (a full disk, a closed stdout) stops the generation, which
+ * then fails, instead of computing tokens nobody receives. */
 static int print_token(void *user, int32_t tok) {
-    int *first = user;
-    printf("%s%d", *first ? "" : " ", tok);
-    *first = 0;
-    fflush(stdout);
+    int *state = user; /* [0] first token still to come, [1] a write failed */
+    errno = 0;
+    if (printf("%s%d", state[0] ? "" : " ", tok) < 0 || fflush(stdout) != 0) {
+        state[1] = errno ? errno : EIO;
+        return 1;
+    }
+    state[0] = 0;
     return 0;
 }
 
@@ -50,17 +59,21 @@ int cmd_generate(int argc, char **argv) {
             generate_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--stock")) stock = 1;
-        else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
-        else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
-        else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 0, 1 << 30, &n);
+        else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) bad = cli_str("--prompt-ids", ids_s = v);
+        else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_int("-n", v, 0, 1 << 30, &n);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
-        else bad = 1;
+        else bad = cli_unexpected(argv[i]);
         if (bad) {
-            fprintf(stderr, "k3c generate: bad or unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "k3c generate: %s\n", cli_error());
             generate_usage(stderr);
             return 2;
         }
+    }
+    if (cli_sampling_check(&s)) {
+        fprintf(stderr, "k3c generate: %s\n", cli_error());
+        return 2;
     }
     int32_t *ids = NULL;
     int n_ids = 0;
@@ -72,22 +85,38 @@ int cmd_generate(int argc, char **argv) {
         generate_usage(stderr);
         return 2;
     }
+    int ctx = 0;
+    if (cli_context(&o, n_ids, n, "-n", &ctx)) {
+        fprintf(stderr, "k3c generate: %s\n", cli_error());
+        free(ids);
+        return 2;
+    }
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     int rc = 1;
     if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
-    o.max_context = n_ids + (int)n + 1;
+    o.max_context = ctx;
     o.specialized = stock ? K3C_SPECIALIZED_OFF : K3C_SPECIALIZED_AUTO;
-    if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    if (k3c_engine_create(m, &o, &e) != K3C_OK) {
+        cli_errorf("-n %ld with a %d-token prompt: %s", n, n_ids, k3c_last_error());
+        goto fail;
+    }
+    cli_report_memory("generate", e, o.device);
     k3c_generate_stats st;
-    int first = 1;
-    if (k3c_generate(e, ids, n_ids, (int)n, &s, print_token, &first, &st) != K3C_OK) {
+    int state[2] = {1, 0};
+    if (k3c_generate(e, ids, n_ids, (int)n, &s, print_token, state, &st) != K3C_OK) {
         printf("\n");
         goto fail;
     }
+    if (state[1]) {
+        cli_errorf("writing the tokens to standard output: %s (stopped after %d tokens)", strerror(state[1]),
+                   st.generated);
+        goto fail;
+    }
     printf("\n");
-    fflush(stdout); /* the tokens before the summary on stderr, also when both go to one pipe */
+    /* the tokens before the summary on stderr, also when both go to one pipe */
+    if (cli_flush_stdout() != 0) goto fail;
     int decode_steps = st.generated > 0 ? st.generated - 1 : 0;
     fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d steps in %.3f s (%.1f tok/s) [%s]\n",
             st.prompt_tokens, st.prefill_seconds, st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0,

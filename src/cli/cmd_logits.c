@@ -2,11 +2,9 @@
  * writes the logits of every position as float32 [len, vocab], row-major, to FILE; with --aux, the aux
  * hidden-state streams of the listed layers (k3c_engine_options.aux_layers) as float32 [num_aux, len, hidden]
  * to the --aux-out file. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/commands.h"
 
@@ -16,23 +14,9 @@ static void logits_usage(FILE *f) {
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
                "--aux: the hidden state entering each listed layer (0..num_layers, increasing; num_layers = the\n"
                "       final norm's input), written as float32 [num_aux, len, hidden] to --aux-out\n"
-               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16)\n");
-}
-
-/* Writes n floats to path; a short file is removed (it would read as valid rows), a device never is. */
-static int write_f32(const char *path, const float *x, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return cli_errorf("cannot open %s for writing: %s", path, strerror(errno));
-    struct stat st;
-    int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
-    size_t wrote = fwrite(x, sizeof(float), n, f);
-    int close_rc = fclose(f);
-    if (wrote != n || close_rc != 0) {
-        cli_errorf("writing %s: %s", path, strerror(errno));
-        if (regular) remove(path);
-        return K3C_ERR;
-    }
-    return K3C_OK;
+               "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16); --max-context N, --memory-limit BYTES: the\n"
+               "       memory plan (as generate)\n"
+               "both files are opened before the model loads and appear, whole, only once everything is written\n");
 }
 
 int cmd_logits(int argc, char **argv) {
@@ -49,16 +33,16 @@ int cmd_logits(int argc, char **argv) {
             return 0;
         } else if (!strcmp(argv[i], "--f32")) {
             f32 = 1;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
-        else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) ids_s = v;
-        else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_parse_int(v, 1, 1 << 30, &prefill);
-        else if ((v = cli_option(argc, argv, &i, "--out"))) out = v;
-        else if ((v = cli_option(argc, argv, &i, "--aux"))) aux_s = v;
-        else if ((v = cli_option(argc, argv, &i, "--aux-out"))) aux_out = v;
+        } else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) bad = cli_str("--prompt-ids", ids_s = v);
+        else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_int("--prefill", v, 1, 1 << 30, &prefill);
+        else if ((v = cli_option(argc, argv, &i, "--out"))) bad = cli_str("--out", out = v);
+        else if ((v = cli_option(argc, argv, &i, "--aux"))) bad = cli_str("--aux", aux_s = v);
+        else if ((v = cli_option(argc, argv, &i, "--aux-out"))) bad = cli_str("--aux-out", aux_out = v);
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
-        else bad = 1;
+        else bad = cli_unexpected(argv[i]);
         if (bad) {
-            fprintf(stderr, "k3c logits: bad or unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "k3c logits: %s\n", cli_error());
             logits_usage(stderr);
             return 2;
         }
@@ -86,16 +70,33 @@ int cmd_logits(int argc, char **argv) {
         free(aux32);
         return 2;
     }
+    if (aux_out && !strcmp(aux_out, out)) {
+        fprintf(stderr, "k3c logits: --out and --aux-out are the same file %s\n", out);
+        free(ids);
+        free(aux32);
+        return 2;
+    }
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     float *lg = NULL, *aux = NULL;
     int rc = 1, id, *aux_layers = NULL, D = 0;
+    /* both outputs exist (as temporary files) before the model loads: an unwritable path fails now */
+    cli_out fo, fa;
+    int have_fo = 0, have_fa = 0;
+    if (cli_out_open(&fo, out) != K3C_OK) goto fail;
+    have_fo = 1;
+    if (na && cli_out_open(&fa, aux_out) != K3C_OK) goto fail;
+    have_fa = na > 0;
     if (k3c_load(model, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
     o.max_rows = (int)prefill;
     o.q_max = 1;
     o.exact_f32 = f32;
-    o.max_context = n;
+    if (o.max_context > 0 && o.max_context < n) {
+        cli_errorf("--prompt-ids holds %d tokens, more than --max-context %d", n, o.max_context);
+        goto fail;
+    }
+    if (o.max_context <= 0) o.max_context = n;
     if (na > 0) {
         aux_layers = malloc(sizeof(int) * (size_t)na);
         if (!aux_layers) {
@@ -107,6 +108,7 @@ int cmd_logits(int argc, char **argv) {
         o.num_aux = na;
     }
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    cli_report_memory("logits", e, o.device);
     int V = k3c_engine_vocab(e);
     D = k3c_engine_hidden_size(e);
     lg = malloc(sizeof(float) * (size_t)n * V);
@@ -126,27 +128,22 @@ int cmd_logits(int argc, char **argv) {
         for (int j = 0; j < na; j++)
             if (k3c_engine_aux(e, j, aux + ((size_t)j * n + i) * D, NULL) != K3C_OK) goto fail;
     }
-    if (na && write_f32(aux_out, aux, (size_t)na * n * D) != K3C_OK) goto fail;
-    FILE *f = fopen(out, "wb");
-    if (!f) {
-        cli_errorf("cannot open %s for writing: %s", out, strerror(errno));
+    /* everything written and closed before either file takes its name */
+    if (cli_out_write(&fo, lg, sizeof(float) * (size_t)n * V) != K3C_OK ||
+        (na && cli_out_write(&fa, aux, sizeof(float) * (size_t)na * n * D) != K3C_OK) ||
+        cli_out_close(&fo) != K3C_OK || (na && cli_out_close(&fa) != K3C_OK) ||
+        (na && cli_out_commit(&fa) != K3C_OK) || cli_out_commit(&fo) != K3C_OK)
         goto fail;
-    }
-    struct stat st;
-    int regular = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
-    size_t wrote = fwrite(lg, sizeof(float), (size_t)n * V, f);
-    int close_rc = fclose(f);
-    if (wrote != (size_t)n * V || close_rc != 0) {
-        cli_errorf("writing %s: %s", out, strerror(errno));
-        /* a short logits file would read as valid rows; a device (/dev/full) is never unlinked */
-        if (regular) remove(out);
-        goto fail;
-    }
+    cli_out_free(&fo);
+    if (na) cli_out_free(&fa);
+    have_fo = have_fa = 0;
     fprintf(stderr, "wrote %d x %d float32 logits to %s\n", n, V, out);
     rc = 0;
     goto done;
 fail:
     fprintf(stderr, "k3c logits: %s\n", cli_error());
+    if (have_fo) cli_out_abort(&fo);
+    if (have_fa) cli_out_abort(&fa);
 done:
     free(lg);
     free(aux);

@@ -12,39 +12,39 @@ static void run_usage(FILE *f) {
     fprintf(f,
             "usage: k3c run [--model DIR] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D] [--max-requests M]\n"
             "               [--prefill-budget B] [--stop ID] [--temperature T --top-k K --top-p P --seed S]\n"
-            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8] [--stock]\n"
-            "runs every prompt (';'-separated token-id lists) for -n tokens, at most M at once (default 4);\n"
+            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8] [--max-context N]\n"
+            "               [--memory-limit BYTES] [--stock]\n"
+            "runs every prompt (';'-separated token-id lists, segment k = request k) for -n tokens, at most M at\n"
+            "once (default 4; never more than there are prompts);\n"
+            "--max-context: tokens one request may hold (default: the longest prompt and -n); --memory-limit\n"
+            "(e.g. 8G): most bytes the caches may take (default: what the device has free); past either: refused\n"
             "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
             "with --device cuda the decode and verify steps take the specialized decode executor unless --stock\n"
             "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
-/* "1,2;3,4,5" -> prompts (each malloc'd); 0 or -1. */
+/* "1,2;3,4,5" -> prompts (each malloc'd); 0 or -1 with a message. Segment k is request k: an empty segment
+ * ("1;;2", a trailing ';') is refused rather than dropped, which would shift every request number after it. */
 static int parse_prompts(const char *s, int32_t ***prompts, int **lens, int *n) {
-    int cap = 8, cnt = 0;
-    int32_t **p = malloc(sizeof *p * cap);
-    int *l = malloc(sizeof *l * cap);
+    int cnt = 1;
+    for (const char *c = s; *c; c++) cnt += *c == ';';
+    int32_t **p = calloc((size_t)cnt, sizeof *p);
+    int *l = calloc((size_t)cnt, sizeof *l);
     char *copy = strdup(s);
-    int rc = p && l && copy ? 0 : -1;
-    for (char *save = NULL, *tok = copy ? strtok_r(copy, ";", &save) : NULL; tok && rc == 0;
-         tok = strtok_r(NULL, ";", &save)) {
-        if (cnt == cap) {
-            cap *= 2;
-            int32_t **np = realloc(p, sizeof *p * cap);
-            int *nl = np ? realloc(l, sizeof *l * cap) : NULL;
-            if (np) p = np;
-            if (nl) l = nl;
-            if (!np || !nl) {
-                rc = -1;
-                break;
-            }
-        }
-        if (cli_parse_ids(tok, &p[cnt], &l[cnt])) rc = -1;
-        else cnt++;
+    int rc = 0, k = 0;
+    if (!p || !l || !copy) rc = cli_errorf("out of memory for %d prompts", cnt);
+    for (char *seg = copy; rc == 0 && k < cnt; k++) {
+        char *end = strchr(seg, ';');
+        if (end) *end = '\0';
+        if (!*seg)
+            rc = cli_errorf("segment %d (request %d) is empty: each ';'-separated segment is one prompt", k + 1, k);
+        else if (cli_parse_ids(seg, &p[k], &l[k]))
+            rc = cli_errorf("segment %d (request %d) '%s' is not a comma-separated list of token ids", k + 1, k, seg);
+        seg = end ? end + 1 : seg + strlen(seg);
     }
     free(copy);
-    if (rc || cnt == 0) {
-        for (int i = 0; i < cnt; i++) free(p[i]);
+    if (rc) {
+        for (int i = 0; p && i < cnt; i++) free(p[i]);
         free(p);
         free(l);
         return -1;
@@ -95,44 +95,69 @@ int cmd_run(int argc, char **argv) {
             run_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--stock")) o.specialized = K3C_SPECIALIZED_OFF;
-        else if ((v = cli_option(argc, argv, &i, "--model"))) model = v;
-        else if ((v = cli_option(argc, argv, &i, "--prompts"))) prompts_s = v;
-        else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_parse_int(v, 1, 1 << 30, &n);
-        else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_parse_int(v, 0, 64, &spec);
-        else if ((v = cli_option(argc, argv, &i, "--max-requests"))) bad = cli_parse_int(v, 1, 4096, &max_req);
-        else if ((v = cli_option(argc, argv, &i, "--prefill-budget"))) bad = cli_parse_int(v, 0, 1 << 20, &budget);
-        else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_parse_int(v, 0, 0x7fffffffL, &stop);
+        else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if ((v = cli_option(argc, argv, &i, "--prompts"))) bad = cli_str("--prompts", prompts_s = v);
+        else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_int("-n", v, 1, 1 << 30, &n);
+        else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_int("--spec", v, 0, 64, &spec);
+        else if ((v = cli_option(argc, argv, &i, "--max-requests")))
+            bad = cli_int("--max-requests", v, 1, 4096, &max_req);
+        else if ((v = cli_option(argc, argv, &i, "--prefill-budget")))
+            bad = cli_int("--prefill-budget", v, 0, 1 << 20, &budget);
+        else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_int("--stop", v, 0, 0x7fffffffL, &stop);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
-        else bad = 1;
+        else bad = cli_unexpected(argv[i]);
         if (bad) {
-            fprintf(stderr, "k3c run: bad or unexpected argument '%s'\n", argv[i]);
+            fprintf(stderr, "k3c run: %s\n", cli_error());
             run_usage(stderr);
             return 2;
         }
     }
+    if (cli_sampling_check(&s)) {
+        fprintf(stderr, "k3c run: %s\n", cli_error());
+        return 2;
+    }
     int32_t **prompts = NULL;
     int *lens = NULL, n_prompts = 0;
-    if (!prompts_s || parse_prompts(prompts_s, &prompts, &lens, &n_prompts)) {
-        fprintf(stderr, "k3c run: --prompts needs ';'-separated lists of comma-separated token ids\n");
+    if (!prompts_s) {
+        fprintf(stderr, "k3c run: --prompts is required\n");
+        run_usage(stderr);
+        return 2;
+    }
+    if (parse_prompts(prompts_s, &prompts, &lens, &n_prompts)) {
+        fprintf(stderr, "k3c run: --prompts: %s\n", cli_error());
         run_usage(stderr);
         return 2;
     }
     int max_prompt = 0;
     for (int i = 0; i < n_prompts; i++)
         if (lens[i] > max_prompt) max_prompt = lens[i];
+    int ctx = 0;
+    if (cli_context(&o, max_prompt, n, "-n", &ctx)) {
+        fprintf(stderr, "k3c run: %s\n", cli_error());
+        for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+        free(prompts);
+        free(lens);
+        return 2;
+    }
 
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     k3c_runner *r = NULL;
     int rc = 1;
     if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
-    o.max_requests = (int)max_req;
+    /* slots past the number of prompts would never be used: the memory plan reserves only those that can be */
+    o.max_requests = (int)max_req < n_prompts ? (int)max_req : n_prompts;
     /* the runner never lets a verify write past where plain decoding would end: prompt + n - 1 tokens */
-    o.max_context = max_prompt + (int)n + 1;
+    o.max_context = ctx;
     o.q_max = (int)spec + 1 > o.q_max ? (int)spec + 1 : o.q_max;
     if (o.max_rows < (int)max_req * ((int)spec + 1)) o.max_rows = (int)max_req * ((int)spec + 1);
-    if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    if (k3c_engine_create(m, &o, &e) != K3C_OK) {
+        cli_errorf("%d request%s, prompts of up to %d tokens, -n %ld: %s", o.max_requests,
+                   o.max_requests == 1 ? "" : "s", max_prompt, n, k3c_last_error());
+        goto fail;
+    }
+    cli_report_memory("run", e, o.device);
     k3c_runner_options ro;
     k3c_runner_options_default(&ro);
     ro.spec_tokens = (int)spec;
@@ -154,7 +179,7 @@ int cmd_run(int argc, char **argv) {
         for (int k = 0; k < nt; k++) printf(" %d", t[k]);
         printf("\n");
     }
-    fflush(stdout);
+    if (cli_flush_stdout() != 0) goto fail;
     k3c_runner_stats st;
     k3c_runner_stats_get(r, &st);
     k3c_engine_stats es;

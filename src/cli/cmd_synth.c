@@ -1,5 +1,4 @@
 /* k3c synth --preset NAME --out DIR [--seed N]: writes a synthetic checkpoint of a built-in preset. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,20 +14,20 @@ static void synth_usage(FILE *f) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL, *seed_str = NULL;
+    const char *preset = NULL, *out = NULL;
+    uint64_t seed = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
+        int bad = 0;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             synth_usage(stdout);
             return 0;
-        } else if ((v = cli_option(argc, argv, &i, "--preset"))) {
-            preset = v;
-        } else if ((v = cli_option(argc, argv, &i, "--out"))) {
-            out = v;
-        } else if ((v = cli_option(argc, argv, &i, "--seed"))) {
-            seed_str = v;
-        } else {
-            fprintf(stderr, "k3c synth: unexpected argument '%s' (or missing value)\n", argv[i]);
+        } else if ((v = cli_option(argc, argv, &i, "--preset"))) bad = cli_str("--preset", preset = v);
+        else if ((v = cli_option(argc, argv, &i, "--out"))) bad = cli_str("--out", out = v);
+        else if ((v = cli_option(argc, argv, &i, "--seed"))) bad = cli_u64("--seed", v, &seed);
+        else bad = cli_unexpected(argv[i]);
+        if (bad) {
+            fprintf(stderr, "k3c synth: %s\n", cli_error());
             synth_usage(stderr);
             return 2;
         }
@@ -37,16 +36,6 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "k3c synth: --preset and --out are required\n");
         synth_usage(stderr);
         return 2;
-    }
-    uint64_t seed = 0;
-    if (seed_str) {
-        char *end;
-        errno = 0;
-        seed = strtoull(seed_str, &end, 0);
-        if (errno || *end || !*seed_str || seed_str[0] == '-') {
-            fprintf(stderr, "k3c synth: --seed: '%s' is not an unsigned integer\n", seed_str);
-            return 2;
-        }
     }
     if (k3c_synthesize(preset, seed, out) != K3C_OK) {
         fprintf(stderr, "k3c synth: %s\n", cli_error());

@@ -11,6 +11,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 
 /* ---- helpers of the commands that run the model (cli_run.c) ---- */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "k3c.h"
@@ -22,20 +23,57 @@ int cli_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *cli_error(void);
 
 /* --name VALUE or --name=VALUE at argv[*i]: the value (advancing *i past a separate one), else NULL. */
+/* --name VALUE or --name=VALUE at argv[*i]: the value (advancing *i past a separate one), else NULL; a --name
+ * with nothing after it gives cli_no_value, which every parser below refuses ("--name needs a value"). */
+extern const char cli_no_value[];
 const char *cli_option(int argc, char **argv, int *i, const char *name);
-int cli_parse_int(const char *s, long lo, long hi, long *out);       /* 0 or -1 */
-int cli_parse_float(const char *s, double *out);                     /* 0 or -1 */
+/* The option parsers every command uses: 0, or -1 with a message (k3c_last_error) that names the option, the
+ * value given and the range allowed. */
+int cli_int(const char *name, const char *v, long lo, long hi, long *out);
+int cli_u64(const char *name, const char *v, uint64_t *out);
+/* a number in [lo, hi], or (lo, hi] with lo_open; never NaN or inf */
+int cli_float(const char *name, const char *v, double lo, double hi, int lo_open, double *out);
+/* bytes: a number with an optional K, M, G, T or P (powers of 1024; "8G", "512MiB", "1.5T") */
+int cli_bytes(const char *name, const char *v, size_t *out);
+/* a string value: present and not empty */
+int cli_str(const char *name, const char *v);
+/* Flushes stdout: 0, or -1 with a message naming the write error (a full disk, a closed stdout). */
+int cli_flush_stdout(void);
+/* the message for an argument that no option took; -1 */
+int cli_unexpected(const char *arg);
 /* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
 /* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
-int cli_check_device(const char *device); /* 0 for cpu / cuda */
-/* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8)
- * at argv[*i], parsed into *o: 1 when argv[*i] is one of them (*bad = 1 for a bad value). */
+int cli_check_device(const char *device); /* 0 for cpu / cuda, else -1 with a message */
+/* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8,
+ * --max-context N, --memory-limit BYTES) at argv[*i], parsed into *o: 1 when argv[*i] is one of them (*bad = -1
+ * for a bad value, with the message). */
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
-/* The sampling options of generate and run (--temperature T >= 0, --top-k K >= 0, --top-p P in (0, 1],
- * --seed S >= 0) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad = 1 for a bad value). */
+/* The sampling options of generate and run (--temperature T in [0, FLT_MAX], --top-k K >= 0, --top-p P in
+ * (0, 1], --seed S) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad as above). */
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad);
+/* After parsing: --top-k / --top-p without --temperature > 0 (greedy would ignore them) is an error. */
+int cli_sampling_check(const k3c_sampling *s);
+/* The context one request needs for a prompt of n_prompt tokens and n_new generated (option n_name): *ctx =
+ * --max-context when given (an error when the need is larger), else the need. 0 or -1 with a message. */
+int cli_context(const k3c_engine_options *o, int n_prompt, long n_new, const char *n_name, int *ctx);
+/* The memory plan's line on stderr: what the engine reserved, for how many requests and tokens. */
+void cli_report_memory(const char *cmd, const k3c_engine *e, const char *device);
+
+/* ---- output files that appear whole or not at all (cli_out.c) ---- */
+typedef struct cli_out {
+    const char *path;
+    char *tmp;     /* the temporary file beside path (NULL: path is a device or FIFO, written in place) */
+    int fd;
+    int committed; /* tmp renamed over path */
+} cli_out;
+int cli_out_open(cli_out *o, const char *path); /* before any compute; 0 or -1 with a message */
+int cli_out_write(cli_out *o, const void *buf, size_t bytes);
+int cli_out_close(cli_out *o);  /* close every output, then commit each */
+int cli_out_commit(cli_out *o); /* renames the temporary file over path */
+void cli_out_abort(cli_out *o); /* on any failure: removes what this output wrote, committed or not */
+void cli_out_free(cli_out *o);  /* after the last commit */
 
 /* k3c bench --device cuda (bench_cuda.c): decode step times of a device-synthetic preset per batch size
  * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. Returns the exit status. */

@@ -1,6 +1,9 @@
 /* The k3c command: one subcommand per front-end job; every subcommand lives in its own cmd_*.c. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 
@@ -24,7 +27,35 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %s\n", commands[i].help);
 }
 
+/* A standard descriptor the caller closed (`k3c generate >&-`) would be handed out again by the next open()
+ * (a shard, a synthesized file), and printf would write into that file. Held on /dev/null opened read-only,
+ * it stays taken and every write to it fails (EBADF), which the check at exit reports. */
+static void hold_closed_std_fds(void) {
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+            int n = open("/dev/null", fd == 0 ? O_RDWR : O_RDONLY);
+            if (n >= 0 && n != fd) {
+                dup2(n, fd);
+                close(n);
+            }
+        }
+}
+
+/* What a command printed went out, or the run fails: a full disk (/dev/full), a closed or read-only stdout
+ * would otherwise exit 0 with the output lost. */
+static int check_stdout(const char *cmd, int rc) {
+    errno = 0;
+    int bad = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad) bad = 1, e = errno;
+    if (!bad || rc) return rc; /* a failed command has said why */
+    fprintf(stderr, "k3c%s%s: writing standard output failed: %s\n", *cmd ? " " : "", cmd,
+            e ? strerror(e) : "write error");
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
+    hold_closed_std_fds();
     if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
         /* the library linked, and the header this binary was compiled against */
         printf("k3c %s (%s)\n", k3c_version(), k3c_has_cuda() ? "cpu, cuda" : "cpu");
@@ -32,10 +63,10 @@ int main(int argc, char **argv) {
     }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return check_stdout("", argc < 2 ? 2 : 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return check_stdout(argv[1], commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "k3c: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -190,6 +190,32 @@ static void cpu_fill_bytes(k3c_backend *be, void *dst, int byte, size_t bytes) {
     flush(be->ctx);
     memset(dst, byte, bytes);
 }
+/* MemAvailable (kB) from /proc/meminfo: the kernel's estimate of what can be allocated without swapping; in a
+ * cgroup (v2) with a memory.max, at most what is left under that limit (a container's MemAvailable is the
+ * host's). */
+static size_t cpu_mem_free(k3c_backend *be, const char **source) {
+    *source = "MemAvailable in /proc/meminfo";
+    unsigned long long avail = 0, max = 0, cur = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &avail) == 1) break;
+        fclose(f);
+    }
+    avail *= 1024;
+    FILE *fm = fopen("/sys/fs/cgroup/memory.max", "r"), *fc = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (fm && fc && fscanf(fm, "%llu", &max) == 1 && fscanf(fc, "%llu", &cur) == 1) { /* "max": no limit */
+        unsigned long long left = max > cur ? max - cur : 0;
+        if (!avail || left < avail) {
+            avail = left;
+            *source = "memory.max of the cgroup";
+        }
+    }
+    if (fm) fclose(fm);
+    if (fc) fclose(fc);
+    return (size_t)avail;
+}
 static void cpu_gather_rows(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst) {
     flush(be->ctx);
     for (int i = 0; i < n; i++) memmove(dst + (size_t)i * D, src + (size_t)rows[i] * D, (size_t)D * 4);
@@ -707,6 +733,7 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->download = cpu_copy;
     be->copy = cpu_copy;
     be->fill_bytes = cpu_fill_bytes;
+    be->mem_free = cpu_mem_free;
     be->gather_rows = cpu_gather_rows;
     be->embed = cpu_embed;
     be->matmul = cpu_matmul;

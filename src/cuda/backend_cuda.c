@@ -570,9 +570,9 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
      * mla_chunk latent rows) */
     size_t ws = (size_t)32 << 20, xbf_elems = R * max_cols;
     if ((size_t)x->mla_chunk * kvl > xbf_elems) xbf_elems = (size_t)x->mla_chunk * kvl;
-    if (cudaMalloc(&x->gemm_ws, ws) != cudaSuccess || cudaMalloc((void **)&x->xbf, xbf_elems * 2) != cudaSuccess)
-        return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: cannot allocate the cuBLASLt workspace (%zu MiB) and staging (%zu elements)", ws >> 20,
-                          xbf_elems);
+    /* a failed allocation leaves its pointer NULL: free_all frees only what was allocated */
+    K3C_CUDA_MALLOC(&x->gemm_ws, ws);
+    K3C_CUDA_MALLOC(&x->xbf, xbf_elems * 2);
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, xbf_elems));
     x->gemm_ready = 1;
 
@@ -585,9 +585,8 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
                        S * bpr * 4 + 16;
     size_t cap = 2 * ((size_t)c->num_layers * per_layer + 2 * (R * 4 + 16) + nres * 8 + 16) + ((size_t)64 << 10);
     x->meta_cap = cap;
-    if (cudaHostAlloc((void **)&x->meta_host, cap, cudaHostAllocDefault) != cudaSuccess ||
-        cudaMalloc((void **)&x->meta_dev, cap) != cudaSuccess)
-        return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: cannot allocate the metadata staging of %zu KB", cap >> 10);
+    K3C_CUDA_HOST_ALLOC(&x->meta_host, cap);
+    K3C_CUDA_MALLOC(&x->meta_dev, cap);
     x->meta_used = 0;
     K3C_CUDA_TRY(cudaStreamSynchronize(x->stream));
     return K3C_OK;
@@ -650,6 +649,14 @@ static void cuda_freebuf(k3c_backend *be, void *p) {
     if (!p) return;
     cudaStreamSynchronize(x->stream);
     cudaFree(p);
+}
+
+static size_t cuda_mem_free(k3c_backend *be, const char **source) {
+    cuda_ctx *x = be->ctx;
+    size_t fr = 0, tot = 0;
+    *source = "cudaMemGetInfo free";
+    if (cudaSetDevice(x->device) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) return 0;
+    return fr;
 }
 
 /* Page-locked host memory for the logits (k3c_engine_logits_alloc). A download into pageable memory is
@@ -1103,6 +1110,7 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->download = cuda_download;
     be->copy = cuda_copy;
     be->fill_bytes = cuda_fill_bytes;
+    be->mem_free = cuda_mem_free;
     be->host_alloc = cuda_host_alloc;
     be->host_free = cuda_host_free;
     be->gather_rows = cuda_gather_rows;

@@ -22,6 +22,28 @@
                                    cudaGetErrorString(k3c_cuda_err_));                                              \
     } while (0)
 
+/* cudaMalloc / cudaHostAlloc into *pp for an owner whose free function frees every non-NULL pointer: on
+ * failure *pp is set to NULL (the runtime does not promise what it leaves there) before K3C_ERR is returned,
+ * so the owner's free never frees it. */
+#define K3C_CUDA_MALLOC(pp, bytes)                                                                                 \
+    do {                                                                                                           \
+        cudaError_t k3c_cuda_err_ = cudaMalloc((void **)(pp), (bytes));                                            \
+        if (k3c_cuda_err_ != cudaSuccess) {                                                                        \
+            *(pp) = NULL;                                                                                          \
+            return k3c_errorf_kind(K3C_ERROR_OOM, "%s:%d: cudaMalloc(%s, %zu bytes): CUDA error %s (%s)", __FILE__, __LINE__, #pp,   \
+                              (size_t)(bytes), cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_)); \
+        }                                                                                                          \
+    } while (0)
+#define K3C_CUDA_HOST_ALLOC(pp, bytes)                                                                             \
+    do {                                                                                                           \
+        cudaError_t k3c_cuda_err_ = cudaHostAlloc((void **)(pp), (bytes), cudaHostAllocDefault);                   \
+        if (k3c_cuda_err_ != cudaSuccess) {                                                                        \
+            *(pp) = NULL;                                                                                          \
+            return k3c_errorf_kind(K3C_ERROR_OOM, "%s:%d: cudaHostAlloc(%s, %zu bytes): CUDA error %s (%s)", __FILE__, __LINE__, #pp, \
+                              (size_t)(bytes), cudaGetErrorName(k3c_cuda_err_), cudaGetErrorString(k3c_cuda_err_)); \
+        }                                                                                                          \
+    } while (0)
+
 /* After a <<<...>>> launch: a bad configuration shows up here (the kernel's own faults surface at the next
  * synchronizing call, which is checked the same way). */
 #define K3C_CUDA_LAUNCHED(what)                                                                                    \

@@ -114,7 +114,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     size_t n = sizeof w / sizeof w[0], total = (size_t)(x->nres + alt) * al256(R * D * 4);
     for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
     total += al256(sizeof(float *) * (size_t)x->nres);
-    K3C_CUDA_TRY(cudaMalloc(&x->dev, total));
+    K3C_CUDA_MALLOC(&x->dev, total);
     char *p = x->dev;
     x->res = calloc((size_t)x->nres, sizeof(float *));
     if (!x->res) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory");
@@ -129,7 +129,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     }
     x->res_dev = (float **)p;
     K3C_CUDA_TRY(cudaMemcpy(x->res_dev, x->res, sizeof(float *) * (size_t)x->nres, cudaMemcpyHostToDevice));
-    if (x->v.num_aux > 0) K3C_CUDA_TRY(cudaMalloc((void **)&x->aux_dev, (size_t)x->v.num_aux * R * D * 4));
+    if (x->v.num_aux > 0) K3C_CUDA_MALLOC(&x->aux_dev, (size_t)x->v.num_aux * R * D * 4);
 
     /* cuBLASLt (rows > K3C_CUDA_GEMV_MAX_T), as the backend sizes it: the same workspace gives the same
      * heuristic choice, hence the same products as the stock path */
@@ -138,15 +138,15 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     for (size_t i = 0; i < inv->count; i++)
         if (inv->specs[i].cls == K3C_TENSOR_MATRIX && (size_t)inv->specs[i].shape[1] > max_cols)
             max_cols = (size_t)inv->specs[i].shape[1];
-    K3C_CUDA_TRY(cudaMalloc(&x->gemm_ws, ws));
+    K3C_CUDA_MALLOC(&x->gemm_ws, ws);
     if (x->c->kv_lora_rank > 0 && x->c->num_attention_heads > 0) {
         x->mla_part_floats = k3c_cuda_mla_attend_split_floats(x->c->kv_lora_rank);
-        K3C_CUDA_TRY(cudaMalloc((void **)&x->mla_part, x->mla_part_floats * sizeof(float)));
+        K3C_CUDA_MALLOC(&x->mla_part, x->mla_part_floats * sizeof(float));
     }
-    K3C_CUDA_TRY(cudaMalloc((void **)&x->xbf, R * max_cols * 2));
+    K3C_CUDA_MALLOC(&x->xbf, R * max_cols * 2);
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
     x->gemm_ready = 1;
-    K3C_CUDA_TRY(cudaHostAlloc((void **)&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t), cudaHostAllocDefault));
+    K3C_CUDA_HOST_ALLOC(&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t));
     return K3C_OK;
 }
 
@@ -660,9 +660,9 @@ int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
     CARVE(off_post, sizeof(k3c_cuda_copy) * (size_t)PMAX * POST_COPIES * (x->nkda ? x->nkda : 1));
 #undef CARVE
     x->meta_bytes = off;
-    K3C_CUDA_TRY(cudaHostAlloc((void **)&x->meta_h, off, cudaHostAllocDefault));
+    K3C_CUDA_HOST_ALLOC(&x->meta_h, off);
     memset(x->meta_h, 0, off);
-    K3C_CUDA_TRY(cudaMalloc((void **)&x->meta_d, off));
+    K3C_CUDA_MALLOC(&x->meta_d, off);
     K3C_CUDA_TRY(cudaMemset(x->meta_d, 0, off));
     x->kv_prepared = 1;
     x->eager = eager;

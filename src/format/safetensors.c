@@ -247,7 +247,8 @@ const k3c_st_tensor *k3c_st_header_find(const k3c_st_header *h, const char *name
 
 int k3c_st_open(k3c_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO is refused below instead of waited on (its open blocks until a writer comes) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return k3c_errorf_kind(K3C_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

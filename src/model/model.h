@@ -13,7 +13,9 @@ struct k3c_model {
     k3c_inventory inventory;
     k3c_weights weights;
     unsigned long long weight_bytes;   /* bytes of the bound tensors as stored */
-    unsigned long long owned_bytes;    /* f32 copies of small vectors */
+    unsigned long long owned_bytes;    /* f32 copies of small vectors, bf16 copies of F32 / F16 matrices */
+    void **owned;                      /* [n_owned] the bf16 copies (matrices stored as F32 / F16) */
+    size_t n_owned, cap_owned;
     /* Device-synthetic (k3c_model_synthetic): every matrix and MXFP4 tensor points into one host address
      * range reserved with PROT_NONE, never backed and never to be read on the host (a read faults); a
      * device backend generates those weights in its own memory from synthetic_seed at init. The small
@@ -25,7 +27,7 @@ struct k3c_model {
 };
 
 /* Parses DIR/config.json, opens the checkpoint, checks every tensor of the inventory (present, dtype,
- * shape; A_log padding zero; no MXFP4 NaN scale) and binds it. Unknown tensors other than the vision /
+ * shape; A_log padding zero; every value finite: no NaN / Inf weight, no MXFP4 NaN scale) and binds it. Unknown tensors other than the vision /
  * projector ones are an error. */
 int k3c_model_load(const char *dir, struct k3c_model **out);
 void k3c_model_free(struct k3c_model *m);

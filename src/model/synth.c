@@ -371,6 +371,8 @@ done:
 }
 
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir) {
+    if (!c || !dir || !*dir)
+        return k3c_errorf("synth: %s", !c ? "no config (NULL)" : dir ? "an empty directory path" : "no directory (NULL)");
     if (k3c_config_validate(c) != K3C_OK) return k3c_error_context("synth %s", preset_name ? preset_name : dir);
     /* every file path below is dir + "/" + a name of at most 40 bytes, formatted into 4096-byte buffers:
      * checked once here, so none of them can be truncated into a different path */

@@ -68,6 +68,8 @@ struct k3c_engine {
     k3c_plan last_plan;
     int last_exec;  /* the last step ran on the executor */
     k3c_engine_stats st;
+    int num_blocks_given;  /* o.num_blocks came from the caller (else max_requests x max_context) */
+    k3c_engine_memory mem; /* the memory plan's reservation (k3c_engine_memory_get) */
 };
 
 /* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
@@ -127,18 +129,67 @@ static int build_executor(k3c_engine *e) {
 }
 
 void k3c_engine_options_default(k3c_engine_options *o) {
+    if (!o) return;
     memset(o, 0, sizeof *o);
     o->device = "cpu";
     o->max_requests = 4;
     o->max_rows = 256;
-    o->max_context = 4096;
+    o->max_context = 0; /* min(4096, the model's context length), at creation */
     o->block_size = 16;
     o->q_max = 8;
     o->specialized = K3C_SPECIALIZED_AUTO;
 }
 
+/* "1.23 GiB" */
+static const char *human_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    while (b >= 1024 && i < 6) b /= 1024, i++;
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+    return buf;
+}
+
+/* The memory plan: the caches (the MLA latent cache of num_blocks blocks and the KDA state of max_requests
+ * slots) are the engine's only reservations that grow with max_requests x max_context, so they are sized
+ * from the options and checked against the limit (memory_limit, or what the device has free once the
+ * weights and step buffers are in place) before anything is allocated for them. A need past the limit is
+ * refused, naming the options that set it; nothing is reserved beyond the limit. */
+static int plan_memory(k3c_engine *e) {
+    const k3c_engine_options *o = &e->o;
+    const k3c_config *c = &e->m->config;
+    double kv = k3c_kv_cache_bytes(c, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
+    double kda = k3c_kda_slots_bytes(c, o->max_requests, o->q_max, o->max_requests);
+    const char *source = "memory_limit";
+    double limit = (double)o->memory_limit;
+    if (!o->memory_limit) limit = e->be->mem_free ? (double)e->be->mem_free(e->be, &source) : 0;
+    char need[32], lim[32], kvs[32], kdas[32];
+    human_bytes(need, sizeof need, kv + kda);
+    human_bytes(lim, sizeof lim, limit);
+    human_bytes(kvs, sizeof kvs, kv);
+    human_bytes(kdas, sizeof kdas, kda);
+    if (limit > 0 && kv + kda > limit) {
+        if (e->num_blocks_given)
+            return k3c_errorf("num_blocks %d (%d tokens each) and the KDA state of %d requests need %s "
+                              "(MLA cache %s, KDA state %s), more than the memory limit of %s (%s): lower "
+                              "num_blocks or max_requests, or raise memory_limit (--memory-limit)",
+                              o->num_blocks, o->block_size, o->max_requests, need, kvs, kdas, lim, source);
+        return k3c_errorf("max_requests %d x max_context %d tokens need %s of caches (MLA cache %s, KDA "
+                          "state %s), more than the memory limit of %s on %s (%s): lower max_requests "
+                          "(--max-requests) or max_context (--max-context, -n), or raise memory_limit "
+                          "(--memory-limit)",
+                          o->max_requests, o->max_context, need, kvs, kdas, lim, e->be->name, source);
+    }
+    e->mem = (k3c_engine_memory){.cache_bytes = (size_t)(kv + kda), .kv_bytes = (size_t)kv,
+                                 .kda_bytes = (size_t)kda, .limit = (size_t)limit, .limit_source = source,
+                                 .max_requests = o->max_requests, .max_context = o->max_context,
+                                 .cache_tokens = (long)o->num_blocks * o->block_size};
+    return K3C_OK;
+}
+
 int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **out) {
+    if (!out) return k3c_errorf("engine: no output handle (NULL)");
     *out = NULL;
+    if (!m) return k3c_errorf("engine: no model (NULL)");
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     if (opt) {
@@ -148,16 +199,23 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (!o.device) o.device = d.device;
         if (o.max_requests <= 0) o.max_requests = d.max_requests;
         if (o.max_rows <= 0) o.max_rows = d.max_rows;
-        if (o.max_context <= 0) o.max_context = d.max_context;
         if (o.block_size <= 0) o.block_size = d.block_size;
         if (o.q_max <= 0) o.q_max = d.q_max;
     }
+    /* the model's context length: positions past it are outside what it was built for (its RoPE and
+     * training), so no request may hold more */
+    const int model_ctx = m->config.max_position_embeddings;
+    if (o.max_context <= 0) o.max_context = model_ctx > 0 && model_ctx < 4096 ? model_ctx : 4096;
+    if (model_ctx > 0 && o.max_context > model_ctx)
+        return k3c_errorf("engine: max_context %d tokens exceeds the model's context length of %d "
+                          "(max_position_embeddings in config.json)", o.max_context, model_ctx);
     if (o.q_max > o.max_rows) return k3c_errorf("engine: q_max %d exceeds max_rows %d", o.q_max, o.max_rows);
     if (o.specialized < K3C_SPECIALIZED_AUTO || o.specialized > K3C_SPECIALIZED_ON)
         return k3c_errorf("engine: specialized %d: expected K3C_SPECIALIZED_AUTO (%d), _OFF (%d) or _ON (%d)",
                           o.specialized, K3C_SPECIALIZED_AUTO, K3C_SPECIALIZED_OFF, K3C_SPECIALIZED_ON);
     /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
     int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
+    int num_blocks_given = o.num_blocks > 0;
     if (o.num_blocks <= 0) {
         int64_t blocks = mbr64 * o.max_requests;
         if (blocks > INT32_MAX)
@@ -174,15 +232,16 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     if (!e) return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory");
     e->m = m;
     e->o = o;
+    e->num_blocks_given = num_blocks_given;
     e->max_blocks_per_request = mbr;
     e->aux_rows = -1;
+    /* From here every failure goes through k3c_engine_free, which releases what was set up and nothing twice
+     * (each part's init leaves a zeroed, freeable state when it fails). */
     if (o.num_aux > 0) {
         e->aux_layers = malloc(sizeof(int) * (size_t)o.num_aux);
         e->aux = malloc(sizeof(float) * (size_t)o.num_aux * o.max_rows * m->config.hidden_size);
         if (!e->aux_layers || !e->aux) {
-            free(e->aux_layers);
-            free(e->aux);
-            free(e);
+            k3c_engine_free(e);
             return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of host memory for %d aux streams of %d rows", o.num_aux, o.max_rows);
         }
         memcpy(e->aux_layers, o.aux_layers, sizeof(int) * (size_t)o.num_aux);
@@ -193,17 +252,17 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         if (e->be && o.exact_f32) k3c_backend_cpu_set_exact(e->be, 1);
     } else if (!strcmp(o.device, "cuda")) {
         if (!cuda_create) {
-            free(e->aux_layers), free(e->aux), free(e);
+            k3c_engine_free(e);
             return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: device 'cuda': this build has no CUDA backend");
         }
         e->be = cuda_create(0);
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
     } else {
-        free(e->aux_layers), free(e->aux), free(e);
+        k3c_engine_free(e);
         return k3c_errorf("engine: unknown device '%s' (expected cpu or cuda)", o.device);
     }
     if (!e->be) {
-        free(e->aux_layers), free(e->aux), free(e);
+        k3c_engine_free(e);
         return k3c_error_context("engine: device %s", o.device);
     }
     e->req = calloc((size_t)o.max_requests, sizeof *e->req);
@@ -221,7 +280,7 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
                               .aux_layers = e->aux_layers, .num_aux = o.num_aux};
-    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK ||
+    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
         k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
@@ -241,8 +300,8 @@ void k3c_engine_free(k3c_engine *e) {
     k3c_decode_cuda_free(e->xc); /* before the caches and the backend it runs on */
     if (e->be) {
         k3c_forward_free(e->fwd);
-        if (e->kv.layer) k3c_kv_cache_release(&e->kv, e->be);
-        if (e->ks.state) k3c_kda_slots_release(&e->ks, e->be);
+        k3c_kv_cache_release(&e->kv, e->be);
+        k3c_kda_slots_release(&e->ks, e->be);
         e->be->destroy(e->be);
     }
     free(e->req);
@@ -256,21 +315,37 @@ void k3c_engine_free(k3c_engine *e) {
     free(e);
 }
 
-int k3c_engine_vocab(const k3c_engine *e) { return e ? e->m->config.vocab_size : 0; }
-int k3c_engine_max_rows(const k3c_engine *e) { return e ? e->o.max_rows : 0; }
-int k3c_engine_hidden_size(const k3c_engine *e) { return e ? e->m->config.hidden_size : 0; }
-int k3c_engine_max_requests(const k3c_engine *e) { return e ? e->o.max_requests : 0; }
+int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out) {
+    if (!e || !out) return k3c_errorf("engine memory: %s is NULL", e ? "the output" : "the engine");
+    *out = e->mem;
+    return K3C_OK;
+}
+
+/* The public entry points refuse a NULL handle or output with a message instead of dereferencing it; the
+ * getters then return -1. */
+static int null_engine(const char *what) { return k3c_errorf("%s: the engine is NULL", what); }
+
+int k3c_engine_vocab(const k3c_engine *e) { return e ? e->m->config.vocab_size : null_engine("engine vocab"); }
+int k3c_engine_max_rows(const k3c_engine *e) { return e ? e->o.max_rows : null_engine("engine max_rows"); }
+int k3c_engine_hidden_size(const k3c_engine *e) {
+    return e ? e->m->config.hidden_size : null_engine("engine hidden_size");
+}
+int k3c_engine_max_requests(const k3c_engine *e) {
+    return e ? e->o.max_requests : null_engine("engine max_requests");
+}
 const char *k3c_engine_device(const k3c_engine *e) {
     return !e ? "" : !strcmp(e->o.device, "cuda") ? "cuda" : "cpu"; /* static strings, not the caller's option */
 }
 
 static int check_id(const k3c_engine *e, int id) {
+    if (!e) return null_engine("engine request");
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
         return k3c_errorf("engine: request %d is not open", id);
     return K3C_OK;
 }
 
 int k3c_request_open(k3c_engine *e, int *id) {
+    if (!e || !id) return k3c_errorf("engine request_open: %s is NULL", e ? "the id output" : "the engine");
     for (int i = 0; i < e->o.max_requests; i++) {
         engine_request *r = &e->req[i];
         if (r->open) continue;
@@ -338,6 +413,7 @@ static int step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3
 }
 
 int k3c_step_logits_rows(const k3c_step_item *items, int n) {
+    if (!items) return n > 0 ? k3c_errorf("step logits rows: %d items but the list is NULL", n) : 0;
     int rows = 0;
     for (int i = 0; i < n; i++) rows += items[i].verify || items[i].all_logits ? items[i].n : 1; /* step_begin's */
     return rows;
@@ -366,6 +442,10 @@ static int fallback_record(k3c_engine *e, float *p) {
 }
 
 float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
+    if (!e) {
+        null_engine("engine logits_alloc");
+        return NULL;
+    }
     if (rows < 1) {
         k3c_errorf("engine logits_alloc: %d rows (want >= 1)", rows);
         return NULL;
@@ -404,7 +484,7 @@ float *k3c_engine_logits_alloc(k3c_engine *e, int rows) {
 }
 
 void k3c_engine_logits_free(k3c_engine *e, float *logits) {
-    if (!logits) return;
+    if (!e || !logits) return; /* without its engine a buffer cannot be told page-locked or not: kept */
     for (int i = 0; i < e->n_fallback; i++)
         if (e->fallback[i] == logits) { /* no wait as in host_free: a download into pageable memory is
                                           * synchronous to the host (CUDA), so none is in flight */
@@ -448,6 +528,8 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
     if (wrote_ids) *wrote_ids = 0;
     if (!e || (n > 0 && !items)) return k3c_errorf("engine step: NULL %s", e ? "items" : "engine");
     if (n <= 0) return K3C_OK;
+    if (!items || !logits)
+        return k3c_errorf("engine step: %d items, but %s is NULL", n, items ? "logits" : "the item list");
     const k3c_fwd_req *fr;
     K3C_TRY(step_begin(e, items, n, &fr));
     /* an item is prompt rows unless it verifies, or decodes one token after the request's first step */
@@ -564,6 +646,7 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted) {
 }
 
 int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows) {
+    if (!e) return null_engine("engine aux");
     if (e->o.num_aux == 0) return k3c_errorf("engine aux: the engine has no aux layers (k3c_engine_options.aux_layers)");
     if (j < 0 || j >= e->o.num_aux) return k3c_errorf("engine aux: stream %d outside 0..%d", j, e->o.num_aux - 1);
     if (e->aux_rows < 0)

@@ -17,8 +17,13 @@ static double now_s(void) {
 int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new, const k3c_sampling *s,
                  k3c_token_fn on_token, void *user, k3c_generate_stats *stats) {
     k3c_generate_stats st = {.prompt_tokens = n_prompt};
-    if (n_prompt <= 0) return k3c_errorf("generate: empty prompt");
+    if (stats) *stats = (k3c_generate_stats){0};
+    if (!e) return k3c_errorf("generate: the engine is NULL");
+    if (n_prompt <= 0 || !prompt)
+        return k3c_errorf("generate: empty prompt (%d tokens%s)", n_prompt, prompt ? "" : ", NULL");
     if (max_new < 0) return k3c_errorf("generate: max_new %d is negative", max_new);
+    static const k3c_sampling greedy_sampling = {.temperature = 0}; /* k3c.h: NULL sampling is greedy */
+    if (!s) s = &greedy_sampling;
     int V = k3c_engine_vocab(e);
     float *logits = malloc(sizeof(float) * (size_t)V);
     k3c_sampler *smp = NULL;

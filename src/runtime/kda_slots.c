@@ -5,6 +5,27 @@
 
 #include "util/error.h"
 
+static int kda_layers(const k3c_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) n += c->layer_attn[l] == K3C_ATTN_KDA;
+    return n;
+}
+
+/* Floats of the one allocation of k3c_kda_slots_init (its carving below): per KDA layer num_slots states,
+ * windows and verify stores, then max_segs scratch states and windows and the commit's conv output. */
+static double slots_floats(const k3c_config *c, int num_slots, int q_max, int max_segs) {
+    int n_kda = kda_layers(c);
+    if (n_kda == 0) return 0;
+    double P = k3c_config_kda_proj(c), state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
+    double window = 3.0 * (c->kda_conv_kernel - 1) * P, store = (double)q_max * (6 * P + c->kda_num_heads);
+    return (double)num_slots * (state + window + store) * n_kda + (double)max_segs * (state + window) + q_max * P;
+}
+
+double k3c_kda_slots_bytes(const k3c_config *c, int num_slots, int q_max, int max_segs) {
+    return slots_floats(c, num_slots, q_max, max_segs) * sizeof(float);
+}
+
+/* On failure *ks is released and zeroed (k3c_kda_slots_release on it is a no-op). */
 int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
                        int max_segs) {
     memset(ks, 0, sizeof *ks);
@@ -24,8 +45,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->state_floats = (size_t)ks->H * ks->dk * ks->dk;
     ks->window_floats = (size_t)3 * (ks->W - 1) * ks->P;
     ks->store_floats = (size_t)q_max * (6 * (size_t)ks->P + ks->H);
-    int n_kda = 0;
-    for (int l = 0; l < L; l++) n_kda += c->layer_attn[l] == K3C_ATTN_KDA;
+    int n_kda = kda_layers(c);
     ks->state = calloc((size_t)L, sizeof(float *));
     ks->window = calloc((size_t)L, sizeof(float *));
     ks->store = calloc((size_t)L, sizeof(float *));
@@ -34,9 +54,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
         return k3c_errorf_kind(K3C_ERROR_OOM, "kda slots: out of host memory");
     }
     if (n_kda == 0) return K3C_OK;
-    size_t per_layer = (size_t)num_slots * (ks->state_floats + ks->window_floats + ks->store_floats);
-    size_t total = per_layer * n_kda + (size_t)max_segs * (ks->state_floats + ks->window_floats) +
-                   (size_t)q_max * ks->P;
+    size_t total = (size_t)slots_floats(c, num_slots, q_max, max_segs);
     ks->base = be->alloc(be, total * sizeof(float));
     if (!ks->base) {
         k3c_kda_slots_release(ks, be);
@@ -62,7 +80,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
 }
 
 void k3c_kda_slots_release(k3c_kda_slots *ks, k3c_backend *be) {
-    if (ks->base) be->free(be, ks->base);
+    if (ks->base && be) be->free(be, ks->base);
     free(ks->state);
     free(ks->window);
     free(ks->store);

@@ -34,6 +34,8 @@ typedef struct k3c_kda_slots {
     float *conv_out;       /* [q_max, P] discarded conv output of a commit */
 } k3c_kda_slots;
 
+/* Bytes k3c_kda_slots_init allocates on the backend for these counts (the engine's memory plan). */
+double k3c_kda_slots_bytes(const k3c_config *c, int num_slots, int q_max, int max_segs);
 int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
                        int max_segs);
 void k3c_kda_slots_release(k3c_kda_slots *ks, k3c_backend *be);

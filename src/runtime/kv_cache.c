@@ -5,6 +5,18 @@
 
 #include "util/error.h"
 
+static int mla_layers(const k3c_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_layers; l++) n += c->layer_attn[l] == K3C_ATTN_MLA;
+    return n;
+}
+
+double k3c_kv_cache_bytes(const k3c_config *c, int elem_bytes, double tokens) {
+    return tokens * k3c_config_mla_latent(c) * elem_bytes * mla_layers(c);
+}
+
+/* On failure everything is released here and *kv is left zeroed: k3c_kv_cache_release on it is a no-op, so
+ * an owner that releases whatever it initialized never frees these arrays twice. */
 int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size) {
     memset(kv, 0, sizeof *kv);
     const int L = c->num_layers; /* a local: the stores through kv below would make the compiler re-read it */
@@ -16,20 +28,17 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
     kv->block_size = block_size;
     kv->latent = k3c_config_mla_latent(c);
     kv->layer_bytes = (size_t)num_blocks * block_size * kv->latent * be->kv_elem_bytes;
-    int n_mla = 0;
-    for (int l = 0; l < L; l++) n_mla += c->layer_attn[l] == K3C_ATTN_MLA;
+    int n_mla = mla_layers(c);
     kv->layer = calloc((size_t)L, sizeof *kv->layer);
     kv->free_ids = malloc(sizeof(int) * (size_t)num_blocks);
     if (!kv->layer || !kv->free_ids) {
-        free(kv->layer);
-        free(kv->free_ids);
+        k3c_kv_cache_release(kv, be);
         return k3c_errorf_kind(K3C_ERROR_OOM, "kv cache: out of host memory (%d blocks)", num_blocks);
     }
     if (n_mla > 0) {
         kv->base = be->alloc(be, kv->layer_bytes * n_mla);
         if (!kv->base) {
-            free(kv->layer);
-            free(kv->free_ids);
+            k3c_kv_cache_release(kv, be);
             return k3c_error_context("kv cache (%d MLA layers x %zu bytes)", n_mla, kv->layer_bytes);
         }
         /* zeroed so that a bug reading unwritten rows gives a finite, reproducible result */
@@ -45,7 +54,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
 }
 
 void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be) {
-    if (kv->base) be->free(be, kv->base);
+    if (kv->base && be) be->free(be, kv->base);
     free(kv->layer);
     free(kv->free_ids);
     memset(kv, 0, sizeof *kv);

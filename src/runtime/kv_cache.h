@@ -19,6 +19,10 @@ typedef struct k3c_kv_cache {
     int num_free;
 } k3c_kv_cache;
 
+/* Bytes the cache of `tokens` token positions takes on a backend of elem_bytes per element (the memory plan
+ * of the engine sizes num_blocks from it); a double, so that an absurd request compares instead of wrapping. */
+double k3c_kv_cache_bytes(const k3c_config *c, int elem_bytes, double tokens);
+/* Fails with *kv zeroed (nothing to release); release is a no-op on a zeroed cache and zeroes it. */
 int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size);
 void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be);
 /* Pops a free block; -1 when none is left. */

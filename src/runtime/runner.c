@@ -85,7 +85,9 @@ static double now_s(void) {
 
 const k3c_plan_table *k3c_runner_nominal_table(void) { return k3c_plan_nominal_table(); }
 
-void k3c_runner_options_default(k3c_runner_options *o) { memset(o, 0, sizeof *o); }
+void k3c_runner_options_default(k3c_runner_options *o) {
+    if (o) memset(o, 0, sizeof *o);
+}
 
 k3c_plan k3c_runner_last_plan(const k3c_runner *r) { return r->last_plan; }
 
@@ -115,7 +117,9 @@ static int probe_slots(k3c_engine *e, int *slots) {
 }
 
 int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner **out) {
+    if (!out) return k3c_errorf("runner: the output handle is NULL");
     *out = NULL;
+    if (!e) return k3c_errorf("runner: the engine is NULL");
     k3c_runner_options o;
     k3c_runner_options_default(&o);
     if (opt) o = *opt;
@@ -191,6 +195,8 @@ void k3c_runner_free(k3c_runner *r) {
 }
 
 int k3c_runner_submit(k3c_runner *r, const k3c_runner_request *in, int *handle) {
+    if (!r || !in || !handle)
+        return k3c_errorf("runner submit: %s is NULL", !r ? "the runner" : !in ? "the request" : "the handle output");
     if (!in->prompt || in->n_prompt <= 0) return k3c_errorf("runner submit: empty prompt");
     if (in->max_new <= 0) return k3c_errorf("runner submit: max_new %d, expected >= 1", in->max_new);
     for (int i = 0; i < in->n_prompt; i++)
@@ -350,6 +356,7 @@ static int finish_step(k3c_runner *r, int n) {
 }
 
 int k3c_runner_step(k3c_runner *r, int *busy) {
+    if (!r || !busy) return k3c_errorf("runner step: %s is NULL", r ? "the busy output" : "the runner");
     double t0 = now_s();
     *busy = 0;
     K3C_TRY(admit(r));
@@ -395,12 +402,16 @@ int k3c_runner_step(k3c_runner *r, int *busy) {
 }
 
 int k3c_runner_run(k3c_runner *r) {
+    if (!r) return k3c_errorf("runner run: the runner is NULL");
     int busy = 1;
     while (busy) K3C_TRY(k3c_runner_step(r, &busy));
     return K3C_OK;
 }
 
 int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, int *n, int *finished) {
+    if (!r || !tokens || !n)
+        return k3c_errorf("runner output: %s is NULL",
+                          !r ? "the runner" : !tokens ? "the tokens output" : "the count output");
     if (handle < 0 || handle >= r->n_req) return k3c_errorf("runner: no request %d (%d submitted)", handle, r->n_req);
     const run_req *q = &r->req[handle];
     *tokens = q->hist + q->n_prompt;
@@ -409,7 +420,11 @@ int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, i
     return K3C_OK;
 }
 
-void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out) { *out = r->st; }
+void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out) {
+    if (!out) return;
+    if (r) *out = r->st;
+    else memset(out, 0, sizeof *out);
+}
 
 const char *k3c_runner_route_name(int route) { return k3c_route_name(route); }
 

@@ -18,7 +18,10 @@ struct k3c_sampler {
 };
 
 int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out) {
+    if (!out) return k3c_errorf("sampler: the output handle is NULL");
     *out = NULL;
+    static const k3c_sampling greedy = {.temperature = 0};
+    if (!s) s = &greedy;
     if (vocab <= 0) return k3c_errorf("sampler: vocab %d", vocab);
     if (s->top_k < 0) return k3c_errorf("sampler: top_k %d is negative", s->top_k);
     /* NaN fails every comparison below silently (exp(x / NaN) makes every probability NaN) */
@@ -56,6 +59,7 @@ static int cmp_desc(const void *a, const void *b, void *logits) {
 }
 
 int32_t k3c_greedy_token(const float *l, int n) {
+    if (!l) return k3c_errorf("greedy token: the logits are NULL");
     int best = 0;
     for (int i = 1; i < n; i++)
         if (l[i] > l[best] || (isnan(l[best]) && !isnan(l[i]))) best = i;
@@ -139,6 +143,7 @@ static int nucleus_only(k3c_sampler *s, const float *logits) {
 }
 
 int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
+    if (!s || !logits) return k3c_errorf("sampler sample: %s is NULL", s ? "the logits" : "the sampler");
     int V = s->vocab;
     if (s->s.temperature <= 0) return k3c_greedy_token(logits, V);
     int k = s->s.top_k > 0 && s->s.top_k < V ? s->s.top_k : V;

@@ -79,6 +79,10 @@ struct k3c_backend {
     void (*download)(k3c_backend *be, void *host_dst, const void *src, size_t bytes);
     void (*copy)(k3c_backend *be, void *dst, const void *src, size_t bytes);
     void (*fill_bytes)(k3c_backend *be, void *dst, int byte, size_t bytes); /* memset; 0xff poisons (NaN) */
+    /* Bytes free for allocations now, the engine's default memory limit for its caches (cpu: MemAvailable of
+     * /proc/meminfo; cuda: cudaMemGetInfo's free, i.e. after the weights); *source names where it came from.
+     * 0 when it cannot be told. */
+    size_t (*mem_free)(k3c_backend *be, const char **source);
     /* Optional (NULL: plain malloc / free): host memory that downloads land in at the link's DMA rate
      * (page-locked), for the logits buffers (k3c_engine_logits_alloc, which falls back to malloc when
      * host_alloc fails and never hands such a buffer to host_free). host_free waits for queued ops first,
