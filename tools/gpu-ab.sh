@@ -3,7 +3,7 @@
 # sent to the device) and a git ref (B: e.g. a branch), each built in its own folder, then the same
 # benchmark commands run on A and B alternately, and their BENCH / STEP / SPEC lines printed next to each
 # other. B comes from `git archive REF` of the repository beside this tree: on the device host that .git is a
-# copy from the start of the session (src/cuda/NOTES.md, docs/BENCHMARKS.md method note), so REF must have
+# copy from the start of the session (docs/kernels.md, "How the numbers were taken"), so REF must have
 # existed then (a branch pushed in an earlier session); the archive, unlike a clone, is not checked out from
 # anything else.
 #

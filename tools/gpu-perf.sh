@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The questions open after run 12 (2026-11-30), in one GPU call of about 8 minutes (it builds through
-# tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 12" lists what
+# tools/gpu-check.sh first when $BUILD has no binaries; docs/kernels.md has what
 # each step should show):
 #  0. whether PDL (K3C_PDL=1) is what failed a GPU test in runs 11 and 12: gpu_greedy_mini (fresh seeds)
 #     $GREEDY_RUNS times with PDL on, then as many times off;

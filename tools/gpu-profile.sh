@@ -2,7 +2,7 @@
 # Nsight Compute profile of the decode kernels that decide the step time (run on the GPU host after
 # tools/gpu-check.sh has built $BUILD): the routed-experts kernels (bench_gpu's moe section: gate/up and down
 # at T = 1, 4, 8) and the bf16 GEMVs (gemm section), a few launches each. Why: the MXFP4 experts kernel runs at
-# ~0.4 of the copy bandwidth while its instruction count allows ~0.75 (src/cuda/NOTES.md); the stall reasons,
+# ~0.4 of the copy bandwidth while its instruction count allows ~0.75 (docs/kernels.md); the stall reasons,
 # issue activity, achieved occupancy and DRAM throughput say whether it waits on memory, on shared-memory
 # loads, on the mma chain or on the integer pipe.
 #

@@ -18,7 +18,7 @@
 /* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
  * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
  * through shared memory: deterministic) so that every block gets the same number of work items. Measured
- * before (NOTES.md): one block per row group left a partial last wave that cost 10-50% of the time. */
+ * before (docs/kernels.md): one block per row group left a partial last wave that cost 10-50% of the time. */
 
 /* Below this many rows, T > 1 products run the T = 1 kernel once per token (see gemv_tile). */
 #define GEMV_MMA_MIN_ROWS 256

@@ -442,7 +442,7 @@ extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_
  * U 3 0.498, WPR 1 0.516, WPR 2 0.484; U 1 with 3 or 4 blocks per SM in the launch bounds (77 / 64
  * registers instead of 105) 0.451 / 0.484, U 2 with 3 blocks 0.490). Run 2's ncu had it at 14.5 warps per
  * SM, one instruction issued every 1.7 cycles per scheduler, DRAM at 41-52% of peak and L2 at 68%: neither
- * more warps nor more bytes in flight help, so the next step is the access pattern (src/cuda/NOTES.md). */
+ * more warps nor more bytes in flight help, so the next step is the access pattern (docs/kernels.md). */
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && v[0] ? atoi(v) : dflt;

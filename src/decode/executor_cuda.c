@@ -459,7 +459,7 @@ static int rec_ffn(k3c_decode_cuda *x, int l, int T, const float **a1, const flo
     return K3C_OK;
 }
 
-/* ---- the residual stream and the epilogue fusions (cuda/NOTES.md "Executor epilogue fusions") ----
+/* ---- the residual stream and the epilogue fusions (docs/kernels.md, "The executor: fused epilogues") ----
  * r.P holds the residual (plain models) or the AttnRes prefix (r.home = res[nb], where the current block's
  * prefix must be when the block closes: the Mix source array names it there; P NULL: a block just began and
  * its prefix is empty), and r.a1 non-NULL means an add is still owed to it: the residual is really

@@ -39,7 +39,7 @@
 #define TIE_MARGIN 1e-2f
 /* A routing near-tie: some MoE layer's top-k boundary on the CPU (k3c_route_margin) closer than this, where
  * f32 rounding differences between the backends (rows 2e-6 .. 1e-5 rel L2 apart) may pick another expert.
- * Run 12 (src/cuda/NOTES.md): a stream diverged with a logits top-2 margin of 0.385 at a row whose routing
+ * Run 12 (docs/kernels.md): a stream diverged with a logits top-2 margin of 0.385 at a row whose routing
  * margin was 3.6e-7 on the CPU, the smallest of the run's 640 rows (4 were under 1e-5). */
 #define ROUTE_TIE 1e-5f
 #define MAX_ROWS 64

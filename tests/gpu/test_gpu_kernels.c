@@ -415,7 +415,7 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
      * own rounding reaches ~1.6e-5 (seen: In 32, F 32, Out 1); over >= 16 outputs 1e-5. Kimi Linear's In 2304,
      * F 1024 (36 tokens x 8) once needed 2e-5: the grouped kernel chained its mma through one accumulator and
      * read 1.2e-5-1.4e-5 (H200, sessions 9-12); with fresh accumulators added in f32 it reads 5.6e-7 (bf16) and
-     * 4.5e-7 (MXFP4) with the band kernels off, as the band kernels do (session 13 run 2, src/cuda/NOTES.md). */
+     * 4.5e-7 (MXFP4) with the band kernels off, as the band kernels do (session 13 run 2, docs/kernels.md). */
     double thr = round ? 1e-2 : (T * Out < 16 ? 5e-5 : 1e-5);
     note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"), thr, e);
     CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
