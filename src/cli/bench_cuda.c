@@ -73,7 +73,7 @@ done:
 }
 
 /* K3C_BENCH_PAGEABLE=1: the logits go to malloc'ed memory (the engine API's any-buffer case, and this
- * bench before session 13) instead of k3c_engine_logits_alloc's page-locked buffer; an A/B of the download. */
+ * bench before 2026-11-30) instead of k3c_engine_logits_alloc's page-locked buffer; an A/B of the download. */
 static int bench_pageable(void) {
     const char *v = getenv("K3C_BENCH_PAGEABLE");
     return v && v[0] == '1';

@@ -19,7 +19,7 @@ typedef struct k3c_cuda_seg {
     /* 1: read the state and window, write neither back. A speculative verify's end state is thrown away
      * (its commit folds the accepted tokens from saved inputs into the committed slot), so the verify reads
      * the committed slot in place instead of a scratch copy of it (with the copies of its 6.3 MB of state a
-     * layer, k3-slice's q = 4 verify step took 10.43 ms, without them 9.07: session 11). Every _segs
+     * layer, k3-slice's q = 4 verify step took 10.43 ms, without them 9.07: k3c bench, 2026-11-30). Every _segs
      * launcher and the fused provider honor it. */
     int read_only;
 } k3c_cuda_seg;

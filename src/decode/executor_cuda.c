@@ -811,12 +811,12 @@ static int argmax_parts(int T) {
 /* The step's results to the host, with one synchronization: the logits straight into the caller's buffer
  * as the stock path downloads them, or (ids non-NULL) each row's greedy token id, then the aux streams when
  * the engine asked for them. The ids: the arg-max's best key of each part of each row (~256 blocks in all,
- * cuda/sample.h) into page-locked keys_h, a row's parts reduced here (2 KB at most). Run 18 (H200, k3-slice
+ * cuda/sample.h) into page-locked keys_h, a row's parts reduced here (2 KB at most). 2026-11-30 (H200, k3-slice
  * b=64, K3C_CUDA_PROFILE=1): through a pinned staging buffer in 16 chunks, each copied out by the host as it
  * landed, the copy-out alone took 6.4 ms of a 41.1 ms step, and the direct download made the step 37.7 ms
- * against the stock path's 38.7 in the same process (K3C_EXEC_D2H_DIRECT=1 A/B). The caller's buffer itself
+ * against the stock path's 38.7 in the same process (A/B by a switch since removed). The caller's buffer itself
  * page-locked (k3c_engine_logits_alloc, as the runner and the bench use) removes the staging altogether:
- * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (session 13 run 4). */
+ * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (k3c bench, 2026-11-30). */
 static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids) {
     size_t V = (size_t)x->c->vocab_size;
     double t0 = x->prof ? wall_ms() : 0;

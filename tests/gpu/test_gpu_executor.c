@@ -431,7 +431,7 @@ TEST(gpu_executor_mini) {
 
 /* Kimi Linear (bf16 routed experts, one shared expert, no latent, KDA with MLA every few layers): up to 32
  * rows (64 pairs at 2 slots) the bf16 per-pair expert kernels, past that the band kernels; the shared expert
- * in the MoE front's grouped GEMV. Not covered by an executor test before session 12. */
+ * in the MoE front's grouped GEMV. Not covered by an executor test before 2026-11-30. */
 TEST(gpu_executor_kimi_linear_tiny) {
     static const int b[] = {1, 8, 32}, s[] = {0, 3};
     run_model("kimi-linear-tiny", 0, 64, b, 3, s, 2, 128);
