@@ -51,8 +51,8 @@ typedef struct k3c_engine_options {
      * CUDA backend stores E4M3 bytes; the CPU backend stores the E4M3 values in f32 slots (the same function,
      * not the memory saving). */
     int kv_fp8;
-    /* Aux hidden-state streams (EAGLE-3 / DSpark style drafter taps; vLLM's aux_hidden_state_layers; spec
-     * k3-architecture.md §6): aux_layers[0 .. num_aux-1] are layer indices L in 0 .. num_layers, strictly
+    /* Aux hidden-state streams (EAGLE-3 / DSpark style drafter taps; vLLM's aux_hidden_state_layers; the
+     * hidden state entering a layer): aux_layers[0 .. num_aux-1] are layer indices L in 0 .. num_layers, strictly
      * increasing, at most K3C_MAX_AUX of them (copied at creation; NULL / 0 = none). Stream j of a step holds,
      * for each logits row of the step, the hidden state entering layer aux_layers[j]: L = 0 the embedding;
      * else the value after layer L - 1 added its FFN output: with block AttnRes (K3) the block-partial prefix

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode benchmark over the whole report matrix of ../shared/spec/performance.md: every benchmark preset
+# The decode benchmark over the whole report matrix: every benchmark preset
 # (k3-slice, kimi-linear-48b, k3-tp8-rank) at batch 1, 2, 4, 8, 16, 32, 64 and verify width q 1, 2, 4, 8,
 # stock and specialized side by side (`k3c bench --device cuda`: STEP and
 # SPEC lines, floor and fraction of floor from the copy bandwidth it measures), then the transformers peer

@@ -6,8 +6,8 @@
 # issue activity, achieved occupancy and DRAM throughput say whether it waits on memory, on shared-memory
 # loads, on the mma chain or on the integer pipe.
 #
-# ncu reads hardware counters only on the Firecracker hosts (KINDS.md); --clock-control none leaves the
-# clocks as they are (METHOD.md). Output: $OUT/ncu_<section>.txt (the details page per kernel) and a short
+# ncu reads hardware counters only on hosts that expose them (not under gVisor); --clock-control none leaves
+# the clocks as they are. Output: $OUT/ncu_<section>.txt (the details page per kernel) and a short
 # table of the metrics below per kernel name.
 #
 # Environment: BUILD (default build), OUT (default /tmp/k3c-gpu-profile), SECTIONS (default "moe gemm"),

@@ -1,5 +1,5 @@
 /* k3c bench --device cuda: decode step time of the stock path on the GPU against its memory floor
- * (shared/spec/performance.md), on a device-synthetic model (weights generated in GPU memory: no checkpoint).
+ * (its bytes over the copy bandwidth), on a device-synthetic model (weights generated in GPU memory: no checkpoint).
  *
  * Per batch size b: each of b requests holds `context` prefilled tokens; after warm-up, every decode step
  * (one token per request, logits of every request downloaded, as the engine API does) is timed on the host

@@ -589,7 +589,7 @@ extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const flo
     return K3C_OK;
 }
 
-/* ---- the fused KDA decode provider (decode-executor.md §3) ----
+/* ---- the fused KDA decode provider (the executor's KDA layer in one kernel) ----
  *
  * One block per (head, request), grid (H, nseg), owning all dv value columns of the head: thread (part, e)
  * = threadIdx.x = part * dv + e holds S[part*32 .. part*32+31][e] in registers exactly as the recurrent

@@ -76,7 +76,7 @@ int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, const float *q
 int k3c_cuda_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
                             int silu_gate, int round_bf16, float *y, cudaStream_t stream);
 
-/* The fused KDA decode provider (decode-executor.md §3): one kernel computing, for nseg requests (segs as
+/* The fused KDA decode provider (the executor's): one kernel computing, for nseg requests (segs as
  * above; together they must cover rows [0, T), each row once), bit for bit what these launches compute:
  *   k3c_cuda_kda_conv_segs(xq, segs, nseg, H*dk, W, taps_q, 0, round_bf16, cq)   (and xk -> ck with which 1,
  *       xv -> cv over H*dv channels with which 2; windows advanced in place)

@@ -1,4 +1,4 @@
-/* What a specialized decode executor offers the runner (shared/spec/decode-executor.md §2, §4).
+/* What a specialized decode executor offers the runner (the routing of plan.h, the shapes of prepared.h).
  *
  * The runner describes every step once, asks k3c_plan_step (decode/plan.h) with the executor's plan table,
  * and on a specialized route (decode, uniform verify, wide verify) calls run; everything else runs the stock

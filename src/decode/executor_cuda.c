@@ -274,7 +274,7 @@ static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, floa
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
-/* The packed projections of a provider (decode-executor.md §3): the products that read one step input, or
+/* The packed projections of a provider: the products that read one step input, or
  * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights
  * where the backend loaded them, so no packed copy exists to rebuild after a reload. Each product's outputs
  * are bitwise those of mm() on it alone, so the executor still matches the stock path bit for bit. */
@@ -395,7 +395,7 @@ static int rec_mla(const rec *s, int l) {
     return K3C_OK;
 }
 
-/* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
+/* cuda_moe of the backend as a front, the persistent experts and a tail (the MoE provider): the
  * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
  * down-projection, the shared expert's gate and up), then routing and the shared activation (one launch);
  * the tail one grouped launch of the latent up-projection and the shared down-projection. Same kernels and

@@ -1,5 +1,5 @@
 /* The specialized decode executor (decode/executor_cuda.h) against the stock forward on the same CUDA
- * engine (decode-executor.md §9), on tiny and mini (synthesized checkpoints) and a 4-layer k3-slice
+ * engine (bitwise logits and states), on tiny and mini (synthesized checkpoints) and a 4-layer k3-slice
  * (K3's layer dims, device-synthetic). Fresh weights and prompts per run (test_seed()).
  *
  * The executor replays the stock path's launches, so the expected agreement is bitwise: logits rows are
