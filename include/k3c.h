@@ -193,8 +193,8 @@ typedef struct k3c_engine_options {
      * CUDA backend stores E4M3 bytes; the CPU backend stores the E4M3 values in f32 slots (the same function,
      * not the memory saving). */
     int kv_fp8;
-    /* Aux hidden-state streams (EAGLE-3 / DSpark style drafter taps; vLLM's aux_hidden_state_layers; spec
-     * k3-architecture.md §6): aux_layers[0 .. num_aux-1] are layer indices L in 0 .. num_layers, strictly
+    /* Aux hidden-state streams (EAGLE-3 / DSpark style drafter taps; vLLM's aux_hidden_state_layers; the
+     * hidden state entering a layer): aux_layers[0 .. num_aux-1] are layer indices L in 0 .. num_layers, strictly
      * increasing, at most K3C_MAX_AUX of them (copied at creation; NULL / 0 = none). Stream j of a step holds,
      * for each logits row of the step, the hidden state entering layer aux_layers[j]: L = 0 the embedding;
      * else the value after layer L - 1 added its FFN output: with block AttnRes (K3) the block-partial prefix
@@ -293,7 +293,7 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted);
 int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows);
 
 /* ---- routing: which path runs each step, and what each path ran ----
- * Every step is planned once (the specialized decode's predicates, shared/spec/decode-executor.md §2) by
+ * Every step is planned once (the specialized decode's predicates, src/decode/plan.h) by
  * its shape alone: decode (every request one token) or uniform verify (every request q tokens) of a
  * prepared row count (1, 2, 4, 8, 16, 24, 32, 48, 64) with its graph captured runs specialized; wide
  * verifies past 64 rows, prompt rows, mixed steps and shapes not captured yet run the stock forward. An

@@ -1,5 +1,5 @@
 /* config.json parsing, writing and validation; the built-in presets. Expected values are written here
- * from the specs (k3-architecture.md §1/§8/§10, k3-checkpoint.md §5) and the published files, not read
+ * from the published config.json files and the model's definition, not read
  * from the code under test. */
 #include <cjson/cJSON.h>
 #include <stdio.h>

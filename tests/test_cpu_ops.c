@@ -1,5 +1,5 @@
 /* CPU kernels (cpu/ops.h) against double-precision references written here from the spec
- * (k3-architecture.md §2.2-2.3 KDA, §3.3 MLA, §4.2 AttnRes, §5.1 SiTU, §5.3 router, §5.5 MXFP4).
+ * (KDA recurrent and chunked, absorbed MLA, AttnRes, SiTU, the router, MXFP4).
  * Inputs are fresh random values from test_seed(); outputs are poisoned with NaN before every call. */
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* The routing predicate table of decode-executor.md §2, a row per predicate and per combination that
+/* The routing predicate table of decode/plan.c, a row per predicate and per combination that
  * matters. Expected routes are written from the spec, row by row. */
 #include "decode/plan.h"
 #include "test.h"

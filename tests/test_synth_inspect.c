@@ -1,7 +1,7 @@
 /* Synth -> load -> inspect, the tensor inventory of the published K3, and the transformers fixture.
- * Expected K3 numbers come from shared/spec/k3-checkpoint.md (§1: 497,220 tensors = 2,122 BF16 + 506 F32 +
- * 494,592 U8, of which 168 BF16 are vision/projector) and k3-architecture.md §1 (HDR's 2,779,931,837,184
- * parameters include the vision tower and projector: 447,358,976 by the §4 shapes). */
+ * Expected K3 numbers come from the released checkpoint (its index: 497,220 tensors = 2,122 BF16 + 506 F32 +
+ * 494,592 U8, of which 168 BF16 are vision/projector) and its published total (2,779,931,837,184
+ * parameters, including the vision tower and projector: 447,358,976 by their shapes). */
 #include <dirent.h>
 #include <limits.h>
 #include <math.h>

@@ -2,13 +2,13 @@
 # A/B of two versions of k3c on the GPU host in one call: the tree this script runs from (A: the working tree
 # sent to the device) and a git ref (B: e.g. a branch), each built in its own folder, then the same
 # benchmark commands run on A and B alternately, and their BENCH / STEP / SPEC lines printed next to each
-# other. B comes from `git archive REF` of the repository beside this tree: on the device host that .git is a
-# copy from the start of the session (src/cuda/NOTES.md, docs/BENCHMARKS.md method note), so REF must have
-# existed then (a branch pushed in an earlier session); the archive, unlike a clone, is not checked out from
+# other. B comes from `git archive REF` of the repository beside this tree: on a GPU host that .git can be an
+# older copy than the tree (docs/kernels.md, "How the numbers were taken"), so REF must exist in that
+# copy; the archive, unlike a clone, is not checked out from
 # anything else.
 #
 # REF may also be a tarball (a path ending in .tar) made here by `git archive -o out/NAME.tar BRANCH` and sent
-# with the call (the device tool's carry): the way to run a branch made after the session's start.
+# with the tree: the way to run a branch that the GPU host's .git does not have.
 #
 # Usage: tools/gpu-ab.sh REF[,REF...] [command ...]   (several refs: each gets a tree of its own, B1, B2, ...,
 # built and run beside A in the same call; default commands: bench_gpu moe, then k3c bench on k3-slice
@@ -18,7 +18,7 @@
 # Environment: OUT (logs; default /tmp/k3c-ab), JOBS (16), TESTS (test_gpu filters to run on every B tree
 # before the benchmarks, e.g. "gpu_moe gpu_mxfp4"; default none), SKIP_BUILD (1: use the build-ab folders
 # as they are; for re-running commands in a second call on a warm machine).
-# Example: tools/gpu-ab.sh wip/mxfp4-repack
+# Example: tools/gpu-ab.sh my-branch
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REFS=${1:?usage: tools/gpu-ab.sh REF[,REF...] [command ...]}
@@ -55,8 +55,8 @@ for ref in "${refs[@]}"; do
 done
 # a build on every side, through gpu-check (it unpacks the committed cJSON packages when the host has none).
 # A builds first; each B side starts from a copy of A's build folder with the files that differ from A's
-# touched, so make rebuilds only what the branch changed (a full build is ~1 minute a side; session 8's
-# branches rebuilt in ~15 s). INCREMENTAL=0: every side from scratch.
+# touched, so make rebuilds only what the branch changed (a full build is ~1 minute a side; a branch
+# rebuilt in ~15 s on the H200 host, 2026-11-30). INCREMENTAL=0: every side from scratch.
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     for k in "${!sides[@]}"; do
         if [ "$k" -gt 0 ] && [ "${INCREMENTAL:-1}" = 1 ] && [ -d "${dirs[0]}/build-ab" ]; then

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The decode benchmark over the whole report matrix of ../shared/spec/performance.md: every benchmark preset
+# The decode benchmark over the whole report matrix: every benchmark preset
 # (k3-slice, kimi-linear-48b, k3-tp8-rank) at batch 1, 2, 4, 8, 16, 32, 64 and verify width q 1, 2, 4, 8,
 # stock and specialized side by side (`k3c bench --device cuda`: STEP and
 # SPEC lines, floor and fraction of floor from the copy bandwidth it measures), then the transformers peer
 # (tools/hf_peer_bench.py, kimi-linear-48b, batch 1 and 8, with flash-linear-attention's wheels from .whl/
 # when present). Builds through tools/gpu-check.sh first when $BUILD has no k3c. Shapes the executor does
-# not prepare (rows = batch x q over 64) print "runs stock". The device tool's calls end at 10 minutes: run
+# not prepare (rows = batch x q over 64) print "runs stock". Under a limit of 10 minutes a command, run
 # it as two calls, `PEER=0 bash tools/gpu-bench-matrix.sh`, then `PRESETS= bash tools/gpu-bench-matrix.sh`
-# (session 11: the three presets took ~230 s together in run 6, the peer alone ~60 s in run 7).
+# (H200, 2026-11-30: the three presets took ~230 s together, the peer alone ~60 s).
 #
 # Output: $OUT/matrix_<preset>.txt, $OUT/peer.txt and the STEP / SPEC / RATIO / PEER lines. Environment:
 # BUILD (default build), OUT (default /tmp/k3c-bench-matrix), CONTEXT (tokens per request, default 256),

@@ -5,11 +5,10 @@
 # on a small forward, racecheck on the routed-experts kernel, the KDA kernels and a device-synthetic forward;
 # bounded time each), then alone the kernel benchmark (build/bench_gpu: achieved GB/s next to a measured
 # device-to-device copy) and the decode benchmark (k3c bench --device cuda on k3-slice and kimi-linear-48b:
-# stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (run 1 of
-# session 7: 320 s); from a fresh copy on a cold machine now ~7-8 minutes before the benchmarks (session 13
-# run 3: a 450 s limit ended it in its last env run; with KBENCH=0 BENCH=0 session 14 run 2 took 406 s,
-# session 15 run 3 504 s), so within the device tool's 600 s a call run it with KBENCH=0 BENCH=0 and the
-# decode benchmark in a call of its own.
+# stock STEP and executor SPEC lines), and prints a short table last. About 5-6 minutes on an H200 (320 s on
+# 2026-11-30); from a fresh copy on a cold machine ~7-8 minutes before the benchmarks (with KBENCH=0
+# BENCH=0 406 s and 504 s, 2026-11-30), so under a limit of 600 s a command run it with KBENCH=0 BENCH=0 and
+# the decode benchmark in a command of its own.
 #
 # cJSON: when the host has no libcjson-dev (GPU hosts here reach no package registry), the Debian packages
 # committed in tools/debs/ (Debian 12's libcjson1 and libcjson-dev 1.7.15, MIT-licensed, fetched with
@@ -21,8 +20,8 @@
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
 # stock decode benchmark), KBENCH (1: run the kernel benchmark), LBENCH (1: run the load benchmark,
 # build/bench_load: checkpoints written to $LOGDIR's disk and loaded into GPU memory), TESTS (space-separated test_gpu name filters;
-# default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: session 7's
-# run 1 passed the same 46 tests with the longest process at 155 s, against 314 s for one process in run 20).
+# default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: on 2026-11-30
+# the same 46 tests passed with the longest process at 155 s, against 314 s for one process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -93,11 +92,11 @@ test_rc=0
 if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     # The suite in TEST_PROCS processes at once on the one GPU (tests are independent; the largest model,
     # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
-    # least loaded process. Seconds from run 20 (H200, alone; four at once share the GPU and take up to 1.7x
+    # least loaded process. Seconds measured 2026-11-30 (H200, alone; four at once share the GPU and take up to 1.7x
     # longer each); the rest take a few seconds or less.
     declare -A secs=([gpu_executor_tiny]=83 [gpu_executor_mini]=63 [gpu_aux_vs_cpu_mini]=31
         [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12
-        [gpu_executor_kimi_linear_tiny]=14) # session 12 run 7: 14 s, beside three other processes
+        [gpu_executor_kimi_linear_tiny]=14) # 14 s beside three other processes (2026-11-30)
     mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
         for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
     declare -a load=() shard=()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The questions open after run 12 (2026-11-30), in one GPU call of about 8 minutes (it builds through
-# tools/gpu-check.sh first when $BUILD has no binaries; src/cuda/NOTES.md "Written after run 12" lists what
+# The questions open on 2026-11-30, in one GPU call of about 8 minutes (it builds through
+# tools/gpu-check.sh first when $BUILD has no binaries; docs/kernels.md has what
 # each step should show):
-#  0. whether PDL (K3C_PDL=1) is what failed a GPU test in runs 11 and 12: gpu_greedy_mini (fresh seeds)
+#  0. whether PDL (K3C_PDL=1) is what failed a GPU test twice on 2026-11-30: gpu_greedy_mini (fresh seeds)
 #     $GREEDY_RUNS times with PDL on, then as many times off;
 #  1. the kernel benchmark (bench_gpu: gemm, moe, kda, mla) with PDL on and its gemm section again without:
 #     what programmatic dependent launch gives the bf16 weight streams, launched alone (T1) and back to back
@@ -67,7 +67,7 @@ if part sweep; then
     echo "== routed experts: K3C_MOE_BCOLS / K3C_MOE_WPR sweeps"
     for knob in "" BCOLS=8 BCOLS=4 BCOLS=2 WPR=1 WPR=2; do
         name=${knob:-default}
-        name=${name/=/_} # no '=' in the file names: the device tool does not bring such names back
+        name=${name/=/_} # no '=' in the file names: some copies back from a GPU host drop such names
         env ${knob:+K3C_MOE_$knob} timeout 60 "$BUILD/bench_gpu" moe >"$OUT/perf_moe_$name.txt" 2>&1
         printf '%-9s' "$name"
         grep -E '^BENCH moe_(mxfp4_all_T(1|4|8)_k16|bf16_all_T(1|8|32)_k8) ' "$OUT/perf_moe_$name.txt" |

@@ -2,12 +2,12 @@
 # Nsight Compute profile of the decode kernels that decide the step time (run on the GPU host after
 # tools/gpu-check.sh has built $BUILD): the routed-experts kernels (bench_gpu's moe section: gate/up and down
 # at T = 1, 4, 8) and the bf16 GEMVs (gemm section), a few launches each. Why: the MXFP4 experts kernel runs at
-# ~0.4 of the copy bandwidth while its instruction count allows ~0.75 (src/cuda/NOTES.md); the stall reasons,
+# ~0.4 of the copy bandwidth while its instruction count allows ~0.75 (docs/kernels.md); the stall reasons,
 # issue activity, achieved occupancy and DRAM throughput say whether it waits on memory, on shared-memory
 # loads, on the mma chain or on the integer pipe.
 #
-# ncu reads hardware counters only on the Firecracker hosts (KINDS.md); --clock-control none leaves the
-# clocks as they are (METHOD.md). Output: $OUT/ncu_<section>.txt (the details page per kernel) and a short
+# ncu reads hardware counters only on hosts that expose them (not under gVisor); --clock-control none leaves
+# the clocks as they are. Output: $OUT/ncu_<section>.txt (the details page per kernel) and a short
 # table of the metrics below per kernel name.
 #
 # Environment: BUILD (default build), OUT (default /tmp/k3c-gpu-profile), SECTIONS (default "moe gemm"),

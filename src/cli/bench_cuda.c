@@ -1,5 +1,5 @@
 /* k3c bench --device cuda: decode step time of the stock path on the GPU against its memory floor
- * (shared/spec/performance.md), on a device-synthetic model (weights generated in GPU memory: no checkpoint).
+ * (its bytes over the copy bandwidth), on a device-synthetic model (weights generated in GPU memory: no checkpoint).
  *
  * Per batch size b: each of b requests holds `context` prefilled tokens; after warm-up, every decode step
  * (one token per request, logits of every request downloaded, as the engine API does) is timed on the host
@@ -46,7 +46,7 @@ static double copy_bandwidth(void) {
 }
 
 /* K3C_BENCH_PAGEABLE=1: the logits go to malloc'ed memory (the engine API's any-buffer case, and this
- * bench before session 13) instead of k3c_engine_logits_alloc's page-locked buffer; an A/B of the download. */
+ * bench before 2026-11-30) instead of k3c_engine_logits_alloc's page-locked buffer; an A/B of the download. */
 static int bench_pageable(void) {
     const char *v = getenv("K3C_BENCH_PAGEABLE");
     return v && v[0] == '1';

@@ -36,7 +36,7 @@ __device__ __forceinline__ float attnres_pending_value(const attnres_pending &q,
  * chunks * nsrc * D * 4 bytes of L2 traffic, small at the T where chunks > 1. Reduction order: per thread,
  * d = tid, tid + 512, ... with fmaf; then warp shuffles (k3c_warp_sum); then the 16 warps in order. The mix:
  * per element, fmaf over the sources in order. out must not alias a source: other blocks of the row may
- * still be reading it. Run 10 (H200) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
+ * still be reading it. An op profile (2026-11-29) measured this kernel at 17.3 us a call, not the 3-5 predicted: every
  * source's pointer was re-read from the device array before its data, in the mix once per source and
  * element, a chain of dependent loads; the pointers now go to shared memory once, and the loads of a tile
  * (8 sources, two elements each in the logits) are issued together.
@@ -57,7 +57,7 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     size_t row = (size_t)blockIdx.x * D;
     /* The source pointers once into shared memory: read from the device array inside the loops they were a
-     * dependent global load before every source's data (run 9: 17 us a call, 4x the estimate). */
+     * dependent global load before every source's data (17 us a call, 4x the estimate). */
     int nmem = PRE ? nsrc - 1 : nsrc; /* sources read from memory; with PRE the last one is pend's */
     for (int j = threadIdx.x; j < nmem; j += blockDim.x) rows[j] = src[j] + row;
     __syncthreads();
@@ -71,8 +71,8 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
             ss[jj] = dot[jj] = 0.0f;
         }
         /* ATTNRES_EPT of the thread's elements per pass (d0, d0 + B, ...), every load of the pass (all its
-         * sources, the weights) issued before the sums: one memory round trip a pass. Run 3 of session 8
-         * (stamped profile) had this kernel at ~16 us a call with two elements a pass (7 dependent round
+         * sources, the weights) issued before the sums: one memory round trip a pass. On 2026-11-30 a
+         * stamped profile had this kernel at ~16 us a call with two elements a pass (7 dependent round
          * trips over a K3 row, the activations long evicted from L2 by the weight streams). The sums still
          * take d = tid, tid + B, ... in order per source, so the logits are bitwise those of before. */
         const int B = blockDim.x;

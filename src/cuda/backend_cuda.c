@@ -661,7 +661,7 @@ static size_t cuda_mem_free(k3c_backend *be, const char **source) {
 
 /* Page-locked host memory for the logits (k3c_engine_logits_alloc). A download into pageable memory is
  * staged by the driver through its own pinned buffers: 7.4 GB/s for kimi-linear-48b's 42 MB of b=64 logits
- * on the H200 host (session 13 run 3, 5.65 ms of a 30.8 ms step); into page-locked memory the copy engine
+ * on the H200 host (k3c bench, 2026-11-30: 5.65 ms of a 30.8 ms step); into page-locked memory the copy engine
  * writes it directly. */
 static void *cuda_host_alloc(k3c_backend *be, size_t bytes) {
     void *p = NULL;

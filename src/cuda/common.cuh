@@ -152,11 +152,11 @@ __device__ __forceinline__ void k3c_dev_gated_act_span(int kind, float beta, flo
     }
 }
 
-/* Host side: whether launches that support it use PDL: on unless K3C_PDL=0. Run 12 (H200, 2026-11-30;
- * src/cuda/NOTES.md) measured it: bf16 GEMVs back to back 0.56 -> 0.69 of copy bandwidth at 4096 x 4096,
+/* Host side: whether launches that support it use PDL: on unless K3C_PDL=0. An A/B (H200, 2026-11-30;
+ * docs/kernels.md) measured it: bf16 GEMVs back to back 0.56 -> 0.69 of copy bandwidth at 4096 x 4096,
  * kimi-linear-48b b=1 specialized step 4.85 -> 4.53 ms. It was opt-in while two GPU runs with it failed one
- * test each (run 12's a routing near-tie, now counted as a tie); run 13 (the whole GPU script from a fresh
- * copy with K3C_PDL=1) passed 36 of 36 with clean sanitizers, so it is the default. */
+ * test each (one a routing near-tie, now counted as a tie); then the whole GPU script from a fresh
+ * copy with K3C_PDL=1 passed 36 of 36 with clean sanitizers, so it is the default. */
 static inline int k3c_pdl_enabled(void) {
     static int on = -1;
     if (on < 0) {

@@ -15,7 +15,7 @@ static unsigned grid_for(size_t n, int threads) {
  * and of the other rows of the step: the final norm's order (stock/forward.c) relies on it.
  * Rows of up to NORM_EPT x B elements (K3's 7168, Kimi Linear's 2304) are held in registers: a thread's loads
  * are all issued before its sums, one memory round trip instead of one per element (the loop's loads wait
- * on each other: run 3 of session 8 had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
+ * on each other: a stamped profile (2026-11-30) had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
  * stamp's and the launch's). Same sums in the same order, so the same bits; longer rows take the loop. */
 #define NORM_EPT 8
 /* The register path's end, shared by both norm kernels: the block's sum of squares, the scale, and

@@ -18,7 +18,7 @@
 /* Both streaming kernels are persistent: the launcher sizes the grid to what stays resident and picks how
  * many warps share a row (wpr, a split of the row's k range whose partials are summed in a fixed order
  * through shared memory: deterministic) so that every block gets the same number of work items. Measured
- * before (NOTES.md): one block per row group left a partial last wave that cost 10-50% of the time. */
+ * before (docs/kernels.md): one block per row group left a partial last wave that cost 10-50% of the time. */
 
 /* Below this many rows, T > 1 products run the T = 1 kernel once per token (see gemv_tile). */
 #define GEMV_MMA_MIN_ROWS 256
@@ -119,7 +119,7 @@ __device__ __forceinline__ void mma_step(const uint4 &va, const uint4 &vb, const
 
 /* One item of the tensor-core kernel; every warp of the block calls it with the same arguments. RUNVOTE: one
  * warp vote a run picks the term count of all its steps, so a run's steps have no branch between them (the
- * MXFP4 kernels' lesson, moe_pair.cu mxp_compute); else one vote a step, as before session 10
+ * MXFP4 kernels' lesson, moe_pair.cu mxp_compute); else one vote a step, as before 2026-11-30
  * (K3C_GEMV_MMA_VOTE=step, the A/B knob). The same sums either way, except that a bf16-exact step inside a
  * run that is not also multiplies its zero mid and lo terms (adding zeros). */
 template <bool RUNVOTE>
@@ -146,7 +146,7 @@ __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int row
                 vb[u] = ok ? k3c_ld_stream16(wb + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
             }
             /* one accumulator per step: MM_U independent mma chains (one chain of 4 MM_U..12 MM_U dependent
-             * mma was latency-bound: run 3 measured 0.55 of copy bandwidth), then the steps in order */
+             * mma was latency-bound: bench_gpu gemm read 0.55 of copy bandwidth), then the steps in order */
             float d[MM_U][4];
             if (RUNVOTE) {
                 float4 x0[MM_U], x1[MM_U];
@@ -271,7 +271,7 @@ static int gemv_forced_wpr(int mma) {
     return forced[mma];
 }
 
-/* K3C_GEMV_MMA_GRID=1: the tensor-core GEMVs planned by plan_grid (their plan before session 10) instead of
+/* K3C_GEMV_MMA_GRID=1: the tensor-core GEMVs planned by plan_grid (their plan before 2026-11-30) instead of
  * rows over all warps. Read once. */
 static bool gemv_mma_grid(void) {
     static int grid = -1;

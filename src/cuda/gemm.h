@@ -50,7 +50,7 @@ int k3c_cuda_matmul_bf16_round(k3c_cuda_gemm *g, const uint16_t *W, int rows, in
 int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
                        cudaStream_t stream);
 
-/* Grouped products (the executor's packed projections, decode-executor.md §3): several matrices streamed by
+/* Grouped products (the executor's packed projections): several matrices streamed by
  * one launch (T = 1, or T <= K3C_CUDA_GEMV_MAX_T with every matrix of >= 256 rows) or two (T > 1 with short
  * matrices beside long ones: those run token by token in a launch of their own), instead of one launch per
  * matrix and token. Each product has its own matrix, input [T, cols], output [T, rows] and rounding; the

@@ -589,7 +589,7 @@ extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const flo
     return K3C_OK;
 }
 
-/* ---- the fused KDA decode provider (decode-executor.md §3) ----
+/* ---- the fused KDA decode provider (the executor's KDA layer in one kernel) ----
  *
  * One block per (head, request), grid (H, nseg), owning all dv value columns of the head: thread (part, e)
  * = threadIdx.x = part * dv + e holds S[part*32 .. part*32+31][e] in registers exactly as the recurrent
@@ -794,7 +794,7 @@ extern "C" int k3c_cuda_kda_decode_separate(const k3c_cuda_seg *segs, int nseg, 
     return k3c_cuda_kda_gated_norm(o, z, norm_w, T, H, dv, eps, silu_gate, round_bf16, y, stream);
 }
 
-/* Run 14 (H200): the specialized decode step with the fused kernel was slower than the stock one at 64
+/* 2026-11-30 (H200, k3c bench): the specialized decode step with the fused kernel was slower than the stock one at 64
  * requests (k3-slice 42.2 against 37.8 ms, 96 heads; kimi-linear-48b 51.0 against 48.5 ms, 32 heads) and
  * faster at 8 and fewer. A block owns a whole head's state (512 threads, 64 KB of registers: 2 blocks per
  * SM), a chain of dependent phases; the separate recurrent kernel splits the columns into 4x as many

@@ -19,7 +19,7 @@ typedef struct k3c_cuda_seg {
     /* 1: read the state and window, write neither back. A speculative verify's end state is thrown away
      * (its commit folds the accepted tokens from saved inputs into the committed slot), so the verify reads
      * the committed slot in place instead of a scratch copy of it (with the copies of its 6.3 MB of state a
-     * layer, k3-slice's q = 4 verify step took 10.43 ms, without them 9.07: session 11). Every _segs
+     * layer, k3-slice's q = 4 verify step took 10.43 ms, without them 9.07: k3c bench, 2026-11-30). Every _segs
      * launcher and the fused provider honor it. */
     int read_only;
 } k3c_cuda_seg;
@@ -76,7 +76,7 @@ int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, const float *q
 int k3c_cuda_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
                             int silu_gate, int round_bf16, float *y, cudaStream_t stream);
 
-/* The fused KDA decode provider (decode-executor.md §3): one kernel computing, for nseg requests (segs as
+/* The fused KDA decode provider (the executor's): one kernel computing, for nseg requests (segs as
  * above; together they must cover rows [0, T), each row once), bit for bit what these launches compute:
  *   k3c_cuda_kda_conv_segs(xq, segs, nseg, H*dk, W, taps_q, 0, round_bf16, cq)   (and xk -> ck with which 1,
  *       xv -> cv over H*dv channels with which 2; windows advanced in place)

@@ -61,7 +61,7 @@ __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const flo
  * of an output do not depend on T, on the token tiling or on timing (no atomics). The previous kernels
  * (2-byte loads: absorb_q one thread per kvl column walking the 128 nope rows serially, Hm blocks at T = 1;
  * absorb_o one warp per row re-reading W_UV for every 8 tokens) took 35-40 us at T = 1 and 170 / 700 us at
- * T = 64 on K3 dims (run 18), latency bound; they stay as the fallback for shapes the fast ones do not take. */
+ * T = 64 on K3 dims (2026-11-30), latency bound; they stay the fallback for shapes the fast ones do not take. */
 #define ABS_THREADS 128
 #define AQ_COLS 64 /* absorb_q: kvl columns per block (8 chunks of 8 bf16) */
 #define AQ_RG 16   /* absorb_q: row groups; group g holds nope rows g * AQ_J .. + AQ_J */
@@ -303,7 +303,7 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
  * writes o_lat directly and the merge skips the row. Computed on the device from the row's len (a CUDA graph
  * captured once serves every length); the attention kernels and the merge use this one function. Why: with
  * the splits sized for the GPU only (33 at T = 1, 32 heads) a 64-position row got 2 positions a split and a
- * 33-way merge, about 35 us a call (run 18) for work that reads 74 KB. */
+ * 33-way merge, about 35 us a call (op profile, 2026-11-30) for work that reads 74 KB. */
 #define ATT_MIN_PER 32
 __device__ __forceinline__ void attend_split_range(int len, int splits, int z, int *p_begin, int *p_end, int *eff) {
     int per = max((len + splits - 1) / splits, ATT_MIN_PER);
@@ -849,7 +849,7 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
                           32 * ATT_MAXJ, block_size);
     if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
-    /* The head-group kernel from MLA_HG_MIN_ROWS rows (run 21, bench_gpu mlacore, 96 heads: 64 rows x 64
+    /* The head-group kernel from MLA_HG_MIN_ROWS rows (2026-11-30, bench_gpu mlacore, 96 heads: 64 rows x 64
      * positions 189 -> 79 us, x 4096 8.0 -> 2.9 ms, 8 rows x 4096 928 -> 591 us; but 1 row x 64 positions 16
      * -> 27 us). The choice is made here, where the row count is known and the lengths are not (a captured
      * graph serves every length). K3C_MLA_HG=1 / 0: at every row count / never. */

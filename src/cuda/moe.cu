@@ -92,9 +92,9 @@ static size_t moe_plane_bytes(bool mx, int steps, int cols) { return (size_t)ste
  * the running sum (d = A B + acc) leaves its additions to the tensor core, whose f32 accumulation is not IEEE
  * round-to-nearest (Fasi et al. 2021: addends aligned and cut toward zero): over 144 steps (Kimi Linear's
  * 2304) this kernel read 1.2e-5-1.4e-5 rel L2 on the H200 where the band kernels, which add each step's fresh
- * result in f32, read 4.6e-7-5.6e-7 (session 9); tools/moe_emu with EMU_MMA=trunc shows the same split
- * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way; session 12). Measured with this add
- * (session 13 run 2, band kernels off): 1.2e-5 -> 5.6e-7 (bf16), 4.6e-6 -> 4.5e-7 (MXFP4); bench_gpu moe
+ * result in f32, read 4.6e-7-5.6e-7 (H200); tools/moe_emu with EMU_MMA=trunc shows the same split
+ * (grouped 5.1e-7 -> 2.8e-6 against float64, band 4.1e-7 either way). Measured with this add
+ * (H200, 2026-11-30, band kernels off): 1.2e-5 -> 5.6e-7 (bf16), 4.6e-6 -> 4.5e-7 (MXFP4); bench_gpu moe
  * unchanged for bf16, MXFP4 T8 484 -> 498 us (0.436 -> 0.426 of copy; past 1024 pairs only, i.e. prefill). */
 __device__ __forceinline__ void mma_step_add(float (&acc)[4], const float (&d)[4]) {
 #pragma unroll
@@ -607,22 +607,22 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
     return K3C_OK;
 }
 
-/* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (run 16, H200:
- * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel; run
- * 20 with the two-launch kernels, kimi-linear-48b specialized, limit 64 / 256: b=16 22.01 / 17.62 ms, b=32
- * 37.58 / 31.08 ms against the grouped kernel), and since session 9 (run 3) up to 64 pairs only: past that
+/* The per-pair path's limit in (token, slot) pairs, 0 when off. bf16: up to MOE_PAIR_MAX (2026-11-30, H200:
+ * kimi-linear-48b b=1 specialized 4.18 -> 3.73 ms, b=8 13.15 -> 10.20 ms against the grouped kernel; then
+ * with the two-launch kernels, kimi-linear-48b specialized, limit 64 / 256: b=16 22.01 / 17.62 ms, b=32
+ * 37.58 / 31.08 ms against the grouped kernel), and since a later A/B the same day up to 64 pairs only: past that
  * the band kernels read each selected expert once for up to 8 of its pairs, b=16 17.37 -> 15.52 ms, b=32
  * 29.33 -> 21.22 ms against the per-pair path at 256 (which reads a repeated expert once per pair), while at
  * 64 pairs (b=8) the per-pair path stays ahead, 9.42 against 10.22 ms with the band there.
- * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. Run 18 (`bench_gpu moe`, H200), the pipelined kernel against
+ * MXFP4: up to MOE_PAIR_MX_DEFAULT pairs. `bench_gpu moe` (H200, 2026-11-30), the pipelined kernel against
  * the grouped one: 16 pairs (T = 1, k = 16) 0.501 vs 0.417 of copy bandwidth, k3-slice b=1 specialized 6.52
  * ms (7.05 with the grouped kernel); 64 pairs (T = 4) 0.253 vs 0.350, since at 64 pairs over K3's experts
  * many pairs share an expert, which the grouped kernel reads once and the per-pair path once per pair.
  * Past that limit MXFP4 goes to the band kernels (moe_pair.cu: each selected expert once, up to 8 of its
- * pairs as the mma's columns; session 8 run 7: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
- * the grouped kernel's 0.387 / 0.440 in run 5; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
+ * pairs as the mma's columns; bench_gpu moe: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
+ * the grouped kernel's 0.387 / 0.440 before; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
  * pairs, then to the grouped kernel; MXFP4 tiles of 16 pairs past 8 pairs an expert (k3c_cuda_moe_band_cols;
- * session 15: k3-slice b=64 -0.5 ms, forced at 4-8 pairs an expert slower by 0.3-1.7 ms).
+ * 2026-11-30: k3-slice b=64 -0.5 ms, forced at 4-8 pairs an expert slower by 0.3-1.7 ms).
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
  * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
  * the band kernels off for that format. */

@@ -13,8 +13,8 @@
 
 /* bf16 experts at decode, one (token, slot) pair per expert product: few pairs mostly choose distinct
  * experts (Kimi Linear: 8 of 256 per token), so the grouped kernel's B columns carry one token each and
- * its tensor-core staging buys nothing; run 13 measured it at 0.44 of copy bandwidth at one token. Here
- * each pair's matrices are streamed as GEMV rows, in two launches (run 18's profile put ~46 us a layer on
+ * its tensor-core staging buys nothing; bench_gpu moe read 0.44 of copy bandwidth at one token. Here
+ * each pair's matrices are streamed as GEMV rows, in two launches (an op profile, 2026-11-30, put ~46 us a layer on
  * the four launches of before for 113 MB at kimi-linear-48b b=1, 27 us at copy bandwidth):
  *
  * moe_pair_gate_up_kernel: a warp owns row r of one pair and streams row r of the gate and of the up
@@ -25,7 +25,7 @@
  * moe_pair_down_kernel: a warp owns output row r of one token and streams that row of PD_K of the
  * token's experts at once (PD_U chunks each per lane in flight), each expert's sum its own; then, in slot
  * order, each expert's rounded output goes into the weighted sum by fmaf, and the sum is rounded:
- * moe_combine_kernel's arithmetic, so out needs no pass of its own. (A first version, run 19, took the
+ * moe_combine_kernel's arithmetic, so out needs no pass of its own. (A first version, 2026-11-30, took the
  * experts one after another, one load round trip each: 0.39 of copy bandwidth for the down projection.)
  *
  * Sums of a row: lane l takes chunks c = base + 32 u + l, base in steps of 32 * U, u in order, each chunk's
@@ -129,7 +129,7 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
 
 /* MXFP4 experts at decode, one pair per expert product, for the same reason as the bf16 per-pair kernels (the
  * grouped kernel spends ~275 warp instructions per KB streamed on copies, shared loads and bookkeeping:
- * 0.43 of copy bandwidth at one token, run 13). Item = (pair, matrix, band group) as there; a warp owns a
+ * 0.43 of copy bandwidth at one token, bench_gpu moe). Item = (pair, matrix, band group) as there; a warp owns a
  * band of 16 rows and streams them straight into registers: per step lane (g, q) loads 16 bytes (scale
  * group c = 4 s + q) of rows g and g + 8 and their scale bytes, MXP_U (U) steps in flight; mx_word turns each
  * word into the A fragments and the mma takes the activations as its B column 0 (the other columns are
@@ -389,7 +389,7 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
  * row has fewer runs than warps), or K3C_MOE_MXP_WPR's when that is set (force_wpr); per = items (blocks'
  * shares) of one matrix; the grid is what stays resident.
  *
- * The launchers pass 1 for MXFP4 and 2 for the bf16 band kernel. Session 9 run 5 (H200, specialized steps,
+ * The launchers pass 1 for MXFP4 and 2 for the bf16 band kernel. 2026-11-30 (H200, k3c bench SPEC,
  * context 64) swept K3C_MOE_MXP_WPR over plan_grid's choice (0) and 1, 2, 4, 8: k3-slice (MXFP4) b=1 / 8 /
  * 16 / 32 / 64 6.03 / 12.32 / 12.57-13.11 / 16.54-17.25 / 24.40-24.84 ms with plan_grid's choice, 5.94 /
  * 11.37-11.43 / 11.84 / 15.33-15.35 / 22.59-22.64 with 1 (two rounds; 2, 4, 8 slower); kimi-linear-48b (bf16
@@ -435,14 +435,14 @@ static int moe_pair_mx_launch_u(const k3c_cuda_expert *experts, int num_experts,
 
 extern "C" int k3c_cuda_moe_pair_mx_fits(int In, int F) { return In / 32 <= MXP_MAX_CHUNKS && F / 32 <= MXP_MAX_CHUNKS; }
 
-/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, run 18's kernel), K3C_MOE_MXP_WPR
+/* A/B knobs, read once: K3C_MOE_MXP_U (steps per run: 3, else 2, the kernel measured 2026-11-30), K3C_MOE_MXP_WPR
  * (warps per row: 1, 2, 4 or 8; else plan_pairs' choice) and K3C_MOE_MXP_PROBE=1 (the bandwidth probe
- * above: wrong results, benchmarks only). None of them moves the kernel (session 7 run 3,
+ * above: wrong results, benchmarks only). None of them moves the kernel (2026-11-30,
  * `K3C_MOE_PAIR_MX=1 bench_gpu moe`, moe_mxfp4_all_T1_k16 as fraction of copy bandwidth: default 0.499,
  * U 3 0.498, WPR 1 0.516, WPR 2 0.484; U 1 with 3 or 4 blocks per SM in the launch bounds (77 / 64
- * registers instead of 105) 0.451 / 0.484, U 2 with 3 blocks 0.490). Run 2's ncu had it at 14.5 warps per
+ * registers instead of 105) 0.451 / 0.484, U 2 with 3 blocks 0.490). Nsight Compute had it at 14.5 warps per
  * SM, one instruction issued every 1.7 cycles per scheduler, DRAM at 41-52% of peak and L2 at 68%: neither
- * more warps nor more bytes in flight help, so the next step is the access pattern (src/cuda/NOTES.md). */
+ * more warps nor more bytes in flight help, so the next step is the access pattern (docs/kernels.md). */
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && v[0] ? atoi(v) : dflt;
@@ -679,7 +679,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
                 /* only the tile's nc columns: the others feed output columns nothing writes (stale entries
                  * are harmless, as the per-pair kernel's). STG entries a thread at once, their loads
                  * issued before any is used: one strided entry at a time, each thread's loads waited one
-                 * after another (14 round trips a thread for a K3 row at one column), and run 6 measured the
+                 * after another (14 round trips a thread for a K3 row at one column), and bench_gpu moe measured the
                  * band kernel at one token 0.435 of copy bandwidth against the per-pair kernel's 0.581 on the
                  * same work. */
                 const int total = chunks * SUBS * nc;
@@ -777,8 +777,8 @@ extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size
 /* The tile width for `pairs` pairs over num_experts: MXB_COLS_WIDE for MXFP4 when the pairs average more than
  * 8 an expert (k3-slice at b = 64: 1024 pairs over 64 experts; an expert with 9..16 pairs is then one tile,
  * not two or three, each of which streamed and decoded it again), else MXB_COLS. The wide kernel runs one
- * block per SM at 0.25-0.34 of copy bandwidth where the 8-column one reads 0.50-0.58 (session 9 run 4), so
- * it pays only where most experts have more than 8 pairs: run 7, with a threshold of 4, k3-slice b=64
+ * block per SM at 0.25-0.34 of copy bandwidth where the 8-column one reads 0.50-0.58 (bench_gpu moe, 2026-11-30), so
+ * it pays only where most experts have more than 8 pairs: with a threshold of 4, k3-slice b=64
  * 23.35/22.58 -> 22.05/21.79 ms but b=32 (8 an expert) 15.23/15.31 -> 16.07/16.09. K3C_MOE_BAND_COLS=8 / 16
  * forces it (A/B runs; 16 only for MXFP4). */
 extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts) {
@@ -866,7 +866,7 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
  * round trips, with one block an SM so that nothing else streams meanwhile. The wide kernel has registers to
  * spare (161 of 255 at one block an SM) and stages 8 at once (4 round trips); the 8-column kernels keep 2
  * (their 128-register bound). A/B knobs, read once: K3C_MOE_BAND_STAGE_W=2 (the wide kernel's old count),
- * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). Session 15 run 5 (H200, context 64,
+ * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). 2026-11-30 (H200, k3c bench, context 64,
  * two rounds): k3-slice b=64 SPEC 19.98 / 19.99 -> 19.82 / 19.84 ms with 8 (predicted -1.0..-1.5: the stage
  * is not where the wide kernel's time goes), b=16 / 32 unchanged; STAGE_N=4 (spilling 44 / 72 bytes) made
  * k3-slice b=16 / 32 0.24 / 0.37 ms and kimi-linear-48b b=16 / 64 0.15 / 0.20 ms slower. */
@@ -896,7 +896,7 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
         return (narrow4 ? moe_band_launch<false, 3, MXB_COLS, 2, 4> : moe_band_launch<false, 3, MXB_COLS, 2, 2>)(
             experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
     /* the wide kernel at one block an SM (161 registers, no spill): built for two (128 registers, spilled;
-     * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (session 15 run 1) */
+     * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (k3c bench, 2026-11-30) */
     if (tile_cols == MXB_COLS)
         return (narrow4 ? moe_band_launch<true, 2, MXB_COLS, 2, 4> : moe_band_launch<true, 2, MXB_COLS, 2, 2>)(
             experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
@@ -909,12 +909,12 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
  * above), each a persistent launch of at most its resident blocks. */
 /* K3C_MOE_PAIR_OCC=N (A/B runs; the same outputs every way), read once: the bf16 per-pair kernels' variant,
  * (gate/up chunks in flight, its blocks an SM; down experts at once, its blocks an SM):
- *   0 (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM (the kernels before session 12)
+ *   0 (PG_U, 2; PD_K, 2): 80 / 102 registers, 3 / 2 blocks an SM (the kernels before 2026-11-30)
  *   1 (default) (4, 4; 2, 3), 2 (6, 3; 2, 4), 3 (PG_U, 2; 2, 3)
  * Why: at one token of kimi-linear-48b the down kernel has 288 items (8 rows each) for 264 resident blocks
  * at variant 0, so 24 blocks run a second round alone; gate/up has 1024 for 396 (2.6 rounds). More blocks an
- * SM put the down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. Session 12
- * run 1 (H200, kimi-linear-48b, context 64, two rounds): variant 1 against 0 at b = 1 / 2 / 4 / 8: 2.80 /
+ * SM put the down's items in one round, at the cost of fewer experts (or chunks) in flight a warp. k3c bench
+ * (H200, 2026-11-30, kimi-linear-48b, context 64, two rounds): variant 1 against 0 at b = 1 / 2 / 4 / 8: 2.80 /
  * 3.96 / 5.45 / 8.89 ms against 2.96 / 4.12 / 5.87 / 9.40; b = 16 inside the spread; 2 and 3 in between. */
 #define PAIR_OCC_VARIANTS 4
 #define PAIR_OCC_DEFAULT 1

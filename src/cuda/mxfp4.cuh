@@ -11,7 +11,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-/* MXFP4 -> bf16 pairs. The dequant is most of this kernel's instructions at decode (src/cuda/NOTES.md: ~550
+/* MXFP4 -> bf16 pairs. The dequant is most of this kernel's instructions at decode (docs/kernels.md: ~550
  * warp instructions per 2 KB step at one row, issue-bound at 0.41 of copy bandwidth), so the packed weights
  * live on the GPU in a layout of their own, made once when they are written (k3c_cuda_mxfp4_repack, cuda/moe.cu):
  * each 32-bit word keeps its 8 E2M1 codes (elements 8j .. 8j + 7 of a row), with their bits moved so that the

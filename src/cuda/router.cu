@@ -31,7 +31,7 @@ __device__ __forceinline__ unsigned long long bitonic_pick(int i, int stride, in
  * thread's registers (stride < R), across the lanes of a warp by shuffles (stride < 32 R: lane ^ stride / R,
  * no barrier), and through shared memory with two barriers only for stride >= 32 R (6 of the 36 stages at
  * 256 experts, 6 of 55 at 896). Why: the shared-memory network paid a barrier, two 8-byte shared loads and
- * stores, and an integer division and modulo by the stride in every one of its stages (session 7 run 1,
+ * stores, and an integer division and modulo by the stride in every one of its stages (2026-11-30, bench_gpu small,
  * H200: 7.8 us for 256 experts top-8 and 18.4 us for 896 top-16 in a graph). */
 template <int R>
 __device__ __forceinline__ void bitonic_sort_keys(unsigned long long (&kv)[R], unsigned long long *key, int PV) {
@@ -152,7 +152,7 @@ __device__ __forceinline__ void route_token(const k3c_cuda_router &r, const floa
      * total order (larger value, then lower id; NaNs last, by id), the same experts in the same order as k
      * arg-max passes or the cpu/ops.h reference. The keys past E are 0, below every expert's. (The rank
      * selection before the sort, every thread counting the keys above its experts, cost O(E) instructions
-     * per winner thread: run 21, 8.7 us at 256 experts, 26.8 us at 896.) */
+     * per winner thread: 2026-11-30, 8.7 us at 256 experts, 26.8 us at 896.) */
     {
         unsigned long long kv[R];
 #pragma unroll

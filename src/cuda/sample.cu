@@ -23,7 +23,7 @@ __device__ __forceinline__ uint64_t argmax_scalar(const float *__restrict__ row,
  * depend on the order it is taken in, so every split of the row gives the same id. Rows of a multiple of 4
  * floats starting on 16 bytes are read as float4 (a part a whole number of float4), ARGMAX_U loads in flight
  * per thread before any comparison: the strided loop of one float at a time waited for each load in turn,
- * 160 round trips a thread for a 163840-wide row (session 13 run 4: SPECID 2.832 against SPEC 2.727 ms on
+ * 160 round trips a thread for a 163840-wide row (k3c bench, 2026-11-30: SPECID 2.832 against SPEC 2.727 ms on
  * kimi-linear-48b b=1). keys non-NULL: thread 0 writes the part's key to keys[row * parts + part]; else (one
  * part) the row's id to ids[row]. */
 __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_parts_kernel(const float *__restrict__ logits, int V,

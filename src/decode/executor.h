@@ -1,4 +1,4 @@
-/* What a specialized decode executor offers the engine (shared/spec/decode-executor.md §2, §4).
+/* What a specialized decode executor offers the engine (the routing of plan.h, the shapes of prepared.h).
  *
  * The engine owns the executor (k3c_engine_options.specialized) and calls it, never the reverse. For every
  * step the engine takes the plan (k3c_plan_step with the executor's plan_table), validates the step and

@@ -265,7 +265,7 @@ static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, floa
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
-/* The packed projections of a provider (decode-executor.md §3): the products that read one step input, or
+/* The packed projections of a provider: the products that read one step input, or
  * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights
  * where the backend loaded them, so no packed copy exists to rebuild after a reload. Each product's outputs
  * are bitwise those of mm() on it alone, so the executor still matches the stock path bit for bit. */
@@ -386,7 +386,7 @@ static int rec_mla(const rec *s, int l) {
     return K3C_OK;
 }
 
-/* cuda_moe of the backend as a front, the persistent experts and a tail (decode-executor.md §3): the
+/* cuda_moe of the backend as a front, the persistent experts and a tail (the MoE provider): the
  * front is one grouped launch of every product of the MoE input (router logits in f32, the latent
  * down-projection, the shared expert's gate and up), then routing and the shared activation (one launch);
  * the tail one grouped launch of the latent up-projection and the shared down-projection. Same kernels and
@@ -450,7 +450,7 @@ static int rec_ffn(k3c_decode_cuda *x, int l, int T, const float **a1, const flo
     return K3C_OK;
 }
 
-/* ---- the residual stream and the epilogue fusions (cuda/NOTES.md "Executor epilogue fusions") ----
+/* ---- the residual stream and the epilogue fusions (docs/kernels.md, "The executor: fused epilogues") ----
  * r.P holds the residual (plain models) or the AttnRes prefix (r.home = res[nb], where the current block's
  * prefix must be when the block closes: the Mix source array names it there; P NULL: a block just began and
  * its prefix is empty), and r.a1 non-NULL means an add is still owed to it: the residual is really
@@ -788,12 +788,12 @@ static int argmax_parts(int T) {
 /* The step's results to the host, with one synchronization: the logits straight into the caller's buffer
  * as the stock path downloads them, or (ids non-NULL) each row's greedy token id, then the aux streams when
  * the engine asked for them. The ids: the arg-max's best key of each part of each row (~256 blocks in all,
- * cuda/sample.h) into page-locked keys_h, a row's parts reduced here (2 KB at most). Run 18 (H200, k3-slice
+ * cuda/sample.h) into page-locked keys_h, a row's parts reduced here (2 KB at most). 2026-11-30 (H200, k3-slice
  * b=64, K3C_CUDA_PROFILE=1): through a pinned staging buffer in 16 chunks, each copied out by the host as it
  * landed, the copy-out alone took 6.4 ms of a 41.1 ms step, and the direct download made the step 37.7 ms
- * against the stock path's 38.7 in the same process (K3C_EXEC_D2H_DIRECT=1 A/B). The caller's buffer itself
+ * against the stock path's 38.7 in the same process (A/B by a switch since removed). The caller's buffer itself
  * page-locked (k3c_engine_logits_alloc, as the runner and the bench use) removes the staging altogether:
- * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (session 13 run 4). */
+ * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (k3c bench, 2026-11-30). */
 static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids, float *aux) {
     size_t V = (size_t)x->c->vocab_size;
     double t0 = x->prof ? wall_ms() : 0;

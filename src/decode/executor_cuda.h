@@ -1,4 +1,4 @@
-/* The specialized decode executor on the CUDA backend (decode-executor.md; this file states what is built
+/* The specialized decode executor on the CUDA backend (this file states what is built
  * so far and what is not).
  *
  * Built once after load over an engine with device "cuda", which it only reads: the weights stay in the
@@ -14,7 +14,7 @@
  *
  * What a captured step computes: the stock forward's layer loop with the same kernels and reductions as
  * the CUDA backend's ops (cuda/backend_cuda.c), so its outputs are bitwise those of the stock path, with
- * these providers (decode-executor.md §3) in place of the per-op launches:
+ * these providers (one per layer part, each bitwise the stock ops) in place of the per-op launches:
  *  - packed projections: the products of one input as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group,
  *    the weights read where they were loaded): KDA's q, k, v, gate and beta projections, then its two
  *    low-rank up-projections; MLA's query (or its low-rank half), latent and output gate; the dense MLP's

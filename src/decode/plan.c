@@ -12,7 +12,7 @@ static k3c_plan stock(k3c_stock_reason reason, int rows, int q) {
     return (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = reason, .rows = rows, .q = q};
 }
 
-/* The predicates run in the order of decode-executor.md §2, cheapest first; the first that fails names
+/* The predicates (k3c_stock_reason, numbered in plan.h) run cheapest first; the first that fails names
  * the reason. The uniformity check comes before the row-count check because q is needed to tell a wide
  * verify step (rows past the specialized cap, q > 1) from an unprepared decode step. */
 k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {

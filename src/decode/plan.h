@@ -1,4 +1,4 @@
-/* The specialized decode's one routing decision per step (shared/spec/decode-executor.md §2).
+/* The specialized decode's one routing decision per step (the predicates of plan.c, in order).
  *
  * k3c_plan reads only step metadata that is identical on every tensor-parallel rank (row counts, query
  * lengths, prompt flags, the pipeline stage) and the executor's own build-time state, so every rank takes
@@ -36,7 +36,7 @@ typedef enum k3c_route {
     K3C_ROUTE_WIDE,       /* uniform verify past the specialized cap: stock loop, specialized attention */
 } k3c_route;
 
-/* Why a step runs stock (or K3C_STOCK_NONE when it does not): one value per predicate of §2. */
+/* Why a step runs stock (or K3C_STOCK_NONE when it does not): one value per routing predicate. */
 typedef enum k3c_stock_reason {
     K3C_STOCK_NONE = 0,
     K3C_STOCK_STAGE_INPUT,      /* 1. a partial-model (pipeline stage) input */

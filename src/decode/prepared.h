@@ -1,4 +1,4 @@
-/* The specialized decode's prepared step shapes (decode-executor.md §4): fully specialized steps run
+/* The specialized decode's prepared step shapes: fully specialized steps run
  * b = requests x q rows with b in the prepared batch set {1, 2, 4, 8, 16, 24, 32, 48, 64} (PREPARED_MAX = 64)
  * and q = 1 (decode) or q = 2 .. q_max (uniform verify, every request verifies q tokens). A shape is one
  * (rows, q) pair; the CUDA executor captures one graph per shape. Plain C: the table and its tests do not

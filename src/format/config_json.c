@@ -774,7 +774,7 @@ static int check_moe_rule(const k3c_config *c, const char *form) {
     return K3C_OK;
 }
 
-/* The compressed-tensors block exactly as K3 publishes it (k3-checkpoint.md §5). */
+/* The compressed-tensors block exactly as K3's released config.json has it. */
 static cJSON *quantization_block(jbuild *b) {
     cJSON *q = checked(b, cJSON_CreateObject());
     cJSON *groups = checked(b, cJSON_CreateObject());

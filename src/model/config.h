@@ -1,6 +1,6 @@
 /* The model description every other part reads: one struct for both families (Kimi K3 and Kimi Linear),
  * filled from an HF config.json (format/config_json.c) or from a built-in preset (model/presets.c).
- * Field comments give the K3 value; spec: shared/spec/k3-architecture.md §1 and §10. */
+ * Field comments give the K3 value, as its published config.json and modeling code define it. */
 #ifndef K3C_MODEL_CONFIG_H
 #define K3C_MODEL_CONFIG_H
 

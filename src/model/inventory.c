@@ -1,5 +1,5 @@
-/* The tensor inventory of a config, in the published naming of its family (shared/spec/k3-checkpoint.md
- * §2-§3 for K3; transformers 5.17's save names for Kimi Linear). Order: model-level tensors, then layer by
+/* The tensor inventory of a config, in the published naming of its family (K3's
+ * released checkpoint; transformers 5.17's save names for Kimi Linear). Order: model-level tensors, then layer by
  * layer (norms, AttnRes, attention, FFN), routed experts in numeric order.
  *
  * The full K3 has 497,052 text tensors, so specs are appended into one array grown by doubling and names

@@ -1,7 +1,7 @@
 /* k3c_model_load: config.json -> inventory -> every tensor found, checked (dtype, shape, values where cheap
  * and meaningful) and bound. Matrices stay in the mapping; small vectors become owned f32 arrays. Any
  * checkpoint tensor the inventory does not name is an error, except K3's vision tower and projector,
- * which a text engine skips (shared/spec/k3-checkpoint.md §4). */
+ * which a text engine skips (168 tensors of the released checkpoint). */
 #include "model/model.h"
 
 #include <math.h>

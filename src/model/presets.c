@@ -7,7 +7,7 @@
 
 #include "util/error.h"
 
-/* K3's published values (k3-architecture.md §1), the starting point of every K3-family preset. */
+/* K3's published values (its released config.json), the starting point of every K3-family preset. */
 static k3c_config k3_base(void) {
     return (k3c_config){
         .family = K3C_FAMILY_K3,

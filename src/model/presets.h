@@ -1,5 +1,5 @@
 /* Built-in model configs: test models that keep every structural feature (tiny, mini, kimi-linear-tiny)
- * and the benchmark presets of shared/spec/performance.md (k3-slice, kimi-linear-48b, k3-tp8-rank), plus
+ * and the presets the decode benchmarks report (k3-slice, kimi-linear-48b, k3-tp8-rank), plus
  * the full published K3 (k3) for inventory arithmetic. */
 #ifndef K3C_MODEL_PRESETS_H
 #define K3C_MODEL_PRESETS_H

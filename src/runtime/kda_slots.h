@@ -1,7 +1,7 @@
 /* KDA per-request state, in slots: for every KDA layer and slot, the conv window [3][W-1][P] (the last W-1
  * pre-conv inputs of q, k and v, oldest first) and the fp32 recurrent state [H, dk, dv].
  *
- * Verify (speculative decoding) is read-only plus a commit fold (decode-executor.md §5, vLLM's RecoverSSM):
+ * Verify (speculative decoding) is read-only plus a commit fold (as vLLM's RecoverSSM):
  * a verify step copies the committed state and window of each verifying request into a per-step scratch
  * copy and runs on that copy, so the committed slot is untouched; it also saves, per layer, the inputs the
  * fold needs for each of its q tokens: the pre-conv q/k/v rows, the normalized k, the conv'd v, the decay g

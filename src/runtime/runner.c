@@ -11,7 +11,7 @@
  * and verifies first, then the prompt chunks, each group in admission order.
  *
  * Draft padding policy (so that decode steps are uniform verify steps, the ones the specialized executor
- * takes, decode-executor.md §2 predicate 6). Per step one D is chosen for every greedy decoding request:
+ * takes: predicate 6 of decode/plan.h). Per step one D is chosen for every greedy decoding request:
  *  - D = 0 (everyone decodes one token) when the drafter finds nothing for any of them: a uniform decode
  *    step, and no rows are spent on guesses nobody made;
  *  - otherwise D = spec_tokens, lowered to (the fewest tokens any of them still needs) - 1 so that no verify

@@ -1,4 +1,4 @@
-/* The stock forward (spec k3-architecture.md §7): the layer loop over backend ops.
+/* The stock forward: the layer loop over backend ops, as the published modeling code runs it.
  *
  * Rounding contract (what every backend must reproduce; "rnd" = round to nearest-even bf16, stored in the
  * activation buffer; everything else is f32):
@@ -416,7 +416,7 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
     if (nrows > 0) {
         const float *h = attnres ? mix(f, nb, P, W->out_res_proj, W->out_res_norm, T, f->a_in) : P;
         be->gather_rows(be, h, f->rows, nrows, D, f->G);
-        /* The final norm (decode-executor.md §7): row by row, each row's sum of squares in an order that depends
+        /* The final norm (batch-invariant): row by row, each row's sum of squares in an order that depends
          * only on D, never on how many rows the step has or which other requests share it (CPU: four strided
          * partial sums, cpu/elementwise.c; CUDA: one block per row, fmaf partials per thread then a fixed tree,
          * cuda/elementwise.cu). So a row's final-normed hidden state, and its logits, are the same whether it

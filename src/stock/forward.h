@@ -1,4 +1,4 @@
-/* The stock forward: one call runs a batch of requests through every layer (spec k3-architecture.md §7)
+/* The stock forward: one call runs a batch of requests through every layer (the published model's forward)
  * over a backend (stock/backend.h). Each request brings its own rows: a prompt or prompt chunk, one decode
  * token, or q verify tokens; batches may mix them. Caches and KDA slots live in runtime/ and are passed in.
  * All activation buffers are allocated at creation, sized for max_rows rows; a step allocates nothing. */
@@ -43,7 +43,7 @@ typedef struct k3c_forward_options {
     int mla_expand_min;
     /* 1: the MLA latent cache holds FP8 E4M3 values (k3c_backend_limits.kv_fp8). */
     int kv_fp8;
-    /* Aux hidden-state streams (spec k3-architecture.md §6, vLLM's aux_hidden_state_layers): stream i is the
+    /* Aux hidden-state streams (drafter taps, as vLLM's aux_hidden_state_layers): stream i is the
      * hidden state entering layer L = aux_layers[i], L in 0 .. num_layers: the embedding for L = 0, else the
      * value after layer L - 1 added its FFN output, i.e. with AttnRes the block-partial prefix P (not the full
      * residual: completed blocks are not in it), without AttnRes the residual stream h; L = num_layers is the

@@ -269,7 +269,7 @@ static void *dmalloc_rand_mask(size_t bytes, unsigned seed, uint64_t mask) {
     /* random bytes from the host in pieces of up to 64 MiB (never zeros: they can run faster than real data),
      * only as many as the buffer needs. A whole 64 MiB piece for each buffer cost ~9 ms of host work
      * (measured on the 2-core development machine) plus a fresh 64 MiB allocation, times the 960 expert
-     * matrices of the moe section, which took ~50 s a run in session 7's run 3 */
+     * matrices of the moe section, which took ~50 s a run (2026-11-30) */
     size_t piece = bytes < (64u << 20) ? (bytes + 7) & ~(size_t)7 : 64u << 20;
     unsigned char *h = malloc(piece);
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -438,7 +438,7 @@ int main(int argc, char **argv) {
     if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
         int E = 64, In = 3584, F = 3072, Out = 3584, k = 16;
         /* scales 2^-8 .. 2^1 (E8M0 119 .. 128), as real weights have them (|w| <= 12; the device-synthetic
-         * presets use 2^-7); K3C_BENCH_MX_BIG=1: 2^-8 .. 2^7, the only distribution before session 7: every
+         * presets use 2^-7); K3C_BENCH_MX_BIG=1: 2^-8 .. 2^7, the only distribution before 2026-11-30: every
          * warp step then has a scale above 2^1 and takes the kernels' second multiply (cuda/mxfp4.cuh),
          * which real weights never need */
         int span = getenv("K3C_BENCH_MX_BIG") ? 16 : 10;

@@ -1,5 +1,5 @@
 /* The specialized decode executor (decode/executor_cuda.h) against the stock forward on the same CUDA
- * engine (decode-executor.md §9), on tiny and mini (synthesized checkpoints) and a 4-layer k3-slice
+ * engine (bitwise logits and states), on tiny and mini (synthesized checkpoints) and a 4-layer k3-slice
  * (K3's layer dims, device-synthetic). Fresh weights and prompts per run (test_seed()). The engine owns the
  * executor (k3c_engine_options.specialized) and routes steps to it; these tests switch the same engine
  * between its two paths with k3c_engine_set_specialized and read what ran from k3c_engine_stats.
@@ -453,7 +453,7 @@ TEST(gpu_executor_mini) {
 
 /* Kimi Linear (bf16 routed experts, one shared expert, no latent, KDA with MLA every few layers): up to 32
  * rows (64 pairs at 2 slots) the bf16 per-pair expert kernels, past that the band kernels; the shared expert
- * in the MoE front's grouped GEMV. Not covered by an executor test before session 12. */
+ * in the MoE front's grouped GEMV. Not covered by an executor test before 2026-11-30. */
 TEST(gpu_executor_kimi_linear_tiny) {
     static const int b[] = {1, 8, 32}, s[] = {0, 3};
     run_model("kimi-linear-tiny", 0, 64, b, 3, s, 2, 128);

@@ -39,8 +39,8 @@
 #define TIE_MARGIN 1e-2f
 /* A routing near-tie: some MoE layer's top-k boundary on the CPU (k3c_route_margin) closer than this, where
  * f32 rounding differences between the backends (rows 2e-6 .. 1e-5 rel L2 apart) may pick another expert.
- * Run 12 (src/cuda/NOTES.md): a stream diverged with a logits top-2 margin of 0.385 at a row whose routing
- * margin was 3.6e-7 on the CPU, the smallest of the run's 640 rows (4 were under 1e-5). */
+ * On 2026-11-30 (H200, docs/kernels.md) a stream diverged with a logits top-2 margin of 0.385 at a row whose routing
+ * margin was 3.6e-7 on the CPU, the smallest of the test's 640 rows (4 were under 1e-5). */
 #define ROUTE_TIE 1e-5f
 #define MAX_ROWS 64
 
@@ -310,9 +310,9 @@ TEST(gpu_forward_tiny) { run_forward("tiny", 1); }
  * util/fp8.h), f32 activations, dense routing. Both round the same latents to nearest even, but a latent
  * within f32 noise of an E4M3 midpoint can round differently on the two (one E4M3 step of one element), and
  * every later row of that request that attends to the element moves with it:
- *  - seed 8230953371816 (session 10, H200): median 2.28e-4, worst 1.52e-3, under both tensor-core GEMV plans
+ *  - seed 8230953371816 (H200, 2026-11-30): median 2.28e-4, worst 1.52e-3, under both tensor-core GEMV plans
  *    and both MLA attend paths, where other seeds give medians of 1e-6..5e-6;
- *  - session 12 run 5 (H200, seed not recorded): worst 3.90e-3 at median 8.3e-6, one flip's trail.
+ *  - H200, 2026-11-30 (seed not recorded): worst 3.90e-3 at median 8.3e-6, one flip's trail.
  * A cache that rounds latents differently in general moves every row, the first ones of each request too:
  * the median (FP8_MEDIAN_THR) is what tells it. Rows past 2e-3 (the CPU's own fp8-vs-float64-E4M3 bound,
  * test_forward.c) are counted: at most FP8_TRAIL_FRAC of the rows, none past FP8_WORST_THR (a flip moves a

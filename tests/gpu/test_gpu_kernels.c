@@ -414,8 +414,8 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
     /* With a handful of outputs the rel L2 is one or two cancelling dot products, where the f32 CPU reference's
      * own rounding reaches ~1.6e-5 (seen: In 32, F 32, Out 1); over >= 16 outputs 1e-5. Kimi Linear's In 2304,
      * F 1024 (36 tokens x 8) once needed 2e-5: the grouped kernel chained its mma through one accumulator and
-     * read 1.2e-5-1.4e-5 (H200, sessions 9-12); with fresh accumulators added in f32 it reads 5.6e-7 (bf16) and
-     * 4.5e-7 (MXFP4) with the band kernels off, as the band kernels do (session 13 run 2, src/cuda/NOTES.md). */
+     * read 1.2e-5-1.4e-5 (H200, 2026-11-30); with fresh accumulators added in f32 it reads 5.6e-7 (bf16) and
+     * 4.5e-7 (MXFP4) with the band kernels off, as the band kernels do (docs/kernels.md). */
     double thr = round ? 1e-2 : (T * Out < 16 ? 5e-5 : 1e-5);
     note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"), thr, e);
     CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
@@ -480,7 +480,7 @@ TEST(gpu_moe_bf16) {
     moe_case(0, 0, 72, 40, 48, 5, 33, 8, 1);
     moe_case(0, 0, 2304, 1024, 2304, 16, 36, 8, 0);
     /* the band kernels take Kimi Linear's widths (2304 / 8 = 288 chunks a row: 192 was MXFP4's limit, and the
-     * case above ran the grouped kernel until session 9's run 2 showed band and grouped timed the same) */
+     * case above ran the grouped kernel until an H200 run (2026-11-30) showed band and grouped timed the same) */
     CHECK(k3c_cuda_moe_band_fits(0, 2304, 1024, 288) && k3c_cuda_moe_band_fits(0, 6144, 6144, 1024));
     CHECK(!k3c_cuda_moe_band_fits(0, 6152, 1024, 8) && !k3c_cuda_moe_band_fits(1, 6176, 1024, 8));
 }

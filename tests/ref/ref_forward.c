@@ -1,5 +1,5 @@
-/* Independent float64 reference forward; see ref_forward.h. Written from the spec (k3-architecture.md
- * §2-§7, §10), sharing no math with the engine. Layout conventions: activations are row-major [n tokens][width]
+/* Independent float64 reference forward; see ref_forward.h. Written from the published
+ * architecture, sharing no math with the engine. Layout conventions: activations are row-major [n tokens][width]
  * doubles; weight matrices stay in the mapped checkpoint and are converted to double one row at a time. */
 #include "ref_forward.h"
 

@@ -1,5 +1,5 @@
 /* Independent float64 reference forward of the whole model (Kimi K3 and Kimi Linear), written from
- * shared/spec/k3-architecture.md §2-§7 and §10 alone. It shares no math with the engine (nothing from
+ * the published architecture (KDA, MLA, AttnRes, MoE, config) alone. It shares no math with the engine (nothing from
  * src/cpu, src/stock, src/runtime): the format layer is used only to read tensors and config.json.
  *
  * Everything is computed in double, with no bf16 rounding of activations anywhere: it is the exact
