@@ -18,7 +18,7 @@ CFLAGS  ?= -O2 -g
 # override: CFLAGS/LDLIBS given on the command line (e.g. sanitizer flags) are extended, not replaced.
 override CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
            -fno-strict-aliasing -pthread $(ARCHFLAGS) -Iinclude -Isrc -MMD -MP
-override LDLIBS  += -lcjson -lm -pthread
+override LDLIBS  += -lcjson -lpcre2-8 -lm -pthread
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
@@ -65,6 +65,9 @@ $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS) -lstdc++
 
+# the default tokenizer's ranks are assembled into this object (.incbin)
+$(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -110,7 +113,7 @@ fuzz-load:
 	    $(if $(FUZZ_LOAD_SEED),--seed $(FUZZ_LOAD_SEED))
 
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev
+	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev
 
 clean:
 	rm -rf $(BUILD)
