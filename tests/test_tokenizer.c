@@ -823,3 +823,51 @@ TEST(tokenizer_cli) {
     k3c_tokens_free(&v);
     k3c_tokenizer_free(t);
 }
+
+/* ------------------------------------------------------------- the ASCII fast path ---- */
+
+typedef struct pieces {
+    size_t at[512];
+    int n;
+} pieces;
+
+static int record_piece(void *ctx, size_t start, size_t end) {
+    pieces *p = ctx;
+    if (p->n >= 510) return 1;
+    p->at[p->n++] = start;
+    p->at[p->n++] = end;
+    return 0;
+}
+
+TEST(tokenizer_pretok_ascii) {
+    /* random text over every ASCII class and the non-ASCII characters that change an ASCII decision
+     * (letters, U+0085 / U+00A0 / U+3000 spaces, a digit, ſ after an apostrophe, Han, a mark): the pieces
+     * with the fast path equal PCRE2's alone */
+    k3c_tokenizer *t;
+    CHECK_OK(k3c_tokenizer_load_preset("tiny", &t));
+    static const char *alpha[] = {"a", "b", "s", "t", "e", "l", "d", "Z", "S", "L", "R", "E", "V", "M", "D", "'",
+                                  "0", "7", " ", " ", "\t", "\n", "\r", "\v", "\f", ".", "!", "(", "\x1c", "\x7f",
+                                  "\xc3\xa9", "\xc3\x89", "\xc5\xbf", "\xc2\x85", "\xc2\xa0", "\xe3\x80\x80",
+                                  "\xd9\xa3", "\xe4\xbd\xa0", "\xcc\x81", "\xe2\x80\x94", "\xef\xbc\x8c"};
+    k3c_rng g;
+    k3c_rng_seed(&g, test_seed() ^ 0x61736369ull);
+    uint8_t text[256];
+    for (int iter = 0; iter < 20000; iter++) {
+        size_t n = 0, want_chars = 1 + k3c_rng_next(&g) % 24;
+        int non_ascii = (int)(k3c_rng_next(&g) % 4); /* a quarter of the strings all ASCII */
+        for (size_t c = 0; c < want_chars; c++) {
+            size_t k = k3c_rng_next(&g) % (sizeof alpha / sizeof *alpha);
+            if (!non_ascii && (unsigned char)alpha[k][0] >= 0x80) k %= 30;
+            if (k3c_rng_next(&g) % 3 == 0 && n) k = (size_t)(k3c_rng_next(&g) % 30); /* more ASCII */
+            size_t l = strlen(alpha[k]);
+            memcpy(text + n, alpha[k], l);
+            n += l;
+        }
+        pieces fast = {.n = 0}, slow = {.n = 0};
+        CHECK_OK(k3c_tokenizer_split(t, text, n, 1, record_piece, &fast));
+        CHECK_OK(k3c_tokenizer_split(t, text, n, 0, record_piece, &slow));
+        CHECKF(fast.n == slow.n && !memcmp(fast.at, slow.at, sizeof *fast.at * (size_t)fast.n),
+               "fast path pieces differ from PCRE2's (seed %llu, iter %d)", (unsigned long long)test_seed(), iter);
+    }
+    k3c_tokenizer_free(t);
+}

@@ -3,7 +3,11 @@
  * same byte string at two places); a pair whose joined bytes are no token never merges. The scan loop is
  * tiktoken's (parts as an array, every pair rescanned after a merge); the heap loop keeps (rank, start)
  * entries with lazy deletion. An entry is stale exactly when its part's pair rank changed: a part's pair
- * only ever grows, so a byte string (and so a rank) never comes back to the same start. */
+ * only ever grows, so a byte string (and so a rank) never comes back to the same start.
+ *
+ * A merged part's id is the rank of the pair that made it (rank = id), so the loops carry ids along and
+ * never look a part up again; single bytes and pairs of bytes come from direct tables, longer strings
+ * from the hash. */
 #include "text/bpe.h"
 
 #include <stdlib.h>
@@ -13,44 +17,98 @@
 
 #define NO_RANK UINT32_MAX
 
-static inline uint64_t hash_bytes(const uint8_t *s, size_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 31;
-        s += 8, n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s, n);
-    h = (h ^ w) * 0x94D049BB133111EBull;
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t load32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t mix(uint64_t h) {
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
     return h ^ (h >> 32);
 }
 
-int k3c_bpe_index(k3c_bpe *bpe) {
+/* Reads only s[0 .. n): short keys as two overlapping words (first and last), never past the end. */
+static inline uint64_t hash_bytes(const uint8_t *s, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    if (n >= 8) {
+        while (n > 16) {
+            h = (h ^ load64(s)) * 0x94D049BB133111EBull;
+            h ^= h >> 31;
+            s += 8, n -= 8;
+        }
+        h = (h ^ load64(s)) * 0x94D049BB133111EBull;
+        h = (h ^ load64(s + n - 8)) * 0xBF58476D1CE4E5B9ull;
+    } else if (n >= 4) {
+        h = (h ^ ((uint64_t)load32(s) << 32 | load32(s + n - 4))) * 0x94D049BB133111EBull;
+    } else if (n) {
+        h = (h ^ ((uint64_t)s[0] << 16 | (uint64_t)s[n / 2] << 8 | s[n - 1])) * 0x94D049BB133111EBull;
+    }
+    return mix(h);
+}
+
+/* s[0 .. min(n, 8)) as a little-endian word, zero above, reading nothing past s[n - 1] */
+static inline uint64_t head_of(const uint8_t *s, size_t n) {
+    if (n >= 8) return load64(s);
+    if (n >= 4) return (uint64_t)load32(s) | (uint64_t)load32(s + n - 4) << (8 * (n - 4));
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) h |= (uint64_t)s[i] << (8 * i);
+    return h;
+}
+
+static inline uint8_t tag_of(uint64_t h) { return (uint8_t)(0x80 | h >> 57); }
+
+static int32_t hash_lookup(const k3c_bpe *bpe, const uint8_t *s, size_t len) {
+    uint64_t h = hash_bytes(s, len), head = head_of(s, len);
+    uint8_t tag = tag_of(h);
+    for (uint64_t i = h & bpe->mask;; i = (i + 1) & bpe->mask) {
+        uint8_t t = bpe->tags[i];
+        if (!t) return -1;
+        if (t != tag) continue;
+        const k3c_bpe_slot *e = &bpe->slots[i];
+        if (e->head != head || e->len != len) continue;
+        uint32_t id = e->id_plus1 - 1;
+        if (len <= 8 || !memcmp(bpe->blob + bpe->off[id] + 8, s + 8, len - 8)) return (int32_t)id;
+    }
+}
+
+int k3c_bpe_index(k3c_bpe *bpe, int pairs) {
     uint64_t size = 16;
     while (size < 2 * (uint64_t)bpe->n) size <<= 1;
     bpe->slots = calloc(size, sizeof *bpe->slots);
-    if (!bpe->slots) return k3c_errorf("out of memory for the hash of %u tokens", bpe->n);
+    bpe->tags = calloc(size, 1);
+    if (!bpe->slots || !bpe->tags) return k3c_errorf("out of memory for the hash of %u tokens", bpe->n);
     bpe->mask = size - 1;
     for (uint32_t id = 0; id < bpe->n; id++) {
         const uint8_t *s = bpe->blob + bpe->off[id];
         size_t len = bpe->off[id + 1] - bpe->off[id];
-        uint64_t h = hash_bytes(s, len), tag = h >> 32 << 32;
-        for (uint64_t i = h & bpe->mask;; i = (i + 1) & bpe->mask) {
-            uint64_t e = bpe->slots[i];
-            if (!e) {
-                bpe->slots[i] = tag | (id + 1);
-                break;
+        int32_t other = hash_lookup(bpe, s, len);
+        if (other >= 0) return k3c_errorf("tokens %d and %u have the same bytes", other, id);
+        uint64_t h = hash_bytes(s, len), i = h & bpe->mask;
+        while (bpe->tags[i]) i = (i + 1) & bpe->mask;
+        bpe->tags[i] = tag_of(h);
+        bpe->slots[i] = (k3c_bpe_slot){head_of(s, len), id + 1, (uint32_t)len};
+    }
+    for (int b = 0; b < 256; b++) {
+        uint8_t c = (uint8_t)b;
+        bpe->byte_id[b] = hash_lookup(bpe, &c, 1);
+    }
+    if (pairs) {
+        bpe->pair_id = malloc(sizeof *bpe->pair_id * 65536);
+        if (!bpe->pair_id) return k3c_errorf("out of memory for the pair table");
+        for (int i = 0; i < 65536; i++) bpe->pair_id[i] = -1;
+        for (uint32_t id = 0; id < bpe->n; id++)
+            if (bpe->off[id + 1] - bpe->off[id] == 2) {
+                const uint8_t *s = bpe->blob + bpe->off[id];
+                bpe->pair_id[s[0] << 8 | s[1]] = (int32_t)id;
             }
-            uint32_t other = (uint32_t)e - 1;
-            if ((e >> 32 << 32) == tag && bpe->off[other + 1] - bpe->off[other] == len &&
-                !memcmp(bpe->blob + bpe->off[other], s, len))
-                return k3c_errorf("tokens %u and %u have the same bytes", other, id);
-        }
     }
     return K3C_OK;
 }
@@ -59,18 +117,15 @@ void k3c_bpe_free(k3c_bpe *bpe) {
     free(bpe->blob);
     free(bpe->off);
     free(bpe->slots);
+    free(bpe->tags);
+    free(bpe->pair_id);
     memset(bpe, 0, sizeof *bpe);
 }
 
 int32_t k3c_bpe_rank(const k3c_bpe *bpe, const uint8_t *s, size_t len) {
-    uint64_t h = hash_bytes(s, len), tag = h >> 32 << 32;
-    for (uint64_t i = h & bpe->mask;; i = (i + 1) & bpe->mask) {
-        uint64_t e = bpe->slots[i];
-        if (!e) return -1;
-        if ((e >> 32 << 32) != tag) continue;
-        uint32_t id = (uint32_t)e - 1;
-        if (bpe->off[id + 1] - bpe->off[id] == len && !memcmp(bpe->blob + bpe->off[id], s, len)) return (int32_t)id;
-    }
+    if (len == 1) return bpe->byte_id[s[0]];
+    if (len == 2 && bpe->pair_id) return bpe->pair_id[s[0] << 8 | s[1]];
+    return hash_lookup(bpe, s, len);
 }
 
 static inline uint32_t rank_of(const k3c_bpe *bpe, const uint8_t *s, size_t len) {
@@ -78,29 +133,34 @@ static inline uint32_t rank_of(const k3c_bpe *bpe, const uint8_t *s, size_t len)
     return r < 0 ? NO_RANK : (uint32_t)r;
 }
 
-size_t k3c_bpe_scratch_words(size_t len) { return len <= K3C_BPE_SCAN_MAX ? 2 * (len + 1) : 10 * (len + 1); }
+size_t k3c_bpe_scratch_words(size_t len) { return len <= K3C_BPE_SCAN_MAX ? 3 * (len + 1) : 12 * (len + 1); }
 
 size_t k3c_bpe_merge_scan(const k3c_bpe *bpe, const uint8_t *piece, size_t len, int32_t *out, uint32_t *scratch) {
-    /* parts: start[i] and the rank of the pair (part i, part i + 1); the last entry is the end sentinel */
-    uint32_t *start = scratch, *rank = scratch + len + 1;
+    /* parts (one memmove per merge): start, the rank of the pair (part i, part i + 1), the part's own id;
+     * the last entry is the end sentinel */
+    typedef struct part {
+        uint32_t start, rank, id;
+    } part;
+    part *p = (part *)scratch;
     size_t m = len + 1;
-    for (size_t i = 0; i <= len; i++) start[i] = (uint32_t)i;
-    for (size_t i = 0; i + 2 <= len; i++) rank[i] = rank_of(bpe, piece + i, 2);
-    rank[len - 1] = NO_RANK;
+    for (size_t i = 0; i < len; i++)
+        p[i] = (part){(uint32_t)i, i + 1 < len ? rank_of(bpe, piece + i, 2) : NO_RANK, (uint32_t)bpe->byte_id[piece[i]]};
+    p[len] = (part){(uint32_t)len, NO_RANK, 0};
     for (;;) {
         uint32_t best = NO_RANK;
         size_t at = 0;
         for (size_t i = 0; i + 1 < m; i++)
-            if (rank[i] < best) best = rank[i], at = i;
+            if (p[i].rank < best) best = p[i].rank, at = i;
         if (best == NO_RANK) break;
-        /* parts[at + 1] is still there: the new pairs end at start[at + 2] (left) and start[at + 3] */
-        if (at > 0) rank[at - 1] = at + 2 < m ? rank_of(bpe, piece + start[at - 1], start[at + 2] - start[at - 1]) : NO_RANK;
-        rank[at] = at + 3 < m ? rank_of(bpe, piece + start[at], start[at + 3] - start[at]) : NO_RANK;
-        memmove(start + at + 1, start + at + 2, (m - at - 2) * sizeof *start);
-        memmove(rank + at + 1, rank + at + 2, (m - at - 2) * sizeof *rank);
+        /* p[at + 1] is still there: the new pairs end at p[at + 2] (left) and p[at + 3] */
+        if (at > 0)
+            p[at - 1].rank = at + 2 < m ? rank_of(bpe, piece + p[at - 1].start, p[at + 2].start - p[at - 1].start) : NO_RANK;
+        p[at].rank = at + 3 < m ? rank_of(bpe, piece + p[at].start, p[at + 3].start - p[at].start) : NO_RANK;
+        p[at].id = best;
+        memmove(p + at + 1, p + at + 2, (m - at - 2) * sizeof *p);
         m--;
     }
-    for (size_t i = 0; i + 1 < m; i++) out[i] = (int32_t)rank_of(bpe, piece + start[i], start[i + 1] - start[i]);
+    for (size_t i = 0; i + 1 < m; i++) out[i] = (int32_t)p[i].id;
     return m - 1;
 }
 
@@ -133,13 +193,14 @@ static uint64_t heap_pop(uint64_t *h, size_t *n) {
 
 size_t k3c_bpe_merge_heap(const k3c_bpe *bpe, const uint8_t *piece, size_t len, int32_t *out, uint32_t *scratch) {
     /* parts are named by their start byte: next[s] is the start of the following part (len at the end),
-     * prev[s] the preceding one, rank[s] the rank of the pair (s, next[s]) or NO_RANK */
-    uint32_t *next = scratch, *prev = scratch + len + 1, *rank = scratch + 2 * (len + 1);
-    uint64_t *heap = (uint64_t *)(scratch + 3 * (len + 1) + ((len + 1) & 1));
+     * prev[s] the preceding one, rank[s] the rank of the pair (s, next[s]) or NO_RANK, id[s] the part's id */
+    uint32_t *next = scratch, *prev = scratch + len + 1, *rank = scratch + 2 * (len + 1), *id = scratch + 3 * (len + 1);
+    uint64_t *heap = (uint64_t *)(scratch + 4 * (len + 1)); /* 4 (len + 1) words: 8-byte aligned */
     size_t hn = 0;
     for (size_t i = 0; i < len; i++) {
         next[i] = (uint32_t)i + 1;
         prev[i] = (uint32_t)i - 1; /* UINT32_MAX for the first */
+        id[i] = (uint32_t)bpe->byte_id[piece[i]];
         rank[i] = i + 1 < len ? rank_of(bpe, piece + i, 2) : NO_RANK;
         if (rank[i] != NO_RANK) heap_push(heap, &hn, (uint64_t)rank[i] << 32 | i);
     }
@@ -150,6 +211,7 @@ size_t k3c_bpe_merge_heap(const k3c_bpe *bpe, const uint8_t *piece, size_t len, 
         uint32_t gone = next[s], after = next[gone];
         rank[gone] = NO_RANK;
         next[s] = after;
+        id[s] = r;
         if (after < len) prev[after] = s;
         rank[s] = after < len ? rank_of(bpe, piece + s, next[after] - s) : NO_RANK;
         if (rank[s] != NO_RANK) heap_push(heap, &hn, (uint64_t)rank[s] << 32 | s);
@@ -160,7 +222,7 @@ size_t k3c_bpe_merge_heap(const k3c_bpe *bpe, const uint8_t *piece, size_t len, 
         }
     }
     size_t n = 0;
-    for (uint32_t s = 0; s < len; s = next[s]) out[n++] = (int32_t)rank_of(bpe, piece + s, next[s] - s);
+    for (uint32_t s = 0; s < len; s = next[s]) out[n++] = (int32_t)id[s];
     return n;
 }
 

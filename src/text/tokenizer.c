@@ -22,6 +22,7 @@
 
 #include "text/base64.h"
 #include "text/bpe.h"
+#include "text/pretok.h"
 #include "text/pretok_pattern.h"
 #include "text/regex.h"
 #include "text/utf8.h"
@@ -143,7 +144,7 @@ static int parse_ranks(const char *text, size_t len, const char *name, k3c_bpe *
     bpe->off[n] = o;
     bpe->n = (uint32_t)n;
     free(line_of);
-    if (k3c_bpe_index(bpe) != K3C_OK) {
+    if (k3c_bpe_index(bpe, 1) != K3C_OK) {
         k3c_error_context("%s", name);
         goto done;
     }
@@ -286,7 +287,7 @@ static int load_specials(k3c_tokenizer *t, const char *json, size_t len, const c
     }
     sp->off[slots] = o;
     sp->n = (uint32_t)slots;
-    if (k3c_bpe_index(sp) != K3C_OK) {
+    if (k3c_bpe_index(sp, 0) != K3C_OK) {
         /* two slots with one text: the reference's name -> id map would keep only one of them */
         k3c_error_context("%s: added_tokens_decoder: special", where);
         goto done;
@@ -443,17 +444,26 @@ static int tokens_reserve(k3c_tokens *v, size_t more) {
     return K3C_OK;
 }
 
+/* str.isspace() of the code point at s[i], and its length in *len (valid UTF-8) */
+static inline int space_at(const uint8_t *s, size_t i, size_t *len) {
+    uint8_t b = s[i];
+    if (b < 0x80) {
+        *len = 1;
+        return (b >= 0x09 && b <= 0x0D) || (b >= 0x1C && b <= 0x20);
+    }
+    *len = k3c_utf8_lead_len(b);
+    return k3c_py_isspace(k3c_utf8_decode(s + i, *len));
+}
+
 int k3c_tokenizer_chunks(const uint8_t *s, size_t len, size_t window, size_t run_max,
                          int (*piece)(void *ctx, size_t start, size_t end), void *ctx) {
     size_t i = 0;
     while (i < len) {
         /* one window: _split_whitespaces_or_nonwhitespaces(text[w : w + window], run_max) */
-        size_t slice = i, cps = 0, run = 0;
-        size_t l0 = k3c_utf8_lead_len(s[i]);
-        int is_space = k3c_py_isspace(k3c_utf8_decode(s + i, l0));
+        size_t slice = i, cps = 0, run = 0, l;
+        int is_space = space_at(s, i, &l);
         while (i < len && cps < window) {
-            size_t l = k3c_utf8_lead_len(s[i]);
-            int now = k3c_py_isspace(k3c_utf8_decode(s + i, l));
+            int now = space_at(s, i, &l);
             if (is_space ^ now) {
                 run = 1;
                 is_space = now;
@@ -483,10 +493,23 @@ typedef struct encoder {
     size_t scratch_words;
 } encoder;
 
+/* The next match of the pre-split pattern at or after `from` in s[0 .. n): the ASCII fast path where it
+ * decides, PCRE2 otherwise. 1 with [*ms, *me), 0 at the end, K3C_ERR. */
+static int next_match(const k3c_tokenizer *t, k3c_regex_state *st, int fast, const uint8_t *s, size_t n, size_t from,
+                      size_t *ms, size_t *me) {
+    size_t end = fast ? k3c_pretok_ascii(s, n, from) : 0;
+    if (end) {
+        *ms = from;
+        *me = end;
+        return 1;
+    }
+    return k3c_regex_find(t->split, st, (const char *)s, n, from, ms, me);
+}
+
 static int encode_ordinary_span(encoder *e, const uint8_t *s, size_t n) {
     size_t from = 0, ms, me;
     int found;
-    while (from < n && (found = k3c_regex_find(e->t->split, e->split, (const char *)s, n, from, &ms, &me)) != 0) {
+    while (from < n && (found = next_match(e->t, e->split, 1, s, n, from, &ms, &me)) != 0) {
         if (found < 0) return K3C_ERR;
         if (me <= ms) { /* the pattern cannot match empty; should it, step over one character */
             from = ms + k3c_utf8_lead_len(s[ms]);
@@ -504,6 +527,23 @@ static int encode_ordinary_span(encoder *e, const uint8_t *s, size_t n) {
         from = me;
     }
     return K3C_OK;
+}
+
+int k3c_tokenizer_split(const k3c_tokenizer *t, const uint8_t *s, size_t n, int fast,
+                        int (*piece)(void *ctx, size_t start, size_t end), void *ctx) {
+    k3c_regex_state *st;
+    K3C_TRY(k3c_regex_state_create(t->split, &st));
+    size_t from = 0, ms, me;
+    int found, rc = K3C_OK;
+    while (from < n && (found = next_match(t, st, fast, s, n, from, &ms, &me)) != 0) {
+        if (found < 0 || piece(ctx, ms, me)) {
+            rc = K3C_ERR;
+            break;
+        }
+        from = me > ms ? me : ms + k3c_utf8_lead_len(s[ms]);
+    }
+    k3c_regex_state_free(st);
+    return rc;
 }
 
 static int encode_piece(void *ctx, size_t start, size_t end) {

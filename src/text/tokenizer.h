@@ -45,6 +45,12 @@ int k3c_tokenizer_write_default(const char *dir, int k3_layout, int32_t vocab);
 struct k3c_bpe;
 const struct k3c_bpe *k3c_tokenizer_bpe(const k3c_tokenizer *t);
 
+/* The pre-split pieces of valid UTF-8 s[0 .. n) (one subject): piece(ctx, start, end) for each in order;
+ * fast = 0 asks PCRE2 for every match (the test holds the ASCII fast path to it). K3C_ERR when piece
+ * returns non-zero or a search fails. */
+int k3c_tokenizer_split(const k3c_tokenizer *t, const uint8_t *s, size_t n, int fast,
+                        int (*piece)(void *ctx, size_t start, size_t end), void *ctx);
+
 /* The chunk boundaries of Kimi's encode over valid UTF-8 text: calls piece(ctx, start, end) for every
  * piece in order (byte offsets); stops at and returns the first non-zero return. Exposed for the test. */
 int k3c_tokenizer_chunks(const uint8_t *s, size_t len, size_t window, size_t run,
