@@ -79,7 +79,7 @@ static int32_t hash_lookup(const k3c_bpe *bpe, const uint8_t *s, size_t len) {
     }
 }
 
-int k3c_bpe_index(k3c_bpe *bpe, int pairs) {
+int k3c_bpe_index(k3c_bpe *bpe, int pairs, uint32_t dup[2]) {
     uint64_t size = 16;
     while (size < 2 * (uint64_t)bpe->n) size <<= 1;
     bpe->slots = calloc(size, sizeof *bpe->slots);
@@ -90,7 +90,10 @@ int k3c_bpe_index(k3c_bpe *bpe, int pairs) {
         const uint8_t *s = bpe->blob + bpe->off[id];
         size_t len = bpe->off[id + 1] - bpe->off[id];
         int32_t other = hash_lookup(bpe, s, len);
-        if (other >= 0) return k3c_errorf("tokens %d and %u have the same bytes", other, id);
+        if (other >= 0) {
+            if (dup) dup[0] = (uint32_t)other, dup[1] = id;
+            return k3c_errorf("tokens %d and %u have the same bytes", other, id);
+        }
         uint64_t h = hash_bytes(s, len), i = h & bpe->mask;
         while (bpe->tags[i]) i = (i + 1) & bpe->mask;
         bpe->tags[i] = tag_of(h);

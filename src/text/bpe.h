@@ -30,8 +30,8 @@ typedef struct k3c_bpe {
 
 /* Builds the lookups over bpe->blob / off / n (already filled; ids in 0 .. n - 1, their byte strings
  * distinct): the hash, byte_id and, with pairs, the 256 KiB table of two-byte tokens; K3C_ERR on a
- * duplicate (naming the two ids) or out of memory. */
-int k3c_bpe_index(k3c_bpe *bpe, int pairs);
+ * duplicate (the two ids in dup, when not NULL: the earlier first) or out of memory. */
+int k3c_bpe_index(k3c_bpe *bpe, int pairs, uint32_t dup[2]);
 void k3c_bpe_free(k3c_bpe *bpe);
 
 /* The id of the byte string s[0 .. len), or -1. */

@@ -61,6 +61,9 @@ int k3c_regex_state_create(const k3c_regex *re, k3c_regex_state **out) {
         k3c_regex_state_free(st);
         return k3c_errorf("out of memory for a %s search", re->what);
     }
+    /* the interpreter (no JIT) keeps its backtracking frames on the heap, 20 MB by default: a piece of
+     * 25 000 letters may need more */
+    pcre2_set_heap_limit(st->mc, 4u << 20); /* KiB: 4 GiB */
     *out = st;
     return K3C_OK;
 }

@@ -143,11 +143,17 @@ static int parse_ranks(const char *text, size_t len, const char *name, k3c_bpe *
     }
     bpe->off[n] = o;
     bpe->n = (uint32_t)n;
-    free(line_of);
-    if (k3c_bpe_index(bpe, 1) != K3C_OK) {
-        k3c_error_context("%s", name);
+    uint32_t dup[2] = {UINT32_MAX, UINT32_MAX};
+    if (k3c_bpe_index(bpe, 1, dup) != K3C_OK) {
+        if (dup[0] != UINT32_MAX)
+            k3c_errorf("%s:%u: the token of rank %u has the same bytes as rank %u on line %u", name,
+                       lline[line_of[dup[1]]], dup[1], dup[0], lline[line_of[dup[0]]]);
+        else
+            k3c_error_context("%s", name);
+        free(line_of);
         goto done;
     }
+    free(line_of);
     for (int b = 0; b < 256; b++) {
         uint8_t byte = (uint8_t)b;
         if (k3c_bpe_rank(bpe, &byte, 1) < 0) {
@@ -287,9 +293,12 @@ static int load_specials(k3c_tokenizer *t, const char *json, size_t len, const c
     }
     sp->off[slots] = o;
     sp->n = (uint32_t)slots;
-    if (k3c_bpe_index(sp, 0) != K3C_OK) {
+    uint32_t dup[2] = {UINT32_MAX, UINT32_MAX};
+    if (k3c_bpe_index(sp, 0, dup) != K3C_OK) {
         /* two slots with one text: the reference's name -> id map would keep only one of them */
-        k3c_error_context("%s: added_tokens_decoder: special", where);
+        if (dup[0] != UINT32_MAX)
+            k3c_errorf("%s: added_tokens_decoder: ids %u and %u are both \"%s\" (a special text names one id)", where,
+                       t->num_base + dup[0], t->num_base + dup[1], names[dup[1]]);
         goto done;
     }
     const char *keys[4] = {"bos_token", "eos_token", "pad_token", "unk_token"};
@@ -387,12 +396,13 @@ static int read_regular(const char *path, char **buf, size_t *len) {
 int k3c_tokenizer_present(const char *dir) {
     char path[4096];
     struct stat st;
-    if ((size_t)snprintf(path, sizeof path, "%s/tiktoken.model", dir) >= sizeof path) return 0;
+    if (!dir || (size_t)snprintf(path, sizeof path, "%s/tiktoken.model", dir) >= sizeof path) return 0;
     return stat(path, &st) == 0;
 }
 
 int k3c_tokenizer_load(const char *dir, k3c_tokenizer **out) {
     *out = NULL;
+    if (!dir || !*dir) return k3c_errorf("tokenizer: no directory given");
     char rpath[4096], cpath[4096];
     if ((size_t)snprintf(rpath, sizeof rpath, "%s/tiktoken.model", dir) >= sizeof rpath ||
         (size_t)snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir) >= sizeof cpath)

@@ -78,11 +78,26 @@ def random_input(rng):
     return b"".join(parts)
 
 
+def long_input(rng):
+    """25 000 to 60 000 code points: random text with one long run (of one character, of spaces, of a
+    mixed non-space run) placed so that Kimi's 25 000-character cut falls somewhere inside it."""
+    head = "".join(random_cp(rng) if rng.random() < 0.7 else " " for _ in range(rng.randint(0, 3000)))
+    c = rng.choice(["a", " ", "\n", "é", "你", "7", "!", "\x1c", "\u3000", random_cp(rng)])
+    run = c * rng.randint(24990, 26000) if rng.random() < 0.6 else \
+        "".join(rng.choice("ab.,-_你é") for _ in range(rng.randint(24990, 26000)))
+    if rng.random() < 0.5:  # a special text across the cut
+        k = rng.randint(24990, len(run))
+        run = run[:k] + rng.choice(SPECIAL_TEXT) + run[k:]
+    tail = "".join(random_cp(rng) for _ in range(rng.randint(0, 2000)))
+    return (head + run + tail).encode()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--k3c", default=os.path.join(ROOT, "build", "k3c"))
     ap.add_argument("-n", type=int, default=120, help="random strings per rank file")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--long", type=int, default=2, help="long strings (past the 25 000 cut) per rank file")
     args = ap.parse_args()
     import tiktoken
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % (1 << 31)
@@ -100,8 +115,8 @@ def main():
             enc = kimi_ref.encoding(ranks, kimi_ref.specials_of(len(ranks), config, layout))
             f = os.path.join(tmp, "input")
             equal = 0
-            for i in range(args.n):
-                raw = random_input(rng)
+            for i in range(args.n + args.long):
+                raw = random_input(rng) if i < args.n else long_input(rng)
                 special = i % 2 == 0
                 with open(f, "wb") as fh:
                     fh.write(raw)
@@ -111,8 +126,10 @@ def main():
                 got = [int(x) for x in p.stdout.split()] if p.returncode == 0 else None
                 if got != want:
                     k = next((j for j in range(min(len(want), len(got or []))) if want[j] != got[j]), None)
+                    shown = raw.hex() if len(raw) < 4000 else f"{len(raw)} bytes, {raw[:200].hex()}..."
                     print(f"MISMATCH {name} case {i} (seed {seed}, specials {'on' if special else 'off'})\n"
-                          f"  input (hex): {raw.hex()}\n  tiktoken: {want}\n  k3c:      {got}\n"
+                          f"  input (hex): {shown}\n  tiktoken: {len(want)} ids {want[max(0, (k or 0) - 5):(k or 0) + 5]}\n"
+                          f"  k3c:      {len(got or [])} ids {(got or [])[max(0, (k or 0) - 5):(k or 0) + 5]} (around the difference)\n"
                           f"  first difference at id {k}; k3c stderr: {p.stderr.strip()}")
                     return 1
                 equal += 1
@@ -127,7 +144,8 @@ def main():
                           f"{p.stderr.decode(errors='replace').strip()}")
                     return 1
                 dec += 1
-            print(f"  {name}: {equal}/{args.n} random strings equal id for id, {dec}/{args.n // 4} decodes equal")
+            print(f"  {name}: {equal}/{args.n + args.long} random strings ({args.long} long) equal id for id, "
+                  f"{dec}/{args.n // 4} decodes equal")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
