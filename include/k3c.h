@@ -239,7 +239,9 @@ void k3c_tokens_free(k3c_tokens *v);
 /* Appends the ids of text[0 .. len) to out. allow_special = 1: the text of every special token (reserved
  * names included) becomes its id, the leftmost first (Kimi's encode default, allowed_special="all");
  * 0: special text is ordinary text. Ill-formed UTF-8 is read as Python's bytes.decode("utf-8",
- * "replace") reads it (each maximal ill-formed subpart is U+FFFD). No BOS is added. */
+ * "replace") reads it (each maximal ill-formed subpart is U+FFFD; so the three bytes of an encoded
+ * surrogate are three U+FFFD: a Python str's lone surrogate, one U+FFFD in tiktoken, has no UTF-8 form).
+ * No BOS is added. On failure out is left as it was. */
 int k3c_tokenizer_encode(const k3c_tokenizer *t, const char *text, size_t len, int allow_special, k3c_tokens *out);
 /* k3c_tokenizer_encode with allow_special = 0 (tiktoken's encode_ordinary). */
 int k3c_tokenizer_encode_ordinary(const k3c_tokenizer *t, const char *text, size_t len, k3c_tokens *out);
