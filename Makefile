@@ -28,7 +28,7 @@ CFLAGS  ?= -O2 -g
 # override: CFLAGS/LDLIBS given on the command line (e.g. sanitizer flags) are extended, not replaced.
 override CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
            -fno-strict-aliasing -pthread $(ARCHFLAGS) -Iinclude -Isrc -MMD -MP
-override LDLIBS  += -lcjson -lm -pthread
+override LDLIBS  += -lcjson -lpcre2-8 -lm -pthread
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
@@ -84,6 +84,9 @@ $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
 # the measured host-to-device and page-cache read rates.
 $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_load.o $(LIB) $(LDLIBS) -lstdc++
+
+# the default tokenizer's ranks are assembled into this object (.incbin)
+$(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -175,7 +178,7 @@ asan-test:
 	    build-asan/test_k3c hardening_
 
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev pkg-config
+	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev pkg-config
 
 clean:
 	rm -rf $(BUILD)

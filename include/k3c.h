@@ -438,6 +438,80 @@ void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out);
 const char *k3c_runner_route_name(int route);   /* "stock", "decode", "verify", "wide" */
 const char *k3c_runner_reason_name(int reason); /* decode/plan.h's k3c_stock_reason_name */
 
+/* ---- tokenizer: text <-> token ids ----
+ * Kimi's tiktoken tokenizer as a checkpoint ships it beside its weights: tiktoken.model (one base64 token
+ * and its rank per line; the rank is the id and the merge priority) and tokenizer_config.json
+ * (added_tokens_decoder names the special slots after the base ranks, bos / eos / pad / unk name tokens).
+ * Ids are bit-exact with Kimi's tokenization_kimi.py on Python tiktoken 0.14: its chunking of long inputs,
+ * its pre-split pattern (through PCRE2, widened to the reference's Unicode 16 tables), byte-level BPE with
+ * the lowest rank merged first (leftmost on a tie). Special slots: 258 (Kimi Linear / K2) or 256 (K3,
+ * chosen when added_tokens_decoder names <|open|> or <|end_of_msg|>); an unnamed slot i is the special
+ * <|reserved_token_i|>. A tokenizer is read-only once loaded: encode and decode may run on several
+ * threads at once. */
+typedef struct k3c_tokenizer k3c_tokenizer;
+
+/* 1 when dir holds a tokenizer (a tiktoken.model file), 0 when it does not (a model that runs on ids). */
+int k3c_tokenizer_present(const char *dir);
+/* Loads dir/tiktoken.model and dir/tokenizer_config.json (regular files only). Errors name the file and
+ * line; a directory without tiktoken.model says it has no tokenizer. */
+int k3c_tokenizer_load(const char *dir, k3c_tokenizer **out);
+/* The tokenizer `k3c synth` writes beside a preset's weights (embedded in the library: no file read). */
+int k3c_tokenizer_load_preset(const char *preset, k3c_tokenizer **out);
+void k3c_tokenizer_free(k3c_tokenizer *t);
+
+/* A growing list of ids: encode appends to it. Start from {0}; free with k3c_tokens_free. */
+typedef struct k3c_tokens {
+    int32_t *ids;
+    size_t n, cap;
+} k3c_tokens;
+void k3c_tokens_free(k3c_tokens *v);
+
+/* Appends the ids of text[0 .. len) to out. allow_special = 1: the text of every special token (reserved
+ * names included) becomes its id, the leftmost first (Kimi's encode default, allowed_special="all");
+ * 0: special text is ordinary text. Ill-formed UTF-8 is read as Python's bytes.decode("utf-8",
+ * "replace") reads it (each maximal ill-formed subpart is U+FFFD; so the three bytes of an encoded
+ * surrogate are three U+FFFD: a Python str's lone surrogate, one U+FFFD in tiktoken, has no UTF-8 form).
+ * No BOS is added. On failure out is left as it was. */
+int k3c_tokenizer_encode(const k3c_tokenizer *t, const char *text, size_t len, int allow_special, k3c_tokens *out);
+/* k3c_tokenizer_encode with allow_special = 0 (tiktoken's encode_ordinary). */
+int k3c_tokenizer_encode_ordinary(const k3c_tokenizer *t, const char *text, size_t len, k3c_tokens *out);
+
+/* Decodes ids into a malloc'd buffer (NUL after the last byte; the caller frees it): _bytes joins the
+ * token bytes as they are (possibly ill-formed UTF-8, like tiktoken's decode_bytes); _decode makes it
+ * valid UTF-8, each maximal ill-formed subpart U+FFFD (tiktoken's decode, errors="replace"). An id
+ * outside the vocabulary is an error naming it. */
+int k3c_tokenizer_decode_bytes(const k3c_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
+int k3c_tokenizer_decode(const k3c_tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *len);
+
+/* The bytes of one token (a special's text; not NUL-terminated) and their count, or NULL for an id
+ * outside the vocabulary. */
+const char *k3c_tokenizer_token(const k3c_tokenizer *t, int32_t id, size_t *len);
+/* The id of a special token by its text ("[BOS]", "<|im_end|>", "<|reserved_token_163650|>"), or -1. */
+int32_t k3c_tokenizer_special_id(const k3c_tokenizer *t, const char *name);
+int k3c_tokenizer_is_special(const k3c_tokenizer *t, int32_t id);
+/* Ids are 0 .. vocab - 1: the base ranks 0 .. num_base - 1, then the special slots. */
+int32_t k3c_tokenizer_vocab(const k3c_tokenizer *t);
+int32_t k3c_tokenizer_num_base(const k3c_tokenizer *t);
+/* The ids tokenizer_config.json names as bos / eos / pad / unk, -1 where it names none. */
+int32_t k3c_tokenizer_bos(const k3c_tokenizer *t);
+int32_t k3c_tokenizer_eos(const k3c_tokenizer *t);
+int32_t k3c_tokenizer_pad(const k3c_tokenizer *t);
+int32_t k3c_tokenizer_unk(const k3c_tokenizer *t);
+
+/* Streaming decode: ids in, text out as soon as it is complete. Output is always valid UTF-8 and never
+ * splits a code point: bytes that may still begin a character (at most 3) wait for the next id; bytes
+ * that cannot are U+FFFD at once. Everything pushed plus finish equals k3c_tokenizer_decode of all ids. */
+typedef struct k3c_detokenizer k3c_detokenizer;
+/* The tokenizer must outlive the detokenizer. */
+int k3c_detokenizer_create(const k3c_tokenizer *t, k3c_detokenizer **out);
+/* Feeds one id; *text / *len: the text it completes (possibly empty; valid until the next call). */
+int k3c_detokenizer_push(k3c_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* End of the stream: held-back bytes come out as U+FFFD; the detokenizer is then empty, ready for another. */
+int k3c_detokenizer_finish(k3c_detokenizer *d, const char **text, size_t *len);
+/* Bytes held back right now (0 .. 3). */
+size_t k3c_detokenizer_pending(const k3c_detokenizer *d);
+void k3c_detokenizer_free(k3c_detokenizer *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 
 _Static_assert(K3C_DTYPE_F64 < K3C_DTYPES, "k3c_model_info's dtype arrays hold every k3c_dtype");
@@ -172,4 +173,14 @@ int k3c_model_info_get(const k3c_model *m, k3c_model_info *out) {
     f.kda_state_bytes_per_request = (f.kda_state_bytes + f.kda_conv_bytes) * (uint64_t)f.num_kda_layers;
     *out = f;
     return K3C_OK;
+}
+
+int k3c_tokenizer_load_preset(const char *preset, k3c_tokenizer **out) {
+    if (!out || !preset) return k3c_errorf("k3c_tokenizer_load_preset: NULL %s", out ? "preset" : "out");
+    *out = NULL;
+    k3c_config c;
+    K3C_TRY(k3c_preset_config(preset, &c));
+    int rc = k3c_tokenizer_default(c.family == K3C_FAMILY_K3, c.vocab_size, out);
+    k3c_config_free(&c);
+    return rc != K3C_OK ? k3c_error_context("preset %s", preset) : K3C_OK;
 }

@@ -49,6 +49,23 @@ if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; 
     echo "gpu-check: cJSON from tools/debs ($libdir)"
 fi
 
+# PCRE2 (the tokenizer's pre-split) likewise: Debian 12's libpcre2-dev 10.42 (BSD-licensed, `apt-get download
+# libpcre2-dev`) committed in tools/debs/ and unpacked beside it; its libpcre2-8.so link points at the runtime
+# package, not unpacked, so the linker takes the static libpcre2-8.a from it and the host needs nothing.
+if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
+    if ! ls tools/debs/libpcre2-dev*.deb >/dev/null 2>&1; then
+        echo "gpu-check: PCRE2 headers not installed and no tools/debs/libpcre2-dev*.deb to unpack" >&2
+        exit 1
+    fi
+    mkdir -p "$BUILD"
+    prefix=$PWD/$BUILD/debs-root
+    dpkg -x tools/debs/libpcre2-dev*.deb "$prefix" || exit 1
+    libdir=$(dirname "$(find "$prefix" -name 'libpcre2-8.a' | head -1)")
+    export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
+    export LDLIBS="${LDLIBS:-} -L$libdir"
+    echo "gpu-check: PCRE2 from tools/debs ($libdir, static)"
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || echo "gpu-check: warning: no nvcc found" >&2
 

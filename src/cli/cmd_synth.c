@@ -43,7 +43,7 @@ int cmd_synth(int argc, char **argv) {
     }
     if (!k3c_preset_has_weights(preset))
         printf("note: preset %s has no weights on disk (a benchmark or full-size preset: benchmarks generate its "
-               "weights in device memory); wrote %s/config.json only\n",
+               "weights in device memory); wrote %s/config.json and the tokenizer only\n",
                preset, out);
     else
         printf("wrote preset %s (seed %" PRIu64 ") to %s\n", preset, seed, out);

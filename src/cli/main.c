@@ -18,6 +18,9 @@ static const struct {
      "generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
     {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
     {"bench", cmd_bench, "bench [--device cpu|cuda] [--preset NAME] [--batches 1,8,64]   decode step time vs its bandwidth floor"},
+    {"tokenize", cmd_tokenize,
+     "tokenize [--model DIR] [--no-special] [--file F | TEXT]   print the token ids of a text (--bench FILE: MB/s)"},
+    {"detokenize", cmd_detokenize, "detokenize [--model DIR] --ids 1,2,3   print the text of token ids"},
     {"run", cmd_run,
      "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
 };

@@ -22,6 +22,7 @@
 #include "format/safetensors.h"
 #include "model/inventory.h"
 #include "model/presets.h"
+#include "text/tokenizer.h"
 #include "util/bf16.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -261,7 +262,8 @@ static int mkdir_p(const char *dir) {
 
 /* The files a synth run writes (and so may remove when it rewrites its own output). */
 static int is_checkpoint_file(const char *name) {
-    return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") ||
+    return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") || !strcmp(name, "tiktoken.model") ||
+           !strcmp(name, "tokenizer_config.json") ||
            !strcmp(name, "model.safetensors.index.json") || !fnmatch("model-*-of-*.safetensors", name, 0) ||
            !fnmatch("*.tmp", name, 0);
 }
@@ -383,6 +385,9 @@ int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed,
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     K3C_TRY(k3c_config_write_json(c, path));
+    /* a published checkpoint ships its tokenizer beside the weights: the embedded default, sized to the vocab */
+    if (k3c_tokenizer_write_default(dir, c->family == K3C_FAMILY_K3, c->vocab_size) != K3C_OK)
+        return k3c_error_context("synth: tokenizer");
     if (preset_name && !k3c_preset_has_weights(preset_name)) return K3C_OK;
     return write_weights(c, seed, dir);
 }

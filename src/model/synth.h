@@ -18,8 +18,9 @@
  * never a directory it did not write. */
 #define K3C_SYNTH_MARKER ".k3c-synth"
 
-/* Writes config.json and, unless preset_name names a preset without weights (k3c_preset_has_weights == 0),
- * the weights. DIR is created if absent; a non-empty DIR without the marker is refused; a previous synth
+/* Writes config.json, the tokenizer (tiktoken.model + tokenizer_config.json: text/tokenizer.h's default
+ * sized to the vocabulary) and, unless preset_name names a preset without weights (k3c_preset_has_weights
+ * == 0), the weights. DIR is created if absent; a non-empty DIR without the marker is refused; a previous synth
  * output is replaced (its checkpoint files are removed first). Shards are written one at a time (tmp +
  * rename), the index last. preset_name may be NULL (an ad-hoc config: weights are written). */
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir);
