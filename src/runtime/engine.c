@@ -189,6 +189,12 @@ void k3c_engine_free(k3c_engine *e) {
 int k3c_engine_vocab(const k3c_engine *e) { return e->m->config.vocab_size; }
 int k3c_engine_max_rows(const k3c_engine *e) { return e->o.max_rows; }
 int k3c_engine_hidden_size(const k3c_engine *e) { return e->m->config.hidden_size; }
+int k3c_engine_prompt_grid(const k3c_engine *e) { return k3c_forward_prompt_grid(e->fwd); }
+
+int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_tokens) {
+    if (pos < 0 || pos >= end || max_tokens <= 0) return 0;
+    return k3c_forward_prompt_piece(e->fwd, pos, end, max_tokens);
+}
 
 static int check_id(const k3c_engine *e, int id) {
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
