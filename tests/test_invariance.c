@@ -1,7 +1,7 @@
 /* Batch-invariant greedy decoding (docs/DESIGN.md, "Batch invariance"; include/k3c.h): on every preset that
  * synthesizes, with bf16 activations (the default path), a request's greedy stream must be the same token for
  * token whether it runs
- *   - alone (k3c_generate, the reference),
+ *   - alone (k3c_generate, the reference), and alone on an engine of max_rows = one grid and one thread,
  *   - in a runner batch beside requests of other lengths, without and with speculation (spec 3),
  *   - two at a time with later joins, spec 2 and a prefill budget that is no multiple of the grid,
  *   - through k3c_engine_step directly: its prompt cut at random allowed positions (the rule as DESIGN.md
@@ -105,6 +105,37 @@ static int count_differ(const inv_env *env, int32_t got[INV_MAXREQ][INV_MAXNEW])
     for (int i = 0; i < env->c->nreq; i++)
         differ += memcmp(got[i], env->alone[i], sizeof(int32_t) * (size_t)env->c->max_new) != 0;
     return differ;
+}
+
+/* Each request alone again on another engine over the same model: max_rows = the grid (k3c_generate's prompt
+ * chunks one grid each) and one thread (the CPU's split of every op changes). */
+static int run_alone_small(inv_env *env, int grid, int *differ) {
+    const inv_case *c = env->c;
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.threads = 1;
+    o.max_requests = 1;
+    o.max_rows = grid;
+    o.max_context = 72;
+    for (int i = 0; i < c->nreq; i++)
+        if (c->lens[i] + c->max_new + 8 > o.max_context) o.max_context = c->lens[i] + c->max_new + 8;
+    o.block_size = 8;
+    o.q_max = INV_QMAX < grid ? INV_QMAX : grid;
+    o.chunk_min = c->chunk_min;
+    o.mla_expand_min = c->mla_expand_min;
+    k3c_engine *e;
+    K3C_TRY(k3c_engine_create(env->m, &o, &e));
+    k3c_sampling greedy = {.top_p = 1};
+    int32_t got[INV_MAXREQ][INV_MAXNEW];
+    int rc = K3C_OK;
+    for (int i = 0; i < c->nreq && rc == K3C_OK; i++) {
+        collect col = {got[i], 0};
+        rc = k3c_generate(e, env->prompt[i], c->lens[i], c->max_new, &greedy, collect_token, &col, NULL);
+    }
+    k3c_engine_free(e);
+    K3C_TRY(rc);
+    *differ = count_differ(env, got);
+    return K3C_OK;
 }
 
 /* The whole workload through a runner; *differ = streams unlike the alone ones. */
@@ -291,6 +322,10 @@ static void check_case(const inv_case *c) {
         {"runner, every request at once, spec 3", 3, 0, 0},
         {"runner, 2 at a time, spec 2, prefill budget 1.5 grids", 2, grid + grid / 2, 2},
     };
+    CHECK_OK(run_alone_small(&env, grid, &d));
+    printf("    %s, alone, engine of max_rows %d (one grid) and 1 thread: %d of %d streams differ from alone\n",
+           c->preset, grid, d, c->nreq);
+    total += d;
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         CHECK_OK(run_runner(&env, runs[k].spec, runs[k].budget, runs[k].max_active, &d));
         printf("    %s, %s: %d of %d streams differ from alone\n", c->preset, runs[k].what, d, c->nreq);
