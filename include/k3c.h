@@ -182,8 +182,13 @@ typedef struct k3c_engine_options {
     int block_size;          /* MLA cache block, tokens; default 16 */
     int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
     int q_max;               /* most tokens one verify may hold; default 8 */
-    int chunk_min;           /* prompt rows >= this use the chunked KDA form; 0 = 16 */
-    int mla_expand_min;      /* prompt rows >= this use the expanded MLA form (where the backend has it); 0 = 128 */
+    /* Batch invariance (k3c_engine_prompt_piece): the forms of KDA and MLA are chosen per row by position.
+     * chunk_min: the KDA block C (0 = 64, at least 2): a non-verify item's rows in whole aligned blocks
+     * [k C, (k + 1) C) use the chunked form, every other row the recurrence. mla_expand_min: the MLA block
+     * (0 = 128, rounded up to a multiple of C): rows in whole aligned blocks attend in the expanded form (where
+     * the backend has it), every other row absorbed. A block larger than max_rows is never used. */
+    int chunk_min;
+    int mla_expand_min;
     int poison_freed_blocks; /* debug: fill blocks of closed requests with NaN */
     /* diagnostic (cpu and cuda): keep activations in f32, no bf16 rounding anywhere, to check the forward against
      * float64 / fp32 references far below bf16 noise (where routing near-ties would otherwise flip experts) */
@@ -239,6 +244,18 @@ typedef struct k3c_engine_memory {
     long cache_tokens;        /* token positions the MLA cache holds, all requests together */
 } k3c_engine_memory;
 int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out);
+
+/* Batch invariance: a request's logits depend only on its own tokens, bit for bit, not on the other items of
+ * its steps, on verify against decode (a verified row equals the decoded one) or on how its prompt was cut
+ * into items, as long as every cut is one k3c_engine_prompt_piece allows. The runner and k3c_generate cut
+ * that way. (Within one backend; CPU and CUDA differ by f32 summation order, and on CUDA some kernels are
+ * not invariant yet: docs/DESIGN.md.)
+ * k3c_engine_prompt_piece: how many tokens (<= max_tokens) a request holding `pos` tokens of a prompt that
+ * ends at position `end` should feed next; 0 when no allowed cut lies within max_tokens, which never happens
+ * for max_tokens >= k3c_engine_prompt_grid (a cut at a multiple of the grid is always allowed, at most
+ * max_rows). */
+int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_tokens);
+int k3c_engine_prompt_grid(const k3c_engine *e);
 
 /* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
 int k3c_request_open(k3c_engine *e, int *id);
@@ -387,13 +404,16 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
  * steps run there (greedy steps download only token ids); without one every step runs stock.
  *
  * Speculation is greedy only: requests with temperature > 0 always decode one token (with speculation on
- * they then make the step a mixed one). Drafts are checked against the argmax, so greedy streams are the
- * same with and without speculation. */
+ * they then make the step a mixed one). Drafts are checked against the argmax, and the engine is batch
+ * invariant (above), so a greedy stream is the same bit for bit with and without speculation, alone or
+ * beside any other requests, for any prefill_budget. */
 typedef struct k3c_runner k3c_runner;
 
 typedef struct k3c_runner_options {
     int spec_tokens;    /* d: drafts per verify, 0 = no speculation; 1 + d must not exceed the engine's q_max */
-    int prefill_budget; /* prompt tokens per step, all requests together; 0 = the engine's max_rows */
+    /* prompt tokens per step, all requests together; 0 = the engine's max_rows; raised to the engine's
+     * k3c_engine_prompt_grid (chunks are cut where k3c_engine_prompt_piece allows) */
+    int prefill_budget;
     int max_active;     /* requests holding engine slots at once; 0 = every slot the engine has free */
 } k3c_runner_options;
 

@@ -18,7 +18,8 @@
 #include "util/log.h"
 
 #define MM_QUEUE 16
-/* Tokens per chunk of the chunked delta rule (the form of prompt segments). */
+/* Tokens per chunk of the chunked delta rule inside a block of the invariance grid (stock/forward.c): a
+ * block is cut into chunks of KDA_CHUNK from its start (the last one shorter). */
 #define KDA_CHUNK 64
 
 typedef struct cpu_ctx {
@@ -403,10 +404,14 @@ static void delta_units(void *ctx, int b, int e, int worker) {
         if (sg->n <= 0 || h0 >= h1) continue;
         size_t off = (size_t)sg->row0 * P;
         float *o = j->o + off;
-        if (sg->chunked)
-            k3c_kda_chunked_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
-                                  j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, KDA_CHUNK,
-                                  j->c->kda_scratch + (size_t)worker * j->c->kda_scratch_n, o);
+        if (sg->chunked) /* block by block, each cut into chunks of KDA_CHUNK from its start */
+            for (int t0 = 0; t0 < sg->n; t0 += sg->chunked) {
+                size_t bo = (size_t)t0 * P;
+                int bn = sg->n - t0 < sg->chunked ? sg->n - t0 : sg->chunked;
+                k3c_kda_chunked_heads(sg->state, j->q + off + bo, j->k + off + bo, j->v + off + bo, j->g + off + bo,
+                                      j->beta + ((size_t)sg->row0 + t0) * H, bn, H, h0, h1, dk, dk, KDA_CHUNK,
+                                      j->c->kda_scratch + (size_t)worker * j->c->kda_scratch_n, o + bo);
+            }
         else
             k3c_kda_recurrent_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
                                     j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, o);

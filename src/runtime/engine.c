@@ -336,6 +336,15 @@ int k3c_engine_max_requests(const k3c_engine *e) {
 const char *k3c_engine_device(const k3c_engine *e) {
     return !e ? "" : !strcmp(e->o.device, "cuda") ? "cuda" : "cpu"; /* static strings, not the caller's option */
 }
+int k3c_engine_prompt_grid(const k3c_engine *e) {
+    return e ? k3c_forward_prompt_grid(e->fwd) : null_engine("engine prompt_grid");
+}
+
+int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_tokens) {
+    if (!e) return null_engine("engine prompt_piece");
+    if (pos < 0 || pos >= end || max_tokens <= 0) return 0;
+    return k3c_forward_prompt_piece(e->fwd, pos, end, max_tokens);
+}
 
 static int check_id(const k3c_engine *e, int id) {
     if (!e) return null_engine("engine request");
