@@ -236,6 +236,65 @@ TEST(cpu_matmul_mxfp4_matches_double) {
     k3c_pool_free(pool);
 }
 
+/* The blocked form of prompt rows (cpu/matmul.c, T >= 8 with a pool) on random shapes: odd row and column
+ * counts (leftover 16-column blocks and scalar tails, MXFP4 with an odd group count), T from 1 to 300, one
+ * and two threads; bf16 and MXFP4 against the float64 sums. */
+TEST(cpu_matmul_blocked_matches_double) {
+    k3c_rng r = cpu_rng();
+    k3c_pool *pools[2] = {k3c_pool_create(1), k3c_pool_create(2)};
+    for (int n = 0; n < 24; n++) {
+        int mx = n % 3 == 2, rows = 1 + (int)(k3c_rng_next(&r) % 150);
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 33)) : 1 + (int)(k3c_rng_next(&r) % 1100);
+        int T = n < 2 ? (n ? 300 : 8) : 1 + (int)(k3c_rng_next(&r) % 300), groups = cols / 32;
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * groups + 1);
+        float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows);
+        double *ref = dmalloc((size_t)T * rows), *mag = dmalloc((size_t)T * rows), *wd = dmalloc((size_t)rows * cols);
+        if (mx) {
+            for (size_t i = 0; i < (size_t)rows * cols / 2; i++) pk[i] = (uint8_t)k3c_rng_next(&r);
+            for (size_t i = 0; i < (size_t)rows * groups; i++) {
+                uint64_t v = k3c_rng_next(&r);
+                sc[i] = v % 17 == 0 ? 0 : (uint8_t)(117 + v % 24);
+            }
+            for (int row = 0; row < rows; row++)
+                for (int c = 0; c < cols; c++) {
+                    uint8_t b = pk[(size_t)row * cols / 2 + c / 2];
+                    wd[(size_t)row * cols + c] =
+                        ref_e2m1(c & 1 ? b >> 4 : b & 15) * ldexp(1.0, sc[(size_t)row * groups + c / 32] - 127);
+                }
+        } else {
+            for (size_t i = 0; i < (size_t)rows * cols; i++) {
+                w[i] = f32_to_bf16((float)k3c_rng_normal(&r));
+                wd[i] = ref_bf16(w[i]);
+            }
+        }
+        fill_normal(&r, x, (size_t)T * cols, 1.0);
+        for (int t = 0; t < T; t++)
+            for (int row = 0; row < rows; row++) {
+                double s = 0, m = 0;
+                for (int c = 0; c < cols; c++) {
+                    double p = wd[(size_t)row * cols + c] * x[(size_t)t * cols + c];
+                    s += p;
+                    m += fabs(p);
+                }
+                ref[(size_t)t * rows + row] = s;
+                mag[(size_t)t * rows + row] = m;
+            }
+        k3c_mat W = {w, rows, cols};
+        k3c_mxfp4_mat Q = {pk, sc, rows, cols};
+        for (int pi = 0; pi < 2; pi++) {
+            poison_f32(y, (size_t)T * rows);
+            if (mx) k3c_matmul_mxfp4(pools[pi], &Q, x, T, y);
+            else k3c_matmul_bf16(pools[pi], &W, x, T, y);
+            CHECKF(matmul_close(y, ref, mag, (size_t)T * rows), "%s rows %d cols %d T %d threads %d: rel L2 %g",
+                   mx ? "mxfp4" : "bf16", rows, cols, T, pi + 1, rel_l2_f32(y, ref, (size_t)T * rows));
+        }
+        free(w), free(pk), free(sc), free(x), free(y), free(ref), free(mag), free(wd);
+    }
+    k3c_pool_free(pools[0]);
+    k3c_pool_free(pools[1]);
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 TEST(cpu_rmsnorm_matches_double) {
