@@ -490,109 +490,91 @@ static void mx_rows(const k3c_mxfp4_mat *W, const float *x, size_t ldx, int T, f
 
 /* ================================ blocked (prompt rows) ================================ */
 
-/* Products of many tokens (T >= BK_MIN_T) on AVX-512: a unit of up to BK_ROWS weight rows is widened to f32
+/* Products of many tokens (T >= BK_MIN_T) on AVX-512. A unit of up to BK_ROWS weight rows is widened to f32
  * once into a panel in the thread's pool scratch (bf16: exact; MXFP4: the values mx_tile computes, in its
- * per-group [16 even | 16 odd] column order), then the tokens run over the panel in tiles of BK_TOKS, each
- * tile's x read from L1 by every row pair of the panel while the panel streams from L2. The weights are read
- * from memory once per product, the token rows once per unit.
+ * per-group [16 even | 16 odd] column order). The tokens then run over the panel in tiles of BK_TOKS, each
+ * tile's x packed side by side (a few pages: rows of a wide activation buffer are a page apart each, and on
+ * 4 KiB pages the TLB misses cost a third of the rate) and kept in L1, while the panel streams from L2 one
+ * row per register tile of one row x BK_TOKS tokens (two rows x three tokens, the other 24-register shape,
+ * moves twice the panel bytes per output and measured 10% slower). The weights are read from memory once per
+ * product, the token rows once per unit.
  *
  * Each output is computed with exactly the operation sequence of bf16_tile / mx_tile (the batch-invariance
  * rule at the top of this file): accumulator j of 16 lanes takes the 16 columns at offset 16 j of every
  * 64-column block, in block order, by FMA from zero; then
- *   bf16:  leftover full 16-column blocks into accumulator 0; (a0 + a1) + (a2 + a3); the last cols % 16
- *          products one by one (fmaf) after the lane sum;
+ *   bf16:  leftover full 16-column blocks into accumulator 0; (a0 + a1) + (a2 + a3); _mm512_reduce_add_ps;
+ *          the last cols % 16 products one by one (fmaf);
  *   MXFP4: (columns in the split order, so a0 = lo[0], a1 = hi[0], a2 = lo[1], a3 = hi[1] of mx_tile) a
- *          leftover group's halves into a0 and a1; (a0 + a2) + (a1 + a3);
- * and _mm512_reduce_add_ps. The panel holds the same f32 values the tiles compute on the fly, so every output
- * is bit-identical to the T = 1 path: only where operands come from changes, never the K order. */
+ *          leftover group's halves into a0 and a1; (a0 + a2) + (a1 + a3); _mm512_reduce_add_ps.
+ * The panel holds the same f32 values the tiles compute on the fly, so every output is bit-identical to the
+ * T = 1 path: only where operands come from changes, never the K order. */
 #if defined(MM_AVX512)
-#define BK_MIN_T 8    /* below this the row-stream tiles win: a few tokens cannot amortize the widening */
-#define BK_TOKS 3     /* 2 rows x 3 tokens x 4 accumulators = 24 of 32 zmm */
-#define BK_ROWS 32    /* rows per unit: a token tile is re-read from L2/L3 once per 32 rows */
+#define BK_MIN_T 8  /* below this the row-stream tiles win: a few tokens cannot amortize the widening */
+#define BK_TOKS 6   /* 1 row x 6 tokens x 4 accumulators = 24 of 32 zmm */
+#define BK_ROWS 32  /* rows per unit: a token tile is packed once per 32 rows */
 /* Of the pool's per-thread scratch: the panel (192 KiB), then the packed x of one token tile. */
 #define BK_PANEL_FLOATS (48 * 1024)
 #define BK_XS_FLOATS (K3C_POOL_SCRATCH / 4 - BK_PANEL_FLOATS)
 
-ALWAYS_INLINE void bk_tile(const float *p, size_t ldp, int R, const float *x, size_t ldx, int NT, int cols, int mx,
-                           float *y, size_t ldy, int round) {
-    __m512 acc[2][BK_TOKS][4];
+/* One panel row p times NT tokens (stride ldx, 64-byte aligned): y[t * ldy]. */
+ALWAYS_INLINE void bk_tile(const float *p, const float *x, size_t ldx, int NT, int cols, int mx, float *y, size_t ldy,
+                           int round) {
+    __m512 acc[BK_TOKS][4];
     UNROLL
-    for (int r = 0; r < R; r++)
+    for (int t = 0; t < NT; t++)
         UNROLL
-        for (int t = 0; t < NT; t++)
-            UNROLL
-            for (int k = 0; k < 4; k++) acc[r][t][k] = _mm512_setzero_ps();
+        for (int k = 0; k < 4; k++) acc[t][k] = _mm512_setzero_ps();
     int c = 0;
     for (; c + 64 <= cols; c += 64) {
         UNROLL
         for (int k = 0; k < 4; k++) {
-            __m512 wv[2];
+            __m512 wv = _mm512_load_ps(p + c + 16 * k);
             UNROLL
-            for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(p + r * ldp + c + 16 * k);
-            UNROLL
-            for (int t = 0; t < NT; t++) {
-                __m512 xv = _mm512_loadu_ps(x + t * ldx + c + 16 * k);
-                UNROLL
-                for (int r = 0; r < R; r++) acc[r][t][k] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][k]);
-            }
+            for (int t = 0; t < NT; t++)
+                acc[t][k] = _mm512_fmadd_ps(wv, _mm512_load_ps(x + t * ldx + c + 16 * k), acc[t][k]);
         }
     }
     if (mx) {
         if (c + 32 <= cols) { /* a leftover group: even half -> a0, odd half -> a1 */
             UNROLL
             for (int k = 0; k < 2; k++) {
-                __m512 wv[2];
+                __m512 wv = _mm512_load_ps(p + c + 16 * k);
                 UNROLL
-                for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(p + r * ldp + c + 16 * k);
-                UNROLL
-                for (int t = 0; t < NT; t++) {
-                    __m512 xv = _mm512_loadu_ps(x + t * ldx + c + 16 * k);
-                    UNROLL
-                    for (int r = 0; r < R; r++) acc[r][t][k] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][k]);
-                }
+                for (int t = 0; t < NT; t++)
+                    acc[t][k] = _mm512_fmadd_ps(wv, _mm512_load_ps(x + t * ldx + c + 16 * k), acc[t][k]);
             }
             c += 32;
         }
     } else {
         for (; c + 16 <= cols; c += 16) {
-            __m512 wv[2];
+            __m512 wv = _mm512_load_ps(p + c);
             UNROLL
-            for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(p + r * ldp + c);
-            UNROLL
-            for (int t = 0; t < NT; t++) {
-                __m512 xv = _mm512_loadu_ps(x + t * ldx + c);
-                UNROLL
-                for (int r = 0; r < R; r++) acc[r][t][0] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][0]);
-            }
+            for (int t = 0; t < NT; t++) acc[t][0] = _mm512_fmadd_ps(wv, _mm512_load_ps(x + t * ldx + c), acc[t][0]);
         }
     }
     UNROLL
-    for (int r = 0; r < R; r++)
-        UNROLL
-        for (int t = 0; t < NT; t++) {
-            __m512 a = mx ? _mm512_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][2]),
-                                          _mm512_add_ps(acc[r][t][1], acc[r][t][3]))
-                          : _mm512_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][1]),
-                                          _mm512_add_ps(acc[r][t][2], acc[r][t][3]));
-            float s = _mm512_reduce_add_ps(a);
-            for (int cc = c; cc < cols; cc++) s = fmaf(p[r * ldp + cc], x[t * ldx + cc], s);
-            y[t * ldy + r] = mm_store(s, round);
-        }
+    for (int t = 0; t < NT; t++) {
+        __m512 a = mx ? _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][2]), _mm512_add_ps(acc[t][1], acc[t][3]))
+                      : _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]));
+        float s = _mm512_reduce_add_ps(a);
+        for (int cc = c; cc < cols; cc++) s = fmaf(p[cc], x[t * ldx + cc], s);
+        y[t * ldy] = mm_store(s, round);
+    }
 }
 
-#define BK_TILE_CASE(RR, TT, MX)                                                                                   \
-    case (RR) * 16 + (TT): bk_tile(p, ldp, RR, x, ldx, TT, cols, MX, y, ldy, round); break;
+#define BK_TILE_CASE(TT, MX)                                                                                       \
+    case TT: bk_tile(p, x, ldx, TT, cols, MX, y, ldy, round); break;
 #define BK_TILE_CASES(MX)                                                                                          \
-    BK_TILE_CASE(1, 1, MX) BK_TILE_CASE(1, 2, MX) BK_TILE_CASE(1, 3, MX)                                           \
-    BK_TILE_CASE(2, 1, MX) BK_TILE_CASE(2, 2, MX) BK_TILE_CASE(2, 3, MX)
+    BK_TILE_CASE(1, MX) BK_TILE_CASE(2, MX) BK_TILE_CASE(3, MX) BK_TILE_CASE(4, MX) BK_TILE_CASE(5, MX)           \
+    BK_TILE_CASE(6, MX)
 
-static void bk_tile_any(const float *p, size_t ldp, int R, const float *x, size_t ldx, int NT, int cols, int mx,
-                        float *y, size_t ldy, int round) {
-    if (mx) switch (R * 16 + NT) {
+static void bk_tile_any(const float *p, const float *x, size_t ldx, int NT, int cols, int mx, float *y, size_t ldy,
+                        int round) {
+    if (mx) switch (NT) {
             BK_TILE_CASES(1)
-        default: break; /* unreachable: R <= 2, NT <= BK_TOKS */
+        default: break; /* unreachable: NT <= BK_TOKS */
         }
-    else switch (R * 16 + NT) {
+    else switch (NT) {
             BK_TILE_CASES(0)
         default: break;
         }
@@ -602,18 +584,17 @@ static void bk_tile_any(const float *p, size_t ldp, int R, const float *x, size_
 static size_t bk_ldp(int cols) { return ((size_t)cols + 15) / 16 * 16; }
 
 /* Rows per blocked unit of a product, or 0 where the blocked form does not apply (few tokens, no pool
- * scratch, a panel row too wide, an MXFP4 row on mx_row_scalar's path, or a split tile too large). */
+ * scratch, a panel row too wide, an MXFP4 row on mx_row_scalar's path, or a token tile too large). */
 static int bk_unit_rows(const k3c_mm *m, int have_scratch) {
     int cols = m->W ? m->W->cols : m->Wq->cols;
     if (!have_scratch || m->T < BK_MIN_T || cols <= 0) return 0;
     if ((m->Wq && cols > MX_SPLIT_FLOATS) || BK_TOKS * bk_ldp(cols) > BK_XS_FLOATS) return 0;
     size_t rows = BK_PANEL_FLOATS / bk_ldp(cols);
-    if (rows > BK_ROWS) rows = BK_ROWS;
-    return rows < 2 ? 0 : (int)(rows & ~(size_t)1);
+    return rows > BK_ROWS ? BK_ROWS : (int)rows;
 }
 
 /* Rows [r0, r1) of one product for all its tokens: widen the rows into the panel, then token tile by token
- * tile, every row pair of the panel. */
+ * tile, every row of the panel. */
 static void bk_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1, float *scratch) {
     int cols = m->W ? m->W->cols : m->Wq->cols, mx = m->Wq != NULL, T = m->T;
     size_t ldp = bk_ldp(cols);
@@ -641,18 +622,13 @@ static void bk_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1, flo
     }
     for (int t0 = 0; t0 < T; t0 += BK_TOKS) {
         int NT = T - t0 < BK_TOKS ? T - t0 : BK_TOKS;
-        /* The tile's token rows packed side by side (MXFP4: split as mx_tile reads them): a few pages that
-         * stay in the TLB, where rows of a wide activation buffer are a page apart each (-30% at T >= 32
-         * on 4 KiB pages). */
         const float *xt = m->x + (size_t)t0 * ldx;
         if (mx) mx_split_x(xt, ldx, NT, cols, xs);
         else
             for (int t = 0; t < NT; t++) memcpy(xs + (size_t)t * ldp, xt + (size_t)t * ldx, (size_t)cols * 4);
-        for (int r = r0; r < r1; r += 2) {
-            int R = r1 - r < 2 ? r1 - r : 2;
-            bk_tile_any(panel + (size_t)(r - r0) * ldp, ldp, R, xs, ldp, NT, cols, mx, m->y + (size_t)t0 * ldy + r,
-                        ldy, m->round);
-        }
+        for (int r = r0; r < r1; r++)
+            bk_tile_any(panel + (size_t)(r - r0) * ldp, xs, ldp, NT, cols, mx, m->y + (size_t)t0 * ldy + r, ldy,
+                        m->round);
     }
 }
 #endif
