@@ -9,9 +9,10 @@
 #include "cpu/vec.h"
 #include "util/error.h"
 
-void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out) {
+void k3c_kda_conv_rows(const float *x, int T, int C, int W, const float *taps, const float *window, int t0, int t1,
+                       float *out) {
     int h = W - 1; /* history length */
-    for (int t = 0; t < T; t++) {
+    for (int t = t0; t < t1 && t < T; t++) {
         for (int c = 0; c < C; c++) {
             const float *tap = taps + (size_t)c * W;
             float s = 0.0f;
@@ -24,6 +25,10 @@ void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float 
             out[(size_t)t * C + c] = s * k3c_sigmoidf(s);
         }
     }
+}
+
+void k3c_kda_conv_advance(const float *x, int T, int C, int W, float *window) {
+    int h = W - 1;
     if (h <= 0) return;
     /* The window now ends at the last token: the last h rows of [window ; x]. */
     if (T >= h) {
@@ -32,6 +37,11 @@ void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float 
         memmove(window, window + (size_t)T * C, (size_t)(h - T) * C * sizeof(float));
         memcpy(window + (size_t)(h - T) * C, x, (size_t)T * C * sizeof(float));
     }
+}
+
+void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out) {
+    k3c_kda_conv_rows(x, T, C, W, taps, window, 0, T, out);
+    k3c_kda_conv_advance(x, T, C, W, window);
 }
 
 void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias, const float *f, int T, float *g) {

@@ -511,7 +511,7 @@ static void mx_rows(const k3c_mxfp4_mat *W, const float *x, size_t ldx, int T, f
 #if defined(MM_AVX512)
 #define BK_MIN_T 8  /* below this the row-stream tiles win: a few tokens cannot amortize the widening */
 #define BK_TOKS 6   /* 1 row x 6 tokens x 4 accumulators = 24 of 32 zmm */
-#define BK_ROWS 32  /* rows per unit: a token tile is packed once per 32 rows */
+#define BK_ROWS 64  /* rows per unit (up to the panel): a token tile is packed once per unit */
 /* Of the pool's per-thread scratch: the panel (192 KiB), then the packed x of one token tile. */
 #define BK_PANEL_FLOATS (48 * 1024)
 #define BK_XS_FLOATS (K3C_POOL_SCRATCH / 4 - BK_PANEL_FLOATS)

@@ -66,6 +66,11 @@ static inline float k3c_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf
  * before x (oldest first; zeros for a fresh sequence); it is advanced in place to end at the last token.
  * taps: [C, W]; out: [T, C]. */
 void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out);
+/* The two halves of k3c_kda_conv, for splitting it over threads: output rows [t0, t1) (each row depends on
+ * x and the window only), then the window advanced past all T rows. */
+void k3c_kda_conv_rows(const float *x, int T, int C, int W, const float *taps, const float *window, int t0, int t1,
+                       float *out);
+void k3c_kda_conv_advance(const float *x, int T, int C, int W, float *window);
 /* The decay gate g [T, P] (log space) from f = f_b(f_a(x)) [T, P]:
  * safe gate: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)); else -exp(A_log[h]) * softplus(f + dt_bias). */
 void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias, const float *f, int T, float *g);

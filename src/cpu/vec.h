@@ -34,6 +34,17 @@ static inline k3c_v16 v16_load_bf16(const uint16_t *p) {
     memcpy(&f, &w, sizeof f);
     return f;
 }
+/* bf16_round (util/bf16.h) on 16 lanes, bit for bit: nearest-even, NaN kept quiet. */
+static inline k3c_v16 v16_bf16_round(k3c_v16 v) {
+    k3c_u32x16 u;
+    memcpy(&u, &v, sizeof u);
+    k3c_u32x16 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    k3c_u32x16 nan = (k3c_u32x16)((u & 0x7fffffffu) > 0x7f800000u); /* all ones where NaN */
+    r = (r & ~nan) | (((u >> 16 | 0x40u) << 16) & nan);
+    memcpy(&v, &r, sizeof v);
+    return v;
+}
+
 /* Lane sum as a fixed tree: halves added pairwise (8, 4, 2, 1). */
 static inline float v16_sum(k3c_v16 v) {
     float a[16];
