@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "model/config.h"
+#include "model/presets.h"
+#include "model/synth.h"
 #include "util/error.h"
 
 const char *cli_option(int argc, char **argv, int *i, const char *name) {
@@ -88,6 +91,20 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
+/* k3c_synthesize with the progress line of k3c synth. */
+static int cli_synthesize(const char *preset, uint64_t seed, const char *dir) {
+    k3c_config c;
+    K3C_TRY(k3c_preset_config(preset, &c));
+    char what[128];
+    snprintf(what, sizeof what, "synthesizing preset %s", preset);
+    cli_synth_meter prog;
+    cli_synth_progress_init(&prog, what);
+    k3c_synth_options so = {.progress = cli_synth_progress, .progress_ctx = &prog};
+    int rc = k3c_synth_write_opts(&c, preset, seed, dir, &so);
+    k3c_config_free(&c);
+    return rc;
+}
+
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m) {
     if (dir) return k3c_load(dir, m);
     const char *tmp = getenv("TMPDIR");
@@ -95,7 +112,7 @@ int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model
     snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset);
     if (!mkdtemp(path)) return k3c_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
-    int rc = k3c_synthesize(preset, seed, path);
+    int rc = cli_synthesize(preset, seed, path);
     if (rc == K3C_OK) rc = k3c_load(path, m);
     /* the loader maps the files; unlinking them keeps the mapping valid and leaves nothing behind */
     remove_tree(path);

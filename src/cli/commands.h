@@ -21,7 +21,16 @@ int cli_parse_int(const char *s, long lo, long hi, long *out);       /* 0 or -1 
 int cli_parse_float(const char *s, double *out);                     /* 0 or -1 */
 /* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
-/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
+/* A progress line for synth on stderr (cmd_synth.c): cli_synth_progress is a k3c_synth_options.progress. */
+typedef struct cli_synth_meter {
+    const char *what;
+    double t0, last;
+    int tty, shown;
+} cli_synth_meter;
+void cli_synth_progress_init(cli_synth_meter *p, const char *what);
+void cli_synth_progress(void *ctx, uint64_t done, uint64_t total);
+/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory, on all cores with a
+ * progress line, and loads that. */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
 int cli_check_device(const char *device); /* 0 for cpu / cuda */
 /* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8)
