@@ -54,4 +54,26 @@ static inline float v16_sum(k3c_v16 v) {
     return a[0];
 }
 
+/* v16_sum of a[0..16) as one vector (lane j: v16_sum(a[j])), bit for bit: the same tree, lanes i and i + w
+ * added for w = 8, 4, 2, 1, run on 16 vectors at once by shuffles that pair exactly the same lanes. */
+static inline k3c_v16 v16_sum16(const k3c_v16 a[16]) {
+    typedef int32_t idx16 __attribute__((vector_size(64)));
+    const idx16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const idx16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    const idx16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const idx16 hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    const idx16 lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const idx16 hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+    const idx16 lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const idx16 hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    k3c_v16 u[8], w[4], z[2];
+    for (int m = 0; m < 8; m++) /* [a[2m] lanes i + (i + 8) | a[2m + 1] likewise] */
+        u[m] = __builtin_shuffle(a[2 * m], a[2 * m + 1], lo8) + __builtin_shuffle(a[2 * m], a[2 * m + 1], hi8);
+    for (int m = 0; m < 4; m++) /* 4 lanes each of a[4m .. 4m + 3]: + 4 */
+        w[m] = __builtin_shuffle(u[2 * m], u[2 * m + 1], lo4) + __builtin_shuffle(u[2 * m], u[2 * m + 1], hi4);
+    for (int m = 0; m < 2; m++) /* 2 lanes each of a[8m .. 8m + 7]: + 2 */
+        z[m] = __builtin_shuffle(w[2 * m], w[2 * m + 1], lo2) + __builtin_shuffle(w[2 * m], w[2 * m + 1], hi2);
+    return __builtin_shuffle(z[0], z[1], lo1) + __builtin_shuffle(z[0], z[1], hi1); /* + 1 */
+}
+
 #endif
