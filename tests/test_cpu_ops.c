@@ -326,6 +326,63 @@ TEST(cpu_rmsnorm_matches_double) {
     CHECK(y[0] == 0.0f);
 }
 
+/* The gated activations within a few f32 ulps of float64 (SiLU and SiTU, with and without the linear-part
+ * tanh) over ordinary and extreme inputs, special values through, and an element's bits independent of the
+ * array length and its position in it (the rows of a prompt and a lone decode token see the same values). */
+TEST(cpu_gated_act_accurate_and_position_free) {
+    k3c_rng r = cpu_rng();
+    enum { N = 4000 };
+    static float g[N], u[N], y[N], y1[40], gg[40], uu[40];
+    const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-4f, -1e-4f, 0.3f, -0.3f, 20.0f, -20.0f, 90.0f, -90.0f,
+                             1e30f, -1e30f, INFINITY, -INFINITY};
+    int ns = (int)(sizeof special / sizeof *special);
+    for (int i = 0; i < N; i++) {
+        double sc = i % 4 == 0 ? 1.0 : i % 4 == 1 ? 6.0 : i % 4 == 2 ? 30.0 : 300.0;
+        g[i] = (float)(k3c_rng_normal(&r) * sc);
+        u[i] = (float)(k3c_rng_normal(&r) * sc);
+    }
+    for (int i = 0; i < ns * ns; i++) g[i] = special[i % ns], u[i] = special[i / ns];
+    g[N - 1] = NAN, u[N - 2] = NAN;
+    k3c_config c;
+    memset(&c, 0, sizeof c);
+    for (int mode = 0; mode < 3; mode++) {
+        c.hidden_act = mode == 0 ? K3C_ACT_SILU : K3C_ACT_SITU;
+        c.situ_beta = 4.0f;
+        c.situ_linear_beta = mode == 2 ? 25.0f : 0.0f;
+        poison_f32(y, N);
+        k3c_gated_act(&c, g, u, N, y);
+        for (int i = 0; i < N; i++) {
+            double gd = g[i], ud = u[i], ref;
+            if (mode == 0) ref = gd * ref_sigmoid(gd) * ud;
+            else ref = 4.0 * tanh(gd / 4.0) * ref_sigmoid(gd) * (mode == 2 ? 25.0 * tanh(ud / 25.0) : ud);
+            if (isnan(gd) || isnan(ud) || isnan(ref)) {
+                CHECKF(isnan(y[i]) || !(isnan(gd) || isnan(ud)), "mode %d: NaN input %d gave %g", mode, i, y[i]);
+                continue;
+            }
+            /* the reference's own f32 limits: overflow to inf, underflow below the smallest normal */
+            if (fabs(ref) > 3.4e38) {
+                CHECKF(isinf(y[i]) && (y[i] > 0) == (ref > 0), "mode %d i %d: %g vs %g", mode, i, y[i], ref);
+                continue;
+            }
+            /* sigmoid(g) below the smallest normal f32 (g < -87) is subnormal: fewer bits in the product */
+            double tol = ref_sigmoid(gd) < 1.18e-38 ? 1e-4 : 3e-7;
+            CHECKF(fabs(y[i] - ref) <= tol * fabs(ref) + 1e-37, "mode %d i %d (g %g u %g): %.9g vs %.9g", mode, i,
+                   g[i], u[i], y[i], ref);
+        }
+        for (int n = 1; n <= 33; n += 4)
+            for (int off = 0; off + n <= 40; off += 7) {
+                int src = (int)(k3c_rng_next(&r) % (N - 40));
+                for (int k = 0; k < n; k++) gg[off + k] = g[src + k], uu[off + k] = u[src + k];
+                poison_f32(y1, 40);
+                k3c_gated_act(&c, gg + off, uu + off, n, y1 + off);
+                for (int k = 0; k < n; k++)
+                    CHECKF(!memcmp(&y1[off + k], &y[src + k], 4) || (isnan(y1[off + k]) && isnan(y[src + k])),
+                           "mode %d: element %d alone (n %d, at %d) differs from it in the long array", mode, src + k,
+                           n, off + k);
+            }
+    }
+}
+
 TEST(cpu_gated_act_silu_and_situ) {
     k3c_rng r = cpu_rng();
     int n = 1001;
