@@ -29,13 +29,13 @@ typedef double act_v8d __attribute__((vector_size(64)));
 typedef float act_v8f __attribute__((vector_size(32)));
 typedef int64_t act_v8l __attribute__((vector_size(64)));
 
-static inline act_v8d act_select(act_v8l m, act_v8d a, act_v8d b) { /* m ? a : b, lane by lane */
+static inline __attribute__((always_inline)) act_v8d act_select(act_v8l m, act_v8d a, act_v8d b) { /* m ? a : b, lane by lane */
     return (act_v8d)(((act_v8l)a & m) | ((act_v8l)b & ~m));
 }
 
 /* exp(x), x clamped to [-700, 700] (NaN stays NaN), relative error below 1e-15: x = k ln2 + r with
  * |r| <= ln2 / 2 (ln2 in two parts), exp(r) by its Taylor series to r^12, times 2^k from the exponent bits. */
-static inline act_v8d act_exp(act_v8d x) {
+static inline __attribute__((always_inline)) act_v8d act_exp(act_v8d x) {
     const act_v8d lo = (act_v8d){0} - 700.0, hi = (act_v8d){0} + 700.0;
     x = act_select(x < lo, lo, x);
     x = act_select(x > hi, hi, x);
@@ -53,7 +53,7 @@ static inline act_v8d act_exp(act_v8d x) {
 
 /* tanh(y): (1 - e) / (1 + e) with e = exp(-2|y|), sign restored; y itself for |y| < 2^-12, where the rest
  * of the series is below half an f32 ulp. */
-static inline act_v8d act_tanh(act_v8d y) {
+static inline __attribute__((always_inline)) act_v8d act_tanh(act_v8d y) {
     const act_v8l sign = (act_v8l){0} + (int64_t)0x8000000000000000ull;
     act_v8d a = (act_v8d)((act_v8l)y & ~sign);
     act_v8d e = act_exp(-2.0 * a);
@@ -61,18 +61,18 @@ static inline act_v8d act_tanh(act_v8d y) {
     return (act_v8d)((act_v8l)t | ((act_v8l)y & sign));
 }
 
-static inline act_v8f act_sigmoid(act_v8f g) {
+static inline __attribute__((always_inline)) act_v8f act_sigmoid(act_v8f g) {
     act_v8d d = __builtin_convertvector(g, act_v8d);
     return __builtin_convertvector(1.0 / (1.0 + act_exp(-d)), act_v8f);
 }
 
-static inline act_v8f act_tanhf(act_v8f y) {
+static inline __attribute__((always_inline)) act_v8f act_tanhf(act_v8f y) {
     return __builtin_convertvector(act_tanh(__builtin_convertvector(y, act_v8d)), act_v8f);
 }
 
 /* 8 outputs: SiTU (spec §5.1) beta * tanh(g / beta) * sigmoid(g) * lin(u), else SiLU g * sigmoid(g) * u,
  * in the f32 operation order of the formula. */
-static inline act_v8f act8(const k3c_config *c, act_v8f g, act_v8f u) {
+static inline __attribute__((always_inline)) act_v8f act8(const k3c_config *c, act_v8f g, act_v8f u) {
     if (c->hidden_act == K3C_ACT_SITU) {
         float beta = c->situ_beta, bl = c->situ_linear_beta;
         act_v8f lin = bl != 0.0f ? bl * act_tanhf(u / bl) : u;
