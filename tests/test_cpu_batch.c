@@ -99,15 +99,16 @@ TEST(cpu_matmul_batch_invariant_mxfp4) {
 }
 
 /* Prompt rows through the blocked form (T >= 8 with a pool): every row of a batch of T = 8 .. 300 equals the
- * row alone (the T = 1 decode path), bitwise, for odd shapes (tails, leftover 16-column blocks and groups),
- * strided, on one and two threads. */
+ * row alone (the T = 1 decode path), bitwise, for odd shapes (tails, leftover 16-column blocks and groups,
+ * rows split into column blocks), strided, on one and two threads. */
 TEST(cpu_matmul_blocked_row_invariant) {
     k3c_rng r = batch_rng();
     k3c_pool *pools[2] = {k3c_pool_create(1), k3c_pool_create(2)};
     int T_l[] = {8, 9, 31, 100, 300};
-    for (int n = 0; n < 8; n++) {
-        int mx = n % 2, rows = 1 + (int)(k3c_rng_next(&r) % 100);
-        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 40)) : 1 + (int)(k3c_rng_next(&r) % 1200);
+    for (int n = 0; n < 10; n++) { /* the last 4 wider than one column block (1792) */
+        int mx = n % 2, wide = n >= 6, rows = 1 + (int)(k3c_rng_next(&r) % (wide ? 30 : 100));
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 40) + (wide ? 56 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 1200) + (wide ? 1792 : 0);
         int groups = cols / 32;
         uint16_t *w = malloc((size_t)rows * cols * 2);
         uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * groups + 1);

@@ -237,15 +237,17 @@ TEST(cpu_matmul_mxfp4_matches_double) {
 }
 
 /* The blocked form of prompt rows (cpu/matmul.c, T >= 8 with a pool) on random shapes: odd row and column
- * counts (leftover 16-column blocks and scalar tails, MXFP4 with an odd group count), T from 1 to 300, one
- * and two threads; bf16 and MXFP4 against the float64 sums. */
+ * counts (leftover 16-column blocks and scalar tails, MXFP4 with an odd group count, rows split into column
+ * blocks), T from 1 to 300, one and two threads; bf16 and MXFP4 against the float64 sums. */
 TEST(cpu_matmul_blocked_matches_double) {
     k3c_rng r = cpu_rng();
     k3c_pool *pools[2] = {k3c_pool_create(1), k3c_pool_create(2)};
     for (int n = 0; n < 24; n++) {
-        int mx = n % 3 == 2, rows = 1 + (int)(k3c_rng_next(&r) % 150);
-        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 33)) : 1 + (int)(k3c_rng_next(&r) % 1100);
-        int T = n < 2 ? (n ? 300 : 8) : 1 + (int)(k3c_rng_next(&r) % 300), groups = cols / 32;
+        /* the last 6: rows wider than one column block (1792), fewer rows and tokens */
+        int mx = n % 3 == 2, wide = n >= 18, rows = 1 + (int)(k3c_rng_next(&r) % (wide ? 40 : 150));
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 33) + (wide ? 56 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 1100) + (wide ? 1792 : 0);
+        int T = n < 2 ? (n ? 300 : 8) : 1 + (int)(k3c_rng_next(&r) % (wide ? 60 : 300)), groups = cols / 32;
         uint16_t *w = malloc((size_t)rows * cols * 2);
         uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * groups + 1);
         float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows);

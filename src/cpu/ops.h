@@ -26,7 +26,7 @@ void k3c_pool_for_worker(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, in
 /* Per-thread scratch, allocated with the pool: K3C_POOL_SCRATCH bytes (64-byte aligned) for the thread
  * numbered `worker` by k3c_pool_for_worker, valid until k3c_pool_free; NULL when p is NULL. The matrix
  * products pack weight panels here (cpu/matmul.c); no other user may hold it across a k3c_pool_for_worker. */
-#define K3C_POOL_SCRATCH ((size_t)256 << 10)
+#define K3C_POOL_SCRATCH ((size_t)384 << 10)
 void *k3c_pool_scratch(k3c_pool *p, int worker);
 
 /* ---- matrix products (cpu/matmul.c): y[t, r] = sum_c W[r, c] * x[t, c] ---- */
