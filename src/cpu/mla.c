@@ -146,6 +146,26 @@ static inline void mla_dot4x4(const float *const *w, const float *const *a, int 
             for (int k = 0; k < 4; k++) out[r][k] = fmaf(w[r][i], a[k][i], out[r][k]);
 }
 
+/* out = out * r + sum_tt p[tt] v[tt] for tt = 0 .. n-1 in order: out * r rounded once, then one FMA per key,
+ * with out held in registers across the keys (128 floats at a time) instead of loaded and stored per key
+ * (mla_axpy per key: the same sums up to how the compiler contracts its first step; a remainder of vh below
+ * 128 floats still goes through it). The sequence per element depends on n and the block only. */
+static void mla_axpy_block(float *out, float r, const float *p, const float *v, int n, int vh) {
+    int e = 0;
+    for (; e + 128 <= vh; e += 128) {
+        k3c_v16 o[8], rv = v16_splat(r);
+        for (int k = 0; k < 8; k++) o[k] = v16_load(out + e + 16 * k) * rv; /* exact when r = 1 */
+        for (int tt = 0; tt < n; tt++) {
+            k3c_v16 pv = v16_splat(p[tt]);
+            const float *c = v + (size_t)tt * vh + e;
+            for (int k = 0; k < 8; k++) o[k] = v16_load(c + 16 * k) * pv + o[k];
+        }
+        for (int k = 0; k < 8; k++) v16_store(out + e + 16 * k, o[k]);
+    }
+    if (e < vh)
+        for (int tt = 0; tt < n; tt++) mla_axpy(out + e, tt == 0 ? r : 1.0f, p[tt], v + (size_t)tt * vh + e, vh - e);
+}
+
 /* Scores of one query row against n <= 16 keys of a block: out[j] = (mla_dot(q, kb + j nope, nope) +
  * mla_dot(q + nope, kr[j], rope)) * scale, bit for bit (each dot's lanes accumulate in the same order and
  * v16_sum16 sums them as v16_sum), eight keys' FMA chains interleaved. kr and kb must hold 16 keys (the
@@ -250,11 +270,12 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
                     l[i] *= r;
                     m[i] = bm;
                 }
+                float pr[MLA_EXP_BLOCK];
                 for (int tt = 0; tt < nv; tt++) {
-                    float p = expf(sc[tt] - m[i]);
-                    l[i] += p;
-                    mla_axpy(out, tt == 0 ? r : 1.0f, p, vb + (size_t)tt * vh, vh);
+                    pr[tt] = expf(sc[tt] - m[i]);
+                    l[i] += pr[tt];
                 }
+                mla_axpy_block(out, r, pr, vb, nv, vh);
             }
         }
         for (int i = 0; i < Tq; i++) {
