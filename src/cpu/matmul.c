@@ -3,7 +3,9 @@
  * Decode (T = 1) is bound by the weight stream, so the loops read each weight byte exactly once per call:
  * the pool splits the rows into units, a thread takes a unit of rows, and for that unit runs over all tokens
  * in register tiles of (rows x tokens) accumulators. While the token loop runs, the unit's rows stay in
- * L1/L2, so prefill does not re-stream the matrix from memory per token.
+ * L1/L2, so prefill does not re-stream the matrix from memory per token. Prompt rows (T >= 8, AVX-512) take
+ * the blocked form below: the unit's rows widened once into an f32 panel, the tokens packed, compute-bound
+ * tiles; the pool still splits only the rows (output columns), never K.
  *
  * Batch invariance: every output y[t, r] is computed with one fixed sequence of f32 operations that depends
  * only on W's row r, x's row t and cols, never on T, on the tile a token lands in, or on the thread. So a
@@ -16,6 +18,7 @@
  *     ones to hi[g % 2], weight = e2m1 * 2^(s-127) exactly; then reduce((lo0 + lo1) + (hi0 + hi1)).
  *     (AVX2: four 8-lane pieces alternating between two accumulators, see mx_tile.)
  *   scalar fallback: one running sum per output in column order.
+ * The blocked form (prompt rows) performs exactly these sequences, from an f32 panel (see its comment).
  * T = 1 takes the one-token tile of the same code, so decode pays nothing for this: a single sequential
  * stream per row with four independent FMA chains (measured best on this machine; interleaving 2 or 4 rows
  * per stream lost 25-50% of the bandwidth).
