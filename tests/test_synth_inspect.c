@@ -256,7 +256,8 @@ static int checked_mx_pair(const k3c_tensor_spec *sp, uint64_t seed) {
     for (int i = 0; ok && row && pk && sc && i < q->rows; i++) {
         for (int j = 0; j < cols; j++) row[j] = (float)(std * k3c_rng_normal(&r));
         k3c_mxfp4_quant_row(row, cols, pk, sc);
-        ok = !memcmp(pk, q->packed + (size_t)i * (cols / 2), cols / 2) && !memcmp(sc, q->scale + (size_t)i * (cols / 32), cols / 32);
+        ok = !memcmp(pk, q->packed + (size_t)i * (cols / 2), cols / 2) &&
+             !memcmp(sc, q->scale + (size_t)i * (cols / 32), cols / 32);
     }
     ok = ok && row && pk && sc;
     free(row), free(pk), free(sc);

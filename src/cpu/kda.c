@@ -230,6 +230,32 @@ static void kda_axpy(float *restrict y, float a, const float *restrict x, int n)
     for (; i < n; i++) y[i] = a * x[i] + y[i];
 }
 
+/* out[d] = exp(x[d] - y[d]) for d < n (y NULL: exp(x[d])) through v16_exp (cpu/vec.h; the same function for
+ * a short tail, padded): libm's expf per element was half the chunked form's time. */
+static void kda_exp(const float *x, const float *y, int n, float *out) {
+    int d = 0;
+    for (; d + 16 <= n; d += 16) {
+        k3c_v16 v = v16_load(x + d);
+        v16_store(out + d, v16_exp(y ? v - v16_load(y + d) : v));
+    }
+    if (d < n) {
+        float t[16] = {0};
+        for (int i = d; i < n; i++) t[i - d] = y ? x[i] - y[i] : x[i];
+        v16_store(t, v16_exp(v16_load(t)));
+        memcpy(out + d, t, (size_t)(n - d) * sizeof(float));
+    }
+}
+
+/* Dot of n floats: 16-lane partial sums over full vectors, v16_sum, then the tail in order. */
+static float kda_dot(const float *a, const float *b, int n) {
+    k3c_v16 s = v16_splat(0.0f);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) s = v16_load(a + i) * v16_load(b + i) + s;
+    float r = v16_sum(s);
+    for (; i < n; i++) r = fmaf(a[i], b[i], r);
+    return r;
+}
+
 /* Rows per sub-chunk of the pairwise products (below). */
 #define KDA_SUB 16
 
@@ -242,6 +268,7 @@ typedef struct kda_chunk_buf {
     float *U;   /* [C, dv] T V, then V' = U - W S */
     float *P;   /* [2 KDA_SUB, dk] one sub-chunk's decayed q and k; later Q . exp(gam) ([C, dk] in W) */
     float *a;   /* [dk]    one row of exponentiated differences */
+    float *e;   /* [dk]    the chunk's total decay */
 } kda_chunk_buf;
 
 /* One chunk of n <= C tokens of head h, tokens t0..t0+n-1 (spec §2.3). S: this head's [dk, dv] state. Every
@@ -276,14 +303,15 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
             float *KT = b->W, *Pq = b->P, *Pk = b->P + (size_t)KDA_SUB * dk;
             for (int j = 0; j < r; j++) {
                 const float *kj = KROW(j), *gj = gam + (size_t)j * dk;
-                for (int d = 0; d < dk; d++) KT[(size_t)d * C + j] = kj[d] * expf(gr[d] - gj[d]);
+                kda_exp(gr, gj, dk, a);
+                for (int d = 0; d < dk; d++) KT[(size_t)d * C + j] = kj[d] * a[d];
             }
             for (int i = r; i < re; i++) {
                 const float *qi = QROW(i), *ki = KROW(i), *gi = gam + (size_t)i * dk;
+                kda_exp(gi, gr, dk, a);
                 for (int d = 0; d < dk; d++) {
-                    float e = expf(gi[d] - gr[d]);
-                    Pq[(size_t)(i - r) * dk + d] = qi[d] * e;
-                    Pk[(size_t)(i - r) * dk + d] = ki[d] * e;
+                    Pq[(size_t)(i - r) * dk + d] = qi[d] * a[d];
+                    Pk[(size_t)(i - r) * dk + d] = ki[d] * a[d];
                 }
             }
             for (int i = r; i < re; i++)
@@ -299,18 +327,12 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
             const float *qi = QROW(i), *ki = KROW(i), *gi = gam + (size_t)i * dk;
             for (int j = r; j < i; j++) {
                 const float *kj = KROW(j), *gj = gam + (size_t)j * dk;
-                for (int d = 0; d < dk; d++) a[d] = expf(gi[d] - gj[d]) * kj[d];
-                float kk = 0.0f, qk = 0.0f;
-                for (int d = 0; d < dk; d++) {
-                    kk += ki[d] * a[d];
-                    qk += qi[d] * a[d];
-                }
-                b->L[(size_t)i * C + j] = BETA(i) * kk;
-                b->Aqk[(size_t)i * C + j] = qk;
+                kda_exp(gi, gj, dk, a);
+                for (int d = 0; d < dk; d++) a[d] *= kj[d];
+                b->L[(size_t)i * C + j] = BETA(i) * kda_dot(ki, a, dk);
+                b->Aqk[(size_t)i * C + j] = kda_dot(qi, a, dk);
             }
-            float qk = 0.0f;
-            for (int d = 0; d < dk; d++) qk += qi[d] * ki[d];
-            b->Aqk[(size_t)i * C + i] = qk;
+            b->Aqk[(size_t)i * C + i] = kda_dot(qi, ki, dk);
         }
     }
 
@@ -319,7 +341,8 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
         float bi = BETA(i);
         float *Wi = b->W + (size_t)i * dk, *Ui = b->U + (size_t)i * dv;
         const float *ki = KROW(i), *vi = VROW(i), *gi = gam + (size_t)i * dk;
-        for (int d = 0; d < dk; d++) Wi[d] = bi * expf(gi[d]) * ki[d];
+        kda_exp(gi, NULL, dk, a);
+        for (int d = 0; d < dk; d++) Wi[d] = bi * a[d] * ki[d];
         for (int e = 0; e < dv; e++) Ui[e] = bi * vi[e];
         for (int j = 0; j < i; j++) {
             float l = -b->L[(size_t)i * C + j];
@@ -336,7 +359,8 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
     for (int i = 0; i < n; i++) {
         const float *qi = QROW(i), *gi = gam + (size_t)i * dk;
         float *oi = OROW(i);
-        for (int d = 0; d < dk; d++) b->W[(size_t)i * dk + d] = qi[d] * expf(gi[d]);
+        kda_exp(gi, NULL, dk, a);
+        for (int d = 0; d < dk; d++) b->W[(size_t)i * dk + d] = qi[d] * a[d];
         for (int e = 0; e < dv; e++) oi[e] = 0.0f;
     }
     kda_gemm(OROW(0), sv, b->W, dk, S, dv, n, dv, dk);
@@ -347,10 +371,14 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
 
     /* S <- Diag(exp(gam_last)) S + (K . exp(gam_last - gam))^T V'; the decayed keys transposed in W. */
     const float *gl = gam + (size_t)(n - 1) * dk;
+    kda_exp(gl, NULL, dk, b->e);
     for (int d = 0; d < dk; d++) {
-        float *Sd = S + (size_t)d * dv, decay = expf(gl[d]);
+        float *Sd = S + (size_t)d * dv, decay = b->e[d];
         for (int e = 0; e < dv; e++) Sd[e] *= decay;
-        for (int j = 0; j < n; j++) b->W[(size_t)d * C + j] = KROW(j)[d] * expf(gl[d] - gam[(size_t)j * dk + d]);
+    }
+    for (int j = 0; j < n; j++) {
+        kda_exp(gl, gam + (size_t)j * dk, dk, a);
+        for (int d = 0; d < dk; d++) b->W[(size_t)d * C + j] = KROW(j)[d] * a[d];
     }
     kda_gemm(S, dv, b->W, C, b->U, dv, dk, dv, n);
 #undef QROW
@@ -363,7 +391,7 @@ static void kda_chunk(float *restrict S, const float *q, const float *k, const f
 
 size_t k3c_kda_chunk_scratch(int chunk, int dk, int dv) {
     size_t C = chunk > 0 ? (size_t)chunk : 64;
-    return C * dk * 2 + C * C * 2 + C * dv + (size_t)(2 * KDA_SUB + 1) * dk;
+    return C * dk * 2 + C * C * 2 + C * dv + (size_t)(2 * KDA_SUB + 2) * dk;
 }
 
 void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const float *v, const float *g,
@@ -381,6 +409,7 @@ void k3c_kda_chunked_heads(float *state, const float *q, const float *k, const f
     b.U = b.Aqk + (size_t)C * C;
     b.P = b.U + (size_t)C * dv;
     b.a = b.P + (size_t)2 * KDA_SUB * dk;
+    b.e = b.a + dk;
     size_t hs = (size_t)dk * dv;
     for (int h = h0; h < h1; h++)
         for (int t0 = 0; t0 < T; t0 += C)

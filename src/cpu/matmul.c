@@ -634,8 +634,9 @@ static void bk_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1, flo
             for (int g = 0; g < groups; g++) {
                 __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pk + (size_t)g * 16)));
                 __m512 s = _mm512_set1_ps(sf[g]);
+                __m512 odd = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
                 _mm512_store_ps(pr + 32 * g, _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), s));
-                _mm512_store_ps(pr + 32 * g + 16, _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), s));
+                _mm512_store_ps(pr + 32 * g + 16, _mm512_mul_ps(odd, s));
             }
         }
     }

@@ -88,7 +88,7 @@ void k3c_kda_recurrent(float *state, const float *q, const float *k, const float
 int k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
 /* Floats of scratch k3c_kda_chunked_heads needs for this chunk (<= 0: 64), whatever T and the head range:
- * chunk * (2 dk + 2 chunk + dv) + 33 dk (for K3, chunk 64, dk = dv = 128: 36,992 floats). */
+ * chunk * (2 dk + 2 chunk + dv) + 34 dk (for K3, chunk 64, dk = dv = 128: 37,120 floats). */
 size_t k3c_kda_chunk_scratch(int chunk, int dk, int dv);
 /* The two above for heads [h0, h1) only (state, q, ... o as above, all H heads wide; states not kept).
  * Heads are independent, so a head's result does not depend on the range it was run in.

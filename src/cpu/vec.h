@@ -54,6 +54,50 @@ static inline float v16_sum(k3c_v16 v) {
     return a[0];
 }
 
+/* ---- exp in double, 8 lanes ----
+ * exp(x), x clamped to [-700, 700] (NaN stays NaN), relative error below 1e-15: x = k ln2 + r with
+ * |r| <= ln2 / 2 (ln2 in two parts), exp(r) by its Taylor series to r^12, times 2^k from the exponent bits.
+ * Rounded to f32 it is within half an ulp of exp but for rare ties (libm's expf is the same to an ulp, at
+ * several times the cost per element). */
+typedef double k3c_v8d __attribute__((vector_size(64)));
+typedef int64_t k3c_v8l __attribute__((vector_size(64)));
+typedef float k3c_v8f __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) k3c_v8d v8d_select(k3c_v8l m, k3c_v8d a, k3c_v8d b) {
+    return (k3c_v8d)(((k3c_v8l)a & m) | ((k3c_v8l)b & ~m)); /* m ? a : b, lane by lane */
+}
+
+static inline __attribute__((always_inline)) k3c_v8d v8d_exp(k3c_v8d x) {
+    const k3c_v8d lo = (k3c_v8d){0} - 700.0, hi = (k3c_v8d){0} + 700.0;
+    x = v8d_select(x < lo, lo, x);
+    x = v8d_select(x > hi, hi, x);
+    const double shift = 0x1.8p52;
+    k3c_v8d k = (x * 0x1.71547652b82fep0 + shift) - shift; /* round(x / ln2) */
+    k3c_v8d r = x - k * 0x1.62e42fee00000p-1;
+    r = r - k * 0x1.a39ef35793c76p-33;
+    k3c_v8d p = (k3c_v8d){0} + 1.0 / 479001600.0;
+    const double c[12] = {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0,
+                          1.0 / 120.0,      1.0 / 24.0,      1.0 / 6.0,      0.5,            1.0,          1.0};
+    for (int i = 0; i < 12; i++) p = p * r + c[i];
+    k3c_v8l e = (__builtin_convertvector(k, k3c_v8l) + 1023) << 52;
+    return p * (k3c_v8d)e;
+}
+
+/* exp of 16 f32 lanes through v8d_exp, rounded once. */
+static inline __attribute__((always_inline)) k3c_v16 v16_exp(k3c_v16 x) {
+    float f[16];
+    memcpy(f, &x, sizeof f);
+    k3c_v8f a, b;
+    memcpy(&a, f, sizeof a);
+    memcpy(&b, f + 8, sizeof b);
+    a = __builtin_convertvector(v8d_exp(__builtin_convertvector(a, k3c_v8d)), k3c_v8f);
+    b = __builtin_convertvector(v8d_exp(__builtin_convertvector(b, k3c_v8d)), k3c_v8f);
+    memcpy(f, &a, sizeof a);
+    memcpy(f + 8, &b, sizeof b);
+    memcpy(&x, f, sizeof x);
+    return x;
+}
+
 /* v16_sum of a[0..16) as one vector (lane j: v16_sum(a[j])), bit for bit: the same tree, lanes i and i + w
  * added for w = 8, 4, 2, 1, run on 16 vectors at once by shuffles that pair exactly the same lanes. */
 static inline k3c_v16 v16_sum16(const k3c_v16 a[16]) {
