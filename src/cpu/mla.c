@@ -258,7 +258,7 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
                 if (nv > nb) nv = nb;
                 const float *qv = q + ((size_t)i * Hm + h) * qh;
                 float *out = o + ((size_t)i * Hm + h) * vh;
-                float sc[MLA_EXP_BLOCK], bm = -INFINITY;
+                float sc[MLA_EXP_BLOCK] = {0}, bm = -INFINITY; /* whole 16-lane groups: the rest 0 */
                 for (int t16 = 0; t16 < nv; t16 += 16)
                     mla_scores16(qv, kb + (size_t)t16 * nope, nope, kr + t16, rope, nv - t16 < 16 ? nv - t16 : 16,
                                  scale, sc + t16);
@@ -270,11 +270,12 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
                     l[i] *= r;
                     m[i] = bm;
                 }
+                /* probabilities 16 at a time (v16_exp, cpu/vec.h: libm's expf per pair was a fifth of a
+                 * long prompt's attention), summed in key order */
                 float pr[MLA_EXP_BLOCK];
-                for (int tt = 0; tt < nv; tt++) {
-                    pr[tt] = expf(sc[tt] - m[i]);
-                    l[i] += pr[tt];
-                }
+                k3c_v16 mv = v16_splat(m[i]);
+                for (int t16 = 0; t16 < nv; t16 += 16) v16_store(pr + t16, v16_exp(v16_load(sc + t16) - mv));
+                for (int tt = 0; tt < nv; tt++) l[i] += pr[tt];
                 mla_axpy_block(out, r, pr, vb, nv, vh);
             }
         }
