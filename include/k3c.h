@@ -90,8 +90,11 @@ int k3c_load(const char *dir, k3c_model **out);
 void k3c_free(k3c_model *m);
 
 /* Writes a synthetic checkpoint of a named preset (tiny, mini, kimi-linear-tiny, ...) to dir, in the
- * published layout, deterministic per seed. */
+ * published layout, deterministic per seed, on one thread per core; a checkpoint of 64 MB or more reports
+ * progress events (k3c_set_progress). The bytes do not depend on the thread count. */
 int k3c_synthesize(const char *preset, uint64_t seed, const char *dir);
+/* k3c_synthesize on `threads` generator threads (0 = one per core). */
+int k3c_synthesize_threads(const char *preset, uint64_t seed, const char *dir, int threads);
 /* The preset names, NULL-terminated (static). */
 const char *const *k3c_preset_names(void);
 /* 1 when the preset has weights k3c_synthesize writes to disk; 0 for a config-only (benchmark or

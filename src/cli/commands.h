@@ -45,7 +45,8 @@ int cli_flush_stdout(void);
 int cli_unexpected(const char *arg);
 /* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
-/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
+/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory, on all cores with a
+ * progress line, and loads that. */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
 int cli_check_device(const char *device); /* 0 for cpu / cuda, else -1 with a message */
 /* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8,
