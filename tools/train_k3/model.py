@@ -452,6 +452,8 @@ class K3(nn.Module):
                 normal_(p, 1 / math.sqrt(p.shape[-1]))
             elif leaf == "w2":
                 normal_(p, 1 / math.sqrt(p.shape[-1]))
+            elif name == "lm_head.weight":
+                normal_(p, 0.25 / math.sqrt(p.shape[1]))  # small initial logits: loss starts near ln(vocab)
             elif p.dim() == 2:
                 fan_in = p.shape[1]
                 out_proj = any(s in name for s in ("o_proj", "down_proj", "routed_expert_up_proj"))
