@@ -27,7 +27,6 @@ last one shorter), each window run from an empty state; every token of a window 
 perplexity = exp(total NLL / predicted tokens).
 """
 import argparse
-import copy
 import json
 import math
 import os
@@ -73,31 +72,36 @@ class Data:
         self.rng = random.Random(seed)
         self.tokens_plain = sum(map(len, self.plain))
 
-    def epoch_stream(self):
-        """One pass over the documents in a new order; a chat_frac share of them (in ones and twos) as chats."""
+    def epoch_streams(self):
+        """One pass over the documents in a new order: a chat_frac share of them (in ones and twos) wrapped as
+        chats, the rest as fortune-file text. Plain text and chats form two streams, cut into windows separately,
+        so a window of fortunes never runs into chat markup and plain generation keeps writing fortunes."""
         order = list(range(len(self.docs)))
         self.rng.shuffle(order)
-        parts, i, nchat = [], 0, 0
+        plain, chats, i = [], [], 0
         while i < len(order):
             if self.rng.random() < self.chat_frac:
                 n = 2 if self.rng.random() < 0.3 and i + 1 < len(order) else 1
                 msgs, thinking = chat.conversation([self.docs[j] for j in order[i:i + n]], self.rng)
-                parts.append(chat.encode(self.tok, chat.segments(msgs, thinking=thinking), self.cache))
+                chats.append(chat.encode(self.tok, chat.segments(msgs, thinking=thinking), self.cache))
                 i += n
-                nchat += 1
             else:
-                parts.append(self.plain[order[i]])
+                plain.append(self.plain[order[i]])
                 i += 1
-        return torch.tensor([t for p in parts for t in p], dtype=torch.long), nchat
+        flat = lambda parts: torch.tensor([t for p in parts for t in p], dtype=torch.long)
+        return flat(plain), flat(chats), len(chats)
 
     def epoch_batches(self, batch, seq):
-        stream, nchat = self.epoch_stream()
-        off = self.rng.randrange(seq)
-        n = (len(stream) - off) // (seq + 1)
-        win = stream[off:off + n * (seq + 1)].view(n, seq + 1)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
+        plain, chats, nchat = self.epoch_streams()
+        wins = []
+        for stream in (plain, chats):
+            off = self.rng.randrange(seq)
+            n = max(0, (len(stream) - off) // (seq + 1))
+            wins.append(stream[off:off + n * (seq + 1)].view(n, seq + 1))
+        win = torch.cat(wins)
+        perm = torch.randperm(len(win), generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
         win = win[perm]
-        nb = n // batch
+        nb = len(win) // batch
         return win[: nb * batch].view(nb, batch, seq + 1), nchat
 
 
@@ -154,11 +158,38 @@ def param_groups(model, wd):
     return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_at(step, total, peak, warmup, min_frac):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    p = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+class Schedule:
+    """Warm-up, a constant stretch, then a linear decay to min_frac of the peak (warmup-stable-decay). The decay
+    starts at decay_start, which is either given, or set when the valid loss has not improved for `patience`
+    evaluations (past 2 epochs), or falls at (1 - decay_frac) of the step budget; the decay then lasts
+    decay_frac / (1 - decay_frac) of the steps before it (at least one epoch), within the budget."""
+
+    def __init__(self, peak, warmup, min_frac, decay_frac, total=None, decay_start=None):
+        self.peak, self.warmup, self.min_frac, self.decay_frac = peak, warmup, min_frac, decay_frac
+        self.total, self.decay_start, self.budget = total, decay_start, total
+        if total is not None and decay_start is None:
+            self.decay_start = int(total * (1 - decay_frac))
+
+    def set_budget(self, budget):
+        self.budget = self.total = budget
+        if self.decay_start is None:
+            self.decay_start = int(budget * (1 - self.decay_frac))
+
+    def start_decay(self, step, steps_per_epoch):
+        if self.decay_start is not None and self.decay_start <= step:
+            return False
+        length = max(steps_per_epoch, round(step * self.decay_frac / (1 - self.decay_frac)))
+        self.decay_start = step
+        self.total = min(self.budget, step + length) if self.budget else step + length
+        return True
+
+    def lr(self, step):
+        if step < self.warmup:
+            return self.peak * (step + 1) / self.warmup
+        if self.decay_start is None or step < self.decay_start:
+            return self.peak
+        p = min(1.0, (step - self.decay_start) / max(1, self.total - self.decay_start))
+        return self.peak * (1 - (1 - self.min_frac) * p)
 
 
 def flops_per_token(c, seq):
@@ -185,28 +216,28 @@ def flops_per_token(c, seq):
     return f
 
 
-def train_loop(model, data, args, device, log, total_steps, start_step=0, quant=False, peak=None, history=None,
-               valid_wins=None, deadline=None):
-    """Trains; returns (steps done, best valid loss, best state). total_steps None: decided after 20 steps from the
-    time budget."""
-    opt = torch.optim.AdamW(param_groups(model, args.wd), lr=peak, betas=(0.9, 0.95), eps=1e-8,
+def train_loop(model, data, args, device, log, sched, start_step=0, quant=False, history=None, valid_wins=None,
+               deadline=None, patience=0):
+    """Trains under the schedule; with sched.total None the step budget is set after 20 steps, from the speed of
+    those steps, --time-budget and --epochs. Returns (steps, (best valid loss, state, step), steps per epoch,
+    tokens, seconds)."""
+    opt = torch.optim.AdamW(param_groups(model, args.wd), lr=sched.peak, betas=(0.9, 0.95), eps=1e-8,
                             **({"fused": True} if device.type == "cuda" else {}))
     amp = device.type == "cuda"
     best = (float("inf"), None, -1)
+    since_best = 0
     step, t0, tokens = 0, time.time(), 0
     run_loss, run_n = 0.0, 0
-    decided = total_steps is not None
-    steps_per_epoch = None
-    epoch = 0
-    while True:
+    tag = "qat " if quant else ""
+    while sched.total is None or step < sched.total:
         batches, nchat = data.epoch_batches(args.batch, args.seq)
-        steps_per_epoch = len(batches)
+        spe = len(batches)
         batches = batches.to(device)
-        for b in range(len(batches)):
-            if decided and step >= total_steps:
+        for b in range(spe):
+            if sched.total is not None and step >= sched.total:
                 break
             x = batches[b]
-            lr = lr_at(step, total_steps or 10 ** 9, peak, args.warmup if not quant else 0, args.min_lr_frac)
+            lr = sched.lr(step)
             for gr in opt.param_groups:
                 gr["lr"] = lr
             model.train()
@@ -225,23 +256,22 @@ def train_loop(model, data, args, device, log, total_steps, start_step=0, quant=
             run_n += 1
             if history is not None:
                 history["train"].append((start_step + step, lv))
-            if not decided and step == 20:
+            if sched.total is None and step == 20:
                 dt = (time.time() - t0) / step
                 budget = deadline - time.time() if deadline else float("inf")
                 by_time = step + int(budget / dt)
-                by_epochs = args.epochs * steps_per_epoch
-                total_steps = max(step + 1, min(by_time, by_epochs))
-                decided = True
-                log("step time %.1f ms over the first %d steps: %d steps (%s; %d per epoch, %.1f epochs)" %
-                    (1000 * dt, step, total_steps, "time budget" if by_time < by_epochs else "epochs",
-                     steps_per_epoch, total_steps / steps_per_epoch))
-            if step % args.log_every == 0 or step == total_steps:
+                by_epochs = int(args.epochs * spe)
+                sched.set_budget(max(step + 1, min(by_time, by_epochs)))
+                log("step time %.1f ms over the first %d steps: a budget of %d steps (%s; %d per epoch, %.1f epochs), "
+                    "decay from step %d unless the valid loss stalls first" %
+                    (1000 * dt, step, sched.total, "time" if by_time < by_epochs else "epochs", spe, sched.total / spe,
+                     sched.decay_start))
+            if step % args.log_every == 0 or step == sched.total:
                 el = time.time() - t0
                 log("%sstep %d/%s loss %.4f lr %.2e gnorm %.2f %.0f tok/s elapsed %.0fs" %
-                    ("qat " if quant else "", step, total_steps or "?", run_loss / run_n, lr, float(gn),
-                     tokens / el, el))
+                    (tag, step, sched.total or "?", run_loss / run_n, lr, float(gn), tokens / el, el))
                 run_loss, run_n = 0.0, 0
-            if valid_wins is not None and (step % args.eval_every == 0 or step == total_steps):
+            if valid_wins is not None and (step % args.eval_every == 0 or step == sched.total):
                 v = evaluate(model, valid_wins, device, autocast=torch.bfloat16 if amp else None)
                 vl = v[0] / v[1]
                 if history is not None:
@@ -249,14 +279,17 @@ def train_loop(model, data, args, device, log, total_steps, start_step=0, quant=
                 loads = [m.last_load for m in model.moe_layers() if m.last_load is not None]
                 imb = max(float(l.max() / l.mean()) for l in loads) if loads else 0
                 log("%svalid loss %.4f ppl %.3f (step %d, epoch %.2f); max expert load / mean %.2f" %
-                    ("qat " if quant else "", vl, math.exp(vl), step, step / steps_per_epoch, imb))
+                    (tag, vl, math.exp(vl), step, step / spe, imb))
                 if vl < best[0]:
-                    best = (vl, copy.deepcopy({k: v.detach().cpu().clone() for k, v in model.state_dict().items()}),
-                            step)
-        epoch += 1
-        if decided and step >= total_steps:
-            break
-    return step, best, steps_per_epoch, tokens, time.time() - t0
+                    best = (vl, {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, step)
+                    since_best = 0
+                else:
+                    since_best += 1
+                if (patience and since_best >= patience and step >= 2 * spe and sched.decay_start is not None
+                        and step < sched.decay_start and sched.start_decay(step, spe)):
+                    log("valid loss not improved for %d evaluations: decay from step %d to step %d" %
+                        (since_best, sched.decay_start, sched.total))
+    return step, best, spe, tokens, time.time() - t0
 
 
 def main():
@@ -265,13 +298,18 @@ def main():
     ap.add_argument("--tokenizer", default=os.path.join(HERE, "tokenizer"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=0, help="training steps (0: from --epochs and --time-budget)")
-    ap.add_argument("--epochs", type=float, default=30)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="training steps (0: from --epochs and --time-budget; with --decay-start, the run repeats)")
+    ap.add_argument("--epochs", type=float, default=60, help="at most this many passes over the training text")
     ap.add_argument("--time-budget", type=float, default=300, help="seconds of training (without --steps)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--min-lr-frac", type=float, default=0.05)
+    ap.add_argument("--decay-frac", type=float, default=0.2, help="share of the steps in the final LR decay")
+    ap.add_argument("--decay-start", type=int, default=0, help="step the decay starts at (0: automatic)")
+    ap.add_argument("--patience", type=int, default=6,
+                    help="valid evaluations without improvement that start the decay early (0: never)")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
@@ -325,11 +363,13 @@ def main():
         args.eval_every = max(10, steps_per_epoch_est // 4)
     history = {"train": [], "valid": [], "qat_train": [], "qat_valid": []}
     deadline = time.time() + args.time_budget
-    steps, best, spe, tokens, t_train = train_loop(
-        model, data, args, device, log, args.steps or None, peak=args.lr, history=history, valid_wins=valid_wins,
-        deadline=deadline)
-    log("trained %d steps (%.2f epochs, %d tokens) in %.0f s; best valid loss %.4f at step %d" %
-        (steps, steps / spe, tokens, t_train, best[0], best[2]))
+    sched = Schedule(args.lr, args.warmup, args.min_lr_frac, args.decay_frac, total=args.steps or None,
+                     decay_start=args.decay_start or None)
+    steps, best, spe, tokens, t_train = train_loop(model, data, args, device, log, sched, history=history,
+                                                   valid_wins=valid_wins, deadline=deadline, patience=args.patience)
+    log("trained %d steps (%.2f epochs, %d tokens) in %.0f s, decay from step %d; best valid loss %.4f at step %d; "
+        "repeat with --steps %d --decay-start %d" % (steps, steps / spe, tokens, t_train, sched.decay_start, best[0],
+                                                     best[2], steps, sched.decay_start))
     model.load_state_dict(best[1])
     model.dropout = 0.0
 
@@ -347,8 +387,9 @@ def main():
         qm = model
         qm.dropout = args.dropout
         qh = {"train": history["qat_train"], "valid": history["qat_valid"]}
-        qsteps, qbest, _, _, t_qat = train_loop(qm, data, args, device, log, args.qat_steps, start_step=steps,
-                                                quant=True, peak=args.qat_lr, history=qh, valid_wins=valid_wins)
+        qsched = Schedule(args.qat_lr, 0, args.min_lr_frac, 1.0, total=args.qat_steps, decay_start=0)
+        qsteps, qbest, _, _, t_qat = train_loop(qm, data, args, device, log, qsched, start_step=steps, quant=True,
+                                                history=qh, valid_wins=valid_wins)
         qm.load_state_dict(qbest[1])
         qm.dropout = 0.0
         res["qat"] = {"valid": ppl(evaluate(qm, valid_wins, device)), "heldout": ppl(evaluate(qm, held_wins, device)),
@@ -408,6 +449,7 @@ def main():
         "epochs": steps / spe,
         "train_tokens": tokens,
         "train_seconds": t_train,
+        "decay_start": sched.decay_start,
         "best_valid_step": best[2],
         "perplexity": res,
         "exported_quantization": chosen,
