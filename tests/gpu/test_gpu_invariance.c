@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode/executor_cuda.h"
 #include "k3c.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -36,7 +35,6 @@ typedef struct genv {
     char dir[512];
     k3c_model *m;
     k3c_engine *e;
-    k3c_decode_cuda *x; /* bf16 only */
     int V, exact;
     int lens[GI_NREQ];
     int32_t *prompt[GI_NREQ];
@@ -44,7 +42,6 @@ typedef struct genv {
 } genv;
 
 static void genv_close(genv *g) {
-    k3c_decode_cuda_free(g->x);
     k3c_engine_free(g->e);
     if (g->m) k3c_free(g->m);
     for (int i = 0; i < GI_NREQ; i++) free(g->prompt[i]);
@@ -76,12 +73,10 @@ static int genv_open(genv *g, const char *preset, int layers, int exact, uint64_
     o.block_size = 16;
     o.q_max = 4;
     o.exact_f32 = exact;
+    /* the engine owns the executor (bf16 only: it refuses the f32 diagnostic); runs switch it on and off */
+    o.specialized = exact ? K3C_SPECIALIZED_OFF : K3C_SPECIALIZED_AUTO;
     K3C_TRY(k3c_engine_create(g->m, &o, &g->e));
     g->V = k3c_engine_vocab(g->e);
-    if (!exact) {
-        K3C_TRY(k3c_decode_cuda_build(g->e, 0, 1, &g->x));
-        K3C_TRY(k3c_decode_cuda_prepare_kv(g->x, 0));
-    }
     /* on the default grid (C = 64, E = 128): two whole blocks and a ragged tail, one block and 3 rows, no
      * whole block, a few tokens */
     static const int lens[GI_NREQ] = {200, 131, 40, 9};
@@ -103,8 +98,8 @@ static int run_runner(genv *g, int spec, int budget, int max_active, int executo
     o.prefill_budget = budget;
     o.max_active = max_active;
     k3c_runner *r;
+    if (!g->exact) K3C_TRY(k3c_engine_set_specialized(g->e, executor));
     K3C_TRY(k3c_runner_create(g->e, &o, &r));
-    if (executor) k3c_runner_set_executor(r, k3c_decode_cuda_executor(g->x));
     int rc = K3C_OK, h[GI_NREQ];
     for (int i = 0; i < GI_NREQ && rc == K3C_OK; i++) {
         k3c_runner_request q = {.prompt = g->prompt[i], .n_prompt = g->lens[i], .max_new = GI_MAXNEW,
