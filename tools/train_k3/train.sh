@@ -36,6 +36,15 @@ if [ "${BUILD_K3C:-1}" = 1 ]; then
             export CFLAGS="-O2 -g -I$prefix/usr/include"
             export LDLIBS="-L$libdir -Wl,-rpath,$libdir"
         fi
+        # PCRE2 likewise, linked statically from the committed libpcre2-dev (as tools/gpu-check.sh does)
+        if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
+            prefix=$build/debs-root
+            mkdir -p "$prefix"
+            dpkg -x tools/debs/libpcre2-dev*.deb "$prefix"
+            libdir=$(dirname "$(find "$prefix" -name 'libpcre2-8.a' | head -1)")
+            export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
+            export LDLIBS="${LDLIBS:-} -L$libdir"
+        fi
         nice make NVCC= -j8 BUILD="$build" "$build/k3c"
     ) >"$out/k3c-build.log" 2>&1 &
     bpid=$!
