@@ -60,7 +60,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps install example-check
+.PHONY: FORCE all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(CU_OBJ) $(LIB_OBJ)
@@ -88,11 +88,39 @@ $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 # the default tokenizer's ranks are assembled into this object (.incbin)
 $(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
 
-$(BUILD)/%.o: %.c
+# What the build needs from Debian (make deps): checked with the compiler and flags of this build (GPU hosts
+# point CFLAGS at unpacked packages instead), installed when missing and we are root (or have sudo), so that
+# the README's first command works on a fresh machine; otherwise one message naming what to install.
+DEPS_MISSING := $(strip \
+    $(shell printf '\043include <cjson/cJSON.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || echo libcjson-dev) \
+    $(shell printf '\043define PCRE2_CODE_UNIT_WIDTH 8\n\043include <pcre2.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || echo libpcre2-dev) \
+    $(if $(shell command -v pkg-config),,pkg-config))
+ifneq ($(DEPS_MISSING),)
+$(BUILD)/.deps:
+	@echo "k3c: $(DEPS_MISSING) missing: installing (make deps)"
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory deps; \
+	elif command -v sudo >/dev/null; then sudo $(MAKE) --no-print-directory deps; \
+	else echo "k3c: as root, run: make deps   (apt-get install libcjson-dev libpcre2-dev pkg-config)" >&2; exit 1; fi
+	@mkdir -p $(BUILD) && touch $@
+else
+$(BUILD)/.deps:
+	@mkdir -p $(BUILD) && touch $@
+endif
+
+# The flags an object was compiled with: a build with nvcc and one without (NVCC=) compile the same .c files
+# differently (K3C_HAVE_CUDA), so switching between them in one build folder recompiles everything instead of
+# linking stale objects.
+BUILD_FLAGS := $(HAVE_CUDA) | $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS)
+$(BUILD)/.flags: FORCE
+	@mkdir -p $(BUILD)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(BUILD_FLAGS)' ]; then printf '%s' '$(BUILD_FLAGS)' > $@; fi
+FORCE:
+
+$(BUILD)/%.o: %.c $(BUILD)/.flags | $(BUILD)/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(BUILD)/.flags | $(BUILD)/.deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
