@@ -183,7 +183,7 @@ install: $(BUILD)/k3c $(LIB)
 	install -m 644 include/k3c.h '$(DESTDIR)$(INCLUDEDIR)/k3c.h'
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' 'Name: k3c' \
 	    'Description: $(PC_DESCRIPTION)' \
-	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson' 'Cflags: -I$${includedir}' \
+	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson libpcre2-8' 'Cflags: -I$${includedir}' \
 	    'Libs: -L$${libdir} -lk3c' 'Libs.private: $(PC_LIBS_PRIVATE)' > '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
 	chmod 644 '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
 
