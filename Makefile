@@ -87,6 +87,8 @@ $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 
 # the default tokenizer's ranks are assembled into this object (.incbin)
 $(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
+# the default model's files are assembled into this object (.incbin)
+$(BUILD)/src/model/default_model.o: $(wildcard models/k3-fortune/*.json models/k3-fortune/*.safetensors models/k3-fortune/tiktoken.model)
 
 # What the build needs from Debian (make deps): checked with the compiler and flags of this build (GPU hosts
 # point CFLAGS at unpacked packages instead), installed when missing and we are root (or have sudo), so that

@@ -93,6 +93,9 @@ void k3c_free(k3c_model *m);
  * published layout, deterministic per seed, on one thread per core; a checkpoint of 64 MB or more reports
  * progress events (k3c_set_progress). The bytes do not depend on the thread count. */
 int k3c_synthesize(const char *preset, uint64_t seed, const char *dir);
+/* Writes the embedded default model (models/k3-fortune: a trained K3-architecture checkpoint with its
+ * tokenizer, 12.5 MB) into dir, an existing directory the caller owns and removes; k3c_load reads it. */
+int k3c_default_model_write(const char *dir);
 /* k3c_synthesize on `threads` generator threads (0 = one per core). */
 int k3c_synthesize_threads(const char *preset, uint64_t seed, const char *dir, int threads);
 /* The preset names, NULL-terminated (static). */
