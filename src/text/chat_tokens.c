@@ -89,9 +89,9 @@ static int request_parse(const char *json, size_t len, chat_req *q) {
     }
     const cJSON *root = q->root, *v;
     q->r.messages = cJSON_GetObjectItemCaseSensitive(root, "messages");
-    if (!cJSON_IsArray(q->r.messages) || !cJSON_GetArraySize(q->r.messages)) {
+    if (!cJSON_IsArray(q->r.messages)) {
         cJSON_Delete(q->root);
-        return k3c_errorf("chat request: `messages` must be a non-empty array");
+        return k3c_errorf("chat request: `messages` must be an array");
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "tools");
     q->r.tools = cJSON_IsNull(v) ? NULL : v;
