@@ -433,3 +433,39 @@ TEST(chat_tokens_template_load) {
     k3c_chat_template_free(t);
     k3c_tokenizer_free(tok);
 }
+
+/* A synthesized checkpoint's config.json names the ids its tokenizer gives [BOS], [EOS] and [PAD] (tiny: 768,
+ * 769, 1023; kimi-linear-tiny: 766, 767, 1021), read back through the loader; a config-only preset of a
+ * published model keeps the published ids (its vocabulary is larger than the embedded tokenizer's). */
+TEST(chat_tokens_synth_ids_agree) {
+    static const char *const presets[] = {"tiny", "kimi-linear-tiny", "k3"};
+    for (int i = 0; i < 3; i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/synth_ids_%s", test_tmpdir(), presets[i]);
+        CHECK_OK(k3c_synthesize(presets[i], 3, dir));
+        k3c_tokenizer *t;
+        CHECK_OK(k3c_tokenizer_load(dir, &t));
+        k3c_model_info info;
+        if (i < 2) {
+            k3c_model *m;
+            CHECK_OK(k3c_load(dir, &m));
+            CHECK_OK(k3c_model_info_get(m, &info));
+            k3c_free(m);
+            CHECKF(info.bos_token_id == k3c_tokenizer_special_id(t, "[BOS]") &&
+                       info.eos_token_id == k3c_tokenizer_special_id(t, "[EOS]") &&
+                       info.pad_token_id == k3c_tokenizer_special_id(t, "[PAD]"),
+                   "%s: config bos %d eos %d pad %d, tokenizer %d %d %d", presets[i], info.bos_token_id,
+                   info.eos_token_id, info.pad_token_id, k3c_tokenizer_bos(t), k3c_tokenizer_eos(t), k3c_tokenizer_pad(t));
+            CHECK(info.bos_token_id == k3c_tokenizer_bos(t) && info.eos_token_id == k3c_tokenizer_eos(t) &&
+                  info.pad_token_id == k3c_tokenizer_pad(t) && info.bos_token_id == (i == 0 ? 768 : 766));
+        } else {
+            char path[4200], *text = NULL;
+            size_t len = 0;
+            snprintf(path, sizeof path, "%s/config.json", dir);
+            CHECK_OK(k3c_read_file(path, (size_t)1 << 20, &text, &len));
+            CHECKF(strstr(text, "\"bos_token_id\": 163584") && strstr(text, "\"eos_token_id\": 163586"), "%s", text);
+            free(text);
+        }
+        k3c_tokenizer_free(t);
+    }
+}
