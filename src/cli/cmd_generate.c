@@ -153,6 +153,9 @@ int cmd_generate(int argc, char **argv) {
             goto fail;
         }
         if (k3c_detokenizer_create(tok, &detok) != K3C_OK) goto fail;
+    } else if (!ignore_eos && cli_load_tokenizer(model, "tiny", &tok) != 0) {
+        /* ids in and out: the tokenizer only names end ids; bad tokenizer files leave the config's eos */
+        tok = NULL;
     }
     if (text_in) {
         const char *t = prompt ? prompt : file_text;
