@@ -182,8 +182,9 @@ asan-test:
 # The Debian packages k3c needs: the libraries it builds against (cJSON, PCRE2), pkg-config for k3c.pc, and
 # tmux for the test of `k3c chat` in a terminal (skipped without it).
 DEB_PACKAGES := libcjson-dev libpcre2-dev pkg-config tmux
+DEPS_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
 deps:
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
+	$(DEPS_INSTALL)
 
 # Before the first object is compiled: what the build cannot do without (the headers through the compiler's
 # own search path, pkg-config). When something is missing, `make deps` runs as root or through a sudo that
@@ -199,8 +200,8 @@ check-deps:
 	if [ "$$(id -u)" = 0 ]; then sudo=""; \
 	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo "; \
 	else echo "k3c: missing Debian packages:$$missing. Install them as root:  sudo make deps  (or: sudo apt-get install$$missing), then make again" >&2; exit 1; fi; \
-	echo "k3c: missing Debian packages:$$missing; installing them: $${sudo}make deps" >&2; \
-	$${sudo}$(MAKE) --no-print-directory deps
+	echo "k3c: missing Debian packages:$$missing; installing them (make deps): $${sudo}$(DEPS_INSTALL)" >&2; \
+	$${sudo}sh -c '$(DEPS_INSTALL)'
 
 clean:
 	rm -rf $(BUILD)
