@@ -424,8 +424,24 @@ TEST(chat_tokens_template_load) {
         int rc = k3c_chat_encode(t, tok, bad[i].body, strlen(bad[i].body), &v);
         CHECKF(rc != K3C_OK && v.n == 0 && strstr(k3c_last_error(), bad[i].msg), "%s: %s", bad[i].body, k3c_last_error());
     }
-    /* ids outside the vocabulary are refused by the parser */
+    /* NULL handles and outputs: errors, not crashes (k3c.h's rule) */
     k3c_chat_parser *p;
+    k3c_tokens none = {.ids = NULL};
+    int32_t ids[4];
+    char *json = NULL;
+    CHECK(k3c_chat_encode(NULL, tok, "{}", 2, &none) != K3C_OK && k3c_chat_encode(t, NULL, "{}", 2, &none) != K3C_OK);
+    CHECK(k3c_chat_encode(t, tok, NULL, 0, &none) != K3C_OK && k3c_chat_encode(t, tok, "{}", 2, NULL) != K3C_OK);
+    CHECK(k3c_chat_stop_ids(NULL, tok, ids, 4) == -1 && k3c_chat_stop_ids(t, tok, NULL, 4) == -1);
+    CHECK(k3c_chat_stop_ids(t, tok, NULL, 0) >= 2); /* the count alone */
+    CHECK(k3c_chat_template_name(NULL) == NULL && k3c_chat_template_source(NULL) == NULL);
+    k3c_chat_template *t2;
+    CHECK(k3c_chat_template_load(NULL, "Kimi K3", NULL) != K3C_OK && k3c_chat_template_from_name(NULL, &t2) != K3C_OK);
+    CHECK(k3c_chat_parser_create(NULL, tok, NULL, 0, &p) != K3C_OK && k3c_chat_parser_create(t, tok, NULL, 0, NULL) != K3C_OK);
+    CHECK(k3c_chat_parser_feed(NULL, 1, NULL, NULL) != K3C_OK && k3c_chat_parser_finish(NULL, NULL, NULL) != K3C_OK);
+    CHECK(k3c_chat_parser_done(NULL) == -1 && k3c_chat_parser_result_json(NULL, &json) != K3C_OK);
+    k3c_chat_parser_free(NULL);
+    k3c_chat_template_free(NULL);
+    /* ids outside the vocabulary are refused by the parser */
     CHECK_OK(k3c_chat_parser_create(t, tok, NULL, 0, &p));
     CHECK(k3c_chat_parser_feed(p, k3c_tokenizer_vocab(tok), NULL, NULL) != K3C_OK);
     CHECK(k3c_chat_parser_feed(p, -1, NULL, NULL) != K3C_OK);
