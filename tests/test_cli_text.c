@@ -246,21 +246,21 @@ static int wait_for(int (*pred)(const char *screen, const void *arg), const void
 
 static int has(const char *s, const void *needle) { return strstr(s, needle) != NULL; }
 
-/* count of `needle` on the screen >= the count in arg */
-typedef struct count_arg {
-    const char *needle;
-    int n;
-} count_arg;
 static int count_of(const char *s, const char *needle) {
     int n = 0;
     for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
     return n;
 }
+/* `needle` at least n times on the screen */
+typedef struct count_arg {
+    const char *needle;
+    int n;
+} count_arg;
 static int has_n(const char *s, const void *arg) {
     const count_arg *c = arg;
     return count_of(s, c->needle) >= c->n;
 }
-/* the last non-empty line is the prompt "> " alone (the answer is over) */
+/* the last non-empty line is the prompt alone (capture-pane drops the space of "> "): the answer is over */
 static int prompt_back(const char *s, const void *arg) {
     (void)arg;
     const char *end = s + strlen(s);
@@ -269,12 +269,19 @@ static int prompt_back(const char *s, const void *arg) {
     while (start > s && start[-1] != '\n') start--;
     return end - start == 1 && *start == '>';
 }
+/* the line "> QUESTION" is on the screen, and after it the prompt came back */
+static int answered(const char *s, const void *question) {
+    char line[256];
+    snprintf(line, sizeof line, "> %s\n", (const char *)question);
+    const char *q = strstr(s, line);
+    return q && prompt_back(q + strlen(line), NULL);
+}
 
 static int start_chat(const char *args) {
     char bin[1024], cmd[4096];
     if (!test_k3c_binary(bin, sizeof bin)) return -1;
     /* the exit status is printed where the test can read it; the pane stays for the screen reads after */
-    snprintf(cmd, sizeof cmd, "new-session -d -s chat -x 120 -y 40 \"TMPDIR='%s' '%s' chat %s; echo K3C_EXIT=\\$?; sleep 60\"",
+    snprintf(cmd, sizeof cmd, "new-session -d -s chat -x 120 -y 40 \"TMPDIR='%s' '%s' chat %s; echo K3C_EXIT=\\$?; sleep 30\"",
              test_tmpdir(), bin, args);
     return tmux(cmd);
 }
@@ -284,13 +291,16 @@ TEST(cli_text_chat_in_tmux) {
         printf("    note: tmux is not installed (make deps installs it): k3c chat's terminal test skipped\n");
         return;
     }
-    snprintf(tmux_sock, sizeof tmux_sock, "k3c-test-%d", (int)getpid());
+    /* one server (socket) per phase: a server whose last session ended is still exiting when the next
+     * new-session would reach it, which then fails */
+    snprintf(tmux_sock, sizeof tmux_sock, "k3c-test-%d-probe", (int)getpid());
     /* tmux needs a pseudo-terminal: a chroot without /dev/pts has none */
     if (tmux("new-session -d -s probe true") != 0) {
         printf("    note: tmux cannot start a session here (no pseudo-terminals: is /dev/pts mounted?): k3c chat's "
                "terminal test skipped\n");
         return;
     }
+    snprintf(tmux_sock, sizeof tmux_sock, "k3c-test-%d-turns", (int)getpid());
     /* (1) two turns that end by themselves (-n 12), then /exit: the screen is the transcript docs/TEXT.md shows */
     CHECK(start_chat("-n 12 --system 'You are terse.'") == 0);
     int ok = wait_for(prompt_back, NULL, 20);
@@ -298,14 +308,12 @@ TEST(cli_text_chat_in_tmux) {
     CHECKF(ok, "no prompt within 20 s:\n%s", s ? s : "");
     free(s);
     CHECK(tmux("send-keys -t chat 'Hello, who are you?' Enter") == 0);
-    count_arg two_prompts = {"> ", 2};
-    ok = wait_for(has_n, &two_prompts, 20) && wait_for(prompt_back, NULL, 20);
+    ok = wait_for(answered, "Hello, who are you?", 20);
     s = screen(0);
-    CHECKF(ok && strstr(s, "> Hello, who are you?\n"), "no answer and prompt within 20 s:\n%s", s ? s : "");
+    CHECKF(ok, "no answer and prompt within 20 s:\n%s", s ? s : "");
     free(s);
     CHECK(tmux("send-keys -t chat 'And a second turn?' Enter") == 0);
-    count_arg three_prompts = {"> ", 3};
-    ok = wait_for(has_n, &three_prompts, 20) && wait_for(prompt_back, NULL, 20);
+    ok = wait_for(answered, "And a second turn?", 20);
     s = screen(1);
     /* on a terminal the reasoning is dimmed (a random model's output is all reasoning: it never closes the
      * think channel the prompt opened) */
@@ -318,7 +326,8 @@ TEST(cli_text_chat_in_tmux) {
     printf("    transcript (tmux capture-pane -p):\n");
     for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) printf("      | %s\n", line);
     free(s);
-    tmux("kill-session -t chat");
+    tmux("kill-server");
+    snprintf(tmux_sock, sizeof tmux_sock, "k3c-test-%d-stop", (int)getpid());
 
     /* (2) a long answer (-n 100000, --ignore-eos) stopped by Ctrl-C; the prompt comes back, a second turn
      * works, and two Ctrl-C at the prompt end the program (exit 0) */
@@ -337,7 +346,7 @@ TEST(cli_text_chat_in_tmux) {
     }
     CHECK(ok);
     CHECK(tmux("send-keys -t chat C-c") == 0);
-    ok = wait_for(has, "[stopped]", 20) && wait_for(prompt_back, NULL, 20);
+    ok = wait_for(answered, "Tell me a long story", 20) && wait_for(has, "[stopped]", 1);
     s = screen(0);
     CHECKF(ok, "Ctrl-C: no [stopped] and prompt within 20 s:\n%s", s ? s : "");
     CHECK(!strstr(s, "K3C_EXIT="));
@@ -346,7 +355,7 @@ TEST(cli_text_chat_in_tmux) {
     usleep(500 * 1000);
     CHECK(tmux("send-keys -t chat C-c") == 0);
     count_arg two_stops = {"[stopped]", 2};
-    ok = wait_for(has_n, &two_stops, 20) && wait_for(prompt_back, NULL, 20);
+    ok = wait_for(answered, "again", 20) && wait_for(has_n, &two_stops, 1);
     CHECK(ok);
     CHECK(tmux("send-keys -t chat C-c") == 0);
     CHECK(wait_for(has, "Ctrl-C again", 20));
