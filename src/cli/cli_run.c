@@ -286,8 +286,8 @@ int cli_load_tokenizer(const char *dir, const char *preset, k3c_tokenizer **t) {
 }
 
 int cli_no_tokenizer(const char *dir) {
-    return cli_errorf("%s has no tokenizer (no tiktoken.model beside its config.json), so it takes and gives token "
-                      "ids only: use --prompt-ids (and no --text)", dir);
+    return cli_errorf("%s has no tokenizer files (no tiktoken.model beside its config.json), so it takes and gives "
+                      "token ids only: use --prompt-ids (and no --text)", dir);
 }
 
 static void add_stop(int32_t *ids, int *n, int cap, int32_t id) {
