@@ -9,7 +9,9 @@
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
 #                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
-#   make deps       install the Debian packages k3c needs (root)
+#   make deps       install the Debian packages k3c needs (root); a build that finds one missing runs it
+#                   itself (as root, or through sudo where that works without a password), else stops
+#                   naming the packages
 
 # Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
 # (`make -j1` still builds serially).
@@ -100,9 +102,9 @@ DEPS_MISSING := $(strip \
 ifneq ($(DEPS_MISSING),)
 $(BUILD)/.deps:
 	@echo "k3c: $(DEPS_MISSING) missing: installing (make deps)"
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory deps; \
-	elif command -v sudo >/dev/null; then sudo $(MAKE) --no-print-directory deps; \
-	else echo "k3c: as root, run: make deps   (apt-get install libcjson-dev libpcre2-dev pkg-config)" >&2; exit 1; fi
+	@if [ "$$(id -u)" = 0 ]; then sh -c '$(DEPS_INSTALL)'; \
+	elif command -v sudo >/dev/null; then sudo sh -c '$(DEPS_INSTALL)'; \
+	else echo "k3c: as root, run: make deps   (apt-get install $(DEB_PACKAGES))" >&2; exit 1; fi
 	@mkdir -p $(BUILD) && touch $@
 else
 $(BUILD)/.deps:
@@ -207,8 +209,12 @@ asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-asan/test_k3c hardening_
 
+# The Debian packages k3c needs: the libraries it builds against (cJSON, PCRE2), pkg-config for k3c.pc, and
+# tmux for the test of `k3c chat` in a terminal (skipped without it).
+DEB_PACKAGES := libcjson-dev libpcre2-dev pkg-config tmux
+DEPS_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev pkg-config
+	$(DEPS_INSTALL)
 
 clean:
 	rm -rf $(BUILD)

@@ -39,7 +39,7 @@ TEST(cli_generate_prompt_text_matches_id_commands) {
         CHECKF(ids && st == 0 && ids[0], "tokenize '%s': exit %d", prompts[k], st);
         for (char *c = ids; c && *c; c++)
             if (*c == ' ') *c = ',';
-        snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt-ids %s -n 12 2>/dev/null", bin, dir, ids);
+        snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --prompt-ids %s -n 12 --ignore-eos 2>/dev/null", bin, dir, ids);
         char *out_ids = capture(cmd, &st);
         CHECKF(out_ids && st == 0, "generate --prompt-ids: exit %d", st);
         for (char *c = out_ids; c && *c; c++)
