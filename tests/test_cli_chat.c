@@ -215,6 +215,17 @@ TEST(cli_text_without_tokenizer_and_errors) {
  * another tmux server. */
 static char tmux_sock[64];
 
+/* A test that fails midway leaves its session, where the chat would wait for input forever: at exit the last
+ * server is killed, and each session starts a watchdog that kills its server after 120 s (a background job of
+ * the session's shell that ignores Ctrl-C: the terminal sends it to the whole foreground group; `timeout` would
+ * pass it on to the chat a second time). */
+static void tmux_kill_at_exit(void) {
+    char cmd[256];
+    if (!tmux_sock[0]) return;
+    snprintf(cmd, sizeof cmd, "tmux -f /dev/null -L %s kill-server >/dev/null 2>&1", tmux_sock);
+    test_run_status(cmd);
+}
+
 static int tmux(const char *args) {
     char cmd[16384];
     snprintf(cmd, sizeof cmd, "tmux -f /dev/null -L %s %s >/dev/null 2>&1", tmux_sock, args);
@@ -281,7 +292,10 @@ static int start_chat(const char *args) {
     char bin[1024], cmd[4096];
     if (!test_k3c_binary(bin, sizeof bin)) return -1;
     /* the exit status is printed where the test can read it; the pane stays for the screen reads after */
-    snprintf(cmd, sizeof cmd, "new-session -d -s chat -x 120 -y 40 \"TMPDIR='%s' '%s' chat %s; echo K3C_EXIT=\\$?; sleep 30\"",
+    snprintf(cmd, sizeof cmd,
+             "new-session -d -s chat -x 120 -y 40 \"(trap '' INT QUIT; sleep 120 && tmux -f /dev/null -L %s kill-server) "
+             ">/dev/null 2>&1 & "
+             "TMPDIR='%s' '%s' chat %s; echo K3C_EXIT=\\$?; sleep 30\"", tmux_sock,
              test_tmpdir(), bin, args);
     return tmux(cmd);
 }
@@ -291,6 +305,7 @@ TEST(cli_text_chat_in_tmux) {
         printf("    note: tmux is not installed (make deps installs it): k3c chat's terminal test skipped\n");
         return;
     }
+    atexit(tmux_kill_at_exit);
     /* one server (socket) per phase: a server whose last session ended is still exiting when the next
      * new-session would reach it, which then fails */
     snprintf(tmux_sock, sizeof tmux_sock, "k3c-test-%d-probe", (int)getpid());
