@@ -30,8 +30,11 @@ override CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=impli
            -fno-strict-aliasing -pthread $(ARCHFLAGS) -Iinclude -Isrc -MMD -MP
 override LDLIBS  += -lcjson -lpcre2-8 -lm -pthread
 
-LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/server/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
+# the OpenAI server (k3c serve): a front end like the CLI, linked into build/k3c (and the tests), not the library
+SERVER_SRC := $(shell find src/server -name '*.c' | sort)
+SERVER_LIBS := -lmicrohttpd
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
 # Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
 # files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
@@ -56,6 +59,7 @@ endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
@@ -67,11 +71,11 @@ $(LIB): $(CU_OBJ) $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/k3c: $(LIB) $(CLI_OBJ)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
+$(BUILD)/k3c: $(LIB) $(CLI_OBJ) $(SERVER_OBJ)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(LIB) $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS)
+$(BUILD)/test_k3c: $(TEST_OBJ) $(SERVER_OBJ) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(SERVER_OBJ) $(LIB) $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS)
@@ -178,7 +182,7 @@ asan-test:
 	    build-asan/test_k3c hardening_
 
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev pkg-config
+	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev libmicrohttpd-dev pkg-config
 
 clean:
 	rm -rf $(BUILD)
