@@ -34,19 +34,19 @@ int srv_stop_push(srv_stop *s, const char *text, size_t len, srv_buf *out) {
         out->failed = 1;
         return 0;
     }
-    /* the earliest match of any stop string; at one position the first listed */
+    /* the match that completes first: the smallest end, then the earliest start (the longer string). The
+     * held text begins after everything released, and a match ending in an earlier push was taken then, so
+     * this is the first stop string the text completes, however it was split into pieces. */
     const char *h = s->held.data;
-    size_t at = (size_t)-1;
+    size_t at = 0, end = (size_t)-1;
     int which = -1;
     for (int i = 0; i < s->n; i++) {
-        const char *m = NULL;
         size_t sl = strlen(s->stops[i]);
-        for (size_t p = 0; p + sl <= s->held.len; p++)
+        for (size_t p = 0; p + sl <= s->held.len && p + sl <= end; p++)
             if (h[p] == s->stops[i][0] && !memcmp(h + p, s->stops[i], sl)) {
-                m = h + p;
+                if (p + sl < end || p < at) at = p, end = p + sl, which = i;
                 break;
             }
-        if (m && (size_t)(m - h) < at) at = (size_t)(m - h), which = i;
     }
     if (which >= 0) {
         srv_buf_put(out, h, at + (s->include ? strlen(s->stops[which]) : 0));

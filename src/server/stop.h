@@ -1,7 +1,10 @@
 /* Stop strings matched on the decoded output text across token boundaries. Text that may still become the
  * start of a stop string is held back (at most the longest stop string's length - 1 bytes), so what has been
  * released is never part of a match; the match and everything after it are never released (unless the
- * request asked for include_stop_str_in_output: then the stop string itself is, and nothing after it). */
+ * request asked for include_stop_str_in_output: then the stop string itself is, and nothing after it).
+ * With several stop strings the one whose end comes first in the text wins (the first to be complete, as
+ * a streaming match sees it), at equal ends the one that starts first: the result does not depend on how
+ * the text was cut into pieces. */
 #ifndef K3C_SERVER_STOP_H
 #define K3C_SERVER_STOP_H
 
