@@ -4,11 +4,11 @@
  *         -> chat: the output parser (reasoning / content / tool-call argument deltas) -> SSE chunk or the body
  *         -> completions: the text itself
  *
- * Special tokens skip the detokenizer and the stop strings (vLLM does not put skipped special tokens in
- * the text it matches either); the text held back before one is released first, so that order is kept.
- * Their text (the tokenizer's name for them) is left out unless the request sets skip_special_tokens
- * false; a chat parser sees every special token's id (structure is matched by id), so a malformed tool
- * call turned back into content lacks its markers' text, as vLLM's would. Stop tokens (the request's stop_token_ids, the chat format's end
+ * Special tokens skip the detokenizer. Their text (the tokenizer's name for them) is left out unless the
+ * request sets skip_special_tokens false (vLLM's default and switch); a completion then matches stop
+ * strings on it like on any text. A chat parser sees every special token's id at once (structure is matched
+ * by id), after the text the stop strings held back, and a stop string never spans a special token there;
+ * a malformed tool call turned back into content lacks its markers' text, as vLLM's would. Stop tokens (the request's stop_token_ids, the chat format's end
  * of message, the tokenizer's eos) end the output and are never text. */
 #include <stdlib.h>
 #include <string.h>
@@ -236,19 +236,28 @@ int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, con
         settle(c, &d);
         settled = 1;
     } else if (k3c_tokenizer_is_special(tok, token)) {
-        /* what waits in the detokenizer and the stop strings goes first */
+        /* what waits in the detokenizer goes first; then the special's text (none with skip_special_tokens,
+         * the default, as in vLLM). A completion matches stop strings on that text as on any other; a chat
+         * parser sees the id at once, so the text held back by the stop strings is released before it. */
         srv_buf rel = {0};
         const char *t;
         size_t n = 0;
-        if (k3c_detokenizer_finish(c->detok, &t, &n) == K3C_OK && n) srv_stop_push(&c->stop, t, n, &rel);
-        srv_stop_flush(&c->stop, &rel);
-        emit_text(c, -1, rel.data ? rel.data : "", rel.len, &d);
-        srv_buf_free(&rel);
-        /* skip_special_tokens (the default): no text, as in vLLM; the parser still sees the id */
+        if (k3c_detokenizer_finish(c->detok, &t, &n) == K3C_OK && n) settled = srv_stop_push(&c->stop, t, n, &rel);
         size_t sl = 0;
         const char *st = r->p.skip_special_tokens ? NULL : k3c_tokenizer_token(tok, token, &sl);
-        if (c->parser) feed_parser(c, token, st ? st : "", st ? sl : 0, &d);
-        else if (st) emit_text(c, token, st, sl, &d);
+        if (c->parser) {
+            if (!settled) srv_stop_flush(&c->stop, &rel);
+            emit_text(c, -1, rel.data ? rel.data : "", rel.len, &d);
+            if (!settled) feed_parser(c, token, st ? st : "", st ? sl : 0, &d);
+        } else {
+            if (!settled && st) settled = srv_stop_push(&c->stop, st, sl, &rel);
+            emit_text(c, token, rel.data ? rel.data : "", rel.len, &d);
+        }
+        srv_buf_free(&rel);
+        if (settled) {
+            c->finish = SRV_FINISH_STOP;
+            settle(c, &d);
+        }
     } else {
         const char *t;
         size_t n = 0;
