@@ -114,6 +114,7 @@ FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -pthread
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
 FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(addprefix src/text/,strbuf.c pyjson.c chat.c chat_k2.c chat_k3.c parse.c parse_k2.c parse_k3.c)
+FUZZ_SERVER := src/server/openai.c src/server/stop.c src/server/buf.c
 FUZZ_SECONDS ?= 30
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
@@ -125,6 +126,9 @@ fuzz:
 	$(BUILD)/fuzz/fuzz_index $(FUZZ_RUN) -dict=tests/fuzz/index.dict $(BUILD)/fuzz/corpus_index tests/fuzz/corpus_index
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_chat tests/fuzz/fuzz_chat.c $(FUZZ_TEXT) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_chat $(FUZZ_RUN) $(BUILD)/fuzz/corpus_chat tests/fuzz/corpus_chat
+	@mkdir -p $(BUILD)/fuzz/corpus_server
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
+	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server
 
 fuzz-deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
