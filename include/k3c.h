@@ -542,7 +542,9 @@ void k3c_scheduler_wait(k3c_scheduler *s, int timeout_ms);
 typedef struct k3c_scheduler_stats {
     int running, waiting;
     long preemptions;
-    long prompt_tokens, generation_tokens;         /* prefilled (cached tokens not included), generated */
+    long prompt_tokens, generation_tokens;         /* prompts of requests that produced a token (as vLLM's
+                                                    * counter: cached tokens included), tokens generated */
+    long prefill_tokens;                           /* prompt rows computed (recomputes included, hits not) */
     long prefix_queries_tokens, prefix_hits_tokens; /* prompt tokens looked up / found in the prefix cache */
     int blocks_total, blocks_used;                 /* MLA blocks; used = held by a request */
     int blocks_cached;                             /* blocks with a prefix-cache entry (used or not) */
