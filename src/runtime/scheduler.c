@@ -62,6 +62,7 @@ typedef struct sreq {
     int cached_tokens;      /* the first admission's prefix hit */
     int admitted;           /* admitted at least once */
     int first_token;        /* emitted a token (counted once in prompt_tokens) */
+    int decoding;           /* the last step emitted a token and the engine holds all but it */
     int preemptions;
     int junction;           /* prefill chunks stop here (tokens; 0 = none): see the file comment */
     /* prefix cache: key and indexed block of each full block of toks[0 .. computed) processed so far */
@@ -482,6 +483,7 @@ static int take_token(k3c_scheduler *s, sreq *r, int32_t tok, const float *row) 
         return 1;
     }
     r->toks[r->n_toks++] = tok;
+    r->decoding = 1;
     k3c_sched_event *ev = event_add(s, r, K3C_SCHED_TOKEN);
     if (ev) {
         ev->token = tok;
@@ -540,6 +542,7 @@ static int preempt(k3c_scheduler *s, sreq *r, int *budget) {
         }
     r->state = SR_WAITING;
     r->computed = 0;
+    r->decoding = 0;
     r->n_keys = 0;
     r->junction = 0;
     r->preemptions++;
@@ -783,6 +786,7 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
                 continue;
             }
             r->computed += 1 + acc;
+            if (!r->decoding) s->st.prefill_tokens++; /* a prompt's last token verified with drafts */
             int done = 0;
             for (int j = 0; j < cnt && !done; j++)
                 done = take_token(s, r, s->emitted[j], with_ids ? NULL : rows + (size_t)j * V);
@@ -792,7 +796,7 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
         }
         int was_prefill = r->kind == IT_PREFILL && it->n > 1;
         r->computed += it->n;
-        if (r->kind == IT_PREFILL) s->st.prefill_tokens += it->n;
+        if (!r->decoding) s->st.prefill_tokens += it->n;
         if (r->computed < r->n_toks) { /* a chunk short of the end: no token yet */
             cache_blocks(s, r, was_prefill);
             row++;
