@@ -487,6 +487,11 @@ typedef struct k3c_sched_request {
     int n_stop_ids;
     int ignore_eos;         /* 0: the model's eos_token_id ends generation too */
     int priority;           /* lower first (PRIORITY policy; must be 0 under FCFS) */
+    /* Prompt tokens later requests will likely share (a system prompt, the earlier turns of a chat; 0 = none):
+     * prefill stops once at the last block boundary within them, so a KDA snapshot is kept there and the
+     * next request starting with them hits it. Without a hint a prefix becomes a hit from the third request
+     * that shares it (the second leaves the snapshot where it parts from the first). */
+    int prefix_hint;
     void *user;             /* returned in its events */
 } k3c_sched_request;
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "damp_residual.h"
 #include "k3c.h"
 #include "model/presets.h"
 #include "model/synth.h"
@@ -40,17 +41,19 @@ typedef struct senv {
     int V;
 } senv;
 
-/* tiny (dense routing when exact, see the top), an engine of max_requests slots and num_blocks blocks of 8
- * tokens (0: enough for every slot). */
-static int senv_open(senv *env, int max_requests, int num_blocks, int exact) {
+/* tiny (dense routing when exact, see the top; damp > 0: repetitive, tests/damp_residual.h), an engine of
+ * max_requests slots and num_blocks blocks of 8 tokens (0: enough for every slot). */
+static int senv_open(senv *env, int max_requests, int num_blocks, int exact, float damp) {
     memset(env, 0, sizeof *env);
-    snprintf(env->dir, sizeof env->dir, "%s/sched-tiny%s", test_tmpdir(), exact ? "-dense" : "");
+    snprintf(env->dir, sizeof env->dir, "%s/sched-tiny%s%s", test_tmpdir(), exact ? "-dense" : "",
+             damp > 0 ? "-damped" : "");
     k3c_config c;
     K3C_TRY(k3c_preset_config("tiny", &c));
     if (exact) c.num_experts_per_token = c.num_experts;
     int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
     k3c_config_free(&c);
     K3C_TRY(rc);
+    if (damp > 0) K3C_TRY(damp_residual_writes_in(env->dir, damp));
     K3C_TRY(k3c_load(env->dir, &env->m));
     k3c_engine_options o;
     k3c_engine_options_default(&o);
@@ -76,7 +79,7 @@ typedef struct job {
     int32_t prompt[MAXPROMPT];
     int n_prompt, max_new;
     k3c_sched_sampling sp;
-    int priority;
+    int priority, hint;
     /* results */
     int32_t out[MAXNEW];
     int n_out, finished, cached, preemptions, completion;
@@ -147,7 +150,7 @@ static int streams_agree(senv *env, const job *j, const char *what) {
 
 static int submit(k3c_scheduler *s, job *j) {
     k3c_sched_request q = {.prompt = j->prompt, .n_prompt = j->n_prompt, .max_new = j->max_new, .sampling = j->sp,
-                           .ignore_eos = 1, .priority = j->priority, .user = j};
+                           .ignore_eos = 1, .priority = j->priority, .prefix_hint = j->hint, .user = j};
     j->n_out = j->finished = 0;
     j->order = -1;
     int rc = k3c_scheduler_submit(s, &q, &j->id);
@@ -233,7 +236,7 @@ static void workload(job *jobs, int n, int V, uint64_t seed) {
  * are bitwise the same, greedy and sampled (one generator draw per token either way). */
 TEST(sched_alone_bitwise_bf16) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0));
     static job jobs[4];
     workload(jobs, 4, env.V, test_seed() ^ 0xa1);
     jobs[2].sp.base = (k3c_sampling){.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .seed = test_seed()};
@@ -271,7 +274,7 @@ TEST(sched_alone_bitwise_bf16) {
  * priority; every stream equals k3c_generate's alone. */
 TEST(sched_batch_equals_generate) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 1));
+    CHECK_OK(senv_open(&env, 3, 0, 1, 0));
     static job jobs[MAXREQ];
     workload(jobs, MAXREQ, env.V, test_seed() ^ 0xba7c);
     for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -302,7 +305,7 @@ TEST(sched_batch_equals_generate) {
  * (recomputed) and resume with the same streams; under PRIORITY the victims are the largest priorities. */
 TEST(sched_preemption_keeps_streams) {
     senv env;
-    CHECK_OK(senv_open(&env, 4, 24, 1));
+    CHECK_OK(senv_open(&env, 4, 24, 1, 0.05f));
     static job jobs[6];
     workload(jobs, 6, env.V, test_seed() ^ 0x9ee);
     for (int i = 0; i < 6; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -336,31 +339,35 @@ TEST(sched_preemption_keeps_streams) {
 /* f32: a 64-token system prompt (8 blocks) before different user turns. The first request leaves its blocks
  * and a snapshot where its prompt's last block ends; the second finds the 8 system blocks but no snapshot
  * there (0 cached), and leaves one at the junction; from the third on the system prompt is a hit of 64
- * tokens, and a repeated prompt hits all its full blocks below the last token. Streams equal k3c_generate. */
+ * tokens, and a repeated prompt hits all its full blocks below the last token. A request that names its
+ * shared prefix (prefix_hint) leaves the snapshot itself. Streams equal k3c_generate. */
 TEST(sched_prefix_hit) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 1));
-    static job jobs[5];
+    CHECK_OK(senv_open(&env, 3, 0, 1, 0));
+    static job jobs[7];
     k3c_rng rng;
     k3c_rng_seed(&rng, test_seed() ^ 0x9f1);
-    int32_t sys[64];
-    for (int t = 0; t < 64; t++) sys[t] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)env.V);
-    static const int user_len[5] = {10, 13, 7, 10, 21};
+    int32_t sys[2][64];
+    for (int k = 0; k < 2; k++)
+        for (int t = 0; t < 64; t++) sys[k][t] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)env.V);
+    static const int user_len[7] = {10, 13, 7, 10, 21, 9, 12};
     memset(jobs, 0, sizeof jobs);
-    for (int i = 0; i < 5; i++) {
-        memcpy(jobs[i].prompt, sys, sizeof sys);
+    for (int i = 0; i < 7; i++) {
+        memcpy(jobs[i].prompt, sys[i >= 5], sizeof sys[0]);
         for (int t = 0; t < user_len[i]; t++) jobs[i].prompt[64 + t] = (int32_t)(k3c_rng_next(&rng) % (uint64_t)env.V);
         jobs[i].n_prompt = 64 + user_len[i];
         jobs[i].max_new = 12;
     }
     memcpy(jobs[3].prompt, jobs[0].prompt, sizeof(int32_t) * 74); /* request 3 repeats request 0 */
-    for (int i = 0; i < 5; i++) CHECK_OK(reference(&env, &jobs[i]));
+    for (int i = 0; i < 7; i++) CHECK_OK(reference(&env, &jobs[i]));
     k3c_scheduler_options o;
     k3c_scheduler_options_default(&o);
     k3c_scheduler *s;
     CHECK_OK(k3c_scheduler_create(env.e, &o, &s));
-    static const int want_cached[5] = {0, 0, 64, 72, 64};
-    for (int i = 0; i < 5; i++) {
+    /* 5 and 6 share the second system prompt and say so (prefix_hint): the second of them hits already */
+    static const int want_cached[7] = {0, 0, 64, 72, 64, 0, 64};
+    for (int i = 0; i < 7; i++) {
+        if (i >= 5) jobs[i].hint = 64 + 3; /* its last block boundary: 64 */
         CHECK_OK(submit(s, &jobs[i]));
         CHECK_OK(drain(s, NULL));
         CHECKF(jobs[i].cached == want_cached[i], "request %d: cached_tokens %d, want %d", i, jobs[i].cached,
@@ -368,17 +375,17 @@ TEST(sched_prefix_hit) {
     }
     k3c_scheduler_stats st;
     k3c_scheduler_stats_get(s, &st);
-    CHECK(st.prefix_hits_tokens == 64 + 72 + 64 && st.snapshots > 0 && st.blocks_cached > 0);
+    CHECK(st.prefix_hits_tokens == 64 + 72 + 64 + 64 && st.snapshots > 0 && st.blocks_cached > 0);
     CHECK(st.snapshot_bytes == st.snapshots * (long)k3c_engine_snapshot_bytes(env.e));
     CHECK_OK(idle_clean(s, &env));
     /* the hits also hold when the requests run together */
-    for (int i = 0; i < 5; i++) CHECK_OK(submit(s, &jobs[i]));
+    for (int i = 0; i < 7; i++) CHECK_OK(submit(s, &jobs[i]));
     CHECK_OK(drain(s, NULL));
-    for (int i = 0; i < 5; i++) CHECKF(jobs[i].cached >= 64, "together: request %d cached %d", i, jobs[i].cached);
+    for (int i = 0; i < 7; i++) CHECKF(jobs[i].cached >= 64, "together: request %d cached %d", i, jobs[i].cached);
     CHECK_OK(idle_clean(s, &env));
     k3c_scheduler_free(s);
     CHECK(k3c_engine_blocks_free(env.e) == 3 * 20); /* the cache's blocks went back with the scheduler */
-    CHECK_OK(check_streams(&env, jobs, 5, "prefix hits"));
+    CHECK_OK(check_streams(&env, jobs, 7, "prefix hits"));
     senv_close(&env);
 }
 
@@ -386,7 +393,7 @@ TEST(sched_prefix_hit) {
  * it no longer hits while the third still does. */
 TEST(sched_snapshot_cap_evicts) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0));
     static job jobs[3];
     k3c_rng rng;
     k3c_rng_seed(&rng, test_seed() ^ 0xca9);
@@ -425,7 +432,7 @@ TEST(sched_snapshot_cap_evicts) {
  * uniform verify steps planned. */
 TEST(sched_spec_greedy_equals_generate) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 1));
+    CHECK_OK(senv_open(&env, 3, 0, 1, 0.05f));
     static job jobs[MAXREQ];
     workload(jobs, MAXREQ, env.V, test_seed() ^ 0x59ec);
     for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -441,7 +448,8 @@ TEST(sched_spec_greedy_equals_generate) {
     k3c_scheduler_stats_get(s, &st);
     printf("  [spec: %ld verifies, %ld drafts, %ld accepted; verify steps %ld of %ld]\n", st.spec_drafts,
            st.spec_draft_tokens, st.spec_accepted_tokens, st.route_steps[K3C_ROUTE_VERIFY], st.steps);
-    CHECK(st.spec_drafts > 0 && st.spec_accepted_tokens <= st.spec_draft_tokens);
+    CHECK(st.spec_drafts > 0 && st.spec_accepted_tokens > 0 && st.spec_accepted_tokens <= st.spec_draft_tokens);
+    CHECK(st.route_steps[K3C_ROUTE_VERIFY] > 0);
     CHECK_OK(idle_clean(s, &env));
     k3c_scheduler_free(s);
     CHECK_OK(check_streams(&env, jobs, MAXREQ, "speculative"));
@@ -452,11 +460,16 @@ TEST(sched_spec_greedy_equals_generate) {
  * with valid tokens and logprobs (the distribution itself: sched_rejection_chisquare). */
 TEST(sched_spec_sampled_runs) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 0));
-    static job jobs[4];
-    workload(jobs, 4, env.V, test_seed() ^ 0x5a3);
-    for (int i = 0; i < 4; i++) {
-        jobs[i].sp.base = (k3c_sampling){.temperature = 0.3f + 0.4f * i, .top_k = i == 1 ? 20 : 0,
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0.05f));
+    static job all[MAXREQ], jobs[5];
+    workload(all, MAXREQ, env.V, test_seed() ^ 0x5a3);
+    /* the longest prompts and 40 tokens each: the drafter finds a draft at ~7% of the positions of such
+     * histories (a repeated last token of a 1024-token vocabulary), so the run verifies ~10 times */
+    static const int pick[5] = {4, 7, 1, 2, 5};
+    for (int i = 0; i < 5; i++) {
+        jobs[i] = all[pick[i]];
+        jobs[i].max_new = MAXNEW;
+        jobs[i].sp.base = (k3c_sampling){.temperature = 0.05f + 0.1f * i, .top_k = i == 1 ? 20 : 0,
                                          .top_p = i == 2 ? 0.9f : 0, .seed = test_seed() + (uint64_t)i};
         jobs[i].sp.min_p = i == 3 ? 0.05f : 0;
         jobs[i].sp.presence_penalty = i == 0 ? 0.5f : 0;
@@ -464,12 +477,13 @@ TEST(sched_spec_sampled_runs) {
         jobs[i].sp.repetition_penalty = i == 1 ? 1.2f : 1;
         jobs[i].sp.logprobs = 3;
     }
+    jobs[4].sp = (k3c_sched_sampling){.base = {.temperature = 0.05f, .seed = 5}, .logprobs = 3}; /* loops: drafts accepted */
     k3c_scheduler_options o;
     k3c_scheduler_options_default(&o);
     o.spec_tokens = 2;
     k3c_scheduler *s;
     CHECK_OK(k3c_scheduler_create(env.e, &o, &s));
-    for (int i = 0; i < 4; i++) CHECK_OK(submit(s, &jobs[i]));
+    for (int i = 0; i < 5; i++) CHECK_OK(submit(s, &jobs[i]));
     int busy = 1, tokens = 0;
     while (busy) {
         const k3c_sched_event *ev;
@@ -484,10 +498,13 @@ TEST(sched_spec_sampled_runs) {
         }
         CHECK_OK(take_events(ev, n, 0));
     }
-    for (int i = 0; i < 4; i++) CHECK(jobs[i].finished && jobs[i].n_out == jobs[i].max_new);
+    for (int i = 0; i < 5; i++) CHECK(jobs[i].finished && jobs[i].n_out == jobs[i].max_new);
     k3c_scheduler_stats st;
     k3c_scheduler_stats_get(s, &st);
-    CHECK(tokens == st.generation_tokens && st.spec_drafts > 0);
+    printf("  [sampled with speculation: %ld verifies, %ld of %ld drafts accepted]\n", st.spec_drafts,
+           st.spec_accepted_tokens, st.spec_draft_tokens);
+    CHECKF(tokens == st.generation_tokens && st.spec_drafts > 0, "tokens %d, generated %ld, drafts %ld", tokens,
+           st.generation_tokens, st.spec_drafts);
     CHECK_OK(idle_clean(s, &env));
     k3c_scheduler_free(s);
     senv_close(&env);
@@ -498,7 +515,7 @@ TEST(sched_spec_sampled_runs) {
  * free at the end. */
 TEST(sched_abort_every_stage) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0.05f));
     static job jobs[6];
     workload(jobs, 6, env.V, test_seed() ^ 0xab0);
     jobs[0].n_prompt = 100; /* long: prefilled over several steps of 16 */
@@ -560,7 +577,7 @@ TEST(sched_abort_every_stage) {
 /* The queue bound refuses with 1 (no message); bad requests fail with -1 and an input error. */
 TEST(sched_queue_bound_and_bad_requests) {
     senv env;
-    CHECK_OK(senv_open(&env, 1, 0, 0));
+    CHECK_OK(senv_open(&env, 1, 0, 0, 0));
     k3c_scheduler_options o;
     k3c_scheduler_options_default(&o);
     o.max_queue = 2;
@@ -602,7 +619,7 @@ TEST(sched_queue_bound_and_bad_requests) {
  * arrival breaking ties. The queue's and the victim's rules in isolation. */
 TEST(sched_priority_order) {
     senv env;
-    CHECK_OK(senv_open(&env, 1, 0, 0));
+    CHECK_OK(senv_open(&env, 1, 0, 0, 0));
     static job jobs[4];
     workload(jobs, 4, env.V, test_seed() ^ 0x9e1);
     static const int prio[4] = {5, 3, 9, 3};

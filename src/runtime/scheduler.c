@@ -20,8 +20,8 @@
  * on a multiple of the grid (the MLA block), so cached blocks and snapshots sit on the same boundaries
  * whatever the step's composition was. With prefix caching, chunks also stop at two positions where a
  * snapshot pays ("align"): the last grid boundary of the tokens (so a longer prompt with the same start, a
- * later turn of a chat, finds a state there), and the junction where a prompt's cached MLA blocks outrun its
- * deepest snapshot (the next request with that prefix then finds both). */
+ * later turn of a chat, finds a state there), the junction where a prompt's cached MLA blocks outrun its
+ * deepest snapshot (the next request with that prefix then finds both), and the caller's prefix_hint. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +65,7 @@ typedef struct sreq {
     int decoding;           /* the last step emitted a token and the engine holds all but it */
     int preemptions;
     int junction;           /* prefill chunks stop here (tokens; 0 = none): see the file comment */
+    int hint;               /* and here: the prefix_hint's last grid boundary */
     /* prefix cache: key and indexed block of each full block of toks[0 .. computed) processed so far */
     k3c_phash *keys;
     int32_t *canon;
@@ -278,6 +279,8 @@ static int check_request(const k3c_scheduler *s, const k3c_sched_request *q) {
     if (q->sampling.logprobs < 0 || q->sampling.logprobs > MAX_LOGPROBS)
         return k3c_errorf("scheduler submit: logprobs %d outside 0..%d (the chosen token + up to %d alternatives)",
                           q->sampling.logprobs, MAX_LOGPROBS, MAX_LOGPROBS - 1);
+    if (q->prefix_hint < 0 || q->prefix_hint > q->n_prompt)
+        return k3c_errorf("scheduler submit: prefix_hint %d outside 0..%d (the prompt)", q->prefix_hint, q->n_prompt);
     if (q->priority != 0 && s->o.policy != K3C_SCHED_PRIORITY)
         return k3c_errorf("scheduler submit: priority %d needs the priority policy (the scheduler runs FCFS)",
                           q->priority);
@@ -296,6 +299,7 @@ int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t 
     r->max_new = q->max_new;
     r->sp = q->sampling;
     r->ignore_eos = q->ignore_eos;
+    r->hint = q->prefix_hint > 0 && q->prefix_hint <= q->n_prompt ? q->prefix_hint / s->grid * s->grid : 0;
     r->eid = -1;
     r->n_stop = q->n_stop_ids;
     int max_blocks = (q->n_prompt + q->max_new) / s->bs + 1;
@@ -518,6 +522,7 @@ static int chunk_len(k3c_scheduler *s, sreq *r, int budget) {
     if (s->pc_on) {
         int align = end / s->grid * s->grid;
         if (r->junction > pos && r->junction < limit) limit = r->junction;
+        if (r->hint > pos && r->hint < limit) limit = r->hint;
         if (align > pos && align < limit) limit = align;
     }
     int stop = limit - pos < budget ? limit : pos + budget;
@@ -628,7 +633,9 @@ static void cache_blocks(k3c_scheduler *s, sreq *r, int was_prefill) {
     }
     if (!was_prefill || !s->pc.need_snapshot || r->computed % s->grid || full == 0 || r->n_keys < full) return;
     int align = r->n_toks / s->grid * s->grid;
-    if (full % s->o.snapshot_interval && r->computed != align && r->computed != r->junction) return;
+    if (full % s->o.snapshot_interval && r->computed != align && r->computed != r->junction &&
+        r->computed != r->hint)
+        return;
     int had = 0, b = r->canon[full - 1];
     int snap = k3c_prefix_cache_snapshot_take(&s->pc, b, &had);
     if (snap < 0) return;
@@ -665,9 +672,11 @@ static int take_inbox(k3c_scheduler *s) {
     int n_ab = s->n_aborts;
     uint64_t ab[64];
     if (n_ab > 64) n_ab = 64; /* the rest at the next step */
-    memcpy(ab, s->aborts, sizeof(uint64_t) * (size_t)n_ab);
-    memmove(s->aborts, s->aborts + n_ab, sizeof(uint64_t) * (size_t)(s->n_aborts - n_ab));
-    s->n_aborts -= n_ab;
+    if (n_ab > 0) {
+        memcpy(ab, s->aborts, sizeof(uint64_t) * (size_t)n_ab);
+        memmove(s->aborts, s->aborts + n_ab, sizeof(uint64_t) * (size_t)(s->n_aborts - n_ab));
+        s->n_aborts -= n_ab;
+    }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_ab; i++) {
         sreq *r = find_req(s, ab[i]);
