@@ -326,8 +326,8 @@ TEST(server_output_completion_stream) {
         CHECK(settled >= 0);
         n++;
     }
-    if (!settled) srv_choice_finished(&f.r.choices[0], SRV_FINISH_LENGTH, 0, &out);
-    else srv_choice_finished(&f.r.choices[0], SRV_FINISH_ABORT, 0, &out);
+    if (!settled) srv_choice_finished(&f.r.choices[0], SRV_FINISH_LENGTH, 0, 0, &out);
+    else srv_choice_finished(&f.r.choices[0], SRV_FINISH_ABORT, 0, 0, &out);
     char *all = NULL;
     size_t all_n = 0;
     CHECK_OK(k3c_tokenizer_decode(tok, ids, (size_t)n, &all, &all_n));
@@ -390,7 +390,7 @@ static int run_chat(int stream, const int32_t *ids, int n, srv_buf *out, pipe_fi
     if (stream) srv_req_stream_start(&f->r, out);
     int settled = 0;
     for (int i = 0; i < n && !settled; i++) settled = srv_choice_token(&f->r.choices[0], ids[i], 0, 0, NULL, NULL, out);
-    srv_choice_finished(&f->r.choices[0], settled ? SRV_FINISH_STOP : SRV_FINISH_LENGTH, 0, out);
+    srv_choice_finished(&f->r.choices[0], settled ? SRV_FINISH_STOP : SRV_FINISH_LENGTH, 0, 0, out);
     srv_req_finalize(&f->r, out);
     return 0;
 }

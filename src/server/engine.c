@@ -43,25 +43,17 @@ int srv_engine_load(srv_server *s) {
                           k3c_tokenizer_vocab(srv_text_tokenizer(s->text)), s->vocab);
     /* every prepared step shape captured now, so no request pays a capture (a no-op on the cpu) */
     if (k3c_engine_warmup(s->engine) != K3C_OK) return -1;
-    k3c_scheduler_options so = {
-        .max_seqs = c->max_seqs,
-        .max_batched_tokens = c->max_batched_tokens,
-        .max_queue = c->max_queue,
-        .policy = K3C_SCHED_FCFS,
-        .spec_tokens = c->spec,
-        .prefix_caching = c->prefix_caching,
-    };
+    k3c_scheduler_options so;
+    k3c_scheduler_options_default(&so);
+    so.max_seqs = c->max_seqs;
+    so.max_batched_tokens = c->max_batched_tokens;
+    so.max_queue = c->max_queue;
+    so.spec_tokens = c->spec;
+    so.prefix_caching = c->prefix_caching;
     if (k3c_scheduler_create(s->engine, &so, &s->sched) != K3C_OK) return -1;
     snprintf(s->model_name, sizeof s->model_name, "%s",
              c->served_name ? c->served_name : c->model_dir ? base_name(c->model_dir) : "tiny");
     return 0;
-}
-
-void srv_engine_notify(srv_server *s) {
-    pthread_mutex_lock(&s->mu);
-    s->work = 1;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
 }
 
 static srv_finish finish_of(k3c_finish_reason f) {
@@ -86,7 +78,9 @@ static void on_event(srv_server *s, const k3c_sched_event *ev, srv_buf *scratch)
         if (scratch->len || scratch->failed) srv_req_push(r, scratch->data, scratch->len, 0);
         return;
     }
-    srv_choice_finished(c, finish_of(ev->finish), ev->cached_tokens, scratch);
+    if (ev->finish == K3C_FINISH_ERROR)
+        fprintf(stderr, "k3c serve: request %s failed: %s\n", r->id, ev->message ? ev->message : "(no message)");
+    srv_choice_finished(c, finish_of(ev->finish), ev->cached_tokens, ev->completion_tokens, scratch);
     pthread_mutex_lock(&r->mu);
     int last = --r->n_open == 0;
     pthread_mutex_unlock(&r->mu);
@@ -107,60 +101,19 @@ static void on_event(srv_server *s, const k3c_sched_event *ev, srv_buf *scratch)
     srv_req_unref(r); /* the choice's reference: the scheduler is done with it */
 }
 
-/* After a failed step no more events come: every request still open gets the error now. */
-static void fail_all(srv_server *s, const srv_error *e, srv_buf *scratch) {
-    pthread_mutex_lock(&s->list_mu);
-    int n = 0, cap = s->n_live;
-    srv_req **reqs = cap ? malloc(sizeof *reqs * (size_t)cap) : NULL;
-    for (srv_req *r = s->live; r && reqs && n < cap; r = r->next) srv_req_ref(r), reqs[n++] = r;
-    pthread_mutex_unlock(&s->list_mu);
-    for (int i = 0; i < n; i++) {
-        srv_req *r = reqs[i];
-        pthread_mutex_lock(&r->mu);
-        int open = !r->complete;
-        pthread_mutex_unlock(&r->mu);
-        if (open) {
-            scratch->len = 0;
-            scratch->failed = 0;
-            srv_req_fail(r, e, scratch);
-            if (r->p.stream) {
-                srv_req_push(r, scratch->data, scratch->len, 1);
-            } else {
-                pthread_mutex_lock(&r->mu);
-                r->body = srv_buf_take(scratch, &r->body_len);
-                r->complete = 1;
-                pthread_mutex_unlock(&r->mu);
-                srv_req_wake(r);
-            }
-        }
-        srv_req_unref(r);
-    }
-    free(reqs);
-}
-
 static void *sched_main(void *arg) {
     srv_server *s = arg;
     srv_buf scratch = {0};
     int busy = 0;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->work && !busy && !s->stop) pthread_cond_wait(&s->cv, &s->mu);
-        int stop = s->stop;
-        s->work = 0;
-        pthread_mutex_unlock(&s->mu);
-        if (stop) break;
+    while (!atomic_load(&s->stop)) {
+        /* submits and aborts wake the wait; the timeout bounds how long a stop request waits */
+        if (!busy) k3c_scheduler_wait(s->sched, 100);
         const k3c_sched_event *ev = NULL;
         int n = 0;
-        if (k3c_scheduler_step(s->sched, &ev, &n, &busy) != K3C_OK) {
-            /* the engine's state is unknown after a failed step: no more steps; waiting and running requests
-             * are failed with the message, later ones refused (503) */
-            srv_error e;
-            srv_fail(&e, 500, "server_error", NULL, NULL, "The engine failed: %s", k3c_last_error());
-            fprintf(stderr, "k3c serve: a scheduler step failed: %s; the server stops serving\n", k3c_last_error());
-            s->engine_failed = 1;
-            fail_all(s, &e, &scratch);
-            break;
-        }
+        /* a failed step ends the requests it touched (FINISHED with ERROR among the events); the others go
+         * on and the scheduler stays usable */
+        if (k3c_scheduler_step(s->sched, &ev, &n, &busy) != K3C_OK)
+            fprintf(stderr, "k3c serve: a scheduler step failed: %s\n", k3c_last_error());
         for (int i = 0; i < n; i++) on_event(s, &ev[i], &scratch);
     }
     srv_buf_free(&scratch);
@@ -175,10 +128,7 @@ int srv_engine_start(srv_server *s) {
 
 void srv_engine_stop(srv_server *s) {
     if (!s->sched_started) return;
-    pthread_mutex_lock(&s->mu);
-    s->stop = 1;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    atomic_store(&s->stop, 1);
     pthread_join(s->sched_thread, NULL);
     s->sched_started = 0;
 }

@@ -289,10 +289,13 @@ int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, con
     return settled || c->done;
 }
 
-void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, srv_buf *out) {
+void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, srv_buf *out) {
     srv_req *r = c->req;
     c->cached_tokens = cached_tokens;
     if (!c->done) {
+        /* settled here, not by a stop string (after which the tokens the scheduler made before the abort
+         * took effect are not the client's) */
+        if (completion_tokens > c->tokens) c->tokens = completion_tokens;
         c->finish = reason;
         delta d = {0};
         settle(c, &d);

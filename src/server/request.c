@@ -105,5 +105,4 @@ void srv_req_abandon(srv_req *r) {
      * finished id is a no-op */
     for (int i = 0; i < r->n_choices; i++)
         if (r->choices[i].submitted) k3c_scheduler_abort(s->sched, r->choices[i].sched_id);
-    srv_engine_notify(s);
 }

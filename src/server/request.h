@@ -59,6 +59,8 @@ typedef struct srv_req {
     int n_prompts;
     int32_t **prompt_ids;
     int *prompt_len;
+    int prefix_hint;         /* prompt tokens later requests will likely share (chat: the turns before the
+                              * last message; n > 1: the whole prompt) */
     int32_t *stop_ids;       /* the stop token ids given to the scheduler: the request's, the chat format's
                               * end of message and the tokenizer's eos (unless ignore_eos) */
     int n_stop_ids;
@@ -92,8 +94,9 @@ void srv_choice_free(srv_choice *c);
 int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, const int32_t *top_ids,
                      const float *top_lps, srv_buf *out);
 /* The scheduler finished the choice (reason as the scheduler says, unless the output was settled before)
- * and its counts; appends the closing events of the choice (streaming). */
-void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, srv_buf *out);
+ * with its counts (completion_tokens counts a stop id, as vLLM's usage does); appends the closing events
+ * of the choice (streaming). */
+void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, srv_buf *out);
 /* Streaming: the first chunks, before any token (chat: the role chunk of every choice; completions with
  * echo: the prompt's text). */
 void srv_req_stream_start(srv_req *r, srv_buf *out);

@@ -80,8 +80,6 @@ static int model_check(const srv_server *s, const char *model, srv_error *e) {
 }
 
 static int not_ready(srv_server *s, srv_error *e) {
-    if (s->engine_failed)
-        return srv_fail(e, 503, "server_error", NULL, NULL, "The engine failed; the server is not serving.");
     if (atomic_load(&s->draining))
         return srv_fail(e, 503, "server_error", NULL, NULL, "The server is shutting down.");
     if (!atomic_load(&s->ready)) return srv_fail(e, 503, "unavailable_error", NULL, NULL, "Loading model");
@@ -143,6 +141,26 @@ static int prompt_ids(srv_server *s, srv_req *r, srv_error *e) {
     return 0;
 }
 
+/* The chat turns before the last message, rendered on their own: when their ids begin the prompt, the next
+ * turn of the conversation (or another request with the same system prompt) starts with them, and the
+ * scheduler keeps a KDA snapshot where they end, so that request skips their prefill. */
+static int chat_prefix_hint(srv_server *s, const srv_req *r) {
+    int n = cJSON_GetArraySize(r->p.messages);
+    if (n < 2) return 0;
+    cJSON *head = cJSON_Duplicate(r->p.messages, 1);
+    if (!head) return 0;
+    cJSON_DeleteItemFromArray(head, n - 1);
+    k3c_tokens t = {0};
+    srv_error e;
+    int hint = 0;
+    if (!srv_text_chat_encode_messages(s->text, head, r->p.tools, 0, &t, &e) && t.n <= (size_t)r->prompt_len[0] &&
+        !memcmp(t.ids, r->prompt_ids[0], t.n * sizeof *t.ids))
+        hint = (int)t.n;
+    k3c_tokens_free(&t);
+    cJSON_Delete(head);
+    return hint;
+}
+
 /* The stop ids given to the scheduler: the request's, and unless ignore_eos the tokenizer's eos and (chat)
  * the format's end-of-message tokens. */
 static int stop_ids(srv_server *s, srv_req *r, srv_error *e) {
@@ -189,6 +207,7 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
         goto refuse;
     }
     if (prompt_ids(s, r, &e) || stop_ids(s, r, &e)) goto fail;
+    r->prefix_hint = r->p.kind == SRV_CHAT ? chat_prefix_hint(s, r) : 0;
     r->n_choices = r->n_prompts * r->p.n;
     r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
     if (!r->choices) {
@@ -227,6 +246,8 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
             .n_stop_ids = r->n_stop_ids,
             .ignore_eos = r->p.ignore_eos,
             .priority = r->p.priority,
+            /* the n samples of a prompt share all of it */
+            .prefix_hint = r->p.kind == SRV_CHAT && r->p.n == 1 ? r->prefix_hint : r->p.n > 1 ? np : 0,
             .user = c,
         };
         /* the choice's reference, taken before the scheduler can finish it */
@@ -255,7 +276,6 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
         c->sched_id = id;
         c->submitted = 1;
     }
-    srv_engine_notify(s);
     out->req = r;
     return;
 fail:
@@ -286,7 +306,7 @@ static void models(srv_server *s, srv_route_result *out) {
 
 static void health(srv_server *s, srv_route_result *out) {
     srv_error e;
-    if (s->engine_failed || !atomic_load(&s->ready)) {
+    if (!atomic_load(&s->ready)) {
         not_ready(s, &e);
         srv_route_error(out, &e);
         return;

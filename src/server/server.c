@@ -46,7 +46,6 @@ static void abort_all(srv_server *s) {
         for (int i = 0; i < r->n_choices; i++)
             if (r->choices[i].submitted) k3c_scheduler_abort(s->sched, r->choices[i].sched_id);
     pthread_mutex_unlock(&s->list_mu);
-    srv_engine_notify(s);
 }
 
 static int write_port_file(const char *path, int port) {
@@ -68,8 +67,6 @@ int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m)) 
     if (!s) return srv_errorf("out of memory");
     s->cfg = *cfg;
     s->load = load;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->list_mu, NULL);
     int rc = -1;
     if (srv_metrics_init(&s->metrics)) goto done;
@@ -109,8 +106,6 @@ done:
     srv_engine_free(s);
     srv_metrics_free(&s->metrics);
     pthread_mutex_destroy(&s->list_mu);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
     free(s);
     return rc;
 }

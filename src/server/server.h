@@ -21,7 +21,6 @@
 #include "k3c.h"
 #include "server/metrics.h"
 #include "server/request.h"
-#include "server/sched_adapter.h" /* TEMPORARY: until the scheduler is in k3c.h */
 #include "server/text.h"
 
 typedef struct srv_config {
@@ -65,11 +64,7 @@ typedef struct srv_server {
     /* the scheduler thread */
     pthread_t sched_thread;
     int sched_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int work;                /* submits or aborts since the thread last looked */
-    int stop;
-    int engine_failed;       /* a step failed: every request is failed, the server answers 503 */
+    atomic_int stop;
     /* the live requests (the ticker walks them) */
     pthread_mutex_t list_mu;
     srv_req *live;
@@ -108,7 +103,6 @@ int srv_engine_load(srv_server *s);
 int srv_engine_start(srv_server *s);
 void srv_engine_stop(srv_server *s);
 void srv_engine_free(srv_server *s);
-void srv_engine_notify(srv_server *s); /* new work: wakes the scheduler thread */
 void srv_engine_gauges(srv_server *s, srv_sched_gauges *g);
 
 /* routes.c: a complete request (method, path, body) -> a response, or a request handed to the scheduler.
