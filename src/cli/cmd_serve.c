@@ -11,7 +11,7 @@ static void serve_usage(FILE *f) {
             "                 [--device cpu|cuda] [--threads N] [--api-key KEY] [--max-seqs N]\n"
             "                 [--max-batched-tokens N] [--max-queue N] [--max-context N] [--memory-limit BYTES]\n"
             "                 [--kv-blocks N] [--spec D] [--no-prefix-caching] [--max-body BYTES] [--grace S]\n"
-            "                 [--max-connections N] [--port-file PATH]\n"
+            "                 [--max-connections N] [--port-file PATH] [--exact-f32]\n"
             "endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize; GET /v1/models,\n"
             "  /health (503 until the model is loaded), /metrics (Prometheus, k3c: prefix), /version\n"
             "--max-seqs: requests running at once (default 32); --max-batched-tokens: tokens per step (512);\n"
@@ -20,7 +20,8 @@ static void serve_usage(FILE *f) {
             "  (default: max-seqs full contexts; fewer makes the scheduler preempt); --spec D: prompt-lookup\n"
             "  drafts per verify; --api-key: required as 'Authorization: Bearer KEY' on /v1/; --max-body:\n"
             "  larger request bodies are refused with 413 (default 16M); --grace: seconds running requests\n"
-            "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it)\n"
+            "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it);\n"
+            "  --exact-f32: a diagnostic, activations kept in f32 (the engine's exact_f32)\n"
             "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
 }
 
@@ -52,6 +53,7 @@ int cmd_serve(int argc, char **argv) {
             serve_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--no-prefix-caching")) c.prefix_caching = 0;
+        else if (!strcmp(argv[i], "--exact-f32")) c.exact_f32 = 1;
         else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", c.model_dir = v);
         else if ((v = cli_option(argc, argv, &i, "--served-model-name"))) bad = cli_str("--served-model-name", c.served_name = v);
         else if ((v = cli_option(argc, argv, &i, "--host"))) bad = cli_str("--host", c.host = v);

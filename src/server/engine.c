@@ -32,6 +32,7 @@ int srv_engine_load(srv_server *s) {
     o.max_context = c->max_context;
     o.memory_limit = c->memory_limit;
     o.num_blocks = c->kv_blocks;
+    o.exact_f32 = c->exact_f32;
     if (c->spec + 1 > o.q_max) o.q_max = c->spec + 1;
     if (k3c_engine_create(s->model, &o, &s->engine) != K3C_OK) return -1;
     k3c_engine_memory mm;
