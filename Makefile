@@ -7,6 +7,7 @@
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
 #   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
+#   make serve-asan-test   k3c serve under ASan+UBSan: random requests and the load test (what .ci/run runs)
 #   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
 #                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
 #   make deps       install the Debian packages k3c needs (root)
@@ -64,7 +65,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps install example-check
+.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test serve-asan-test clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(CU_OBJ) $(LIB_OBJ)
@@ -130,7 +131,19 @@ fuzz:
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server
 
-fuzz-deps:
+fuzz-# k3c serve under ASan + UBSan (build-asan, CPU only): a bounded random-request run (tools/serve_fuzz.py) and
+# the load test, smaller (tools/serve_load.py: streams cut at random points, garbage clients, preemption). A
+# sanitizer report ends the server, which the scripts see as a crash; leaks at exit make its status non-zero.
+SERVE_ASAN_STREAMS ?= 100
+SERVE_ASAN_REQUESTS ?= 300
+serve-asan-test:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_fuzz.py --k3c build-asan/k3c --requests $(SERVE_ASAN_REQUESTS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_load.py --k3c build-asan/k3c --streams $(SERVE_ASAN_STREAMS) --timeout 900
+
+deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
 
 # Whole-checkpoint mutations (config values, shard headers and lengths, the index) loaded end to end by an
@@ -184,6 +197,18 @@ asan-test:
 	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c build-asan/test_k3c
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-asan/test_k3c hardening_
+
+# k3c serve under ASan + UBSan (build-asan, CPU only): a bounded random-request run (tools/serve_fuzz.py) and
+# the load test, smaller (tools/serve_load.py: streams cut at random points, garbage clients, preemption). A
+# sanitizer report ends the server, which the scripts see as a crash; leaks at exit make its status non-zero.
+SERVE_ASAN_STREAMS ?= 100
+SERVE_ASAN_REQUESTS ?= 300
+serve-asan-test:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_fuzz.py --k3c build-asan/k3c --requests $(SERVE_ASAN_REQUESTS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_load.py --k3c build-asan/k3c --streams $(SERVE_ASAN_STREAMS) --timeout 900
 
 deps:
 	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev libmicrohttpd-dev pkg-config
