@@ -10,7 +10,9 @@
 #   make serve-asan-test   k3c serve under ASan+UBSan: random requests and the load test (what .ci/run runs)
 #   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
 #                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
-#   make deps       install the Debian packages k3c needs (root)
+#   make deps       install the Debian packages k3c needs (root); a build that finds one missing runs it
+#                   itself (as root, or through sudo where that works without a password), else stops
+#                   naming the packages
 
 # Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
 # (`make -j1` still builds serially).
@@ -93,11 +95,11 @@ $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 # the default tokenizer's ranks are assembled into this object (.incbin)
 $(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu | check-deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -198,8 +200,30 @@ serve-asan-test:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    python3 tools/serve_load.py --k3c build-asan/k3c --streams $(SERVE_ASAN_STREAMS) --prompts 16 --timeout 900
 
+# The Debian packages k3c needs: the libraries it builds against (cJSON, PCRE2, libmicrohttpd for k3c serve),
+# pkg-config for k3c.pc, and tmux for the test of `k3c chat` in a terminal (skipped without it).
+DEB_PACKAGES := libcjson-dev libpcre2-dev libmicrohttpd-dev pkg-config tmux
+DEPS_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev libmicrohttpd-dev pkg-config
+	$(DEPS_INSTALL)
+
+# Before the first object is compiled: what the build cannot do without (the headers through the compiler's
+# own search path, pkg-config). When something is missing, `make deps` runs as root or through a sudo that
+# needs no password; otherwise the build stops here, naming the packages and the command, instead of failing
+# later on a missing header. (tmux only matters to one test, which says so when it is absent.)
+.PHONY: check-deps
+check-deps:
+	@missing=""; \
+	echo '#include <cjson/cJSON.h>' | $(CC) -E -x c - >/dev/null 2>&1 || missing="$$missing libcjson-dev"; \
+	echo '#include <pcre2.h>' | $(CC) -E -x c -DPCRE2_CODE_UNIT_WIDTH=8 - >/dev/null 2>&1 || missing="$$missing libpcre2-dev"; \
+	echo '#include <microhttpd.h>' | $(CC) -E -x c - >/dev/null 2>&1 || missing="$$missing libmicrohttpd-dev"; \
+	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo "; \
+	else echo "k3c: missing Debian packages:$$missing. Install them as root:  sudo make deps  (or: sudo apt-get install$$missing), then make again" >&2; exit 1; fi; \
+	echo "k3c: missing Debian packages:$$missing; installing them (make deps): $${sudo}$(DEPS_INSTALL)" >&2; \
+	$${sudo}sh -c '$(DEPS_INSTALL)'
 
 clean:
 	rm -rf $(BUILD)

@@ -637,6 +637,88 @@ int k3c_detokenizer_finish(k3c_detokenizer *d, const char **text, size_t *len);
 size_t k3c_detokenizer_pending(const k3c_detokenizer *d);
 void k3c_detokenizer_free(k3c_detokenizer *d);
 
+/* ---- chat: an OpenAI chat request -> prompt ids; a model's output ids -> content, reasoning, tool calls ----
+ * The Kimi chat formats rendered natively (no Jinja engine) and their output parsed token by token; docs/TEXT.md
+ * describes the formats, what a request may hold and what is refused. A chat template is chosen from a model
+ * directory (DIR/chat_template.jinja, else tokenizer_config.json's chat_template, else the family's default) or
+ * by name; a template text k3c does not know is refused, never rendered approximately. Thread use: a template
+ * is read-only once loaded; a parser belongs to one thread at a time. */
+typedef struct k3c_chat_template k3c_chat_template;
+
+/* family: k3c_model_info.family ("Kimi K3" or "Kimi Linear"). model_dir NULL: the family's default format
+ * (what a synthesized preset, which ships no template, uses). */
+int k3c_chat_template_load(const char *model_dir, const char *family, k3c_chat_template **out);
+/* "kimi-k2-instruct", "kimi-k2-thinking", "kimi-k2-thinking-moonshot", "kimi-linear", "kimi-k3"; an unknown
+ * name is refused naming the known ones. */
+int k3c_chat_template_from_name(const char *name, k3c_chat_template **out);
+void k3c_chat_template_free(k3c_chat_template *t);
+/* The format's name (as above) and where it came from (a file, or "default for Kimi K3", "by name"); static
+ * or owned by t. */
+const char *k3c_chat_template_name(const k3c_chat_template *t);
+const char *k3c_chat_template_source(const k3c_chat_template *t);
+
+/* Appends the prompt ids of request_json (len bytes; an OpenAI chat completion request body) to out:
+ * `messages` (required), `tools`, `add_generation_prompt` (default true: the prompt ends with the assistant's
+ * opening), `tool_choice`, `response_format`, and `chat_template_kwargs` {"thinking": false,
+ * "thinking_effort": "low"|"high"|"max"} (K3; other keys of the request are ignored). Each rendered piece is
+ * tokenized as the format says: K2 family: the rendered text with every special token allowed (what
+ * transformers does with the template's output); K3: its markers as their special ids and every text piece
+ * on its own with specials off (special-token text in content stays text). No BOS is added (Kimi's templates
+ * add none). K3C_ERR (out unchanged) for a request the format cannot express, naming the message and field,
+ * or a marker the tokenizer lacks. */
+int k3c_chat_encode(const k3c_chat_template *t, const k3c_tokenizer *tok, const char *request_json, size_t len,
+                    k3c_tokens *out);
+/* The ids that end an assistant turn in this format, as the tokenizer has them: <|im_end|> (K2 family,
+ * Kimi Linear) or <|end_of_msg|> (K3), then [EOS] and the tokenizer's eos where they differ. Writes up to cap
+ * ids and returns how many there are (more than cap: the first cap written), or -1. */
+int k3c_chat_stop_ids(const k3c_chat_template *t, const k3c_tokenizer *tok, int32_t *ids, int cap);
+
+/* The output parser: fed the generated ids one at a time, it separates reasoning from content and parses
+ * tool calls as they stream. Structure is recognised by token id only (text that spells a marker is content);
+ * malformed output (an unterminated section, arguments that are not a JSON object) becomes content, never an
+ * error. */
+typedef struct k3c_chat_parser k3c_chat_parser;
+
+typedef enum k3c_chat_event_kind {
+    K3C_CHAT_CONTENT = 1, /* text: a content delta */
+    K3C_CHAT_REASONING,   /* text: a reasoning delta */
+    K3C_CHAT_TOOL_START,  /* index, id, name: a tool call begins */
+    K3C_CHAT_TOOL_ARGS,   /* index, text: the next bytes of the call's arguments (JSON object text) */
+    K3C_CHAT_TOOL_END,    /* index: the call is complete; its arguments parse as a JSON object */
+    K3C_CHAT_TOOL_VOID,   /* index: the started call turned out malformed: drop it (its raw text follows as
+                             CONTENT); an index is never reused */
+} k3c_chat_event_kind;
+
+typedef struct k3c_chat_event {
+    k3c_chat_event_kind kind;
+    int index;        /* the tool call's index (0-based); -1 for text */
+    const char *text; /* CONTENT / REASONING / TOOL_ARGS: len bytes, valid UTF-8, not NUL-terminated */
+    size_t len;
+    const char *id;   /* TOOL_START: "functions.NAME:IDX" */
+    const char *name; /* TOOL_START */
+} k3c_chat_event;
+
+/* request_json (len bytes) may be NULL: the parser must know whether the prompt opened K3's think channel
+ * (chat_template_kwargs.thinking, default true); the K2 thinking templates parse <think> blocks always. The
+ * template and the tokenizer must outlive the parser. */
+int k3c_chat_parser_create(const k3c_chat_template *t, const k3c_tokenizer *tok, const char *request_json,
+                           size_t len, k3c_chat_parser **out);
+void k3c_chat_parser_free(k3c_chat_parser *p);
+/* Feeds one generated id (decoded through a streaming detokenizer inside: text is emitted only as whole
+ * UTF-8 characters); *events / *n_events (either may be NULL) receive what it produced, valid until the next
+ * call on p. A stop id (k3c_chat_stop_ids) finishes the parse; ids after it are ignored. An id outside the
+ * vocabulary is an error. */
+int k3c_chat_parser_feed(k3c_chat_parser *p, int32_t id, const k3c_chat_event **events, size_t *n_events);
+/* The output ended (a stop id, the length limit): settles what is still open. Idempotent. */
+int k3c_chat_parser_finish(k3c_chat_parser *p, const k3c_chat_event **events, size_t *n_events);
+/* 1 once a stop id was fed (or finish called), else 0; -1 for NULL. */
+int k3c_chat_parser_done(const k3c_chat_parser *p);
+/* The assistant message so far as JSON text (malloc'd, NUL-terminated; the caller frees it), OpenAI's
+ * shape: {"role": "assistant", "content": "..." (null when empty and there are tool calls),
+ * "reasoning_content": "..." (only when there was reasoning), "tool_calls": [{"id": "functions.NAME:IDX",
+ * "type": "function", "function": {"name": "NAME", "arguments": "{...}"}}] (only when there are calls)}. */
+int k3c_chat_parser_result_json(k3c_chat_parser *p, char **json);
+
 #ifdef __cplusplus
 }
 #endif

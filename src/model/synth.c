@@ -384,7 +384,16 @@ int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed,
     K3C_TRY(write_marker(dir, preset_name, seed));
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    K3C_TRY(k3c_config_write_json(c, path));
+    /* the tokenizer written below decides bos / eos / pad where it fills the vocabulary (a published model's
+     * larger vocabulary keeps the config's own ids) */
+    k3c_config ids = *c; /* a shallow copy: written, never freed */
+    int32_t bos, eos, pad;
+    if (k3c_tokenizer_default_ids(c->family == K3C_FAMILY_K3, c->vocab_size, &bos, &eos, &pad)) {
+        ids.bos_token_id = bos;
+        ids.eos_token_id = eos;
+        ids.pad_token_id = pad;
+    }
+    K3C_TRY(k3c_config_write_json(&ids, path));
     /* a published checkpoint ships its tokenizer beside the weights: the embedded default, sized to the vocab */
     if (k3c_tokenizer_write_default(dir, c->family == K3C_FAMILY_K3, c->vocab_size) != K3C_OK)
         return k3c_error_context("synth: tokenizer");
