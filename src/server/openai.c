@@ -274,6 +274,7 @@ static int parse_thinking(const cJSON *root, srv_params *p, srv_error *e) {
     const char *eff = NULL;
     if (get_string(root, "reasoning_effort", &eff, e)) return -1;
     if (eff) {
+        p->thinking_given = 1;
         if (!strcmp(eff, "none") || !strcmp(eff, "minimal")) p->no_thinking = 1;
         else if (!strcmp(eff, "low")) p->thinking_effort = "low";
         else if (!strcmp(eff, "medium")) p->thinking_effort = "high";
@@ -292,6 +293,7 @@ static int parse_thinking(const cJSON *root, srv_params *p, srv_error *e) {
             int on = 1;
             if (get_bool(kw, k, &on, e)) return -1;
             p->no_thinking = !on;
+            p->thinking_given = 1;
         } else if (!strcmp(k, "thinking_effort")) {
             const char *s = NULL;
             if (get_string(kw, k, &s, e)) return -1;
@@ -299,6 +301,7 @@ static int parse_thinking(const cJSON *root, srv_params *p, srv_error *e) {
                 return srv_fail(e, 400, NULL, NULL, "chat_template_kwargs",
                                 "chat_template_kwargs.thinking_effort is '%s': expected low, high or max.", s);
             p->thinking_effort = s;
+            p->thinking_given = 1;
         } else {
             return srv_fail(e, 400, NULL, NULL, "chat_template_kwargs",
                             "chat_template_kwargs.%s is not a switch of k3c's chat formats (thinking, "
@@ -426,6 +429,27 @@ static int parse_body(const char *body, size_t len, cJSON **root, srv_error *e) 
     return 0;
 }
 
+/* The body for k3c_chat_encode / k3c_chat_parser_create, which read the thinking switches from
+ * chat_template_kwargs only: the effective ones are appended as the object's last member (a duplicate key's
+ * last value wins in the chat API's JSON reader), the text before them kept byte for byte (numbers keep
+ * their spelling in tool schemas). */
+static int chat_json(const char *body, size_t len, srv_params *p, srv_error *e) {
+    size_t end = len;
+    while (end > 0 && body[end - 1] != '}') end--;
+    srv_buf b = {0};
+    if (!p->thinking_given || !end) {
+        srv_buf_put(&b, body, len);
+    } else {
+        srv_buf_put(&b, body, end - 1);
+        srv_buf_printf(&b, ",\"chat_template_kwargs\":{\"thinking\":%s", p->no_thinking ? "false" : "true");
+        if (p->thinking_effort) srv_buf_printf(&b, ",\"thinking_effort\":\"%s\"", p->thinking_effort);
+        srv_buf_puts(&b, "}}");
+    }
+    p->chat_json = srv_buf_take(&b, &p->chat_json_len);
+    if (!p->chat_json) return srv_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    return 0;
+}
+
 int srv_parse_request(srv_kind kind, const char *body, size_t len, srv_params *p, srv_error *e) {
     memset(p, 0, sizeof *p);
     p->kind = kind;
@@ -474,6 +498,7 @@ int srv_parse_request(srv_kind kind, const char *body, size_t len, srv_params *p
         goto fail;
     }
     if (kind == SRV_CHAT ? parse_chat(root, p, e) : parse_prompts(root, p, e)) goto fail;
+    if (kind == SRV_CHAT && chat_json(body, len, p, e)) goto fail;
     return 0;
 fail:
     srv_params_free(p);
@@ -486,6 +511,7 @@ void srv_params_free(srv_params *p) {
     free(p->prompts);
     free(p->stop);
     free(p->stop_token_ids);
+    free(p->chat_json);
     cJSON_Delete(p->root);
     memset(p, 0, sizeof *p);
 }

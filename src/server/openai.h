@@ -54,6 +54,7 @@ typedef struct srv_params {
     int logprobs;              /* 1: the chosen tokens' logprobs */
     int top_logprobs;          /* alternatives per position */
     int ignore_eos, echo, include_stop_str, skip_special_tokens;
+    int thinking_given;        /* a thinking switch was in the request (the chat_json needs it spelled out) */
     int priority;
     /* completions */
     srv_prompt *prompts;
@@ -65,6 +66,10 @@ typedef struct srv_params {
     int add_generation_prompt;
     int no_thinking;           /* chat_template_kwargs.thinking false, or reasoning_effort none / minimal */
     const char *thinking_effort; /* "low" | "high" | "max", or NULL */
+    char *chat_json;           /* the body for the chat encoder and parser (malloc'd): as sent, with the thinking
+                                * switches as chat_template_kwargs at its end when they came from elsewhere
+                                * (reasoning_effort, enable_thinking) */
+    size_t chat_json_len;
 } srv_params;
 
 /* Most stop strings, n, and top logprobs one request may ask for. */

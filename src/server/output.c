@@ -1,15 +1,15 @@
 /* The text pipeline of one choice, token by token, on the scheduler thread:
  *
- *   token -> detokenizer (whole UTF-8 characters) -> stop strings (a possible partial match held back)
- *         -> chat: the output parser (reasoning / content / tool-call argument deltas) -> SSE chunk or the body
- *         -> completions: the text itself
+ *   completions: token -> detokenizer (whole UTF-8 characters) -> stop strings -> the chunk's text
+ *   chat:        token -> the chat API's output parser (reasoning / content / tool-call deltas, by token id)
+ *                -> stop strings over the reasoning and content text, as one stream -> the chunk's delta
  *
- * Special tokens skip the detokenizer. Their text (the tokenizer's name for them) is left out unless the
- * request sets skip_special_tokens false (vLLM's default and switch); a completion then matches stop
- * strings on it like on any text. A chat parser sees every special token's id at once (structure is matched
- * by id), after the text the stop strings held back, and a stop string never spans a special token there;
- * a malformed tool call turned back into content lacks its markers' text, as vLLM's would. Stop tokens (the request's stop_token_ids, the chat format's end
- * of message, the tokenizer's eos) end the output and are never text. */
+ * Stop strings hold back text that may still become the start of one; a tool call's events release what
+ * they hold first (so the order of text and calls is kept, and a stop string never spans a call). In a
+ * completion special tokens skip the detokenizer: their text (the tokenizer's name for them) is left out
+ * unless the request sets skip_special_tokens false (vLLM's default and switch), and then stop strings see
+ * it like any text; in a chat the parser decides what text a token makes. Stop tokens (the request's
+ * stop_token_ids, the chat format's end of message, the eos) end the output and are never text. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +26,11 @@ int srv_choice_init(srv_req *r, srv_choice *c) {
     c->req = r;
     c->finish = SRV_FINISH_LENGTH;
     srv_stop_init(&c->stop, r->p.stop, r->p.n_stop, r->p.include_stop_str);
-    if (k3c_detokenizer_create(tok, &c->detok) != K3C_OK) return -1;
-    if (r->p.kind == SRV_CHAT && srv_tparser_create(r->text, &r->p, &c->parser) != K3C_OK) return -1;
+    if (r->p.kind == SRV_CHAT) {
+        if (srv_tparser_create(r->text, r->p.chat_json, r->p.chat_json_len, &c->parser) != K3C_OK) return -1;
+    } else if (k3c_detokenizer_create(tok, &c->detok) != K3C_OK) {
+        return -1;
+    }
     if (r->p.logprobs && !r->p.stream) {
         c->lp = r->p.kind == SRV_CHAT ? cJSON_CreateArray() : srv_completion_logprobs_new();
         if (!c->lp) return -1;
@@ -40,6 +43,15 @@ void srv_choice_free(srv_choice *c) {
     srv_stop_free(&c->stop);
     srv_tparser_free(c->parser);
     srv_buf_free(&c->text);
+    srv_buf_free(&c->reasoning);
+    for (int i = 0; i < c->n_calls; i++) {
+        free(c->calls[i].id);
+        free(c->calls[i].name);
+        srv_buf_free(&c->calls[i].args);
+    }
+    free(c->calls);
+    c->calls = NULL;
+    c->n_calls = 0;
     cJSON_Delete(c->lp);
     c->detok = NULL;
     c->parser = NULL;
@@ -87,34 +99,88 @@ static tool_delta *tool_entry(delta *d, int index) {
     return t;
 }
 
-/* Parser events into the delta. With tool_choice none the model's calls are not reported (the request
- * said it wants none); their raw text is not restored either. */
-static void take_events(srv_choice *c, const srv_tevent *ev, size_t n, delta *d) {
+/* Released text with its tags (0 content, 1 reasoning) into the delta. */
+static void put_tagged(delta *d, const srv_buf *text, const srv_buf *tags) {
+    for (size_t i = 0; i < text->len;) {
+        size_t j = i;
+        char tag = tags->data[i];
+        while (j < text->len && tags->data[j] == tag) j++;
+        srv_buf_put(tag ? &d->reasoning : &d->content, text->data + i, j - i);
+        d->any = 1;
+        i = j;
+    }
+}
+
+static void release_held(srv_choice *c, delta *d) {
+    srv_buf rel = {0}, tags = {0};
+    srv_stop_flush_tagged(&c->stop, &rel, &tags);
+    if (rel.failed || tags.failed) d->failed = 1;
+    else put_tagged(d, &rel, &tags);
+    srv_buf_free(&rel);
+    srv_buf_free(&tags);
+}
+
+static srv_call *find_call(srv_choice *c, int index, int create) {
+    for (int i = 0; i < c->n_calls; i++)
+        if (c->calls[i].index == index) return &c->calls[i];
+    if (!create) return NULL;
+    srv_call *n = realloc(c->calls, sizeof *n * (size_t)(c->n_calls + 1));
+    if (!n) return NULL;
+    c->calls = n;
+    n = &c->calls[c->n_calls++];
+    *n = (srv_call){.index = index};
+    return n;
+}
+
+/* Parser events into the delta, the text through the stop strings. Returns 1 when a stop string matched.
+ * With tool_choice none the model's calls are not reported (the request said it wants none); their raw
+ * text is not restored either. */
+static int take_events(srv_choice *c, const k3c_chat_event *ev, size_t n, delta *d) {
     int tools_on = c->req->p.tool_choice != SRV_TOOLS_NONE;
     for (size_t i = 0; i < n; i++) {
-        const srv_tevent *e = &ev[i];
-        tool_delta *t;
+        const k3c_chat_event *e = &ev[i];
+        if (e->kind == K3C_CHAT_CONTENT || e->kind == K3C_CHAT_REASONING) {
+            srv_buf rel = {0}, tags = {0};
+            int m = srv_stop_push_tagged(&c->stop, e->text, e->len, e->kind == K3C_CHAT_REASONING, &rel, &tags);
+            if (rel.failed || tags.failed) d->failed = 1;
+            else put_tagged(d, &rel, &tags);
+            srv_buf_free(&rel);
+            srv_buf_free(&tags);
+            if (m) return 1;
+            continue;
+        }
+        if (!tools_on) continue;
+        release_held(c, d);
+        tool_delta *t = tool_entry(d, e->index);
+        srv_call *call = find_call(c, e->index, e->kind == K3C_CHAT_TOOL_START);
+        if (!t) continue;
         switch (e->kind) {
-        case SRV_TEV_CONTENT: srv_buf_put(&d->content, e->text, e->len), d->any = 1; break;
-        case SRV_TEV_REASONING: srv_buf_put(&d->reasoning, e->text, e->len), d->any = 1; break;
-        case SRV_TEV_TOOL_START:
-            if (!tools_on || !(t = tool_entry(d, e->index))) break;
+        case K3C_CHAT_TOOL_START:
             t->id_s = strdup(e->id ? e->id : "");
             t->name_s = strdup(e->name ? e->name : "");
-            if (!t->id_s || !t->name_s) d->failed = 1;
+            if (!t->id_s || !t->name_s || !call) d->failed = 1;
+            if (call) {
+                call->id = strdup(e->id ? e->id : "");
+                call->name = strdup(e->name ? e->name : "");
+            }
             d->any = 1;
             break;
-        case SRV_TEV_TOOL_ARGS:
-            if (!tools_on || !(t = tool_entry(d, e->index))) break;
+        case K3C_CHAT_TOOL_ARGS:
             srv_buf_put(&t->args, e->text, e->len);
+            if (call) srv_buf_put(&call->args, e->text, e->len);
             d->any = 1;
             break;
-        case SRV_TEV_TOOL_END:
-            if (tools_on) c->n_tool_calls++;
+        case K3C_CHAT_TOOL_END:
+            if (call) call->complete = 1;
+            c->n_tool_calls++;
             break;
-        case SRV_TEV_TOOL_VOID: break; /* its raw text follows as content */
+        case K3C_CHAT_TOOL_VOID:
+            if (call) call->voided = 1; /* its raw text follows as content */
+            break;
+        default: break;
         }
     }
+    return 0;
 }
 
 /* tool_calls entries as the openai client accumulates them: the first names the call (id, type, name and
@@ -137,39 +203,39 @@ static cJSON *tool_calls_json(const delta *d) {
     return a;
 }
 
-static void feed_parser(srv_choice *c, int32_t id, const char *text, size_t len, delta *d) {
-    const srv_tevent *ev;
+static int feed_parser(srv_choice *c, int32_t id, delta *d) {
+    const k3c_chat_event *ev;
     size_t n = 0;
-    if (srv_tparser_feed(c->parser, id, text, len, &ev, &n) == K3C_OK) take_events(c, ev, n, d);
-    else d->failed = 1;
-}
-
-/* Released text of the choice (after the stop strings): to the parser, or the completion's text. */
-static void emit_text(srv_choice *c, int32_t id, const char *text, size_t len, delta *d) {
-    if (c->parser) {
-        feed_parser(c, id, text, len, d);
-    } else if (len) {
-        srv_buf_put(&d->content, text, len);
-        d->any = 1;
+    if (k3c_chat_parser_feed(c->parser, id, &ev, &n) != K3C_OK) {
+        d->failed = 1;
+        return 0;
     }
+    return take_events(c, ev, n, d);
 }
 
-/* The end of the output: what the detokenizer and the stop strings still hold (unless a stop string
- * matched: then what followed it is dropped), then the parser's settling. */
+/* Completions: released text into the delta. */
+static void emit_text(const srv_buf *rel, delta *d) {
+    if (!rel->len) return;
+    srv_buf_put(&d->content, rel->data, rel->len);
+    d->any = 1;
+}
+
+/* The end of the output: what the parser, the detokenizer and the stop strings still hold (unless a stop
+ * string matched: then what followed it is dropped). */
 static void settle(srv_choice *c, delta *d) {
-    srv_buf rel = {0};
-    if (!c->stop.matched) {
+    if (c->parser) {
+        const k3c_chat_event *ev;
+        size_t n = 0;
+        if (!c->stop.matched && k3c_chat_parser_finish(c->parser, &ev, &n) == K3C_OK) take_events(c, ev, n, d);
+        if (!c->stop.matched) release_held(c, d);
+    } else if (!c->stop.matched) {
+        srv_buf rel = {0};
         const char *t;
         size_t n = 0;
         if (k3c_detokenizer_finish(c->detok, &t, &n) == K3C_OK && n) srv_stop_push(&c->stop, t, n, &rel);
         srv_stop_flush(&c->stop, &rel);
-    }
-    emit_text(c, -1, rel.data ? rel.data : "", rel.len, d);
-    srv_buf_free(&rel);
-    if (c->parser) {
-        const srv_tevent *ev;
-        size_t n = 0;
-        if (srv_tparser_finish(c->parser, &ev, &n) == K3C_OK) take_events(c, ev, n, d);
+        emit_text(&rel, d);
+        srv_buf_free(&rel);
     }
     c->done = 1;
 }
@@ -182,7 +248,8 @@ static void add_usage(const srv_req *r, cJSON *chunk) {
 static void put_delta(srv_choice *c, delta *d, cJSON *logprobs, srv_buf *out) {
     srv_req *r = c->req;
     if (!r->p.stream) {
-        if (r->p.kind == SRV_COMPLETION) srv_buf_put(&c->text, d->content.data, d->content.len);
+        srv_buf_put(&c->text, d->content.data, d->content.len);
+        srv_buf_put(&c->reasoning, d->reasoning.data, d->reasoning.len);
         cJSON_Delete(logprobs);
         return;
     }
@@ -233,43 +300,34 @@ int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, con
     int settled = 0;
     if (is_stop_id(r, token)) {
         c->finish = SRV_FINISH_STOP;
+        if (c->parser) feed_parser(c, token, &d); /* the parser ends its message there */
         settle(c, &d);
         settled = 1;
+    } else if (c->parser) {
+        settled = feed_parser(c, token, &d);
     } else if (k3c_tokenizer_is_special(tok, token)) {
-        /* what waits in the detokenizer goes first; then the special's text (none with skip_special_tokens,
-         * the default, as in vLLM). A completion matches stop strings on that text as on any other; a chat
-         * parser sees the id at once, so the text held back by the stop strings is released before it. */
+        /* what waits in the detokenizer first; then the special's text, unless skipped */
         srv_buf rel = {0};
         const char *t;
         size_t n = 0;
         if (k3c_detokenizer_finish(c->detok, &t, &n) == K3C_OK && n) settled = srv_stop_push(&c->stop, t, n, &rel);
         size_t sl = 0;
         const char *st = r->p.skip_special_tokens ? NULL : k3c_tokenizer_token(tok, token, &sl);
-        if (c->parser) {
-            if (!settled) srv_stop_flush(&c->stop, &rel);
-            emit_text(c, -1, rel.data ? rel.data : "", rel.len, &d);
-            if (!settled) feed_parser(c, token, st ? st : "", st ? sl : 0, &d);
-        } else {
-            if (!settled && st) settled = srv_stop_push(&c->stop, st, sl, &rel);
-            emit_text(c, token, rel.data ? rel.data : "", rel.len, &d);
-        }
+        if (!settled && st) settled = srv_stop_push(&c->stop, st, sl, &rel);
+        emit_text(&rel, &d);
         srv_buf_free(&rel);
-        if (settled) {
-            c->finish = SRV_FINISH_STOP;
-            settle(c, &d);
-        }
     } else {
         const char *t;
         size_t n = 0;
         srv_buf rel = {0};
-        if (k3c_detokenizer_push(c->detok, token, &t, &n) != K3C_OK) rel.failed = 1;
-        else if (n && srv_stop_push(&c->stop, t, n, &rel)) settled = 1;
-        emit_text(c, token, rel.data ? rel.data : "", rel.len, &d);
+        if (k3c_detokenizer_push(c->detok, token, &t, &n) != K3C_OK) d.failed = 1;
+        else if (n) settled = srv_stop_push(&c->stop, t, n, &rel);
+        emit_text(&rel, &d);
         srv_buf_free(&rel);
-        if (settled) {
-            c->finish = SRV_FINISH_STOP;
-            settle(c, &d);
-        }
+    }
+    if (settled && !c->done) {
+        c->finish = SRV_FINISH_STOP;
+        settle(c, &d);
     }
     cJSON *lp = NULL;
     if (r->p.logprobs) {
@@ -342,28 +400,27 @@ void srv_req_stream_start(srv_req *r, srv_buf *out) {
 static cJSON *chat_message(srv_choice *c) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "assistant");
-    const char *content = "", *reasoning = "";
-    const srv_tool_call *calls = NULL;
-    size_t n_calls = 0;
-    if (srv_tparser_result(c->parser, &content, &reasoning, &calls, &n_calls) != K3C_OK) n_calls = 0;
-    if (c->req->p.tool_choice == SRV_TOOLS_NONE) n_calls = 0;
-    if (*content || !n_calls) cJSON_AddItemToObject(m, "content", srv_json_text(content, strlen(content)));
+    int n_calls = 0;
+    for (int i = 0; i < c->n_calls; i++) n_calls += c->calls[i].complete && !c->calls[i].voided;
+    if (c->text.len || !n_calls) cJSON_AddItemToObject(m, "content", srv_json_text(c->text.data ? c->text.data : "", c->text.len));
     else cJSON_AddNullToObject(m, "content");
-    if (*reasoning) {
-        cJSON_AddItemToObject(m, "reasoning", srv_json_text(reasoning, strlen(reasoning)));
-        cJSON_AddItemToObject(m, "reasoning_content", srv_json_text(reasoning, strlen(reasoning)));
+    if (c->reasoning.len) {
+        cJSON_AddItemToObject(m, "reasoning", srv_json_text(c->reasoning.data, c->reasoning.len));
+        cJSON_AddItemToObject(m, "reasoning_content", srv_json_text(c->reasoning.data, c->reasoning.len));
     } else {
         cJSON_AddNullToObject(m, "reasoning");
         cJSON_AddNullToObject(m, "reasoning_content");
     }
     cJSON *tc = cJSON_AddArrayToObject(m, "tool_calls");
-    for (size_t i = 0; i < n_calls; i++) {
+    for (int i = 0; i < c->n_calls; i++) {
+        const srv_call *k = &c->calls[i];
+        if (!k->complete || k->voided) continue;
         cJSON *t = cJSON_CreateObject();
-        cJSON_AddItemToObject(t, "id", srv_json_text(calls[i].id, strlen(calls[i].id)));
+        cJSON_AddItemToObject(t, "id", srv_json_text(k->id ? k->id : "", k->id ? strlen(k->id) : 0));
         cJSON_AddStringToObject(t, "type", "function");
         cJSON *fn = cJSON_AddObjectToObject(t, "function");
-        cJSON_AddItemToObject(fn, "name", srv_json_text(calls[i].name, strlen(calls[i].name)));
-        cJSON_AddItemToObject(fn, "arguments", srv_json_text(calls[i].arguments, strlen(calls[i].arguments)));
+        cJSON_AddItemToObject(fn, "name", srv_json_text(k->name ? k->name : "", k->name ? strlen(k->name) : 0));
+        cJSON_AddItemToObject(fn, "arguments", srv_json_text(k->args.data ? k->args.data : "", k->args.len));
         cJSON_AddItemToArray(tc, t);
     }
     return m;

@@ -24,6 +24,14 @@
 
 struct srv_req;
 
+/* A tool call of a chat choice, as streamed (the non-streaming message lists the complete ones). */
+typedef struct srv_call {
+    int index;
+    char *id, *name;
+    srv_buf args;
+    int complete, voided;
+} srv_call;
+
 typedef struct srv_choice {
     struct srv_req *req;
     int index;               /* the OpenAI choice index: prompt * n + sample */
@@ -31,16 +39,19 @@ typedef struct srv_choice {
     uint64_t sched_id;
     int submitted;           /* queued in the scheduler (set by the submitter, never cleared): sched_id is valid */
     /* text pipeline (scheduler thread) */
-    k3c_detokenizer *detok;
+    k3c_detokenizer *detok;  /* completions (a chat parser decodes inside) */
     srv_stop stop;
     srv_tparser *parser;     /* chat only */
-    srv_buf text;            /* completions: the released text (non-streaming), chat: unused */
+    srv_buf text;            /* non-streaming: completions' text, chat's content */
+    srv_buf reasoning;       /* non-streaming chat */
+    srv_call *calls;         /* non-streaming chat */
+    int n_calls;
     cJSON *lp;               /* non-streaming logprobs: chat content array / completions object */
     long text_offset;        /* completions logprobs' text_offset */
     int tokens;              /* completion tokens counted for this choice */
     int done;                /* the output is settled (a stop string, a stop token, the limit, an error) */
     srv_finish finish;
-    int n_tool_calls;        /* complete calls seen */
+    int n_tool_calls;        /* complete calls seen (reported: not with tool_choice none) */
     int cached_tokens;
     double t_first, t_last;  /* seconds (monotonic) of the first and the latest token */
 } srv_choice;

@@ -106,7 +106,7 @@ static int prompt_ids(srv_server *s, srv_req *r, srv_error *e) {
     for (int i = 0; i < r->n_prompts; i++) {
         k3c_tokens t = {0};
         if (p->kind == SRV_CHAT) {
-            if (srv_text_chat_encode(s->text, p, &t, e)) {
+            if (srv_text_chat_encode(s->text, p->chat_json, p->chat_json_len, &t, e)) {
                 k3c_tokens_free(&t);
                 return -1;
             }
@@ -147,17 +147,33 @@ static int prompt_ids(srv_server *s, srv_req *r, srv_error *e) {
 static int chat_prefix_hint(srv_server *s, const srv_req *r) {
     int n = cJSON_GetArraySize(r->p.messages);
     if (n < 2) return 0;
+    cJSON *req = cJSON_CreateObject();
     cJSON *head = cJSON_Duplicate(r->p.messages, 1);
-    if (!head) return 0;
+    if (!req || !head) {
+        cJSON_Delete(req);
+        cJSON_Delete(head);
+        return 0;
+    }
     cJSON_DeleteItemFromArray(head, n - 1);
+    cJSON_AddItemToObject(req, "messages", head);
+    if (r->p.tools) cJSON_AddItemToObject(req, "tools", cJSON_Duplicate(r->p.tools, 1));
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(r->p.root, "tool_choice");
+    if (tc) cJSON_AddItemToObject(req, "tool_choice", cJSON_Duplicate(tc, 1));
+    cJSON_AddFalseToObject(req, "add_generation_prompt");
+    cJSON *kw = cJSON_AddObjectToObject(req, "chat_template_kwargs");
+    cJSON_AddBoolToObject(kw, "thinking", !r->p.no_thinking);
+    if (r->p.thinking_effort) cJSON_AddStringToObject(kw, "thinking_effort", r->p.thinking_effort);
+    char *json = cJSON_PrintUnformatted(req);
+    cJSON_Delete(req);
     k3c_tokens t = {0};
     srv_error e;
     int hint = 0;
-    if (!srv_text_chat_encode_messages(s->text, head, r->p.tools, 0, &t, &e) && t.n <= (size_t)r->prompt_len[0] &&
+    /* a number in a tool schema printed differently than sent renders other text: then no hint */
+    if (json && !srv_text_chat_encode(s->text, json, strlen(json), &t, &e) && t.n <= (size_t)r->prompt_len[0] &&
         !memcmp(t.ids, r->prompt_ids[0], t.n * sizeof *t.ids))
         hint = (int)t.n;
     k3c_tokens_free(&t);
-    cJSON_Delete(head);
+    cJSON_free(json);
     return hint;
 }
 
@@ -356,7 +372,7 @@ static void tokenize(srv_server *s, const char *body, size_t len, int detok, srv
         int rc = p.prompt ? (k3c_tokenizer_encode(tok, p.prompt, p.prompt_len, 1, &t) == K3C_OK
                                  ? 0
                                  : srv_fail(&e, 400, NULL, NULL, "prompt", "%s", k3c_last_error()))
-                          : srv_text_chat_encode_messages(s->text, p.messages, p.tools, p.add_generation_prompt, &t, &e);
+                          : srv_text_chat_encode(s->text, body, len, &t, &e);
         if (rc) {
             k3c_tokens_free(&t);
             cJSON_Delete(root);

@@ -23,14 +23,28 @@ static size_t safe_prefix(const srv_stop *s) {
     return best;
 }
 
+/* Releases the first n held bytes (and their tags). */
+static void release(srv_stop *s, size_t n, srv_buf *out, srv_buf *out_tags) {
+    srv_buf_put(out, s->held.data, n);
+    if (out_tags) srv_buf_put(out_tags, s->tags.data, n);
+    srv_buf_consume(&s->held, n);
+    srv_buf_consume(&s->tags, n);
+}
+
 int srv_stop_push(srv_stop *s, const char *text, size_t len, srv_buf *out) {
+    return srv_stop_push_tagged(s, text, len, 0, out, NULL);
+}
+
+int srv_stop_push_tagged(srv_stop *s, const char *text, size_t len, char tag, srv_buf *out, srv_buf *out_tags) {
     if (s->matched) return 1;
     if (!s->n) {
         srv_buf_put(out, text, len);
+        for (size_t i = 0; out_tags && i < len; i++) srv_buf_put(out_tags, &tag, 1);
         return 0;
     }
     srv_buf_put(&s->held, text, len);
-    if (s->held.failed) {
+    for (size_t i = 0; i < len; i++) srv_buf_put(&s->tags, &tag, 1);
+    if (s->held.failed || s->tags.failed) {
         out->failed = 1;
         return 0;
     }
@@ -49,21 +63,26 @@ int srv_stop_push(srv_stop *s, const char *text, size_t len, srv_buf *out) {
             }
     }
     if (which >= 0) {
-        srv_buf_put(out, h, at + (s->include ? strlen(s->stops[which]) : 0));
+        release(s, at + (s->include ? strlen(s->stops[which]) : 0), out, out_tags);
         s->matched = 1;
         s->which = which;
         srv_buf_free(&s->held);
+        srv_buf_free(&s->tags);
         return 1;
     }
-    size_t safe = safe_prefix(s);
-    srv_buf_put(out, h, safe);
-    srv_buf_consume(&s->held, safe);
+    release(s, safe_prefix(s), out, out_tags);
     return 0;
 }
 
-void srv_stop_flush(srv_stop *s, srv_buf *out) {
-    if (!s->matched && s->held.len) srv_buf_put(out, s->held.data, s->held.len);
+void srv_stop_flush(srv_stop *s, srv_buf *out) { srv_stop_flush_tagged(s, out, NULL); }
+
+void srv_stop_flush_tagged(srv_stop *s, srv_buf *out, srv_buf *out_tags) {
+    if (!s->matched && s->held.len) release(s, s->held.len, out, out_tags);
     srv_buf_free(&s->held);
+    srv_buf_free(&s->tags);
 }
 
-void srv_stop_free(srv_stop *s) { srv_buf_free(&s->held); }
+void srv_stop_free(srv_stop *s) {
+    srv_buf_free(&s->held);
+    srv_buf_free(&s->tags);
+}

@@ -17,6 +17,7 @@ typedef struct srv_stop {
     int n;
     int include;              /* release the matched stop string too */
     srv_buf held;
+    srv_buf tags;             /* one byte per held byte: the tag it was pushed with */
     int matched;              /* once set, push releases nothing more */
     int which;                /* the stop string that matched */
 } srv_stop;
@@ -25,8 +26,12 @@ void srv_stop_init(srv_stop *s, const char *const *stops, int n, int include);
 /* Appends text; appends what is now safe to emit to out. Returns 1 when a stop string has matched (now or
  * before), 0 otherwise. */
 int srv_stop_push(srv_stop *s, const char *text, size_t len, srv_buf *out);
-/* The output ended without a match: releases what was held back. */
+/* The same with a tag for each byte (a chat's content or reasoning: the text of both is matched as one
+ * stream); out_tags receives the tag of every released byte. */
+int srv_stop_push_tagged(srv_stop *s, const char *text, size_t len, char tag, srv_buf *out, srv_buf *out_tags);
+/* The output ended without a match (or a tool call comes between texts): releases what was held back. */
 void srv_stop_flush(srv_stop *s, srv_buf *out);
+void srv_stop_flush_tagged(srv_stop *s, srv_buf *out, srv_buf *out_tags);
 void srv_stop_free(srv_stop *s);
 
 #endif
