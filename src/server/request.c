@@ -48,19 +48,24 @@ void srv_req_ref(srv_req *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The last reference goes under list_mu, in one critical section with the unlink: the ticker and the
+ * shutdown take references to live requests under list_mu, and must never find one whose count reached 0
+ * (it would be freed twice). Lock order: list_mu, then a request's mu. */
 void srv_req_unref(srv_req *r) {
     if (!r) return;
+    srv_server *s = r->server;
+    pthread_mutex_lock(&s->list_mu);
     pthread_mutex_lock(&r->mu);
     int left = --r->refs;
     pthread_mutex_unlock(&r->mu);
-    if (left) return;
-    srv_server *s = r->server;
-    pthread_mutex_lock(&s->list_mu);
-    if (r->prev) r->prev->next = r->next;
-    else s->live = r->next;
-    if (r->next) r->next->prev = r->prev;
-    s->n_live--;
+    if (!left) {
+        if (r->prev) r->prev->next = r->next;
+        else s->live = r->next;
+        if (r->next) r->next->prev = r->prev;
+        s->n_live--;
+    }
     pthread_mutex_unlock(&s->list_mu);
+    if (left) return;
     for (int i = 0; i < r->n_choices; i++) srv_choice_free(&r->choices[i]);
     free(r->choices);
     for (int i = 0; i < r->n_prompts; i++) free(r->prompt_ids[i]);
