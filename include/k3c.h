@@ -464,6 +464,131 @@ void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out);
 const char *k3c_runner_route_name(int route);   /* "stock", "decode", "verify", "wide" */
 const char *k3c_runner_reason_name(int reason); /* decode/plan.h's k3c_stock_reason_name */
 
+/* ---- serving scheduler: requests that come and go over one engine ----
+ * A waiting queue and a running set over one engine. Each k3c_scheduler_step admits, preempts and builds
+ * ONE engine step: every running request's decode (or verify, with speculation) first, then prompt chunks
+ * within max_batched_tokens, each chunk ending on an MLA block multiple of the request's absolute position
+ * (or at the prompt's end). Admission needs a free KDA slot and enough free MLA blocks for the first chunk;
+ * when a step's blocks run out the newest request (FCFS) or the lowest-priority one (PRIORITY: the largest
+ * (priority, arrival)) is preempted by recompute: its blocks and slot are freed and it waits at the front of
+ * the queue, its generated tokens kept and prefilled again as part of its prompt, so its output goes on
+ * unchanged when it resumes. Prefix caching: full MLA blocks are kept, keyed by a hash chain of their tokens,
+ * with a snapshot of the KDA state where a prefill chunk ended on a block boundary; a request whose prompt
+ * starts with such a prefix shares those blocks, restores the snapshot and skips those tokens
+ * (cached_tokens). Every step goes through the engine, so its plan routes decode and uniform verify steps to
+ * the specialized executor on CUDA.
+ *
+ * Threads: one thread owns the scheduler and calls k3c_scheduler_step (and k3c_scheduler_wait) in a loop;
+ * submit, abort and stats_get may be called from any thread (they take an internal mutex, which step holds
+ * only around its queue edits, never across the engine step). */
+typedef struct k3c_scheduler k3c_scheduler;
+
+typedef enum k3c_sched_policy { K3C_SCHED_FCFS = 0, K3C_SCHED_PRIORITY = 1 } k3c_sched_policy;
+
+typedef struct k3c_scheduler_options {
+    int max_seqs;           /* running requests at once (<= the engine's max_requests); 0 = the engine's */
+    int max_batched_tokens; /* tokens per step, decodes first, then prefill chunks; 0 = the engine's max_rows */
+    int max_queue;          /* waiting requests before submit refuses (returns 1); 0 = 1024 */
+    k3c_sched_policy policy;
+    int spec_tokens;        /* prompt-lookup drafts per verify (0 = off); 1 + spec_tokens <= the engine's q_max */
+    int prefix_caching;     /* 1 = on (k3c_scheduler_options_default), 0 = off */
+    size_t snapshot_bytes;  /* KDA snapshot memory cap, host bytes; 0 = the default (256 MiB) */
+    int snapshot_interval;  /* keep a snapshot every this many MLA blocks of a prompt (retention); 0 = 1 */
+} k3c_scheduler_options;
+
+typedef struct k3c_sched_sampling {
+    k3c_sampling base;      /* temperature, top_k, top_p, seed (a per-request generator) */
+    float min_p;            /* 0 = off: drop tokens under min_p x the top probability */
+    float presence_penalty, frequency_penalty; /* 0 = off (OpenAI's: over the generated tokens) */
+    float repetition_penalty; /* 1 (or 0) = off (CTRL / vLLM: over prompt and generated tokens) */
+    int logprobs;           /* 0 = none; n > 0 = the chosen token's logprob and the top n - 1 alternatives */
+} k3c_sched_sampling;
+
+typedef struct k3c_sched_request {
+    const int32_t *prompt;  /* [n_prompt], copied by submit */
+    int n_prompt;
+    int max_new;            /* tokens to generate, >= 1; n_prompt + max_new <= the engine's max_context */
+    k3c_sched_sampling sampling;
+    const int32_t *stop_ids; /* [n_stop_ids], copied; generation ends when one is sampled */
+    int n_stop_ids;
+    int ignore_eos;         /* 0: the model's eos_token_id ends generation too */
+    int priority;           /* lower first (PRIORITY policy; must be 0 under FCFS) */
+    /* Prompt tokens later requests will likely share (a system prompt, the earlier turns of a chat; 0 = none):
+     * prefill stops once at the last block boundary within them, so a KDA snapshot is kept there and the
+     * next request starting with them hits it. Without a hint a prefix becomes a hit from the third request
+     * that shares it (the second leaves the snapshot where it parts from the first). */
+    int prefix_hint;
+    void *user;             /* returned in its events */
+} k3c_sched_request;
+
+typedef enum k3c_sched_event_kind { K3C_SCHED_TOKEN = 0, K3C_SCHED_FINISHED = 1 } k3c_sched_event_kind;
+typedef enum k3c_finish_reason {
+    K3C_FINISH_NONE = 0,
+    K3C_FINISH_STOP,    /* a stop id or eos was sampled (it is in stop_token, not in a TOKEN event) */
+    K3C_FINISH_LENGTH,  /* max_new tokens */
+    K3C_FINISH_ABORT,   /* k3c_scheduler_abort */
+    K3C_FINISH_ERROR,   /* the request could not run (its message in the event) */
+} k3c_finish_reason;
+
+/* Events of one step, in order; a request's TOKEN events come before its FINISHED. Pointers are valid until
+ * the next k3c_scheduler_step. */
+typedef struct k3c_sched_event {
+    k3c_sched_event_kind kind;
+    uint64_t id;
+    void *user;
+    int32_t token;                /* TOKEN: a generated token (text; a stop id or eos is never one) */
+    float logprob;                /* TOKEN: its logprob (sampling.logprobs > 0; else 0) */
+    int n_top;                    /* TOKEN: the top alternatives (sampling.logprobs - 1 of them, or 0) */
+    const int32_t *top_ids;       /* [n_top], best first */
+    const float *top_logprobs;    /* [n_top] */
+    k3c_finish_reason finish;     /* FINISHED */
+    int32_t stop_token;           /* FINISHED with STOP: the id that stopped it; else -1 */
+    float stop_logprob;           /* its logprob (when asked) */
+    int prompt_tokens, cached_tokens, completion_tokens; /* FINISHED (completion counts the stop id) */
+    int preemptions;              /* FINISHED: times this request was preempted */
+    const char *message;          /* FINISHED with ERROR: why */
+} k3c_sched_event;
+
+void k3c_scheduler_options_default(k3c_scheduler_options *o);
+/* The engine must outlive the scheduler and be used by nothing else meanwhile (the scheduler opens every
+ * request on it). */
+int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *o, k3c_scheduler **out);
+/* Closes every request; no events follow. */
+void k3c_scheduler_free(k3c_scheduler *s);
+/* 0: queued (*id set, never 0); 1: refused, the queue is full (a server answers 429; no message set);
+ * -1: a bad request (empty prompt, a token outside the vocabulary, n_prompt + max_new past the engine's
+ * max_context, bad sampling, priority under FCFS...): K3C_ERROR_INPUT with a message (400). */
+int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t *id);
+/* Aborts a waiting or running request: its blocks and slot are freed at the next step boundary and a
+ * FINISHED event with K3C_FINISH_ABORT follows. Unknown or finished ids: a no-op (0). */
+int k3c_scheduler_abort(k3c_scheduler *s, uint64_t id);
+/* Runs one engine step (admitting, preempting, prefilling chunks, decoding, verifying) if there is work,
+ * after applying the aborts and submits that came since the last one. *events / *n_events: what happened
+ * (valid until the next call); *busy = 1 while requests wait or run. A failed step (-1: the engine or
+ * memory failed) leaves every request it touched FINISHED with ERROR; the scheduler stays usable. */
+int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_events, int *busy);
+/* Blocks until a submit or abort arrives or timeout_ms passes (returns at once when there is work). */
+void k3c_scheduler_wait(k3c_scheduler *s, int timeout_ms);
+
+typedef struct k3c_scheduler_stats {
+    int running, waiting;
+    long preemptions;
+    long prompt_tokens, generation_tokens;         /* prompts of requests that produced a token (as vLLM's
+                                                    * counter: cached tokens included), tokens generated */
+    long prefill_tokens;                           /* prompt rows computed (recomputes included, hits not) */
+    long prefix_queries_tokens, prefix_hits_tokens; /* prompt tokens looked up / found in the prefix cache */
+    int blocks_total, blocks_used;                 /* MLA blocks; used = held by a request */
+    int blocks_cached;                             /* blocks with a prefix-cache entry (used or not) */
+    int kda_slots_total, kda_slots_used;
+    long snapshots, snapshot_bytes;                /* KDA snapshots kept now, and their bytes */
+    long spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    long finished_stop, finished_length, finished_abort, finished_error;
+    long steps, executor_steps;
+    long route_steps[K3C_ROUTES];                  /* the engine's plan of each step (k3c_route_name) */
+} k3c_scheduler_stats;
+/* A snapshot as of the last step boundary. */
+void k3c_scheduler_stats_get(k3c_scheduler *s, k3c_scheduler_stats *out);
+
 /* ---- tokenizer: text <-> token ids ----
  * Kimi's tiktoken tokenizer as a checkpoint ships it beside its weights: tiktoken.model (one base64 token
  * and its rank per line; the rank is the id and the merge priority) and tokenizer_config.json

@@ -12,6 +12,7 @@ int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* ---- helpers of the commands that run the model (cli_run.c) ---- */
 #include <stddef.h>

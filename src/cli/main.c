@@ -25,6 +25,8 @@ static const struct {
     {"detokenize", cmd_detokenize, "detokenize [--model DIR] --ids 1,2,3   print the text of token ids"},
     {"run", cmd_run,
      "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
+    {"serve", cmd_serve,
+     "serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--api-key KEY]   OpenAI-compatible server"},
 };
 
 static void usage(FILE *f) {
