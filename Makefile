@@ -37,7 +37,7 @@ LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
 # the OpenAI server (k3c serve): a front end like the CLI, linked into build/k3c (and the tests), not the library
 SERVER_SRC := $(shell find src/server -name '*.c' | sort)
-SERVER_LIBS := -lmicrohttpd
+SERVER_LIBS ?= -lmicrohttpd
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
 # Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
 # files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
