@@ -27,6 +27,7 @@
 #include "runtime/sampler.h"
 #include "runtime/sched_queue.h"
 #include "runtime/spec_accept.h"
+#include "snapshot_case.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -851,3 +852,6 @@ TEST(sched_threads_submit_abort) {
     k3c_scheduler_free(s);
     senv_close(&env);
 }
+
+/* The engine's shared prefix blocks and KDA snapshot save / restore (tests/snapshot_case.h). */
+TEST(sched_engine_snapshot_restore_bitwise) { snapshot_case("cpu"); }
