@@ -46,7 +46,9 @@ static void bench_usage(FILE *f) {
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
-               "decode only; q > 1: verify q tokens, commit q - 1)\n");
+               "decode only; q > 1: verify q tokens, commit q - 1)\n"
+               "bench measures model sizes, so it always runs synthesized presets, never the embedded default\n"
+               "model that generate, chat and run use without --model\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
