@@ -19,6 +19,8 @@ static const struct {
     {"chat", cmd_chat,
      "chat [--model DIR | --preset NAME] [--system TEXT] [--reasoning show|hide] [-n 512] [--temperature T ...] [--device cpu|cuda]   interactive, multi-turn"},
     {"logits", cmd_logits, "logits [--model DIR | --preset NAME] --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
+    {"perplexity", cmd_perplexity,
+     "perplexity [--model DIR | --preset NAME] --file F [--window 512] [--max-tokens N] [--device cpu|cuda]   NLL per token"},
     {"bench", cmd_bench, "bench [--device cpu|cuda] [--preset NAME] [--batches 1,8,64]   decode step time vs its bandwidth floor"},
     {"tokenize", cmd_tokenize,
      "tokenize [--model DIR | --preset NAME] [--no-special] [--file F | TEXT]   print the token ids of a text (--bench FILE: MB/s)"},
