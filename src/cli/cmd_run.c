@@ -55,7 +55,7 @@ static int parse_prompts(const char *s, int32_t ***prompts, int **lens, int *n) 
     return 0;
 }
 
-static void print_summary(const k3c_runner_stats *st, const char *device, int with_executor) {
+static void print_summary(const k3c_runner_stats *st, const char *device, int with_executor, int spec) {
     fprintf(stderr, "steps: %ld (", st->steps);
     for (int r = 0; r < K3C_RUNNER_ROUTES; r++) {
         fprintf(stderr, "%s%s %ld", r ? "; " : "", k3c_runner_route_name(r), st->route_steps[r]);
@@ -77,6 +77,9 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
                 st->drafts_accepted, st->drafts_proposed, 100.0 * st->drafts_accepted / st->drafts_proposed,
                 st->drafts_padded, st->verify_items,
                 st->verify_items ? (double)(st->drafts_accepted + st->verify_items) / st->verify_items : 0.0);
+    else if (spec > 0)
+        fprintf(stderr, "drafts: accepted 0 / proposed 0 (the drafter found no earlier match of the context's end: "
+                        "every step decoded one token)\n");
     fprintf(stderr, "tokens: %ld prompt, %ld generated in %.3f s (%.1f generated tok/s, %.1f all tok/s) [%s]\n",
             st->prompt_tokens, st->generated, st->seconds, st->seconds > 0 ? st->generated / st->seconds : 0,
             st->seconds > 0 ? (st->generated + st->prompt_tokens) / st->seconds : 0, device);
@@ -184,7 +187,7 @@ int cmd_run(int argc, char **argv) {
     k3c_runner_stats_get(r, &st);
     k3c_engine_stats es;
     k3c_engine_stats_get(e, &es);
-    print_summary(&st, o.device, es.specialized);
+    print_summary(&st, o.device, es.specialized, (int)spec);
     rc = 0;
     goto done;
 fail:
