@@ -16,7 +16,8 @@
 
 static void perplexity_usage(FILE *f) {
     fprintf(f, "usage: k3c perplexity [--model DIR | --preset NAME] --file F [--window N] [--max-tokens N]\n"
-               "                      [--device cpu|cuda] [--threads N] [--f32]\n"
+               "                      [--device cpu|cuda] [--threads N] [--f32] [--kv-cache bf16|fp8]\n"
+               "                      [--max-context N] [--memory-limit BYTES]\n"
                "the text of F (- reads stdin) encoded without special tokens, cut into consecutive windows of\n"
                "  --window tokens (default 512, the trainer's; 2 .. the model's context length), each run from an\n"
                "  empty state; every token but the first of its window is scored: the NLL (nats) of the model's\n"
@@ -122,8 +123,13 @@ int cmd_perplexity(int argc, char **argv) {
             goto fail;
         }
     int win = (int)window;
+    if (o.max_context > 0 && o.max_context < win) {
+        cli_errorf("--max-context %d is shorter than --window %d (a window runs as one request)", o.max_context, win);
+        rc = 2;
+        goto fail;
+    }
     o.max_requests = 1;
-    o.max_context = win;
+    o.max_context = o.max_context > 0 ? o.max_context : win;
     o.exact_f32 = f32;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) {
         cli_errorf("--window %d: %s", win, k3c_last_error());
