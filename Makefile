@@ -8,6 +8,7 @@
 #   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make serve-asan-test   k3c serve under ASan+UBSan: random requests and the load test (what .ci/run runs)
+#   make broken-check   a CPU build with the KDA gate's sign flipped: its held-out perplexity far off the trainer's
 #   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
 #                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
 #   make deps       install the Debian packages k3c needs (root); a build that finds one missing runs it
@@ -67,7 +68,8 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: FORCE all test gpu-test fuzz fuzz-deps fuzz-load asan-test serve-asan-test clean deps install example-check
+.PHONY: FORCE all test gpu-test fuzz fuzz-deps fuzz-load asan-test serve-asan-test broken-check clean deps install \
+        example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(CU_OBJ) $(LIB_OBJ)
@@ -232,6 +234,15 @@ serve-asan-test:
 	    python3 tools/serve_fuzz.py --k3c build-asan/k3c --requests $(SERVE_ASAN_REQUESTS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    python3 tools/serve_load.py --k3c build-asan/k3c --streams $(SERVE_ASAN_STREAMS) --prompts 16 --timeout 900
+
+# A deliberately broken kernel (build-broken, CPU only): -DK3C_BROKEN_KDA_GATE=$(BROKEN_KDA_GATE) flips the KDA
+# gate's sign in the CPU kernel (1: the sign of the gate's input; 2: the decay's own sign), which no other
+# build defines; tools/broken-check.sh prints the embedded model's held-out perplexity next to the trainer's
+# and fails unless it is far past the 1 % the perplexity test allows.
+BROKEN_KDA_GATE ?= 1
+broken-check:
+	$(MAKE) BUILD=build-broken NVCC= CFLAGS="-O2 -g -DK3C_BROKEN_KDA_GATE=$(BROKEN_KDA_GATE)" build-broken/k3c
+	tools/broken-check.sh build-broken/k3c
 
 # The Debian packages k3c needs: the libraries it builds against (cJSON, PCRE2, libmicrohttpd for k3c serve),
 # pkg-config for k3c.pc, and tmux for the test of `k3c chat` in a terminal (skipped without it).

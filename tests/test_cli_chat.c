@@ -109,14 +109,14 @@ TEST(cli_text_generate_agrees_with_ids) {
     }
 }
 
-/* Generation stops at the first end id (tiny: [EOS] 769, <|end_of_msg|> 770): the ids up to and including it,
+/* Generation stops at the first end id (on --preset tiny: [EOS] 769, <|end_of_msg|> 770): the ids up to and including it,
  * and as text what comes before it; --ignore-eos runs to -n. Prompts 1, 2, ... until one of them meets an end
  * id within 400 greedy tokens. */
 TEST(cli_text_generate_stops_at_eos) {
     char args[8192], *all = NULL, *err;
     int stop_at = -1, prompt = 0;
     while (stop_at < 0 && ++prompt <= 40) {
-        snprintf(args, sizeof args, "generate -n 400 --ignore-eos --prompt-ids %d", prompt);
+        snprintf(args, sizeof args, "generate --preset tiny -n 400 --ignore-eos --prompt-ids %d", prompt);
         free(all);
         CHECK(k3c(args, &all, &err) == 0);
         free(err);
@@ -129,7 +129,7 @@ TEST(cli_text_generate_stops_at_eos) {
     }
     CHECKF(stop_at >= 0, "no end id in 400 greedy tokens from 40 prompts");
     char *stopped;
-    snprintf(args, sizeof args, "generate -n 400 --prompt-ids %d", prompt);
+    snprintf(args, sizeof args, "generate --preset tiny -n 400 --prompt-ids %d", prompt);
     CHECK(k3c(args, &stopped, &err) == 0);
     CHECKF(strstr(err, "ended at end id"), "%s", err);
     free(err);
@@ -140,13 +140,13 @@ TEST(cli_text_generate_stops_at_eos) {
     CHECKF(!strncmp(stopped, cut, strlen(cut)) && stopped[strlen(cut)] == '\n', "stopped [%s], want [%s]", stopped, cut);
     /* as text: the ids before the end id, decoded */
     char *text, *dec;
-    snprintf(args, sizeof args, "generate -n 400 --prompt-ids %d --text", prompt);
+    snprintf(args, sizeof args, "generate --preset tiny -n 400 --prompt-ids %d --text", prompt);
     CHECK(k3c(args, &text, &err) == 0);
     free(err);
     char *last = strrchr(cut, ' ');
     if (last) {
         *last = 0;
-        snprintf(args, sizeof args, "detokenize --ids %s", commas(cut));
+        snprintf(args, sizeof args, "detokenize --preset tiny --ids %s", commas(cut));
         CHECK(k3c(args, &dec, &err) == 0);
         free(err);
     } else {
@@ -295,7 +295,7 @@ static int start_chat(const char *args) {
     snprintf(cmd, sizeof cmd,
              "new-session -d -s chat -x 120 -y 40 \"(trap '' INT QUIT; sleep 120 && tmux -f /dev/null -L %s kill-server) "
              ">/dev/null 2>&1 & "
-             "TMPDIR='%s' '%s' chat %s; echo K3C_EXIT=\\$?; sleep 30\"", tmux_sock,
+             "TMPDIR='%s' '%s' chat --preset tiny %s; echo K3C_EXIT=\\$?; sleep 30\"", tmux_sock,
              test_tmpdir(), bin, args);
     return tmux(cmd);
 }

@@ -789,31 +789,39 @@ TEST(tokenizer_cli) {
     char k3c[2048], cmd[12400], out[2048];
     CHECKF(test_k3c_binary(k3c, sizeof k3c), "no k3c binary beside the tests");
     snprintf(out, sizeof out, "%s/tok_cli.txt", test_tmpdir());
-    /* no --model: the tiny preset's tokenizer, ids on one line */
-    snprintf(cmd, sizeof cmd, "%s tokenize 'hello <|open|>' > %s", k3c, out);
-    CHECK(test_run_status(cmd) == 0);
     char *got;
     size_t gl;
-    CHECK_OK(k3c_read_file(out, 1 << 20, &got, &gl));
-    k3c_tokenizer *t;
-    CHECK_OK(k3c_tokenizer_load_preset("tiny", &t));
+    k3c_tokenizer *t = NULL;
     k3c_tokens v = {0};
-    CHECK_OK(k3c_tokenizer_encode(t, "hello <|open|>", 14, 1, &v));
-    char want[4096];
-    size_t wl = 0;
-    for (size_t i = 0; i < v.n; i++) wl += (size_t)snprintf(want + wl, sizeof want - wl, i ? " %d" : "%d", v.ids[i]);
-    wl += (size_t)snprintf(want + wl, sizeof want - wl, "\n");
-    CHECKF(gl == wl && !memcmp(got, want, wl), "k3c tokenize printed \"%s\", want \"%s\"", got, want);
-    free(got);
-    /* and back */
-    char list[4096];
-    size_t ll = 0;
-    for (size_t i = 0; i < v.n; i++) ll += (size_t)snprintf(list + ll, sizeof list - ll, i ? ",%d" : "%d", v.ids[i]);
-    snprintf(cmd, sizeof cmd, "%s detokenize --ids %s > %s", k3c, list, out);
-    CHECK(test_run_status(cmd) == 0);
-    CHECK_OK(k3c_read_file(out, 1 << 20, &got, &gl));
-    CHECK(gl == 15 && !memcmp(got, "hello <|open|>\n", 15));
-    free(got);
+    /* no --model: the embedded default model's tokenizer (models/k3-fortune); --preset tiny: the tiny preset's;
+     * ids on one line */
+    for (int preset = 0; preset < 2; preset++) {
+        const char *opt = preset ? " --preset tiny" : "";
+        snprintf(cmd, sizeof cmd, "%s tokenize%s 'hello <|open|>' > %s", k3c, opt, out);
+        CHECK(test_run_status(cmd) == 0);
+        CHECK_OK(k3c_read_file(out, 1 << 20, &got, &gl));
+        k3c_tokenizer_free(t);
+        k3c_tokens_free(&v);
+        CHECK_OK(preset ? k3c_tokenizer_load_preset("tiny", &t) : k3c_tokenizer_load("models/k3-fortune", &t));
+        CHECK_OK(k3c_tokenizer_encode(t, "hello <|open|>", 14, 1, &v));
+        char want[4096];
+        size_t wl = 0;
+        for (size_t i = 0; i < v.n; i++) wl += (size_t)snprintf(want + wl, sizeof want - wl, i ? " %d" : "%d", v.ids[i]);
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, "\n");
+        CHECKF(gl == wl && !memcmp(got, want, wl), "k3c tokenize%s printed \"%s\", want \"%s\"", opt, got, want);
+        free(got);
+        /* and back */
+        char list[4096];
+        size_t ll = 0;
+        for (size_t i = 0; i < v.n; i++) ll += (size_t)snprintf(list + ll, sizeof list - ll, i ? ",%d" : "%d", v.ids[i]);
+        snprintf(cmd, sizeof cmd, "%s detokenize%s --ids %s > %s", k3c, opt, list, out);
+        CHECK(test_run_status(cmd) == 0);
+        CHECK_OK(k3c_read_file(out, 1 << 20, &got, &gl));
+        CHECK(gl == 15 && !memcmp(got, "hello <|open|>\n", 15));
+        free(got);
+    }
+    /* the two tokenizers differ (4096 ids against tiny's 1024), so the default is not the preset's */
+    CHECK(k3c_tokenizer_vocab(t) != 4096);
     /* a model directory without tokenizer files says so */
     snprintf(cmd, sizeof cmd, "%s tokenize --model %s hello 2> %s", k3c, test_tmpdir(), out);
     CHECK(test_run_status(cmd) == 1);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's first screen, the way a new user meets it: a clean Debian 12 root (debootstrap, minbase) with
 # only the build tools the README names (build-essential, git), a clone of this repository's HEAD, then the
-# two commands of the README's first code block, run as they stand, nothing else installed by hand.
+# README's first two commands (its first ```sh blocks), run as they stand, nothing else installed by hand.
 #
 #   bash tools/fresh-debian.sh [ROOT]      (root; ROOT defaults to /tmp/k3c-fresh-debian, reused if present)
 #
@@ -35,9 +35,10 @@ rm -rf "$root/work/k3c"
 mkdir -p "$root/work"
 git clone -q . "$root/work/k3c"
 
-# The first two commands of the README's first ```sh block (comments after '#' dropped).
-mapfile -t cmds < <(awk '/^```sh/{f=1; next} /^```/{if (f) exit} f' README.md | sed 's/ *#.*$//' | grep -v '^$' | head -n 2)
-[ "${#cmds[@]}" -eq 2 ] || { echo "fresh-debian: README's first code block has no two commands" >&2; exit 1; }
+# The README's first two commands: those of its first ```sh blocks (the first screen shows the build-and-run
+# command, what it prints, then the test command), comments after '#' dropped.
+mapfile -t cmds < <(awk '/^```sh/{f=1; next} /^```/{f=0; next} f' README.md | sed 's/ *#.*$//' | grep -v '^$' | head -n 2)
+[ "${#cmds[@]}" -eq 2 ] || { echo "fresh-debian: README's first code blocks have no two commands" >&2; exit 1; }
 
 fail=0
 for c in "${cmds[@]}"; do

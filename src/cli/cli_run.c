@@ -155,9 +155,9 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n) {
     return 0;
 }
 
-/* ---- the implicit synthesis's temporary directory ----
- * Without --model a preset is synthesized into $TMPDIR/k3c-<preset>-XXXXXX (430 MB for bench's mini) and
- * removed once loaded (the loader maps the files; the mapping outlives the unlink). A SIGINT / SIGTERM /
+/* ---- the implicit model's temporary directory ----
+ * Without --model the embedded default model is written (or, with --preset, a preset synthesized) into
+ * $TMPDIR/k3c-<k3-fortune or preset>-XXXXXX (430 MB for bench's mini) and removed once loaded (the loader maps the files; the mapping outlives the unlink). A SIGINT / SIGTERM /
  * SIGHUP / SIGQUIT while the directory exists removes it in the handler, then ends the process by the same
  * signal. The directory is flat (synth writes no subdirectories), and the removal uses only async-signal-safe
  * calls (open, getdents64, unlinkat, rmdir), so it is the same code in the handler and on the normal path. */
@@ -224,19 +224,55 @@ static void cleanup_done(void) {
     for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaction(cleanup_signals[i], &cleanup_saved[i], NULL);
 }
 
-int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m) {
-    if (dir) return k3c_load(dir, m);
+/* Writes the model (preset NULL: the embedded default) into a fresh temporary directory, armed for removal on
+ * a signal, and hands it to load; the directory is removed either way (the loaders map or read the files:
+ * a mapping outlives the unlink). */
+static int with_temp_model(const char *preset, uint64_t seed, int (*load)(const char *dir, void *out), void *out) {
     const char *tmp = getenv("TMPDIR");
     char path[4096];
-    snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset);
-    if (!mkdtemp(path)) return cli_errorf("cannot create a temporary directory %s: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset ? preset : "k3-fortune");
+    /* the cleanup signals wait while the directory exists unarmed: one between mkdtemp and the handlers would
+     * leave it behind */
+    sigset_t block, saved;
+    sigemptyset(&block);
+    for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&block, cleanup_signals[i]);
+    sigprocmask(SIG_BLOCK, &block, &saved);
+    if (!mkdtemp(path)) {
+        int e = errno;
+        sigprocmask(SIG_SETMASK, &saved, NULL);
+        return cli_errorf("cannot create a temporary directory %s: %s", path, strerror(e));
+    }
     cleanup_arm(path);
+    sigprocmask(SIG_SETMASK, &saved, NULL);
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
-    int rc = k3c_synthesize(preset, seed, path);
-    if (rc == K3C_OK) rc = k3c_load(path, m);
-    /* the loader maps the files; unlinking them keeps the mapping valid and leaves nothing behind */
+    int rc = preset ? k3c_synthesize(preset, seed, path) : k3c_default_model_write(path);
+    if (rc == K3C_OK) rc = load(path, out);
     cleanup_done();
     return rc;
+}
+
+static int load_model(const char *dir, void *m) { return k3c_load(dir, m); }
+static int load_tokenizer(const char *dir, void *t) { return k3c_tokenizer_load(dir, t); }
+
+int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m) {
+    return dir ? k3c_load(dir, m) : with_temp_model(preset, seed, load_model, m);
+}
+
+int cli_model_option(int argc, char **argv, int *i, const char **dir, const char **preset, int *bad) {
+    const char *v;
+    if ((v = cli_option(argc, argv, i, "--model"))) *bad = cli_str("--model", *dir = v);
+    else if ((v = cli_option(argc, argv, i, "--preset"))) *bad = cli_str("--preset", *preset = v);
+    else return 0;
+    if (!*bad && *dir && *preset) *bad = cli_errorf("--model %s and --preset %s: give one of them", *dir, *preset);
+    return 1;
+}
+
+const char *cli_model_name(const char *dir, const char *preset) {
+    static char name[4200];
+    if (dir) snprintf(name, sizeof name, "%s", dir);
+    else if (preset) snprintf(name, sizeof name, "the synthesized %s preset (a random model)", preset);
+    else snprintf(name, sizeof name, "the embedded k3-fortune model");
+    return name;
 }
 
 int cli_check_device(const char *device) {
@@ -281,8 +317,9 @@ int cli_read_input(const char *path, size_t max, char **buf, size_t *len) {
 
 int cli_load_tokenizer(const char *dir, const char *preset, k3c_tokenizer **t) {
     *t = NULL;
-    if (dir && !k3c_tokenizer_present(dir)) return 0;
-    return dir ? k3c_tokenizer_load(dir, t) : k3c_tokenizer_load_preset(preset, t);
+    if (dir) return k3c_tokenizer_present(dir) ? k3c_tokenizer_load(dir, t) : 0;
+    /* a preset's tokenizer is embedded as such; the default model's comes with its files */
+    return preset ? k3c_tokenizer_load_preset(preset, t) : with_temp_model(NULL, 0, load_tokenizer, t);
 }
 
 int cli_no_tokenizer(const char *dir) {

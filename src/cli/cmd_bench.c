@@ -50,7 +50,9 @@ static void bench_usage(FILE *f) {
                "decode only; q > 1: verify q tokens, commit q - 1)\n"
                "--prefix: time to first token through the serving scheduler of requests sharing an N-token system\n"
                "prompt: prefix caching off, the first request (a miss), the R later ones (hits; default R = 5;\n"
-               "preset default mini)\n");
+               "preset default mini)\n"
+               "bench measures model sizes, so it always runs synthesized presets, never the embedded default\n"
+               "model that generate, chat and run use without --model\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */

@@ -16,10 +16,10 @@
 #include "cli/commands.h"
 
 static void chat_usage(FILE *f) {
-    fprintf(f, "usage: k3c chat [--model DIR] [--system TEXT] [--reasoning show|hide] [--no-thinking]\n"
-               "                [--chat-format NAME] [-n 512] [--ignore-eos] [--temperature T] [--top-k K]\n"
-               "                [--top-p P] [--seed S] [--device cpu|cuda] [--threads N] [--max-context N]\n"
-               "                [--memory-limit BYTES] [--kv-cache bf16|fp8]\n"
+    fprintf(f, "usage: k3c chat [--model DIR | --preset NAME] [--system TEXT] [--reasoning show|hide]\n"
+               "                [--no-thinking] [--chat-format NAME] [-n 512] [--ignore-eos] [--temperature T]\n"
+               "                [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--threads N]\n"
+               "                [--max-context N] [--memory-limit BYTES] [--kv-cache bf16|fp8]\n"
                "Reads one message per line from stdin and streams the answer. -n: most tokens per answer (an answer\n"
                "also ends at the format's end of turn unless --ignore-eos). Reasoning is shown dimmed on a terminal\n"
                "(between <think> and </think> otherwise), or not at all with --reasoning hide. --no-thinking: K3's\n"
@@ -28,7 +28,7 @@ static void chat_usage(FILE *f) {
                "template. --max-context (default 4096, or the model's context length): tokens the whole conversation\n"
                "may hold. Each turn prefills the whole conversation again. Ctrl-C stops an answer; at the prompt,\n"
                "Ctrl-C twice, /exit or end of input (Ctrl-D) quits; /reset starts a new conversation.\n"
-               "Without --model the tiny preset is synthesized (seed 0): a random model, so its answers are noise.\n");
+               CLI_MODEL_HELP "  (a preset's random model answers noise)\n");
 }
 
 #define ANSI_DIM "\033[2m"
@@ -154,7 +154,7 @@ static char *request_body(cJSON *messages, int no_thinking) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    const char *model = NULL, *system = NULL, *format = NULL;
+    const char *model = NULL, *preset = NULL, *system = NULL, *format = NULL;
     long n = 512;
     int show_reasoning = 1, no_thinking = 0, ignore_eos = 0;
     k3c_engine_options o;
@@ -168,7 +168,7 @@ int cmd_chat(int argc, char **argv) {
             return 0;
         } else if (!strcmp(argv[i], "--no-thinking")) no_thinking = 1;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = 1;
-        else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if (cli_model_option(argc, argv, &i, &model, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--system"))) bad = cli_str("--system", system = v);
         else if ((v = cli_option(argc, argv, &i, "--chat-format"))) bad = cli_str("--chat-format", format = v);
         else if ((v = cli_option(argc, argv, &i, "--reasoning"))) {
@@ -197,10 +197,10 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL;
     size_t line_cap = 0;
     int rc = 1;
-    if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
+    if (cli_load_model(model, preset, 0, &m) != K3C_OK) goto fail;
     k3c_model_info info;
     if (k3c_model_info_get(m, &info) != K3C_OK) goto fail;
-    if (cli_load_tokenizer(model, "tiny", &tok) != 0) goto fail;
+    if (cli_load_tokenizer(model, preset, &tok) != 0) goto fail;
     if (!tok) {
         cli_no_tokenizer(model);
         rc = 2;
@@ -227,7 +227,7 @@ int cmd_chat(int argc, char **argv) {
         goto fail;
     }
     fprintf(stderr, "k3c chat: %s, %s format (%s), %d tokens of context on %s; /exit or Ctrl-D quits, Ctrl-C stops "
-                    "an answer\n", model ? model : "the synthesized tiny preset (a random model)",
+                    "an answer\n", cli_model_name(model, preset),
             k3c_chat_template_name(tpl), k3c_chat_template_source(tpl), mem.max_context, k3c_engine_device(e));
     /* Ctrl-C: a flag the token callback and the prompt read; no SA_RESTART, so it interrupts the line read */
     struct sigaction sa, saved;

@@ -1,6 +1,6 @@
 /* k3c generate: prefill a prompt (text through the model's tokenizer, or token ids) and sample new tokens,
  * printing them as they come (as text, or ids) and a summary (prefill and decode tokens/s). Without --model the
- * `tiny` preset is synthesized on the fly. */
+ * embedded default model runs (--preset: a synthesized one). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +9,8 @@
 #include "cli/commands.h"
 
 static void generate_usage(FILE *f) {
-    fprintf(f, "usage: k3c generate [--model DIR] [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3] [--text]\n"
+    fprintf(f, "usage: k3c generate [--model DIR | --preset NAME]\n"
+               "                    [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3] [--text]\n"
                "                    [-n 32] [--ignore-eos] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
                "                    [--device cpu|cuda] [--threads N] [--stock] [--kv-cache bf16|fp8]\n"
                "                    [--max-context N] [--memory-limit BYTES]\n"
@@ -24,8 +25,7 @@ static void generate_usage(FILE *f) {
                "--max-context: tokens the request may hold (default: the prompt and -n); at most the model's\n"
                "  context length; --memory-limit (e.g. 8G): most bytes its caches may take (default: what the\n"
                "  device has free); a need past either is refused\n"
-               "without --model, the tiny preset is synthesized (seed 0) into a temporary directory; its tokenizer\n"
-               "  is the one k3c synth writes beside it\n");
+               CLI_MODEL_HELP);
 }
 
 #define MAX_PROMPT_FILE ((size_t)1 << 30) /* a guard against an absurd input, not a format limit */
@@ -86,7 +86,7 @@ static void print_routes(const k3c_engine *e) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL;
+    const char *model = NULL, *preset = NULL, *ids_s = NULL, *prompt = NULL, *prompt_file = NULL;
     long n = 32;
     int stock = 0, as_text = 0, ignore_eos = 0;
     k3c_engine_options o;
@@ -101,7 +101,7 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--stock")) stock = 1;
         else if (!strcmp(argv[i], "--text")) as_text = 1;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = 1;
-        else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if (cli_model_option(argc, argv, &i, &model, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) bad = cli_str("--prompt-ids", ids_s = v);
         else if ((v = cli_option(argc, argv, &i, "--prompt-file"))) bad = cli_str("--prompt-file", prompt_file = v);
         else if ((v = cli_option(argc, argv, &i, "--prompt"))) bad = cli_str("--prompt", prompt = v);
@@ -144,16 +144,16 @@ int cmd_generate(int argc, char **argv) {
     k3c_tokenizer *tok = NULL;
     k3c_detokenizer *detok = NULL;
     int rc = 1;
-    if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
+    if (cli_load_model(model, preset, 0, &m) != K3C_OK) goto fail;
     if (as_text) {
-        if (cli_load_tokenizer(model, "tiny", &tok) != 0) goto fail;
+        if (cli_load_tokenizer(model, preset, &tok) != 0) goto fail;
         if (!tok) {
             cli_no_tokenizer(model);
             rc = 2;
             goto fail;
         }
         if (k3c_detokenizer_create(tok, &detok) != K3C_OK) goto fail;
-    } else if (!ignore_eos && cli_load_tokenizer(model, "tiny", &tok) != 0) {
+    } else if (!ignore_eos && cli_load_tokenizer(model, preset, &tok) != 0) {
         /* ids in and out: the tokenizer only names end ids; bad tokenizer files leave the config's eos */
         tok = NULL;
     }

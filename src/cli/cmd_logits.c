@@ -9,18 +9,20 @@
 #include "cli/commands.h"
 
 static void logits_usage(FILE *f) {
-    fprintf(f, "usage: k3c logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] "
-               "[--threads N] [--f32] [--kv-cache bf16|fp8] [--aux L1,L2,... --aux-out FILE]\n"
+    fprintf(f, "usage: k3c logits [--model DIR | --preset NAME] --prompt-ids IDS --prefill N --out FILE\n"
+               "                  [--device cpu|cuda] [--threads N] [--f32] [--kv-cache bf16|fp8]\n"
+               "                  [--aux L1,L2,... --aux-out FILE]\n"
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
                "--aux: the hidden state entering each listed layer (0..num_layers, increasing; num_layers = the\n"
                "       final norm's input), written as float32 [num_aux, len, hidden] to --aux-out\n"
                "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16); --max-context N, --memory-limit BYTES: the\n"
                "       memory plan (as generate)\n"
-               "both files are opened before the model loads and appear, whole, only once everything is written\n");
+               "both files are opened before the model loads and appear, whole, only once everything is written\n"
+               CLI_MODEL_HELP);
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL, *out = NULL, *aux_s = NULL, *aux_out = NULL;
+    const char *model = NULL, *preset = NULL, *ids_s = NULL, *out = NULL, *aux_s = NULL, *aux_out = NULL;
     long prefill = -1;
     int f32 = 0;
     k3c_engine_options o;
@@ -33,7 +35,7 @@ int cmd_logits(int argc, char **argv) {
             return 0;
         } else if (!strcmp(argv[i], "--f32")) {
             f32 = 1;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        } else if (cli_model_option(argc, argv, &i, &model, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) bad = cli_str("--prompt-ids", ids_s = v);
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_int("--prefill", v, 1, 1 << 30, &prefill);
         else if ((v = cli_option(argc, argv, &i, "--out"))) bad = cli_str("--out", out = v);
@@ -49,8 +51,8 @@ int cmd_logits(int argc, char **argv) {
     }
     int32_t *ids = NULL;
     int n = 0;
-    if (!model || !out || prefill < 1 || !ids_s || cli_parse_ids(ids_s, &ids, &n)) {
-        fprintf(stderr, "k3c logits: --model, --prompt-ids (comma-separated ids), --prefill N >= 1 and --out are "
+    if (!out || prefill < 1 || !ids_s || cli_parse_ids(ids_s, &ids, &n)) {
+        fprintf(stderr, "k3c logits: --prompt-ids (comma-separated ids), --prefill N >= 1 and --out are "
                         "required\n");
         logits_usage(stderr);
         free(ids);
@@ -87,7 +89,7 @@ int cmd_logits(int argc, char **argv) {
     have_fo = 1;
     if (na && cli_out_open(&fa, aux_out) != K3C_OK) goto fail;
     have_fa = na > 0;
-    if (k3c_load(model, &m) != K3C_OK) goto fail;
+    if (cli_load_model(model, preset, 0, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
     o.max_rows = (int)prefill;
     o.q_max = 1;

@@ -1,7 +1,7 @@
 /* k3c run: several prompts through the continuous-batching runner (include/k3c.h, runner section), with
  * optional prompt-lookup speculation. Prints each request's tokens (stdout) and a summary (stderr): steps per
- * planned route with the stock reasons, drafts accepted / proposed, tokens/s. Without --model the `tiny`
- * preset is synthesized on the fly. */
+ * planned route with the stock reasons, drafts accepted / proposed, tokens/s. Without --model the embedded
+ * default model runs (--preset: a synthesized one). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +10,17 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: k3c run [--model DIR] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D] [--max-requests M]\n"
-            "               [--prefill-budget B] [--stop ID] [--temperature T --top-k K --top-p P --seed S]\n"
-            "               [--device cpu|cuda] [--threads N] [--kv-cache bf16|fp8] [--max-context N]\n"
-            "               [--memory-limit BYTES] [--stock]\n"
+            "usage: k3c run [--model DIR | --preset NAME] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D]\n"
+            "               [--max-requests M] [--prefill-budget B] [--stop ID]\n"
+            "               [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--threads N]\n"
+            "               [--kv-cache bf16|fp8] [--max-context N] [--memory-limit BYTES] [--stock]\n"
             "runs every prompt (';'-separated token-id lists, segment k = request k) for -n tokens, at most M at\n"
             "once (default 4; never more than there are prompts);\n"
             "--max-context: tokens one request may hold (default: the longest prompt and -n); --memory-limit\n"
             "(e.g. 8G): most bytes the caches may take (default: what the device has free); past either: refused\n"
             "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
             "with --device cuda the decode and verify steps take the specialized decode executor unless --stock\n"
-            "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
+            CLI_MODEL_HELP);
 }
 
 /* "1,2;3,4,5" -> prompts (each malloc'd); 0 or -1 with a message. Segment k is request k: an empty segment
@@ -55,7 +55,7 @@ static int parse_prompts(const char *s, int32_t ***prompts, int **lens, int *n) 
     return 0;
 }
 
-static void print_summary(const k3c_runner_stats *st, const char *device, int with_executor) {
+static void print_summary(const k3c_runner_stats *st, const char *device, int with_executor, int spec) {
     fprintf(stderr, "steps: %ld (", st->steps);
     for (int r = 0; r < K3C_RUNNER_ROUTES; r++) {
         fprintf(stderr, "%s%s %ld", r ? "; " : "", k3c_runner_route_name(r), st->route_steps[r]);
@@ -77,13 +77,16 @@ static void print_summary(const k3c_runner_stats *st, const char *device, int wi
                 st->drafts_accepted, st->drafts_proposed, 100.0 * st->drafts_accepted / st->drafts_proposed,
                 st->drafts_padded, st->verify_items,
                 st->verify_items ? (double)(st->drafts_accepted + st->verify_items) / st->verify_items : 0.0);
+    else if (spec > 0)
+        fprintf(stderr, "drafts: accepted 0 / proposed 0 (the drafter found no earlier match of the context's end: "
+                        "every step decoded one token)\n");
     fprintf(stderr, "tokens: %ld prompt, %ld generated in %.3f s (%.1f generated tok/s, %.1f all tok/s) [%s]\n",
             st->prompt_tokens, st->generated, st->seconds, st->seconds > 0 ? st->generated / st->seconds : 0,
             st->seconds > 0 ? (st->generated + st->prompt_tokens) / st->seconds : 0, device);
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompts_s = NULL;
+    const char *model = NULL, *preset = NULL, *prompts_s = NULL;
     long n = 32, spec = 0, max_req = 4, budget = 0, stop = -1;
     k3c_engine_options o;
     k3c_engine_options_default(&o);
@@ -95,7 +98,7 @@ int cmd_run(int argc, char **argv) {
             run_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--stock")) o.specialized = K3C_SPECIALIZED_OFF;
-        else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", model = v);
+        else if (cli_model_option(argc, argv, &i, &model, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--prompts"))) bad = cli_str("--prompts", prompts_s = v);
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_int("-n", v, 1, 1 << 30, &n);
         else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_int("--spec", v, 0, 64, &spec);
@@ -145,7 +148,7 @@ int cmd_run(int argc, char **argv) {
     k3c_engine *e = NULL;
     k3c_runner *r = NULL;
     int rc = 1;
-    if (cli_load_model(model, "tiny", 0, &m) != K3C_OK) goto fail;
+    if (cli_load_model(model, preset, 0, &m) != K3C_OK) goto fail;
     /* slots past the number of prompts would never be used: the memory plan reserves only those that can be */
     o.max_requests = (int)max_req < n_prompts ? (int)max_req : n_prompts;
     /* the runner never lets a verify write past where plain decoding would end: prompt + n - 1 tokens */
@@ -184,7 +187,7 @@ int cmd_run(int argc, char **argv) {
     k3c_runner_stats_get(r, &st);
     k3c_engine_stats es;
     k3c_engine_stats_get(e, &es);
-    print_summary(&st, o.device, es.specialized);
+    print_summary(&st, o.device, es.specialized, (int)spec);
     rc = 0;
     goto done;
 fail:

@@ -1,5 +1,6 @@
-/* k3c tokenize / detokenize: text to ids and back through a model directory's tokenizer, or without
- * --model through the tokenizer `k3c synth` gives the preset (tiny by default; embedded, nothing written).
+/* k3c tokenize / detokenize: text to ids and back through a model directory's tokenizer, without --model the
+ * embedded default model's, or with --preset the tokenizer `k3c synth` gives the preset (embedded, nothing
+ * written).
  * `tokenize --bench FILE` times encode and decode of a file (the tokenizer benchmark). */
 #include <errno.h>
 #include <stdio.h>
@@ -19,8 +20,8 @@ static int load(const char *cmd, const char *dir, const char *preset, k3c_tokeni
                         "token ids only (--prompt-ids)\n", cmd, dir);
         return 1;
     }
-    if ((dir ? k3c_tokenizer_load(dir, t) : k3c_tokenizer_load_preset(preset, t)) != 0) {
-        fprintf(stderr, "k3c %s: %s\n", cmd, k3c_last_error());
+    if (cli_load_tokenizer(dir, preset, t) != 0) {
+        fprintf(stderr, "k3c %s: %s\n", cmd, cli_error());
         return 1;
     }
     return 0;
@@ -103,20 +104,23 @@ static int bench(const k3c_tokenizer *t, const char *path, const char *text, siz
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL, *file = NULL, *text = NULL, *preset = "tiny", *bench_file = NULL;
+    const char *dir = NULL, *file = NULL, *text = NULL, *preset = NULL, *bench_file = NULL;
     int allow_special = 1;
     for (int i = 1; i < argc; i++) {
         const char *v;
+        int bad = 0;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: k3c tokenize [--model DIR | --preset NAME] [--no-special] [--file F | TEXT]\n"
                    "       k3c tokenize [--model DIR | --preset NAME] --bench FILE\n"
                    "Prints the ids of TEXT (or of file F; - reads stdin) on one line. Special-token text becomes\n"
-                   "its id unless --no-special. Without --model: the tokenizer of the synthesized preset (tiny).\n");
+                   "its id unless --no-special. Without --model: the embedded default model's tokenizer\n"
+                   "(k3-fortune, 4096 ids); --preset NAME: the tokenizer k3c synth writes beside a preset.\n");
             return 0;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) {
-            dir = v;
-        } else if ((v = cli_option(argc, argv, &i, "--preset"))) {
-            preset = v;
+        } else if (cli_model_option(argc, argv, &i, &dir, &preset, &bad)) {
+            if (bad) {
+                fprintf(stderr, "k3c tokenize: %s\n", cli_error());
+                return 2;
+            }
         } else if ((v = cli_option(argc, argv, &i, "--file"))) {
             file = v;
         } else if ((v = cli_option(argc, argv, &i, "--bench"))) {
@@ -176,17 +180,20 @@ int cmd_tokenize(int argc, char **argv) {
 }
 
 int cmd_detokenize(int argc, char **argv) {
-    const char *dir = NULL, *preset = "tiny", *ids_arg = NULL;
+    const char *dir = NULL, *preset = NULL, *ids_arg = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
+        int bad = 0;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: k3c detokenize [--model DIR | --preset NAME] --ids 1,2,3\n"
-                   "Prints the text of the ids and a newline (ill-formed UTF-8 as U+FFFD).\n");
+                   "Prints the text of the ids and a newline (ill-formed UTF-8 as U+FFFD). Without --model: the\n"
+                   "embedded default model's tokenizer; --preset NAME: the one k3c synth writes beside a preset.\n");
             return 0;
-        } else if ((v = cli_option(argc, argv, &i, "--model"))) {
-            dir = v;
-        } else if ((v = cli_option(argc, argv, &i, "--preset"))) {
-            preset = v;
+        } else if (cli_model_option(argc, argv, &i, &dir, &preset, &bad)) {
+            if (bad) {
+                fprintf(stderr, "k3c detokenize: %s\n", cli_error());
+                return 2;
+            }
         } else if ((v = cli_option(argc, argv, &i, "--ids"))) {
             ids_arg = v;
         } else {

@@ -7,6 +7,7 @@ int cmd_synth(int argc, char **argv);
 
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
@@ -47,15 +48,29 @@ int cli_flush_stdout(void);
 int cli_unexpected(const char *arg);
 /* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
-/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory, on all cores with a
- * progress line, and loads that. */
+/* Loads DIR; without DIR writes into a temporary directory, loads and removes (on a signal too) the embedded
+ * default model (models/k3-fortune) when preset is NULL, else the synthesized `preset` (seed; on all cores
+ * with a progress line). */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
+/* --model DIR or --preset NAME at argv[*i] into *dir / *preset: 1 when argv[*i] is one of them (*bad = -1
+ * for an empty value, or both given, with the message). */
+/* The --help lines on that choice. */
+#define CLI_MODEL_HELP                                                                                  \
+    "without --model: the embedded default model k3-fortune (a small K3-architecture model trained on\n"  \
+    "  Debian's fortunes, models/k3-fortune/README.md), written to a temporary directory and removed\n"   \
+    "  once loaded; --preset NAME instead synthesizes a preset's random weights (seed 0; tiny, mini,\n"  \
+    "  ...: k3c synth --help) for tests and benchmarks\n"
+int cli_model_option(int argc, char **argv, int *i, const char **dir, const char **preset, int *bad);
+/* What a command runs, for messages: DIR, "the synthesized P preset (a random model)" or "the embedded
+ * k3-fortune model" (a static buffer). */
+const char *cli_model_name(const char *dir, const char *preset);
 int cli_check_device(const char *device); /* 0 for cpu / cuda, else -1 with a message */
 /* The whole of a file (path "-": standard input), at most max bytes, into a malloc'd buffer with a NUL after
  * it; 0 or -1 with a message naming the file. */
 int cli_read_input(const char *path, size_t max, char **buf, size_t *len);
-/* The tokenizer of a model directory (dir NULL: the one the synthesized `preset` ships): 0 with *t NULL when
- * the directory has none (the model runs on ids), -1 with a message when its files are bad. */
+/* The tokenizer of a model directory (dir NULL: the one the synthesized `preset` ships, or with preset NULL
+ * the embedded default model's): 0 with *t NULL when the directory has none (the model runs on ids), -1 with
+ * a message when its files are bad. */
 int cli_load_tokenizer(const char *dir, const char *preset, k3c_tokenizer **t);
 /* The message for a command that needs text from a model without a tokenizer (exit 2). */
 int cli_no_tokenizer(const char *dir);

@@ -15,16 +15,18 @@ static const struct {
     {"inspect", cmd_inspect, "inspect DIR                 validate a checkpoint and print its structure"},
     {"synth", cmd_synth, "synth --preset NAME --out DIR [--seed N]   write a synthetic checkpoint"},
     {"generate", cmd_generate,
-     "generate [--model DIR] [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 [--text]] [-n 32] [--ignore-eos] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
+     "generate [--model DIR | --preset NAME] [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 [--text]] [-n 32] [--ignore-eos] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
     {"chat", cmd_chat,
-     "chat [--model DIR] [--system TEXT] [--reasoning show|hide] [-n 512] [--temperature T ...] [--device cpu|cuda]   interactive, multi-turn"},
-    {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
+     "chat [--model DIR | --preset NAME] [--system TEXT] [--reasoning show|hide] [-n 512] [--temperature T ...] [--device cpu|cuda]   interactive, multi-turn"},
+    {"logits", cmd_logits, "logits [--model DIR | --preset NAME] --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
+    {"perplexity", cmd_perplexity,
+     "perplexity [--model DIR | --preset NAME] --file F [--window 512] [--max-tokens N] [--device cpu|cuda]   NLL per token"},
     {"bench", cmd_bench, "bench [--device cpu|cuda] [--preset NAME] [--batches 1,8,64]   decode step time vs its bandwidth floor"},
     {"tokenize", cmd_tokenize,
-     "tokenize [--model DIR] [--no-special] [--file F | TEXT]   print the token ids of a text (--bench FILE: MB/s)"},
-    {"detokenize", cmd_detokenize, "detokenize [--model DIR] --ids 1,2,3   print the text of token ids"},
+     "tokenize [--model DIR | --preset NAME] [--no-special] [--file F | TEXT]   print the token ids of a text (--bench FILE: MB/s)"},
+    {"detokenize", cmd_detokenize, "detokenize [--model DIR | --preset NAME] --ids 1,2,3   print the text of token ids"},
     {"run", cmd_run,
-     "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
+     "run [--model DIR | --preset NAME] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
     {"serve", cmd_serve,
      "serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--api-key KEY]   OpenAI-compatible server"},
 };
@@ -32,6 +34,9 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: k3c COMMAND [options]   (k3c --version: the version)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %s\n", commands[i].help);
+    fprintf(f, "\nwithout --model, generate, chat, run, logits, perplexity, tokenize and detokenize use the embedded\n"
+               "default model k3-fortune (trained, 8.4 M parameters); --preset NAME: a synthesized random model\n"
+               "(tests, benchmarks); bench measures presets; serve without --model runs the tiny preset\n");
 }
 
 /* A standard descriptor the caller closed (`k3c generate >&-`) would be handed out again by the next open()

@@ -60,6 +60,13 @@ void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias,
                     float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus threshold 20 */
                     gv = -A * sp;
                 }
+#if defined(K3C_BROKEN_KDA_GATE) && K3C_BROKEN_KDA_GATE == 1
+                /* deliberate bugs of `make broken-check` only, never in a real build: 1 the sign of the gate's
+                 * input flipped (decay strong where it should be weak), 2 the decay's own sign (growth) */
+                gv = c->kda_has_lower_bound ? lb * k3c_sigmoidf(-A * x) : gv;
+#elif defined(K3C_BROKEN_KDA_GATE) && K3C_BROKEN_KDA_GATE == 2
+                gv = -gv;
+#endif
                 g[(size_t)t * P + i] = gv;
             }
         }

@@ -1,4 +1,4 @@
-"""`k3c serve` against the `openai` Python client and raw HTTP, on the embedded default model (loopback
+"""`k3c serve` against the `openai` Python client and raw HTTP, on the tiny preset, serve's default (loopback
 only; every server is started and stopped here). Greedy outputs are compared with `k3c generate` on the
 same prompt ids, alone, in a full batch, after preemptions and with a prefix-cache hit.
 
@@ -41,14 +41,17 @@ def needs_openai(fn):
     return fn
 
 
+# k3c serve without --model runs the tiny preset; generate and detokenize name it (their default is the embedded
+# k3-fortune model)
 def generate_ids(prompt, n):
-    out = subprocess.run([K3C, "generate", "--prompt-ids", ",".join(map(str, prompt)), "-n", str(n)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([K3C, "generate", "--preset", "tiny", "--prompt-ids", ",".join(map(str, prompt)),
+                          "-n", str(n)], capture_output=True, text=True, check=True).stdout
     return [int(x) for x in out.split()]
 
 
 def detokenize(ids):
-    out = subprocess.run([K3C, "detokenize", "--ids", ",".join(map(str, ids))], capture_output=True, check=True).stdout
+    out = subprocess.run([K3C, "detokenize", "--preset", "tiny", "--ids", ",".join(map(str, ids))],
+                         capture_output=True, check=True).stdout
     return out.decode("utf-8")[:-1]
 
 
