@@ -26,12 +26,16 @@
 #include "cuda/op_profile.h"
 #include "cuda/router.h"
 #include "cuda/sample.h"
+#include "cuda/measure.h"
+#include "cuda/stamp.h"
 #include "decode/prepared.h"
+#include "decode/stamp_report.h"
 #include "util/error.h"
 
 #define PMAX K3C_PREPARED_MAX
 #define QMAX K3C_PREPARED_Q_MAX
 #define PRE_COPIES 3  /* per verifying request per KDA layer: pre-conv q, k, v rows */
+typedef struct stamp_state stamp_state;
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
 
 struct k3c_decode_cuda {
@@ -70,6 +74,7 @@ struct k3c_decode_cuda {
     k3c_op_profile *prof;             /* NULL unless K3C_CUDA_PROFILE; times eager profiled steps only */
     int profile_next;                 /* the next replayable step runs eagerly, timed op by op */
     double host_ms[2];                /* with prof: host phases of run_cb (k3c_decode_cuda_host_profile) */
+    stamp_state *stamp;               /* K3C_CUDA_PROFILE=3: block stamps (below); NULL otherwise */
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
@@ -77,6 +82,32 @@ struct k3c_decode_cuda {
     long replays;
     int batches[K3C_PREPARED_NUM_BATCHES];
     k3c_decode_executor ex;
+};
+
+/* K3C_CUDA_PROFILE=3 (cuda/stamp.h, decode/stamp_report.h): the next profiled step replays its graph with every
+ * stamped kernel writing block stamps; the report maps them to the ops recorded at capture. Every MoE layer
+ * routes into its own idx rows (idx_all) so that the step's routing is there to read after it (coverage,
+ * expert bytes); each replay is timed with two events for the plain graph's GPU time. */
+#define STAMP_EV 32 /* plain replays timed per shape (the last ones) */
+struct stamp_state {
+    k3c_cuda_stamps *dev;
+    k3c_stamp_plan plan[PMAX + 1][QMAX + 1]; /* recorded at each shape's capture */
+    k3c_stamp_plan *rec;                     /* the plan being recorded, NULL when not capturing */
+    long n0, f0;                             /* kernel / cuBLASLt nodes when the open op began */
+    int *idx_all;                            /* device, [num_layers][PMAX * K] */
+    cudaEvent_t ev[2];
+    float ev_ms[PMAX + 1][QMAX + 1][STAMP_EV];
+    int ev_n[PMAX + 1][QMAX + 1];
+    double bandwidth; /* copy bandwidth, measured at the first report */
+    /* the last stamped step, kept for the report */
+    int have, T, q;
+    k3c_stamp_plan last_plan; /* the shape's plan + the arg-max after the graph */
+    k3c_stamp_launch *L;
+    size_t nl, dropped;
+    k3c_stamp_parse info;
+    int *route;             /* host, [num_layers][T * K] */
+    unsigned char *is_moe;  /* [num_layers] */
+    double positions, wall_ms, gpu_ms;
 };
 
 /* ---- build ---- */
@@ -170,6 +201,38 @@ static int check_weights(k3c_decode_cuda *x) {
     return K3C_OK;
 }
 
+static void stamp_free(stamp_state *sp) {
+    if (!sp) return;
+    k3c_cuda_stamps_free(sp->dev);
+    for (int r = 0; r <= PMAX; r++)
+        for (int q = 0; q <= QMAX; q++) k3c_stamp_plan_free(&sp->plan[r][q]);
+    k3c_stamp_plan_free(&sp->last_plan);
+    if (sp->idx_all) cudaFree(sp->idx_all);
+    for (int i = 0; i < 2; i++)
+        if (sp->ev[i]) cudaEventDestroy(sp->ev[i]);
+    free(sp->L);
+    free(sp->route);
+    free(sp->is_moe);
+    free(sp);
+}
+
+/* K3C_CUDA_PROFILE=3: the stamp buffers (cuda/stamp.h), the per-layer routing, the replay events. */
+static int stamp_create(k3c_decode_cuda *x) {
+    stamp_state *sp = calloc(1, sizeof *sp);
+    if (!sp) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory for the block stamps");
+    x->stamp = sp;
+    int L = x->c->num_layers, K = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1;
+    K3C_TRY(k3c_cuda_stamps_create(0, &sp->dev));
+    K3C_CUDA_MALLOC(&sp->idx_all, sizeof(int) * (size_t)L * PMAX * K);
+    K3C_CUDA_TRY(cudaMemset(sp->idx_all, 0, sizeof(int) * (size_t)L * PMAX * K));
+    for (int i = 0; i < 2; i++) K3C_CUDA_TRY(cudaEventCreate(&sp->ev[i]));
+    sp->route = malloc(sizeof(int) * (size_t)L * PMAX * K);
+    sp->is_moe = calloc((size_t)L, 1);
+    if (!sp->route || !sp->is_moe) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory for the block stamps");
+    for (int l = 0; l < L; l++) sp->is_moe[l] = (unsigned char)x->m->weights.layers[l].is_moe;
+    return K3C_OK;
+}
+
 int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out) {
     *out = NULL;
     if (rank != 0 || world_size != 1)
@@ -209,7 +272,8 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
         return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: stream: %s", cudaGetErrorString(ce));
     }
     x->prof = k3c_op_profile_create_from_env();
-    if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK) {
+    if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK ||
+        (k3c_op_profile_mode(x->prof) == 3 && stamp_create(x) != K3C_OK)) {
         k3c_error_context("decode executor build: ");
         k3c_decode_cuda_free(x);
         return K3C_ERR;
@@ -233,6 +297,7 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->meta_h) cudaFreeHost(x->meta_h);
     if (x->keys_h) cudaFreeHost(x->keys_h);
     k3c_op_profile_free(x->prof);
+    stamp_free(x->stamp);
     if (x->st) cudaStreamDestroy(x->st);
     free(x->res);
     free(x->kda_ord);
@@ -248,13 +313,43 @@ typedef struct rec {
 } rec;
 
 #define L_TRY(call) K3C_TRY(call)
+
+/* K3C_CUDA_PROFILE=3, while a shape is captured: an op of the plan (decode/stamp_report.h) begins / ends, its
+ * stamped launches the kernel nodes it added less cuBLASLt's (cuda/stamp.h). No-ops otherwise. */
+static void stamp_op_begin(k3c_decode_cuda *x, const char *op) {
+    stamp_state *sp = x->stamp;
+    if (!sp || !sp->rec) return;
+    k3c_stamp_plan_begin(sp->rec, op);
+    if (sp->rec->depth == 1) {
+        sp->n0 = k3c_cuda_capture_kernel_nodes(x->st);
+        sp->f0 = k3c_cuda_stamp_foreign_nodes();
+    }
+}
+static void stamp_op_end(k3c_decode_cuda *x) {
+    stamp_state *sp = x->stamp;
+    if (!sp || !sp->rec) return;
+    long n1 = sp->rec->depth == 1 ? k3c_cuda_capture_kernel_nodes(x->st) : 0;
+    long f = k3c_cuda_stamp_foreign_nodes() - sp->f0;
+    if (sp->rec->depth != 1) k3c_stamp_plan_end(sp->rec, 0, 0);
+    else k3c_stamp_plan_end(sp->rec, sp->n0 < 0 || n1 < 0 ? -1 : n1 - sp->n0 - f, f);
+}
+/* The bytes an op moves (weights + activations), added to the plan's open or last op; the expression is
+ * evaluated only while a plan is recorded. */
+#define STAMP_BYTES(bytes)                                                                                         \
+    do {                                                                                                           \
+        if (x->stamp && x->stamp->rec) k3c_stamp_plan_bytes(x->stamp->rec, (double)(bytes));                     \
+    } while (0)
+
 /* A launcher call of the recorded step, bracketed by the executor's op profile (cuda/op_profile.h: a no-op
  * unless K3C_CUDA_PROFILE is set, and never while the stream captures, so only an eager profiled step,
- * k3c_decode_cuda_profile_next, is timed). x: the executor, in scope at every use. */
+ * k3c_decode_cuda_profile_next, is timed) and, at capture, by the stamp plan. x: the executor, in scope at
+ * every use. */
 #define P_TRY(op, call)                                                                                            \
     do {                                                                                                           \
         int ps_ = k3c_op_profile_begin(x->prof, (op), x->st);                                                       \
+        stamp_op_begin(x, (op));                                                                                   \
         int rc_ = (call);                                                                                          \
+        stamp_op_end(x);                                                                                           \
         k3c_op_profile_end(x->prof, ps_, x->st);                                                                   \
         if (rc_ != K3C_OK) return rc_;                                                                             \
     } while (0)
@@ -262,6 +357,7 @@ typedef struct rec {
 
 static int mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
     if (!WPTR(W->w)) return k3c_errorf("decode executor: a [%d x %d] matrix has no device copy", W->rows, W->cols);
+    STAMP_BYTES(2.0 * W->rows * W->cols + 4.0 * T * (W->rows + W->cols));
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
@@ -287,6 +383,7 @@ static void group_add(k3c_decode_cuda *x, group *g, const k3c_mat *W, const floa
 /* K3C_EXEC_GROUP=0 (a diagnostic for A/B runs, read at capture) launches each product on its own instead. */
 static int group_run(k3c_decode_cuda *x, const group *g, int T) {
     if (g->missing) return k3c_errorf("decode executor: a grouped projection's matrix has no device copy");
+    for (int i = 0; i < g->n; i++) STAMP_BYTES(2.0 * g->seg[i].rows * g->seg[i].cols + 4.0 * T * (g->seg[i].rows + g->seg[i].cols));
     static int grouped = -1;
     if (grouped < 0) {
         const char *v = getenv("K3C_EXEC_GROUP");
@@ -325,10 +422,13 @@ static int rec_kda(const rec *s, int l) {
         group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
     }
     P_TRY("kda in-proj (group)", group_run(x, &in, T));
-    if (s->q > 1) /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
-                   * window in place and write neither back: read_only segments, fill_meta) */
+    size_t P = (size_t)H * dk;
+    if (s->q > 1) { /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
+                     * window in place and write neither back: read_only segments, fill_meta) */
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
+        STAMP_BYTES(2.0 * 4 * T * PRE_COPIES * P); /* read + write */
+    }
     P_TRY("kda up-proj (group)", group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
      * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); for many requests those
@@ -340,12 +440,17 @@ static int rec_kda(const rec *s, int l) {
         WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
         c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
         x->kg, x->kbeta, fused ? NULL : x->ko, x->ky, x->st));
+    /* the f32 state and the conv window read and written, ~10 [T, P] activations in and out, the taps */
+    STAMP_BYTES(2.0 * 4 * s->b * ((double)H * dk * dk + 3.0 * (Wc - 1) * P) + 4.0 * T * P * (fused ? 10 : 11) +
+                4.0 * P * (3 * Wc + 1));
     /* verify: ck, cv, kg, kbeta (normed k, conv v, decay, beta) to the slot's store for the commit fold; the
      * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
      * stock path copies before its recurrence */
-    if (s->q > 1)
+    if (s->q > 1) {
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
                                   s->b * POST_COPIES, x->st));
+        STAMP_BYTES(2.0 * 4 * T * (3 * P + H));
+    }
     P_TRY("kda o_proj", mm(x, &w->o_proj, x->ky, T, x->A, 1));
     return K3C_OK;
 }
@@ -368,20 +473,30 @@ static int rec_mla(const rec *s, int l) {
     if (c->q_lora_rank > 0) {
         P_TRY("mla norms", k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
                                x->mqa, c->q_lora_rank, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * c->q_lora_rank);
         P_TRY("mla q_b", mm(x, &w->q_b, x->mqa, T, x->mq, 1));
     }
     P_TRY("mla norms", k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
+    STAMP_BYTES(4.0 * (2.0 * T * lat + kvl));
     void *cache = x->v.kv->layer[l];
     int eb = x->v.be->kv_elem_bytes;
     P_TRY("mla cache write", k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
+    STAMP_BYTES((4.0 + eb) * T * lat);
     const uint16_t *kvb = WPTR(w->kv_b.w);
     float scale = 1.0f / sqrtf((float)(nope + rope));
     P_TRY("mla absorb q", k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
+    STAMP_BYTES(2.0 * Hm * nope * kvl + 4.0 * T * Hm * ((nope + rope) + lat)); /* kv_b's nope rows */
     P_TRY("mla attend", k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
                               (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
                               x->o_lat, x->mla_part, x->mla_part_floats, x->st));
+    STAMP_BYTES(4.0 * T * Hm * (lat + kvl));
+    if (x->stamp && x->stamp->rec) k3c_stamp_plan_positions(x->stamp->rec, (double)lat * eb); /* each row's positions */
     P_TRY("mla absorb o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
-    if (gate) P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+    STAMP_BYTES(2.0 * Hm * vh * kvl + 4.0 * T * Hm * (kvl + vh)); /* kv_b's value rows */
+    if (gate) {
+        P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+        STAMP_BYTES(3.0 * 4 * T * w->g_proj.rows);
+    }
     P_TRY("mla o_proj", mm(x, &w->o_proj, x->mo, T, x->A, 1));
     return K3C_OK;
 }
@@ -393,10 +508,11 @@ static int rec_mla(const rec *s, int l) {
  * reductions per product as the backend, so the same outputs. The sum of the two (the backend's "moe out")
  * is left to the launch that reads the residual next (resid below): *routed and *shared (NULL without shared
  * experts) are the two addends. */
-static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
+static int rec_moe(k3c_decode_cuda *x, int l, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
                    const float **shared_out) {
     const k3c_config *c = x->c;
     int E = c->num_experts, K = c->num_experts_per_token;
+    int *idx = x->stamp ? x->stamp->idx_all + (size_t)l * PMAX * K : x->idx; /* K3C_CUDA_PROFILE=3: kept per layer */
     int Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size;
     int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL;
     int Fs = shared ? w->shared.gate.rows : 0;
@@ -413,16 +529,24 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
     /* with shared experts, routing and their activation (both read only the front's outputs) in one launch,
      * the bits of the two (cuda/router.h): one launch fewer a layer */
     if (shared)
-        P_TRY("moe route + shared act", k3c_cuda_route_act(&x->router, x->rlog, bias, T, x->idx, x->wts, x->act, x->sa,
+        P_TRY("moe route + shared act", k3c_cuda_route_act(&x->router, x->rlog, bias, T, idx, x->wts, x->act, x->sa,
                                                            Fs, x->su, Fs, Fs, 1, x->sa, st));
     else
-        P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
-    P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
-                               latent ? x->z : y, T, x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+        P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, idx, x->wts, st));
+    STAMP_BYTES(4.0 * T * (E + 2 * K + 3.0 * Fs));
+    int mx = c->expert_format == K3C_EXPERTS_MXFP4;
+    P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, mx, Rin, Fm, Rin, latent ? x->z : y, T, idx, x->wts,
+                                              K, x->act, 1, x->h, x->part, x->r, st));
+    /* the routed experts' bytes come from the step's routing (the report): gate, up and down, each [Fm, Rin],
+     * MXFP4 as half a byte a weight and a scale byte per 32, bf16 as 2; activations per pair */
+    STAMP_BYTES(4.0 * T * K * (2.0 * Rin + 2.0 * Fm) + 4.0 * T * Rin);
+    if (x->stamp && x->stamp->rec) k3c_stamp_plan_experts(x->stamp->rec, l, 3.0 * Fm * Rin * (mx ? 0.5 + 1.0 / 32 : 2.0));
     const float *routed = x->r;
     if (latent) {
-        if (c->latent_moe_use_norm)
+        if (c->latent_moe_use_norm) {
             P_TRY("moe latent norm", k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * Rin);
+        }
         group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
@@ -437,7 +561,7 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
  * MoE's routed and shared parts) or *a1. */
 static int rec_ffn(k3c_decode_cuda *x, int l, int T, const float **a1, const float **a2) {
     const k3c_layer_weights *lw = &x->m->weights.layers[l];
-    if (lw->is_moe) return rec_moe(x, &lw->moe, x->x, T, a1, a2);
+    if (lw->is_moe) return rec_moe(x, l, &lw->moe, x->x, T, a1, a2);
     *a1 = x->F;
     *a2 = NULL;
     group gu = {0}; /* gate and up in one launch */
@@ -446,6 +570,7 @@ static int rec_ffn(k3c_decode_cuda *x, int l, int T, const float **a1, const flo
     P_TRY("mlp gate/up (group)", group_run(x, &gu, T));
     int n = T * lw->mlp.gate.rows;
     P_TRY("mlp act", k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
+    STAMP_BYTES(3.0 * 4 * n);
     P_TRY("mlp down", mm(x, &lw->mlp.down, x->ga, T, x->F, 1));
     return K3C_OK;
 }
@@ -487,12 +612,14 @@ static int resid_settle(k3c_decode_cuda *x, resid *r, int T) {
     const float *v = r->a1;
     if (r->a2) {
         P_TRY("moe out", k3c_cuda_add(r->a1, r->a2, TD, 1, x->F, x->st));
+        STAMP_BYTES(3.0 * 4 * TD);
         v = x->F;
     }
     if (!r->P) {
         K3C_CUDA_TRY(cudaMemcpyAsync(r->home, v, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
     } else { /* into home (the same sum wherever it lands): the unfused Mix reads the prefix there */
         P_TRY("residual add", k3c_cuda_add(r->P, v, TD, 1, r->home, x->st));
+        STAMP_BYTES(3.0 * 4 * TD);
     }
     r->P = r->home;
     r->a1 = r->a2 = NULL;
@@ -526,11 +653,13 @@ static int rec_norm(k3c_decode_cuda *x, resid *r, const float *w, int T, float *
     if (!r->a1) {
         P_TRY(final ? "final norm" : "rmsnorm",
               k3c_cuda_rmsnorm(r->P, D, WPTR(w), T, D, c->rms_norm_eps, 1, y, D, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         return K3C_OK;
     }
     const char *op = r->a2 ? (final ? "moe out + residual add + final norm" : "moe out + residual add + rmsnorm")
                            : (final ? "residual add + final norm" : "residual add + rmsnorm");
     P_TRY(op, k3c_cuda_add_rmsnorm(r->P, r->a1, r->a2, WPTR(w), T, D, c->rms_norm_eps, 1, y, x->st));
+    STAMP_BYTES(4.0 * ((r->a2 ? 5.0 : 4.0) * T + 1) * D); /* P, a1, (a2) in, P and y out */
     r->a1 = r->a2 = NULL;
     return K3C_OK;
 }
@@ -548,16 +677,23 @@ static const float *rec_mix(k3c_decode_cuda *x, resid *r, int nb, const float *p
     if (!r->a1) {
         if ((*rc = resid_home(x, r, T)) != K3C_OK) return NULL;
         int ps = k3c_op_profile_begin(x->prof, "attnres mix", x->st);
+        stamp_op_begin(x, "attnres mix");
         *rc = k3c_cuda_attnres_mix(src, nb + 1, T, c->hidden_size, WPTR(proj), WPTR(norm), c->rms_norm_eps, 1, x->a_in,
                                    x->st);
+        stamp_op_end(x);
+        STAMP_BYTES(4.0 * ((nb + 2.0) * T + 2) * c->hidden_size); /* nb + 1 sources in, the mix out, proj, norm */
         k3c_op_profile_end(x->prof, ps, x->st);
         return x->a_in;
     }
     float *dst = r->P == x->res_alt ? r->home : x->res_alt;
-    int ps = k3c_op_profile_begin(x->prof, r->a2 ? "attnres mix + moe out + residual add" : "attnres mix + residual add",
-                                  x->st);
+    const char *op = r->a2 ? "attnres mix + moe out + residual add" : "attnres mix + residual add";
+    int ps = k3c_op_profile_begin(x->prof, op, x->st);
+    stamp_op_begin(x, op);
     *rc = k3c_cuda_attnres_mix_pending(src, nb, r->P, r->a1, r->a2, 1, dst, T, c->hidden_size, WPTR(proj), WPTR(norm),
                                        c->rms_norm_eps, 1, x->a_in, x->st);
+    stamp_op_end(x);
+    /* nb sources, the prefix and the owed addends in; the new prefix and the mix out; proj, norm */
+    STAMP_BYTES(4.0 * ((nb + (r->a2 ? 5.0 : 4.0)) * T + 2) * c->hidden_size);
     k3c_op_profile_end(x->prof, ps, x->st);
     r->P = dst;
     r->a1 = r->a2 = NULL;
@@ -593,6 +729,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
     const float *a1, *a2;
     P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T,
                                   r.P, x->st));
+    STAMP_BYTES(6.0 * T * D);
     L_TRY(rec_aux(x, 0, r.P, T));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
@@ -606,6 +743,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
                 r.P = NULL;
             }
             P_TRY("rmsnorm", k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         } else {
             L_TRY(rec_norm(x, &r, lw->input_norm, T, x->x, 0)); /* + the previous layer's FFN add */
         }
@@ -615,6 +753,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
             const float *m_in = rec_mix(x, &r, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
             L_TRY(rc);
             P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         } else {
             L_TRY(rec_norm(x, &r, lw->post_norm, T, x->x, 0)); /* + the attention's add */
         }
@@ -632,6 +771,7 @@ static int record_step(k3c_decode_cuda *x, int T, int q) {
         const float *h = rec_mix(x, &r, nb, W->out_res_proj, W->out_res_norm, T, &rc);
         L_TRY(rc);
         P_TRY("final norm", k3c_cuda_rmsnorm(h, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
     } else {
         L_TRY(rec_norm(x, &r, W->final_norm, T, x->G, 1));
     }
@@ -681,7 +821,16 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
     if (x->graph[rows][q]) return K3C_OK;
     cudaGraph_t g = NULL;
     K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
+    if (x->stamp) { /* K3C_CUDA_PROFILE=3: the shape's plan of ops, with their launch counts and bytes */
+        k3c_stamp_plan_free(&x->stamp->plan[rows][q]);
+        x->stamp->rec = &x->stamp->plan[rows][q];
+        k3c_cuda_stamp_counting(1);
+    }
     int rc = record_step(x, rows, q);
+    if (x->stamp) {
+        x->stamp->rec = NULL;
+        k3c_cuda_stamp_counting(0);
+    }
     cudaError_t ce = cudaStreamEndCapture(x->st, &g);
     if (rc != K3C_OK) {
         if (g) cudaGraphDestroy(g);
@@ -838,6 +987,76 @@ static int run_stamped(k3c_decode_cuda *x, int T, int q) {
     return K3C_OK;
 }
 
+/* K3C_CUDA_PROFILE=3, after a replay (its stream idle): the graph's event time; after the stamped one, the
+ * stamps off and downloaded with the step's routing, kept for k3c_decode_cuda_stamp_report. */
+static int stamp_collect(k3c_decode_cuda *x, int T, int q, int stamped, int argmax, double t_begin) {
+    stamp_state *sp = x->stamp;
+    float ms = 0;
+    K3C_CUDA_TRY(cudaEventElapsedTime(&ms, sp->ev[0], sp->ev[1]));
+    if (!stamped) {
+        sp->ev_ms[T][q][sp->ev_n[T][q]++ % STAMP_EV] = ms;
+        return K3C_OK;
+    }
+    sp->wall_ms = wall_ms() - t_begin;
+    sp->gpu_ms = ms;
+    K3C_TRY(k3c_cuda_stamps_off(sp->dev, x->st));
+    K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+    const k3c_stamp_rec *rec;
+    size_t n;
+    K3C_TRY(k3c_cuda_stamps_download(sp->dev, &rec, &n, &sp->dropped));
+    free(sp->L);
+    sp->L = NULL;
+    K3C_TRY(k3c_stamp_launches(rec, n, &sp->L, &sp->nl, &sp->info));
+    int L = x->c->num_layers, K = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1;
+    for (int l = 0; l < L; l++)
+        if (sp->is_moe[l])
+            K3C_CUDA_TRY(cudaMemcpy(sp->route + (size_t)l * T * K, sp->idx_all + (size_t)l * PMAX * K,
+                                    sizeof(int) * (size_t)T * K, cudaMemcpyDeviceToHost));
+    const int *alen = (const int *)(x->meta_h + x->off_alen);
+    sp->positions = 0;
+    for (int t = 0; t < T; t++) sp->positions += alen[t];
+    /* the shape's plan, and the arg-max after the graph (cuda/sample.h: one launch) when the step took it */
+    const k3c_stamp_plan *pl = &sp->plan[T][q];
+    k3c_stamp_plan_free(&sp->last_plan);
+    for (int i = 0; i < pl->n && !sp->last_plan.failed; i++) {
+        k3c_stamp_plan_add(&sp->last_plan, pl->op[i].name, 0, 0);
+        if (!sp->last_plan.failed) sp->last_plan.op[sp->last_plan.n - 1] = pl->op[i];
+    }
+    sp->last_plan.failed |= pl->failed || pl->n == 0;
+    if (argmax) k3c_stamp_plan_add(&sp->last_plan, "argmax", 1, 4.0 * T * x->c->vocab_size);
+    sp->T = T;
+    sp->q = q;
+    sp->have = 1;
+    return K3C_OK;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms) {
+    stamp_state *sp = x->stamp;
+    if (!sp) return k3c_errorf("decode executor: no block stamps (K3C_CUDA_PROFILE=3 was not set when the executor was built)");
+    if (!sp->have) return k3c_errorf("decode executor: no stamped step since the last report");
+    if (sp->bandwidth == 0 && k3c_cuda_copy_bandwidth(&sp->bandwidth) != K3C_OK) sp->bandwidth = 0;
+    int T = sp->T, q = sp->q, n = sp->ev_n[T][q] < STAMP_EV ? sp->ev_n[T][q] : STAMP_EV;
+    float ev[STAMP_EV];
+    memcpy(ev, sp->ev_ms[T][q], sizeof(float) * (size_t)n);
+    qsort(ev, (size_t)n, sizeof *ev, cmp_float);
+    fprintf(f, "STAMP b=%d q=%d: the graph on the GPU (two events around the launch): stamped %.3f ms, plain %.3f ms "
+               "(median of the last %d replays of this shape); the stamped step's executor wall time %.3f ms\n",
+            T / q, q, sp->gpu_ms, n ? ev[n / 2] : 0.0, n, sp->wall_ms);
+    k3c_stamp_step st = {.rows = T, .q = q, .bandwidth = sp->bandwidth, .plain_ms = plain_ms, .stamped_ms = sp->wall_ms,
+                         .positions = sp->positions, .tick_ns = k3c_cuda_stamps_tick_ns(sp->dev), .dropped = sp->dropped,
+                         .route = sp->route, .layers = x->c->num_layers,
+                         .k = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1,
+                         .experts = x->c->num_experts, .is_moe = sp->is_moe};
+    int rc = k3c_stamp_report(f, &sp->last_plan, sp->L, sp->nl, &sp->info, &st);
+    sp->have = 0;
+    return rc;
+}
+
 /* One step: logits into the caller's buffer, or (ids non-NULL) only each row's greedy token id. */
 static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits,
                     int32_t *ids, float *aux) {
@@ -852,13 +1071,22 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
     K3C_TRY(fill_meta(x, reqs, n, q));
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
     if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* metadata and its upload issued */
-    if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly or stamped (header) */
+    int stamped = 0;
+    if (x->profile_next && x->prof && !x->stamp) { /* the same launches as the graph, eagerly or stamped (header) */
         x->profile_next = 0;
         K3C_TRY(k3c_op_profile_stamps(x->prof) ? run_stamped(x, T, q) : record_step(x, T, q));
+    } else if (x->stamp) { /* K3C_CUDA_PROFILE=3: every replay timed; the profiled one with block stamps on */
+        stamped = x->profile_next;
+        x->profile_next = 0;
+        if (stamped) K3C_TRY(k3c_cuda_stamps_on(x->stamp->dev, x->st));
+        K3C_CUDA_TRY(cudaEventRecord(x->stamp->ev[0], x->st));
+        K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
+        K3C_CUDA_TRY(cudaEventRecord(x->stamp->ev[1], x->st));
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
-    K3C_TRY(download_results(x, T, logits, ids, aux));
+    K3C_TRY(download_results(x, T, logits, ids, aux)); /* the arg-max in it is stamped too */
+    if (x->stamp) K3C_TRY(stamp_collect(x, T, q, stamped, ids != NULL, t_begin));
     k3c_op_profile_collect(x->prof); /* the stream is idle after the downloads */
     x->replays++;
     return K3C_OK;
@@ -921,5 +1149,9 @@ void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]) {
     ms[0] = ms[1] = 0;
 }
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { (void)x; return NULL; }
+int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms) {
+    (void)x, (void)f, (void)plain_ms;
+    return k3c_errorf("decode executor: no CUDA");
+}
 
 #endif

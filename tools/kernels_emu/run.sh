@@ -13,7 +13,7 @@ moe=$root/tools/moe_emu
 out=${TMPDIR:-/tmp}/kernels_emu
 mkdir -p "$out/gen/cuda"
 for f in attnres gemm elementwise; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common stamp mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc"
 for f in attnres gemm elementwise; do $cxx -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
