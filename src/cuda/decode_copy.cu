@@ -4,6 +4,7 @@
 
 #include "cuda/check.h"
 #include "cuda/decode_copy.h"
+#include "cuda/stamp.cuh"
 
 #define COPY_THREADS 256
 #define COPY_BLOCKS_PER_DESC 8
