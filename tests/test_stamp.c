@@ -295,7 +295,13 @@ TEST(stamp_report_tables) {
     /* launches that do not match the plan: listed by kernel, no op table */
     p.op[0].kernels = 2;
     s = report_text(&p, L, nl, &info, &st);
-    CHECK(s && strstr(s, "NOT mapped (launch count differs") && !strstr(s, "STAMPOP") && strstr(s, "STAMPL b=2 q=1    3 mla_attend"));
+    CHECK(s && strstr(s, "NOT mapped (launch count differs") && strstr(s, "STAMPL b=2 q=1    3 mla_attend"));
+    /* then each launch is an op of its kernel's class: moe_band_lists and moe_band are the experts' two */
+    CHECK(line_of(s, "STAMPOP b=2 q=1    1 moe_band_lists", line, sizeof line));
+    CHECK(line_of(s, "STAMPCLASS b=2 q=1 experts", line, sizeof line));
+    CHECKF(sscanf(line + strlen("STAMPCLASS b=2 q=1 experts"), "%15s %d %d %lf %lf %lf", cls, &ops, &launches, &span,
+                  &gap, &pitch) == 6 && ops == 2 && launches == 2 && fabs(pitch - 7.5) < 1e-6, "%s", line);
+    CHECK(line_of(s, "STAMPSTEP b=2 q=1 gpu_us 19.50 ", line, sizeof line));
     free(s);
     k3c_stamp_plan_free(&p);
     free(L);

@@ -264,7 +264,9 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 printf("PROF %s batch %d q %d: one greedy specialized step replayed with block stamps: %.3f ms wall "
                        "(plain: SPEC %.3f, SPECID %.3f ms, medians above)\n", preset, b, q, pmed * 1e3, med * 1e3,
                        imed * 1e3);
-                if (k3c_engine_profile(e, K3C_PROFILE_REPORT_SPECIALIZED, stdout, imed * 1e3) != K3C_OK) goto fail;
+                /* a shape without a report (its step did not run stamped) is said, not fatal to the others */
+                if (k3c_engine_profile(e, K3C_PROFILE_REPORT_SPECIALIZED, stdout, imed * 1e3) != K3C_OK)
+                    printf("PROF %s batch %d q %d: no block-stamp report: %s\n", preset, b, q, cli_error());
                 fflush(stdout);
             } else if (profiling > 0) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run
                                   * eagerly; =2: PROF_STAMPED more, each replayed from a graph with a stamp after
