@@ -355,6 +355,7 @@ TEST(stamp_classes_and_names) {
         int cls = k3c_stamp_class_of_kid(k);
         CHECK(cls >= 0 && cls < K3C_SCLASS_COUNT);
     }
-    CHECK(k3c_stamp_class_of_kid(K3C_KID_MOE_BAND) == K3C_SCLASS_EXPERTS && k3c_stamp_class_of_kid(K3C_KID_ARGMAX) == K3C_SCLASS_ARGMAX);
+    CHECK(k3c_stamp_class_of_kid(K3C_KID_MOE_BAND) == K3C_SCLASS_EXPERTS &&
+          k3c_stamp_class_of_kid(K3C_KID_ARGMAX) == K3C_SCLASS_ARGMAX);
     CHECK(!strcmp(k3c_stamp_kid_name(K3C_KID_COUNT), "?"));
 }

@@ -93,6 +93,12 @@ fi
         awk '$1 == "STAMPCLASS" && $4 != "class" { printf "CLASS %-8s %s %s pitch_us %9.1f MB %9.1f GB/s %7.1f copy %5.3f ramp %6.2f drain %6.2f ops %d\n", $4, $2, $3, $10, $13, $15, $16, $11, $12, $6 }' "$f"
     done
 } >"$OUT/summary.txt"
+# the model of docs/decode-limits.md section 3 on the measured ops: as measured, and with the experts at the
+# MXFP4 kernel's target rate
+if command -v python3 >/dev/null 2>&1; then
+    python3 tools/stamp_predict.py "$OUT"/stamp_*.txt >>"$OUT/summary.txt" 2>&1
+    python3 tools/stamp_predict.py --eta-experts 0.60 "$OUT"/stamp_*k3-slice.txt >>"$OUT/summary.txt" 2>&1
+fi
 cat "$OUT/summary.txt"
 echo "gpu-measure: $(($(date +%s) - t0)) s, output in $OUT (exit $rc)"
 exit $rc

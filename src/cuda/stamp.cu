@@ -111,7 +111,8 @@ int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out) {
     *out = NULL;
     if (records == 0) records = (size_t)8 << 20;
     size_t cap = records / K3C_STAMP_REGIONS;
-    if (cap < 16 || cap > 0xffffffffu) return k3c_errorf("stamps: %zu records (%d regions of 16 .. 2^32 - 1)", records, K3C_STAMP_REGIONS);
+    if (cap < 16 || cap > 0xffffffffu)
+        return k3c_errorf("stamps: %zu records (%d regions of 16 .. 2^32 - 1)", records, K3C_STAMP_REGIONS);
     k3c_cuda_stamps *s = (k3c_cuda_stamps *)calloc(1, sizeof *s);
     if (!s) return k3c_errorf_kind(K3C_ERROR_OOM, "stamps: out of host memory");
     s->ctl.cap = (unsigned int)cap;
@@ -131,7 +132,8 @@ int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out) {
 
 static int bind_all(const k3c_stamp_ctl *c, void *stream) {
     for (size_t i = 0; i < sizeof binders / sizeof binders[0]; i++)
-        if (binders[i](c, stream) != 0) return k3c_errorf_kind(K3C_ERROR_DEVICE, "stamps: binding translation unit %zu failed", i);
+        if (binders[i](c, stream) != 0)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "stamps: binding translation unit %zu failed", i);
     return K3C_OK;
 }
 

@@ -2,8 +2,9 @@
  * global timer (%globaltimer, ns, one clock for all SMs) when it starts, when its griddepcontrol.wait returns
  * (k3c_pdl_wait) and when each of its warps ends. From them a replayed step gives, per launch, the spread of
  * block arrivals (the launch ramp), of block ends (the drain) and the gaps between launches: the phase costs a
- * persistent decode kernel would remove (docs/decode-limits.md). cuda/stamp.cuh holds the device side (a
- * line at a kernel's start and one at its end); this header the record layout shared with the host report (decode/stamp_report.h), plain C.
+ * persistent decode kernel would remove (docs/decode-limits.md). cuda/stamp.cuh holds the device side (a line
+ * at a kernel's start and one at its end); this header the record layout shared with the host report
+ * (decode/stamp_report.h), plain C.
  *
  * Records go to K3C_STAMP_REGIONS regions of `cap` records, one region per (SM, warp slot mod 4), each with
  * its own counter, so that the atomic that claims a slot is shared by few warps. Launches are told apart by

@@ -429,8 +429,10 @@ int k3c_stamp_report(FILE *f, const k3c_stamp_plan *plan, const k3c_stamp_launch
                "cuBLASLt kernels: %s\n",
             tag, nl, info->records, st->dropped, info->orphans, st->tick_ns, info->by_time ? "start time" : "grid id",
             info->inversions, info->dup_begin, plan->n, want, foreign,
-            mapped ? "mapped to ops" : plan->failed ? "NOT mapped (the plan's node counts failed)"
-                                                     : "NOT mapped (launch count differs: the tables take each launch as an op, by kernel, without bytes)");
+            mapped         ? "mapped to ops"
+            : plan->failed ? "NOT mapped (the plan's node counts failed)"
+                           : "NOT mapped (launch count differs: the tables take each launch as an op, by kernel, "
+                             "without bytes)");
     uint64_t t0 = step_start(L, nl);
     /* per launch: always (the detail under the op table) */
     fprintf(f, "STAMPL %s %4s %-18s %-8s %4s %6s %9s %7s %7s %8s %7s %8s %8s %4s\n", tag, "#", "kernel", "class", "op",
