@@ -9,12 +9,14 @@
 # launch), COVER (experts per MoE layer, pairs per expert). The stock STEP rows are slower in this mode (the
 # stock path times each op with events, as with K3C_CUDA_PROFILE=1): compare SPEC / SPECID only.
 #
-# Output: $OUT/stamp_<preset>.txt (everything), $OUT/summary.txt (what is printed at the end: the SPEC rows,
-# the step lines, the class table condensed, the coverage summaries), $OUT/build.log.
-# Then (VERIFY=1) each preset's batch 1 at q = 4 with the stamps on (the verify goal), and (PLAIN=1) each
+# Then (VERIFY=1) each preset's batch 1 at q = 1, 4 with the stamps on (the verify goal), and (PLAIN=1) each
 # preset's batches once more with K3C_CUDA_PROFILE unset: the production path, SPEC rows with no profile
-# object at all. The build takes about a minute on 16 cores (the slowest .cu, moe_pair.cu, 6 s alone); a
-# bench run ~30 s (engine, prefill, captures, 3 shapes).
+# object at all. The build should take about a minute on 16 cores (the slowest .cu, moe_pair.cu, compiles in
+# 6 s alone on this project's 2-core machine); a bench run an estimated ~30 s (engine, prefill, captures).
+#
+# Output: $OUT/stamp_<preset>.txt, stamp_q4_<preset>.txt, plain_<preset>.txt (each run whole),
+# $OUT/summary.txt (what is printed at the end: the SPEC rows, the step lines, the class table condensed, the
+# coverage summaries, tools/stamp_predict.py's predictions), $OUT/build.log.
 # Environment: OUT (default ./out/measure), BUILD (default build), JOBS (16), VERIFY (1), PLAIN (1),
 # KL_BATCHES (1,2,8), K3_BATCHES (1,8,64), CONTEXT (64).
 set -uo pipefail
