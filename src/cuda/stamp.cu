@@ -109,7 +109,7 @@ static int alloc_device(k3c_cuda_stamps *s, size_t cap) {
 
 int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out) {
     *out = NULL;
-    if (records == 0) records = (size_t)8 << 20;
+    if (records == 0) records = (size_t)24 << 20;
     size_t cap = records / K3C_STAMP_REGIONS;
     if (cap < 16 || cap > 0xffffffffu)
         return k3c_errorf("stamps: %zu records (%d regions of 16 .. 2^32 - 1)", records, K3C_STAMP_REGIONS);

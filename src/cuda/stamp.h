@@ -67,7 +67,9 @@ typedef enum k3c_stamp_kid {
 
 /* Host side (cuda/stamp.cu; CUDA builds only). */
 typedef struct k3c_cuda_stamps k3c_cuda_stamps;
-/* Device buffers for `records` records in all (0: 8M, 128 MiB), the globaltimer's tick measured once. */
+/* Device buffers for `records` records in all (0: 24M, 384 MiB: a k3-slice b=64 step should write ~6M, mostly the
+ * cuBLASLt products' staging and rounding kernels, in 528 of the 1024 regions on an H200), the globaltimer's
+ * tick measured once and the stamp checked on the device (a self-test kernel). */
 int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out);
 void k3c_cuda_stamps_free(k3c_cuda_stamps *s);
 /* On: zeroes the counters and points every stamped translation unit at the buffers, in stream order on s.
