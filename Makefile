@@ -7,9 +7,12 @@
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
 #   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
+#   make serve-asan-test   k3c serve under ASan+UBSan: random requests and the load test (what .ci/run runs)
 #   make asan-test  the hardening tests (crash cases: failed allocations, NULL handles, bad input) under
 #                   ASan+UBSan, a CPU-only build in build-asan (what .ci/run runs after `make test`)
-#   make deps       install the Debian packages k3c needs (root)
+#   make deps       install the Debian packages k3c needs (root); a build that finds one missing runs it
+#                   itself (as root, or through sudo where that works without a password), else stops
+#                   naming the packages
 
 # Without -j on the command line, one job per core: a plain `make` with nvcc was one nvcc at a time
 # (`make -j1` still builds serially).
@@ -30,8 +33,11 @@ override CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror=impli
            -fno-strict-aliasing -pthread $(ARCHFLAGS) -Iinclude -Isrc -MMD -MP
 override LDLIBS  += -lcjson -lpcre2-8 -lm -pthread
 
-LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/server/*' | sort)
 CLI_SRC  := $(shell find src/cli -name '*.c' | sort)
+# the OpenAI server (k3c serve): a front end like the CLI, linked into build/k3c (and the tests), not the library
+SERVER_SRC := $(shell find src/server -name '*.c' | sort)
+SERVER_LIBS ?= -lmicrohttpd
 TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' -not -path 'tests/fuzz/*' | sort)
 # Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
 # files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
@@ -56,22 +62,23 @@ endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+SERVER_OBJ := $(SERVER_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: all test gpu-test fuzz fuzz-deps fuzz-load asan-test clean deps install example-check
+.PHONY: FORCE all test gpu-test fuzz fuzz-deps fuzz-load asan-test serve-asan-test clean deps install example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
 $(LIB): $(CU_OBJ) $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/k3c: $(LIB) $(CLI_OBJ)
-	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
+$(BUILD)/k3c: $(LIB) $(CLI_OBJ) $(SERVER_OBJ)
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(SERVER_OBJ) $(LIB) $(SERVER_LIBS) $(LDLIBS)
 
-$(BUILD)/test_k3c: $(TEST_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS)
+$(BUILD)/test_k3c: $(TEST_OBJ) $(SERVER_OBJ) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(SERVER_OBJ) $(LIB) $(SERVER_LIBS) $(LDLIBS)
 
 $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB) $(LDLIBS)
@@ -87,12 +94,43 @@ $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 
 # the default tokenizer's ranks are assembled into this object (.incbin)
 $(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
+# the default model's files are assembled into this object (.incbin)
+$(BUILD)/src/model/default_model.o: $(wildcard models/k3-fortune/*.json models/k3-fortune/*.safetensors models/k3-fortune/tiktoken.model)
 
-$(BUILD)/%.o: %.c
+# What the build needs from Debian (make deps): checked with the compiler and flags of this build (GPU hosts
+# point CFLAGS at unpacked packages instead), installed when missing and we are root (or have sudo), so that
+# the README's first command works on a fresh machine; otherwise one message naming what to install.
+DEPS_MISSING := $(strip \
+    $(shell printf '\043include <cjson/cJSON.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || echo libcjson-dev) \
+    $(shell printf '\043define PCRE2_CODE_UNIT_WIDTH 8\n\043include <pcre2.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || echo libpcre2-dev) \
+    $(shell printf '\043include <microhttpd.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || echo libmicrohttpd-dev) \
+    $(if $(shell command -v pkg-config),,pkg-config))
+ifneq ($(DEPS_MISSING),)
+$(BUILD)/.deps:
+	@echo "k3c: $(DEPS_MISSING) missing: installing (make deps)"
+	@if [ "$$(id -u)" = 0 ]; then sh -c '$(DEPS_INSTALL)'; \
+	elif command -v sudo >/dev/null; then sudo sh -c '$(DEPS_INSTALL)'; \
+	else echo "k3c: as root, run: make deps   (apt-get install $(DEB_PACKAGES))" >&2; exit 1; fi
+	@mkdir -p $(BUILD) && touch $@
+else
+$(BUILD)/.deps:
+	@mkdir -p $(BUILD) && touch $@
+endif
+
+# The flags an object was compiled with: a build with nvcc and one without (NVCC=) compile the same .c files
+# differently (K3C_HAVE_CUDA), so switching between them in one build folder recompiles everything instead of
+# linking stale objects.
+BUILD_FLAGS := $(HAVE_CUDA) | $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS)
+$(BUILD)/.flags: FORCE
+	@mkdir -p $(BUILD)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(BUILD_FLAGS)' ]; then printf '%s' '$(BUILD_FLAGS)' > $@; fi
+FORCE:
+
+$(BUILD)/%.o: %.c $(BUILD)/.flags | $(BUILD)/.deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(BUILD)/.flags | $(BUILD)/.deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -110,6 +148,7 @@ FUZZ_CC    ?= clang
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude -Isrc -pthread
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
 FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(addprefix src/text/,strbuf.c pyjson.c chat.c chat_k2.c chat_k3.c parse.c parse_k2.c parse_k3.c)
+FUZZ_SERVER := src/server/openai.c src/server/stop.c src/server/buf.c
 FUZZ_SECONDS ?= 30
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
@@ -121,6 +160,9 @@ fuzz:
 	$(BUILD)/fuzz/fuzz_index $(FUZZ_RUN) -dict=tests/fuzz/index.dict $(BUILD)/fuzz/corpus_index tests/fuzz/corpus_index
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_chat tests/fuzz/fuzz_chat.c $(FUZZ_TEXT) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_chat $(FUZZ_RUN) $(BUILD)/fuzz/corpus_chat tests/fuzz/corpus_chat
+	@mkdir -p $(BUILD)/fuzz/corpus_server
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
+	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server
 
 fuzz-deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
@@ -155,7 +197,7 @@ install: $(BUILD)/k3c $(LIB)
 	install -m 644 include/k3c.h '$(DESTDIR)$(INCLUDEDIR)/k3c.h'
 	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' 'Name: k3c' \
 	    'Description: $(PC_DESCRIPTION)' \
-	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson' 'Cflags: -I$${includedir}' \
+	    'Version: $(K3C_VERSION)' 'Requires.private: libcjson libpcre2-8' 'Cflags: -I$${includedir}' \
 	    'Libs: -L$${libdir} -lk3c' 'Libs.private: $(PC_LIBS_PRIVATE)' > '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
 	chmod 644 '$(DESTDIR)$(PKGCONFIGDIR)/k3c.pc'
 
@@ -177,8 +219,24 @@ asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-asan/test_k3c hardening_
 
+# k3c serve under ASan + UBSan (build-asan, CPU only): a bounded random-request run (tools/serve_fuzz.py) and
+# the load test, smaller (tools/serve_load.py: streams cut at random points, garbage clients, preemption). A
+# sanitizer report ends the server, which the scripts see as a crash; leaks at exit make its status non-zero.
+SERVE_ASAN_STREAMS ?= 100
+SERVE_ASAN_REQUESTS ?= 300
+serve-asan-test:
+	$(MAKE) BUILD=build-asan NVCC= CFLAGS="$(ASAN_CFLAGS)" build-asan/k3c
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_fuzz.py --k3c build-asan/k3c --requests $(SERVE_ASAN_REQUESTS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    python3 tools/serve_load.py --k3c build-asan/k3c --streams $(SERVE_ASAN_STREAMS) --prompts 16 --timeout 900
+
+# The Debian packages k3c needs: the libraries it builds against (cJSON, PCRE2, libmicrohttpd for k3c serve),
+# pkg-config for k3c.pc, and tmux for the test of `k3c chat` in a terminal (skipped without it).
+DEB_PACKAGES := libcjson-dev libpcre2-dev libmicrohttpd-dev pkg-config tmux
+DEPS_INSTALL := apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES)
 deps:
-	apt-get update -qq && apt-get install -y -qq libcjson-dev libpcre2-dev pkg-config
+	$(DEPS_INSTALL)
 
 clean:
 	rm -rf $(BUILD)

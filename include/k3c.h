@@ -90,8 +90,14 @@ int k3c_load(const char *dir, k3c_model **out);
 void k3c_free(k3c_model *m);
 
 /* Writes a synthetic checkpoint of a named preset (tiny, mini, kimi-linear-tiny, ...) to dir, in the
- * published layout, deterministic per seed. */
+ * published layout, deterministic per seed, on one thread per core; a checkpoint of 64 MB or more reports
+ * progress events (k3c_set_progress). The bytes do not depend on the thread count. */
 int k3c_synthesize(const char *preset, uint64_t seed, const char *dir);
+/* Writes the embedded default model (models/k3-fortune: a trained K3-architecture checkpoint with its
+ * tokenizer, 12.5 MB) into dir, an existing directory the caller owns and removes; k3c_load reads it. */
+int k3c_default_model_write(const char *dir);
+/* k3c_synthesize on `threads` generator threads (0 = one per core). */
+int k3c_synthesize_threads(const char *preset, uint64_t seed, const char *dir, int threads);
 /* The preset names, NULL-terminated (static). */
 const char *const *k3c_preset_names(void);
 /* 1 when the preset has weights k3c_synthesize writes to disk; 0 for a config-only (benchmark or
@@ -182,8 +188,13 @@ typedef struct k3c_engine_options {
     int block_size;          /* MLA cache block, tokens; default 16 */
     int num_blocks;          /* MLA cache blocks; 0 = enough for max_requests full contexts */
     int q_max;               /* most tokens one verify may hold; default 8 */
-    int chunk_min;           /* prompt rows >= this use the chunked KDA form; 0 = 16 */
-    int mla_expand_min;      /* prompt rows >= this use the expanded MLA form (where the backend has it); 0 = 128 */
+    /* Batch invariance (k3c_engine_prompt_piece): the forms of KDA and MLA are chosen per row by position.
+     * chunk_min: the KDA block C (0 = 64, at least 2): a non-verify item's rows in whole aligned blocks
+     * [k C, (k + 1) C) use the chunked form, every other row the recurrence. mla_expand_min: the MLA block
+     * (0 = 128, rounded up to a multiple of C): rows in whole aligned blocks attend in the expanded form (where
+     * the backend has it), every other row absorbed. A block larger than max_rows is never used. */
+    int chunk_min;
+    int mla_expand_min;
     int poison_freed_blocks; /* debug: fill blocks of closed requests with NaN */
     /* diagnostic (cpu and cuda): keep activations in f32, no bf16 rounding anywhere, to check the forward against
      * float64 / fp32 references far below bf16 noise (where routing near-ties would otherwise flip experts) */
@@ -239,6 +250,18 @@ typedef struct k3c_engine_memory {
     long cache_tokens;        /* token positions the MLA cache holds, all requests together */
 } k3c_engine_memory;
 int k3c_engine_memory_get(const k3c_engine *e, k3c_engine_memory *out);
+
+/* Batch invariance: a request's logits depend only on its own tokens, bit for bit, not on the other items of
+ * its steps, on verify against decode (a verified row equals the decoded one) or on how its prompt was cut
+ * into items, as long as every cut is one k3c_engine_prompt_piece allows. The runner and k3c_generate cut
+ * that way. (Within one backend; CPU and CUDA differ by f32 summation order, and on CUDA some kernels are
+ * not invariant yet: docs/DESIGN.md.)
+ * k3c_engine_prompt_piece: how many tokens (<= max_tokens) a request holding `pos` tokens of a prompt that
+ * ends at position `end` should feed next; 0 when no allowed cut lies within max_tokens, which never happens
+ * for max_tokens >= k3c_engine_prompt_grid (a cut at a multiple of the grid is always allowed, at most
+ * max_rows). */
+int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_tokens);
+int k3c_engine_prompt_grid(const k3c_engine *e);
 
 /* Opens a fresh request (empty cache, zero KDA state); *id identifies it until closed. */
 int k3c_request_open(k3c_engine *e, int *id);
@@ -389,13 +412,16 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
  * steps run there (greedy steps download only token ids); without one every step runs stock.
  *
  * Speculation is greedy only: requests with temperature > 0 always decode one token (with speculation on
- * they then make the step a mixed one). Drafts are checked against the argmax, so greedy streams are the
- * same with and without speculation. */
+ * they then make the step a mixed one). Drafts are checked against the argmax, and the engine is batch
+ * invariant (above), so a greedy stream is the same bit for bit with and without speculation, alone or
+ * beside any other requests, for any prefill_budget. */
 typedef struct k3c_runner k3c_runner;
 
 typedef struct k3c_runner_options {
     int spec_tokens;    /* d: drafts per verify, 0 = no speculation; 1 + d must not exceed the engine's q_max */
-    int prefill_budget; /* prompt tokens per step, all requests together; 0 = the engine's max_rows */
+    /* prompt tokens per step, all requests together; 0 = the engine's max_rows; raised to the engine's
+     * k3c_engine_prompt_grid (chunks are cut where k3c_engine_prompt_piece allows) */
+    int prefill_budget;
     int max_active;     /* requests holding engine slots at once; 0 = every slot the engine has free */
 } k3c_runner_options;
 
@@ -439,6 +465,131 @@ int k3c_runner_output(const k3c_runner *r, int handle, const int32_t **tokens, i
 void k3c_runner_stats_get(const k3c_runner *r, k3c_runner_stats *out);
 const char *k3c_runner_route_name(int route);   /* "stock", "decode", "verify", "wide" */
 const char *k3c_runner_reason_name(int reason); /* decode/plan.h's k3c_stock_reason_name */
+
+/* ---- serving scheduler: requests that come and go over one engine ----
+ * A waiting queue and a running set over one engine. Each k3c_scheduler_step admits, preempts and builds
+ * ONE engine step: every running request's decode (or verify, with speculation) first, then prompt chunks
+ * within max_batched_tokens, each chunk ending on an MLA block multiple of the request's absolute position
+ * (or at the prompt's end). Admission needs a free KDA slot and enough free MLA blocks for the first chunk;
+ * when a step's blocks run out the newest request (FCFS) or the lowest-priority one (PRIORITY: the largest
+ * (priority, arrival)) is preempted by recompute: its blocks and slot are freed and it waits at the front of
+ * the queue, its generated tokens kept and prefilled again as part of its prompt, so its output goes on
+ * unchanged when it resumes. Prefix caching: full MLA blocks are kept, keyed by a hash chain of their tokens,
+ * with a snapshot of the KDA state where a prefill chunk ended on a block boundary; a request whose prompt
+ * starts with such a prefix shares those blocks, restores the snapshot and skips those tokens
+ * (cached_tokens). Every step goes through the engine, so its plan routes decode and uniform verify steps to
+ * the specialized executor on CUDA.
+ *
+ * Threads: one thread owns the scheduler and calls k3c_scheduler_step (and k3c_scheduler_wait) in a loop;
+ * submit, abort and stats_get may be called from any thread (they take an internal mutex, which step holds
+ * only around its queue edits, never across the engine step). */
+typedef struct k3c_scheduler k3c_scheduler;
+
+typedef enum k3c_sched_policy { K3C_SCHED_FCFS = 0, K3C_SCHED_PRIORITY = 1 } k3c_sched_policy;
+
+typedef struct k3c_scheduler_options {
+    int max_seqs;           /* running requests at once (<= the engine's max_requests); 0 = the engine's */
+    int max_batched_tokens; /* tokens per step, decodes first, then prefill chunks; 0 = the engine's max_rows */
+    int max_queue;          /* waiting requests before submit refuses (returns 1); 0 = 1024 */
+    k3c_sched_policy policy;
+    int spec_tokens;        /* prompt-lookup drafts per verify (0 = off); 1 + spec_tokens <= the engine's q_max */
+    int prefix_caching;     /* 1 = on (k3c_scheduler_options_default), 0 = off */
+    size_t snapshot_bytes;  /* KDA snapshot memory cap, host bytes; 0 = the default (256 MiB) */
+    int snapshot_interval;  /* keep a snapshot every this many MLA blocks of a prompt (retention); 0 = 1 */
+} k3c_scheduler_options;
+
+typedef struct k3c_sched_sampling {
+    k3c_sampling base;      /* temperature, top_k, top_p, seed (a per-request generator) */
+    float min_p;            /* 0 = off: drop tokens under min_p x the top probability */
+    float presence_penalty, frequency_penalty; /* 0 = off (OpenAI's: over the generated tokens) */
+    float repetition_penalty; /* 1 (or 0) = off (CTRL / vLLM: over prompt and generated tokens) */
+    int logprobs;           /* 0 = none; n > 0 = the chosen token's logprob and the top n - 1 alternatives */
+} k3c_sched_sampling;
+
+typedef struct k3c_sched_request {
+    const int32_t *prompt;  /* [n_prompt], copied by submit */
+    int n_prompt;
+    int max_new;            /* tokens to generate, >= 1; n_prompt + max_new <= the engine's max_context */
+    k3c_sched_sampling sampling;
+    const int32_t *stop_ids; /* [n_stop_ids], copied; generation ends when one is sampled */
+    int n_stop_ids;
+    int ignore_eos;         /* 0: the model's eos_token_id ends generation too */
+    int priority;           /* lower first (PRIORITY policy; must be 0 under FCFS) */
+    /* Prompt tokens later requests will likely share (a system prompt, the earlier turns of a chat; 0 = none):
+     * prefill stops once at the last block boundary within them, so a KDA snapshot is kept there and the
+     * next request starting with them hits it. Without a hint a prefix becomes a hit from the third request
+     * that shares it (the second leaves the snapshot where it parts from the first). */
+    int prefix_hint;
+    void *user;             /* returned in its events */
+} k3c_sched_request;
+
+typedef enum k3c_sched_event_kind { K3C_SCHED_TOKEN = 0, K3C_SCHED_FINISHED = 1 } k3c_sched_event_kind;
+typedef enum k3c_finish_reason {
+    K3C_FINISH_NONE = 0,
+    K3C_FINISH_STOP,    /* a stop id or eos was sampled (it is in stop_token, not in a TOKEN event) */
+    K3C_FINISH_LENGTH,  /* max_new tokens */
+    K3C_FINISH_ABORT,   /* k3c_scheduler_abort */
+    K3C_FINISH_ERROR,   /* the request could not run (its message in the event) */
+} k3c_finish_reason;
+
+/* Events of one step, in order; a request's TOKEN events come before its FINISHED. Pointers are valid until
+ * the next k3c_scheduler_step. */
+typedef struct k3c_sched_event {
+    k3c_sched_event_kind kind;
+    uint64_t id;
+    void *user;
+    int32_t token;                /* TOKEN: a generated token (text; a stop id or eos is never one) */
+    float logprob;                /* TOKEN: its logprob (sampling.logprobs > 0; else 0) */
+    int n_top;                    /* TOKEN: the top alternatives (sampling.logprobs - 1 of them, or 0) */
+    const int32_t *top_ids;       /* [n_top], best first */
+    const float *top_logprobs;    /* [n_top] */
+    k3c_finish_reason finish;     /* FINISHED */
+    int32_t stop_token;           /* FINISHED with STOP: the id that stopped it; else -1 */
+    float stop_logprob;           /* its logprob (when asked) */
+    int prompt_tokens, cached_tokens, completion_tokens; /* FINISHED (completion counts the stop id) */
+    int preemptions;              /* FINISHED: times this request was preempted */
+    const char *message;          /* FINISHED with ERROR: why */
+} k3c_sched_event;
+
+void k3c_scheduler_options_default(k3c_scheduler_options *o);
+/* The engine must outlive the scheduler and be used by nothing else meanwhile (the scheduler opens every
+ * request on it). */
+int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *o, k3c_scheduler **out);
+/* Closes every request; no events follow. */
+void k3c_scheduler_free(k3c_scheduler *s);
+/* 0: queued (*id set, never 0); 1: refused, the queue is full (a server answers 429; no message set);
+ * -1: a bad request (empty prompt, a token outside the vocabulary, n_prompt + max_new past the engine's
+ * max_context, bad sampling, priority under FCFS...): K3C_ERROR_INPUT with a message (400). */
+int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t *id);
+/* Aborts a waiting or running request: its blocks and slot are freed at the next step boundary and a
+ * FINISHED event with K3C_FINISH_ABORT follows. Unknown or finished ids: a no-op (0). */
+int k3c_scheduler_abort(k3c_scheduler *s, uint64_t id);
+/* Runs one engine step (admitting, preempting, prefilling chunks, decoding, verifying) if there is work,
+ * after applying the aborts and submits that came since the last one. *events / *n_events: what happened
+ * (valid until the next call); *busy = 1 while requests wait or run. A failed step (-1: the engine or
+ * memory failed) leaves every request it touched FINISHED with ERROR; the scheduler stays usable. */
+int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_events, int *busy);
+/* Blocks until a submit or abort arrives or timeout_ms passes (returns at once when there is work). */
+void k3c_scheduler_wait(k3c_scheduler *s, int timeout_ms);
+
+typedef struct k3c_scheduler_stats {
+    int running, waiting;
+    long preemptions;
+    long prompt_tokens, generation_tokens;         /* prompts of requests that produced a token (as vLLM's
+                                                    * counter: cached tokens included), tokens generated */
+    long prefill_tokens;                           /* prompt rows computed (recomputes included, hits not) */
+    long prefix_queries_tokens, prefix_hits_tokens; /* prompt tokens looked up / found in the prefix cache */
+    int blocks_total, blocks_used;                 /* MLA blocks; used = held by a request */
+    int blocks_cached;                             /* blocks with a prefix-cache entry (used or not) */
+    int kda_slots_total, kda_slots_used;
+    long snapshots, snapshot_bytes;                /* KDA snapshots kept now, and their bytes */
+    long spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    long finished_stop, finished_length, finished_abort, finished_error;
+    long steps, executor_steps;
+    long route_steps[K3C_ROUTES];                  /* the engine's plan of each step (k3c_route_name) */
+} k3c_scheduler_stats;
+/* A snapshot as of the last step boundary. */
+void k3c_scheduler_stats_get(k3c_scheduler *s, k3c_scheduler_stats *out);
 
 /* ---- tokenizer: text <-> token ids ----
  * Kimi's tiktoken tokenizer as a checkpoint ships it beside its weights: tiktoken.model (one base64 token
@@ -513,6 +664,88 @@ int k3c_detokenizer_finish(k3c_detokenizer *d, const char **text, size_t *len);
 /* Bytes held back right now (0 .. 3). */
 size_t k3c_detokenizer_pending(const k3c_detokenizer *d);
 void k3c_detokenizer_free(k3c_detokenizer *d);
+
+/* ---- chat: an OpenAI chat request -> prompt ids; a model's output ids -> content, reasoning, tool calls ----
+ * The Kimi chat formats rendered natively (no Jinja engine) and their output parsed token by token; docs/TEXT.md
+ * describes the formats, what a request may hold and what is refused. A chat template is chosen from a model
+ * directory (DIR/chat_template.jinja, else tokenizer_config.json's chat_template, else the family's default) or
+ * by name; a template text k3c does not know is refused, never rendered approximately. Thread use: a template
+ * is read-only once loaded; a parser belongs to one thread at a time. */
+typedef struct k3c_chat_template k3c_chat_template;
+
+/* family: k3c_model_info.family ("Kimi K3" or "Kimi Linear"). model_dir NULL: the family's default format
+ * (what a synthesized preset, which ships no template, uses). */
+int k3c_chat_template_load(const char *model_dir, const char *family, k3c_chat_template **out);
+/* "kimi-k2-instruct", "kimi-k2-thinking", "kimi-k2-thinking-moonshot", "kimi-linear", "kimi-k3"; an unknown
+ * name is refused naming the known ones. */
+int k3c_chat_template_from_name(const char *name, k3c_chat_template **out);
+void k3c_chat_template_free(k3c_chat_template *t);
+/* The format's name (as above) and where it came from (a file, or "default for Kimi K3", "by name"); static
+ * or owned by t. */
+const char *k3c_chat_template_name(const k3c_chat_template *t);
+const char *k3c_chat_template_source(const k3c_chat_template *t);
+
+/* Appends the prompt ids of request_json (len bytes; an OpenAI chat completion request body) to out:
+ * `messages` (required), `tools`, `add_generation_prompt` (default true: the prompt ends with the assistant's
+ * opening), `tool_choice`, `response_format`, and `chat_template_kwargs` {"thinking": false,
+ * "thinking_effort": "low"|"high"|"max"} (K3; other keys of the request are ignored). Each rendered piece is
+ * tokenized as the format says: K2 family: the rendered text with every special token allowed (what
+ * transformers does with the template's output); K3: its markers as their special ids and every text piece
+ * on its own with specials off (special-token text in content stays text). No BOS is added (Kimi's templates
+ * add none). K3C_ERR (out unchanged) for a request the format cannot express, naming the message and field,
+ * or a marker the tokenizer lacks. */
+int k3c_chat_encode(const k3c_chat_template *t, const k3c_tokenizer *tok, const char *request_json, size_t len,
+                    k3c_tokens *out);
+/* The ids that end an assistant turn in this format, as the tokenizer has them: <|im_end|> (K2 family,
+ * Kimi Linear) or <|end_of_msg|> (K3), then [EOS] and the tokenizer's eos where they differ. Writes up to cap
+ * ids and returns how many there are (more than cap: the first cap written), or -1. */
+int k3c_chat_stop_ids(const k3c_chat_template *t, const k3c_tokenizer *tok, int32_t *ids, int cap);
+
+/* The output parser: fed the generated ids one at a time, it separates reasoning from content and parses
+ * tool calls as they stream. Structure is recognised by token id only (text that spells a marker is content);
+ * malformed output (an unterminated section, arguments that are not a JSON object) becomes content, never an
+ * error. */
+typedef struct k3c_chat_parser k3c_chat_parser;
+
+typedef enum k3c_chat_event_kind {
+    K3C_CHAT_CONTENT = 1, /* text: a content delta */
+    K3C_CHAT_REASONING,   /* text: a reasoning delta */
+    K3C_CHAT_TOOL_START,  /* index, id, name: a tool call begins */
+    K3C_CHAT_TOOL_ARGS,   /* index, text: the next bytes of the call's arguments (JSON object text) */
+    K3C_CHAT_TOOL_END,    /* index: the call is complete; its arguments parse as a JSON object */
+    K3C_CHAT_TOOL_VOID,   /* index: the started call turned out malformed: drop it (its raw text follows as
+                             CONTENT); an index is never reused */
+} k3c_chat_event_kind;
+
+typedef struct k3c_chat_event {
+    k3c_chat_event_kind kind;
+    int index;        /* the tool call's index (0-based); -1 for text */
+    const char *text; /* CONTENT / REASONING / TOOL_ARGS: len bytes, valid UTF-8, not NUL-terminated */
+    size_t len;
+    const char *id;   /* TOOL_START: "functions.NAME:IDX" */
+    const char *name; /* TOOL_START */
+} k3c_chat_event;
+
+/* request_json (len bytes) may be NULL: the parser must know whether the prompt opened K3's think channel
+ * (chat_template_kwargs.thinking, default true); the K2 thinking templates parse <think> blocks always. The
+ * template and the tokenizer must outlive the parser. */
+int k3c_chat_parser_create(const k3c_chat_template *t, const k3c_tokenizer *tok, const char *request_json,
+                           size_t len, k3c_chat_parser **out);
+void k3c_chat_parser_free(k3c_chat_parser *p);
+/* Feeds one generated id (decoded through a streaming detokenizer inside: text is emitted only as whole
+ * UTF-8 characters); *events / *n_events (either may be NULL) receive what it produced, valid until the next
+ * call on p. A stop id (k3c_chat_stop_ids) finishes the parse; ids after it are ignored. An id outside the
+ * vocabulary is an error. */
+int k3c_chat_parser_feed(k3c_chat_parser *p, int32_t id, const k3c_chat_event **events, size_t *n_events);
+/* The output ended (a stop id, the length limit): settles what is still open. Idempotent. */
+int k3c_chat_parser_finish(k3c_chat_parser *p, const k3c_chat_event **events, size_t *n_events);
+/* 1 once a stop id was fed (or finish called), else 0; -1 for NULL. */
+int k3c_chat_parser_done(const k3c_chat_parser *p);
+/* The assistant message so far as JSON text (malloc'd, NUL-terminated; the caller frees it), OpenAI's
+ * shape: {"role": "assistant", "content": "..." (null when empty and there are tool calls),
+ * "reasoning_content": "..." (only when there was reasoning), "tool_calls": [{"id": "functions.NAME:IDX",
+ * "type": "function", "function": {"name": "NAME", "arguments": "{...}"}}] (only when there are calls)}. */
+int k3c_chat_parser_result_json(k3c_chat_parser *p, char **json);
 
 #ifdef __cplusplus
 }

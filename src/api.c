@@ -2,7 +2,9 @@
  * (k3c_model_info) read from the loaded model. */
 #include "k3c.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "format/dtype.h"
 #include "model/config.h"
@@ -11,6 +13,7 @@
 #include "model/synth.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/log.h"
 
 _Static_assert(K3C_DTYPE_F64 < K3C_DTYPES, "k3c_model_info's dtype arrays hold every k3c_dtype");
 
@@ -51,13 +54,40 @@ void k3c_free(k3c_model *m) {
     if (m) k3c_model_free(m);
 }
 
-int k3c_synthesize(const char *preset, uint64_t seed, const char *dir) {
+/* synth's progress as the library's progress events, for checkpoints of 64 MB or more (tiny ones finish
+ * before a line would mean anything). */
+typedef struct synth_meter {
+    char what[96];
+    double t0;
+} synth_meter;
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void synth_progress(void *ctx, uint64_t done, uint64_t total) {
+    synth_meter *p = ctx;
+    if (total < ((uint64_t)64 << 20)) return;
+    k3c_progress_report(p->what, (double)done, (double)total, mono_s() - p->t0, done >= total);
+}
+
+int k3c_synthesize_threads(const char *preset, uint64_t seed, const char *dir, int threads) {
     if (!preset || !dir) return k3c_errorf("k3c_synthesize: NULL %s", preset ? "directory" : "preset");
+    if (threads < 0) return k3c_errorf("k3c_synthesize: threads %d is negative", threads);
     k3c_config c;
     K3C_TRY(k3c_preset_config(preset, &c));
-    int rc = k3c_synth_write(&c, preset, seed, dir);
+    synth_meter pm = {.t0 = mono_s()};
+    snprintf(pm.what, sizeof pm.what, "synthesizing preset %s", preset);
+    k3c_synth_options so = {.threads = threads, .progress = synth_progress, .progress_ctx = &pm};
+    int rc = k3c_synth_write_opts(&c, preset, seed, dir, &so);
     k3c_config_free(&c);
     return rc;
+}
+
+int k3c_synthesize(const char *preset, uint64_t seed, const char *dir) {
+    return k3c_synthesize_threads(preset, seed, dir, 0);
 }
 
 int k3c_model_synthesize_device(const char *preset, uint64_t seed, k3c_model **out) {

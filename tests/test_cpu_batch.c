@@ -98,6 +98,63 @@ TEST(cpu_matmul_batch_invariant_mxfp4) {
     k3c_pool_free(pool);
 }
 
+/* Prompt rows through the blocked form (T >= 8 with a pool): every row of a batch of T = 8 .. 300 equals the
+ * row alone (the T = 1 decode path), bitwise, for odd shapes (tails, leftover 16-column blocks and groups,
+ * rows split into column blocks), strided, on one and two threads. */
+TEST(cpu_matmul_blocked_row_invariant) {
+    k3c_rng r = batch_rng();
+    k3c_pool *pools[2] = {k3c_pool_create(1), k3c_pool_create(2)};
+    int T_l[] = {8, 9, 31, 100, 300};
+    for (int n = 0; n < 10; n++) { /* the last 4 wider than one column block (1792) */
+        int mx = n % 2, wide = n >= 6, rows = 1 + (int)(k3c_rng_next(&r) % (wide ? 30 : 100));
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 40) + (wide ? 56 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 1200) + (wide ? 1792 : 0);
+        int groups = cols / 32;
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * groups + 1);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = f32_to_bf16((float)k3c_rng_normal(&r));
+        for (size_t i = 0; i < (size_t)rows * cols / 2; i++) pk[i] = (uint8_t)k3c_rng_next(&r);
+        for (size_t i = 0; i < (size_t)rows * groups; i++) {
+            uint64_t v = k3c_rng_next(&r);
+            sc[i] = v % 13 == 0 ? 0 : (uint8_t)(117 + v % 24);
+        }
+        k3c_mat W = {w, rows, cols};
+        k3c_mxfp4_mat Q = {pk, sc, rows, cols};
+        for (size_t ti = 0; ti < sizeof T_l / sizeof *T_l; ti++)
+            check_matmul(&r, pools[(n + ti) % 2], mx ? NULL : &W, mx ? &Q : NULL, T_l[ti]);
+        free(w), free(pk), free(sc);
+    }
+    k3c_pool_free(pools[0]);
+    k3c_pool_free(pools[1]);
+}
+
+/* A NaN in one token row reaches that row's outputs only: the blocked tiles never mix rows. */
+TEST(cpu_matmul_blocked_nan_stays_in_its_row) {
+    k3c_rng r = batch_rng();
+    k3c_pool *pool = k3c_pool_create(2);
+    int rows = 67, cols = 301, T = 50, bad = 1 + (int)(k3c_rng_next(&r) % (T - 2));
+    uint16_t *w = malloc((size_t)rows * cols * 2);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = f32_to_bf16((float)k3c_rng_normal(&r));
+    k3c_mat W = {w, rows, cols};
+    float *x = fnew((size_t)T * cols), *y = fnew((size_t)T * rows), *y0 = fnew((size_t)T * rows);
+    fill(&r, x, (size_t)T * cols, 1);
+    poison_f32(y0, (size_t)T * rows);
+    k3c_matmul_bf16(pool, &W, x, T, y0);
+    x[(size_t)bad * cols + cols / 2] = NAN;
+    poison_f32(y, (size_t)T * rows);
+    k3c_matmul_bf16(pool, &W, x, T, y);
+    for (int t = 0; t < T; t++) {
+        if (t == bad) {
+            for (int i = 0; i < rows; i++) CHECKF(isnan(y[(size_t)t * rows + i]), "row %d output %d is not NaN", t, i);
+        } else {
+            CHECKF(same_bits(y + (size_t)t * rows, y0 + (size_t)t * rows, rows), "row %d changed by a NaN in row %d", t,
+                   bad);
+        }
+    }
+    free(w), free(x), free(y), free(y0);
+    k3c_pool_free(pool);
+}
+
 /* Several products in one batch equal the same products run one by one. */
 TEST(cpu_matmul_batch_equals_separate) {
     k3c_rng r = batch_rng();

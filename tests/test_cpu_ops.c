@@ -236,6 +236,67 @@ TEST(cpu_matmul_mxfp4_matches_double) {
     k3c_pool_free(pool);
 }
 
+/* The blocked form of prompt rows (cpu/matmul.c, T >= 8 with a pool) on random shapes: odd row and column
+ * counts (leftover 16-column blocks and scalar tails, MXFP4 with an odd group count, rows split into column
+ * blocks), T from 1 to 300, one and two threads; bf16 and MXFP4 against the float64 sums. */
+TEST(cpu_matmul_blocked_matches_double) {
+    k3c_rng r = cpu_rng();
+    k3c_pool *pools[2] = {k3c_pool_create(1), k3c_pool_create(2)};
+    for (int n = 0; n < 24; n++) {
+        /* the last 6: rows wider than one column block (1792), fewer rows and tokens */
+        int mx = n % 3 == 2, wide = n >= 18, rows = 1 + (int)(k3c_rng_next(&r) % (wide ? 40 : 150));
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 33) + (wide ? 56 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 1100) + (wide ? 1792 : 0);
+        int T = n < 2 ? (n ? 300 : 8) : 1 + (int)(k3c_rng_next(&r) % (wide ? 60 : 300)), groups = cols / 32;
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * groups + 1);
+        float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows);
+        double *ref = dmalloc((size_t)T * rows), *mag = dmalloc((size_t)T * rows), *wd = dmalloc((size_t)rows * cols);
+        if (mx) {
+            for (size_t i = 0; i < (size_t)rows * cols / 2; i++) pk[i] = (uint8_t)k3c_rng_next(&r);
+            for (size_t i = 0; i < (size_t)rows * groups; i++) {
+                uint64_t v = k3c_rng_next(&r);
+                sc[i] = v % 17 == 0 ? 0 : (uint8_t)(117 + v % 24);
+            }
+            for (int row = 0; row < rows; row++)
+                for (int c = 0; c < cols; c++) {
+                    uint8_t b = pk[(size_t)row * cols / 2 + c / 2];
+                    wd[(size_t)row * cols + c] =
+                        ref_e2m1(c & 1 ? b >> 4 : b & 15) * ldexp(1.0, sc[(size_t)row * groups + c / 32] - 127);
+                }
+        } else {
+            for (size_t i = 0; i < (size_t)rows * cols; i++) {
+                w[i] = f32_to_bf16((float)k3c_rng_normal(&r));
+                wd[i] = ref_bf16(w[i]);
+            }
+        }
+        fill_normal(&r, x, (size_t)T * cols, 1.0);
+        for (int t = 0; t < T; t++)
+            for (int row = 0; row < rows; row++) {
+                double s = 0, m = 0;
+                for (int c = 0; c < cols; c++) {
+                    double p = wd[(size_t)row * cols + c] * x[(size_t)t * cols + c];
+                    s += p;
+                    m += fabs(p);
+                }
+                ref[(size_t)t * rows + row] = s;
+                mag[(size_t)t * rows + row] = m;
+            }
+        k3c_mat W = {w, rows, cols};
+        k3c_mxfp4_mat Q = {pk, sc, rows, cols};
+        for (int pi = 0; pi < 2; pi++) {
+            poison_f32(y, (size_t)T * rows);
+            if (mx) k3c_matmul_mxfp4(pools[pi], &Q, x, T, y);
+            else k3c_matmul_bf16(pools[pi], &W, x, T, y);
+            CHECKF(matmul_close(y, ref, mag, (size_t)T * rows), "%s rows %d cols %d T %d threads %d: rel L2 %g",
+                   mx ? "mxfp4" : "bf16", rows, cols, T, pi + 1, rel_l2_f32(y, ref, (size_t)T * rows));
+        }
+        free(w), free(pk), free(sc), free(x), free(y), free(ref), free(mag), free(wd);
+    }
+    k3c_pool_free(pools[0]);
+    k3c_pool_free(pools[1]);
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 TEST(cpu_rmsnorm_matches_double) {
@@ -265,6 +326,63 @@ TEST(cpu_rmsnorm_matches_double) {
     k3c_rmsnorm(z, w1, 4, 1e-5f, y);
     CHECK_CLOSE(y[3], 1e-4 / sqrt(1e-8 / 4 + 1e-5), 0, 1e-6);
     CHECK(y[0] == 0.0f);
+}
+
+/* The gated activations within a few f32 ulps of float64 (SiLU and SiTU, with and without the linear-part
+ * tanh) over ordinary and extreme inputs, special values through, and an element's bits independent of the
+ * array length and its position in it (the rows of a prompt and a lone decode token see the same values). */
+TEST(cpu_gated_act_accurate_and_position_free) {
+    k3c_rng r = cpu_rng();
+    enum { N = 4000 };
+    static float g[N], u[N], y[N], y1[40], gg[40], uu[40];
+    const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-4f, -1e-4f, 0.3f, -0.3f, 20.0f, -20.0f, 90.0f, -90.0f,
+                             1e30f, -1e30f, INFINITY, -INFINITY};
+    int ns = (int)(sizeof special / sizeof *special);
+    for (int i = 0; i < N; i++) {
+        double sc = i % 4 == 0 ? 1.0 : i % 4 == 1 ? 6.0 : i % 4 == 2 ? 30.0 : 300.0;
+        g[i] = (float)(k3c_rng_normal(&r) * sc);
+        u[i] = (float)(k3c_rng_normal(&r) * sc);
+    }
+    for (int i = 0; i < ns * ns; i++) g[i] = special[i % ns], u[i] = special[i / ns];
+    g[N - 1] = NAN, u[N - 2] = NAN;
+    k3c_config c;
+    memset(&c, 0, sizeof c);
+    for (int mode = 0; mode < 3; mode++) {
+        c.hidden_act = mode == 0 ? K3C_ACT_SILU : K3C_ACT_SITU;
+        c.situ_beta = 4.0f;
+        c.situ_linear_beta = mode == 2 ? 25.0f : 0.0f;
+        poison_f32(y, N);
+        k3c_gated_act(&c, g, u, N, y);
+        for (int i = 0; i < N; i++) {
+            double gd = g[i], ud = u[i], ref;
+            if (mode == 0) ref = gd * ref_sigmoid(gd) * ud;
+            else ref = 4.0 * tanh(gd / 4.0) * ref_sigmoid(gd) * (mode == 2 ? 25.0 * tanh(ud / 25.0) : ud);
+            if (isnan(gd) || isnan(ud) || isnan(ref)) {
+                CHECKF(isnan(y[i]) || !(isnan(gd) || isnan(ud)), "mode %d: NaN input %d gave %g", mode, i, y[i]);
+                continue;
+            }
+            /* the reference's own f32 limits: overflow to inf, underflow below the smallest normal */
+            if (fabs(ref) > 3.4e38) {
+                CHECKF(isinf(y[i]) && (y[i] > 0) == (ref > 0), "mode %d i %d: %g vs %g", mode, i, y[i], ref);
+                continue;
+            }
+            /* sigmoid(g) below the smallest normal f32 (g < -87) is subnormal: fewer bits in the product */
+            double tol = ref_sigmoid(gd) < 1.18e-38 ? 1e-4 : 3e-7;
+            CHECKF(fabs(y[i] - ref) <= tol * fabs(ref) + 1e-37, "mode %d i %d (g %g u %g): %.9g vs %.9g", mode, i,
+                   g[i], u[i], y[i], ref);
+        }
+        for (int n = 1; n <= 33; n += 4)
+            for (int off = 0; off + n <= 40; off += 7) {
+                int src = (int)(k3c_rng_next(&r) % (N - 40));
+                for (int k = 0; k < n; k++) gg[off + k] = g[src + k], uu[off + k] = u[src + k];
+                poison_f32(y1, 40);
+                k3c_gated_act(&c, gg + off, uu + off, n, y1 + off);
+                for (int k = 0; k < n; k++)
+                    CHECKF(!memcmp(&y1[off + k], &y[src + k], 4) || (isnan(y1[off + k]) && isnan(y[src + k])),
+                           "mode %d: element %d alone (n %d, at %d) differs from it in the long array", mode, src + k,
+                           n, off + k);
+            }
+    }
 }
 
 TEST(cpu_gated_act_silu_and_situ) {

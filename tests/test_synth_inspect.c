@@ -21,6 +21,7 @@
 #include "test.h"
 #include "util/bf16.h"
 #include "util/error.h"
+#include "util/rng.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -236,6 +237,102 @@ TEST(synth_is_deterministic_per_seed) {
     CHECK(k3c_synthesize("tiny", seed, foreign) != 0);
     CHECK(strstr(k3c_last_error(), "refusing") != NULL);
     k3c_config_free(&c);
+}
+
+/* The packed and scale bytes of an MXFP4 pair (bound to sp->mx) against rows of normals from the base
+ * name's stream, quantized by k3c_mxfp4_quant_row: 1 when they match. */
+static int checked_mx_pair(const k3c_tensor_spec *sp, uint64_t seed) {
+    const k3c_mxfp4_mat *q = sp->mx;
+    char base[sizeof sp->name];
+    snprintf(base, sizeof base, "%s", sp->name);
+    char *dot = strrchr(base, '.');
+    if (dot) *dot = '\0';
+    k3c_rng r;
+    k3c_rng_seed(&r, seed ^ k3c_hash_str(base));
+    int cols = q->cols, ok = 1;
+    double std = 1.0 / sqrt((double)cols); /* synth's expert std, N(0, 1) / sqrt(in) */
+    float *row = malloc(sizeof(float) * cols);
+    uint8_t *pk = malloc(cols / 2), *sc = malloc(cols / 32);
+    for (int i = 0; ok && row && pk && sc && i < q->rows; i++) {
+        for (int j = 0; j < cols; j++) row[j] = (float)(std * k3c_rng_normal(&r));
+        k3c_mxfp4_quant_row(row, cols, pk, sc);
+        ok = !memcmp(pk, q->packed + (size_t)i * (cols / 2), cols / 2) &&
+             !memcmp(sc, q->scale + (size_t)i * (cols / 32), cols / 32);
+    }
+    ok = ok && row && pk && sc;
+    free(row), free(pk), free(sc);
+    return ok;
+}
+
+/* k3c_rng_jump(n) lands where n calls of k3c_rng_next do (jumps of every bit size up to 2^40, in pieces). */
+TEST(rng_jump_matches_steps) {
+    uint64_t steps[] = {0, 1, 2, 3, 63, 64, 65, 1000, 12345, (1u << 20) + 7};
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        k3c_rng a, b;
+        k3c_rng_seed(&a, test_seed() + i);
+        b = a;
+        for (uint64_t k = 0; k < steps[i]; k++) k3c_rng_next(&a);
+        k3c_rng_jump(&b, steps[i]);
+        CHECKF(!memcmp(&a, &b, sizeof a), "jump %llu differs from stepping", (unsigned long long)steps[i]);
+        CHECK(k3c_rng_next(&a) == k3c_rng_next(&b));
+    }
+    /* a jump of 2^40 + 5 in one call equals the same distance in two calls */
+    k3c_rng a, b;
+    k3c_rng_seed(&a, test_seed());
+    b = a;
+    k3c_rng_jump(&a, (1ull << 40) + 5);
+    k3c_rng_jump(&b, 1ull << 40);
+    k3c_rng_jump(&b, 5);
+    CHECK(!memcmp(&a, &b, sizeof a));
+}
+
+/* Synth on several threads writes the bytes a single thread writes (K3 shards and the Kimi Linear single
+ * file), and those are the sequential streams of the spec: the embedding as seed ^ hash(name) normals times
+ * its std in element order, an expert pair as rows of normals quantized one row at a time. */
+TEST(synth_threads_same_bytes) {
+    const char *presets[] = {"tiny", "kimi-linear-tiny"};
+    uint64_t seed = test_seed();
+    for (int pi = 0; pi < 2; pi++) {
+        char one[PATH_MAX], many[PATH_MAX], name[64], pa[PATH_MAX], pb[PATH_MAX];
+        snprintf(name, sizeof name, "thr1_%d", pi);
+        path_join(one, sizeof one, test_tmpdir(), name);
+        snprintf(name, sizeof name, "thr3_%d", pi);
+        path_join(many, sizeof many, test_tmpdir(), name);
+        k3c_config c;
+        CHECK_OK(k3c_preset_config(presets[pi], &c));
+        k3c_synth_options o1 = {.threads = 1}, o3 = {.threads = 3};
+        CHECK_OK(k3c_synth_write_opts(&c, presets[pi], seed, one, &o1));
+        CHECK_OK(k3c_synth_write_opts(&c, presets[pi], seed, many, &o3));
+        int shards = c.family == K3C_FAMILY_KIMI_LINEAR ? 1 : c.num_layers + 1;
+        for (int s = 1; s <= shards; s++) {
+            if (shards == 1) snprintf(name, sizeof name, "model.safetensors");
+            else snprintf(name, sizeof name, "model-%05d-of-%06d.safetensors", s, shards);
+            path_join(pa, sizeof pa, one, name);
+            path_join(pb, sizeof pb, many, name);
+            CHECKF(same_file(pa, pb), "%s %s differs between 1 and 3 synth threads", presets[pi], name);
+        }
+        k3c_model *m;
+        CHECK_OK(k3c_load(many, &m));
+        int checked = 0;
+        for (size_t i = 0; i < m->inventory.count; i++) {
+            const k3c_tensor_spec *sp = &m->inventory.specs[i];
+            if (sp->mat == &m->weights.embed) {
+                k3c_rng r;
+                k3c_rng_seed(&r, seed ^ k3c_hash_str(sp->name));
+                double std = k3c_synth_matrix_std(sp);
+                size_t n = (size_t)m->weights.embed.rows * m->weights.embed.cols;
+                for (size_t k = 0; k < n; k++)
+                    CHECKF(m->weights.embed.w[k] == f32_to_bf16((float)(std * k3c_rng_normal(&r))),
+                           "%s: element %zu is not the stream's", sp->name, k);
+                checked++;
+            } else if (sp->cls == K3C_TENSOR_MXFP4_PACKED && sp->expert == 0 && !checked_mx_pair(sp, seed)) {
+                CHECKF(0, "%s is not the stream's rows quantized", sp->name);
+            }
+        }
+        CHECK(checked == 1);
+        k3c_free(m);
+        k3c_config_free(&c);
+    }
 }
 
 TEST(synth_kimi_linear_tiny_loads) {

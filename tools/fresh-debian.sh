@@ -16,10 +16,16 @@ command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y 
 if [ ! -x "$root/usr/bin/apt-get" ]; then
     debootstrap --variant=minbase bookworm "$root" "$mirror" >/dev/null
 fi
-cleanup() { umount "$root/proc" 2>/dev/null || true; umount "$root/dev" 2>/dev/null || true; }
+cleanup() {
+    umount "$root/dev/pts" 2>/dev/null || true
+    umount "$root/proc" 2>/dev/null || true
+    umount "$root/dev" 2>/dev/null || true
+}
 trap cleanup EXIT
 mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
 mountpoint -q "$root/dev" || mount --bind /dev "$root/dev"
+# terminals, as a machine has them (the test of `k3c chat` runs it in tmux, which needs a pty)
+mountpoint -q "$root/dev/pts" || mount --bind /dev/pts "$root/dev/pts"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 
 # The build tools the README names, nothing else.

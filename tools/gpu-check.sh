@@ -66,6 +66,27 @@ if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | ${CC:-cc} 
     echo "gpu-check: PCRE2 from tools/debs ($libdir, static)"
 fi
 
+# libmicrohttpd (k3c serve) likewise: Debian 12's libmicrohttpd-dev 0.9.75 (LGPL, `apt-get download
+# libmicrohttpd-dev`) in tools/debs/, linked statically from its libmicrohttpd.a; that archive calls GnuTLS,
+# taken from the host's runtime libgnutls.so.30 (no -dev package needed).
+if ! printf '#include <microhttpd.h>\n' | ${CC:-cc} ${CFLAGS:-} -E -x c - >/dev/null 2>&1; then
+    if ! ls tools/debs/libmicrohttpd-dev*.deb >/dev/null 2>&1; then
+        echo "gpu-check: libmicrohttpd headers not installed and no tools/debs/libmicrohttpd-dev*.deb to unpack" >&2
+        exit 1
+    fi
+    gnutls=$(ldconfig -p 2>/dev/null | awk '/libgnutls\.so\.30 /{print $NF; exit}')
+    if [ -z "$gnutls" ]; then
+        echo "gpu-check: libmicrohttpd.a needs the host's libgnutls.so.30, which ldconfig does not list" >&2
+        exit 1
+    fi
+    mkdir -p "$BUILD"
+    prefix=$PWD/$BUILD/debs-root
+    dpkg -x tools/debs/libmicrohttpd-dev*.deb "$prefix" || exit 1
+    export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
+    export SERVER_LIBS="$(find "$prefix" -name 'libmicrohttpd.a' | head -1) $gnutls"
+    echo "gpu-check: libmicrohttpd from tools/debs (static, GnuTLS $gnutls)"
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || echo "gpu-check: warning: no nvcc found" >&2
 

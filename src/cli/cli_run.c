@@ -245,6 +245,76 @@ int cli_check_device(const char *device) {
     return cli_errorf("--device: '%s' is not cpu or cuda", device);
 }
 
+int cli_read_input(const char *path, size_t max, char **buf, size_t *len) {
+    int from_stdin = !strcmp(path, "-");
+    const char *what = from_stdin ? "standard input" : path;
+    FILE *f = from_stdin ? stdin : fopen(path, "rb");
+    if (!f) return cli_errorf("cannot open %s: %s", path, strerror(errno));
+    size_t cap = 1 << 12, n = 0;
+    char *b = malloc(cap + 1);
+    int rc = b ? 0 : cli_errorf("reading %s: out of memory", what);
+    for (size_t got = 1; rc == 0 && got > 0;) {
+        if (n == cap) {
+            char *nb = realloc(b, 2 * cap + 1);
+            if (!nb) {
+                rc = cli_errorf("reading %s: out of memory", what);
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        got = fread(b + n, 1, cap - n, f);
+        n += got;
+        if (n > max) rc = cli_errorf("%s is larger than %zu bytes", what, max);
+    }
+    if (rc == 0 && ferror(f)) rc = cli_errorf("reading %s failed", what);
+    if (!from_stdin) fclose(f);
+    if (rc != 0) {
+        free(b);
+        return rc;
+    }
+    b[n] = 0;
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int cli_load_tokenizer(const char *dir, const char *preset, k3c_tokenizer **t) {
+    *t = NULL;
+    if (dir && !k3c_tokenizer_present(dir)) return 0;
+    return dir ? k3c_tokenizer_load(dir, t) : k3c_tokenizer_load_preset(preset, t);
+}
+
+int cli_no_tokenizer(const char *dir) {
+    return cli_errorf("%s has no tokenizer files (no tiktoken.model beside its config.json), so it takes and gives "
+                      "token ids only: use --prompt-ids (and no --text)", dir);
+}
+
+static void add_stop(int32_t *ids, int *n, int cap, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < *n; i++)
+        if (ids[i] == id) return;
+    if (*n < cap) ids[(*n)++] = id;
+}
+
+int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *template_dir, int32_t *ids, int cap) {
+    int n = 0;
+    k3c_model_info info;
+    if (k3c_model_info_get(m, &info) == K3C_OK) add_stop(ids, &n, cap, info.eos_token_id);
+    if (!t) return n;
+    add_stop(ids, &n, cap, k3c_tokenizer_eos(t));
+    /* a template k3c does not know leaves the config's and the tokenizer's eos: plain generation needs no
+     * template */
+    k3c_chat_template *ct;
+    if (k3c_chat_template_load(template_dir, info.family, &ct) == K3C_OK) {
+        int32_t turn[8];
+        int k = k3c_chat_stop_ids(ct, t, turn, 8);
+        for (int i = 0; i < k && i < 8; i++) add_stop(ids, &n, cap, turn[i]);
+        k3c_chat_template_free(ct);
+    }
+    return n;
+}
+
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad) {
     const char *v;
     long l = 0;

@@ -1,15 +1,25 @@
-/* k3c bench (cpu; --device cuda is bench_cuda.c): decode ms/token of synthesized presets (tiny, mini) next to the machine's memory bandwidth
- * measured in the same run (a memcpy of a large buffer: bytes read + written per second, one thread), and
- * the fraction of it a decode step reaches: (bytes one decode step must read) / time / bandwidth.
+/* k3c bench (cpu; --device cuda is bench_cuda.c): decode ms/token and prefill tokens/s of synthesized presets
+ * (tiny, mini), each row printed as soon as it is measured, next to two limits measured in the same run:
  *
+ * Decode against the memory bandwidth (a memcpy of a large buffer: bytes read + written per second, one
+ * thread): the fraction of it a decode step reaches, (bytes one decode step must read) / time / bandwidth.
  * Bytes a decode step must read: every weight a token touches once (all bf16 matrices except the
  * embedding, of which one row is read, and of the routed experts only the k selected per MoE layer,
  * counted as k/E of the expert bytes), the KDA states (read and written, f32) and the MLA latent rows of
- * the context (at the backend's element size is not known here: counted as 4 bytes, the CPU layout). */
+ * the context (at the backend's element size is not known here: counted as 4 bytes, the CPU layout).
+ *
+ * Prefill against the peak f32 FMA rate (an FMA loop on 24 independent 16-lane chains, on one thread and on
+ * the engine's threads at once): a prompt of N tokens from a fresh request, in steps of at most max_rows
+ * (256) tokens as generate feeds it, logits of the last row only. GFLOP/s counts 2 flops per matrix weight
+ * each prompt token multiplies (every matrix except the embedding and the LM head, routed experts at k/E);
+ * attention, the delta rule and the elementwise ops are not counted, so the fraction is a lower bound of
+ * how busy the FMA units are. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/commands.h"
 
@@ -19,11 +29,20 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU seconds of the whole process (all threads, spinning workers included): next to the wall time it shows
+ * how much of the machine a run had on a shared host. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void bench_usage(FILE *f) {
-    fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N]\n"
+    fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N] [--prefill 256,1024]\n"
                "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
                "                 [--steps N]\n"
-               "cpu: without --preset both tiny and mini are measured (synthesized checkpoints)\n"
+               "cpu: without --preset both tiny and mini are measured (synthesized checkpoints): decode, then a prompt\n"
+               "of each --prefill length (tokens, default 256,1024; 0 = none)\n"
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
@@ -55,6 +74,49 @@ static double memcpy_bandwidth(void) {
     return best;
 }
 
+/* The peak f32 FMA rate: each thread runs 24 independent chains of 16-lane a = a * m + c (the compiler
+ * contracts them into FMAs, -ffp-contract=fast) for FMA_REPS rounds; flops / wall time, best of 3. */
+typedef float fma_v16 __attribute__((vector_size(64)));
+#define FMA_CHAINS 24
+#define FMA_REPS 4000000L
+
+static void *fma_loop(void *arg) {
+    fma_v16 a[FMA_CHAINS], m = (fma_v16){0} + 1.0000001f, c = (fma_v16){0} + 1e-7f;
+    for (int i = 0; i < FMA_CHAINS; i++) a[i] = (fma_v16){0} + (float)i;
+    for (long r = 0; r < FMA_REPS; r++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < FMA_CHAINS; i++) a[i] = a[i] * m + c;
+    }
+    fma_v16 s = {0};
+    for (int i = 0; i < FMA_CHAINS; i++) s += a[i];
+    *(float *)arg = s[0] + s[15]; /* keeps every chain live */
+    return NULL;
+}
+
+/* GFLOP/s of `threads` threads at once (the caller runs one of them); 0 if no thread could start. */
+static double fma_peak(int threads) {
+    float sink[threads];
+    pthread_t tid[threads];
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        int started = 1;
+        double t = now_s();
+        for (int i = 1; i < threads; i++, started++)
+            if (pthread_create(&tid[i], NULL, fma_loop, &sink[i]) != 0) break;
+        fma_loop(&sink[0]);
+        for (int i = 1; i < started; i++) pthread_join(tid[i], NULL);
+        t = now_s() - t;
+        double flops = 2.0 * 16 * FMA_CHAINS * FMA_REPS * started;
+        if (t > 0 && flops / t > best) best = flops / t;
+    }
+    return best / 1e9;
+}
+
+static int online_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 static double decode_bytes(const k3c_model *m, int context) {
     k3c_model_info f;
     if (k3c_model_info_get(m, &f) != K3C_OK) return 0;
@@ -70,10 +132,44 @@ static double decode_bytes(const k3c_model *m, int context) {
     return total - experts;
 }
 
-static int bench_preset(const char *preset, const char *device, int threads, int steps, double bw) {
+/* Matrix weights one prompt token multiplies: every matrix but the embedding and the LM head (which runs
+ * for the last row of a step only), the routed experts at k/E. */
+static double prefill_weights(const k3c_model *m) {
+    k3c_model_info f;
+    if (k3c_model_info_get(m, &f) != K3C_OK) return 0;
+    /* params_active: routed experts at k/E, the embedding only as a tied LM head; minus the LM head */
+    return f.params_active - (double)f.vocab_size * f.hidden_size;
+}
+
+/* One prompt of n tokens into a fresh request, in steps of at most max_rows tokens; seconds, < 0 on error.
+ * *cpu: the process CPU seconds it took. */
+static double prefill_once(k3c_engine *e, const int32_t *ids, int n, float *lg, double *cpu) {
+    int id = -1, chunk = k3c_engine_max_rows(e);
+    if (k3c_request_open(e, &id) != K3C_OK) return -1;
+    double t = now_s(), c = cpu_s();
+    for (int p = 0; p < n; p += chunk) {
+        k3c_step_item it = {.request = id, .tokens = ids + p, .n = n - p < chunk ? n - p : chunk};
+        if (k3c_engine_step(e, &it, 1, lg) != K3C_OK) {
+            k3c_request_close(e, id);
+            return -1;
+        }
+    }
+    t = now_s() - t;
+    *cpu = cpu_s() - c;
+    k3c_request_close(e, id);
+    return t;
+}
+
+static int bench_preset(const char *preset, const char *device, int threads, int steps, double bw,
+                        const int *prefill, int nprefill, double peak) {
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
-    int rc = K3C_ERR, id = -1, prompt = 16;
+    int32_t *ids = NULL;
+    int rc = K3C_ERR, id = -1, prompt = 16, longest = prompt;
+    for (int i = 0; i < nprefill; i++)
+        if (prefill[i] > longest) longest = prefill[i];
+    printf("%-6s synthesizing and loading ...\n", preset);
+    fflush(stdout);
     double t_load = now_s();
     if (cli_load_model(NULL, preset, 1, &m) != K3C_OK) goto done;
     t_load = now_s() - t_load;
@@ -82,13 +178,14 @@ static int bench_preset(const char *preset, const char *device, int threads, int
     o.device = device;
     o.threads = threads;
     o.max_requests = 1;
-    o.max_context = prompt + steps + 1;
+    o.max_context = longest + steps + 1;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto done;
     int V = k3c_engine_vocab(e);
     float *lg = malloc(sizeof(float) * V);
-    int32_t ids[16];
-    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
-    if (!lg) {
+    ids = malloc(sizeof(int32_t) * longest);
+    if (ids)
+        for (int i = 0; i < longest; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    if (!lg || !ids) {
         cli_errorf("out of memory");
         goto done;
     }
@@ -114,10 +211,30 @@ static int bench_preset(const char *preset, const char *device, int threads, int
            "memcpy %.1f GB/s   [synth+load %.1f s]\n",
            preset, device, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
            t_load);
+    fflush(stdout);
+    k3c_request_close(e, id);
+    id = -1;
+    /* prefill: best of two prompts (the first also warms the caches and the page tables) */
+    double flops_tok = 2.0 * prefill_weights(m);
+    for (int i = 0; i < nprefill; i++) {
+        double best = -1, best_cpu = 0;
+        for (int r = 0; r < 2; r++) {
+            double cpu, s = prefill_once(e, ids, prefill[i], lg, &cpu);
+            if (s < 0) goto free_lg;
+            if (best < 0 || s < best) best = s, best_cpu = cpu;
+        }
+        double tps = prefill[i] / best, gf = tps * flops_tok / 1e9;
+        printf("%-6s %-5s prefill %5d tokens %8.1f ms (%7.1f tok/s)  %7.1f MFLOP/tok -> %6.1f GFLOP/s = %5.1f%% of "
+               "peak %.0f GFLOP/s   [process cpu %.2f s]\n",
+               preset, device, prefill[i], 1e3 * best, tps, flops_tok / 1e6, gf, peak > 0 ? 100 * gf / peak : 0, peak,
+               best_cpu);
+        fflush(stdout);
+    }
     rc = K3C_OK;
 free_lg:
     free(lg);
 done:
+    free(ids);
     if (e && id >= 0) k3c_request_close(e, id);
     k3c_engine_free(e);
     if (m) k3c_free(m);
@@ -125,7 +242,7 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL;
+    const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
     long steps = -1, threads = 0, context = 512;
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -140,6 +257,7 @@ int cmd_bench(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_int("--context", v, 1, 1 << 20, &context);
         else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_int("--steps", v, 1, 100000, &steps);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_int("--threads", v, 0, 4096, &threads);
+        else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_str("--prefill", prefill_list = v);
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c bench: %s\n", cli_error());
@@ -160,14 +278,39 @@ int cmd_bench(int argc, char **argv) {
         bench_usage(stderr);
         return 2;
     }
+    int32_t *prefill = NULL;
+    int nprefill = 0;
+    if (cli_parse_ids(prefill_list, &prefill, &nprefill) != 0) {
+        fprintf(stderr, "k3c bench: --prefill '%s': expected prompt lengths in tokens, like 256,1024\n", prefill_list);
+        return 2;
+    }
+    int np = 0;
+    for (int i = 0; i < nprefill; i++) /* 0 = none; the engine's context bounds the rest */
+        if (prefill[i] > 0) {
+            if (prefill[i] > (1 << 20)) {
+                fprintf(stderr, "k3c bench: --prefill %d: at most %d tokens\n", (int)prefill[i], 1 << 20);
+                free(prefill);
+                return 2;
+            }
+            prefill[np++] = prefill[i];
+        }
     if (steps <= 0) steps = 32;
     double bw = memcpy_bandwidth();
     printf("memory bandwidth (memcpy 256 MiB, read + write, 1 thread): %.1f GB/s\n", bw / 1e9);
+    fflush(stdout);
+    int nt = threads > 0 ? (int)threads : online_cores();
+    double peak1 = fma_peak(1), peak = nt > 1 ? fma_peak(nt) : peak1;
+    printf("peak f32 FMA rate (24 chains of 16-lane FMAs per thread): %.1f GFLOP/s on 1 thread, %.1f on %d\n", peak1,
+           peak, nt);
+    fflush(stdout);
     const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
+    int rc = 0;
     for (int i = 0; i < 2 && presets[i]; i++)
-        if (bench_preset(presets[i], device, (int)threads, (int)steps, bw) != K3C_OK) {
+        if (bench_preset(presets[i], device, (int)threads, (int)steps, bw, (const int *)prefill, np, peak) != K3C_OK) {
             fprintf(stderr, "k3c bench: %s: %s\n", presets[i], cli_error());
-            return 1;
+            rc = 1;
+            break;
         }
-    return 0;
+    free(prefill);
+    return rc;
 }

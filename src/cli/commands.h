@@ -11,6 +11,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* ---- helpers of the commands that run the model (cli_run.c) ---- */
 #include <stddef.h>
@@ -45,9 +47,21 @@ int cli_flush_stdout(void);
 int cli_unexpected(const char *arg);
 /* "1,2,3" -> malloc'd ids (non-negative); 0 or -1 on a malformed list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
-/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory and loads that. */
+/* Loads DIR, or without DIR synthesizes `preset` (seed) into a temporary directory, on all cores with a
+ * progress line, and loads that. */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
 int cli_check_device(const char *device); /* 0 for cpu / cuda, else -1 with a message */
+/* The whole of a file (path "-": standard input), at most max bytes, into a malloc'd buffer with a NUL after
+ * it; 0 or -1 with a message naming the file. */
+int cli_read_input(const char *path, size_t max, char **buf, size_t *len);
+/* The tokenizer of a model directory (dir NULL: the one the synthesized `preset` ships): 0 with *t NULL when
+ * the directory has none (the model runs on ids), -1 with a message when its files are bad. */
+int cli_load_tokenizer(const char *dir, const char *preset, k3c_tokenizer **t);
+/* The message for a command that needs text from a model without a tokenizer (exit 2). */
+int cli_no_tokenizer(const char *dir);
+/* The ids that end a generation: the config's eos, the tokenizer's eos and, where the chat template loads,
+ * its end-of-turn ids (t may be NULL; template_dir NULL: the family's default). At most cap; the count. */
+int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *template_dir, int32_t *ids, int cap);
 /* The engine options of generate, run and logits (--device cpu|cuda, --threads N >= 0, --kv-cache bf16|fp8,
  * --max-context N, --memory-limit BYTES) at argv[*i], parsed into *o: 1 when argv[*i] is one of them (*bad = -1
  * for a bad value, with the message). */

@@ -15,7 +15,9 @@ static const struct {
     {"inspect", cmd_inspect, "inspect DIR                 validate a checkpoint and print its structure"},
     {"synth", cmd_synth, "synth --preset NAME --out DIR [--seed N]   write a synthetic checkpoint"},
     {"generate", cmd_generate,
-     "generate [--model DIR] [--prompt-ids 1,2,3] [-n 32] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
+     "generate [--model DIR] [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 [--text]] [-n 32] [--ignore-eos] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},
+    {"chat", cmd_chat,
+     "chat [--model DIR] [--system TEXT] [--reasoning show|hide] [-n 512] [--temperature T ...] [--device cpu|cuda]   interactive, multi-turn"},
     {"logits", cmd_logits, "logits --model DIR --prompt-ids IDS --prefill N --out FILE [--device cpu|cuda] [--f32]"},
     {"bench", cmd_bench, "bench [--device cpu|cuda] [--preset NAME] [--batches 1,8,64]   decode step time vs its bandwidth floor"},
     {"tokenize", cmd_tokenize,
@@ -23,6 +25,8 @@ static const struct {
     {"detokenize", cmd_detokenize, "detokenize [--model DIR] --ids 1,2,3   print the text of token ids"},
     {"run", cmd_run,
      "run [--model DIR] --prompts \"1,2,3;4,5\" [-n N] [--spec D] [--max-requests M] [--device cpu|cuda]   batched runner"},
+    {"serve", cmd_serve,
+     "serve [--model DIR] [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--api-key KEY]   OpenAI-compatible server"},
 };
 
 static void usage(FILE *f) {

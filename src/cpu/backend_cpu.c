@@ -18,7 +18,8 @@
 #include "util/log.h"
 
 #define MM_QUEUE 16
-/* Tokens per chunk of the chunked delta rule (the form of prompt segments). */
+/* Tokens per chunk of the chunked delta rule inside a block of the invariance grid (stock/forward.c): a
+ * block is cut into chunks of KDA_CHUNK from its start (the last one shorter). */
 #define KDA_CHUNK 64
 
 typedef struct cpu_ctx {
@@ -74,7 +75,17 @@ static void flush(cpu_ctx *x) {
 static inline float rnd(const cpu_ctx *x, float v) { return x->exact ? v : bf16_round(v); }
 static void round_n(const cpu_ctx *x, float *p, size_t n) {
     if (x->exact) return;
-    for (size_t i = 0; i < n; i++) p[i] = bf16_round(p[i]);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) v16_store(p + i, v16_bf16_round(v16_load(p + i)));
+    for (; i < n; i++) p[i] = bf16_round(p[i]);
+}
+
+/* Row-wise ops of a step over the pool: fn(ctx, t0, t1) for disjoint row ranges covering [0, T). Every op
+ * handed here computes each row from that row's inputs alone, so the split changes no result; a step of
+ * fewer than ROWS_PAR_MIN floats runs on the caller (decode: waking the workers costs more). */
+#define ROWS_PAR_MIN 16384
+static void par_rows(cpu_ctx *c, int T, size_t row_floats, void (*fn)(void *ctx, int t0, int t1), void *ctx) {
+    k3c_pool_for((size_t)T * row_floats >= ROWS_PAR_MIN ? c->pool : NULL, T, fn, ctx);
 }
 
 /* ---- lifetime ---- */
@@ -273,10 +284,27 @@ static void cpu_rmsnorm(k3c_backend *be, const float *x, int x_stride, const flo
     k3c_pool_for(T > 1 ? c->pool : NULL, T, norm_rows, &j);
 }
 
+/* Elementwise ops in pieces of EW_PIECE elements (the rows of par_rows). */
+#define EW_PIECE 4096
+typedef struct ew_job {
+    const cpu_ctx *c;
+    const float *a, *b;
+    float *out;
+    size_t n;
+} ew_job;
+
+static void add_pieces(void *ctx, int b, int e) {
+    ew_job *j = ctx;
+    size_t i1 = (size_t)e * EW_PIECE < j->n ? (size_t)e * EW_PIECE : j->n;
+    for (size_t i = (size_t)b * EW_PIECE; i < i1; i++) j->out[i] = j->a[i] + j->b[i];
+    round_n(j->c, j->out + (size_t)b * EW_PIECE, i1 - (size_t)b * EW_PIECE);
+}
+
 static void cpu_add(k3c_backend *be, const float *a, const float *b, size_t n, float *out) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    for (size_t i = 0; i < n; i++) out[i] = rnd(c, a[i] + b[i]);
+    ew_job j = {c, a, b, out, n};
+    par_rows(c, (int)((n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
 }
 
 typedef struct mix_job {
@@ -338,13 +366,33 @@ static void cpu_gated_act(k3c_backend *be, const float *gate, const float *up, s
     gated_act_par(c, gate, up, n, out);
 }
 
+static void sigmoid_mul_pieces(void *ctx, int b, int e) {
+    ew_job *j = ctx;
+    size_t i1 = (size_t)e * EW_PIECE < j->n ? (size_t)e * EW_PIECE : j->n;
+    for (size_t i = (size_t)b * EW_PIECE; i < i1; i++) j->out[i] = rnd(j->c, j->out[i] * k3c_sigmoidf(j->b[i]));
+}
+
 static void cpu_sigmoid_mul(k3c_backend *be, float *x, const float *g, size_t n) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    for (size_t i = 0; i < n; i++) x[i] = rnd(c, x[i] * k3c_sigmoidf(g[i]));
+    ew_job j = {c, NULL, g, x, n};
+    par_rows(c, (int)((n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, sigmoid_mul_pieces, &j);
 }
 
 /* ---- KDA ---- */
+
+typedef struct conv_job {
+    const cpu_ctx *c;
+    const float *x, *taps, *window;
+    int T, P, W;
+    float *out;
+} conv_job;
+
+static void conv_rows(void *ctx, int b, int e) {
+    conv_job *j = ctx;
+    k3c_kda_conv_rows(j->x, j->T, j->P, j->W, j->taps, j->window, b, e, j->out);
+    round_n(j->c, j->out + (size_t)b * j->P, (size_t)(e - b) * j->P);
+}
 
 static void cpu_kda_conv(k3c_backend *be, const float *x, const float *taps, int which, const k3c_seg *segs,
                          int nseg, float *out) {
@@ -354,25 +402,45 @@ static void cpu_kda_conv(k3c_backend *be, const float *x, const float *taps, int
     for (int s = 0; s < nseg; s++) {
         const k3c_seg *g = &segs[s];
         if (g->n <= 0) continue;
-        float *o = out + (size_t)g->row0 * P;
-        k3c_kda_conv(x + (size_t)g->row0 * P, g->n, P, W, taps, g->window + (size_t)which * (W - 1) * P, o);
-        round_n(c, o, (size_t)g->n * P);
+        float *window = g->window + (size_t)which * (W - 1) * P;
+        conv_job j = {c, x + (size_t)g->row0 * P, taps, window, g->n, P, W, out + (size_t)g->row0 * P};
+        par_rows(c, g->n, (size_t)P, conv_rows, &j);
+        k3c_kda_conv_advance(j.x, g->n, P, W, window);
     }
+}
+
+typedef struct kda_rows_job {
+    const cpu_ctx *c;
+    const float *f, *b, *a_log, *dt_bias, *o, *z, *w;
+    float *g, *beta, *q, *k, *y;
+} kda_rows_job;
+
+static void gate_rows(void *ctx, int b, int e) {
+    kda_rows_job *j = ctx;
+    size_t P = k3c_config_kda_proj(j->c->c), H = j->c->c->kda_num_heads;
+    k3c_kda_gate(j->c->c, j->a_log, j->dt_bias, j->f + b * P, e - b, j->g + b * P);
+    for (size_t i = b * H; i < e * H; i++) j->beta[i] = k3c_sigmoidf(j->b[i]);
 }
 
 static void cpu_kda_gate(k3c_backend *be, const float *f, const float *b, const float *a_log, const float *dt_bias,
                          int T, float *g, float *beta) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    k3c_kda_gate(c->c, a_log, dt_bias, f, T, g);
-    size_t n = (size_t)T * c->c->kda_num_heads;
-    for (size_t i = 0; i < n; i++) beta[i] = k3c_sigmoidf(b[i]);
+    kda_rows_job j = {.c = c, .f = f, .b = b, .a_log = a_log, .dt_bias = dt_bias, .g = g, .beta = beta};
+    par_rows(c, T, k3c_config_kda_proj(c->c), gate_rows, &j);
+}
+
+static void qk_norm_rows(void *ctx, int b, int e) {
+    kda_rows_job *j = ctx;
+    size_t P = k3c_config_kda_proj(j->c->c);
+    k3c_kda_qk_norm(j->q + b * P, j->k + b * P, e - b, j->c->c->kda_num_heads, j->c->c->kda_head_dim);
 }
 
 static void cpu_kda_qk_norm(k3c_backend *be, float *q, float *k, int T) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    k3c_kda_qk_norm(q, k, T, c->c->kda_num_heads, c->c->kda_head_dim);
+    kda_rows_job j = {.c = c, .q = q, .k = k};
+    par_rows(c, T, k3c_config_kda_proj(c->c), qk_norm_rows, &j);
 }
 
 /* Heads of one segment per unit of parallel work: units = nseg * groups, group g of a segment takes heads
@@ -403,10 +471,14 @@ static void delta_units(void *ctx, int b, int e, int worker) {
         if (sg->n <= 0 || h0 >= h1) continue;
         size_t off = (size_t)sg->row0 * P;
         float *o = j->o + off;
-        if (sg->chunked)
-            k3c_kda_chunked_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
-                                  j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, KDA_CHUNK,
-                                  j->c->kda_scratch + (size_t)worker * j->c->kda_scratch_n, o);
+        if (sg->chunked) /* block by block, each cut into chunks of KDA_CHUNK from its start */
+            for (int t0 = 0; t0 < sg->n; t0 += sg->chunked) {
+                size_t bo = (size_t)t0 * P;
+                int bn = sg->n - t0 < sg->chunked ? sg->n - t0 : sg->chunked;
+                k3c_kda_chunked_heads(sg->state, j->q + off + bo, j->k + off + bo, j->v + off + bo, j->g + off + bo,
+                                      j->beta + ((size_t)sg->row0 + t0) * H, bn, H, h0, h1, dk, dk, KDA_CHUNK,
+                                      j->c->kda_scratch + (size_t)worker * j->c->kda_scratch_n, o + bo);
+            }
         else
             k3c_kda_recurrent_heads(sg->state, j->q + off, j->k + off, j->v + off, j->g + off,
                                     j->beta + (size_t)sg->row0 * H, sg->n, H, h0, h1, dk, dk, o);
@@ -423,12 +495,20 @@ static void cpu_kda_delta(k3c_backend *be, const float *q, const float *k, const
     k3c_pool_for_worker(c->pool, nseg * j.groups, delta_units, &j);
 }
 
+static void gated_norm_rows(void *ctx, int b, int e) {
+    kda_rows_job *j = ctx;
+    const cpu_ctx *c = j->c;
+    size_t H = c->c->kda_num_heads, dv = c->c->kda_head_dim, P = H * dv;
+    k3c_kda_gated_norm(j->o + b * P, j->z + b * P, j->w, e - b, (int)H, (int)dv, c->c->rms_norm_eps, c->silu_gate,
+                       j->y + b * P);
+    round_n(c, j->y + b * P, (size_t)(e - b) * P);
+}
+
 static void cpu_kda_gated_norm(k3c_backend *be, const float *o, const float *z, const float *w, int T, float *y) {
     cpu_ctx *c = be->ctx;
     flush(c);
-    int H = c->c->kda_num_heads, dv = c->c->kda_head_dim;
-    k3c_kda_gated_norm(o, z, w, T, H, dv, c->c->rms_norm_eps, c->silu_gate, y);
-    round_n(c, y, (size_t)T * H * dv);
+    kda_rows_job j = {.c = c, .o = o, .z = z, .w = w, .y = y};
+    par_rows(c, T, (size_t)c->c->kda_num_heads * c->c->kda_head_dim, gated_norm_rows, &j);
 }
 
 /* ---- MLA ---- */
@@ -593,6 +673,22 @@ static k3c_mm expert_mm(const cpu_ctx *x, const k3c_mat *Wb, const k3c_mxfp4_mat
     return (k3c_mm){.W = Wb, .x = in, .T = n, .y = out, .round = !x->exact};
 }
 
+/* r[t] = sum_j wts[t, j] d[pair (t, j)], in j order, rounded. */
+static void moe_sum_rows(void *ctx, int b, int e) {
+    cpu_ctx *x = ctx;
+    int K = x->c->num_experts_per_token, Rin = k3c_config_expert_in(x->c);
+    for (int t = b; t < e; t++) {
+        float *r = x->r + (size_t)t * Rin;
+        const float *dj[K];
+        for (int j = 0; j < K; j++) dj[j] = x->d + (size_t)x->inv[t * K + j] * Rin;
+        for (int i = 0; i < Rin; i++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * dj[j][i];
+            r[i] = rnd(x, acc);
+        }
+    }
+}
+
 /* Three batches per layer whatever T and k are: {router, latent down, shared gate, shared up} (all read y),
  * {W1, W3 of every selected expert}, {W2 of every selected expert, shared down}. The (row, j) pairs are
  * grouped by expert; pair s of the grouped order has its input row at xe + s * Rin (or in place in z when
@@ -665,16 +761,7 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     k3c_matmul_batch(x->pool, mm, n);
 
     /* weighted sum in j order */
-    for (int t = 0; t < T; t++) {
-        float *r = x->r + (size_t)t * Rin;
-        const float *dj[K];
-        for (int j = 0; j < K; j++) dj[j] = x->d + (size_t)x->inv[t * K + j] * Rin;
-        for (int i = 0; i < Rin; i++) {
-            float acc = 0;
-            for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * dj[j][i];
-            r[i] = rnd(x, acc);
-        }
-    }
+    par_rows(x, T, (size_t)K * Rin, moe_sum_rows, x);
     const float *routed = x->r;
     if (latent) {
         if (c->latent_moe_use_norm) {
@@ -686,7 +773,8 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         routed = x->rup;
     }
     if (shared) {
-        for (size_t i = 0; i < (size_t)T * D; i++) out[i] = rnd(x, routed[i] + x->sh[i]);
+        ew_job j = {x, routed, x->sh, out, (size_t)T * D};
+        par_rows(x, (int)((j.n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
     } else {
         memmove(out, routed, (size_t)T * D * 4);
     }

@@ -14,6 +14,7 @@
  *
  * Expanded (spec §3.2; prompt chunks): see k3c_mla_attend_expanded below. */
 #include <math.h>
+#include <string.h>
 
 #include "cpu/ops.h"
 #include "cpu/vec.h"
@@ -135,13 +136,67 @@ static inline void mla_dot4x4(const float *const *w, const float *const *a, int 
         k3c_v16 w3 = v16_load(w[3] + i);
         s30 = w3 * a0 + s30, s31 = w3 * a1 + s31, s32 = w3 * a2 + s32, s33 = w3 * a3 + s33;
     }
-    out[0][0] = v16_sum(s00), out[0][1] = v16_sum(s01), out[0][2] = v16_sum(s02), out[0][3] = v16_sum(s03);
-    out[1][0] = v16_sum(s10), out[1][1] = v16_sum(s11), out[1][2] = v16_sum(s12), out[1][3] = v16_sum(s13);
-    out[2][0] = v16_sum(s20), out[2][1] = v16_sum(s21), out[2][2] = v16_sum(s22), out[2][3] = v16_sum(s23);
-    out[3][0] = v16_sum(s30), out[3][1] = v16_sum(s31), out[3][2] = v16_sum(s32), out[3][3] = v16_sum(s33);
+    const k3c_v16 acc[16] = {s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33};
+    float sums[16];
+    v16_store(sums, v16_sum16(acc));
+    for (int r = 0; r < 4; r++)
+        for (int k = 0; k < 4; k++) out[r][k] = sums[4 * r + k];
     for (; i < n; i++)
         for (int r = 0; r < 4; r++)
             for (int k = 0; k < 4; k++) out[r][k] = fmaf(w[r][i], a[k][i], out[r][k]);
+}
+
+/* out = out * r + sum_tt p[tt] v[tt] for tt = 0 .. n-1 in order: out * r rounded once, then one FMA per key,
+ * with out held in registers across the keys (128 floats at a time) instead of loaded and stored per key
+ * (mla_axpy per key: the same sums up to how the compiler contracts its first step; a remainder of vh below
+ * 128 floats still goes through it). The sequence per element depends on n and the block only. */
+static void mla_axpy_block(float *out, float r, const float *p, const float *v, int n, int vh) {
+    int e = 0;
+    for (; e + 128 <= vh; e += 128) {
+        k3c_v16 o[8], rv = v16_splat(r);
+        for (int k = 0; k < 8; k++) o[k] = v16_load(out + e + 16 * k) * rv; /* exact when r = 1 */
+        for (int tt = 0; tt < n; tt++) {
+            k3c_v16 pv = v16_splat(p[tt]);
+            const float *c = v + (size_t)tt * vh + e;
+            for (int k = 0; k < 8; k++) o[k] = v16_load(c + 16 * k) * pv + o[k];
+        }
+        for (int k = 0; k < 8; k++) v16_store(out + e + 16 * k, o[k]);
+    }
+    if (e < vh)
+        for (int tt = 0; tt < n; tt++) mla_axpy(out + e, tt == 0 ? r : 1.0f, p[tt], v + (size_t)tt * vh + e, vh - e);
+}
+
+/* Scores of one query row against n <= 16 keys of a block: out[j] = (mla_dot(q, kb + j nope, nope) +
+ * mla_dot(q + nope, kr[j], rope)) * scale, bit for bit (each dot's lanes accumulate in the same order and
+ * v16_sum16 sums them as v16_sum), eight keys' FMA chains interleaved. kr and kb must hold 16 keys (the
+ * caller pads with a valid one). */
+static void mla_scores16(const float *q, const float *kb, int nope, const float *const *kr, int rope, int n,
+                         float scale, float *out) {
+    int nn = nope / 16 * 16, rr = rope / 16 * 16;
+    k3c_v16 an[16], ar[16];
+    for (int j0 = 0; j0 < 16; j0 += 8) {
+        k3c_v16 s[8];
+        for (int j = 0; j < 8; j++) s[j] = v16_splat(0.0f);
+        for (int i = 0; i < nn; i += 16) {
+            k3c_v16 qv = v16_load(q + i);
+            for (int j = 0; j < 8; j++) s[j] = qv * v16_load(kb + (size_t)(j0 + j) * nope + i) + s[j];
+        }
+        for (int j = 0; j < 8; j++) an[j0 + j] = s[j], s[j] = v16_splat(0.0f);
+        for (int i = 0; i < rr; i += 16) {
+            k3c_v16 qv = v16_load(q + nope + i);
+            for (int j = 0; j < 8; j++) s[j] = qv * v16_load(kr[j0 + j] + i) + s[j];
+        }
+        for (int j = 0; j < 8; j++) ar[j0 + j] = s[j];
+    }
+    float dn[16], dr[16];
+    v16_store(dn, v16_sum16(an));
+    v16_store(dr, v16_sum16(ar));
+    for (int j = 0; j < n; j++) {
+        float a = dn[j], b = dr[j];
+        for (int i = nn; i < nope; i++) a = fmaf(q[i], kb[(size_t)j * nope + i], a);
+        for (int i = rr; i < rope; i++) b = fmaf(q[nope + i], kr[j][i], b);
+        out[j] = (a + b) * scale;
+    }
 }
 
 void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int nope, int rope, int vh,
@@ -152,6 +207,7 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
     float kb[MLA_EXP_BLOCK * (nope > 0 ? nope : 1)], vb[MLA_EXP_BLOCK * vh], wf[4 * kv_lora];
     float m[Tq], l[Tq];
     int kv16 = kv_lora / 16 * 16;
+    memset(kb, 0, sizeof kb); /* mla_scores16 reads whole 16-key groups, past a short block's keys */
     for (int h = h0; h < h1; h++) {
         for (int i = 0; i < Tq; i++) {
             m[i] = -INFINITY;
@@ -164,6 +220,9 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
             const float *rows[MLA_EXP_BLOCK + 3];
             for (int tt = 0; tt < nb; tt++) rows[tt] = mla_row(cache, block_table, block_size, Dq, t0 + tt);
             for (int tt = nb; tt < nb + 3; tt++) rows[tt] = rows[0]; /* padding for the 4-wide dots */
+            /* the keys' rope parts, padded to whole 16-key groups with the first (scores computed, unused) */
+            const float *kr[MLA_EXP_BLOCK + 16];
+            for (int tt = 0; tt < nb + 16; tt++) kr[tt] = (tt < nb ? rows[tt] : rows[0]) + kv_lora;
 
             /* decompress: rows d .. d+3 of the head's kv_b slice (widened to f32 once per block) against
              * every latent of the block; each value is rounded to bf16 (round_kv) as the output of a bf16
@@ -199,23 +258,25 @@ void k3c_mla_attend_expanded(const float *q, int Tq, int Hm, int h0, int h1, int
                 if (nv > nb) nv = nb;
                 const float *qv = q + ((size_t)i * Hm + h) * qh;
                 float *out = o + ((size_t)i * Hm + h) * vh;
-                float sc[MLA_EXP_BLOCK], bm = -INFINITY;
-                for (int tt = 0; tt < nv; tt++) {
-                    sc[tt] = (mla_dot(qv, kb + (size_t)tt * nope, nope) + mla_dot(qv + nope, rows[tt] + kv_lora, rope)) *
-                             scale;
+                float sc[MLA_EXP_BLOCK] = {0}, bm = -INFINITY; /* whole 16-lane groups: the rest 0 */
+                for (int t16 = 0; t16 < nv; t16 += 16)
+                    mla_scores16(qv, kb + (size_t)t16 * nope, nope, kr + t16, rope, nv - t16 < 16 ? nv - t16 : 16,
+                                 scale, sc + t16);
+                for (int tt = 0; tt < nv; tt++)
                     if (sc[tt] > bm) bm = sc[tt];
-                }
                 float r = 1.0f;
                 if (bm > m[i]) {
                     r = expf(m[i] - bm); /* m = -inf on the first block: r = 0, and l, out are 0 */
                     l[i] *= r;
                     m[i] = bm;
                 }
-                for (int tt = 0; tt < nv; tt++) {
-                    float p = expf(sc[tt] - m[i]);
-                    l[i] += p;
-                    mla_axpy(out, tt == 0 ? r : 1.0f, p, vb + (size_t)tt * vh, vh);
-                }
+                /* probabilities 16 at a time (v16_exp, cpu/vec.h: libm's expf per pair was a fifth of a
+                 * long prompt's attention), summed in key order */
+                float pr[MLA_EXP_BLOCK];
+                k3c_v16 mv = v16_splat(m[i]);
+                for (int t16 = 0; t16 < nv; t16 += 16) v16_store(pr + t16, v16_exp(v16_load(sc + t16) - mv));
+                for (int tt = 0; tt < nv; tt++) l[i] += pr[tt];
+                mla_axpy_block(out, r, pr, vb, nv, vh);
             }
         }
         for (int i = 0; i < Tq; i++) {

@@ -23,6 +23,11 @@ void k3c_pool_for(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end),
  * caller is 0), never the same for two calls of fn running at the same time, so it can index scratch
  * allocated once per thread. */
 void k3c_pool_for_worker(k3c_pool *p, int n, void (*fn)(void *ctx, int begin, int end, int worker), void *ctx);
+/* Per-thread scratch, allocated with the pool: K3C_POOL_SCRATCH bytes (64-byte aligned) for the thread
+ * numbered `worker` by k3c_pool_for_worker, valid until k3c_pool_free; NULL when p is NULL. The matrix
+ * products pack weight panels here (cpu/matmul.c); no other user may hold it across a k3c_pool_for_worker. */
+#define K3C_POOL_SCRATCH ((size_t)384 << 10)
+void *k3c_pool_scratch(k3c_pool *p, int worker);
 
 /* ---- matrix products (cpu/matmul.c): y[t, r] = sum_c W[r, c] * x[t, c] ---- */
 /* x: [T, W.cols], y: [T, W.rows]. Each weight row is read once for all T tokens. */
@@ -61,6 +66,11 @@ static inline float k3c_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf
  * before x (oldest first; zeros for a fresh sequence); it is advanced in place to end at the last token.
  * taps: [C, W]; out: [T, C]. */
 void k3c_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window, float *out);
+/* The two halves of k3c_kda_conv, for splitting it over threads: output rows [t0, t1) (each row depends on
+ * x and the window only), then the window advanced past all T rows. */
+void k3c_kda_conv_rows(const float *x, int T, int C, int W, const float *taps, const float *window, int t0, int t1,
+                       float *out);
+void k3c_kda_conv_advance(const float *x, int T, int C, int W, float *window);
 /* The decay gate g [T, P] (log space) from f = f_b(f_a(x)) [T, P]:
  * safe gate: lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)); else -exp(A_log[h]) * softplus(f + dt_bias). */
 void k3c_kda_gate(const k3c_config *c, const float *a_log, const float *dt_bias, const float *f, int T, float *g);
@@ -78,7 +88,7 @@ void k3c_kda_recurrent(float *state, const float *q, const float *k, const float
 int k3c_kda_chunked(float *state, const float *q, const float *k, const float *v, const float *g,
                     const float *beta, int T, int H, int dk, int dv, int chunk, float *o);
 /* Floats of scratch k3c_kda_chunked_heads needs for this chunk (<= 0: 64), whatever T and the head range:
- * chunk * (2 dk + 2 chunk + dv) + dk (for K3, chunk 64, dk = dv = 128: 32,896 floats). */
+ * chunk * (2 dk + 2 chunk + dv) + 34 dk (for K3, chunk 64, dk = dv = 128: 37,120 floats). */
 size_t k3c_kda_chunk_scratch(int chunk, int dk, int dv);
 /* The two above for heads [h0, h1) only (state, q, ... o as above, all H heads wide; states not kept).
  * Heads are independent, so a head's result does not depend on the range it was run in.

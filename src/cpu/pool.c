@@ -66,6 +66,7 @@ struct k3c_pool {
     atomic_int sleepers; /* workers blocked (or about to block) on wake */
     atomic_int stop;
     atomic_int next_worker; /* worker numbers handed out at thread start (the caller is 0) */
+    char *scratch;          /* [threads, K3C_POOL_SCRATCH] (k3c_pool_scratch) */
 };
 
 /* Claims and runs chunks of the current job until none is left; worker: the number of the calling thread. */
@@ -122,6 +123,10 @@ k3c_pool *k3c_pool_create(int threads) {
     k3c_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->threads = threads;
+    if (posix_memalign((void **)&p->scratch, 64, (size_t)threads * K3C_POOL_SCRATCH)) {
+        free(p);
+        return NULL;
+    }
     pthread_mutex_init(&p->mu, NULL);
     pthread_mutex_init(&p->call_mu, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -158,10 +163,15 @@ void k3c_pool_free(k3c_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->call_mu);
     pthread_cond_destroy(&p->wake);
+    free(p->scratch);
     free(p);
 }
 
 int k3c_pool_threads(const k3c_pool *p) { return p ? p->threads : 1; }
+
+void *k3c_pool_scratch(k3c_pool *p, int worker) {
+    return p ? p->scratch + (size_t)worker * K3C_POOL_SCRATCH : NULL;
+}
 
 /* One parallel-for: exactly one of fn, fnw is set. */
 static void pool_run(k3c_pool *p, int n, void (*fn)(void *, int, int), void (*fnw)(void *, int, int, int),

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/tokenizer.h"
 #include "util/error.h"
 
 /* K3's published values (its released config.json), the starting point of every K3-family preset. */
@@ -141,6 +142,17 @@ static int set_k3_schedule(k3c_config *c) {
     return set_schedule(c, full, n);
 }
 
+/* bos / eos / pad of a preset with weights: the ids of [BOS], [EOS] and [PAD] in the tokenizer `k3c synth`
+ * writes beside it (text/tokenizer.h: the embedded default fills the vocabulary, its special slots last), so
+ * the config and the tokenizer agree. */
+static void tokenizer_ids(k3c_config *c) {
+    int32_t bos, eos, pad;
+    k3c_tokenizer_default_ids(c->family == K3C_FAMILY_K3, c->vocab_size, &bos, &eos, &pad);
+    c->bos_token_id = bos;
+    c->eos_token_id = eos;
+    c->pad_token_id = pad;
+}
+
 /* 9 layers, every K3 structural feature: blocks start at 0 (KDA), 4 (KDA) and 8 (MLA); layers 7 and 8
  * are consecutive final MLA layers. About 12 MB in the published dtypes. */
 static int preset_tiny(k3c_config *c) {
@@ -164,9 +176,7 @@ static int preset_tiny(k3c_config *c) {
     c->v_head_dim = 32;
     c->kda_num_heads = 2;
     c->kda_head_dim = 128;
-    c->bos_token_id = 1;
-    c->eos_token_id = 2;
-    c->pad_token_id = 0;
+    tokenizer_ids(c);
     static const int full[] = {4, 8, 9};
     return set_schedule(c, full, 3);
 }
@@ -202,9 +212,7 @@ static int preset_mini(k3c_config *c) {
     c->v_head_dim = 128;
     c->kda_num_heads = 8;
     c->kda_head_dim = 128;
-    c->bos_token_id = 1;
-    c->eos_token_id = 2;
-    c->pad_token_id = 0;
+    tokenizer_ids(c);
     static const int full[] = {4, 8, 12, 13};
     return set_schedule(c, full, 4);
 }
@@ -229,9 +237,7 @@ static int preset_kimi_linear_tiny(k3c_config *c) {
     c->v_head_dim = 32;
     c->kda_num_heads = 2;
     c->kda_head_dim = 128;
-    c->pad_token_id = 0;
-    c->bos_token_id = 1;
-    c->eos_token_id = 2;
+    tokenizer_ids(c);
     static const int full[] = {4, 6}; /* linear, linear, linear, full, linear, full */
     return set_schedule(c, full, 2);
 }

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,22 +84,106 @@ static void vector_values(const k3c_config *c, const k3c_tensor_spec *s, k3c_rng
 typedef struct synth_ctx {
     const k3c_config *c;
     uint64_t seed;
+    int threads;                   /* generator threads (>= 1) */
     const k3c_tensor_spec **specs; /* the entries of the file being written, in write order */
-    float *row;                    /* scratch: one f32 row (MXFP4 quantization, vectors) */
-    uint8_t *row_packed, *row_scale;
+    float *row;                    /* scratch: one f32 row (vectors) */
     size_t row_cap;
+    /* The other half of the last MXFP4 pair generated: both tensors of a pair come from one f32 matrix,
+     * generated once when they are written one after the other (as the dtype-then-name order does). */
+    char pair_base[sizeof ((k3c_tensor_spec *)0)->name];
+    int pair_cls;       /* the class the cached bytes belong to, 0 = none */
+    uint8_t *pair;      /* [pair_cap] */
+    size_t pair_len, pair_cap;
+    uint64_t done, total; /* tensor bytes written so far, of all files */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
 } synth_ctx;
 
 static int scratch(synth_ctx *x, size_t n) {
     if (n <= x->row_cap) return K3C_OK;
     float *row = realloc(x->row, n * sizeof *row);
-    if (row) x->row = row;
-    uint8_t *p = realloc(x->row_packed, n / 2 + 1);
-    if (p) x->row_packed = p;
-    uint8_t *sc = realloc(x->row_scale, n / 8 + 1);
-    if (sc) x->row_scale = sc;
-    if (!row || !p || !sc) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for a synth row of %zu values", n);
+    if (!row) return k3c_errorf_kind(K3C_ERROR_OOM, "out of memory for a synth row of %zu values", n);
+    x->row = row;
     x->row_cap = n;
+    return K3C_OK;
+}
+
+/* ---- generation split over threads ----
+ * A tensor's values are one stream (seed ^ name hash) read in element order, two draws per normal value.
+ * A thread generating elements from e0 on jumps its copy of the stream ahead by 2 e0 draws (k3c_rng_jump),
+ * so the bytes are the same for every thread count. */
+#define SYNTH_PAR_MIN 16384 /* elements per thread below which a tensor is generated on one thread */
+
+typedef struct synth_part {
+    uint64_t stream;        /* seed ^ name hash */
+    double std;
+    int64_t cols;           /* MXFP4: row width (f32 values), group size g */
+    int g;
+    int64_t b, e;           /* MATRIX: elements [b, e); MXFP4: rows [b, e) */
+    uint8_t *out;           /* MATRIX: bf16 bytes; MXFP4: packed rows */
+    uint8_t *scale;         /* MXFP4: scale rows */
+    int failed;
+} synth_part;
+
+static void *matrix_part(void *arg) {
+    synth_part *p = arg;
+    k3c_rng r;
+    k3c_rng_seed(&r, p->stream);
+    k3c_rng_jump(&r, 2 * (uint64_t)p->b);
+    for (int64_t i = p->b; i < p->e; i++) {
+        uint16_t h = f32_to_bf16((float)(p->std * k3c_rng_normal(&r)));
+        memcpy(p->out + 2 * i, &h, 2);
+    }
+    return NULL;
+}
+
+static void *mxfp4_part(void *arg) {
+    synth_part *p = arg;
+    int64_t cols = p->cols;
+    float *row = malloc((size_t)cols * sizeof *row);
+    uint8_t *pk = malloc((size_t)cols / 2 + 1), *sc = malloc((size_t)(cols / p->g) + 1);
+    if (!row || !pk || !sc) {
+        p->failed = 1;
+    } else {
+        k3c_rng r;
+        k3c_rng_seed(&r, p->stream);
+        k3c_rng_jump(&r, 2 * (uint64_t)p->b * (uint64_t)cols);
+        for (int64_t i = p->b; i < p->e; i++) {
+            for (int64_t j = 0; j < cols; j++) row[j] = (float)(p->std * k3c_rng_normal(&r));
+            k3c_mxfp4_quant_row(row, (int)cols, pk, sc);
+            memcpy(p->out + (size_t)i * (size_t)(cols / 2), pk, (size_t)(cols / 2));
+            memcpy(p->scale + (size_t)i * (size_t)(cols / p->g), sc, (size_t)(cols / p->g));
+        }
+    }
+    free(row);
+    free(pk);
+    free(sc);
+    return NULL;
+}
+
+/* Runs fn on `proto` split into up to x->threads equal parts of [0, n) (fewer when the parts would hold less
+ * than SYNTH_PAR_MIN elements, `per` elements per unit of n), the caller taking the first. */
+static int run_parts(const synth_ctx *x, const synth_part *proto, int64_t n, int64_t per, void *(*fn)(void *)) {
+    int parts = x->threads;
+    int64_t most = n * per / SYNTH_PAR_MIN;
+    if (parts > most) parts = most > 1 ? (int)most : 1;
+    if (parts > n) parts = n > 1 ? (int)n : 1;
+    synth_part p[parts];
+    pthread_t tid[parts];
+    int started[parts];
+    for (int i = 0; i < parts; i++) {
+        p[i] = *proto;
+        p[i].b = n * i / parts;
+        p[i].e = n * (i + 1) / parts;
+        started[i] = i > 0 && pthread_create(&tid[i], NULL, fn, &p[i]) == 0;
+    }
+    fn(&p[0]);
+    for (int i = 1; i < parts; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else fn(&p[i]); /* no thread: the caller does that part too */
+    }
+    for (int i = 0; i < parts; i++)
+        if (p[i].failed) return k3c_errorf("out of memory for synth rows of %lld values", (long long)proto->cols);
     return K3C_OK;
 }
 
@@ -111,15 +196,9 @@ static int fill_tensor(void *ctx, size_t index, const k3c_st_entry *e, void *byt
     k3c_rng r;
     switch (s->cls) {
     case K3C_TENSOR_MATRIX: {
-        k3c_rng_seed(&r, x->seed ^ k3c_hash_str(s->name));
-        double std = matrix_std(s);
-        uint8_t *out = bytes;
-        size_t n = nbytes / 2;
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h = f32_to_bf16((float)(std * k3c_rng_normal(&r)));
-            memcpy(out + 2 * i, &h, 2);
-        }
-        return K3C_OK;
+        synth_part p = {.stream = x->seed ^ k3c_hash_str(s->name), .std = matrix_std(s), .out = bytes};
+        K3C_TRY(run_parts(x, &p, (int64_t)(nbytes / 2), 1, matrix_part));
+        break;
     }
     case K3C_TENSOR_VECTOR: {
         k3c_rng_seed(&r, x->seed ^ k3c_hash_str(s->name));
@@ -135,35 +214,48 @@ static int fill_tensor(void *ctx, size_t index, const k3c_st_entry *e, void *byt
                 memcpy(out + 2 * i, &h, 2);
             }
         }
-        return K3C_OK;
+        break;
     }
     case K3C_TENSOR_MXFP4_PACKED:
     case K3C_TENSOR_MXFP4_SCALE: {
-        /* Both tensors of a pair regenerate the same f32 matrix from the base name's stream and keep their
-         * half of the quantization: twice the generation work, but no state between fill calls. */
+        /* Both tensors of a pair come from the same f32 matrix, drawn from the base name's stream: the one
+         * written first generates it and keeps the other's bytes for it. */
         char base[sizeof s->name];
         snprintf(base, sizeof base, "%s", s->name);
         char *dot = strrchr(base, '.');
         if (dot) *dot = '\0'; /* "...experts.E.w1" */
-        k3c_rng_seed(&r, x->seed ^ k3c_hash_str(base));
+        if (x->pair_cls == (int)s->cls && x->pair_len == nbytes && !strcmp(x->pair_base, base)) {
+            memcpy(bytes, x->pair, nbytes);
+            x->pair_cls = 0;
+            break;
+        }
         int g = x->c->mxfp4_group_size > 0 ? x->c->mxfp4_group_size : K3C_MXFP4_GROUP;
         int64_t rows = s->shape[0];
         int64_t cols = s->cls == K3C_TENSOR_MXFP4_PACKED ? s->shape[1] * 2 : s->shape[1] * g;
-        K3C_TRY(scratch(x, (size_t)cols));
-        double std = 1.0 / sqrt((double)cols);
-        uint8_t *out = bytes;
-        for (int64_t i = 0; i < rows; i++) {
-            for (int64_t j = 0; j < cols; j++) x->row[j] = (float)(std * k3c_rng_normal(&r));
-            k3c_mxfp4_quant_row(x->row, (int)cols, x->row_packed, x->row_scale);
-            if (s->cls == K3C_TENSOR_MXFP4_PACKED)
-                memcpy(out + (size_t)i * (size_t)(cols / 2), x->row_packed, (size_t)(cols / 2));
-            else
-                memcpy(out + (size_t)i * (size_t)(cols / g), x->row_scale, (size_t)(cols / g));
+        size_t other = s->cls == K3C_TENSOR_MXFP4_PACKED ? (size_t)rows * (size_t)(cols / g)
+                                                          : (size_t)rows * (size_t)(cols / 2);
+        if (other > x->pair_cap) {
+            uint8_t *q = realloc(x->pair, other);
+            if (!q) return k3c_errorf("out of memory for the %zu-byte half of MXFP4 pair %s", other, base);
+            x->pair = q;
+            x->pair_cap = other;
         }
-        return K3C_OK;
+        x->pair_cls = 0;
+        synth_part p = {.stream = x->seed ^ k3c_hash_str(base), .std = 1.0 / sqrt((double)cols), .cols = cols, .g = g};
+        p.out = s->cls == K3C_TENSOR_MXFP4_PACKED ? bytes : x->pair;
+        p.scale = s->cls == K3C_TENSOR_MXFP4_PACKED ? x->pair : bytes;
+        K3C_TRY(run_parts(x, &p, rows, cols, mxfp4_part));
+        snprintf(x->pair_base, sizeof x->pair_base, "%s", base);
+        x->pair_cls = s->cls == K3C_TENSOR_MXFP4_PACKED ? K3C_TENSOR_MXFP4_SCALE : K3C_TENSOR_MXFP4_PACKED;
+        x->pair_len = other;
+        break;
     }
+    default:
+        return k3c_errorf("synth: tensor %s: unknown class %d", s->name, (int)s->cls);
     }
-    return k3c_errorf("synth: tensor %s: unknown class %d", s->name, (int)s->cls);
+    x->done += nbytes;
+    if (x->progress) x->progress(x->progress_ctx, x->done, x->total);
+    return K3C_OK;
 }
 
 /* ------------------------------------------------------------- layout ---- */
@@ -318,10 +410,19 @@ static int write_marker(const char *dir, const char *preset, uint64_t seed) {
 
 /* -------------------------------------------------------------- driver ---- */
 
-static int write_weights(const k3c_config *c, uint64_t seed, const char *dir) {
+static int write_weights(const k3c_config *c, uint64_t seed, const char *dir, const k3c_synth_options *o) {
     k3c_inventory inv;
     K3C_TRY(k3c_inventory_build(c, NULL, &inv));
-    synth_ctx x = {.c = c, .seed = seed};
+    synth_ctx x = {.c = c, .seed = seed, .threads = o && o->threads > 0 ? o->threads : 0};
+    if (x.threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        x.threads = n > 0 ? (int)n : 1;
+    }
+    if (o) {
+        x.progress = o->progress;
+        x.progress_ctx = o->progress_ctx;
+    }
+    for (size_t i = 0; i < inv.count; i++) x.total += k3c_tensor_spec_bytes(&inv.specs[i]);
     const k3c_tensor_spec **list = malloc(sizeof *list * (inv.count ? inv.count : 1));
     int *shard_of = malloc(sizeof *shard_of * (inv.count ? inv.count : 1));
     int rc = K3C_ERR;
@@ -366,13 +467,17 @@ done:
     free(list);
     free(shard_of);
     free(x.row);
-    free(x.row_packed);
-    free(x.row_scale);
+    free(x.pair);
     k3c_inventory_free(&inv);
     return rc;
 }
 
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir) {
+    return k3c_synth_write_opts(c, preset_name, seed, dir, NULL);
+}
+
+int k3c_synth_write_opts(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir,
+                         const k3c_synth_options *o) {
     if (!c || !dir || !*dir)
         return k3c_errorf("synth: %s", !c ? "no config (NULL)" : dir ? "an empty directory path" : "no directory (NULL)");
     if (k3c_config_validate(c) != K3C_OK) return k3c_error_context("synth %s", preset_name ? preset_name : dir);
@@ -384,12 +489,21 @@ int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed,
     K3C_TRY(write_marker(dir, preset_name, seed));
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    K3C_TRY(k3c_config_write_json(c, path));
+    /* the tokenizer written below decides bos / eos / pad where it fills the vocabulary (a published model's
+     * larger vocabulary keeps the config's own ids) */
+    k3c_config ids = *c; /* a shallow copy: written, never freed */
+    int32_t bos, eos, pad;
+    if (k3c_tokenizer_default_ids(c->family == K3C_FAMILY_K3, c->vocab_size, &bos, &eos, &pad)) {
+        ids.bos_token_id = bos;
+        ids.eos_token_id = eos;
+        ids.pad_token_id = pad;
+    }
+    K3C_TRY(k3c_config_write_json(&ids, path));
     /* a published checkpoint ships its tokenizer beside the weights: the embedded default, sized to the vocab */
     if (k3c_tokenizer_write_default(dir, c->family == K3C_FAMILY_K3, c->vocab_size) != K3C_OK)
         return k3c_error_context("synth: tokenizer");
     if (preset_name && !k3c_preset_has_weights(preset_name)) return K3C_OK;
-    return write_weights(c, seed, dir);
+    return write_weights(c, seed, dir, o);
 }
 
 /* ------------------------------------------------------- device-synthetic ---- */

@@ -25,6 +25,17 @@
  * rename), the index last. preset_name may be NULL (an ad-hoc config: weights are written). */
 int k3c_synth_write(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir);
 
+/* How k3c_synth_write_opts runs; the files it writes do not depend on any of it. */
+typedef struct k3c_synth_options {
+    int threads; /* generator threads; 0 = one per online core */
+    /* Called after each tensor with the tensor bytes generated so far and in all (from the calling thread). */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} k3c_synth_options;
+/* k3c_synth_write with options (o NULL: the defaults, as k3c_synth_write). */
+int k3c_synth_write_opts(const k3c_config *c, const char *preset_name, uint64_t seed, const char *dir,
+                         const k3c_synth_options *o);
+
 /* What synth would write, for device-synthetic models (model/synthetic.c): the standard deviation of a bf16
  * matrix's entries, and the f32 values of a small vector tensor (all n stored entries, padding included),
  * drawn from the same (seed, tensor name) stream as the file writer. */

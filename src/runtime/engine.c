@@ -70,6 +70,11 @@ struct k3c_engine {
     k3c_engine_stats st;
     int num_blocks_given;  /* o.num_blocks came from the caller (else max_requests x max_context) */
     k3c_engine_memory mem; /* the memory plan's reservation (k3c_engine_memory_get) */
+    /* KDA snapshots of the prefix cache (k3c_engine_snapshots_reserve): snap_count buffers of snap_bytes
+     * each, one backend allocation */
+    void *snap_base;
+    size_t snap_bytes;
+    int snap_count;
 };
 
 /* The aux layer list: strictly increasing indices in 0..num_layers, at most K3C_MAX_AUX. */
@@ -299,6 +304,7 @@ void k3c_engine_free(k3c_engine *e) {
     if (!e) return;
     k3c_decode_cuda_free(e->xc); /* before the caches and the backend it runs on */
     if (e->be) {
+        if (e->snap_base) e->be->free(e->be, e->snap_base);
         k3c_forward_free(e->fwd);
         k3c_kv_cache_release(&e->kv, e->be);
         k3c_kda_slots_release(&e->ks, e->be);
@@ -336,6 +342,15 @@ int k3c_engine_max_requests(const k3c_engine *e) {
 const char *k3c_engine_device(const k3c_engine *e) {
     return !e ? "" : !strcmp(e->o.device, "cuda") ? "cuda" : "cpu"; /* static strings, not the caller's option */
 }
+int k3c_engine_prompt_grid(const k3c_engine *e) {
+    return e ? k3c_forward_prompt_grid(e->fwd) : null_engine("engine prompt_grid");
+}
+
+int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_tokens) {
+    if (!e) return null_engine("engine prompt_piece");
+    if (pos < 0 || pos >= end || max_tokens <= 0) return 0;
+    return k3c_forward_prompt_piece(e->fwd, pos, end, max_tokens);
+}
 
 static int check_id(const k3c_engine *e, int id) {
     if (!e) return null_engine("engine request");
@@ -344,18 +359,87 @@ static int check_id(const k3c_engine *e, int id) {
     return K3C_OK;
 }
 
-int k3c_request_open(k3c_engine *e, int *id) {
+int k3c_request_open(k3c_engine *e, int *id) { return k3c_engine_request_open_prefix(e, NULL, 0, id); }
+
+int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, int *id) {
     if (!e || !id) return k3c_errorf("engine request_open: %s is NULL", e ? "the id output" : "the engine");
+    if (n < 0 || n >= e->max_blocks_per_request || (n > 0 && !blocks))
+        return k3c_errorf("engine request_open: a prefix of %d blocks (a request holds at most %d, the last "
+                          "one its own)", n, e->max_blocks_per_request);
+    for (int b = 0; b < n; b++)
+        if (blocks[b] < 0 || blocks[b] >= e->kv.num_blocks || e->kv.ref[blocks[b]] <= 0)
+            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "engine request_open: prefix block %d (id %d) is not held",
+                                   b, blocks[b]);
     for (int i = 0; i < e->o.max_requests; i++) {
         engine_request *r = &e->req[i];
         if (r->open) continue;
         r->open = 1;
-        r->length = r->pending = r->nblocks = 0;
+        r->pending = 0;
+        for (int b = 0; b < n; b++) {
+            r->blocks[b] = blocks[b];
+            k3c_kv_cache_ref(&e->kv, blocks[b]);
+        }
+        r->nblocks = n;
+        r->length = n * e->o.block_size;
         k3c_kda_slots_reset(&e->ks, e->be, i);
         *id = i;
         return e->be->sync(e->be);
     }
     return k3c_errorf("engine: all %d request slots are open", e->o.max_requests);
+}
+
+const int32_t *k3c_engine_request_blocks(const k3c_engine *e, int id, int *n) {
+    if (check_id(e, id) != K3C_OK) return NULL;
+    *n = e->req[id].nblocks;
+    return e->req[id].blocks;
+}
+
+int k3c_engine_blocks_free(const k3c_engine *e) { return e->kv.num_free; }
+int k3c_engine_block_refs(const k3c_engine *e, int block) { return e->kv.ref[block]; }
+void k3c_engine_block_ref(k3c_engine *e, int block) { k3c_kv_cache_ref(&e->kv, block); }
+void k3c_engine_block_unref(k3c_engine *e, int block) {
+    k3c_kv_cache_give(&e->kv, e->be, block, e->o.poison_freed_blocks);
+}
+
+int k3c_engine_slots_free(const k3c_engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->o.max_requests; i++) n += !e->req[i].open;
+    return n;
+}
+
+size_t k3c_engine_snapshot_bytes(const k3c_engine *e) { return k3c_kda_slots_snapshot_bytes(&e->ks); }
+
+int k3c_engine_snapshots_reserve(k3c_engine *e, int count) {
+    if (e->snap_base) e->be->free(e->be, e->snap_base);
+    e->snap_base = NULL;
+    e->snap_count = 0;
+    e->snap_bytes = k3c_kda_slots_snapshot_bytes(&e->ks);
+    if (count <= 0 || e->snap_bytes == 0) return K3C_OK;
+    e->snap_base = e->be->alloc(e->be, e->snap_bytes * (size_t)count);
+    if (!e->snap_base) return k3c_error_context("engine: %d KDA snapshots of %zu bytes", count, e->snap_bytes);
+    e->snap_count = count;
+    return K3C_OK;
+}
+
+static int check_snap(const k3c_engine *e, int id, int snap) {
+    K3C_TRY(check_id(e, id));
+    if (snap < 0 || snap >= e->snap_count)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "engine snapshot %d outside 0..%d", snap, e->snap_count - 1);
+    if (e->req[id].pending)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "engine snapshot: request %d has an uncommitted verify", id);
+    return K3C_OK;
+}
+
+int k3c_engine_snapshot_save(k3c_engine *e, int id, int snap) {
+    K3C_TRY(check_snap(e, id, snap));
+    k3c_kda_slots_save(&e->ks, e->be, id, (char *)e->snap_base + e->snap_bytes * (size_t)snap);
+    return K3C_OK;
+}
+
+int k3c_engine_snapshot_restore(k3c_engine *e, int id, int snap) {
+    K3C_TRY(check_snap(e, id, snap));
+    k3c_kda_slots_restore(&e->ks, e->be, id, (char *)e->snap_base + e->snap_bytes * (size_t)snap);
+    return K3C_OK;
 }
 
 int k3c_request_close(k3c_engine *e, int id) {

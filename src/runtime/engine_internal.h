@@ -51,4 +51,26 @@ int k3c_engine_last_step_executor(const k3c_engine *e);
  * engine is freed). For tests of the routing with a fake executor on the CPU. */
 void k3c_engine_set_executor(k3c_engine *e, const k3c_decode_executor *x);
 
+/* ---- shared prefix blocks and KDA snapshots, for the serving scheduler's prefix cache ----
+ * Opens a request whose block table starts with blocks[0 .. n): full blocks holding its first n x block_size
+ * tokens, shared (each gets one more reference; k3c_request_close drops it). Its KDA slot is zeroed: restore
+ * the snapshot of that prefix into it before its first step. n = 0 is k3c_request_open. */
+int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, int *id);
+/* The request's block table and its length (valid until its next step or close); NULL if not open. */
+const int32_t *k3c_engine_request_blocks(const k3c_engine *e, int id, int *n);
+/* Blocks on the free list; references of one block; a reference more or less (at zero it is freed). */
+int k3c_engine_blocks_free(const k3c_engine *e);
+int k3c_engine_block_refs(const k3c_engine *e, int block);
+void k3c_engine_block_ref(k3c_engine *e, int block);
+void k3c_engine_block_unref(k3c_engine *e, int block);
+/* Request slots not open. */
+int k3c_engine_slots_free(const k3c_engine *e);
+/* KDA snapshots (runtime/kda_slots.h): the bytes of one (0 without KDA layers); count of them reserved on the
+ * engine's device (replacing any earlier reservation; count 0 frees it); a request's slot saved into
+ * snapshot snap, or snapshot snap restored into it (device-to-device, queued on the backend). */
+size_t k3c_engine_snapshot_bytes(const k3c_engine *e);
+int k3c_engine_snapshots_reserve(k3c_engine *e, int count);
+int k3c_engine_snapshot_save(k3c_engine *e, int id, int snap);
+int k3c_engine_snapshot_restore(k3c_engine *e, int id, int snap);
+
 #endif

@@ -1,4 +1,5 @@
-/* Generation on one request: prompt prefill in chunks of at most max_rows tokens, then one decode step per
+/* Generation on one request: prompt prefill in chunks of at most max_rows tokens (cut on the engine's
+ * invariance grid, k3c_engine_prompt_piece), then one decode step per
  * sampled token. Timing separates the prefill (up to and including the first sampled token's logits) from
  * the decode steps. Greedy generation steps through k3c_engine_step_greedy: where the specialized executor
  * runs a step only its token id comes back from the device. */
@@ -33,11 +34,12 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
         goto done;
     }
     if (k3c_sampler_create(s, V, &smp) != K3C_OK || k3c_request_open(e, &id) != K3C_OK) goto done;
-    int chunk = k3c_engine_max_rows(e), greedy = s->temperature <= 0;
+    int max_rows = k3c_engine_max_rows(e), greedy = s->temperature <= 0;
     int32_t next = 0; /* greedy: the token the last step chose */
     double t0 = now_s();
     for (int done_n = 0; done_n < n_prompt;) {
-        int n = n_prompt - done_n < chunk ? n_prompt - done_n : chunk;
+        /* cut where batch invariance allows (k3c.h); max_rows >= the grid, so n >= 1 */
+        int n = k3c_engine_prompt_piece(e, done_n, n_prompt, max_rows);
         k3c_step_item it = {.request = id, .tokens = prompt + done_n, .n = n};
         if ((greedy ? k3c_engine_step_greedy(e, &it, 1, &next, logits) : k3c_engine_step(e, &it, 1, logits)) != K3C_OK)
             goto done;

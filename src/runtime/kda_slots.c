@@ -94,3 +94,32 @@ void k3c_kda_slots_reset(k3c_kda_slots *ks, k3c_backend *be, int slot) {
         be->fill_bytes(be, ks->window[l] + (size_t)slot * ks->window_floats, 0, ks->window_floats * sizeof(float));
     }
 }
+
+size_t k3c_kda_slots_snapshot_bytes(const k3c_kda_slots *ks) {
+    size_t n = 0;
+    for (int l = 0; l < ks->num_layers; l++)
+        if (ks->state[l]) n += (ks->state_floats + ks->window_floats) * sizeof(float);
+    return n;
+}
+
+void k3c_kda_slots_save(k3c_kda_slots *ks, k3c_backend *be, int slot, void *dst) {
+    float *p = dst;
+    for (int l = 0; l < ks->num_layers; l++) {
+        if (!ks->state[l]) continue;
+        be->copy(be, p, ks->state[l] + (size_t)slot * ks->state_floats, ks->state_floats * sizeof(float));
+        p += ks->state_floats;
+        be->copy(be, p, ks->window[l] + (size_t)slot * ks->window_floats, ks->window_floats * sizeof(float));
+        p += ks->window_floats;
+    }
+}
+
+void k3c_kda_slots_restore(k3c_kda_slots *ks, k3c_backend *be, int slot, const void *src) {
+    const float *p = src;
+    for (int l = 0; l < ks->num_layers; l++) {
+        if (!ks->state[l]) continue;
+        be->copy(be, ks->state[l] + (size_t)slot * ks->state_floats, p, ks->state_floats * sizeof(float));
+        p += ks->state_floats;
+        be->copy(be, ks->window[l] + (size_t)slot * ks->window_floats, p, ks->window_floats * sizeof(float));
+        p += ks->window_floats;
+    }
+}

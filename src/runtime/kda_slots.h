@@ -42,6 +42,14 @@ void k3c_kda_slots_release(k3c_kda_slots *ks, k3c_backend *be);
 /* Zeroes a slot's state and window in every layer (a fresh sequence). */
 void k3c_kda_slots_reset(k3c_kda_slots *ks, k3c_backend *be, int slot);
 
+/* Snapshots of a slot (the prefix cache's KDA side, runtime/prefix_cache.h): per KDA layer in layer order the
+ * fp32 state then the conv window, packed, in a backend buffer of snapshot_bytes. save and restore are
+ * device-to-device copies on the backend's queue (be->copy: memcpy on the CPU, cudaMemcpyAsync on the CUDA
+ * stream, so they order with the steps around them without a sync). 0 bytes for a model without KDA. */
+size_t k3c_kda_slots_snapshot_bytes(const k3c_kda_slots *ks);
+void k3c_kda_slots_save(k3c_kda_slots *ks, k3c_backend *be, int slot, void *dst);
+void k3c_kda_slots_restore(k3c_kda_slots *ks, k3c_backend *be, int slot, const void *src);
+
 /* Layout of one slot's verify store for one layer (floats from its start): pre-conv inputs x as
  * [3][q_max][P] (q, k, v), then k [q_max, P], v [q_max, P], g [q_max, P], beta [q_max, H]. */
 static inline float *k3c_kda_store(const k3c_kda_slots *ks, int layer, int slot) {

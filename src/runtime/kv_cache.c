@@ -31,7 +31,8 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
     int n_mla = mla_layers(c);
     kv->layer = calloc((size_t)L, sizeof *kv->layer);
     kv->free_ids = malloc(sizeof(int) * (size_t)num_blocks);
-    if (!kv->layer || !kv->free_ids) {
+    kv->ref = calloc((size_t)num_blocks, sizeof(int));
+    if (!kv->layer || !kv->free_ids || !kv->ref) {
         k3c_kv_cache_release(kv, be);
         return k3c_errorf_kind(K3C_ERROR_OOM, "kv cache: out of host memory (%d blocks)", num_blocks);
     }
@@ -57,12 +58,21 @@ void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be) {
     if (kv->base && be) be->free(be, kv->base);
     free(kv->layer);
     free(kv->free_ids);
+    free(kv->ref);
     memset(kv, 0, sizeof *kv);
 }
 
-int k3c_kv_cache_take(k3c_kv_cache *kv) { return kv->num_free > 0 ? kv->free_ids[--kv->num_free] : -1; }
+int k3c_kv_cache_take(k3c_kv_cache *kv) {
+    if (kv->num_free <= 0) return -1;
+    int b = kv->free_ids[--kv->num_free];
+    kv->ref[b] = 1;
+    return b;
+}
+
+void k3c_kv_cache_ref(k3c_kv_cache *kv, int block) { kv->ref[block]++; }
 
 void k3c_kv_cache_give(k3c_kv_cache *kv, k3c_backend *be, int block, int poison) {
+    if (--kv->ref[block] > 0) return;
     if (poison) {
         size_t bb = (size_t)kv->block_size * kv->latent * be->kv_elem_bytes;
         for (int l = 0; l < kv->num_layers; l++)

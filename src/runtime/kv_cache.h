@@ -1,6 +1,11 @@
 /* The paged MLA latent cache: per MLA layer one buffer [num_blocks, block_size, kv_lora + rope] on the
  * backend (element = be->kv_elem_bytes), shared block ids across layers (a request's block table is the
- * same for every layer), and a free list of blocks. Allocated once at engine creation. */
+ * same for every layer), and a free list of blocks. Allocated once at engine creation.
+ *
+ * Blocks are reference counted so that full blocks can be shared (the prefix cache, runtime/prefix_cache.h):
+ * take hands out a block with one reference, ref adds one (another request's block table, or the prefix
+ * cache's own hold), give drops one and returns the block to the free list at zero. Shared blocks are never
+ * written again: only full blocks are shared, and a request appends to blocks of its own. */
 #ifndef K3C_RUNTIME_KV_CACHE_H
 #define K3C_RUNTIME_KV_CACHE_H
 
@@ -17,6 +22,7 @@ typedef struct k3c_kv_cache {
     size_t layer_bytes;
     int *free_ids;        /* stack of free block ids */
     int num_free;
+    int *ref;             /* [num_blocks] references; 0 = on the free list */
 } k3c_kv_cache;
 
 /* Bytes the cache of `tokens` token positions takes on a backend of elem_bytes per element (the memory plan
@@ -25,10 +31,12 @@ double k3c_kv_cache_bytes(const k3c_config *c, int elem_bytes, double tokens);
 /* Fails with *kv zeroed (nothing to release); release is a no-op on a zeroed cache and zeroes it. */
 int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size);
 void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be);
-/* Pops a free block; -1 when none is left. */
+/* Pops a free block (one reference); -1 when none is left. */
 int k3c_kv_cache_take(k3c_kv_cache *kv);
-/* Returns a block to the free list. With poison set its contents in every layer are overwritten with NaN
- * first (a debug hook: any later read of a stale row shows up as NaN). */
+/* One more reference to a block that has one at least. */
+void k3c_kv_cache_ref(k3c_kv_cache *kv, int block);
+/* Drops a reference; at zero the block returns to the free list. With poison set its contents in every layer
+ * are then overwritten with NaN first (a debug hook: any later read of a stale row shows up as NaN). */
 void k3c_kv_cache_give(k3c_kv_cache *kv, k3c_backend *be, int block, int poison);
 
 #endif

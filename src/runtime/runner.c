@@ -8,7 +8,9 @@
  * Step composition. Decoding requests come first in the row budget (max_rows): a decode token, or a verify
  * window [t0, d1..dD]. Prefilling requests share what is left, up to prefill_budget, in admission order; a
  * request whose prompt does not fit waits for the next step with the rest of its prompt. Items: the decodes
- * and verifies first, then the prompt chunks, each group in admission order.
+ * and verifies first, then the prompt chunks, each group in admission order. A chunk ends where
+ * k3c_engine_prompt_piece allows (the engine's invariance grid, or the prompt's end), so a request's rows
+ * compute the same whatever else the step holds; a request with no such cut in what is left waits.
  *
  * Draft padding policy (so that decode steps are uniform verify steps, the ones the specialized executor
  * takes: predicate 6 of decode/plan.h). Per step one D is chosen for every greedy decoding request:
@@ -130,6 +132,8 @@ int k3c_runner_create(k3c_engine *e, const k3c_runner_options *opt, k3c_runner *
                           o.spec_tokens + 1, max_rows);
     if (o.prefill_budget < 0) return k3c_errorf("runner: prefill_budget %d is negative", o.prefill_budget);
     if (o.prefill_budget == 0 || o.prefill_budget > max_rows) o.prefill_budget = max_rows;
+    /* a smaller budget could never take a whole block of the invariance grid (k3c_engine_prompt_piece) */
+    if (o.prefill_budget < k3c_engine_prompt_grid(e)) o.prefill_budget = k3c_engine_prompt_grid(e);
     if (o.max_active < 0) return k3c_errorf("runner: max_active %d is negative", o.max_active);
     int slots = 0;
     K3C_TRY(probe_slots(e, &slots));
@@ -299,7 +303,8 @@ static int build_step(k3c_runner *r) {
     for (int a = 0; a < r->n_active && budget > 0; a++) {
         run_req *q = &r->req[r->active[a]];
         if (q->prefilled >= q->n_prompt) continue;
-        int c = q->n_prompt - q->prefilled < budget ? q->n_prompt - q->prefilled : budget;
+        int c = k3c_engine_prompt_piece(r->e, q->prefilled, q->n_prompt, budget);
+        if (c == 0) continue; /* no cut on the grid within what is left: it waits */
         budget -= c;
         r->items[n] = (k3c_step_item){.request = q->id, .tokens = q->hist + q->prefilled, .n = c};
         r->item_kind[n] = ITEM_PREFILL;

@@ -1,13 +1,18 @@
 /* Token sampling from one row of logits: greedy, or temperature with optional top-k and top-p (nucleus)
- * filtering, from a seeded generator (util/rng.h) so a run is reproducible. */
+ * filtering, from a seeded generator (util/rng.h) so a run is reproducible; and the serving extensions of
+ * runtime/sampler.h (penalties, min-p, the distribution for speculative acceptance, logprobs). */
 #define _GNU_SOURCE /* qsort_r: the comparison gets the logits without a global, so samplers on other threads never race */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "k3c.h"
+#include "runtime/sampler.h"
 #include "util/error.h"
 #include "util/rng.h"
+
+/* Token flags of the penalties. */
+enum { IN_PROMPT = 1, IN_OUTPUT = 2 };
 
 struct k3c_sampler {
     k3c_sampling s;
@@ -15,6 +20,14 @@ struct k3c_sampler {
     k3c_rng rng;
     int *idx;     /* [vocab] candidate ids */
     float *prob;  /* [vocab] */
+    /* extensions (runtime/sampler.h); the arrays only where a penalty is on */
+    k3c_sampler_ext x;
+    int penalties;
+    int *count;       /* [vocab] times generated */
+    uint8_t *flags;   /* [vocab] IN_PROMPT | IN_OUTPUT */
+    int32_t *touched; /* [vocab] ids with a flag, in the order they got it */
+    int n_touched;
+    float *work;      /* [vocab] the penalized row */
 };
 
 int k3c_sampler_create(const k3c_sampling *s, int vocab, k3c_sampler **out) {
@@ -47,6 +60,10 @@ void k3c_sampler_free(k3c_sampler *s) {
     if (!s) return;
     free(s->idx);
     free(s->prob);
+    free(s->count);
+    free(s->flags);
+    free(s->touched);
+    free(s->work);
     free(s);
 }
 
@@ -196,4 +213,163 @@ int32_t k3c_sampler_sample(k3c_sampler *s, const float *logits) {
         if (u < acc) return s->idx[i];
     }
     return s->idx[n - 1];
+}
+
+/* ---- serving extensions (runtime/sampler.h) ---- */
+
+int k3c_sampler_create_ext(const k3c_sampling *s, const k3c_sampler_ext *x, int vocab, k3c_sampler **out) {
+    static const k3c_sampler_ext none = {.repetition = 1};
+    if (!x) x = &none;
+    if (!isfinite(x->min_p) || x->min_p < 0 || x->min_p > 1)
+        return k3c_errorf("sampler: min_p %g outside 0..1", (double)x->min_p);
+    if (!isfinite(x->presence) || !isfinite(x->frequency))
+        return k3c_errorf("sampler: presence_penalty %g / frequency_penalty %g must be finite", (double)x->presence,
+                          (double)x->frequency);
+    if (!isfinite(x->repetition) || x->repetition < 0)
+        return k3c_errorf("sampler: repetition_penalty %g must be positive (1 = off)", (double)x->repetition);
+    K3C_TRY(k3c_sampler_create(s, vocab, out));
+    k3c_sampler *z = *out;
+    z->x = *x;
+    if (z->x.repetition == 0) z->x.repetition = 1;
+    z->penalties = z->x.repetition != 1 || z->x.presence != 0 || z->x.frequency != 0;
+    if (z->penalties) {
+        z->count = calloc((size_t)vocab, sizeof(int));
+        z->flags = calloc((size_t)vocab, 1);
+        z->touched = malloc(sizeof(int32_t) * (size_t)vocab);
+        z->work = malloc(sizeof(float) * (size_t)vocab);
+        if (!z->count || !z->flags || !z->touched || !z->work) {
+            k3c_sampler_free(z);
+            *out = NULL;
+            return k3c_errorf_kind(K3C_ERROR_OOM, "sampler: out of memory for penalties (vocab %d)", vocab);
+        }
+    }
+    return K3C_OK;
+}
+
+int k3c_sampler_greedy(const k3c_sampler *s) { return s->s.temperature <= 0; }
+int k3c_sampler_plain_greedy(const k3c_sampler *s) { return s->s.temperature <= 0 && !s->penalties; }
+
+static void flag(k3c_sampler *s, int32_t t, int f) {
+    if (!s->flags[t]) s->touched[s->n_touched++] = t;
+    s->flags[t] |= (uint8_t)f;
+}
+
+int k3c_sampler_set_prompt(k3c_sampler *s, const int32_t *ids, int n) {
+    if (!s->penalties || s->x.repetition == 1) return K3C_OK; /* only the repetition penalty reads the prompt */
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->vocab) return k3c_errorf("sampler: prompt id %d outside the vocabulary", ids[i]);
+        flag(s, ids[i], IN_PROMPT);
+    }
+    return K3C_OK;
+}
+
+void k3c_sampler_observe(k3c_sampler *s, int32_t t) {
+    if (!s->penalties || t < 0 || t >= s->vocab) return;
+    flag(s, t, IN_OUTPUT);
+    s->count[t]++;
+}
+
+/* The row the processing starts from: the raw logits, or a penalized copy in s->work. */
+static const float *penalized(k3c_sampler *s, const float *logits) {
+    if (!s->penalties || s->n_touched == 0) return logits;
+    memcpy(s->work, logits, sizeof(float) * (size_t)s->vocab);
+    float rep = s->x.repetition;
+    for (int i = 0; i < s->n_touched; i++) {
+        int32_t t = s->touched[i];
+        float v = s->work[t];
+        if (rep != 1) v = v > 0 ? v / rep : v * rep;
+        if (s->flags[t] & IN_OUTPUT) v -= (float)s->count[t] * s->x.frequency + s->x.presence;
+        s->work[t] = v;
+    }
+    return s->work;
+}
+
+int k3c_sampler_dist(k3c_sampler *s, const float *logits, const int **ids, const float **p) {
+    const float *L = penalized(s, logits);
+    int V = s->vocab, n;
+    *ids = s->idx;
+    *p = s->prob;
+    if (s->s.temperature <= 0) {
+        s->idx[0] = k3c_greedy_token(L, V);
+        s->prob[0] = 1;
+        return 1;
+    }
+    int k = s->s.top_k > 0 && s->s.top_k < V ? s->s.top_k : V;
+    int nucleus = s->s.top_p > 0 && s->s.top_p < 1;
+    if (k < V) {
+        top_k_sorted(s, L, k);
+        double mx = L[s->idx[0]], sum = 0;
+        for (int i = 0; i < k; i++) sum += s->prob[i] = (float)exp(((double)L[s->idx[i]] - mx) / s->s.temperature);
+        n = nucleus ? nucleus_cut(s, k, sum) : k;
+    } else if (nucleus) {
+        n = nucleus_only(s, L);
+    } else {
+        float mx = L[0];
+        for (int i = 1; i < V; i++)
+            if (L[i] > mx) mx = L[i];
+        for (int i = 0; i < V; i++) {
+            s->idx[i] = i;
+            s->prob[i] = (float)exp(((double)L[i] - mx) / s->s.temperature);
+        }
+        n = V;
+    }
+    float top = 0;
+    for (int i = 0; i < n; i++)
+        if (s->prob[i] > top) top = s->prob[i];
+    if (s->x.min_p > 0) {
+        int m = 0;
+        float cut = s->x.min_p * top;
+        for (int i = 0; i < n; i++)
+            if (s->prob[i] >= cut) s->idx[m] = s->idx[i], s->prob[m++] = s->prob[i];
+        n = m;
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += s->prob[i];
+    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    return n;
+}
+
+double k3c_sampler_uniform(k3c_sampler *s) { return k3c_rng_uniform(&s->rng); }
+
+int32_t k3c_sampler_draw(k3c_sampler *s, const int *ids, const float *p, int n, int32_t skip) {
+    double sum = 0;
+    int last = -1;
+    for (int i = 0; i < n; i++)
+        if (ids[i] != skip) sum += p[i], last = i;
+    if (last < 0) return skip; /* nothing left beside skip: a point mass there (cannot be rejected) */
+    double u = k3c_sampler_uniform(s) * sum, acc = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] == skip) continue;
+        acc += p[i];
+        if (u < acc) return ids[i];
+    }
+    return ids[last];
+}
+
+int32_t k3c_sampler_next(k3c_sampler *s, const float *logits) {
+    if (!s->penalties && s->x.min_p <= 0) return k3c_sampler_sample(s, logits);
+    const int *ids;
+    const float *p;
+    int n = k3c_sampler_dist(s, logits, &ids, &p);
+    if (n == 1) return ids[0];
+    return k3c_sampler_draw(s, ids, p, n, -1);
+}
+
+void k3c_sampler_logprobs(k3c_sampler *s, const float *L, int32_t tok, int n_top, int32_t *top_ids,
+                          float *top_lp, float *lp) {
+    int V = s->vocab;
+    float mx = L[0];
+    for (int i = 1; i < V; i++)
+        if (L[i] > mx) mx = L[i];
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)L[i] - mx);
+    double lz = mx + log(z);
+    *lp = (float)((double)L[tok] - lz);
+    if (n_top > V) n_top = V;
+    if (n_top <= 0) return;
+    top_k_sorted(s, L, n_top);
+    for (int i = 0; i < n_top; i++) {
+        top_ids[i] = s->idx[i];
+        top_lp[i] = (float)((double)L[s->idx[i]] - lz);
+    }
 }

@@ -49,7 +49,11 @@ typedef struct k3c_seg {
      * current layer (the committed slot, or a verify scratch copy). */
     float *state;  /* [H, dk, dv] f32 */
     float *window; /* [3][W-1][P] f32 */
-    int chunked;   /* 1: delta rule in chunked form (prompt rows), 0: recurrent (decode / verify / commit) */
+    /* > 0: the delta rule in chunked form over whole blocks of this many rows, each block on its own (the
+     * segment starts at a multiple of it and holds whole blocks: stock/forward.c's invariance grid); the
+     * backend may cut a block into its own fixed chunks from the block's start. 0: recurrent (a prompt's
+     * ragged rows, decode, verify, commit). */
+    int chunked;
 } k3c_seg;
 
 /* The gate of the KDA gated output norm: sigmoid in both families. transformers 5.17's

@@ -20,15 +20,26 @@
  *   gated activation (SwiGLU/SiTU) rnd
  *   MoE                            see stock/backend.h (moe)
  *
- * MLA form per segment: a prompt segment (not verifying and n >= mla_expand_min) uses the backend's
- * expanded op (spec §3.2: latents decompressed once per step and
- * shared by the segment's rows) when the backend has one; decode, verify and short chunks use the
- * absorbed op (spec §3.3: no decompression, each latent read once per head). Both are the same function
- * in exact arithmetic; in the contract they differ only by the rounding of the decompressed k / v.
+ * Batch invariance (docs/DESIGN.md): a row's arithmetic depends only on its request's tokens and its absolute
+ * position, never on the other requests of the step, on speculation or on how the prompt was cut into steps.
+ * Every op computes each row with a fixed reduction order (the backends' contract); what would still depend on
+ * the step's shape is the choice between two forms of the same function, so that choice is made per row by
+ * position, on a grid of aligned blocks:
+ *   KDA, block C (chunk_min, default 64): the rows of a non-verify request at positions [k C, (k + 1) C) that
+ *     all lie in this step run the chunked delta rule as one block (the backend's own chunking starts at the
+ *     block); every other row (a prompt's ragged head or tail, decode, verify, commit) runs the recurrence,
+ *     token by token, the same function for all of them. A request's rows then take up to three passes (rows
+ *     before its first whole block, the whole blocks, the rows after), each continuing the state the last left.
+ *   MLA, block E (mla_expand_min, default 128, a multiple of C): rows of a non-verify request in whole aligned
+ *     E-blocks of the step attend in the expanded form (spec §3.2: latents decompressed once per step and
+ *     shared by the rows), every other row in the absorbed form (spec §3.3). Both are the same function in
+ *     exact arithmetic; in the contract they differ only by the rounding of the decompressed k / v.
+ * A prompt cut only at multiples of the blocks (k3c_forward_prompt_piece) puts every whole block in one step,
+ * so each row takes the same form however the prompt is cut; a cut elsewhere is valid but may change forms.
  * Cost: the expanded form decompresses context x (nope + v) x kv_lora per head and step, the absorbed one
  * spends about (2 kv_lora + rope) per row, position and head (plus q_abs and W_UV per row); at K3's shapes
  * the expanded form is cheaper in arithmetic only for chunks of more than ~170 rows (~340 for a chunk that
- * starts the context, whose rows see half of it on average), hence a default threshold of 128 rows.
+ * starts the context, whose rows see half of it on average), hence a default block of 128 rows.
  *
  * Buffers: every activation is a backend buffer [max_rows, width]; a step uses the first T rows. The
  * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops. */
@@ -45,8 +56,8 @@ struct k3c_forward {
     const k3c_config *c;
     k3c_forward_options o;
     int *aux_layers;
-    int chunk_min;
-    int mla_expand_min;
+    int kda_block; /* C of the invariance grid (top of the file); 0: no chunked form */
+    int mla_block; /* E; 0: no expanded form */
 
     void *arena; /* one backend allocation carved into the buffers below */
     int nres;    /* residual buffers: num_attn_res_blocks + 1 with AttnRes, else 1 */
@@ -66,7 +77,9 @@ struct k3c_forward {
     int32_t *ids;   /* [R] */
     int *rows;      /* [R] */
     k3c_seg *segs;  /* [max_segs] */
-    k3c_seg *mla_segs; /* [max_segs] this step's segments for MLA: absorbed [0, mla_nabs), expanded after */
+    k3c_seg *kda_parts; /* [3, max_segs]: pass j of the delta rule holds part j of each request (its first, ...) */
+    k3c_seg *mla_abs;   /* [2 max_segs] this step's absorbed MLA segments (a request's rows around its blocks) */
+    k3c_seg *mla_exp;   /* [max_segs] its expanded ones (a request's whole E-blocks) */
     int mla_nabs, mla_nexp;
     const float **srcs; /* [nres] Mix sources */
 };
@@ -90,8 +103,6 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->m = m;
     f->c = c;
     f->o = *o;
-    f->chunk_min = o->chunk_min > 0 ? o->chunk_min : 16;
-    f->mla_expand_min = o->mla_expand_min > 0 ? o->mla_expand_min : 128;
     if (o->num_aux > 0) {
         f->aux_layers = malloc(sizeof(int) * o->num_aux);
         if (!f->aux_layers) goto oom;
@@ -99,12 +110,26 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     }
     f->o.aux_layers = f->aux_layers;
 
-    k3c_backend_limits lim = {o->max_rows, o->max_segs, o->max_context, o->block_size, o->kv_fp8};
+    /* a request's rows split into up to two absorbed MLA segments around its whole blocks */
+    k3c_backend_limits lim = {o->max_rows, 2 * o->max_segs, o->max_context, o->block_size, o->kv_fp8};
     if (be->init(be, m, &lim) != K3C_OK) {
         free(f->aux_layers);
         free(f);
         return k3c_error_context("backend %s: init: ", be->name);
     }
+    /* the blocks (top of the file): a block that no step can hold is no block; one row would make decode rows
+     * blocks, unlike verify rows */
+    int has_kda = 0, has_mla = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        if (c->layer_attn[l] == K3C_ATTN_KDA) has_kda = 1;
+        else has_mla = 1;
+    }
+    int C = o->chunk_min > 0 ? o->chunk_min : 64, E = o->mla_expand_min > 0 ? o->mla_expand_min : 128;
+    if (C < 2) C = 2;
+    if (E < 2) E = 2;
+    f->kda_block = has_kda && C <= o->max_rows ? C : 0;
+    if (f->kda_block) E = (E + C - 1) / C * C;
+    f->mla_block = has_mla && be->mla_attention_expanded && E <= o->max_rows ? E : 0;
 
     size_t R = o->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
     size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
@@ -122,8 +147,11 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->ids = malloc(sizeof(int32_t) * R);
     f->rows = malloc(sizeof(int) * R);
     f->segs = calloc((size_t)o->max_segs, sizeof(k3c_seg));
-    f->mla_segs = calloc((size_t)o->max_segs, sizeof(k3c_seg));
-    if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->mla_segs) goto oom;
+    f->kda_parts = calloc(3 * (size_t)o->max_segs, sizeof(k3c_seg));
+    f->mla_abs = calloc(2 * (size_t)o->max_segs, sizeof(k3c_seg));
+    f->mla_exp = calloc((size_t)o->max_segs, sizeof(k3c_seg));
+    if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->kda_parts || !f->mla_abs || !f->mla_exp)
+        goto oom;
 #define CARVE(ptr, w) (slots[n] = &(ptr), widths[n] = (w), n++)
     CARVE(f->a_in, D); CARVE(f->x, D); CARVE(f->A, D); CARVE(f->F, D); CARVE(f->G, D);
     CARVE(f->logits, V);
@@ -170,7 +198,9 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->ids);
     free(f->rows);
     free(f->segs);
-    free(f->mla_segs);
+    free(f->kda_parts);
+    free(f->mla_abs);
+    free(f->mla_exp);
     free(f->aux_layers);
     free(f);
 }
@@ -182,6 +212,51 @@ int k3c_forward_logit_rows(const k3c_fwd_req *reqs, int nreq) {
         else if (reqs[i].logits == K3C_LOGITS_LAST && reqs[i].n > 0) n += 1;
     }
     return n;
+}
+
+/* ---- the invariance grid (top of the file) ---- */
+
+/* The whole aligned U-blocks among a request's rows of this step, as row offsets [*a, *b) into its segment
+ * (both ends at multiples of U in positions); *a = *b = n when there is none (U = 0, a verify, or no block
+ * lies inside). */
+static void whole_blocks(const k3c_seg *sg, int verify, int U, int *a, int *b) {
+    *a = *b = sg->n;
+    if (U <= 0 || verify) return;
+    int lo = (sg->pos + U - 1) / U * U, hi = (sg->pos + sg->n) / U * U;
+    if (hi <= lo) return;
+    *a = lo - sg->pos;
+    *b = hi - sg->pos;
+}
+
+/* Rows [a, b) of a segment as a segment of its own. */
+static k3c_seg sub_seg(const k3c_seg *sg, int a, int b, int chunked) {
+    k3c_seg p = *sg;
+    p.row0 += a;
+    p.pos += a;
+    p.n = b - a;
+    p.chunked = chunked;
+    return p;
+}
+
+/* Whether cutting a prompt that ends at `end` at position p keeps every whole block of the prompt in one
+ * piece: p is the end, or for each block U a multiple of U or past the prompt's last whole U-block (no
+ * block there can be whole in any cutting). */
+static int safe_cut(const k3c_forward *f, int p, int end) {
+    if (p >= end) return 1;
+    const int units[2] = {f->kda_block, f->mla_block};
+    for (int i = 0; i < 2; i++)
+        if (units[i] > 0 && p % units[i] != 0 && p < end / units[i] * units[i]) return 0;
+    return 1;
+}
+
+int k3c_forward_prompt_piece(const k3c_forward *f, int pos, int end, int max_tokens) {
+    int m = end - pos < max_tokens ? end - pos : max_tokens;
+    while (m > 0 && !safe_cut(f, pos + m, end)) m--;
+    return m > 0 ? m : 0;
+}
+
+int k3c_forward_prompt_grid(const k3c_forward *f) {
+    return f->mla_block ? f->mla_block : f->kda_block ? f->kda_block : 1;
 }
 
 /* ---- layers ---- */
@@ -218,7 +293,7 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
         }
         sg->state = state;
         sg->window = window;
-        sg->chunked = !r->verify && sg->n >= f->chunk_min;
+        sg->chunked = 0;
     }
     be->kda_conv(be, f->kq, w->q_conv, 0, f->segs, nreq, f->cq);
     be->kda_conv(be, f->kk, w->k_conv, 1, f->segs, nreq, f->ck);
@@ -241,7 +316,22 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
         be->copy(be, st + k3c_kda_store_beta(ks), f->kbeta + (size_t)sg->row0 * ks->H,
                  (size_t)sg->n * ks->H * sizeof(float));
     }
-    be->kda_delta(be, f->cq, f->ck, f->cv, f->kg, f->kbeta, f->segs, nreq, f->ko);
+    /* the delta rule in up to three passes (top of the file): part j of every request in pass j */
+    int np[3] = {0, 0, 0};
+    k3c_seg *parts = f->kda_parts;
+    size_t S = (size_t)f->o.max_segs;
+    for (int s = 0; s < nreq; s++) {
+        const k3c_seg *sg = &f->segs[s];
+        int a, b, k = 0;
+        whole_blocks(sg, reqs[s].verify, f->kda_block, &a, &b);
+        k3c_seg p[3];
+        if (a > 0) p[k++] = sub_seg(sg, 0, a, 0);
+        if (b > a) p[k++] = sub_seg(sg, a, b, f->kda_block);
+        if (b < sg->n) p[k++] = sub_seg(sg, b, sg->n, 0);
+        for (int j = 0; j < k; j++) parts[j * S + np[j]++] = p[j];
+    }
+    for (int j = 0; j < 3 && np[j] > 0; j++)
+        be->kda_delta(be, f->cq, f->ck, f->cv, f->kg, f->kbeta, parts + j * S, np[j], f->ko);
 
     if (w->g_proj.w) {
         be->matmul(be, &w->g_proj, f->x, T, f->kz, 1);
@@ -253,13 +343,8 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
     be->matmul(be, &w->o_proj, f->ky, T, f->A, 1);
 }
 
-/* Whether a request's rows attend in the expanded MLA form: prompt rows (not verify, n >= mla_expand_min). */
-static int mla_expands(const k3c_forward *f, const k3c_fwd_req *r) {
-    return f->be->mla_attention_expanded && !r->verify && r->n >= f->mla_expand_min;
-}
-
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends
- * absorbed or expanded per segment (f->mla_segs, see the top of this file). */
+ * absorbed or expanded per row (f->mla_abs, f->mla_exp: see the top of this file). */
 static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
@@ -277,9 +362,8 @@ static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) 
     be->rmsnorm(be, f->mlat, lat, w->kv_a_norm, T, c->kv_lora_rank, c->mla_lora_norm_eps, f->mlat, lat);
     be->mla_cache_write(be, f->mlat, f->segs, nreq, kv->layer[l]);
     /* absorbed first: the expanded op writes only its segments' rows, the absorbed one may write others */
-    if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_segs, f->mla_nabs, kv->layer[l], f->mo);
-    if (f->mla_nexp)
-        be->mla_attention_expanded(be, w, f->mq, f->mla_segs + f->mla_nabs, f->mla_nexp, kv->layer[l], f->mo);
+    if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_abs, f->mla_nabs, kv->layer[l], f->mo);
+    if (f->mla_nexp) be->mla_attention_expanded(be, w, f->mq, f->mla_exp, f->mla_nexp, kv->layer[l], f->mo);
     if (c->mla_use_output_gate && w->g_proj.w) {
         be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
         be->sigmoid_mul(be, f->mo, f->mg, (size_t)T * w->g_proj.rows);
@@ -359,12 +443,16 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
             if (reqs[j].slot == reqs[s].slot)
                 return k3c_errorf("forward step: requests %d and %d share slot %d", j, s, reqs[s].slot);
 
-    /* MLA form per segment: prompt segments expanded when the backend can (the chunked-KDA rule) */
+    /* MLA form per row (top of the file): whole E-blocks expanded, the rows around them absorbed */
     f->mla_nabs = f->mla_nexp = 0;
-    for (int s = 0; s < nreq; s++)
-        if (!mla_expands(f, &reqs[s])) f->mla_segs[f->mla_nabs++] = f->segs[s];
-    for (int s = 0; s < nreq; s++)
-        if (mla_expands(f, &reqs[s])) f->mla_segs[f->mla_nabs + f->mla_nexp++] = f->segs[s];
+    for (int s = 0; s < nreq; s++) {
+        const k3c_seg *sg = &f->segs[s];
+        int a, b;
+        whole_blocks(sg, reqs[s].verify, f->mla_block, &a, &b);
+        if (a > 0) f->mla_abs[f->mla_nabs++] = sub_seg(sg, 0, a, 0);
+        if (b > a) f->mla_exp[f->mla_nexp++] = sub_seg(sg, a, b, 0);
+        if (b < sg->n) f->mla_abs[f->mla_nabs++] = sub_seg(sg, b, sg->n, 0);
+    }
 
     /* the logits rows (ascending): picked for the final norm, and the rows of the aux streams */
     int nrows = 0;

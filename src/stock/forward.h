@@ -34,12 +34,13 @@ typedef struct k3c_forward_options {
     int max_segs;     /* most requests in a step */
     int max_context;  /* most tokens a request holds */
     int block_size;   /* MLA cache block size */
-    /* Prompt rows of a request use the chunked delta rule when the request has at least this many rows in
-     * the step (and is not verifying); fewer rows use the recurrent form. 0 means 16. */
+    /* The KDA block C (0 means 64; at least 2): rows of a non-verify request at positions [k C, (k + 1) C)
+     * that all lie in this step run the chunked delta rule, every other row the recurrence (batch
+     * invariance, see forward.c). */
     int chunk_min;
-    /* Prompt rows of a request attend in the expanded MLA form (when the backend has it) when the request has
-     * at least this many rows in the step and is not verifying; fewer rows use the absorbed form. 0 means 128
-     * (near the arithmetic break-even of the two forms at K3's shapes, see forward.c). */
+    /* The MLA block E (0 means 128, near the arithmetic break-even of the two forms at K3's shapes, see
+     * forward.c; at least 2, rounded up to a multiple of C): rows of a non-verify request in whole aligned
+     * E-blocks of this step attend in the expanded form (when the backend has it), every other row absorbed. */
     int mla_expand_min;
     /* 1: the MLA latent cache holds FP8 E4M3 values (k3c_backend_limits.kv_fp8). */
     int kv_fp8;
@@ -69,6 +70,15 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
  * committed KDA state and conv window in every KDA layer. (The MLA side needs nothing: the caller's
  * length moves by `accepted` and rows past it are overwritten later.) */
 int k3c_forward_commit(k3c_forward *f, k3c_kda_slots *ks, int slot, int accepted);
+
+/* Prompt pieces (batch invariance, forward.c): the most tokens, at most max_tokens, that a request holding
+ * `pos` tokens of a prompt ending at position `end` can take in its next step so that no row computes
+ * differently from any other cutting of the prompt into pieces the same way; 0 when no such cut is within
+ * max_tokens (never when max_tokens >= k3c_forward_prompt_grid). */
+int k3c_forward_prompt_piece(const k3c_forward *f, int pos, int end, int max_tokens);
+/* The largest block of the policy (a multiple of every other one; 1 when there is none): a cut at a multiple
+ * of it is always safe. At most max_rows. */
+int k3c_forward_prompt_grid(const k3c_forward *f);
 
 /* Rows the logits buffer needs for this batch. */
 int k3c_forward_logit_rows(const k3c_fwd_req *reqs, int nreq);

@@ -37,6 +37,12 @@ int k3c_tokenizer_from_source(const k3c_tokenizer_source *src, k3c_tokenizer **o
  * (cJSON_free). Both NULL (K3C_OK) when vocab has no room for 256 byte ranks and the slots. */
 int k3c_tokenizer_default_files(int k3_layout, int32_t vocab, const char **ranks, size_t *ranks_len, char **config);
 int k3c_tokenizer_default(int k3_layout, int32_t vocab, k3c_tokenizer **out);
+/* The ids the default tokenizer gives [BOS], [EOS] and [PAD] when it fills the vocabulary exactly (base ranks
+ * + special slots == vocab: tiny, mini, kimi-linear-tiny): 1, and those ids, which `k3c synth` writes into
+ * config.json so that the config and the tokenizer beside it agree. 0 (ids -1) where the vocabulary is larger
+ * than the embedded ranks and the slots (a published model's vocabulary, whose config keeps its own ids) or too
+ * small for a tokenizer. */
+int k3c_tokenizer_default_ids(int k3_layout, int32_t vocab, int32_t *bos, int32_t *eos, int32_t *pad);
 /* Writes DIR/tiktoken.model and DIR/tokenizer_config.json (each to a .tmp, then renamed); nothing when the
  * vocabulary has no room for a tokenizer. */
 int k3c_tokenizer_write_default(const char *dir, int k3_layout, int32_t vocab);

@@ -91,6 +91,27 @@ int k3c_tokenizer_default_files(int k3_layout, int32_t vocab, const char **ranks
     return K3C_OK;
 }
 
+static int slot_of(const named_slot *names, size_t count, const char *name) {
+    for (size_t i = 0; i < count; i++)
+        if (!strcmp(names[i].name, name)) return names[i].offset;
+    return -1; /* unreachable: both tables name [BOS], [EOS] and [PAD] */
+}
+
+int k3c_tokenizer_default_ids(int k3_layout, int32_t vocab, int32_t *bos, int32_t *eos, int32_t *pad) {
+    int slots = k3_layout ? K3C_TOKENIZER_SLOTS_K3 : K3C_TOKENIZER_SLOTS_K2;
+    *bos = *eos = *pad = -1;
+    if (vocab < slots + 256) return 0;
+    uint32_t avail = embedded_ranks();
+    if ((uint32_t)(vocab - slots) > avail) return 0; /* the specials would not end the vocabulary */
+    const named_slot *names = k3_layout ? k3_names : k2_names;
+    size_t count = k3_layout ? sizeof k3_names / sizeof *k3_names : sizeof k2_names / sizeof *k2_names;
+    int32_t base = vocab - slots;
+    *bos = base + slot_of(names, count, "[BOS]");
+    *eos = base + slot_of(names, count, "[EOS]");
+    *pad = base + slot_of(names, count, "[PAD]");
+    return 1;
+}
+
 int k3c_tokenizer_default(int k3_layout, int32_t vocab, k3c_tokenizer **out) {
     *out = NULL;
     const char *ranks;

@@ -35,6 +35,11 @@ static inline uint64_t k3c_rng_next(k3c_rng *r) {
     return result;
 }
 
+/* Advances the stream by `steps` calls of k3c_rng_next (util/rng.c; thread-safe, O(popcount(steps)) matrix
+ * applications after a one-time table of 512 KiB): a thread can start generating at any position of a
+ * tensor's stream and produce exactly the values a single sequential pass would. */
+void k3c_rng_jump(k3c_rng *r, uint64_t steps);
+
 /* Uniform in [0, 1). */
 static inline double k3c_rng_uniform(k3c_rng *r) { return (double)(k3c_rng_next(r) >> 11) * 0x1.0p-53; }
 

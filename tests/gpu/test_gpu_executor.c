@@ -468,7 +468,7 @@ TEST(gpu_executor_k3slice_4layers) {
  * captures each shape the second time it plans it) takes the executor for its decode and verify steps, and
  * its greedy streams equal those of an engine made with K3C_SPECIALIZED_OFF. Before the engine owned the
  * executor, only `k3c generate` built one and `k3c run --device cuda` ran every step stock. */
-static int default_streams(k3c_model *m, int specialized, int spec, uint64_t seed, int32_t out[6][64],
+static int default_streams(k3c_model *m, int specialized, int spec, uint64_t seed, int32_t out[8][64],
                            k3c_runner_stats *st, k3c_engine_stats *es) {
     k3c_engine_options o;
     k3c_engine_options_default(&o);
@@ -486,7 +486,8 @@ static int default_streams(k3c_model *m, int specialized, int spec, uint64_t see
     k3c_rng g;
     k3c_rng_seed(&g, seed);
     int V = k3c_engine_vocab(e);
-    for (int i = 0; i < 6 && rc == K3C_OK; i++) {
+    /* 8 requests: a prepared row count (decode/prepared.h), so every decode step can take the executor */
+    for (int i = 0; i < 8 && rc == K3C_OK; i++) {
         int32_t prompt[16];
         int n = 3 + (int)(k3c_rng_next(&g) % 12);
         for (int j = 0; j < n; j++) prompt[j] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
@@ -495,7 +496,7 @@ static int default_streams(k3c_model *m, int specialized, int spec, uint64_t see
         rc = k3c_runner_submit(r, &q, &h);
     }
     if (rc == K3C_OK) rc = k3c_runner_run(r);
-    for (int i = 0; i < 6 && rc == K3C_OK; i++) {
+    for (int i = 0; i < 8 && rc == K3C_OK; i++) {
         const int32_t *t;
         int n, fin;
         rc = k3c_runner_output(r, i, &t, &n, &fin);
@@ -517,16 +518,16 @@ TEST(gpu_runner_default_engine_takes_executor) {
     CHECK_OK(k3c_load(dir, &m));
     if (!m) return;
     for (int spec = 0; spec <= 3; spec += 3) {
-        static int32_t a[6][64], b[6][64];
+        static int32_t a[8][64], b[8][64];
         k3c_runner_stats sa, sb;
         k3c_engine_stats ea, eb;
         uint64_t seed = test_seed() ^ (uint64_t)(0x51 + spec);
         CHECK_OK(default_streams(m, 1, spec, seed, a, &sa, &ea));
         CHECK_OK(default_streams(m, 0, spec, seed, b, &sb, &eb));
         int differ = 0;
-        for (int i = 0; i < 6; i++) differ += memcmp(a[i], b[i], sizeof a[i]) != 0;
+        for (int i = 0; i < 8; i++) differ += memcmp(a[i], b[i], sizeof a[i]) != 0;
         printf("INFO default engine spec=%d: %ld steps, %ld on the executor (decode %ld, verify %ld planned), %d "
-               "graphs captured; %d of 6 streams differ from the stock engine's\n", spec, sa.steps,
+               "graphs captured; %d of 8 streams differ from the stock engine's\n", spec, sa.steps,
                sa.executor_steps, sa.route_steps[K3C_ROUTE_DECODE], sa.route_steps[K3C_ROUTE_VERIFY],
                ea.graphs_captured, differ);
         CHECKF(ea.specialized == 1, "spec=%d: the default cuda engine has no specialized executor", spec);

@@ -1,0 +1,60 @@
+/* Test helper: a synthesized checkpoint made repetitive. Scales every bf16 tensor that writes into the
+ * residual stream (attention o_proj, the dense and shared down projections, the MoE latent up-projection) by
+ * `factor`, in place in the checkpoint's shards: the layers then add little to the embedding, the model
+ * becomes nearly a bigram model whose greedy stream falls into a loop (the behaviour a real model shows on
+ * repetitive text and a random one never does), so a prompt-lookup drafter's drafts get accepted. (The same
+ * transformation as test_runner.c's, for the scheduler's tests.) */
+#ifndef K3C_TESTS_DAMP_RESIDUAL_H
+#define K3C_TESTS_DAMP_RESIDUAL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/safetensors.h"
+#include "util/bf16.h"
+#include "util/error.h"
+
+static inline int damp_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+static inline int damp_residual_writes_in(const char *dir, float factor) {
+    for (int shard = 1;; shard++) {
+        char path[600];
+        int found = 0;
+        for (int total = 1; total < 1000 && !found; total++) {
+            snprintf(path, sizeof path, "%s/model-%05d-of-%06d.safetensors", dir, shard, total);
+            FILE *f = fopen(path, "rb");
+            if (f) found = 1, fclose(f);
+        }
+        if (!found) return shard > 1 ? K3C_OK : k3c_errorf("damp: no shards in %s", dir);
+        k3c_st_file st;
+        K3C_TRY(k3c_st_open(&st, path));
+        uint64_t hlen;
+        memcpy(&hlen, st.map, 8);
+        FILE *f = fopen(path, "r+b");
+        int rc = f ? K3C_OK : k3c_errorf("damp: cannot open %s", path);
+        for (size_t i = 0; i < st.header.num_tensors && rc == K3C_OK; i++) {
+            const k3c_st_tensor *t = &st.header.tensors[i];
+            if (t->dtype != K3C_DTYPE_BF16 || strstr(t->name, "routed_expert_down_proj") ||
+                !(damp_ends_with(t->name, "o_proj.weight") || damp_ends_with(t->name, "down_proj.weight") ||
+                  damp_ends_with(t->name, "routed_expert_up_proj.weight")))
+                continue;
+            size_t n = (size_t)(t->end - t->begin) / 2;
+            k3c_bf16 *v = malloc(n * 2);
+            if (!v) rc = k3c_errorf("damp: out of memory");
+            for (size_t k = 0; rc == K3C_OK && k < n; k++)
+                v[k] = f32_to_bf16(factor * bf16_to_f32(((const k3c_bf16 *)t->data)[k]));
+            if (rc == K3C_OK && (fseek(f, (long)(8 + hlen + t->begin), SEEK_SET) || fwrite(v, 2, n, f) != n))
+                rc = k3c_errorf("damp: writing %s in %s", t->name, path);
+            free(v);
+        }
+        if (f && fclose(f)) rc = k3c_errorf("damp: closing %s", path);
+        k3c_st_close(&st);
+        K3C_TRY(rc);
+    }
+}
+
+#endif
