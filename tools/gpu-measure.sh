@@ -32,24 +32,7 @@ K3_BATCHES=${K3_BATCHES:-1,8,64}
 mkdir -p "$OUT"
 t0=$(date +%s)
 
-# cJSON and PCRE2 from tools/debs where the host has no headers (as tools/gpu-check.sh does: GPU hosts here
-# reach no package registry)
-if ! printf '#include <cjson/cJSON.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
-    mkdir -p "$BUILD"
-    prefix=$PWD/$BUILD/debs-root
-    for f in tools/debs/libcjson*.deb; do dpkg -x "$f" "$prefix" || exit 1; done
-    libdir=$(dirname "$(find "$prefix" -name 'libcjson.so*' | head -1)")
-    export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
-    export LDLIBS="${LDLIBS:-} -L$libdir -Wl,-rpath,$libdir"
-fi
-if ! printf '#define PCRE2_CODE_UNIT_WIDTH 8\n#include <pcre2.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
-    mkdir -p "$BUILD"
-    prefix=$PWD/$BUILD/debs-root
-    dpkg -x tools/debs/libpcre2-dev*.deb "$prefix" || exit 1
-    libdir=$(dirname "$(find "$prefix" -name 'libpcre2-8.a' | head -1)")
-    export CFLAGS="${CFLAGS:--O2 -g} -I$prefix/usr/include"
-    export LDLIBS="${LDLIBS:-} -L$libdir"
-fi
+. "$(dirname "$0")/gpu-deps.sh"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true
 git log --oneline -1 2>/dev/null || true
