@@ -25,7 +25,7 @@
 #include "model/presets.h"
 #include "model/synth.h"
 #include "ref/ref_forward.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 #include "synth_preset.h"
 #include "test.h"
 #include "util/bf16.h"

@@ -4,7 +4,7 @@
 
 #include "k3c.h"
 #include "logits_alloc_case.h"
-#include "runtime/kv_cache.h"
+#include "cache/kv_cache.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"

@@ -14,6 +14,8 @@
  * near-tie inside that noise is accepted only when the logit gap is below NEAR_TIE (printed), as in
  * test_runner.c. */
 #include <math.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,7 @@
 #include "runtime/sampler.h"
 #include "runtime/sched_queue.h"
 #include "runtime/spec_accept.h"
+#include "snapshot_case.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -783,3 +786,72 @@ TEST(sched_rejection_chisquare) {
         k3c_sampler_free(s);
     }
 }
+
+/* Submits and aborts from another thread while this one steps (the server's arrangement): every request
+ * ends with one FINISHED, the aborted ones with ABORT or (when the abort came too late) LENGTH, and the
+ * scheduler is idle and clean at the end. */
+typedef struct feeder {
+    k3c_scheduler *s;
+    job *jobs;
+    int n, submitted, failed;
+} feeder;
+
+static void *feed(void *arg) {
+    feeder *f = arg;
+    for (int i = 0; i < f->n; i++) {
+        k3c_sched_request q = {.prompt = f->jobs[i].prompt, .n_prompt = f->jobs[i].n_prompt,
+                               .max_new = f->jobs[i].max_new, .ignore_eos = 1, .user = &f->jobs[i]};
+        f->jobs[i].order = -1;
+        while (k3c_scheduler_submit(f->s, &q, &f->jobs[i].id) == 1) k3c_scheduler_wait(f->s, 1); /* queue full */
+        __atomic_store_n(&f->submitted, i + 1, __ATOMIC_RELEASE);
+        if (i % 3 == 1 && k3c_scheduler_abort(f->s, f->jobs[i].id) != K3C_OK) f->failed = 1;
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+TEST(sched_threads_submit_abort) {
+    senv env;
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0));
+    static job jobs[24];
+    k3c_rng rng;
+    k3c_rng_seed(&rng, test_seed() ^ 0x7d);
+    memset(jobs, 0, sizeof jobs);
+    for (int i = 0; i < 24; i++) {
+        make_prompt(&jobs[i], env.V, &rng, 5 + i * 3 % 40, 3);
+        jobs[i].max_new = 4 + i % 9;
+    }
+    k3c_scheduler_options o;
+    k3c_scheduler_options_default(&o);
+    o.max_queue = 4;
+    o.max_batched_tokens = 24;
+    o.spec_tokens = 2;
+    k3c_scheduler *s;
+    CHECK_OK(k3c_scheduler_create(env.e, &o, &s));
+    feeder f = {s, jobs, 24, 0, 0};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, feed, &f) == 0);
+    int finished = 0, steps = 0;
+    while (finished < 24 && steps < 20000) {
+        const k3c_sched_event *ev;
+        int n, busy;
+        CHECK_OK(k3c_scheduler_step(s, &ev, &n, &busy));
+        for (int i = 0; i < n; i++) finished += ev[i].kind == K3C_SCHED_FINISHED;
+        CHECK_OK(take_events(ev, n, steps++));
+        if (!busy) k3c_scheduler_wait(s, 5);
+    }
+    pthread_join(th, NULL);
+    CHECK(!f.failed && finished == 24);
+    for (int i = 0; i < 24; i++) {
+        CHECK(jobs[i].finished);
+        if (i % 3 != 1) CHECK(jobs[i].why == K3C_FINISH_LENGTH && jobs[i].n_out == jobs[i].max_new);
+        else CHECK(jobs[i].why == K3C_FINISH_ABORT || jobs[i].why == K3C_FINISH_LENGTH);
+    }
+    CHECK_OK(idle_clean(s, &env));
+    k3c_scheduler_free(s);
+    senv_close(&env);
+}
+
+/* The engine's shared prefix blocks and KDA snapshot save / restore (tests/snapshot_case.h). */
+TEST(sched_engine_snapshot_restore_bitwise) { snapshot_case("cpu"); }

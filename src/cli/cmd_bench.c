@@ -41,12 +41,16 @@ static void bench_usage(FILE *f) {
     fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N] [--prefill 256,1024]\n"
                "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
                "                 [--steps N]\n"
+               "       k3c bench --prefix N [--device cpu|cuda] [--preset NAME] [--rounds R] [--threads N]\n"
                "cpu: without --preset both tiny and mini are measured (synthesized checkpoints): decode, then a prompt\n"
                "of each --prefill length (tokens, default 256,1024; 0 = none)\n"
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
-               "decode only; q > 1: verify q tokens, commit q - 1)\n");
+               "decode only; q > 1: verify q tokens, commit q - 1)\n"
+               "--prefix: time to first token through the serving scheduler of requests sharing an N-token system\n"
+               "prompt: prefix caching off, the first request (a miss), the R later ones (hits; default R = 5;\n"
+               "preset default mini)\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
@@ -243,7 +247,7 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
-    long steps = -1, threads = 0, context = 512;
+    long steps = -1, threads = 0, context = 512, prefix = 0, rounds = 5;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -258,12 +262,21 @@ int cmd_bench(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--steps"))) bad = cli_int("--steps", v, 1, 100000, &steps);
         else if ((v = cli_option(argc, argv, &i, "--threads"))) bad = cli_int("--threads", v, 0, 4096, &threads);
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_str("--prefill", prefill_list = v);
+        else if ((v = cli_option(argc, argv, &i, "--prefix"))) bad = cli_int("--prefix", v, 16, 1 << 20, &prefix);
+        else if ((v = cli_option(argc, argv, &i, "--rounds"))) bad = cli_int("--rounds", v, 1, 63, &rounds);
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c bench: %s\n", cli_error());
             bench_usage(stderr);
             return 2;
         }
+    }
+    if (prefix > 0) {
+        if (bench_prefix(preset ? preset : "mini", device, (int)threads, (int)prefix, (int)rounds) != K3C_OK) {
+            fprintf(stderr, "k3c bench: --prefix: %s\n", cli_error());
+            return 1;
+        }
+        return cli_flush_stdout() == 0 ? 0 : 1;
     }
     if (!strcmp(device, "cuda")) {
         if (!preset) {

@@ -1,4 +1,4 @@
-/* The CPU backend: the stock forward's ops (stock/backend.h) over host memory, with the kernels of
+/* The CPU backend: the stock forward's ops (backend/backend.h) over host memory, with the kernels of
  * cpu/ops.h and the thread pool. Buffers are plain malloc'd memory; the MLA cache holds f32 values that are
  * bf16-rounded (kv_elem_bytes = 4). Every op output the contract calls "rounded" is rounded here, after
  * the kernel ran in f32. All scratch is allocated in init() from the limits. */
@@ -11,7 +11,7 @@
 #include "cpu/resident.h"
 #include "cpu/vec.h"
 #include "model/model.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 #include "util/bf16.h"
 #include "util/fp8.h"
 #include "util/error.h"
@@ -788,7 +788,7 @@ void k3c_backend_cpu_track_route_margins(k3c_backend *be, float *margins, int ro
     x->route_margin_rows = margins ? rows : 0;
 }
 
-/* Test hook (stock/backend.h): whether backends created from now on offer the expanded MLA op. */
+/* Test hook (backend/backend.h): whether backends created from now on offer the expanded MLA op. */
 static int cpu_mla_expanded_default = 1;
 void k3c_backend_cpu_test_mla_expanded(int on) { cpu_mla_expanded_default = on != 0; }
 

@@ -1,4 +1,4 @@
-/* The CUDA backend of the stock forward (stock/backend.h): every op is one or a few launches of the kernels
+/* The CUDA backend of the stock forward (backend/backend.h): every op is one or a few launches of the kernels
  * in src/cuda on one stream, so a step is queued without host waits until the forward's download/sync.
  *
  * Weights: init() copies every tensor of the model's inventory once into ONE device arena (matrices, MXFP4
@@ -41,7 +41,7 @@
 #include "cuda/upload.h"
 #include "model/model.h"
 #include "model/synth.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/rng.h"

@@ -7,7 +7,7 @@
 
 #include "cuda/op_profile.h"
 #include "cuda/upload.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 
 /* 1 when be is an initialised CUDA backend. */
 int k3c_backend_is_cuda(const k3c_backend *be);

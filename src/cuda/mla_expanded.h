@@ -1,6 +1,6 @@
 /* MLA in the expanded form (spec §3.2) on the GPU, for prompt segments: the cached latents of one request
  * are decompressed through kv_b into per-head keys and values, then a tiled causal attention runs over them.
- * cpu/ops.h k3c_mla_attend_expanded is the reference; stock/backend.h mla_attention_expanded the contract.
+ * cpu/ops.h k3c_mla_attend_expanded is the reference; backend/backend.h mla_attention_expanded the contract.
  *
  * One segment (one request's n query rows at positions pos .. pos + n - 1, attending positions 0 .. pos + i)
  * is processed in passes over the context, `chunk` positions at a time, so the scratch does not grow with the

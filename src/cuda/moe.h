@@ -38,7 +38,7 @@ int k3c_cuda_mxfp4_repack(uint8_t *packed, size_t bytes, cudaStream_t stream);
  * idx, weight: [T, k] (an index outside [0, num_experts) contributes nothing); h: scratch [T*k, F];
  * part: scratch [T*k, Out]; out: [T, Out], which must not overlap the other arrays (the band path, MXFP4 or
  * bf16, keeps its tile table there until the final weighted sum writes it). In and F must be multiples of 32 (MXFP4) or 8 (bf16).
- * round_bf16: the stock contract's roundings (stock/backend.h moe): gate and up outputs, h, each expert's
+ * round_bf16: the stock contract's roundings (backend/backend.h moe): gate and up outputs, h, each expert's
  * down output and the weighted sum are rounded to bf16. */
 int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F, int Out,
                          const float *x, int T, const int *idx, const float *weight, int k, k3c_cuda_act act,

@@ -19,9 +19,9 @@
 
 #include "decode/plan.h"
 #include "model/model.h"
-#include "runtime/kda_slots.h"
-#include "runtime/kv_cache.h"
-#include "stock/backend.h"
+#include "cache/kda_slots.h"
+#include "cache/kv_cache.h"
+#include "backend/backend.h"
 #include "stock/forward.h"
 
 /* What the engine gives an executor at build: read access to the model, the backend and the caches the

@@ -38,8 +38,8 @@ typedef enum k3c_stamp_class {
 } k3c_stamp_class;
 
 const char *k3c_stamp_class_name(int cls);
-/* The class of an executor op by its name (executor_cuda.c's op names), and of a kernel by its kid (used
- * when launches do not map to ops). */
+/* The class of an executor op by its name (the op names of the executor's step: decode/step.c,
+ * decode/providers/), and of a kernel by its kid (used when launches do not map to ops). */
 int k3c_stamp_class_of_op(const char *op);
 int k3c_stamp_class_of_kid(int kid);
 const char *k3c_stamp_kid_name(int kid);

@@ -13,9 +13,9 @@
 #include "decode/plan.h"
 #include "k3c.h"
 #include "model/model.h"
-#include "runtime/kda_slots.h"
-#include "runtime/kv_cache.h"
-#include "stock/backend.h"
+#include "cache/kda_slots.h"
+#include "cache/kv_cache.h"
+#include "backend/backend.h"
 #include "stock/forward.h"
 
 typedef struct k3c_engine_view {
@@ -65,7 +65,7 @@ void k3c_engine_block_ref(k3c_engine *e, int block);
 void k3c_engine_block_unref(k3c_engine *e, int block);
 /* Request slots not open. */
 int k3c_engine_slots_free(const k3c_engine *e);
-/* KDA snapshots (runtime/kda_slots.h): the bytes of one (0 without KDA layers); count of them reserved on the
+/* KDA snapshots (cache/kda_slots.h): the bytes of one (0 without KDA layers); count of them reserved on the
  * engine's device (replacing any earlier reservation; count 0 frees it); a request's slot saved into
  * snapshot snap, or snapshot snap restored into it (device-to-device, queued on the backend). */
 size_t k3c_engine_snapshot_bytes(const k3c_engine *e);

@@ -4,7 +4,7 @@
  * A block's key is H(the parent block's key, its block_size tokens), 128 bits, the root's parent key zero:
  * equal keys mean equal token prefixes (the tokens and the parent's key are compared as well, so only a
  * 128-bit collision of the parent chain could alias). The cache holds one reference of every block it
- * indexes (the engine counts them, runtime/kv_cache.h); a block nobody else references is free but cached,
+ * indexes (the engine counts them, cache/kv_cache.h); a block nobody else references is free but cached,
  * in one LRU list, and goes back to the engine's free list (its snapshot with it) when the scheduler needs
  * blocks. A request's released blocks enter the list last block first, so a finished request's tail goes
  * before its head (vLLM's order).

@@ -669,19 +669,17 @@ static int take_inbox(k3c_scheduler *s) {
     for (int i = 0; i < s->n_inbox; i++)
         if (s->inbox[i]) s->inbox[k++] = s->inbox[i];
     s->n_inbox = k;
+    /* the abort list is taken whole (abort starts a new one), so it is walked without the lock */
+    uint64_t *ab = s->aborts;
     int n_ab = s->n_aborts;
-    uint64_t ab[64];
-    if (n_ab > 64) n_ab = 64; /* the rest at the next step */
-    if (n_ab > 0) {
-        memcpy(ab, s->aborts, sizeof(uint64_t) * (size_t)n_ab);
-        memmove(s->aborts, s->aborts + n_ab, sizeof(uint64_t) * (size_t)(s->n_aborts - n_ab));
-        s->n_aborts -= n_ab;
-    }
+    s->aborts = NULL;
+    s->n_aborts = s->cap_aborts = 0;
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_ab; i++) {
         sreq *r = find_req(s, ab[i]);
         if (r) finish(s, r, K3C_FINISH_ABORT, -1, 0, NULL);
     }
+    free(ab);
     return rc;
 }
 

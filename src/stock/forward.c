@@ -18,7 +18,7 @@
  *                                  matmul, f32 accumulate); scores, softmax, sum p v f32; o rnd
  *   MLA output gate o*sigmoid(g)   rnd
  *   gated activation (SwiGLU/SiTU) rnd
- *   MoE                            see stock/backend.h (moe)
+ *   MoE                            see backend/backend.h (moe)
  *
  * Batch invariance (docs/DESIGN.md): a row's arithmetic depends only on its request's tokens and its absolute
  * position, never on the other requests of the step, on speculation or on how the prompt was cut into steps.

@@ -1,6 +1,7 @@
 /* The stock forward: one call runs a batch of requests through every layer (the published model's forward)
- * over a backend (stock/backend.h). Each request brings its own rows: a prompt or prompt chunk, one decode
- * token, or q verify tokens; batches may mix them. Caches and KDA slots live in runtime/ and are passed in.
+ * over a backend (backend/backend.h). Each request brings its own rows: a prompt or prompt chunk, one decode
+ * token, or q verify tokens; batches may mix them. Caches and KDA slots live in cache/ (the engine owns
+ * them) and are passed in.
  * All activation buffers are allocated at creation, sized for max_rows rows; a step allocates nothing. */
 #ifndef K3C_STOCK_FORWARD_H
 #define K3C_STOCK_FORWARD_H
@@ -8,9 +9,9 @@
 #include <stdint.h>
 
 #include "model/model.h"
-#include "runtime/kda_slots.h"
-#include "runtime/kv_cache.h"
-#include "stock/backend.h"
+#include "cache/kda_slots.h"
+#include "cache/kv_cache.h"
+#include "backend/backend.h"
 
 typedef enum k3c_logits_mode {
     K3C_LOGITS_NONE = 0,

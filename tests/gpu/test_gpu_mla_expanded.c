@@ -21,7 +21,7 @@
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/synth.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 #include "../test.h"
 #include "util/error.h"
 

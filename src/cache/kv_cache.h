@@ -6,13 +6,13 @@
  * take hands out a block with one reference, ref adds one (another request's block table, or the prefix
  * cache's own hold), give drops one and returns the block to the free list at zero. Shared blocks are never
  * written again: only full blocks are shared, and a request appends to blocks of its own. */
-#ifndef K3C_RUNTIME_KV_CACHE_H
-#define K3C_RUNTIME_KV_CACHE_H
+#ifndef K3C_CACHE_KV_CACHE_H
+#define K3C_CACHE_KV_CACHE_H
 
 #include <stddef.h>
 
 #include "model/config.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 
 typedef struct k3c_kv_cache {
     int num_layers, num_blocks, block_size;

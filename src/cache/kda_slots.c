@@ -1,4 +1,4 @@
-#include "runtime/kda_slots.h"
+#include "cache/kda_slots.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "runtime/kv_cache.h"
+#include "cache/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,6 @@
-/* The backend interface of the stock forward: a table of ops over backend buffers, plus an opaque ctx.
+/* The backend interface: a table of ops over backend buffers, plus an opaque ctx. It sits below the stock
+ * forward (stock/) and the specialized decode (decode/), which both run on it, and above the CPU and CUDA
+ * implementations (cpu/backend_cpu.c, cuda/backend_cuda.c).
  *
  * The forward (stock/forward.c) owns the layer loop and never dereferences activation, cache or state
  * memory: it only does pointer arithmetic on buffers the backend allocated and passes *host* metadata
@@ -18,8 +20,8 @@
  *
  * Ops are asynchronous in effect (a device backend may queue them); sync() waits and reports the first
  * error any op met since the last sync. Ops never allocate: scratch is sized in init() from the limits. */
-#ifndef K3C_STOCK_BACKEND_H
-#define K3C_STOCK_BACKEND_H
+#ifndef K3C_BACKEND_BACKEND_H
+#define K3C_BACKEND_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>

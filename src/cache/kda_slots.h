@@ -11,13 +11,13 @@
  *
  * Everything is allocated once at engine creation: num_slots slots, verify windows of up to q_max tokens,
  * and scratch for max_segs verifying requests per step. */
-#ifndef K3C_RUNTIME_KDA_SLOTS_H
-#define K3C_RUNTIME_KDA_SLOTS_H
+#ifndef K3C_CACHE_KDA_SLOTS_H
+#define K3C_CACHE_KDA_SLOTS_H
 
 #include <stddef.h>
 
 #include "model/config.h"
-#include "stock/backend.h"
+#include "backend/backend.h"
 
 typedef struct k3c_kda_slots {
     int num_layers, num_slots, q_max, max_segs;

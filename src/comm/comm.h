@@ -1,0 +1,43 @@
+/* Collectives between the ranks of one parallel group (tensor, pipeline, data or expert parallel). Below both
+ * the stock forward (stock TP needs the all-reduce) and the specialized decode (its mailboxes, later, beside
+ * these), above nothing but the backends' memory: a communicator moves bytes, it knows no model.
+ *
+ * Memory: every buffer is in the memory of the backend the communicator was made for (host memory for the
+ * CPU backend and the in-memory group below; device memory, ordered on the communicator's stream, for NCCL).
+ *
+ * Reduction order: the in-memory implementations sum element i as ((b_0[i] + b_1[i]) + b_2[i]) + ... in f32,
+ * rank 0 first, whatever order the ranks arrive in, and hand every rank the same sum, so every rank ends with
+ * bitwise the same values. (NCCL also gives every rank the same bits, in its own order: ring or tree.)
+ *
+ * Failure: every call of every rank must be matched by the same call on every other rank of the group (the
+ * same sizes). A rank that fails marks the group failed (abort); the other ranks' pending and later calls
+ * then return K3C_ERR instead of waiting, and a wait that outlasts the group's timeout fails the same way,
+ * so no rank hangs on a peer that is gone. */
+#ifndef K3C_COMM_COMM_H
+#define K3C_COMM_COMM_H
+
+#include <stddef.h>
+
+typedef struct k3c_comm k3c_comm;
+
+struct k3c_comm {
+    const char *name; /* "self", "threads", "nccl" */
+    int rank, size;
+    void *ctx;
+    /* buf[0 .. n) = the element-wise f32 sum over the ranks of their buf (in place). */
+    int (*all_reduce_f32)(k3c_comm *c, float *buf, size_t n);
+    /* dst[r * bytes .. (r + 1) * bytes) = rank r's src[0 .. bytes), on every rank; src may be dst + rank * bytes. */
+    int (*all_gather)(k3c_comm *c, const void *src, void *dst, size_t bytes);
+    /* buf[0 .. bytes) = root's buf on every rank. */
+    int (*broadcast)(k3c_comm *c, void *buf, size_t bytes, int root);
+    /* Returns once every rank called it. */
+    int (*barrier)(k3c_comm *c);
+    /* Marks the group failed (this rank gives up): the other ranks' waits return K3C_ERR. */
+    void (*abort)(k3c_comm *c);
+    void (*free)(k3c_comm *c);
+};
+
+/* World size 1: the sum and the gather of one rank (rank 0 of 1); host memory. Never fails. */
+k3c_comm *k3c_comm_self(void);
+
+#endif

@@ -1,0 +1,160 @@
+/* The CUDA executor's state and launch helpers, shared by its files (not an interface: decode/executor_cuda.h
+ * is). executor_cuda.c builds the state, prepares the caches, captures and replays; step.c records the layer
+ * loop; the providers (decode/providers/) record each layer part's launches on the buffers named here.
+ * Only for CUDA builds (K3C_HAVE_CUDA). */
+#ifndef K3C_DECODE_EXECUTOR_CUDA_INTERNAL_H
+#define K3C_DECODE_EXECUTOR_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/backend_cuda.h"
+#include "cuda/backend_kernels.h"
+#include "cuda/gemm.h"
+#include "cuda/kda.h"
+#include "cuda/op_profile.h"
+#include "cuda/router.h"
+#include "cuda/stamp.h"
+#include "decode/executor_cuda.h"
+#include "decode/prepared.h"
+#include "decode/providers/provider.h"
+#include "decode/stamp_report.h"
+#include "util/error.h"
+
+#define PMAX K3C_PREPARED_MAX
+#define QMAX K3C_PREPARED_Q_MAX
+#define PRE_COPIES 3  /* per verifying request per KDA layer: pre-conv q, k, v rows */
+#define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
+typedef struct k3c_exec_stamps k3c_exec_stamps; /* K3C_CUDA_PROFILE=3: block stamps (executor_cuda.c) */
+
+struct k3c_decode_cuda {
+    k3c_decode_env v;
+    const k3c_model *m;
+    const k3c_config *c;
+    cudaStream_t st;
+    k3c_cuda_gemm gemm;
+    int gemm_ready;
+    void *gemm_ws;
+    uint16_t *xbf;
+    k3c_cuda_act act;
+    k3c_cuda_router router;
+    int silu_gate, nres, nkda, *kda_ord; /* kda_ord[l]: ordinal of KDA layer l, -1 for MLA */
+
+    /* device activations and scratch, one allocation */
+    void *dev;
+    float **res, **res_dev; /* host array of the AttnRes buffers; its device copy (Mix source arrays) */
+    float *res_alt;         /* AttnRes: the prefix's other buffer (resid below); NULL without AttnRes */
+    float *a_in, *x, *A, *F, *G, *logits;
+    float *kq, *kk, *kv, *cq, *ck, *cv, *kf, *kg, *ko, *kz, *ky, *klow, *klow2, *kb, *kbeta;
+    float *mqa, *mq, *mlat, *mo, *mg, *ga, *gu;
+    float *q_abs, *o_lat, *rlog, *wts, *z, *h, *part, *r, *rup, *sa, *su, *sh;
+    float *mla_part; /* MLA attention's position splits (cuda/mla.h), as the backend's: the same bits */
+    size_t mla_part_floats;
+    int *idx;
+    uint64_t *keys_d; /* [K3C_ARGMAX_KEYS_MAX] the greedy arg-max's keys of row parts (run_argmax, cuda/sample.h) */
+    uint64_t *keys_h; /* [K3C_ARGMAX_KEYS_MAX] page-locked: keys_d downloaded at the copy engine's rate */
+    /* aux streams (engine option aux_layers, read at build): aux_dev [num_aux, PMAX, D]; a step of T rows
+     * (every row a logits row) writes stream j at j * T * D, the engine's host layout, downloaded whole */
+    float *aux_dev;
+
+    /* metadata: pinned host block and its device mirror, same layout (offsets below), copied whole per step */
+    uint8_t *meta_h, *meta_d;
+    size_t meta_bytes, off_ids, off_slots, off_aoff, off_alen, off_tab, off_segs, off_pre, off_post;
+    k3c_op_profile *prof;             /* NULL unless K3C_CUDA_PROFILE; times eager profiled steps only */
+    int profile_next;                 /* the next replayable step runs eagerly, timed op by op */
+    double host_ms[2];                /* with prof: host phases of run_cb (k3c_decode_cuda_host_profile) */
+    k3c_exec_stamps *stamp;           /* K3C_CUDA_PROFILE=3: block stamps (executor_cuda.c); NULL otherwise */
+
+    int kv_prepared, eager, mbr, bs;
+    cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
+    int num_captured;
+    long replays;
+    int batches[K3C_PREPARED_NUM_BATCHES];
+    k3c_decode_executor ex;
+    /* one provider per layer part (decode/providers/provider.h): attn[l] KDA or MLA, ffn[l] MoE or dense MLP */
+    k3c_provider *attn, *ffn;
+};
+
+static inline size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Device address of a backbone weight, or an error naming it. */
+#define DW(x, host, out, what)                                                                                     \
+    do {                                                                                                           \
+        (out) = k3c_backend_cuda_weight((x)->v.be, (host));                                                        \
+        if (!(out)) return k3c_errorf("decode executor: weight %s (host %p) has no device copy", (what),          \
+                                      (const void *)(host));                                                     \
+    } while (0)
+
+/* ---- the recorded step (step.c): the stock forward's layer loop (stock/forward.c) as the CUDA backend's
+ * launches, on this executor's fixed buffers and metadata. T = rows, b = T / q requests of q rows each. ---- */
+
+typedef struct k3c_exec_rec {
+    k3c_decode_cuda *x;
+    int T, q, b;
+} k3c_exec_rec;
+
+#define L_TRY(call) K3C_TRY(call)
+
+/* K3C_CUDA_PROFILE=3, while a shape is captured (executor_cuda.c): the plan being recorded
+ * (decode/stamp_report.h), NULL otherwise (always NULL without the stamps). */
+k3c_stamp_plan *k3c_exec_stamp_plan(const k3c_decode_cuda *x);
+/* An op of the plan begins / ends, its stamped launches the kernel nodes it added less cuBLASLt's
+ * (cuda/stamp.h). No-ops unless a plan is recorded. */
+void k3c_exec_stamp_op_begin(k3c_decode_cuda *x, const char *op);
+void k3c_exec_stamp_op_end(k3c_decode_cuda *x);
+/* The routing rows MoE layer l writes: x->idx, or with the stamps its own rows (kept for the report). */
+int *k3c_exec_moe_idx(k3c_decode_cuda *x, int l);
+/* The bytes an op moves (weights + activations), added to the plan's open or last op; the expression is
+ * evaluated only while a plan is recorded. */
+#define STAMP_BYTES(bytes)                                                                                         \
+    do {                                                                                                           \
+        k3c_stamp_plan *sp_ = k3c_exec_stamp_plan(x);                                                              \
+        if (sp_) k3c_stamp_plan_bytes(sp_, (double)(bytes));                                                       \
+    } while (0)
+
+/* A launcher call of the recorded step, bracketed by the executor's op profile (cuda/op_profile.h: a no-op
+ * unless K3C_CUDA_PROFILE is set, and never while the stream captures, so only an eager profiled step,
+ * k3c_decode_cuda_profile_next, is timed) and, at capture, by the stamp plan. x: the executor, in scope at
+ * every use. */
+#define P_TRY(op, call)                                                                                            \
+    do {                                                                                                           \
+        int ps_ = k3c_op_profile_begin(x->prof, (op), x->st);                                                       \
+        k3c_exec_stamp_op_begin(x, (op));                                                                          \
+        int rc_ = (call);                                                                                          \
+        k3c_exec_stamp_op_end(x);                                                                                  \
+        k3c_op_profile_end(x->prof, ps_, x->st);                                                                   \
+        if (rc_ != K3C_OK) return rc_;                                                                             \
+    } while (0)
+#define WPTR(host) k3c_backend_cuda_weight(x->v.be, (host))
+
+/* Records the whole step of T rows, q per request (step.c); the capture and the profiled runs call it. */
+int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q);
+
+/* ---- launch helpers (launch.c) ---- */
+
+/* y = W in over T rows, the backend's product (mm of the stock path); an error when W has no device copy. */
+int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round);
+
+/* The packed projections of a provider: the products that read one step input, or
+ * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights
+ * where the backend loaded them, so no packed copy exists to rebuild after a reload. Each product's outputs
+ * are bitwise those of k3c_exec_mm() on it alone, so the executor still matches the stock path bit for bit. */
+#define GROUP_MAX K3C_CUDA_GEMV_GROUP_MAX
+typedef struct k3c_exec_group {
+    k3c_cuda_gemv_seg seg[GROUP_MAX];
+    int n, missing;
+} k3c_exec_group;
+
+void k3c_exec_group_add(k3c_decode_cuda *x, k3c_exec_group *g, const k3c_mat *W, const float *in, float *out,
+                        int round);
+/* K3C_EXEC_GROUP=0 (a diagnostic for A/B runs, read at capture) launches each product on its own instead. */
+int k3c_exec_group_run(k3c_decode_cuda *x, const k3c_exec_group *g, int T);
+
+/* The KDA segment descriptors of layer l in the device metadata (fill_meta writes them per step). */
+static inline k3c_cuda_seg *k3c_exec_segs(k3c_decode_cuda *x, int l) {
+    return (k3c_cuda_seg *)(x->meta_d + x->off_segs) + (size_t)x->kda_ord[l] * PMAX;
+}
+
+#endif
