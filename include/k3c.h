@@ -347,9 +347,11 @@ int k3c_engine_warmup(k3c_engine *e);
  * (fails on an engine without the executor). The plan and its counts are kept either way. */
 int k3c_engine_set_specialized(k3c_engine *e, int on);
 
-/* Op profile, a diagnostic of cuda engines created with K3C_CUDA_PROFILE=1 or 2 in the environment:
+/* Op profile, a diagnostic of cuda engines created with K3C_CUDA_PROFILE=1, 2 or 3 in the environment:
  * K3C_PROFILE_QUERY returns 0 (not profiling), 1 (events: profiled specialized steps run their recorded
- * launches eagerly) or 2 (stamps: such steps are captured again with a time stamp after every op);
+ * launches eagerly), 2 (stamps: such steps are captured again with a time stamp after every op) or 3 (block
+ * stamps: such a step replays its graph with every kernel stamping each block's start, wait and end; its
+ * _SPECIALIZED report is the "STAMP..." tables of that one step, step_ms the plain step's time to compare);
  * K3C_PROFILE_RESET forgets both paths' totals; K3C_PROFILE_NEXT makes the next specialized step run
  * profiled (stock steps always are); K3C_PROFILE_REPORT_STOCK / _SPECIALIZED write "PROF ..." lines of the
  * ops timed since the reset (the specialized report with its host phases) to out, a FILE * (void * keeps

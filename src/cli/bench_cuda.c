@@ -228,7 +228,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             if (k3c_engine_set_specialized(e, 0) != K3C_OK) goto fail;
             if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
             print_row("STEP", preset, &f, b, q, med, ctx, bw);
-            if (profiling > 0) { /* K3C_CUDA_PROFILE=1: GPU time per op of one more stock step of this shape */
+            if (profiling == 1 || profiling == 2) { /* GPU time per op of one more stock step of this shape */
                 double pmed, pctx;
                 if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK ||
                     time_steps(e, id, b, q, 0, 1, V, lg, NULL, t, &pmed, &pctx, &exec) != K3C_OK)
@@ -250,13 +250,25 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                 continue;
             }
             print_row("SPEC", preset, &f, b, q, med, ctx, bw);
-            { /* the same steps returning greedy token ids (what a greedy runner step downloads) */
-                int32_t row_ids[64 * PREPARED_Q_MAX];
-                double imed, ictx;
-                if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
-                print_row("SPECID", preset, &f, b, q, imed, ictx, bw);
-            }
-            if (profiling > 0) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run
+            int32_t row_ids[64 * PREPARED_Q_MAX];
+            double imed, ictx;
+            /* the same steps returning greedy token ids (what a greedy runner step downloads) */
+            if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
+            print_row("SPECID", preset, &f, b, q, imed, ictx, bw);
+            if (profiling == 3) { /* K3C_CUDA_PROFILE=3: one more greedy step (SPECID's), its graph replayed with
+                                   * block stamps; the report against SPECID's median */
+                double pmed, pctx;
+                if (k3c_engine_profile(e, K3C_PROFILE_NEXT, NULL, 0) != K3C_OK ||
+                    time_steps(e, id, b, q, 0, 1, V, lg, row_ids, t, &pmed, &pctx, &exec) != K3C_OK)
+                    goto fail;
+                printf("PROF %s batch %d q %d: one greedy specialized step replayed with block stamps: %.3f ms wall "
+                       "(plain: SPEC %.3f, SPECID %.3f ms, medians above)\n", preset, b, q, pmed * 1e3, med * 1e3,
+                       imed * 1e3);
+                /* a shape without a report (its step did not run stamped) is said, not fatal to the others */
+                if (k3c_engine_profile(e, K3C_PROFILE_REPORT_SPECIALIZED, stdout, imed * 1e3) != K3C_OK)
+                    printf("PROF %s batch %d q %d: no block-stamp report: %s\n", preset, b, q, cli_error());
+                fflush(stdout);
+            } else if (profiling > 0) { /* K3C_CUDA_PROFILE=1: one more step of the specialized path, its launches run
                                   * eagerly; =2: PROF_STAMPED more, each replayed from a graph with a stamp after
                                   * every op */
                 double pmed, pctx, pms = 0;

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(ATTNRES_THREADS)
 attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const float *__restrict__ proj,
                    const float *__restrict__ norm, float eps, int round, float *__restrict__ out,
                    attnres_pending pend) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ATTNRES_MIX);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     extern __shared__ float sh[]; /* logit [npad], alpha [npad], then the source pointers [nsrc] */
     __shared__ float red[ATTNRES_THREADS / 32][2 * ATTNRES_SRC_TILE];
@@ -162,6 +163,7 @@ attnres_mix_kernel(const float *const *__restrict__ src, int nsrc, int D, const 
         }
         out[row + d] = round ? k3c_dev_bf16(k3c_dev_to_bf16(acc)) : acc;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_ATTNRES_MIX);
 }
 
 /* Both launchers: pend.a1 non-NULL selects the PRE kernel (nsrc then counts the pending source too). */
@@ -210,3 +212,5 @@ extern "C" int k3c_cuda_attnres_mix_pending(const float *const *src, int nmem, c
     attnres_pending pend = {p_old, a1, a2, p_new, round_add};
     return mix_launch(src, nmem + 1, T, D, proj, norm, eps, round_bf16, out, pend, stream);
 }
+
+K3C_STAMP_TU(attnres) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

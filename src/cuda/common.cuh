@@ -10,6 +10,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda/stamp.cuh"
+
 /* bf16 -> f32: the bf16 bits are the upper half of the f32. */
 __device__ __forceinline__ float k3c_dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float k3c_dev_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -42,7 +44,12 @@ __device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
  * the kernel before it. The trigger in a kernel only lets a PDL-launched successor start early; it changes
  * nothing for one launched normally. */
 __device__ __forceinline__ void k3c_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void k3c_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void k3c_pdl_wait(void) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifndef K3C_TEST_NOWAIT
+    K3C_STAMP_WAITED(); /* K3C_CUDA_PROFILE=3: when the dependency let this block go on (cuda/stamp.cuh) */
+#endif
+}
 /* cp.async of 4 bytes, global -> shared, completing in the background (no register holds the value); a
  * thread's copies are visible to that thread after its cp_async_wait<0>, to others after a barrier too */
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {

@@ -4,11 +4,13 @@
 
 #include "cuda/check.h"
 #include "cuda/decode_copy.h"
+#include "cuda/stamp.cuh"
 
 #define COPY_THREADS 256
 #define COPY_BLOCKS_PER_DESC 8
 
 __global__ void copy_batch_kernel(const k3c_cuda_copy *__restrict__ d) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_COPY_BATCH);
     k3c_cuda_copy c = d[blockIdx.y];
     if (c.n <= 0) return;
     long long stride = (long long)gridDim.x * blockDim.x;
@@ -22,6 +24,7 @@ __global__ void copy_batch_kernel(const k3c_cuda_copy *__restrict__ d) {
     } else {
         for (long long i = i0; i < c.n; i += stride) c.dst[i] = c.src[i];
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_COPY_BATCH);
 }
 
 extern "C" int k3c_cuda_copy_batch(const k3c_cuda_copy *d, int n, cudaStream_t stream) {
@@ -32,3 +35,5 @@ extern "C" int k3c_cuda_copy_batch(const k3c_cuda_copy *d, int n, cudaStream_t s
     K3C_CUDA_LAUNCHED("copy_batch");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(decode_copy) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -36,6 +36,7 @@ __device__ __forceinline__ void norm_regs_store(const float (&v)[NORM_EPT], cons
 
 __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
                                float *y, int ys) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_RMSNORM);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * xs;
@@ -54,6 +55,7 @@ __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__
         for (int e = 0; e < NORM_EPT; e++)
             if (threadIdx.x + e * B < n) ss = fmaf(xv[e], xv[e], ss);
         norm_regs_store(xv, wv, ss, red, n, eps, round, yr);
+        K3C_STAMP_BLOCK_END(K3C_KID_RMSNORM);
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) ss = fmaf(xr[i], xr[i], ss);
@@ -63,6 +65,7 @@ __global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__
         float v = xr[i] * r * w[i];
         yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_RMSNORM);
 }
 
 extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16,
@@ -81,6 +84,7 @@ extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, in
  * k3c_cuda_add (and, with a2, a first k3c_cuda_add(a1, a2)) would have stored. */
 __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, const float *__restrict__ w, int n,
                                    float eps, int round, float *y) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ADD_RMSNORM);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     __shared__ float red[32];
     size_t row = (size_t)blockIdx.x * n;
@@ -108,6 +112,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
             ss = fmaf(v, v, ss);
         }
         norm_regs_store(pv, wv, ss, red, n, eps, round, yr);
+        K3C_STAMP_BLOCK_END(K3C_KID_ADD_RMSNORM);
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) {
@@ -121,6 +126,7 @@ __global__ void add_rmsnorm_kernel(float *p, const float *a1, const float *a2, c
         float v = pr[i] * r * w[i];
         yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_ADD_RMSNORM);
 }
 
 extern "C" int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, const float *w, int T, int n,
@@ -133,9 +139,11 @@ extern "C" int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, 
 
 __global__ void gated_act_kernel(k3c_cuda_act act, const float *__restrict__ gate, int gs, const float *__restrict__ up,
                                  int us, int T, int n, int round, float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GATED_ACT);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     k3c_dev_gated_act_span(act.kind, act.beta, act.beta_lin, gate, gs, up, us, T, n, round, out,
                            (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+    K3C_STAMP_BLOCK_END(K3C_KID_GATED_ACT);
 }
 
 extern "C" int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up,
@@ -149,11 +157,13 @@ extern "C" int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_
 
 __global__ void embed_kernel(const uint16_t *__restrict__ table, int V, int D, const int *__restrict__ ids,
                              float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_EMBED);
     int id = ids[blockIdx.x];
     float *o = out + (size_t)blockIdx.x * D;
     int ok = id >= 0 && id < V;
     const uint16_t *row = table + (size_t)(ok ? id : 0) * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = ok ? k3c_dev_bf16(row[i]) : 0.0f;
+    K3C_STAMP_BLOCK_END(K3C_KID_EMBED);
 }
 
 extern "C" int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *ids, int T, float *out,
@@ -165,11 +175,13 @@ extern "C" int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *id
 }
 
 __global__ void add_kernel(const float *a, const float *b, size_t n, int round, float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ADD);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = a[i] + b[i];
         out[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(s)) : s;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_ADD);
 }
 
 extern "C" int k3c_cuda_add(const float *a, const float *b, size_t n, int round_bf16, float *out,
@@ -181,8 +193,10 @@ extern "C" int k3c_cuda_add(const float *a, const float *b, size_t n, int round_
 }
 
 __global__ void round_kernel(float *x, size_t n) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ROUND);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = k3c_dev_bf16(k3c_dev_to_bf16(x[i]));
+    K3C_STAMP_BLOCK_END(K3C_KID_ROUND);
 }
 
 extern "C" int k3c_cuda_round_bf16(float *x, size_t n, cudaStream_t stream) {
@@ -193,8 +207,10 @@ extern "C" int k3c_cuda_round_bf16(float *x, size_t n, cudaStream_t stream) {
 }
 
 __global__ void sigmoid_kernel(const float *x, size_t n, float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_SIGMOID);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = k3c_dev_sigmoid(x[i]);
+    K3C_STAMP_BLOCK_END(K3C_KID_SIGMOID);
 }
 
 extern "C" int k3c_cuda_sigmoid(const float *x, size_t n, float *out, cudaStream_t stream) {
@@ -205,11 +221,13 @@ extern "C" int k3c_cuda_sigmoid(const float *x, size_t n, float *out, cudaStream
 }
 
 __global__ void mul_sigmoid_kernel(const float *x, const float *z, size_t n, int round, float *y) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MUL_SIGMOID);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = x[i] * k3c_dev_sigmoid(z[i]);
         y[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MUL_SIGMOID);
 }
 
 extern "C" int k3c_cuda_mul_sigmoid(const float *x, const float *z, size_t n, int round_bf16, float *y,
@@ -219,3 +237,5 @@ extern "C" int k3c_cuda_mul_sigmoid(const float *x, const float *z, size_t n, in
     K3C_CUDA_LAUNCHED("mul_sigmoid");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(elementwise) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -26,12 +26,14 @@
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_t1_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
                float *__restrict__ y, int wpr, int items, int round) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_T1);
     __shared__ float part[GEMV_WARPS][T1_RPW];
     /* PDL: let the next kernel start as this one's blocks retire; x is read only after the wait */
     k3c_pdl_trigger();
     if ((int)blockIdx.x < items) t1_prefetch(W, rows, cols, wpr, blockIdx.x);
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x) t1_item(W, rows, cols, x, y, wpr, item, round, part);
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_T1);
 }
 
 /* A grouped launch (k3c_cuda_gemv_group): up to GROUP_VMAX products, each with its own matrix, input,
@@ -54,6 +56,7 @@ __device__ __forceinline__ int group_find(const gemv_group &g, int item) {
 }
 
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 4) gemv_t1_group_kernel(const __grid_constant__ gemv_group g) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_T1_GROUP);
     __shared__ float part[GEMV_WARPS][T1_RPW];
     int items = g.first[g.n];
     k3c_pdl_trigger();
@@ -66,6 +69,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 4) gemv_t1_group_kernel(const
         int s = group_find(g, item);
         t1_item(g.W[s], g.rows[s], g.cols[s], g.x[s], g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_T1_GROUP);
 }
 
 /* T = 2..8 on tensor cores (mma.cuh): a warp owns a band of 16 rows; per 32-element k step s lane (g, q)
@@ -215,16 +219,19 @@ template <bool RUNVOTE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 gemv_mma_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
                 float *__restrict__ y, int wpr, int items, int round) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_MMA);
     __shared__ float part[GEMV_WARPS][4][32];
     k3c_pdl_trigger();
     if ((int)blockIdx.x < items) mma_prefetch(W, rows, cols, wpr, blockIdx.x);
     k3c_pdl_wait();
     for (int item = blockIdx.x; item < items; item += gridDim.x)
         mma_item<RUNVOTE>(W, rows, cols, x, T, y, wpr, item, round, part);
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_MMA);
 }
 
 template <bool RUNVOTE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(const __grid_constant__ gemv_group g) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_MMA_GROUP);
     __shared__ float part[GEMV_WARPS][4][32];
     int items = g.first[g.n];
     k3c_pdl_trigger();
@@ -237,11 +244,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(cons
         int s = group_find(g, item);
         mma_item<RUNVOTE>(g.W[s], g.rows[s], g.cols[s], g.x[s], g.T, g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_MMA_GROUP);
 }
 
 /* Any shape or alignment: one warp per (row, token), scalar loads. */
 __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
                                  int T, float *__restrict__ y, int round) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_SCALAR);
     long long warp = (long long)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (warp >= (long long)rows * T) return;
@@ -252,6 +261,7 @@ __global__ void gemv_bf16_scalar(const uint16_t *__restrict__ W, int rows, int c
     for (int c = lane; c < cols; c += 32) s = fmaf(k3c_dev_bf16(w[c]), xt[c], s);
     s = k3c_warp_sum(s);
     if (lane == 0) y[(size_t)t * rows + row] = out_value(s, round);
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_SCALAR);
 }
 
 /* How a matrix runs at T <= K3C_CUDA_GEMV_MAX_T tokens, alone or in a group: the kernel, its split of rows
@@ -432,8 +442,10 @@ extern "C" int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const f
 }
 
 __global__ void f32_to_bf16_kernel(const float *__restrict__ x, size_t n, uint16_t *__restrict__ out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_F32_TO_BF16);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = k3c_dev_to_bf16(x[i]);
+    K3C_STAMP_BLOCK_END(K3C_KID_F32_TO_BF16);
 }
 
 extern "C" int k3c_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cudaStream_t stream) {
@@ -502,8 +514,12 @@ static int lt_matmul(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, in
                              cols, T);
         goto done;
     }
-    LT_TRY(lt->Matmul((cublasLtHandle_t)g->lt, op, &alpha, W, la, g->xbf, lb, &beta, y, ld, y, ld, &heur.algo,
-                      g->workspace, g->workspace_bytes, s));
+    { /* K3C_CUDA_PROFILE=3 counts cuBLASLt's kernels apart: they carry no block stamps (cuda/stamp.h) */
+        long fb = k3c_cuda_stamp_foreign_begin(s);
+        LT_TRY(lt->Matmul((cublasLtHandle_t)g->lt, op, &alpha, W, la, g->xbf, lb, &beta, y, ld, y, ld, &heur.algo,
+                          g->workspace, g->workspace_bytes, s));
+        k3c_cuda_stamp_foreign_end(s, fb);
+    }
 done:
     if (pref) lt->MatmulPreferenceDestroy(pref);
     if (ld) lt->MatrixLayoutDestroy(ld);
@@ -534,3 +550,5 @@ extern "C" int k3c_cuda_matmul_bf16(k3c_cuda_gemm *g, const uint16_t *W, int row
                                     float *y, cudaStream_t stream) {
     return k3c_cuda_matmul_bf16_round(g, W, rows, cols, x, T, y, 0, stream);
 }
+
+K3C_STAMP_TU(gemm) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

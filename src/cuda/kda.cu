@@ -144,6 +144,7 @@ __device__ __forceinline__ void kda_gated_norm_row(const float *orow, const floa
  * (the single-request launcher): one kernel, so both launchers give the same bits. */
 __global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one,
                                 int C, int W, const float *__restrict__ taps, int which, int round, float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_CONV);
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     k3c_cuda_seg sg = segs ? segs[blockIdx.y] : one;
@@ -155,6 +156,7 @@ __global__ void kda_conv_kernel(const float *__restrict__ x, const k3c_cuda_seg 
     const float *tap = taps + (size_t)c * W;
     for (int t = 0; t < T; t++) os[(size_t)t * C + c] = kda_conv_value(xs, window, tap, C, c, W, t, round);
     if (!sg.read_only) kda_conv_advance(xs, window, C, c, W, T);
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_CONV);
 }
 
 extern "C" int k3c_cuda_kda_conv(const float *x, int T, int C, int W, const float *taps, float *window,
@@ -182,12 +184,14 @@ extern "C" int k3c_cuda_kda_conv_segs(const float *x, const k3c_cuda_seg *segs, 
 __global__ void kda_gate_kernel(const float *__restrict__ f, const float *__restrict__ b, const float *__restrict__ a_log,
                                 const float *__restrict__ dt_bias, int T, int H, int dk, int has_lb, float lb, float *g,
                                 float *beta) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_GATE);
     size_t P = (size_t)H * dk, n = (size_t)T * P;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t ch = i % P;
         g[i] = kda_gate_value(f[i], dt_bias[ch], a_log[ch / dk], has_lb, lb);
         if (beta && b && i < (size_t)T * H) beta[i] = k3c_dev_sigmoid(b[i]);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_GATE);
 }
 
 extern "C" int k3c_cuda_kda_gate(const float *f, const float *b, const float *a_log, const float *dt_bias, int T,
@@ -204,6 +208,7 @@ extern "C" int k3c_cuda_kda_gate(const float *f, const float *b, const float *a_
 
 /* One warp per (token, head) row. */
 __global__ void kda_qk_norm_kernel(float *q, float *k, int rows, int dk, float qscale) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_QK_NORM);
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     float *qr = q + (size_t)r * dk, *kr = k + (size_t)r * dk;
@@ -213,6 +218,7 @@ __global__ void kda_qk_norm_kernel(float *q, float *k, int rows, int dk, float q
         qr[d] *= rq;
         kr[d] *= rk;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_QK_NORM);
 }
 
 extern "C" int k3c_cuda_kda_qk_norm(float *q, float *k, int T, int H, int dk, cudaStream_t stream) {
@@ -238,6 +244,7 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
                      const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ g,
                      const float *__restrict__ beta, int H, int dk, int dv, int sw, int round, float *o,
                      float *states) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_RECURRENT);
     extern __shared__ float sm[];
     k3c_cuda_seg sg = segs ? segs[blockIdx.z] : one;
     if (sg.n <= 0) return;
@@ -279,6 +286,7 @@ kda_recurrent_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, co
     if (live && !sg.read_only)
 #pragma unroll
         for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + e] = s[i];
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_RECURRENT);
 }
 
 /* Shape check and launch of kda_recurrent_kernel for nseg requests (segs NULL: the one request `one`). */
@@ -364,6 +372,7 @@ __global__ void __launch_bounds__(KDA_CT)
 kda_chunked_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, const float *__restrict__ q,
                    const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ g,
                    const float *__restrict__ beta, int H, int dk, int dv, int round, float *o) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_CHUNKED);
     extern __shared__ float sm[];
     k3c_cuda_seg sg = segs ? segs[blockIdx.z] : one;
     if (sg.n <= 0) return; /* block-uniform, before any barrier */
@@ -528,6 +537,7 @@ kda_chunked_kernel(const k3c_cuda_seg *__restrict__ segs, k3c_cuda_seg one, cons
 
     if (!sg.read_only)
         for (int i = tid; i < dk * KDA_CW; i += KDA_CT) S[(size_t)(i / KDA_CW) * dv + e0 + i % KDA_CW] = Ss[i];
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_CHUNKED);
 }
 
 /* Whether the chunked kernel takes these dims (else the launchers run the recurrent kernel). */
@@ -574,10 +584,12 @@ extern "C" int k3c_cuda_kda_chunked_segs(const k3c_cuda_seg *segs, int nseg, con
 __global__ void kda_gated_norm_kernel(const float *__restrict__ o, const float *__restrict__ z,
                                       const float *__restrict__ w, int rows, int dv, float eps, int silu, int round,
                                       float *y) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_GATED_NORM);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     kda_gated_norm_row(o + (size_t)r * dv, z + (size_t)r * dv, w, dv, eps, silu, round, y + (size_t)r * dv, lane);
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_GATED_NORM);
 }
 
 extern "C" int k3c_cuda_kda_gated_norm(const float *o, const float *z, const float *w, int T, int H, int dv, float eps,
@@ -644,6 +656,7 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
                         const float *__restrict__ dt_bias, int has_lb, float lb, const float *__restrict__ z,
                         const float *__restrict__ nw, float eps, int silu, int H, int dk, int dv, float qscale, int ft,
                         int round, float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_DECODE_FUSED);
     /* a PDL-launched weight stream after this kernel (the o-projection) may start and prefetch its weights
      * while the heads run: at decode this grid has requests x heads blocks, far fewer than the SMs' room */
     k3c_pdl_trigger();
@@ -760,7 +773,10 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
         }
     }
 
-    if (sg.read_only) return; /* verify: the committed state and window stay as they were */
+    if (sg.read_only) { /* verify: the committed state and window stay as they were */
+        K3C_STAMP_BLOCK_END(K3C_KID_KDA_DECODE_FUSED);
+        return;
+    }
     /* windows: each channel by the thread that read it in A */
     for (int i = tid; i < nch; i += nthr) {
         const int which = i < dk ? 0 : i < 2 * dk ? 1 : 2, d = i - which * dk;
@@ -771,6 +787,7 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
     if (live)
 #pragma unroll
         for (int i = 0; i < KDA_ROWS; i++) S[(size_t)(d0 + i) * dv + el] = s[i];
+    K3C_STAMP_BLOCK_END(K3C_KID_KDA_DECODE_FUSED);
 }
 
 extern "C" int k3c_cuda_kda_decode_fused_fits(int dk, int dv) { return kda_fused_ft(dk, dv) > 0; }
@@ -834,3 +851,5 @@ extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int
     K3C_CUDA_LAUNCHED("kda_decode_fused");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(kda) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -6,6 +6,7 @@
 
 __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int *__restrict__ slots, int Lat,
                                        int elem_bytes, void *cache) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_CACHE_WRITE);
     int t = blockIdx.x, slot = slots[t];
     if (slot < 0) return;
     const float *src = lat + (size_t)t * Lat;
@@ -14,6 +15,7 @@ __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int 
         else if (elem_bytes == 1) ((uint8_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_e4m3(src[i]);
         else ((float *)cache)[(size_t)slot * Lat + i] = src[i];
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_CACHE_WRITE);
 }
 
 extern "C" int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int T, int Lat, int elem_bytes,
@@ -32,6 +34,7 @@ extern "C" int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int 
  * weight row read coalesced across threads, once per token tile). */
 __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ q, int T, int Hm,
                                     int nope, int rope, int vh, int kvl, float *q_abs) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_Q);
     int h = blockIdx.x, t0 = blockIdx.y * ABS_TT, qh = nope + rope, Lat = kvl + rope;
     int nt = min(ABS_TT, T - t0);
     const uint16_t *Wk = kv_b + (size_t)h * (nope + vh) * kvl;
@@ -52,6 +55,7 @@ __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const flo
     for (int j = 0; j < nt; j++)
         for (int r = threadIdx.x; r < rope; r += blockDim.x)
             q_abs[((size_t)(t0 + j) * Hm + h) * Lat + kvl + r] = q[(size_t)(t0 + j) * Hm * qh + (size_t)h * qh + nope + r];
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_Q);
 }
 
 /* The absorptions at decode sizes (T = 1 .. 64 rows), 16-byte weight loads. Both are per-head products
@@ -87,6 +91,7 @@ static int absorb_tokens_per_block(int T, int base_blocks) {
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ q, int T, int Hm, int nope,
                       int rope, int vh, int kvl, float *__restrict__ q_abs, int tpb) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_Q_V);
     __shared__ float qs[ABS_TT][AQ_RG * AQ_J];
     /* [AQ_RG][ABS_TT * AQ_COLS + 4] floats as float4 (16-byte aligned); +4: the groups' rows start on other banks */
     __shared__ float4 red4[AQ_RG][(ABS_TT * AQ_COLS + 4) / 4];
@@ -150,6 +155,7 @@ mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
         for (int t = t_begin; t < t_end; t++)
             for (int r = tid; r < rope; r += ABS_THREADS)
                 q_abs[((size_t)t * Hm + h) * Lat + kvl + r] = q[(size_t)t * Hm * qh + (size_t)h * qh + nope + r];
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_Q_V);
 }
 
 /* grid (Hm, ceil(vh / AO_ROWS), token groups), ABS_THREADS threads: thread (s = tid / AO_KC, chunk k =
@@ -159,6 +165,7 @@ mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm, int nope,
                       int vh, int kvl, int round, float *__restrict__ o, int tpb) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O_V);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the o-projection) may start */
     __shared__ float red[AO_KC][AO_ROWS * ABS_TT + 1]; /* +1: the chunks' rows land on different banks */
     int h = blockIdx.x, e0 = blockIdx.y * AO_ROWS, tid = threadIdx.x, k = tid % AO_KC, s = tid / AO_KC;
@@ -217,6 +224,7 @@ mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
             if (e < vh) o[(size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e] = v;
         }
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O_V);
 }
 
 extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, int nope, int rope, int vh,
@@ -240,6 +248,7 @@ extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T
 /* One warp per (head, e) row of W_UV, lanes over kvl, ABS_TT tokens per pass. */
 __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm,
                                     int nope, int vh, int kvl, int round, float *o) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O);
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= Hm * vh) return;
     int h = row / vh, e = row % vh;
@@ -264,6 +273,7 @@ __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const flo
             }
         }
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O);
 }
 
 extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
@@ -352,6 +362,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
                   const int *__restrict__ tables, int bs, const void *__restrict__ cache, int Hm, int kvl, int rope,
                   float scale, float *o_lat, float *__restrict__ part) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND);
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -428,6 +439,7 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
     }
     __syncthreads();
     attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND);
 }
 
 /* The bf16 cache (the model's default) with 16-byte loads: lane l owns the row's 8-element chunks
@@ -442,6 +454,7 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
                         const int *__restrict__ lens, const int *__restrict__ tables, int bs,
                         const uint16_t *__restrict__ cache, int Hm, int kvl, int rope, float scale, float *o_lat,
                         float *__restrict__ part) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND_BF16V);
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
     int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -530,6 +543,7 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
     }
     __syncthreads();
     attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND_BF16V);
 }
 
 /* Attention by head groups: one block takes G heads of one row (G = 4, 8, 12 or 16, attend_hg_group) over
@@ -630,6 +644,7 @@ __global__ void __launch_bounds__(HG_THREADS, HG_BLOCKS_PER_SM)
 mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
                      const int *__restrict__ tables, int bs, const unsigned char *__restrict__ cache, int Hm, int G,
                      int kvl, int rope, float scale, float *o_lat, float *__restrict__ part) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND_HG);
     constexpr int P = HG_P(EB);
     extern __shared__ __align__(16) unsigned char hg_smem[];
     int Lat = kvl + rope, rowb = Lat * EB, GS = G + 4;
@@ -764,6 +779,7 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
             }
         }
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND_HG);
 }
 
 /* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order over
@@ -771,6 +787,7 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
  * The factors e^(M_z - M) are computed once per split (shared). */
 __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const int *__restrict__ lens, int splits,
                                         int Hm, int kvl, float *o_lat) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND_MERGE);
     __shared__ float fz[ATT_MAX_SPLITS];
     __shared__ float Ls;
     int t = blockIdx.x, h = blockIdx.y, pb, pe, eff;
@@ -796,6 +813,7 @@ __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const in
         for (int z = 0; z < eff; z++) s = fmaf(pz[(size_t)z * (kvl + 2) + i], fz[z], s);
         out[i] = s * inv;
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND_MERGE);
 }
 
 
@@ -923,3 +941,5 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
     }
     return K3C_OK;
 }
+
+K3C_STAMP_TU(mla) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

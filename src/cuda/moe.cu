@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, (UP || MX) ? 2 : 3)
 moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int K, int R, const float *__restrict__ x,
                int x_by_token, const int *__restrict__ idx, int npairs, int k, k3c_cuda_act act, int round,
                float *__restrict__ out, int wpr, int nbg, int plist_cap, int bcols) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_MMA);
     constexpr int NM = UP ? 2 : 1;
     constexpr int SUBS = MX ? 4 : 1; /* B fragments per k step and lane: one per 8-element sub-step (MXFP4) */
     constexpr int CH = MX ? 4 : 2; /* independent accumulator chains (one dependent chain was latency-bound) */
@@ -422,6 +423,7 @@ moe_mma_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, int
             }
         }
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_MMA);
 }
 
 /* The launch's shape. The leaders (distinct experts) are not known on the host: estimate min(pairs,
@@ -561,6 +563,7 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
 __global__ void moe_combine_kernel(const float *__restrict__ part, const float *__restrict__ weight,
                                    const int *__restrict__ idx, int num_experts, int k, int Out, int T, int round,
                                    float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_COMBINE);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the MoE tail) may start (common.cuh) */
     size_t n = (size_t)T * Out;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -572,6 +575,7 @@ __global__ void moe_combine_kernel(const float *__restrict__ part, const float *
         }
         out[i] = rnd(s, round);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_COMBINE);
 }
 
 static int check_dims(int mxfp4, int a, const char *what) {
@@ -701,3 +705,5 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
     K3C_CUDA_LAUNCHED("moe_combine");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(moe) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                         int pairs, int F, int In, const float *__restrict__ x, int k, k3c_cuda_act act, int round,
                         float *__restrict__ h) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_PAIR_GATE_UP);
     k3c_pdl_wait(); /* idx, x: written by the kernels before this one */
     k3c_pdl_trigger();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, per = (F + GEMV_WARPS - 1) / GEMV_WARPS;
@@ -60,6 +61,7 @@ moe_pair_gate_up_kernel(const k3c_cuda_expert *__restrict__ experts, int num_exp
         float g = valid ? out_value(acc[0], round) : 0.0f, u = valid ? out_value(acc[1], round) : 0.0f;
         if (lane == 0) h[(size_t)p * F + r] = out_value(k3c_dev_gated_act(act.kind, act.beta, act.beta_lin, g, u), round);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_PAIR_GATE_UP);
 }
 
 /* K: experts streamed at once (each expert's chunks in the same order at any K, the experts summed in slot
@@ -69,6 +71,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx,
                      const float *__restrict__ weight, int T, int Out, int F, const float *__restrict__ h, int k,
                      int round, float *__restrict__ out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_PAIR_DOWN);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, chunks = F >> 3, per = (Out + GEMV_WARPS - 1) / GEMV_WARPS;
     { /* before the wait (see above): the first expert's first chunks of this warp's first row into L2 */
         int t = blockIdx.x / per, r = (blockIdx.x - t * per) * GEMV_WARPS + warp;
@@ -125,6 +128,7 @@ moe_pair_down_kernel(const k3c_cuda_expert *__restrict__ experts, int num_expert
         }
         if (lane == 0) out[(size_t)t * Out + r] = out_value(sum, round);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_PAIR_DOWN);
 }
 
 /* MXFP4 experts at decode, one pair per expert product, for the same reason as the bf16 per-pair kernels (the
@@ -313,6 +317,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
 moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts, const int *__restrict__ idx, int nm,
                    int per, int items, int rows, int cols, const float *__restrict__ x, int x_per_pair,
                    float *__restrict__ y0, float *__restrict__ y1, int wpr, int round) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_PAIR_MX);
     extern __shared__ uint4 mxp_plane[]; /* [term][chunk][sub] */
     __shared__ float part[GEMV_WARPS][2][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -382,6 +387,7 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         }
         if (wpr > 1) __syncthreads();
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_PAIR_MX);
 }
 
 /* A per-pair launch's plan: `units` row groups of one matrix with `runs` load runs along a row, `matrices`
@@ -494,6 +500,7 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
 
 __global__ void __launch_bounds__(MXB_MAX_PAIRS)
 moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, int tile_cols, int *__restrict__ lists) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_BAND_LISTS);
     __shared__ uint32_t key[MXB_MAX_PAIRS];
     __shared__ int scan[MXB_MAX_PAIRS];
     const int t = threadIdx.x, n = blockDim.x; /* n: a power of two >= pairs */
@@ -556,6 +563,7 @@ moe_band_lists_kernel(const int *__restrict__ idx, int pairs, int num_experts, i
         tile_n[ti] = c;
     }
     if (t == n - 1) lists[0] = scan[t];
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_BAND_LISTS);
 }
 
 /* bf16 experts by band (moe_band_kernel<false>): lane (g, q) streams 16-byte chunk 4 s + q (8 weights) of
@@ -629,6 +637,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
                 int per, int rows, int cols, const float *__restrict__ x, int x_per_pair, float *__restrict__ y0,
                 float *__restrict__ y1, int wpr, int round) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_BAND);
     /* [step][sub][column][q] (bf16: one sub): one bf16 term. Lane (g, q) reads column g of its step and
      * sub-step, or column 0 when the tile has no column g (those output columns are never written): with one
      * column the four q entries of a read lie in 64 contiguous bytes, one shared-memory wavefront, as the
@@ -764,6 +773,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
                 }
         if (wpr > 1) __syncthreads();
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_BAND);
 }
 
 extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
@@ -967,3 +977,4 @@ extern "C" int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_ex
     }
 }
 
+K3C_STAMP_TU(moe_pair) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -23,7 +23,7 @@ struct k3c_op_profile {
     prof_total tot[PROF_NAMES];
     int ntot;
     /* replayed-graph mode (op_profile.h): stamp i >= 1 ends op stamp_op[i], stamp 0 is the step's start */
-    int stamp_mode, armed, nstamps, pending;
+    int mode, stamp_mode, armed, nstamps, pending;
     unsigned long long *stamps_d, *stamps_h; /* [PROF_SLOTS + 1] */
     const char **stamp_op;
     double stamped_ms; /* start to last stamp, summed over the stamped steps collected */
@@ -38,6 +38,7 @@ k3c_op_profile *k3c_op_profile_create_from_env(void) {
     p->op = calloc(PROF_SLOTS, sizeof *p->op);
     int ok = p->ev && p->op;
     for (int i = 0; ok && i < 2 * PROF_SLOTS; i++) ok = cudaEventCreate(&p->ev[i]) == cudaSuccess;
+    p->mode = atoi(v);
     if (ok && atoi(v) == 2) {
         p->stamp_mode = 1;
         p->stamps_h = calloc(PROF_SLOTS + 1, sizeof *p->stamps_h);
@@ -66,6 +67,7 @@ void k3c_op_profile_free(k3c_op_profile *p) {
 }
 
 int k3c_op_profile_stamps(const k3c_op_profile *p) { return p && p->stamp_mode; }
+int k3c_op_profile_mode(const k3c_op_profile *p) { return p ? p->mode : 0; }
 
 int k3c_op_profile_arm(k3c_op_profile *p, cudaStream_t s) {
     if (!p || !p->stamp_mode) return -1;

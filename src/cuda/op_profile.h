@@ -40,6 +40,9 @@ void k3c_op_profile_collect(k3c_op_profile *p);
 void k3c_op_profile_reset(k3c_op_profile *p);
 /* Replayed-graph mode (K3C_CUDA_PROFILE=2)? */
 int k3c_op_profile_stamps(const k3c_op_profile *p);
+/* K3C_CUDA_PROFILE's value (0 for NULL). 3 is the block-stamp mode of the specialized executor
+ * (cuda/stamp.h, decode/executor_cuda.h k3c_decode_cuda_stamp_report); the stock path profiles as with 1. */
+int k3c_op_profile_mode(const k3c_op_profile *p);
 /* Arms the stamps while s captures (the first stamp, the step's start, goes in now); disarm after the
  * capture's last op, ran = whether the captured graph was launched. Ops profiled in between get a stamp
  * after them; collect() reads the stamps once that graph has run and s is idle (none when ran is 0). */

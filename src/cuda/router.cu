@@ -186,9 +186,11 @@ template <int R>
 __global__ void __launch_bounds__(ROUTER_THREADS)
 route_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int *idx,
              float *weight) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ROUTE);
     extern __shared__ float sh[];
     __shared__ float red[32];
     route_token<R>(r, logits, bias, idx, weight, blockIdx.x, sh, red);
+    K3C_STAMP_BLOCK_END(K3C_KID_ROUTE);
 }
 
 /* Routing and a gated activation in one launch (router.h k3c_cuda_route_act): blocks 0 .. T-1 route token
@@ -209,15 +211,18 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
 route_act_kernel(k3c_cuda_router r, const float *__restrict__ logits, const float *__restrict__ bias, int T,
                  int *idx, float *weight, k3c_cuda_act act, const float *gate, int gs, const float *up, int us,
                  int n, int round, float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ROUTE_ACT);
     k3c_pdl_trigger();
     extern __shared__ float sh[];
     __shared__ float red[32];
     if ((int)blockIdx.x < T) {
         route_token<R>(r, logits, bias, idx, weight, blockIdx.x, sh, red);
+        K3C_STAMP_BLOCK_END(K3C_KID_ROUTE_ACT);
         return;
     }
     k3c_dev_gated_act_span(act.kind, act.beta, act.beta_lin, gate, gs, up, us, T, n, round, out,
                            (size_t)(blockIdx.x - T) * blockDim.x + threadIdx.x, (size_t)(gridDim.x - T) * blockDim.x);
+    K3C_STAMP_BLOCK_END(K3C_KID_ROUTE_ACT);
 }
 
 /* The checks and the launch shape of a routing launch: keys per thread *R, dynamic shared memory *smem.
@@ -268,3 +273,5 @@ extern "C" int k3c_cuda_route_act(const k3c_cuda_router *r, const float *logits,
     K3C_CUDA_LAUNCHED("route_act");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(router) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -28,6 +28,7 @@ __device__ __forceinline__ uint64_t argmax_scalar(const float *__restrict__ row,
  * part) the row's id to ids[row]. */
 __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_parts_kernel(const float *__restrict__ logits, int V,
                                                                      uint64_t *keys, int32_t *ids) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_ARGMAX);
     __shared__ uint64_t best[ARGMAX_THREADS / 32];
     const float *row = logits + (size_t)blockIdx.y * V;
     const int part = blockIdx.x, parts = gridDim.x;
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_parts_kernel(const floa
         if (keys) keys[(size_t)blockIdx.y * parts + part] = k;
         else ids[blockIdx.y] = (int32_t)(0xffffffffu - (unsigned int)k);
     }
+    K3C_STAMP_BLOCK_END(K3C_KID_ARGMAX);
 }
 
 extern "C" int k3c_cuda_argmax_parts(int rows) {
@@ -93,3 +95,5 @@ extern "C" int k3c_cuda_argmax_rows(const float *logits, int rows, int V, int32_
     K3C_CUDA_LAUNCHED("argmax_rows");
     return K3C_OK;
 }
+
+K3C_STAMP_TU(sample) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -18,7 +18,34 @@
 #include "cuda/decode_copy.h"
 #include "cuda/mla.h"
 #include "cuda/sample.h"
+#include "cuda/measure.h"
 #include "decode/executor_cuda_internal.h"
+
+/* K3C_CUDA_PROFILE=3 (cuda/stamp.h, decode/stamp_report.h): the next profiled step replays its graph with every
+ * stamped kernel writing block stamps; the report maps them to the ops recorded at capture. Every MoE layer
+ * routes into its own idx rows (idx_all) so that the step's routing is there to read after it (coverage,
+ * expert bytes); each replay is timed with two events for the plain graph's GPU time. */
+#define STAMP_EV 32 /* plain replays timed per shape (the last ones) */
+struct k3c_exec_stamps {
+    k3c_cuda_stamps *dev;
+    k3c_stamp_plan plan[PMAX + 1][QMAX + 1]; /* recorded at each shape's capture */
+    k3c_stamp_plan *rec;                     /* the plan being recorded, NULL when not capturing */
+    long n0, f0;                             /* kernel / cuBLASLt nodes when the open op began */
+    int *idx_all;                            /* device, [num_layers][PMAX * K] */
+    cudaEvent_t ev[2];
+    float ev_ms[PMAX + 1][QMAX + 1][STAMP_EV];
+    int ev_n[PMAX + 1][QMAX + 1];
+    double bandwidth; /* copy bandwidth, measured at the first report */
+    /* the last stamped step, kept for the report */
+    int have, T, q;
+    k3c_stamp_plan last_plan; /* the shape's plan + the arg-max after the graph */
+    k3c_stamp_launch *L;
+    size_t nl, dropped;
+    k3c_stamp_parse info;
+    int *route;             /* host, [num_layers][T * K] */
+    unsigned char *is_moe;  /* [num_layers] */
+    double positions, wall_ms, gpu_ms;
+};
 
 /* ---- build ---- */
 
@@ -98,6 +125,38 @@ static int check_weights(k3c_decode_cuda *x) {
     return K3C_OK;
 }
 
+static void stamp_free(k3c_exec_stamps *sp) {
+    if (!sp) return;
+    k3c_cuda_stamps_free(sp->dev);
+    for (int r = 0; r <= PMAX; r++)
+        for (int q = 0; q <= QMAX; q++) k3c_stamp_plan_free(&sp->plan[r][q]);
+    k3c_stamp_plan_free(&sp->last_plan);
+    if (sp->idx_all) cudaFree(sp->idx_all);
+    for (int i = 0; i < 2; i++)
+        if (sp->ev[i]) cudaEventDestroy(sp->ev[i]);
+    free(sp->L);
+    free(sp->route);
+    free(sp->is_moe);
+    free(sp);
+}
+
+/* K3C_CUDA_PROFILE=3: the stamp buffers (cuda/stamp.h), the per-layer routing, the replay events. */
+static int stamp_create(k3c_decode_cuda *x) {
+    k3c_exec_stamps *sp = calloc(1, sizeof *sp);
+    if (!sp) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory for the block stamps");
+    x->stamp = sp;
+    int L = x->c->num_layers, K = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1;
+    K3C_TRY(k3c_cuda_stamps_create(0, &sp->dev));
+    K3C_CUDA_MALLOC(&sp->idx_all, sizeof(int) * (size_t)L * PMAX * K);
+    K3C_CUDA_TRY(cudaMemset(sp->idx_all, 0, sizeof(int) * (size_t)L * PMAX * K));
+    for (int i = 0; i < 2; i++) K3C_CUDA_TRY(cudaEventCreate(&sp->ev[i]));
+    sp->route = malloc(sizeof(int) * (size_t)L * PMAX * K);
+    sp->is_moe = calloc((size_t)L, 1);
+    if (!sp->route || !sp->is_moe) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of host memory for the block stamps");
+    for (int l = 0; l < L; l++) sp->is_moe[l] = (unsigned char)x->m->weights.layers[l].is_moe;
+    return K3C_OK;
+}
+
 /* One provider per layer part (decode/providers/provider.h), as the seed's build_providers: the attention of
  * layer l by its kind, its feed-forward MoE or dense. */
 static int build_providers(k3c_decode_cuda *x) {
@@ -163,7 +222,8 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
         return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: stream: %s", cudaGetErrorString(ce));
     }
     x->prof = k3c_op_profile_create_from_env();
-    if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK || build_providers(x) != K3C_OK) {
+    if (alloc_buffers(x) != K3C_OK || check_weights(x) != K3C_OK || build_providers(x) != K3C_OK ||
+        (k3c_op_profile_mode(x->prof) == 3 && stamp_create(x) != K3C_OK)) {
         k3c_error_context("decode executor build: ");
         k3c_decode_cuda_free(x);
         return K3C_ERR;
@@ -187,11 +247,39 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->meta_h) cudaFreeHost(x->meta_h);
     if (x->keys_h) cudaFreeHost(x->keys_h);
     k3c_op_profile_free(x->prof);
+    stamp_free(x->stamp);
     if (x->st) cudaStreamDestroy(x->st);
     free_providers(x);
     free(x->res);
     free(x->kda_ord);
     free(x);
+}
+
+/* ---- the stamp plan at capture (executor_cuda_internal.h: STAMP_BYTES, P_TRY) ---- */
+
+k3c_stamp_plan *k3c_exec_stamp_plan(const k3c_decode_cuda *x) { return x->stamp ? x->stamp->rec : NULL; }
+
+int *k3c_exec_moe_idx(k3c_decode_cuda *x, int l) {
+    int K = x->c->num_experts_per_token;
+    return x->stamp ? x->stamp->idx_all + (size_t)l * PMAX * K : x->idx;
+}
+
+void k3c_exec_stamp_op_begin(k3c_decode_cuda *x, const char *op) {
+    k3c_exec_stamps *sp = x->stamp;
+    if (!sp || !sp->rec) return;
+    k3c_stamp_plan_begin(sp->rec, op);
+    if (sp->rec->depth == 1) {
+        sp->n0 = k3c_cuda_capture_kernel_nodes(x->st);
+        sp->f0 = k3c_cuda_stamp_foreign_nodes();
+    }
+}
+void k3c_exec_stamp_op_end(k3c_decode_cuda *x) {
+    k3c_exec_stamps *sp = x->stamp;
+    if (!sp || !sp->rec) return;
+    long n1 = sp->rec->depth == 1 ? k3c_cuda_capture_kernel_nodes(x->st) : 0;
+    long f = k3c_cuda_stamp_foreign_nodes() - sp->f0;
+    if (sp->rec->depth != 1) k3c_stamp_plan_end(sp->rec, 0, 0);
+    else k3c_stamp_plan_end(sp->rec, sp->n0 < 0 || n1 < 0 ? -1 : n1 - sp->n0 - f, f);
 }
 
 /* ---- prepare_kv, capture ---- */
@@ -236,7 +324,16 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
     if (x->graph[rows][q]) return K3C_OK;
     cudaGraph_t g = NULL;
     K3C_CUDA_TRY(cudaStreamBeginCapture(x->st, cudaStreamCaptureModeRelaxed));
+    if (x->stamp) { /* K3C_CUDA_PROFILE=3: the shape's plan of ops, with their launch counts and bytes */
+        k3c_stamp_plan_free(&x->stamp->plan[rows][q]);
+        x->stamp->rec = &x->stamp->plan[rows][q];
+        k3c_cuda_stamp_counting(1);
+    }
     int rc = k3c_exec_record_step(x, rows, q);
+    if (x->stamp) {
+        x->stamp->rec = NULL;
+        k3c_cuda_stamp_counting(0);
+    }
     cudaError_t ce = cudaStreamEndCapture(x->st, &g);
     if (rc != K3C_OK) {
         if (g) cudaGraphDestroy(g);
@@ -399,6 +496,76 @@ static int run_stamped(k3c_decode_cuda *x, int T, int q) {
     return K3C_OK;
 }
 
+/* K3C_CUDA_PROFILE=3, after a replay (its stream idle): the graph's event time; after the stamped one, the
+ * stamps off and downloaded with the step's routing, kept for k3c_decode_cuda_stamp_report. */
+static int stamp_collect(k3c_decode_cuda *x, int T, int q, int stamped, int argmax, double t_begin) {
+    k3c_exec_stamps *sp = x->stamp;
+    float ms = 0;
+    K3C_CUDA_TRY(cudaEventElapsedTime(&ms, sp->ev[0], sp->ev[1]));
+    if (!stamped) {
+        sp->ev_ms[T][q][sp->ev_n[T][q]++ % STAMP_EV] = ms;
+        return K3C_OK;
+    }
+    sp->wall_ms = wall_ms() - t_begin;
+    sp->gpu_ms = ms;
+    K3C_TRY(k3c_cuda_stamps_off(sp->dev, x->st));
+    K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
+    const k3c_stamp_rec *rec;
+    size_t n;
+    K3C_TRY(k3c_cuda_stamps_download(sp->dev, &rec, &n, &sp->dropped));
+    free(sp->L);
+    sp->L = NULL;
+    K3C_TRY(k3c_stamp_launches(rec, n, &sp->L, &sp->nl, &sp->info));
+    int L = x->c->num_layers, K = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1;
+    for (int l = 0; l < L; l++)
+        if (sp->is_moe[l])
+            K3C_CUDA_TRY(cudaMemcpy(sp->route + (size_t)l * T * K, sp->idx_all + (size_t)l * PMAX * K,
+                                    sizeof(int) * (size_t)T * K, cudaMemcpyDeviceToHost));
+    const int *alen = (const int *)(x->meta_h + x->off_alen);
+    sp->positions = 0;
+    for (int t = 0; t < T; t++) sp->positions += alen[t];
+    /* the shape's plan, and the arg-max after the graph (cuda/sample.h: one launch) when the step took it */
+    const k3c_stamp_plan *pl = &sp->plan[T][q];
+    k3c_stamp_plan_free(&sp->last_plan);
+    for (int i = 0; i < pl->n && !sp->last_plan.failed; i++) {
+        k3c_stamp_plan_add(&sp->last_plan, pl->op[i].name, 0, 0);
+        if (!sp->last_plan.failed) sp->last_plan.op[sp->last_plan.n - 1] = pl->op[i];
+    }
+    sp->last_plan.failed |= pl->failed || pl->n == 0;
+    if (argmax) k3c_stamp_plan_add(&sp->last_plan, "argmax", 1, 4.0 * T * x->c->vocab_size);
+    sp->T = T;
+    sp->q = q;
+    sp->have = 1;
+    return K3C_OK;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms) {
+    k3c_exec_stamps *sp = x->stamp;
+    if (!sp) return k3c_errorf("decode executor: no block stamps (K3C_CUDA_PROFILE=3 was not set when the executor was built)");
+    if (!sp->have) return k3c_errorf("decode executor: no stamped step since the last report");
+    if (sp->bandwidth == 0 && k3c_cuda_copy_bandwidth(&sp->bandwidth) != K3C_OK) sp->bandwidth = 0;
+    int T = sp->T, q = sp->q, n = sp->ev_n[T][q] < STAMP_EV ? sp->ev_n[T][q] : STAMP_EV;
+    float ev[STAMP_EV];
+    memcpy(ev, sp->ev_ms[T][q], sizeof(float) * (size_t)n);
+    qsort(ev, (size_t)n, sizeof *ev, cmp_float);
+    fprintf(f, "STAMP b=%d q=%d: the graph on the GPU (two events around the launch): stamped %.3f ms, plain %.3f ms "
+               "(median of the last %d replays of this shape); the stamped step's executor wall time %.3f ms\n",
+            T / q, q, sp->gpu_ms, n ? ev[n / 2] : 0.0, n, sp->wall_ms);
+    k3c_stamp_step st = {.rows = T, .q = q, .bandwidth = sp->bandwidth, .plain_ms = plain_ms, .stamped_ms = sp->wall_ms,
+                         .positions = sp->positions, .tick_ns = k3c_cuda_stamps_tick_ns(sp->dev), .dropped = sp->dropped,
+                         .route = sp->route, .layers = x->c->num_layers,
+                         .k = x->c->num_experts_per_token > 0 ? x->c->num_experts_per_token : 1,
+                         .experts = x->c->num_experts, .is_moe = sp->is_moe};
+    int rc = k3c_stamp_report(f, &sp->last_plan, sp->L, sp->nl, &sp->info, &st);
+    sp->have = 0;
+    return rc;
+}
+
 /* One step: logits into the caller's buffer, or (ids non-NULL) only each row's greedy token id. */
 static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits,
                     int32_t *ids, float *aux) {
@@ -413,13 +580,22 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
     K3C_TRY(fill_meta(x, reqs, n, q));
     K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
     if (x->prof) x->host_ms[0] += wall_ms() - t_begin; /* metadata and its upload issued */
-    if (x->profile_next && x->prof) { /* the same launches as the graph, eagerly or stamped (header) */
+    int stamped = 0;
+    if (x->profile_next && x->prof && !x->stamp) { /* the same launches as the graph, eagerly or stamped (header) */
         x->profile_next = 0;
         K3C_TRY(k3c_op_profile_stamps(x->prof) ? run_stamped(x, T, q) : k3c_exec_record_step(x, T, q));
+    } else if (x->stamp) { /* K3C_CUDA_PROFILE=3: every replay timed; the profiled one with block stamps on */
+        stamped = x->profile_next;
+        x->profile_next = 0;
+        if (stamped) K3C_TRY(k3c_cuda_stamps_on(x->stamp->dev, x->st));
+        K3C_CUDA_TRY(cudaEventRecord(x->stamp->ev[0], x->st));
+        K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
+        K3C_CUDA_TRY(cudaEventRecord(x->stamp->ev[1], x->st));
     } else {
         K3C_CUDA_TRY(cudaGraphLaunch(x->graph[T][q], x->st));
     }
-    K3C_TRY(download_results(x, T, logits, ids, aux));
+    K3C_TRY(download_results(x, T, logits, ids, aux)); /* the arg-max in it is stamped too */
+    if (x->stamp) K3C_TRY(stamp_collect(x, T, q, stamped, ids != NULL, t_begin));
     k3c_op_profile_collect(x->prof); /* the stream is idle after the downloads */
     x->replays++;
     return K3C_OK;
@@ -482,5 +658,9 @@ void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]) {
     ms[0] = ms[1] = 0;
 }
 struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x) { (void)x; return NULL; }
+int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms) {
+    (void)x, (void)f, (void)plain_ms;
+    return k3c_errorf("decode executor: no CUDA");
+}
 
 #endif

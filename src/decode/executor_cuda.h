@@ -39,6 +39,8 @@
 #ifndef K3C_DECODE_EXECUTOR_CUDA_H
 #define K3C_DECODE_EXECUTOR_CUDA_H
 
+#include <stdio.h>
+
 #include "decode/executor.h"
 #include "k3c.h"
 
@@ -75,5 +77,10 @@ struct k3c_op_profile *k3c_decode_cuda_profile(k3c_decode_cuda *x);
 /* With K3C_CUDA_PROFILE, host wall time (ms) of the run calls since the last profile_next: [0] step begin,
  * metadata fill and upload issue; [1] waiting for the step and the logits download into the caller's buffer. */
 void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]);
+/* With K3C_CUDA_PROFILE=3 (block stamps, cuda/stamp.h) the next profiled step replays its own graph with the
+ * stamped kernels writing block stamps (and every replay is timed with two events); this writes the report
+ * of the last such step (decode/stamp_report.h: per op, op name, kernel class, the step, expert coverage),
+ * plain_ms the same shape's plain step time to compare with (0: unknown). K3C_ERR without a stamped step. */
+int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms);
 
 #endif

@@ -16,15 +16,18 @@
 #include "cuda/kda.h"
 #include "cuda/op_profile.h"
 #include "cuda/router.h"
+#include "cuda/stamp.h"
 #include "decode/executor_cuda.h"
 #include "decode/prepared.h"
 #include "decode/providers/provider.h"
+#include "decode/stamp_report.h"
 #include "util/error.h"
 
 #define PMAX K3C_PREPARED_MAX
 #define QMAX K3C_PREPARED_Q_MAX
 #define PRE_COPIES 3  /* per verifying request per KDA layer: pre-conv q, k, v rows */
 #define POST_COPIES 4 /* after the fused KDA kernel: normed k, v, g, beta rows */
+typedef struct k3c_exec_stamps k3c_exec_stamps; /* K3C_CUDA_PROFILE=3: block stamps (executor_cuda.c) */
 
 struct k3c_decode_cuda {
     k3c_decode_env v;
@@ -62,6 +65,7 @@ struct k3c_decode_cuda {
     k3c_op_profile *prof;             /* NULL unless K3C_CUDA_PROFILE; times eager profiled steps only */
     int profile_next;                 /* the next replayable step runs eagerly, timed op by op */
     double host_ms[2];                /* with prof: host phases of run_cb (k3c_decode_cuda_host_profile) */
+    k3c_exec_stamps *stamp;           /* K3C_CUDA_PROFILE=3: block stamps (executor_cuda.c); NULL otherwise */
 
     int kv_prepared, eager, mbr, bs;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
@@ -92,13 +96,34 @@ typedef struct k3c_exec_rec {
 } k3c_exec_rec;
 
 #define L_TRY(call) K3C_TRY(call)
+
+/* K3C_CUDA_PROFILE=3, while a shape is captured (executor_cuda.c): the plan being recorded
+ * (decode/stamp_report.h), NULL otherwise (always NULL without the stamps). */
+k3c_stamp_plan *k3c_exec_stamp_plan(const k3c_decode_cuda *x);
+/* An op of the plan begins / ends, its stamped launches the kernel nodes it added less cuBLASLt's
+ * (cuda/stamp.h). No-ops unless a plan is recorded. */
+void k3c_exec_stamp_op_begin(k3c_decode_cuda *x, const char *op);
+void k3c_exec_stamp_op_end(k3c_decode_cuda *x);
+/* The routing rows MoE layer l writes: x->idx, or with the stamps its own rows (kept for the report). */
+int *k3c_exec_moe_idx(k3c_decode_cuda *x, int l);
+/* The bytes an op moves (weights + activations), added to the plan's open or last op; the expression is
+ * evaluated only while a plan is recorded. */
+#define STAMP_BYTES(bytes)                                                                                         \
+    do {                                                                                                           \
+        k3c_stamp_plan *sp_ = k3c_exec_stamp_plan(x);                                                              \
+        if (sp_) k3c_stamp_plan_bytes(sp_, (double)(bytes));                                                       \
+    } while (0)
+
 /* A launcher call of the recorded step, bracketed by the executor's op profile (cuda/op_profile.h: a no-op
  * unless K3C_CUDA_PROFILE is set, and never while the stream captures, so only an eager profiled step,
- * k3c_decode_cuda_profile_next, is timed). x: the executor, in scope at every use. */
+ * k3c_decode_cuda_profile_next, is timed) and, at capture, by the stamp plan. x: the executor, in scope at
+ * every use. */
 #define P_TRY(op, call)                                                                                            \
     do {                                                                                                           \
         int ps_ = k3c_op_profile_begin(x->prof, (op), x->st);                                                       \
+        k3c_exec_stamp_op_begin(x, (op));                                                                          \
         int rc_ = (call);                                                                                          \
+        k3c_exec_stamp_op_end(x);                                                                                  \
         k3c_op_profile_end(x->prof, ps_, x->st);                                                                   \
         if (rc_ != K3C_OK) return rc_;                                                                             \
     } while (0)

@@ -8,6 +8,7 @@
 
 int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
     if (!WPTR(W->w)) return k3c_errorf("decode executor: a [%d x %d] matrix has no device copy", W->rows, W->cols);
+    STAMP_BYTES(2.0 * W->rows * W->cols + 4.0 * T * (W->rows + W->cols));
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
 }
 
@@ -23,6 +24,7 @@ void k3c_exec_group_add(k3c_decode_cuda *x, k3c_exec_group *g, const k3c_mat *W,
 
 int k3c_exec_group_run(k3c_decode_cuda *x, const k3c_exec_group *g, int T) {
     if (g->missing) return k3c_errorf("decode executor: a grouped projection's matrix has no device copy");
+    for (int i = 0; i < g->n; i++) STAMP_BYTES(2.0 * g->seg[i].rows * g->seg[i].cols + 4.0 * T * (g->seg[i].rows + g->seg[i].cols));
     static int grouped = -1;
     if (grouped < 0) {
         const char *v = getenv("K3C_EXEC_GROUP");

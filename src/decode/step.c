@@ -48,12 +48,14 @@ static int resid_settle(k3c_decode_cuda *x, resid *r, int T) {
     const float *v = r->a1;
     if (r->a2) {
         P_TRY("moe out", k3c_cuda_add(r->a1, r->a2, TD, 1, x->F, x->st));
+        STAMP_BYTES(3.0 * 4 * TD);
         v = x->F;
     }
     if (!r->P) {
         K3C_CUDA_TRY(cudaMemcpyAsync(r->home, v, TD * sizeof(float), cudaMemcpyDeviceToDevice, x->st));
     } else { /* into home (the same sum wherever it lands): the unfused Mix reads the prefix there */
         P_TRY("residual add", k3c_cuda_add(r->P, v, TD, 1, r->home, x->st));
+        STAMP_BYTES(3.0 * 4 * TD);
     }
     r->P = r->home;
     r->a1 = r->a2 = NULL;
@@ -87,11 +89,13 @@ static int rec_norm(k3c_decode_cuda *x, resid *r, const float *w, int T, float *
     if (!r->a1) {
         P_TRY(final ? "final norm" : "rmsnorm",
               k3c_cuda_rmsnorm(r->P, D, WPTR(w), T, D, c->rms_norm_eps, 1, y, D, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         return K3C_OK;
     }
     const char *op = r->a2 ? (final ? "moe out + residual add + final norm" : "moe out + residual add + rmsnorm")
                            : (final ? "residual add + final norm" : "residual add + rmsnorm");
     P_TRY(op, k3c_cuda_add_rmsnorm(r->P, r->a1, r->a2, WPTR(w), T, D, c->rms_norm_eps, 1, y, x->st));
+    STAMP_BYTES(4.0 * ((r->a2 ? 5.0 : 4.0) * T + 1) * D); /* P, a1, (a2) in, P and y out */
     r->a1 = r->a2 = NULL;
     return K3C_OK;
 }
@@ -109,16 +113,23 @@ static const float *rec_mix(k3c_decode_cuda *x, resid *r, int nb, const float *p
     if (!r->a1) {
         if ((*rc = resid_home(x, r, T)) != K3C_OK) return NULL;
         int ps = k3c_op_profile_begin(x->prof, "attnres mix", x->st);
+        k3c_exec_stamp_op_begin(x, "attnres mix");
         *rc = k3c_cuda_attnres_mix(src, nb + 1, T, c->hidden_size, WPTR(proj), WPTR(norm), c->rms_norm_eps, 1, x->a_in,
                                    x->st);
+        k3c_exec_stamp_op_end(x);
+        STAMP_BYTES(4.0 * ((nb + 2.0) * T + 2) * c->hidden_size); /* nb + 1 sources in, the mix out, proj, norm */
         k3c_op_profile_end(x->prof, ps, x->st);
         return x->a_in;
     }
     float *dst = r->P == x->res_alt ? r->home : x->res_alt;
-    int ps = k3c_op_profile_begin(x->prof, r->a2 ? "attnres mix + moe out + residual add" : "attnres mix + residual add",
-                                  x->st);
+    const char *op = r->a2 ? "attnres mix + moe out + residual add" : "attnres mix + residual add";
+    int ps = k3c_op_profile_begin(x->prof, op, x->st);
+    k3c_exec_stamp_op_begin(x, op);
     *rc = k3c_cuda_attnres_mix_pending(src, nb, r->P, r->a1, r->a2, 1, dst, T, c->hidden_size, WPTR(proj), WPTR(norm),
                                        c->rms_norm_eps, 1, x->a_in, x->st);
+    k3c_exec_stamp_op_end(x);
+    /* nb sources, the prefix and the owed addends in; the new prefix and the mix out; proj, norm */
+    STAMP_BYTES(4.0 * ((nb + (r->a2 ? 5.0 : 4.0)) * T + 2) * c->hidden_size);
     k3c_op_profile_end(x->prof, ps, x->st);
     r->P = dst;
     r->a1 = r->a2 = NULL;
@@ -154,6 +165,7 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
     k3c_provider_out o;
     P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T,
                                   r.P, x->st));
+    STAMP_BYTES(6.0 * T * D);
     L_TRY(rec_aux(x, 0, r.P, T));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
@@ -167,6 +179,7 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
                 r.P = NULL;
             }
             P_TRY("rmsnorm", k3c_cuda_rmsnorm(a_in, D, WPTR(lw->input_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         } else {
             L_TRY(rec_norm(x, &r, lw->input_norm, T, x->x, 0)); /* + the previous layer's FFN add */
         }
@@ -176,6 +189,7 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
             const float *m_in = rec_mix(x, &r, nb, lw->mlp_res_proj, lw->mlp_res_norm, T, &rc);
             L_TRY(rc);
             P_TRY("rmsnorm", k3c_cuda_rmsnorm(m_in, D, WPTR(lw->post_norm), T, D, c->rms_norm_eps, 1, x->x, D, x->st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
         } else {
             L_TRY(rec_norm(x, &r, lw->post_norm, T, x->x, 0)); /* + the attention's add */
         }
@@ -193,6 +207,7 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
         const float *h = rec_mix(x, &r, nb, W->out_res_proj, W->out_res_norm, T, &rc);
         L_TRY(rc);
         P_TRY("final norm", k3c_cuda_rmsnorm(h, D, WPTR(W->final_norm), T, D, c->rms_norm_eps, 1, x->G, D, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * D);
     } else {
         L_TRY(rec_norm(x, &r, W->final_norm, T, x->G, 1));
     }

@@ -52,7 +52,7 @@ int k3c_engine_profile(k3c_engine *e, k3c_profile_op op, void *out, double step_
     k3c_engine_view_get(e, &v);
     k3c_op_profile *stock = k3c_backend_is_cuda(v.be) ? k3c_backend_cuda_profile(v.be) : NULL;
     k3c_op_profile *spec = v.xc ? k3c_decode_cuda_profile(v.xc) : NULL;
-    if (op == K3C_PROFILE_QUERY) return stock ? (k3c_op_profile_stamps(stock) ? 2 : 1) : 0;
+    if (op == K3C_PROFILE_QUERY) return stock ? k3c_op_profile_mode(stock) : 0;
     if (!stock) return k3c_errorf("k3c_engine_profile: the engine does not profile (K3C_CUDA_PROFILE unset at creation)");
     switch (op) {
     case K3C_PROFILE_QUERY: break;
@@ -73,6 +73,7 @@ int k3c_engine_profile(k3c_engine *e, k3c_profile_op op, void *out, double step_
             return K3C_OK;
         }
         if (!spec) return k3c_errorf("k3c_engine_profile: the engine has no specialized executor");
+        if (k3c_op_profile_mode(spec) == 3) return k3c_decode_cuda_stamp_report(v.xc, f, step_ms);
         k3c_op_profile_report(spec, f, step_ms);
         double hm[2];
         k3c_decode_cuda_host_profile(v.xc, hm);

@@ -13,7 +13,7 @@ moe=$root/tools/moe_emu
 out=${TMPDIR:-/tmp}/kda_gpu_tests_emu
 mkdir -p "$out/gen/cuda"
 python3 "$moe/gen.py" "$root/src/cuda/kda.cu" "$out/kda_k.cpp"
-for f in common mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common stamp mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$moe/inc -I$out/gen -I$root/src -I$root/include"
 g++ -std=c++20 -O2 -ffp-contract=off -w $inc -c "$out/kda_k.cpp" -o "$out/kda_k.o"
 g++ -std=c++20 -O2 -ffp-contract=off -w $inc -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o"

@@ -17,7 +17,7 @@ mkdir -p "$out/gen/cuda"
 make -C "$root" -s -j4 BUILD=build-nocuda NVCC= all >/dev/null
 kernels="attnres router gemm elementwise moe moe_pair kda mla sample"
 for f in $kernels; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma gemv_t1 mxfp4; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common stamp mma gemv_t1 mxfp4; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 for f in $kernels; do g++ -std=c++20 -O2 -ffp-contract=off -w $inc -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
 g++ -std=c++20 -O2 -ffp-contract=off -w $inc -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o" &

@@ -6,6 +6,10 @@
  *  - k3c_cuda_matmul_bf16_round (cuda/gemm.cu, gemm NULL: the streaming kernels): rows 1, 3, 17, 64, 300, cols 8,
  *    264, 1032, T 1..8 against k3c_matmul_bf16 (rel L2 < 1e-5, gpu_matmul_bf16's threshold), and the rounded
  *    product equal to round(product) bit for bit.
+ *  - the block stamps (cuda/stamp.cuh, K3C_CUDA_PROFILE=3) on a stamped rmsnorm (T 3, n 300: 10 warps a
+ *    block) and a T = 1 GEMV (rows 300, cols 1032): outputs bitwise those of the same launches unstamped,
+ *    one BEGIN a block, one WAIT a block where the kernel waits (the GEMV), one END a warp, one grid id a
+ *    launch, parsed by decode/stamp_report.c into the two launches; nothing written once off again.
  * Usage: emu [quick|all] (quick leaves out D 7168 with T 5). EMU_ONLY=attnres|gemm. The router runs through
  * its own GPU test under emulation: gpu_tests.sh gpu_router. */
 #include <math.h>
@@ -15,7 +19,10 @@
 
 #include "cpu/ops.h"
 #include "cuda/attnres.h"
+#include "cuda/elementwise.h"
 #include "cuda/gemm.h"
+#include "cuda/stamp.h"
+#include "decode/stamp_report.h"
 #include "gpu_util.h"
 #include "ref_attnres64.h"
 #include "util/bf16.h"
@@ -123,6 +130,92 @@ static void gemm_cases(k3c_rng *r) {
             }
 }
 
+/* The block stamps on two stamped kernels (see the file comment). */
+static void stamp_cases(k3c_rng *r) {
+    enum { CAP = 256, T = 3, N = 300, ROWS = 300, COLS = 1032 };
+    k3c_stamp_ctl on = {0}, off = {0};
+    on.cap = CAP;
+    if (cudaMalloc((void **)&on.rec, sizeof(k3c_stamp_rec) * CAP * K3C_STAMP_REGIONS) ||
+        cudaMalloc((void **)&on.count, sizeof(unsigned) * K3C_STAMP_REGIONS)) {
+        verdict("stamps: buffers", INFINITY, 1);
+        return;
+    }
+    cudaMemset(on.count, 0, sizeof(unsigned) * K3C_STAMP_REGIONS);
+    float *x = fmalloc((size_t)T * N), *w = fmalloc(N), *xg = fmalloc(COLS), *y0 = fmalloc(T * N), *y1 = fmalloc(T * N);
+    float *g0 = fmalloc(ROWS), *g1 = fmalloc(ROWS);
+    uint16_t *W = malloc((size_t)ROWS * COLS * 2);
+    fill_normal(r, x, (size_t)T * N, 1.0f);
+    fill_normal(r, w, N, 1.0f);
+    fill_normal(r, xg, COLS, 1.0f);
+    fill_bf16(r, W, (size_t)ROWS * COLS, 1.0f);
+    void *dx = dev_upload(x, (size_t)T * N * 4), *dw = dev_upload(w, N * 4), *dW = dev_upload(W, (size_t)ROWS * COLS * 2);
+    void *dxg = dev_upload(xg, COLS * 4);
+    float *dy = dev_poisoned((size_t)T * N * 4), *dg = dev_poisoned(ROWS * 4);
+    int bad = 0;
+    unsigned total1 = 0; /* records after the stamped pass */
+    /* unstamped, then stamped, then unstamped again: the same bits each time */
+    for (int pass = 0; pass < 3 && !bad; pass++) {
+        if (pass == 1 && (k3c_stamp_bind_elementwise(&on, NULL) || k3c_stamp_bind_gemm(&on, NULL))) bad = 1;
+        if (pass == 2 && (k3c_stamp_bind_elementwise(&off, NULL) || k3c_stamp_bind_gemm(&off, NULL))) bad = 1;
+        if (bad || k3c_cuda_rmsnorm(dx, N, dw, T, N, 1e-6f, 1, dy, N, 0) ||
+            k3c_cuda_matmul_bf16_round(NULL, dW, ROWS, COLS, dxg, 1, dg, 1, 0) ||
+            dev_download(pass ? y1 : y0, dy, (size_t)T * N * 4) || dev_download(pass ? g1 : g0, dg, ROWS * 4))
+            bad = 1;
+        if (pass && (memcmp(y0, y1, (size_t)T * N * 4) || memcmp(g0, g1, ROWS * 4))) {
+            printf("  pass %d: outputs differ from the unstamped launches\n", pass);
+            bad = 1;
+        }
+        if (pass == 1) { /* the records of the stamped pass, regions packed */
+            unsigned cnt[K3C_STAMP_REGIONS];
+            static k3c_stamp_rec rec[CAP * K3C_STAMP_REGIONS], all[CAP * K3C_STAMP_REGIONS];
+            size_t n = 0;
+            dev_download(cnt, on.count, sizeof cnt);
+            dev_download(rec, on.rec, sizeof rec);
+            for (int g = 0; g < K3C_STAMP_REGIONS; g++) {
+                total1 += cnt[g];
+                for (unsigned i = 0; i < cnt[g] && i < CAP; i++) all[n++] = rec[(size_t)g * CAP + i];
+            }
+            k3c_stamp_launch *L = NULL;
+            size_t nl = 0;
+            k3c_stamp_parse info;
+            int begins[2] = {0}, waits[2] = {0}, ends[2] = {0};
+            if (k3c_stamp_launches(all, n, &L, &nl, &info) || nl != 2) {
+                printf("  %zu records, %zu launches (want 2)\n", n, nl);
+                bad = 1;
+            } else {
+                for (size_t i = 0; i < n; i++) {
+                    int l = all[i].grid == L[0].grid ? 0 : all[i].grid == L[1].grid ? 1 : -1, k = K3C_STAMP_KIND(all[i].info);
+                    if (l < 0) bad = 1;
+                    else if (k == K3C_STAMP_BEGIN) begins[l]++;
+                    else if (k == K3C_STAMP_WAIT) waits[l]++;
+                    else ends[l]++;
+                }
+                /* rmsnorm: T blocks of 320 threads (10 warps), no PDL wait; the GEMV: 8-warp blocks, each waits */
+                if (L[0].kid != K3C_KID_RMSNORM || L[0].blocks != T || begins[0] != T || waits[0] != 0 ||
+                    ends[0] != 10 * T || L[0].blocks_no_end || L[1].kid != K3C_KID_GEMV_T1 || begins[1] != L[1].blocks ||
+                    waits[1] != L[1].blocks || ends[1] != 8 * L[1].blocks || L[1].blocks_no_end || info.orphans ||
+                    info.dup_begin || L[0].e1 < L[0].s0 || L[1].e1 < L[1].s0) {
+                    printf("  launches: %s %d blocks (%d/%d/%d), %s %d blocks (%d/%d/%d)\n", k3c_stamp_kid_name(L[0].kid),
+                           L[0].blocks, begins[0], waits[0], ends[0], k3c_stamp_kid_name(L[1].kid), L[1].blocks, begins[1],
+                           waits[1], ends[1]);
+                    bad = 1;
+                }
+            }
+            free(L);
+        }
+    }
+    unsigned cnt[K3C_STAMP_REGIONS], total = 0;
+    dev_download(cnt, on.count, sizeof cnt);
+    for (int g = 0; g < K3C_STAMP_REGIONS; g++) total += cnt[g];
+    if (!bad && (total == 0 || total != total1)) {
+        printf("  %u records after the unstamped pass, %u after the stamped one\n", total, total1);
+        bad = 1;
+    }
+    verdict("stamps: rmsnorm + gemv_t1, records and bits", bad ? INFINITY : 0, 1e-30);
+    cudaFree(on.rec); cudaFree(on.count); cudaFree(dx); cudaFree(dw); cudaFree(dW); cudaFree(dxg); cudaFree(dy); cudaFree(dg);
+    free(x); free(w); free(xg); free(y0); free(y1); free(g0); free(g1); free(W);
+}
+
 int main(int argc, char **argv) {
     int all = argc > 1 && strcmp(argv[1], "all") == 0;
     const char *only = getenv("EMU_ONLY");
@@ -130,6 +223,7 @@ int main(int argc, char **argv) {
     k3c_rng_seed(&r, 20261129);
     if (!only || strstr("attnres", only)) attnres_cases(&r, all);
     if (!only || strstr("gemm", only)) gemm_cases(&r);
+    if (!only || strstr("stamps", only)) stamp_cases(&r);
     printf("kernels_emu: %d case(s), %d failure(s)\n", cases_run, failures);
     return failures != 0;
 }

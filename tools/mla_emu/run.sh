@@ -27,7 +27,7 @@ out=${TMPDIR:-/tmp}/mla_emu
 mkdir -p "$out/gen/cuda"
 cu=${CU_DIR:-$root/src/cuda} # CU_DIR: a (mutated) copy of src/cuda to try instead
 for f in mla_expanded gemm mla elementwise; do python3 "$moe/gen.py" "$cu/$f.cu" "$out/${f}_k.cpp"; done
-for f in common mma gemv_t1; do python3 "$moe/gen.py" "$cu/$f.cuh" "$out/gen/cuda/$f.cuh"; done
+for f in common stamp mma gemv_t1; do python3 "$moe/gen.py" "$cu/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$here/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
 cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc"
 for f in mla_expanded gemm mla elementwise; do $cxx -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done

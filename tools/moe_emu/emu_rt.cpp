@@ -36,6 +36,10 @@ void emu_fail(const char *fmt, ...) {
     exit(3);
 }
 
+/* gemm.cu's cuBLASLt bracket for the block stamps (cuda/stamp.cu is not emulated): never counting */
+extern "C" long k3c_cuda_stamp_foreign_begin(void *) { return -1; }
+extern "C" void k3c_cuda_stamp_foreign_end(void *, long) {}
+
 /* ---- device memory: host allocations with 64-byte canary fences ---- */
 #define GUARD 64
 static std::map<uintptr_t, size_t> allocs; /* user base -> bytes */

@@ -68,6 +68,12 @@ def ptx(text, ops):
         return 'emu_cp_async_wait(%s)' % o(0)
     if t in ('griddepcontrol.launch_dependents;', 'griddepcontrol.wait;') or t.startswith('prefetch.global.L2 '):
         return '(void)0'  # one launch at a time in the emulator: nothing to order, nothing to prefetch
+    flat = ' '.join(text.replace('\\n', ' ').replace('\\t', ' ').split())
+    if flat.startswith('{ .reg .pred p;') and 'ld.const.u64 d0, [k3c_stamp_ctl_];' in flat:
+        return 'emu_stamp_put(k3c_stamp_ctl_, %s, %s)' % (o(0), o(1))  # cuda/stamp.cuh K3C_STAMP_PUT
+    m = re.match(r'mov\.u(?:32|64) %0, %%(globaltimer|gridid|smid|warpid);$', t)
+    if m:  # the block stamps' registers (cuda/stamp.cuh)
+        return '%s = emu_%s()' % (o(0), m.group(1))
     if t.startswith('ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];'):
         return 'emu_ld_v4_u32(%s, %s, %s, %s, %s)' % (o(0), o(1), o(2), o(3), o(4))
     raise SystemExit('gen.py: no emulation of the PTX %r' % t)

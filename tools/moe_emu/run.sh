@@ -34,6 +34,7 @@ python3 "$here/gen.py" "${MOE_PAIR_CU:-$root/src/cuda/moe_pair.cu}" "$out/moe_pa
 cat "$out/moe_k.cpp" "$out/moe_pair_k.cpp" >"$out/moe_emu.cpp" # one translation unit: emu_rt.cpp includes it
 python3 "$here/gen.py" "$root/src/cuda/mxfp4.cuh" "$out/gen/cuda/mxfp4.cuh"
 python3 "$here/gen.py" "$root/src/cuda/common.cuh" "$out/gen/cuda/common.cuh"
+python3 "$here/gen.py" "$root/src/cuda/stamp.cuh" "$out/gen/cuda/stamp.cuh"
 python3 "$here/gen.py" "$root/src/cuda/mma.cuh" "$out/gen/cuda/mma.cuh"
 python3 "$here/gen.py" "$root/src/cuda/gemv_t1.cuh" "$out/gen/cuda/gemv_t1.cuh"
 python3 "$here/gen.py" "$root/src/cuda/elementwise.cu" "$out/elementwise_k.cpp" # the per-pair path's activation

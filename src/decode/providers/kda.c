@@ -32,10 +32,13 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
         k3c_exec_group_add(x, &up, &w->g_b, x->klow2, x->kz, 1);
     }
     P_TRY("kda in-proj (group)", k3c_exec_group_run(x, &in, T));
-    if (s->q > 1) /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
-                   * window in place and write neither back: read_only segments, fill_meta) */
+    size_t P = (size_t)H * dk;
+    if (s->q > 1) { /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
+                     * window in place and write neither back: read_only segments, fill_meta) */
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
+        STAMP_BYTES(2.0 * 4 * T * PRE_COPIES * P); /* read + write */
+    }
     P_TRY("kda up-proj (group)", k3c_exec_group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
      * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); for many requests those
@@ -47,12 +50,17 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
         WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
         c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
         x->kg, x->kbeta, fused ? NULL : x->ko, x->ky, x->st));
+    /* the f32 state and the conv window read and written, ~10 [T, P] activations in and out, the taps */
+    STAMP_BYTES(2.0 * 4 * s->b * ((double)H * dk * dk + 3.0 * (Wc - 1) * P) + 4.0 * T * P * (fused ? 10 : 11) +
+                4.0 * P * (3 * Wc + 1));
     /* verify: ck, cv, kg, kbeta (normed k, conv v, decay, beta) to the slot's store for the commit fold; the
      * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
      * stock path copies before its recurrence */
-    if (s->q > 1)
+    if (s->q > 1) {
         P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
                                   s->b * POST_COPIES, x->st));
+        STAMP_BYTES(2.0 * 4 * T * (3 * P + H));
+    }
     P_TRY("kda o_proj", k3c_exec_mm(x, &w->o_proj, x->ky, T, x->A, 1));
     out->a1 = x->A;
     out->a2 = NULL;

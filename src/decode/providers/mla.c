@@ -29,20 +29,31 @@ static int mla_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
     if (c->q_lora_rank > 0) {
         P_TRY("mla norms", k3c_cuda_rmsnorm(x->mqa, c->q_lora_rank, WPTR(w->q_a_norm), T, c->q_lora_rank, c->mla_lora_norm_eps, 1,
                                x->mqa, c->q_lora_rank, x->st));
+        STAMP_BYTES(4.0 * (2.0 * T + 1) * c->q_lora_rank);
         P_TRY("mla q_b", k3c_exec_mm(x, &w->q_b, x->mqa, T, x->mq, 1));
     }
     P_TRY("mla norms", k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
+    STAMP_BYTES(4.0 * (2.0 * T * lat + kvl));
     void *cache = x->v.kv->layer[l];
     int eb = x->v.be->kv_elem_bytes;
     P_TRY("mla cache write", k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
+    STAMP_BYTES((4.0 + eb) * T * lat);
     const uint16_t *kvb = WPTR(w->kv_b.w);
     float scale = 1.0f / sqrtf((float)(nope + rope));
     P_TRY("mla absorb q", k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
+    STAMP_BYTES(2.0 * Hm * nope * kvl + 4.0 * T * Hm * ((nope + rope) + lat)); /* kv_b's nope rows */
     P_TRY("mla attend", k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
                               (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
                               x->o_lat, x->mla_part, x->mla_part_floats, x->st));
+    STAMP_BYTES(4.0 * T * Hm * (lat + kvl));
+    k3c_stamp_plan *sp = k3c_exec_stamp_plan(x);
+    if (sp) k3c_stamp_plan_positions(sp, (double)lat * eb); /* each row's positions */
     P_TRY("mla absorb o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
-    if (gate) P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+    STAMP_BYTES(2.0 * Hm * vh * kvl + 4.0 * T * Hm * (kvl + vh)); /* kv_b's value rows */
+    if (gate) {
+        P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+        STAMP_BYTES(3.0 * 4 * T * w->g_proj.rows);
+    }
     P_TRY("mla o_proj", k3c_exec_mm(x, &w->o_proj, x->mo, T, x->A, 1));
     out->a1 = x->A;
     out->a2 = NULL;

@@ -16,10 +16,11 @@
  * reductions per product as the backend, so the same outputs. The sum of the two (the backend's "moe out")
  * is left to the launch that reads the residual next (resid, decode/step.c): *routed and *shared (NULL without shared
  * experts) are the two addends. */
-static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
+static int rec_moe(k3c_decode_cuda *x, int l, const k3c_moe_weights *w, const float *y, int T, const float **routed_out,
                    const float **shared_out) {
     const k3c_config *c = x->c;
     int E = c->num_experts, K = c->num_experts_per_token;
+    int *idx = k3c_exec_moe_idx(x, l); /* K3C_CUDA_PROFILE=3: kept per layer */
     int Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size;
     int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL;
     int Fs = shared ? w->shared.gate.rows : 0;
@@ -36,16 +37,25 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
     /* with shared experts, routing and their activation (both read only the front's outputs) in one launch,
      * the bits of the two (cuda/router.h): one launch fewer a layer */
     if (shared)
-        P_TRY("moe route + shared act", k3c_cuda_route_act(&x->router, x->rlog, bias, T, x->idx, x->wts, x->act, x->sa,
+        P_TRY("moe route + shared act", k3c_cuda_route_act(&x->router, x->rlog, bias, T, idx, x->wts, x->act, x->sa,
                                                            Fs, x->su, Fs, Fs, 1, x->sa, st));
     else
-        P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, x->idx, x->wts, st));
-    P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, Fm, Rin,
-                               latent ? x->z : y, T, x->idx, x->wts, K, x->act, 1, x->h, x->part, x->r, st));
+        P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, idx, x->wts, st));
+    STAMP_BYTES(4.0 * T * (E + 2 * K + 3.0 * Fs));
+    int mx = c->expert_format == K3C_EXPERTS_MXFP4;
+    P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, mx, Rin, Fm, Rin, latent ? x->z : y, T, idx, x->wts,
+                                              K, x->act, 1, x->h, x->part, x->r, st));
+    /* the routed experts' bytes come from the step's routing (the report): gate, up and down, each [Fm, Rin],
+     * MXFP4 as half a byte a weight and a scale byte per 32, bf16 as 2; activations per pair */
+    STAMP_BYTES(4.0 * T * K * (2.0 * Rin + 2.0 * Fm) + 4.0 * T * Rin);
+    k3c_stamp_plan *sp = k3c_exec_stamp_plan(x);
+    if (sp) k3c_stamp_plan_experts(sp, l, 3.0 * Fm * Rin * (mx ? 0.5 + 1.0 / 32 : 2.0));
     const float *routed = x->r;
     if (latent) {
-        if (c->latent_moe_use_norm)
+        if (c->latent_moe_use_norm) {
             P_TRY("moe latent norm", k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
+            STAMP_BYTES(4.0 * (2.0 * T + 1) * Rin);
+        }
         k3c_exec_group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
@@ -58,7 +68,7 @@ static int rec_moe(k3c_decode_cuda *x, const k3c_moe_weights *w, const float *y,
 
 static int moe_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider_out *out) {
     k3c_decode_cuda *x = p->x;
-    return rec_moe(x, &x->m->weights.layers[p->layer].moe, x->x, s->T, &out->a1, &out->a2);
+    return rec_moe(x, p->layer, &x->m->weights.layers[p->layer].moe, x->x, s->T, &out->a1, &out->a2);
 }
 
 /* The router and the experts must resolve (checked at build, so recording cannot fail on them); nothing is

@@ -10,16 +10,21 @@ typedef int cublasOperation_t;
 enum { CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUBLASLT_MATMUL_DESC_TRANSA,
        CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES };
 struct cublasLtMatmulHeuristicResult_t { int algo; };
-template <class... A> static inline cublasStatus_t emu_cublaslt(A...) { return CUBLAS_STATUS_NOT_SUPPORTED; }
-#define cublasLtCreate emu_cublaslt
-#define cublasLtDestroy emu_cublaslt
-#define cublasLtMatmulDescCreate emu_cublaslt
-#define cublasLtMatmulDescSetAttribute emu_cublaslt
-#define cublasLtMatmulDescDestroy emu_cublaslt
-#define cublasLtMatrixLayoutCreate emu_cublaslt
-#define cublasLtMatrixLayoutDestroy emu_cublaslt
-#define cublasLtMatmulPreferenceCreate emu_cublaslt
-#define cublasLtMatmulPreferenceSetAttribute emu_cublaslt
-#define cublasLtMatmulPreferenceDestroy emu_cublaslt
-#define cublasLtMatmulAlgoGetHeuristic emu_cublaslt
-#define cublasLtMatmul emu_cublaslt
+/* one C-variadic function a name, so that cuda/cublaslt.h can take each one's type (decltype(&f)); the table
+ * of loaded entry points is never there (k3c_cublaslt returns NULL: no handle is ever created) */
+#define EMU_LT(name) \
+    static inline cublasStatus_t name(...) { return CUBLAS_STATUS_NOT_SUPPORTED; }
+EMU_LT(cublasLtCreate)
+EMU_LT(cublasLtDestroy)
+EMU_LT(cublasLtMatmulDescCreate)
+EMU_LT(cublasLtMatmulDescSetAttribute)
+EMU_LT(cublasLtMatmulDescDestroy)
+EMU_LT(cublasLtMatrixLayoutCreate)
+EMU_LT(cublasLtMatrixLayoutDestroy)
+EMU_LT(cublasLtMatmulPreferenceCreate)
+EMU_LT(cublasLtMatmulPreferenceSetAttribute)
+EMU_LT(cublasLtMatmulPreferenceDestroy)
+EMU_LT(cublasLtMatmulAlgoGetHeuristic)
+EMU_LT(cublasLtMatmul)
+struct k3c_cublaslt_api;
+extern "C" inline const k3c_cublaslt_api *k3c_cublaslt(void) { return nullptr; }

@@ -4,6 +4,7 @@
 /* kernels launch with <<<>>> here: the emulator has no cudaLaunchKernelEx (nor any overlap to gain) */
 #define K3C_EMU_NO_PDL 1
 #include <stddef.h>
+#include <string.h>
 typedef void *cudaStream_t;
 typedef int cudaError_t;
 #define cudaSuccess 0
@@ -32,6 +33,13 @@ struct dim3 {
 };
 cudaError_t emu_func_set_attribute(const void *f, int attr, int value);
 cudaError_t emu_occupancy(int *blocks, const void *f, int threads, size_t dyn_smem);
+/* the block stamps' per-translation-unit binding (cuda/stamp.cuh K3C_STAMP_TU): a copy, in order */
+template <class T>
+inline cudaError_t cudaMemcpyToSymbolAsync(T &sym, const void *src, size_t n, size_t off, cudaMemcpyKind,
+                                           cudaStream_t) {
+    memcpy((char *)&sym + off, src, n);
+    return 0;
+}
 template <class F> inline cudaError_t cudaFuncSetAttribute(F f, cudaFuncAttribute a, int v) {
     return emu_func_set_attribute((const void *)f, a, v);
 }

@@ -7,6 +7,7 @@
  * out-of-allocation global access, a cp.async outside dynamic shared memory and a launch over the shared
  * memory limits abort with a message. Shared memory starts as 0xff bytes (NaN). */
 #pragma once
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include "cuda/stamp.h" /* the block stamps' record layout (emu_stamp_put) */
 #include <string>
 #include <vector>
 #include <ucontext.h>
@@ -342,6 +344,38 @@ static inline void emu_mma_m16n8k16_bf16(float &d0, float &d1, float &d2, float 
     }
     emu_bar_wait(emu_blk->warp[emu_warp()]);
     d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+
+/* ---- the block stamps' registers and atomic (cuda/stamp.cuh) ---- */
+extern long emu_launches;
+static inline unsigned long long emu_globaltimer(void) {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static inline unsigned long long emu_gridid(void) { return (unsigned long long)emu_launches; } /* one a launch */
+static inline unsigned emu_smid(void) { return (blockIdx.x + 7u * blockIdx.y) % 132u; }
+static inline unsigned emu_warpid(void) { return (threadIdx.x / 32u) % 64u; }
+/* blocks run on several OS threads: a real atomic */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    emu_check_global(p, sizeof *p, sizeof *p, "atomicAdd");
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+/* cuda/stamp.cuh's K3C_STAMP_PUT, its PTX step by step: the TU's control block, HI (kid << 24 | kind << 22)
+ * and MASK (threads with linear index & MASK != 0 do nothing) */
+static inline void emu_stamp_put(const k3c_stamp_ctl &c, unsigned hi, unsigned mask) {
+    if (!c.rec) return;
+    unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    if (tid & mask) return;
+    unsigned long long t = emu_globaltimer(), g = emu_gridid();
+    unsigned region = ((emu_smid() & 255u) << 2) | (emu_warpid() & 3u);
+    unsigned i = atomicAdd(c.count + region, 1u);
+    if (i >= c.cap) return;
+    unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    k3c_stamp_rec *r = c.rec + (size_t)region * c.cap + i;
+    emu_check_global(r, sizeof *r, 8, "stamp record");
+    r->t = t;
+    r->grid = (uint32_t)g;
+    r->info = hi | (block & 0x3fffffu);
 }
 
 /* ---- launch ---- */
