@@ -555,6 +555,8 @@ typedef struct k3c_sched_event {
     float stop_logprob;           /* its logprob (when asked) */
     int prompt_tokens, cached_tokens, completion_tokens; /* FINISHED (completion counts the stop id) */
     int preemptions;              /* FINISHED: times this request was preempted */
+    double queue_seconds;         /* FINISHED: from submit to its first admission (vLLM's queue time; the whole
+                                   * wait when it never ran) */
     const char *message;          /* FINISHED with ERROR: why */
 } k3c_sched_event;
 
@@ -579,6 +581,7 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
 /* Blocks until a submit or abort arrives or timeout_ms passes (returns at once when there is work). */
 void k3c_scheduler_wait(k3c_scheduler *s, int timeout_ms);
 
+#define K3C_SCHED_SPEC_POS 64 /* draft positions counted apart (spec_tokens is at most 63 in k3c serve) */
 typedef struct k3c_scheduler_stats {
     int running, waiting;
     long preemptions;
@@ -590,8 +593,13 @@ typedef struct k3c_scheduler_stats {
     int blocks_cached;                             /* blocks with a prefix-cache entry (used or not) */
     int kda_slots_total, kda_slots_used;
     long snapshots, snapshot_bytes;                /* KDA snapshots kept now, and their bytes */
+    long snapshot_bytes_limit;                     /* the cap in effect (snapshot_bytes, or the default) */
+    int snapshot_interval;                         /* the retention interval in effect */
     int prefix_grid;                               /* tokens: hits and snapshots sit on its multiples */
+    int block_size;                                /* tokens of one MLA block */
+    int last_step_tokens;                          /* tokens the last engine step ran (0: none ran) */
     long spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    long spec_accepted_by_pos[K3C_SCHED_SPEC_POS]; /* verifies whose draft at position i was accepted */
     long finished_stop, finished_length, finished_abort, finished_error;
     long steps, executor_steps;
     long route_steps[K3C_ROUTES];                  /* the engine's plan of each step (k3c_route_name) */

@@ -112,8 +112,8 @@ class Server:
             conn.close()
 
     def metrics(self):
-        """The /metrics samples without labels other than model_name, as {name: value} (labelled ones keyed
-        with their labels)."""
+        """The /metrics samples as {name: value}, the model_name and engine labels left out (samples with
+        other labels keyed with them)."""
         status, text = self.request("GET", "/metrics")
         out = {}
         for line in text.splitlines():
@@ -122,7 +122,8 @@ class Server:
             name, value = line.rsplit(" ", 1)
             if "{" in name:
                 base, labels = name.split("{", 1)
-                labels = ",".join(l for l in labels.rstrip("}").split(",") if not l.startswith("model_name="))
+                labels = ",".join(l for l in labels.rstrip("}").split(",")
+                                  if not l.startswith("model_name=") and not l.startswith("engine="))
                 name = base + ("{" + labels + "}" if labels else "")
             out[name] = float(value)
         return out

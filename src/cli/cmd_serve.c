@@ -10,7 +10,8 @@ static void serve_usage(FILE *f) {
             "usage: k3c serve [--model DIR] [--served-model-name NAME] [--host 127.0.0.1] [--port 8000]\n"
             "                 [--device cpu|cuda] [--threads N] [--api-key KEY] [--max-seqs N]\n"
             "                 [--max-batched-tokens N] [--max-queue N] [--max-context N] [--memory-limit BYTES]\n"
-            "                 [--kv-blocks N] [--spec D] [--no-prefix-caching] [--max-body BYTES] [--grace S]\n"
+            "                 [--kv-blocks N] [--spec D] [--scheduling-policy fcfs|priority] [--no-prefix-caching]\n"
+            "                 [--snapshot-memory BYTES] [--snapshot-interval N] [--max-body BYTES] [--grace S]\n"
             "                 [--max-connections N] [--port-file PATH] [--exact-f32]\n"
             "endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize; GET /v1/models,\n"
             "  /health (503 until the model is loaded), /metrics (Prometheus, k3c: prefix), /version\n"
@@ -18,7 +19,12 @@ static void serve_usage(FILE *f) {
             "  --max-queue: requests waiting before 429 (1024); --max-context: tokens one request may hold\n"
             "  (default 4096, or the model's context if shorter); --kv-blocks: MLA cache blocks of 16 tokens\n"
             "  (default: max-seqs full contexts; fewer makes the scheduler preempt); --spec D: prompt-lookup\n"
-            "  drafts per verify; --api-key: required as 'Authorization: Bearer KEY' on /v1/; --max-body:\n"
+            "  drafts per verify; --scheduling-policy priority: requests' 'priority' (lower first) orders\n"
+            "  admission and picks the preempted (default fcfs, which refuses a non-zero priority);\n"
+            "  --snapshot-memory: KDA state snapshots the prefix cache may keep (default 256M);\n"
+            "  --snapshot-interval N: a snapshot every N prefix grids of a prompt (default 1), besides the\n"
+            "  prompt's last grid boundary and its shared prefix; docs/SERVING.md has the details\n"
+            "  --api-key: required as 'Authorization: Bearer KEY' on /v1/; --max-body:\n"
             "  larger request bodies are refused with 413 (default 16M); --grace: seconds running requests\n"
             "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it);\n"
             "  --exact-f32: a diagnostic, activations kept in f32 (the engine's exact_f32)\n"
@@ -70,6 +76,13 @@ int cmd_serve(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--memory-limit"))) bad = cli_bytes("--memory-limit", v, &c.memory_limit);
         else if ((v = cli_option(argc, argv, &i, "--kv-blocks"))) bad = cli_int("--kv-blocks", v, 1, 1 << 30, &l), c.kv_blocks = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_int("--spec", v, 0, 63, &l), c.spec = (int)l;
+        else if ((v = cli_option(argc, argv, &i, "--scheduling-policy"))) {
+            if (!strcmp(v, "fcfs") || !strcmp(v, "priority")) c.priority_policy = !strcmp(v, "priority");
+            else bad = cli_errorf("--scheduling-policy: '%s' is not fcfs or priority", v);
+        } else if ((v = cli_option(argc, argv, &i, "--snapshot-memory")))
+            bad = cli_bytes("--snapshot-memory", v, &c.snapshot_bytes);
+        else if ((v = cli_option(argc, argv, &i, "--snapshot-interval")))
+            bad = cli_int("--snapshot-interval", v, 1, 1 << 20, &l), c.snapshot_interval = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--max-body"))) bad = cli_bytes("--max-body", v, &c.max_body);
         else if ((v = cli_option(argc, argv, &i, "--grace"))) bad = cli_float("--grace", v, 0, 86400, 0, &d), c.grace_s = d;
         else if ((v = cli_option(argc, argv, &i, "--max-connections")))

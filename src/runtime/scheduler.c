@@ -76,6 +76,7 @@ typedef struct sreq {
     int first_token;        /* emitted a token (counted once in prompt_tokens) */
     int decoding;           /* the last step emitted a token and the engine holds all but it */
     int preemptions;
+    double t_submit, t_admit; /* monotonic seconds: submitted, first admitted */
     int formed;             /* rows below it are in block form: n_prompt's last multiple of G (file comment) */
     int junction;           /* prefill chunks stop here (tokens; 0 = none): see the file comment */
     int hint;               /* and here: the prefix_hint's last grid boundary */
@@ -148,6 +149,12 @@ static void req_free(sreq *r) {
     free(r->canon);
     free(r->win);
     free(r);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int gcd(int a, int b) {
@@ -250,6 +257,9 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
     }
     s->st.blocks_total = s->num_blocks;
     s->st.prefix_grid = grid;
+    s->st.block_size = v.block_size;
+    s->st.snapshot_bytes_limit = (long)o.snapshot_bytes;
+    s->st.snapshot_interval = o.snapshot_interval;
     s->st.kda_slots_total = o.max_seqs;
     s->pub = s->st;
     *out = s;
@@ -383,6 +393,7 @@ int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t 
     }
     r->id = s->next_id++;
     r->arrival = s->next_arrival++;
+    r->t_submit = now_s();
     s->inbox[s->n_inbox++] = r;
     *id = r->id;
     pthread_cond_broadcast(&s->cv);
@@ -498,6 +509,7 @@ static void finish(k3c_scheduler *s, sreq *r, k3c_finish_reason why, int32_t sto
         ev->cached_tokens = r->cached_tokens;
         ev->completion_tokens = r->generated;
         ev->preemptions = r->preemptions;
+        ev->queue_seconds = (r->admitted ? r->t_admit : now_s()) - r->t_submit;
         if (msg) {
             snprintf(s->msg, sizeof s->msg, "%s", msg);
             ev->message = s->msg;
@@ -657,7 +669,7 @@ static int admit(k3c_scheduler *s, sreq *r, int budget) {
         r->canon[i] = s->hit_blocks[i];
     }
     r->n_keys = hit;
-    if (!r->admitted) r->cached_tokens = r->computed;
+    if (!r->admitted) r->cached_tokens = r->computed, r->t_admit = now_s();
     r->admitted = 1;
     s->st.prefix_queries_tokens += r->n_toks;
     s->st.prefix_hits_tokens += r->computed;
@@ -847,6 +859,7 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
             s->st.spec_drafts++;
             s->st.spec_draft_tokens += D;
             s->st.spec_accepted_tokens += acc;
+            for (int j = 0; j < acc && j < K3C_SCHED_SPEC_POS; j++) s->st.spec_accepted_by_pos[j]++;
             if (k3c_request_commit(s->e, r->eid, 1 + acc) != K3C_OK) {
                 finish(s, r, K3C_FINISH_ERROR, -1, 0, k3c_error_message());
                 k3c_error_clear();
@@ -913,6 +926,7 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
     int rc = take_inbox(s);
     if (rc == K3C_OK) rc = schedule(s);
     int n = 0, plain = 1;
+    s->st.last_step_tokens = 0;
     if (rc == K3C_OK) {
         /* decodes and verifies first, then prompt chunks, each group in admission order */
         for (int pass = 0; pass < 2; pass++)
@@ -927,9 +941,11 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
             }
     }
     if (rc == K3C_OK && n > 0) {
-        int wrote = 0;
+        int wrote = 0, tokens = 0;
+        for (int i = 0; i < n; i++) tokens += s->items[i].n;
         rc = k3c_engine_run_step(s->e, s->items, n, NULL, s->logits, plain ? s->ids : NULL, &wrote);
         if (rc == K3C_OK) {
+            s->st.last_step_tokens = tokens;
             s->st.steps++;
             s->st.route_steps[k3c_engine_last_plan(s->e).route]++;
             s->st.executor_steps += k3c_engine_last_step_executor(s->e);

@@ -295,6 +295,7 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
         c->sched_id = id;
         c->submitted = 1;
     }
+    srv_metrics_request(&s->metrics, r->p.n, r->p.max_tokens > 0 ? r->p.max_tokens : s->max_context);
     out->req = r;
     return;
 fail:

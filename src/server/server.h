@@ -39,6 +39,9 @@ typedef struct srv_config {
     int kv_blocks;           /* MLA cache blocks; 0 = enough for max_seqs full contexts */
     int spec;                /* prompt-lookup drafts per verify; 0 = off */
     int prefix_caching;      /* 1 = on */
+    int priority_policy;     /* 1: the scheduler serves by request priority (lower first), else FCFS */
+    size_t snapshot_bytes;   /* KDA snapshot memory of the prefix cache; 0 = the scheduler's default (256 MiB) */
+    int snapshot_interval;   /* a snapshot kept every this many prefix grids of a prompt; 0 = 1 */
     int exact_f32;           /* diagnostic: the engine's exact_f32 (activations kept in f32) */
     size_t max_body;         /* request bodies past this are refused (413) before they are read whole */
     double grace_s;          /* SIGTERM: running requests get this long to finish, then they are aborted */

@@ -173,9 +173,14 @@ def prefix_hit_same_output(srv):
     a, b = system + random_prompt(rng, 5), system + random_prompt(rng, 9)
     n = 16
     hits0 = srv.metrics()["k3c:prefix_cache_hits_total"]
-    first = srv.request("POST", "/v1/completions", greedy_body(a, n))[1]
-    other = srv.request("POST", "/v1/completions", greedy_body(b, n))[1]
-    second = srv.request("POST", "/v1/completions", greedy_body(a, n))[1]
+    computed = []
+    for p in (a, b, a):
+        before = srv.metrics()["k3c:prompt_tokens_computed_total"]
+        computed.append((srv.request("POST", "/v1/completions", greedy_body(p, n))[1],
+                         srv.metrics()["k3c:prompt_tokens_computed_total"] - before))
+    (first, c0), (other, c1), (second, c2) = computed
+    # the system prompt costs no prefill the second time: only the tokens after it are computed
+    check((c0, c1, c2) == (len(a), len(b) - 256, len(a) - 256), "prompt tokens computed %s" % ((c0, c1, c2),))
     check(first["choices"][0]["text"] == second["choices"][0]["text"], "repeat differs")
     check(first["choices"][0]["text"] == reference_text(a, n), "differs from k3c generate")
     check(other["choices"][0]["text"] == reference_text(b, n), "the other turn differs from k3c generate")
@@ -367,6 +372,37 @@ def raw_errors(srv):
 # ---- servers of their own ----
 
 @test
+def scheduling_policy(srv_unused):
+    """A request's priority needs --scheduling-policy priority (FCFS refuses it, as vLLM does)."""
+    st, body = srv_unused.request("POST", "/v1/completions", dict(greedy_body([1, 2], 2), priority=3))
+    check(st == 400 and "priority" in body["error"]["message"], (st, body))
+    with Server(args=["--scheduling-policy", "priority"]) as s:
+        st, body = s.request("POST", "/v1/completions", dict(greedy_body([1, 2], 2), priority=3))
+        check(st == 200 and body["usage"]["completion_tokens"] == 2, (st, body))
+
+
+@test
+def snapshot_retention_and_cap(srv_unused):
+    """KDA snapshots of the prefix cache: a 600-token prompt prefilled in chunks of 128 (the prefix grid)
+    keeps one at every grid boundary its chunks end on below its last whole grid block (128 .. 512), every
+    second one with --snapshot-interval 2 (and always the last, 512), and at most what --snapshot-memory
+    holds (the oldest evicted)."""
+    prompt = random_prompt(random.Random(7), 600)
+
+    def snapshots(args):
+        with Server(args=["--max-batched-tokens", "128"] + args) as s:
+            st, body = s.request("POST", "/v1/completions", greedy_body(prompt, 1))
+            check(st == 200, body)
+            m = s.metrics()
+            return int(m["k3c:kda_snapshots"]), int(m["k3c:kda_snapshot_bytes"])
+    n1, b1 = snapshots([])
+    check(n1 == 4 and b1 % 4 == 0, "interval 1: %d snapshots" % n1)
+    n2, _ = snapshots(["--snapshot-interval", "2"])
+    check(n2 == 2, "interval 2: %d snapshots" % n2)
+    n3, b3 = snapshots(["--snapshot-memory", str(2 * b1 // 4)])
+    check(n3 == 2 and b3 == 2 * b1 // 4, "a cap of two: %d snapshots, %d bytes" % (n3, b3))
+
+@test
 def api_key(srv_unused):
     with Server(args=["--api-key", "sekrit"]) as s:
         st, body = s.request("GET", "/v1/models")
@@ -411,8 +447,8 @@ def queue_full_429(srv_unused):
 
 @test
 def disconnect_aborts(srv_unused):
-    """A client that leaves while decoding, while waiting in the queue, or during a non-streaming request:
-    its request is aborted and its blocks freed within a second."""
+    """A client that leaves while decoding, while waiting in the queue, while its prompt is prefilled, or
+    during a non-streaming request: its request is aborted and its blocks freed within a second."""
     with Server(args=["--max-seqs", "1"]) as s:
         async def run():
             # decoding: cut after 3 events
@@ -440,6 +476,18 @@ def disconnect_aborts(srv_unused):
             return t0
         asyncio.run(run())
         check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0), "still running")
+        gen0 = s.metrics()["k3c:generation_tokens_total"]
+        # prefilling: a 3000-token prompt (seconds of prefill on the CPU), streamed; the client leaves before
+        # the first token
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        body = json.dumps(greedy_body(random_prompt(random.Random(11), 3000), 4, stream=True)).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 1, 5), "long prompt not running")
+        time.sleep(0.3)
+        check(s.metrics()["k3c:generation_tokens_total"] == gen0, "the long prompt already produced a token")
+        sock.close()
+        check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0),
+              "prefilling request still running 1 s after its client left")
         # non-streaming: the client closes while the request runs
         sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
         body = json.dumps(greedy_body([4, 4], 4000)).encode()
@@ -449,7 +497,7 @@ def disconnect_aborts(srv_unused):
         check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0),
               "non-streaming request still running 1 s after its client left")
         m = s.metrics()
-        check(m["k3c:kv_cache_blocks_used"] == 0 and m['k3c:request_success_total{finished_reason="abort"}'] >= 3, m)
+        check(m["k3c:kv_cache_blocks_used"] == 0 and m['k3c:request_success_total{finished_reason="abort"}'] >= 4, m)
 
 
 def preempted_streams(args, prompts, n):
