@@ -594,6 +594,8 @@ typedef struct k3c_scheduler_stats {
     int kda_slots_total, kda_slots_used;
     long snapshots, snapshot_bytes;                /* KDA snapshots kept now, and their bytes */
     long snapshot_bytes_limit;                     /* the cap in effect (snapshot_bytes, or the default) */
+    long snapshot_bytes_each;                      /* one snapshot (0: the model has no KDA layers) */
+    int snapshots_max;                             /* how many the cap holds (reserved at creation) */
     int snapshot_interval;                         /* the retention interval in effect */
     int prefix_grid;                               /* tokens: hits and snapshots sit on its multiples */
     int block_size;                                /* tokens of one MLA block */

@@ -247,6 +247,8 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
         if (sb && count == 0)
             k3c_log(K3C_LOG_WARN, "scheduler: snapshot_bytes %zu holds no KDA snapshot of %zu bytes: prefix "
                     "caching finds no hits", o.snapshot_bytes, sb);
+        s->st.snapshot_bytes_each = (long)sb;
+        s->st.snapshots_max = count;
         rc = k3c_engine_snapshots_reserve(e, count);
         if (rc == K3C_OK) rc = k3c_prefix_cache_init(&s->pc, e, count);
         if (rc != K3C_OK) s->pc_on = 0;
