@@ -39,12 +39,15 @@ typedef struct senv {
 
 /* tiny (damp > 0: repetitive, tests/damp_residual.h), an engine of max_requests slots and num_blocks
  * blocks of 8 tokens (0: enough for every slot), KDA blocks of 8 and MLA blocks of 16 (the prompt grid and
- * the scheduler's grid: 16). */
-static int senv_open(senv *env, int max_requests, int num_blocks, float damp) {
+ * the scheduler's grid: 16). exact: dense routing and f32 activations (the engine's exact_f32 diagnostic);
+ * the tests here run the release arithmetic (bf16). */
+static int senv_open(senv *env, int max_requests, int num_blocks, int exact, float damp) {
     memset(env, 0, sizeof *env);
-    snprintf(env->dir, sizeof env->dir, "%s/sched-tiny%s", test_tmpdir(), damp > 0 ? "-damped" : "");
+    snprintf(env->dir, sizeof env->dir, "%s/sched-tiny%s%s", test_tmpdir(), exact ? "-dense" : "",
+             damp > 0 ? "-damped" : "");
     k3c_config c;
     K3C_TRY(k3c_preset_config("tiny", &c));
+    if (exact) c.num_experts_per_token = c.num_experts;
     int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
     k3c_config_free(&c);
     K3C_TRY(rc);
@@ -59,6 +62,7 @@ static int senv_open(senv *env, int max_requests, int num_blocks, float damp) {
     o.block_size = 8;
     o.num_blocks = num_blocks;
     o.q_max = 6;
+    o.exact_f32 = exact;
     o.chunk_min = 8;
     o.mla_expand_min = 16;
     K3C_TRY(k3c_engine_create(env->m, &o, &env->e));
@@ -207,7 +211,7 @@ static void workload(job *jobs, int n, int V, uint64_t seed) {
  * are bitwise the same, greedy and sampled (one generator draw per token either way). */
 TEST(sched_alone_bitwise_bf16) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0));
     static job jobs[4];
     workload(jobs, 4, env.V, test_seed() ^ 0xa1);
     jobs[2].sp.base = (k3c_sampling){.temperature = 0.9f, .top_k = 50, .top_p = 0.9f, .seed = test_seed()};
@@ -245,7 +249,7 @@ TEST(sched_alone_bitwise_bf16) {
  * priority; every stream equals k3c_generate's alone. */
 TEST(sched_batch_equals_generate) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 0));
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0));
     static job jobs[MAXREQ];
     workload(jobs, MAXREQ, env.V, test_seed() ^ 0xba7c);
     for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -276,7 +280,7 @@ TEST(sched_batch_equals_generate) {
  * (recomputed) and resume with the same streams; under PRIORITY the victims are the largest priorities. */
 TEST(sched_preemption_keeps_streams) {
     senv env;
-    CHECK_OK(senv_open(&env, 4, 24, 0.05f));
+    CHECK_OK(senv_open(&env, 4, 24, 0, 0.05f));
     static job jobs[6];
     workload(jobs, 6, env.V, test_seed() ^ 0x9ee);
     for (int i = 0; i < 6; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -315,7 +319,7 @@ TEST(sched_preemption_keeps_streams) {
  * equal k3c_generate. */
 TEST(sched_prefix_hit) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 0));
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0));
     static job jobs[7];
     k3c_rng rng;
     k3c_rng_seed(&rng, test_seed() ^ 0x9f1);
@@ -365,7 +369,7 @@ TEST(sched_prefix_hit) {
  * it no longer hits while the third still does. */
 TEST(sched_snapshot_cap_evicts) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0));
     static job jobs[3];
     k3c_rng rng;
     k3c_rng_seed(&rng, test_seed() ^ 0xca9);
@@ -404,7 +408,7 @@ TEST(sched_snapshot_cap_evicts) {
  * uniform verify steps planned. */
 TEST(sched_spec_greedy_equals_generate) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 0.05f));
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0.05f));
     static job jobs[MAXREQ];
     workload(jobs, MAXREQ, env.V, test_seed() ^ 0x59ec);
     for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
@@ -432,7 +436,7 @@ TEST(sched_spec_greedy_equals_generate) {
  * with valid tokens and logprobs (the distribution itself: sched_rejection_chisquare). */
 TEST(sched_spec_sampled_runs) {
     senv env;
-    CHECK_OK(senv_open(&env, 3, 0, 0.05f));
+    CHECK_OK(senv_open(&env, 3, 0, 0, 0.05f));
     static job all[MAXREQ], jobs[5];
     workload(all, MAXREQ, env.V, test_seed() ^ 0x5a3);
     /* the longest prompts and 40 tokens each: the drafter finds a draft at ~7% of the positions of such
@@ -487,7 +491,7 @@ TEST(sched_spec_sampled_runs) {
  * free at the end. */
 TEST(sched_abort_every_stage) {
     senv env;
-    CHECK_OK(senv_open(&env, 2, 0, 0.05f));
+    CHECK_OK(senv_open(&env, 2, 0, 0, 0.05f));
     static job jobs[6];
     workload(jobs, 6, env.V, test_seed() ^ 0xab0);
     jobs[0].n_prompt = 100; /* long: prefilled over several steps of 16 */
@@ -549,7 +553,7 @@ TEST(sched_abort_every_stage) {
 /* The queue bound refuses with 1 (no message); bad requests fail with -1 and an input error. */
 TEST(sched_queue_bound_and_bad_requests) {
     senv env;
-    CHECK_OK(senv_open(&env, 1, 0, 0));
+    CHECK_OK(senv_open(&env, 1, 0, 0, 0));
     k3c_scheduler_options o;
     k3c_scheduler_options_default(&o);
     o.max_queue = 2;
@@ -591,7 +595,7 @@ TEST(sched_queue_bound_and_bad_requests) {
  * arrival breaking ties. The queue's and the victim's rules in isolation. */
 TEST(sched_priority_order) {
     senv env;
-    CHECK_OK(senv_open(&env, 1, 0, 0));
+    CHECK_OK(senv_open(&env, 1, 0, 0, 0));
     static job jobs[4];
     workload(jobs, 4, env.V, test_seed() ^ 0x9e1);
     static const int prio[4] = {5, 3, 9, 3};

@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--prefix-len", type=int, default=0, help="ids every prompt starts with (prefix-cache hits)")
     ap.add_argument("--vocab", type=int, default=700, help="prompt ids are drawn from 1 .. vocab - 1")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check-executor", action="store_true",
+                    help="fail unless the specialized executor ran the decode and verify steps (a CUDA server)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     srv = Remote(a.url) if a.url else Server(k3c=a.k3c, args=shlex.split(a.server_args), ready_timeout=3600).start()
@@ -136,6 +138,7 @@ def main():
               "| ITL mean / p50 / p99 ms | E2EL mean ms | cached | steps | executor share | routes "
               "(stock/decode/verify/wide) |" % levels[0][0])
         print("|" + "---|" * 13)
+        m_start = srv.metrics()
         for kind, v in levels:
             prompts = [prefix + [rng.randrange(1, a.vocab) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
             r0, e0 = route_counts(srv.metrics())
@@ -160,6 +163,15 @@ def main():
                 ("%g" % v) if kind == "rate" else v, len(ok), len(res), len(ok) / wall, out_tok / wall,
                 (in_tok + out_tok) / wall, trio(ttft), trio(tpot), trio(itl), statistics.mean(e2el) if e2el else 0,
                 cached, steps, 100.0 * (e1 - e0) / steps if steps else 0, routes), flush=True)
+        if a.check_executor:
+            r0, e0 = route_counts(m_start)
+            r1, e1 = route_counts(srv.metrics())
+            fast = (r1["decode"] - r0["decode"]) + (r1["verify"] - r0["verify"])
+            print("executor: %d of %d decode + verify steps (%d steps in all)" % (e1 - e0, fast,
+                                                                                   sum(r1.values()) - sum(r0.values())))
+            if e1 - e0 <= 0 or e1 - e0 < fast:
+                print("FAIL: decode / verify steps did not all run on the specialized executor")
+                sys.exit(1)
     finally:
         if not a.url:
             srv.stop()

@@ -19,13 +19,13 @@ MODEL_NAME = "k3-fortune"
 
 
 class Server:
-    """`k3c serve --port 0` with the given options (--model MODEL_DIR unless they name a model); the port
+    """`k3c serve --port 0` with the given options (--model MODEL_DIR unless they name a model or a preset); the port
     comes back through --port-file. Used as a context manager: started on enter (ready once /health answers
     200), stopped by SIGTERM on exit."""
 
     def __init__(self, k3c=None, args=(), env=None, ready_timeout=120, log=None):
         self.k3c = k3c or os.path.join(ROOT, "build", "k3c")
-        self.args = list(args) if "--model" in args else ["--model", MODEL_DIR] + list(args)
+        self.args = list(args) if "--model" in args or "--preset" in args else ["--model", MODEL_DIR] + list(args)
         self.env = env
         self.ready_timeout = ready_timeout
         self.log_path = log

@@ -7,7 +7,7 @@
 
 static void serve_usage(FILE *f) {
     fprintf(f,
-            "usage: k3c serve [--model DIR] [--served-model-name NAME] [--host 127.0.0.1] [--port 8000]\n"
+            "usage: k3c serve [--model DIR | --preset NAME] [--served-model-name NAME] [--host 127.0.0.1] [--port 8000]\n"
             "                 [--device cpu|cuda] [--threads N] [--api-key KEY] [--max-seqs N]\n"
             "                 [--max-batched-tokens N] [--max-queue N] [--max-context N] [--memory-limit BYTES]\n"
             "                 [--kv-blocks N] [--spec D] [--scheduling-policy fcfs|priority] [--no-prefix-caching]\n"
@@ -28,11 +28,16 @@ static void serve_usage(FILE *f) {
             "  larger request bodies are refused with 413 (default 16M); --grace: seconds running requests\n"
             "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it);\n"
             "  --exact-f32: a diagnostic, activations kept in f32 (the engine's exact_f32)\n"
-            "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
+            "without --model, the tiny preset is synthesized (seed 0) into a temporary directory; --preset NAME\n"
+            "  synthesizes that preset instead (one without weights on disk, such as kimi-linear-48b, has its\n"
+            "  weights generated in device memory: --device cuda)\n");
 }
 
-static int load_model(const char *dir, k3c_model **m) {
-    if (cli_load_model(dir, "tiny", 0, m) == K3C_OK) return K3C_OK;
+static int load_model(const srv_config *c, k3c_model **m) {
+    int rc = !c->model_dir && c->preset && !k3c_preset_has_weights(c->preset)
+                 ? k3c_model_synthesize_device(c->preset, 0, m)
+                 : cli_load_model(c->model_dir, c->preset ? c->preset : "tiny", 0, m);
+    if (rc == K3C_OK) return K3C_OK;
     srv_errorf("%s", cli_error());
     return K3C_ERR;
 }
@@ -61,6 +66,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--no-prefix-caching")) c.prefix_caching = 0;
         else if (!strcmp(argv[i], "--exact-f32")) c.exact_f32 = 1;
         else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", c.model_dir = v);
+        else if ((v = cli_option(argc, argv, &i, "--preset"))) bad = cli_str("--preset", c.preset = v);
         else if ((v = cli_option(argc, argv, &i, "--served-model-name"))) bad = cli_str("--served-model-name", c.served_name = v);
         else if ((v = cli_option(argc, argv, &i, "--host"))) bad = cli_str("--host", c.host = v);
         else if ((v = cli_option(argc, argv, &i, "--port"))) bad = cli_int("--port", v, 0, 65535, &l), c.port = (int)l;
@@ -89,6 +95,7 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_int("--max-connections", v, 1, 1 << 20, &l), c.max_connections = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--port-file"))) bad = cli_str("--port-file", c.port_file = v);
         else bad = cli_unexpected(argv[i]);
+        if (!bad && c.model_dir && c.preset) bad = cli_errorf("--model and --preset: give one of them");
         if (bad) {
             fprintf(stderr, "k3c serve: %s\n", cli_error());
             serve_usage(stderr);

@@ -19,10 +19,11 @@ static const char *base_name(const char *dir) {
 
 int srv_engine_load(srv_server *s) {
     const srv_config *c = &s->cfg;
-    if (s->load(c->model_dir, &s->model) != K3C_OK) return -1;
+    if (s->load(c, &s->model) != K3C_OK) return -1;
     k3c_model_info info;
     if (k3c_model_info_get(s->model, &info) != K3C_OK) return -1;
-    if (srv_text_create(c->model_dir, c->model_dir ? NULL : "tiny", info.family, &s->text) != K3C_OK) return -1;
+    const char *preset = c->preset ? c->preset : "tiny";
+    if (srv_text_create(c->model_dir, c->model_dir ? NULL : preset, info.family, &s->text) != K3C_OK) return -1;
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = c->device;
@@ -56,7 +57,7 @@ int srv_engine_load(srv_server *s) {
     so.snapshot_interval = c->snapshot_interval;
     if (k3c_scheduler_create(s->engine, &so, &s->sched) != K3C_OK) return -1;
     snprintf(s->model_name, sizeof s->model_name, "%s",
-             c->served_name ? c->served_name : c->model_dir ? base_name(c->model_dir) : "tiny");
+             c->served_name ? c->served_name : c->model_dir ? base_name(c->model_dir) : preset);
     return 0;
 }
 

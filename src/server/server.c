@@ -62,7 +62,7 @@ static int write_port_file(const char *path, int port) {
     return 0;
 }
 
-int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m)) {
+int srv_run(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model **m)) {
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return srv_errorf("out of memory");
     s->cfg = *cfg;

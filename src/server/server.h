@@ -24,7 +24,8 @@
 #include "server/text.h"
 
 typedef struct srv_config {
-    const char *model_dir;   /* NULL: the embedded default (the tiny preset, synthesized) */
+    const char *model_dir;   /* NULL: `preset` (or the default the loader picks) */
+    const char *preset;      /* without model_dir: a preset (synthesized; a config-only one on the device) */
     const char *served_name; /* the model's name in the API; NULL: the directory's last part, or "tiny" */
     const char *host;        /* "127.0.0.1" */
     int port;                /* 8000; 0 = any free port (printed) */
@@ -51,7 +52,7 @@ typedef struct srv_config {
 
 typedef struct srv_server {
     srv_config cfg;
-    int (*load)(const char *dir, k3c_model **m);
+    int (*load)(const struct srv_config *cfg, k3c_model **m);
     struct MHD_Daemon *mhd;
     int port;                /* bound */
     /* the model, once loaded (ready = 1 afterwards; nothing below changes after that) */
@@ -79,9 +80,9 @@ typedef struct srv_server {
 } srv_server;
 
 /* Runs the server until SIGTERM / SIGINT; 0 after a clean drain, -1 with a message (k3c_last_error or the
- * server's own, through srv_error_message). load(dir, &m) loads the model (dir NULL: the embedded default;
- * on failure it leaves a message through srv_errorf or k3c_last_error). */
-int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m));
+ * server's own, through srv_error_message). load(cfg, &m) loads the model cfg names (model_dir, or preset,
+ * or a default; on failure it leaves a message through srv_errorf or k3c_last_error). */
+int srv_run(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model **m));
 const char *srv_error_message(void);
 int srv_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
