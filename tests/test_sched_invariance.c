@@ -309,6 +309,8 @@ static void si_case_run(const si_case *c) {
         CHECK_OK(rc);
         printf("  [prefix hits: %d of 4 later requests hit, %ld tokens]\n", hits, st.prefix_hits_tokens);
         CHECK(hits == 4 && st.prefix_hits_tokens > 0);
+        CHECKF(st.prefix_grid == c->L && st.block_size == c->block_size, "prefix grid %d, block %d", st.prefix_grid,
+               st.block_size);
     }
     k3c_engine_free(e);
 

@@ -588,6 +588,11 @@ TEST(sched_queue_bound_and_bad_requests) {
     bad = q, bad.sampling.logprobs = 99;
     CHECK(k3c_scheduler_submit(s, &bad, &id[2]) == -1);
     k3c_scheduler_free(s);
+    /* a budget below one prompt grid (16 here) could not cut a long prompt: refused, naming the grid */
+    k3c_scheduler *t = NULL;
+    o.max_batched_tokens = 15;
+    CHECK(k3c_scheduler_create(env.e, &o, &t) != K3C_OK && !t && strstr(k3c_error_message(), "prompt grid of 16"));
+    k3c_error_clear();
     senv_close(&env);
 }
 

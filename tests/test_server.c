@@ -486,6 +486,7 @@ TEST(server_metrics_text) {
     srv_finish_times t2 = {.e2e = 3.0, .queue = 3.0, .prefill = -1, .decode = -1, .inference = -1, .tpot = -1};
     srv_metrics_finished(&m, SRV_FINISH_STOP, &t1, 10, 5);
     srv_metrics_finished(&m, SRV_FINISH_ABORT, &t2, 10, 0);
+    srv_metrics_finished(&m, SRV_FINISH_TOOL_CALLS, &t1, 10, 5); /* counted as stop, as vLLM's engine reason */
     double itl[3] = {0.005, 0.02, 100};
     srv_metrics_token_times(&m, 0.003, itl, 3);
     srv_metrics_request(&m, 3, 300);
@@ -502,7 +503,7 @@ TEST(server_metrics_text) {
         "k3c:num_requests_running{" LAB "} 2\n",
         "k3c:num_requests_waiting{" LAB "} 1\n",
         "k3c:kv_cache_usage_perc{" LAB "} 0.25\n",
-        "k3c:request_success_total{" LAB ",finished_reason=\"stop\"} 1\n",
+        "k3c:request_success_total{" LAB ",finished_reason=\"stop\"} 2\n",
         "k3c:request_success_total{" LAB ",finished_reason=\"abort\"} 1\n",
         "k3c:engine_steps_total{" LAB ",route=\"decode\"} 5\n",
         "# TYPE k3c:prompt_tokens counter\n",
@@ -514,14 +515,14 @@ TEST(server_metrics_text) {
         "k3c:inter_token_latency_seconds_count{" LAB "} 3\n",
         "k3c:time_to_first_token_seconds_bucket{" LAB ",le=\"0.001\"} 0\n",
         "k3c:time_to_first_token_seconds_bucket{" LAB ",le=\"0.005\"} 1\n",
-        "k3c:e2e_request_latency_seconds_count{" LAB "} 2\n",
+        "k3c:e2e_request_latency_seconds_count{" LAB "} 3\n",
         /* the phases: both requests queued (0.1 and 3.0), only the first reached prefill and decode */
-        "k3c:request_queue_time_seconds_bucket{" LAB ",le=\"0.3\"} 1\n",
-        "k3c:request_queue_time_seconds_count{" LAB "} 2\n",
-        "k3c:request_prefill_time_seconds_count{" LAB "} 1\n",
-        "k3c:request_decode_time_seconds_count{" LAB "} 1\n",
-        "k3c:request_inference_time_seconds_sum{" LAB "} 0.29999999999999999\n",
-        "k3c:request_time_per_output_token_seconds_bucket{" LAB ",le=\"0.025\"} 1\n",
+        "k3c:request_queue_time_seconds_bucket{" LAB ",le=\"0.3\"} 2\n",
+        "k3c:request_queue_time_seconds_count{" LAB "} 3\n",
+        "k3c:request_prefill_time_seconds_count{" LAB "} 2\n",
+        "k3c:request_decode_time_seconds_count{" LAB "} 2\n",
+        "k3c:request_inference_time_seconds_sum{" LAB "} 0.59999999999999998\n",
+        "k3c:request_time_per_output_token_seconds_bucket{" LAB ",le=\"0.025\"} 2\n",
         "k3c:request_params_n_bucket{" LAB ",le=\"2\"} 0\n",
         "k3c:request_params_n_bucket{" LAB ",le=\"5\"} 1\n",
         "k3c:request_params_max_tokens_bucket{" LAB ",le=\"500\"} 1\n",
@@ -535,7 +536,7 @@ TEST(server_metrics_text) {
     };
 #undef LAB
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECKF(strstr(b.data, want[i]), "missing: %s", want[i]);
-    CHECK(!strstr(b.data, "position=\"2\""));
+    CHECK(!strstr(b.data, "position=\"2\"") && !strstr(b.data, "finished_reason=\"tool_calls\""));
     srv_buf_free(&b);
     srv_metrics_free(&m);
 }

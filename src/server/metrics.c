@@ -52,7 +52,9 @@ void srv_hist_observe(srv_hist *h, double v) {
 
 void srv_metrics_finished(srv_metrics *m, srv_finish f, const srv_finish_times *t, int prompt_tokens, int gen_tokens) {
     pthread_mutex_lock(&m->mu);
-    m->finished[f < 0 || f >= SRV_FINISH_N ? SRV_FINISH_ERROR : f]++;
+    /* vLLM's finished_reason is the engine's (stop, length, abort, error): a request that ended in tool calls
+     * stopped */
+    m->finished[f == SRV_FINISH_TOOL_CALLS ? SRV_FINISH_STOP : f < 0 || f >= SRV_FINISH_N ? SRV_FINISH_ERROR : f]++;
     srv_hist_observe(&m->e2e, t->e2e);
     srv_hist_observe(&m->prompt_len, prompt_tokens);
     srv_hist_observe(&m->gen_len, gen_tokens);
@@ -177,7 +179,7 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
 
     pthread_mutex_lock(&m->mu);
     head(o, "request_success", "counter", "Count of successfully processed requests.");
-    for (int f = 0; f < SRV_FINISH_N; f++)
+    for (int f = 0; f < SRV_FINISH_TOOL_CALLS; f++)
         srv_buf_printf(o, "k3c:request_success_total{%s,finished_reason=\"%s\"} %lu\n", lab, srv_finish_name(f),
                        m->finished[f]);
     head(o, "request_rejected", "counter", "Requests refused before they were queued.");
