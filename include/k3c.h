@@ -500,8 +500,9 @@ typedef struct k3c_scheduler_options {
     int prefix_caching;     /* 1 = on (k3c_scheduler_options_default), 0 = off */
     size_t snapshot_bytes;  /* KDA snapshot memory cap, on the engine's device; 0 = the default (256 MiB) */
     /* retention: where a prompt chunk ends on a multiple of this many prefix grids, a snapshot is kept
-     * (0 = 1: at every grid boundary a chunk ends on); the align positions (a prompt's last grid boundary, the
-     * junction, the prefix_hint) keep theirs whatever the interval */
+     * (0 = 1: at every grid boundary a chunk ends on); the align positions keep theirs whatever the interval:
+     * a prompt's last grid boundary, the one where its cached blocks outrun its deepest snapshot, and the
+     * prefix_hint's */
     int snapshot_interval;
 } k3c_scheduler_options;
 
