@@ -5,6 +5,7 @@
 #   make test       build and run the CPU tests (what .ci/run runs)
 #   make gpu-test   build the GPU test binary (build/test_gpu); tools/gpu-check.sh runs it
 #   make fuzz       build the libFuzzer targets with ASan+UBSan and run each for a bounded time
+#   make fuzz-server   the server's request-parser target alone (what .ci/run runs, FUZZ_SECONDS each)
 #   make install    bin/k3c, lib/libk3c.a, include/k3c.h, lib/pkgconfig/k3c.pc under $(DESTDIR)$(PREFIX)
 #   make example-check   install into a scratch prefix, build examples/generate.c with pkg-config, run it
 #   make serve-asan-test   k3c serve under ASan+UBSan: random requests and the load test (what .ci/run runs)
@@ -68,7 +69,7 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 GPU_TEST_OBJ := $(GPU_TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libk3c.a
 
-.PHONY: FORCE all test gpu-test fuzz fuzz-deps fuzz-load asan-test serve-asan-test broken-check clean deps install \
+.PHONY: FORCE all test gpu-test fuzz fuzz-server fuzz-deps fuzz-load asan-test serve-asan-test broken-check clean deps install \
         example-check
 all: $(BUILD)/k3c $(BUILD)/test_k3c
 
@@ -162,6 +163,10 @@ fuzz:
 	$(BUILD)/fuzz/fuzz_index $(FUZZ_RUN) -dict=tests/fuzz/index.dict $(BUILD)/fuzz/corpus_index tests/fuzz/corpus_index
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_chat tests/fuzz/fuzz_chat.c $(FUZZ_TEXT) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_chat $(FUZZ_RUN) $(BUILD)/fuzz/corpus_chat tests/fuzz/corpus_chat
+	$(MAKE) fuzz-server
+
+# The server's request parsers alone (what .ci/run runs, briefly).
+fuzz-server:
 	@mkdir -p $(BUILD)/fuzz/corpus_server
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server

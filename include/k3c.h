@@ -469,16 +469,21 @@ const char *k3c_runner_reason_name(int reason); /* decode/plan.h's k3c_stock_rea
 /* ---- serving scheduler: requests that come and go over one engine ----
  * A waiting queue and a running set over one engine. Each k3c_scheduler_step admits, preempts and builds
  * ONE engine step: every running request's decode (or verify, with speculation) first, then prompt chunks
- * within max_batched_tokens, each chunk ending on an MLA block multiple of the request's absolute position
- * (or at the prompt's end). Admission needs a free KDA slot and enough free MLA blocks for the first chunk;
+ * within max_batched_tokens, each cut where k3c_engine_prompt_piece allows, so that a request's greedy stream
+ * is bit for bit k3c_generate's alone (batch invariance, above) whatever it ran beside, after a preemption
+ * and from a prefix hit. Admission needs a free KDA slot and enough free MLA blocks for the first chunk;
  * when a step's blocks run out the newest request (FCFS) or the lowest-priority one (PRIORITY: the largest
  * (priority, arrival)) is preempted by recompute: its blocks and slot are freed and it waits at the front of
  * the queue, its generated tokens kept and prefilled again as part of its prompt, so its output goes on
- * unchanged when it resumes. Prefix caching: full MLA blocks are kept, keyed by a hash chain of their tokens,
- * with a snapshot of the KDA state where a prefill chunk ended on a block boundary; a request whose prompt
- * starts with such a prefix shares those blocks, restores the snapshot and skips those tokens
- * (cached_tokens). Every step goes through the engine, so its plan routes decode and uniform verify steps to
- * the specialized executor on CUDA.
+ * unchanged when it resumes (its generated tokens are replayed in pieces that keep the forms decoding gave
+ * them). Prefix caching: full MLA blocks are kept, keyed by a hash chain of their tokens, with a snapshot of
+ * the KDA state where a prefill chunk ended on the prefix grid (k3c_scheduler_stats.prefix_grid: the least
+ * common multiple of the MLA block and k3c_engine_prompt_grid, 128 tokens with the engine's defaults); a
+ * request whose prompt starts with such a prefix shares those blocks, restores the snapshot and skips those
+ * tokens (cached_tokens, a multiple of the grid). Only blocks below a prompt's last whole prompt-grid block
+ * are kept (rows past it are computed in the forms of that prompt's tail, which another prompt would not
+ * give them), and a hit stops there too: a prompt shorter than one grid never hits. Every step goes through
+ * the engine, so its plan routes decode and uniform verify steps to the specialized executor on CUDA.
  *
  * Threads: one thread owns the scheduler and calls k3c_scheduler_step (and k3c_scheduler_wait) in a loop;
  * submit, abort and stats_get may be called from any thread (they take an internal mutex, which step holds
@@ -489,13 +494,18 @@ typedef enum k3c_sched_policy { K3C_SCHED_FCFS = 0, K3C_SCHED_PRIORITY = 1 } k3c
 
 typedef struct k3c_scheduler_options {
     int max_seqs;           /* running requests at once (<= the engine's max_requests); 0 = the engine's */
-    int max_batched_tokens; /* tokens per step, decodes first, then prefill chunks; 0 = the engine's max_rows */
+    int max_batched_tokens; /* tokens per step, decodes first, then prefill chunks; 0 = the engine's max_rows;
+                             * at least k3c_engine_prompt_grid (a prompt chunk of one grid must fit) */
     int max_queue;          /* waiting requests before submit refuses (returns 1); 0 = 1024 */
     k3c_sched_policy policy;
     int spec_tokens;        /* prompt-lookup drafts per verify (0 = off); 1 + spec_tokens <= the engine's q_max */
     int prefix_caching;     /* 1 = on (k3c_scheduler_options_default), 0 = off */
-    size_t snapshot_bytes;  /* KDA snapshot memory cap, host bytes; 0 = the default (256 MiB) */
-    int snapshot_interval;  /* keep a snapshot every this many MLA blocks of a prompt (retention); 0 = 1 */
+    size_t snapshot_bytes;  /* KDA snapshot memory cap, on the engine's device; 0 = the default (256 MiB) */
+    /* retention: where a prompt chunk ends on a multiple of this many prefix grids, a snapshot is kept
+     * (0 = 1: at every grid boundary a chunk ends on); the align positions keep theirs whatever the interval:
+     * a prompt's last grid boundary, the one where its cached blocks outrun its deepest snapshot, and the
+     * prefix_hint's */
+    int snapshot_interval;
 } k3c_scheduler_options;
 
 typedef struct k3c_sched_sampling {
@@ -548,6 +558,8 @@ typedef struct k3c_sched_event {
     float stop_logprob;           /* its logprob (when asked) */
     int prompt_tokens, cached_tokens, completion_tokens; /* FINISHED (completion counts the stop id) */
     int preemptions;              /* FINISHED: times this request was preempted */
+    double queue_seconds;         /* FINISHED: from submit to its first admission (vLLM's queue time; the whole
+                                   * wait when it never ran) */
     const char *message;          /* FINISHED with ERROR: why */
 } k3c_sched_event;
 
@@ -572,6 +584,7 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
 /* Blocks until a submit or abort arrives or timeout_ms passes (returns at once when there is work). */
 void k3c_scheduler_wait(k3c_scheduler *s, int timeout_ms);
 
+#define K3C_SCHED_SPEC_POS 64 /* draft positions counted apart (spec_tokens is at most 63 in k3c serve) */
 typedef struct k3c_scheduler_stats {
     int running, waiting;
     long preemptions;
@@ -583,7 +596,15 @@ typedef struct k3c_scheduler_stats {
     int blocks_cached;                             /* blocks with a prefix-cache entry (used or not) */
     int kda_slots_total, kda_slots_used;
     long snapshots, snapshot_bytes;                /* KDA snapshots kept now, and their bytes */
+    long snapshot_bytes_limit;                     /* the cap in effect (snapshot_bytes, or the default) */
+    long snapshot_bytes_each;                      /* one snapshot (0: the model has no KDA layers) */
+    int snapshots_max;                             /* how many the cap holds (reserved at creation) */
+    int snapshot_interval;                         /* the retention interval in effect */
+    int prefix_grid;                               /* tokens: hits and snapshots sit on its multiples */
+    int block_size;                                /* tokens of one MLA block */
+    int last_step_tokens;                          /* tokens the last engine step ran (0: none ran) */
     long spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    long spec_accepted_by_pos[K3C_SCHED_SPEC_POS]; /* verifies whose draft at position i was accepted */
     long finished_stop, finished_length, finished_abort, finished_error;
     long steps, executor_steps;
     long route_steps[K3C_ROUTES];                  /* the engine's plan of each step (k3c_route_name) */

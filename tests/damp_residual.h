@@ -1,6 +1,7 @@
 /* Test helper: a synthesized checkpoint made repetitive. Scales every bf16 tensor that writes into the
- * residual stream (attention o_proj, the dense and shared down projections, the MoE latent up-projection) by
- * `factor`, in place in the checkpoint's shards: the layers then add little to the embedding, the model
+ * residual stream (attention o_proj, the dense and shared down projections, the MoE latent up-projection or
+ * Kimi Linear's expert w2) by `factor`, in place in the checkpoint's shards (or its one model.safetensors):
+ * the layers then add little to the embedding, the model
  * becomes nearly a bigram model whose greedy stream falls into a loop (the behaviour a real model shows on
  * repetitive text and a random one never does), so a prompt-lookup drafter's drafts get accepted. (The same
  * transformation as test_runner.c's, for the scheduler's tests.) */
@@ -29,6 +30,11 @@ static inline int damp_residual_writes_in(const char *dir, float factor) {
             FILE *f = fopen(path, "rb");
             if (f) found = 1, fclose(f);
         }
+        if (!found && shard == 1) { /* a checkpoint of one file */
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            FILE *f = fopen(path, "rb");
+            if (f) found = 2, fclose(f);
+        }
         if (!found) return shard > 1 ? K3C_OK : k3c_errorf("damp: no shards in %s", dir);
         k3c_st_file st;
         K3C_TRY(k3c_st_open(&st, path));
@@ -40,7 +46,7 @@ static inline int damp_residual_writes_in(const char *dir, float factor) {
             const k3c_st_tensor *t = &st.header.tensors[i];
             if (t->dtype != K3C_DTYPE_BF16 || strstr(t->name, "routed_expert_down_proj") ||
                 !(damp_ends_with(t->name, "o_proj.weight") || damp_ends_with(t->name, "down_proj.weight") ||
-                  damp_ends_with(t->name, "routed_expert_up_proj.weight")))
+                  damp_ends_with(t->name, "routed_expert_up_proj.weight") || damp_ends_with(t->name, ".w2.weight")))
                 continue;
             size_t n = (size_t)(t->end - t->begin) / 2;
             k3c_bf16 *v = malloc(n * 2);
@@ -54,6 +60,7 @@ static inline int damp_residual_writes_in(const char *dir, float factor) {
         if (f && fclose(f)) rc = k3c_errorf("damp: closing %s", path);
         k3c_st_close(&st);
         K3C_TRY(rc);
+        if (found == 2) return K3C_OK;
     }
 }
 

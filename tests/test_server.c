@@ -326,8 +326,8 @@ TEST(server_output_completion_stream) {
         CHECK(settled >= 0);
         n++;
     }
-    if (!settled) srv_choice_finished(&f.r.choices[0], SRV_FINISH_LENGTH, 0, 0, &out);
-    else srv_choice_finished(&f.r.choices[0], SRV_FINISH_ABORT, 0, 0, &out);
+    if (!settled) srv_choice_finished(&f.r.choices[0], SRV_FINISH_LENGTH, 0, 0, 0, &out);
+    else srv_choice_finished(&f.r.choices[0], SRV_FINISH_ABORT, 0, 0, 0, &out);
     char *all = NULL;
     size_t all_n = 0;
     CHECK_OK(k3c_tokenizer_decode(tok, ids, (size_t)n, &all, &all_n));
@@ -390,7 +390,7 @@ static int run_chat(int stream, const int32_t *ids, int n, srv_buf *out, pipe_fi
     if (stream) srv_req_stream_start(&f->r, out);
     int settled = 0;
     for (int i = 0; i < n && !settled; i++) settled = srv_choice_token(&f->r.choices[0], ids[i], 0, 0, NULL, NULL, out);
-    srv_choice_finished(&f->r.choices[0], settled ? SRV_FINISH_STOP : SRV_FINISH_LENGTH, 0, 0, out);
+    srv_choice_finished(&f->r.choices[0], settled ? SRV_FINISH_STOP : SRV_FINISH_LENGTH, 0, 0, 0, out);
     srv_req_finalize(&f->r, out);
     return 0;
 }
@@ -482,33 +482,61 @@ TEST(server_output_chat_tools) {
 TEST(server_metrics_text) {
     srv_metrics m;
     CHECK(srv_metrics_init(&m) == 0);
-    srv_metrics_finished(&m, SRV_FINISH_STOP, 0.4, 10, 5);
-    srv_metrics_finished(&m, SRV_FINISH_ABORT, 3.0, 10, 1);
+    srv_finish_times t1 = {.e2e = 0.4, .queue = 0.1, .prefill = 0.2, .decode = 0.1, .inference = 0.3, .tpot = 0.025};
+    srv_finish_times t2 = {.e2e = 3.0, .queue = 3.0, .prefill = -1, .decode = -1, .inference = -1, .tpot = -1};
+    srv_metrics_finished(&m, SRV_FINISH_STOP, &t1, 10, 5);
+    srv_metrics_finished(&m, SRV_FINISH_ABORT, &t2, 10, 0);
+    srv_metrics_finished(&m, SRV_FINISH_TOOL_CALLS, &t1, 10, 5); /* counted as stop, as vLLM's engine reason */
     double itl[3] = {0.005, 0.02, 100};
     srv_metrics_token_times(&m, 0.003, itl, 3);
-    srv_sched_gauges g = {.running = 2, .waiting = 1, .blocks_total = 100, .blocks_used = 25, .route_steps = {4, 5, 0, 0}};
+    srv_metrics_request(&m, 3, 300);
+    srv_metrics_iteration(&m, 9);
+    srv_metrics_iteration(&m, 512);
+    srv_sched_gauges g = {.running = 2, .waiting = 1, .blocks_total = 100, .blocks_used = 25, .route_steps = {4, 5, 0, 0},
+                          .spec_tokens = 2, .spec_accepted_by_pos = {7, 3, 99}, .block_size = 16, .prefix_grid = 128,
+                          .prefix_caching = 1};
     srv_buf b = {0};
     srv_metrics_render(&m, &g, "ti\"ny", &b);
     CHECK(!b.failed);
+#define LAB "model_name=\"ti\\\"ny\",engine=\"0\""
     const char *want[] = {
-        "k3c:num_requests_running{model_name=\"ti\\\"ny\"} 2\n",
-        "k3c:num_requests_waiting{model_name=\"ti\\\"ny\"} 1\n",
-        "k3c:kv_cache_usage_perc{model_name=\"ti\\\"ny\"} 0.25\n",
-        "k3c:request_success_total{model_name=\"ti\\\"ny\",finished_reason=\"stop\"} 1\n",
-        "k3c:request_success_total{model_name=\"ti\\\"ny\",finished_reason=\"abort\"} 1\n",
-        "k3c:engine_steps_total{model_name=\"ti\\\"ny\",route=\"decode\"} 5\n",
+        "k3c:num_requests_running{" LAB "} 2\n",
+        "k3c:num_requests_waiting{" LAB "} 1\n",
+        "k3c:kv_cache_usage_perc{" LAB "} 0.25\n",
+        "k3c:request_success_total{" LAB ",finished_reason=\"stop\"} 2\n",
+        "k3c:request_success_total{" LAB ",finished_reason=\"abort\"} 1\n",
+        "k3c:engine_steps_total{" LAB ",route=\"decode\"} 5\n",
         "# TYPE k3c:prompt_tokens counter\n",
         /* cumulative buckets: 0.005 <= 0.01, 0.02 <= 0.025, 100 only in +Inf */
-        "k3c:inter_token_latency_seconds_bucket{model_name=\"ti\\\"ny\",le=\"0.01\"} 1\n",
-        "k3c:inter_token_latency_seconds_bucket{model_name=\"ti\\\"ny\",le=\"0.025\"} 2\n",
-        "k3c:inter_token_latency_seconds_bucket{model_name=\"ti\\\"ny\",le=\"80\"} 2\n",
-        "k3c:inter_token_latency_seconds_bucket{model_name=\"ti\\\"ny\",le=\"+Inf\"} 3\n",
-        "k3c:inter_token_latency_seconds_count{model_name=\"ti\\\"ny\"} 3\n",
-        "k3c:time_to_first_token_seconds_bucket{model_name=\"ti\\\"ny\",le=\"0.001\"} 0\n",
-        "k3c:time_to_first_token_seconds_bucket{model_name=\"ti\\\"ny\",le=\"0.005\"} 1\n",
-        "k3c:e2e_request_latency_seconds_count{model_name=\"ti\\\"ny\"} 2\n",
+        "k3c:inter_token_latency_seconds_bucket{" LAB ",le=\"0.01\"} 1\n",
+        "k3c:inter_token_latency_seconds_bucket{" LAB ",le=\"0.025\"} 2\n",
+        "k3c:inter_token_latency_seconds_bucket{" LAB ",le=\"80\"} 2\n",
+        "k3c:inter_token_latency_seconds_bucket{" LAB ",le=\"+Inf\"} 3\n",
+        "k3c:inter_token_latency_seconds_count{" LAB "} 3\n",
+        "k3c:time_to_first_token_seconds_bucket{" LAB ",le=\"0.001\"} 0\n",
+        "k3c:time_to_first_token_seconds_bucket{" LAB ",le=\"0.005\"} 1\n",
+        "k3c:e2e_request_latency_seconds_count{" LAB "} 3\n",
+        /* the phases: both requests queued (0.1 and 3.0), only the first reached prefill and decode */
+        "k3c:request_queue_time_seconds_bucket{" LAB ",le=\"0.3\"} 2\n",
+        "k3c:request_queue_time_seconds_count{" LAB "} 3\n",
+        "k3c:request_prefill_time_seconds_count{" LAB "} 2\n",
+        "k3c:request_decode_time_seconds_count{" LAB "} 2\n",
+        "k3c:request_inference_time_seconds_sum{" LAB "} 0.59999999999999998\n",
+        "k3c:request_time_per_output_token_seconds_bucket{" LAB ",le=\"0.025\"} 2\n",
+        "k3c:request_params_n_bucket{" LAB ",le=\"2\"} 0\n",
+        "k3c:request_params_n_bucket{" LAB ",le=\"5\"} 1\n",
+        "k3c:request_params_max_tokens_bucket{" LAB ",le=\"500\"} 1\n",
+        "k3c:iteration_tokens_total_bucket{" LAB ",le=\"16\"} 1\n",
+        "k3c:iteration_tokens_total_bucket{" LAB ",le=\"512\"} 2\n",
+        /* per position: as many as the drafts per verify */
+        "k3c:spec_decode_num_accepted_tokens_per_pos_total{" LAB ",position=\"0\"} 7\n",
+        "k3c:spec_decode_num_accepted_tokens_per_pos_total{" LAB ",position=\"1\"} 3\n",
+        "k3c:cache_config_info{" LAB ",block_size=\"16\",num_gpu_blocks=\"100\",enable_prefix_caching=\"True\","
+        "prefix_grid=\"128\"",
     };
+#undef LAB
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECKF(strstr(b.data, want[i]), "missing: %s", want[i]);
+    CHECK(!strstr(b.data, "position=\"2\"") && !strstr(b.data, "finished_reason=\"tool_calls\""));
     srv_buf_free(&b);
     srv_metrics_free(&m);
 }

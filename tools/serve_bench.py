@@ -8,11 +8,14 @@
   E2EL  send -> the last byte; throughputs over the level's wall time.
 A sweep over concurrency levels (a fixed number of requests in flight) or request rates (Poisson arrivals),
 random token prompts (distinct per request, so the prefix cache does not inflate the numbers) of
---input-len ids, --output-len tokens each (ignore_eos). The engine's steps per route and the executor's
-share come from /metrics before and after each level.
+--input-len ids, --output-len tokens each (ignore_eos). With --prefix-len N every prompt starts with the
+same N ids (a system prompt), sent once before the levels, so the levels measure prefix-cache hits (the
+cached column: mean cached_tokens per request). The engine's steps per route and the executor's share come
+from /metrics before and after each level.
 
     python3 tools/serve_bench.py [--k3c build/k3c] [--concurrency 1,4,16] [--request-rate inf]
-        [--num-prompts 32] [--input-len 128] [--output-len 64] [--server-args "..."] [--url http://host:port]
+        [--num-prompts 32] [--input-len 128] [--output-len 64] [--prefix-len 0] [--server-args "..."]
+        [--url http://host:port]
 
 --url benchmarks a server already running (started by the caller); otherwise one is started with
 --server-args. Prints a Markdown table (one row per level)."""
@@ -74,7 +77,8 @@ async def one_request(port, prompt, out_len):
     if st != 200 or not done or first is None or not usage:
         return None
     n_out = usage["completion_tokens"]
-    return {"ttft": first - t0, "e2el": end - t0, "out": n_out, "in": usage["prompt_tokens"],
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ttft": first - t0, "e2el": end - t0, "out": n_out, "in": usage["prompt_tokens"], "cached": cached,
             "tpot": (end - t0 - (first - t0)) / (n_out - 1) if n_out > 1 else None,
             "itl": [b - a for a, b in zip(times, times[1:])]}
 
@@ -111,8 +115,11 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--prefix-len", type=int, default=0, help="ids every prompt starts with (prefix-cache hits)")
     ap.add_argument("--vocab", type=int, default=700, help="prompt ids are drawn from 1 .. vocab - 1")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check-executor", action="store_true",
+                    help="fail unless the specialized executor ran the decode and verify steps (a CUDA server)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     srv = Remote(a.url) if a.url else Server(k3c=a.k3c, args=shlex.split(a.server_args), ready_timeout=3600).start()
@@ -121,14 +128,19 @@ def main():
             levels = [("rate", float(x)) for x in a.request_rate.split(",")]
         else:
             levels = [("concurrency", int(x)) for x in a.concurrency.split(",")]
-        # warm-up: one short request (graph capture, page faults)
+        prefix = [rng.randrange(1, a.vocab) for _ in range(a.prefix_len)]
+        # warm-up: one short request (graph capture, page faults), and the shared prefix once (its blocks and
+        # KDA snapshot stay in the prefix cache)
         asyncio.run(one_request(srv.port, [rng.randrange(1, a.vocab) for _ in range(8)], 4))
+        if prefix:
+            asyncio.run(one_request(srv.port, prefix + [rng.randrange(1, a.vocab) for _ in range(a.input_len)], 2))
         print("| %s | reqs | req/s | out tok/s | total tok/s | TTFT mean / p50 / p99 ms | TPOT mean / p50 / p99 ms "
-              "| ITL mean / p50 / p99 ms | E2EL mean ms | steps | executor share | routes (stock/decode/verify/wide) |"
-              % levels[0][0])
-        print("|" + "---|" * 12)
+              "| ITL mean / p50 / p99 ms | E2EL mean ms | cached | steps | executor share | routes "
+              "(stock/decode/verify/wide) |" % levels[0][0])
+        print("|" + "---|" * 13)
+        m_start = srv.metrics()
         for kind, v in levels:
-            prompts = [[rng.randrange(1, a.vocab) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
+            prompts = [prefix + [rng.randrange(1, a.vocab) for _ in range(a.input_len)] for _ in range(a.num_prompts)]
             r0, e0 = route_counts(srv.metrics())
             res, wall = asyncio.run(run_level(srv.port, prompts, a.output_len, v if kind == "concurrency" else 0,
                                               v if kind == "rate" else float("inf"), rng))
@@ -146,10 +158,20 @@ def main():
             def trio(xs):
                 return "%.1f / %.1f / %.1f" % (statistics.mean(xs), pct(xs, 50), pct(xs, 99)) if xs else "-"
 
-            print("| %s | %d/%d | %.2f | %.1f | %.1f | %s | %s | %s | %.0f | %d | %.0f%% | %s |" % (
+            cached = statistics.mean(x["cached"] for x in ok) if ok else 0
+            print("| %s | %d/%d | %.2f | %.1f | %.1f | %s | %s | %s | %.0f | %.0f | %d | %.0f%% | %s |" % (
                 ("%g" % v) if kind == "rate" else v, len(ok), len(res), len(ok) / wall, out_tok / wall,
                 (in_tok + out_tok) / wall, trio(ttft), trio(tpot), trio(itl), statistics.mean(e2el) if e2el else 0,
-                steps, 100.0 * (e1 - e0) / steps if steps else 0, routes), flush=True)
+                cached, steps, 100.0 * (e1 - e0) / steps if steps else 0, routes), flush=True)
+        if a.check_executor:
+            r0, e0 = route_counts(m_start)
+            r1, e1 = route_counts(srv.metrics())
+            fast = (r1["decode"] - r0["decode"]) + (r1["verify"] - r0["verify"])
+            print("executor: %d of %d decode + verify steps (%d steps in all)" % (e1 - e0, fast,
+                                                                                   sum(r1.values()) - sum(r0.values())))
+            if e1 - e0 <= 0 or e1 - e0 < fast:
+                print("FAIL: decode / verify steps did not all run on the specialized executor")
+                sys.exit(1)
     finally:
         if not a.url:
             srv.stop()

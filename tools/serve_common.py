@@ -12,15 +12,20 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The model the tests and tools serve unless told otherwise: the trained model k3c embeds, from its files in
+# the tree (named explicitly, whatever the CLI's default), served under its directory's name.
+MODEL_DIR = os.path.join(ROOT, "models", "k3-fortune")
+MODEL_NAME = "k3-fortune"
 
 
 class Server:
-    """`k3c serve --port 0` with the given options; the port comes back through --port-file. Used as a
-    context manager: started on enter (ready once /health answers 200), stopped by SIGTERM on exit."""
+    """`k3c serve --port 0` with the given options (--model MODEL_DIR unless they name a model or a preset); the port
+    comes back through --port-file. Used as a context manager: started on enter (ready once /health answers
+    200), stopped by SIGTERM on exit."""
 
     def __init__(self, k3c=None, args=(), env=None, ready_timeout=120, log=None):
         self.k3c = k3c or os.path.join(ROOT, "build", "k3c")
-        self.args = list(args)
+        self.args = list(args) if "--model" in args or "--preset" in args else ["--model", MODEL_DIR] + list(args)
         self.env = env
         self.ready_timeout = ready_timeout
         self.log_path = log
@@ -107,8 +112,8 @@ class Server:
             conn.close()
 
     def metrics(self):
-        """The /metrics samples without labels other than model_name, as {name: value} (labelled ones keyed
-        with their labels)."""
+        """The /metrics samples as {name: value}, the model_name and engine labels left out (samples with
+        other labels keyed with them)."""
         status, text = self.request("GET", "/metrics")
         out = {}
         for line in text.splitlines():
@@ -117,7 +122,8 @@ class Server:
             name, value = line.rsplit(" ", 1)
             if "{" in name:
                 base, labels = name.split("{", 1)
-                labels = ",".join(l for l in labels.rstrip("}").split(",") if not l.startswith("model_name="))
+                labels = ",".join(l for l in labels.rstrip("}").split(",")
+                                  if not l.startswith("model_name=") and not l.startswith("engine="))
                 name = base + ("{" + labels + "}" if labels else "")
             out[name] = float(value)
         return out

@@ -224,13 +224,11 @@ static void cleanup_done(void) {
     for (size_t i = 0; i < N_CLEANUP_SIGNALS; i++) sigaction(cleanup_signals[i], &cleanup_saved[i], NULL);
 }
 
-/* Writes the model (preset NULL: the embedded default) into a fresh temporary directory, armed for removal on
- * a signal, and hands it to load; the directory is removed either way (the loaders map or read the files:
- * a mapping outlives the unlink). */
-static int with_temp_model(const char *preset, uint64_t seed, int (*load)(const char *dir, void *out), void *out) {
+/* A fresh temporary directory holding the model (preset NULL: the embedded default), armed for removal on a
+ * signal until temp_model_done. */
+static int temp_model_create(const char *preset, uint64_t seed, char *path, size_t cap) {
     const char *tmp = getenv("TMPDIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset ? preset : "k3-fortune");
+    snprintf(path, cap, "%s/k3c-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", preset ? preset : "k3-fortune");
     /* the cleanup signals wait while the directory exists unarmed: one between mkdtemp and the handlers would
      * leave it behind */
     sigset_t block, saved;
@@ -246,10 +244,23 @@ static int with_temp_model(const char *preset, uint64_t seed, int (*load)(const 
     sigprocmask(SIG_SETMASK, &saved, NULL);
     /* synth refuses a non-empty dir without its marker; the fresh dir is empty */
     int rc = preset ? k3c_synthesize(preset, seed, path) : k3c_default_model_write(path);
-    if (rc == K3C_OK) rc = load(path, out);
+    if (rc != K3C_OK) cleanup_done();
+    return rc;
+}
+
+/* Hands a temporary model directory to load and removes it either way (the loaders map or read the files:
+ * a mapping outlives the unlink). */
+static int with_temp_model(const char *preset, uint64_t seed, int (*load)(const char *dir, void *out), void *out) {
+    char path[4096];
+    int rc = temp_model_create(preset, seed, path, sizeof path);
+    if (rc != K3C_OK) return rc;
+    rc = load(path, out);
     cleanup_done();
     return rc;
 }
+
+int cli_default_model_dir(char *path, size_t cap) { return temp_model_create(NULL, 0, path, cap); }
+void cli_default_model_dir_done(void) { cleanup_done(); }
 
 static int load_model(const char *dir, void *m) { return k3c_load(dir, m); }
 static int load_tokenizer(const char *dir, void *t) { return k3c_tokenizer_load(dir, t); }

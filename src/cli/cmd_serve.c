@@ -7,10 +7,11 @@
 
 static void serve_usage(FILE *f) {
     fprintf(f,
-            "usage: k3c serve [--model DIR] [--served-model-name NAME] [--host 127.0.0.1] [--port 8000]\n"
+            "usage: k3c serve [--model DIR | --preset NAME] [--served-model-name NAME] [--host 127.0.0.1] [--port 8000]\n"
             "                 [--device cpu|cuda] [--threads N] [--api-key KEY] [--max-seqs N]\n"
             "                 [--max-batched-tokens N] [--max-queue N] [--max-context N] [--memory-limit BYTES]\n"
-            "                 [--kv-blocks N] [--spec D] [--no-prefix-caching] [--max-body BYTES] [--grace S]\n"
+            "                 [--kv-blocks N] [--spec D] [--scheduling-policy fcfs|priority] [--no-prefix-caching]\n"
+            "                 [--snapshot-memory BYTES] [--snapshot-interval N] [--max-body BYTES] [--grace S]\n"
             "                 [--max-connections N] [--port-file PATH] [--exact-f32]\n"
             "endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize; GET /v1/models,\n"
             "  /health (503 until the model is loaded), /metrics (Prometheus, k3c: prefix), /version\n"
@@ -18,15 +19,25 @@ static void serve_usage(FILE *f) {
             "  --max-queue: requests waiting before 429 (1024); --max-context: tokens one request may hold\n"
             "  (default 4096, or the model's context if shorter); --kv-blocks: MLA cache blocks of 16 tokens\n"
             "  (default: max-seqs full contexts; fewer makes the scheduler preempt); --spec D: prompt-lookup\n"
-            "  drafts per verify; --api-key: required as 'Authorization: Bearer KEY' on /v1/; --max-body:\n"
+            "  drafts per verify; --scheduling-policy priority: requests' 'priority' (lower first) orders\n"
+            "  admission and picks the preempted (default fcfs, which refuses a non-zero priority);\n"
+            "  --snapshot-memory: KDA state snapshots the prefix cache may keep (default 256M);\n"
+            "  --snapshot-interval N: a snapshot every N prefix grids of a prompt (default 1), besides the\n"
+            "  prompt's last grid boundary and its shared prefix (docs/SERVING.md); --api-key: required\n"
+            "  as 'Authorization: Bearer KEY' on /v1/; --max-body:\n"
             "  larger request bodies are refused with 413 (default 16M); --grace: seconds running requests\n"
             "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it);\n"
             "  --exact-f32: a diagnostic, activations kept in f32 (the engine's exact_f32)\n"
-            "without --model, the tiny preset is synthesized (seed 0) into a temporary directory\n");
+            "without --model, the embedded default model (k3-fortune, served under that name) from a temporary\n"
+            "  directory removed at exit; --preset NAME synthesizes that preset's random weights instead (one without weights on disk, such as kimi-linear-48b, has its\n"
+            "  weights generated in device memory: --device cuda)\n");
 }
 
-static int load_model(const char *dir, k3c_model **m) {
-    if (cli_load_model(dir, "tiny", 0, m) == K3C_OK) return K3C_OK;
+static int load_model(const srv_config *c, k3c_model **m) {
+    int rc = !c->model_dir && c->preset && !k3c_preset_has_weights(c->preset)
+                 ? k3c_model_synthesize_device(c->preset, 0, m)
+                 : cli_load_model(c->model_dir, c->preset, 0, m);
+    if (rc == K3C_OK) return K3C_OK;
     srv_errorf("%s", cli_error());
     return K3C_ERR;
 }
@@ -55,6 +66,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--no-prefix-caching")) c.prefix_caching = 0;
         else if (!strcmp(argv[i], "--exact-f32")) c.exact_f32 = 1;
         else if ((v = cli_option(argc, argv, &i, "--model"))) bad = cli_str("--model", c.model_dir = v);
+        else if ((v = cli_option(argc, argv, &i, "--preset"))) bad = cli_str("--preset", c.preset = v);
         else if ((v = cli_option(argc, argv, &i, "--served-model-name"))) bad = cli_str("--served-model-name", c.served_name = v);
         else if ((v = cli_option(argc, argv, &i, "--host"))) bad = cli_str("--host", c.host = v);
         else if ((v = cli_option(argc, argv, &i, "--port"))) bad = cli_int("--port", v, 0, 65535, &l), c.port = (int)l;
@@ -70,17 +82,39 @@ int cmd_serve(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--memory-limit"))) bad = cli_bytes("--memory-limit", v, &c.memory_limit);
         else if ((v = cli_option(argc, argv, &i, "--kv-blocks"))) bad = cli_int("--kv-blocks", v, 1, 1 << 30, &l), c.kv_blocks = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--spec"))) bad = cli_int("--spec", v, 0, 63, &l), c.spec = (int)l;
+        else if ((v = cli_option(argc, argv, &i, "--scheduling-policy"))) {
+            if (!strcmp(v, "fcfs") || !strcmp(v, "priority")) c.priority_policy = !strcmp(v, "priority");
+            else bad = cli_errorf("--scheduling-policy: '%s' is not fcfs or priority", v);
+        } else if ((v = cli_option(argc, argv, &i, "--snapshot-memory")))
+            bad = cli_bytes("--snapshot-memory", v, &c.snapshot_bytes);
+        else if ((v = cli_option(argc, argv, &i, "--snapshot-interval")))
+            bad = cli_int("--snapshot-interval", v, 1, 1 << 20, &l), c.snapshot_interval = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--max-body"))) bad = cli_bytes("--max-body", v, &c.max_body);
         else if ((v = cli_option(argc, argv, &i, "--grace"))) bad = cli_float("--grace", v, 0, 86400, 0, &d), c.grace_s = d;
         else if ((v = cli_option(argc, argv, &i, "--max-connections")))
             bad = cli_int("--max-connections", v, 1, 1 << 20, &l), c.max_connections = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--port-file"))) bad = cli_str("--port-file", c.port_file = v);
         else bad = cli_unexpected(argv[i]);
+        if (!bad && c.model_dir && c.preset) bad = cli_errorf("--model and --preset: give one of them");
         if (bad) {
             fprintf(stderr, "k3c serve: %s\n", cli_error());
             serve_usage(stderr);
             return 2;
         }
     }
-    return srv_run(&c, load_model) == 0 ? 0 : 1;
+    /* no --model and no --preset: the embedded default model, from a temporary directory that lives as long
+     * as the server (its tokenizer and chat template are read after the weights) */
+    char dir[4096];
+    int temp = !c.model_dir && !c.preset;
+    if (temp) {
+        if (cli_default_model_dir(dir, sizeof dir) != K3C_OK) {
+            fprintf(stderr, "k3c serve: the embedded default model: %s\n", cli_error());
+            return 1;
+        }
+        c.model_dir = dir;
+        if (!c.served_name) c.served_name = "k3-fortune";
+    }
+    int rc = srv_run(&c, load_model) == 0 ? 0 : 1;
+    if (temp) cli_default_model_dir_done();
+    return rc;
 }

@@ -52,6 +52,11 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n);
  * default model (models/k3-fortune) when preset is NULL, else the synthesized `preset` (seed; on all cores
  * with a progress line). */
 int cli_load_model(const char *dir, const char *preset, uint64_t seed, k3c_model **m);
+/* The embedded default model written whole into a fresh temporary directory (path, cap bytes) that a signal
+ * removes, for a command that needs the files while it runs (serve reads the tokenizer and chat template
+ * after the weights); cli_default_model_dir_done removes it. */
+int cli_default_model_dir(char *path, size_t cap);
+void cli_default_model_dir_done(void);
 /* --model DIR or --preset NAME at argv[*i] into *dir / *preset: 1 when argv[*i] is one of them (*bad = -1
  * for an empty value, or both given, with the message). */
 /* The --help lines on that choice. */

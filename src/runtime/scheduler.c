@@ -16,12 +16,24 @@
  * acceptance, commits, stops; full blocks enter the prefix cache and chunk ends on a boundary leave KDA
  * snapshots; finished requests release everything.
  *
- * Chunk cuts are a function of absolute positions only: a chunk that does not end the request's tokens ends
- * on a multiple of the grid (the MLA block), so cached blocks and snapshots sit on the same boundaries
- * whatever the step's composition was. With prefix caching, chunks also stop at two positions where a
- * snapshot pays ("align"): the last grid boundary of the tokens (so a longer prompt with the same start, a
- * later turn of a chat, finds a state there), the junction where a prompt's cached MLA blocks outrun its
- * deepest snapshot (the next request with that prefix then finds both), and the caller's prefix_hint. */
+ * Batch invariance (include/k3c.h, k3c_engine_prompt_piece): the engine computes a row in a block form
+ * (chunked KDA, expanded MLA) exactly when the aligned block of that form around it (KDA 64, MLA 128 by
+ * default; G = k3c_engine_prompt_grid is the larger, a multiple of the other) lies whole in one non-verify
+ * item, so a request's rows take the forms k3c_generate gives them alone when
+ *   - prompt chunks end where k3c_engine_prompt_piece allows (G = k3c_engine_prompt_grid multiples below the
+ *     prompt's last whole grid block, formed = floor(n_prompt / G) G; anything past it): rows below formed are
+ *     in block form, the prompt's tail is not;
+ *   - generated tokens (replayed after a preemption) are fed as decoding fed them, in pieces that hold no
+ *     whole block of the smallest unit of the grid (s->unit), and never in one chunk with the prompt;
+ *   - a prefix hit at p brings rows computed in block form by another request: full cache blocks below that
+ *     request's formed only are indexed (their rows are then those of any request whose prompt holds them
+ *     below its own formed), and p <= formed, a multiple of G so that the rows after p, which this request
+ *     computes itself, still find their blocks whole.
+ * Hits and KDA snapshots therefore sit on the scheduler's grid lcm(MLA block, G) (s->grid), at most formed.
+ * With prefix caching, chunks also stop at three grid positions where a snapshot pays ("align"): the last
+ * one at most formed (so a longer prompt with the same start, a later turn of a chat, finds a state there),
+ * the junction where a prompt's cached MLA blocks outrun its deepest snapshot (the next request with that
+ * prefix then finds both), and the caller's prefix_hint. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +76,8 @@ typedef struct sreq {
     int first_token;        /* emitted a token (counted once in prompt_tokens) */
     int decoding;           /* the last step emitted a token and the engine holds all but it */
     int preemptions;
+    double t_submit, t_admit; /* monotonic seconds: submitted, first admitted */
+    int formed;             /* rows below it are in block form: n_prompt's last multiple of G (file comment) */
     int junction;           /* prefill chunks stop here (tokens; 0 = none): see the file comment */
     int hint;               /* and here: the prefix_hint's last grid boundary */
     /* prefix cache: key and indexed block of each full block of toks[0 .. computed) processed so far */
@@ -82,7 +96,10 @@ typedef struct ev_top {
 struct k3c_scheduler {
     k3c_engine *e;
     k3c_scheduler_options o;
-    int V, bs, grid, eos, max_context, num_blocks, q_max;
+    int V, bs, eos, max_context, num_blocks, q_max;
+    int pgrid;                /* G, k3c_engine_prompt_grid */
+    int grid;                 /* lcm(bs, G): where hits and snapshots sit */
+    int unit;                 /* the smallest block of a form (0: none), for replayed tokens */
     k3c_prefix_cache pc;
     int pc_on;
     k3c_sched_queue waiting;
@@ -134,6 +151,31 @@ static void req_free(sreq *r) {
     free(r);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int gcd(int a, int b) {
+    while (b) {
+        int t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* The smallest block of a form on the engine's grid G (0: no block form at all), read from the rule
+ * k3c_engine_prompt_piece applies: in a prompt of G + k tokens a cut at G + k - 1 lies past the prompt's last
+ * whole block of each form, so it is allowed, until k reaches the smallest block u (then the block [G, G + u)
+ * is whole and the cut would split it). */
+static int smallest_unit(const k3c_engine *e, int G) {
+    if (G <= 1) return 0;
+    for (int k = 2; k < G; k++)
+        if (k3c_engine_prompt_piece(e, 0, G + k, G + k - 1) != G + k - 1) return k;
+    return G;
+}
+
 int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_scheduler **out) {
     if (!out) return k3c_errorf("scheduler: the output handle is NULL");
     *out = NULL;
@@ -160,11 +202,14 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
     if (o.spec_tokens + 1 > v.q_max)
         return k3c_errorf("scheduler: spec_tokens %d: a verify of %d tokens exceeds the engine's q_max %d",
                           o.spec_tokens, o.spec_tokens + 1, v.q_max);
-    /* The grid of chunk cuts: the MLA block (cached blocks and snapshots share its boundaries). */
-    int grid = v.block_size;
-    if (o.max_batched_tokens < grid)
-        return k3c_errorf("scheduler: max_batched_tokens %d is less than one block (%d tokens): no prompt chunk "
-                          "could be cut", o.max_batched_tokens, grid);
+    /* Prompt chunks are cut where k3c_engine_prompt_piece allows (file comment), and a budget of one prompt
+     * grid always allows one; hits and snapshots sit on multiples of both the grid and the MLA block. */
+    int G = k3c_engine_prompt_grid(e);
+    if (o.max_batched_tokens < G)
+        return k3c_errorf("scheduler: max_batched_tokens %d is less than the engine's prompt grid of %d tokens "
+                          "(k3c_engine_prompt_grid): a long prompt could not be cut into chunks",
+                          o.max_batched_tokens, G);
+    int grid = G / gcd(G, v.block_size) * v.block_size;
 
     k3c_scheduler *s = calloc(1, sizeof *s);
     if (!s) return k3c_errorf_kind(K3C_ERROR_OOM, "scheduler: out of memory");
@@ -172,7 +217,9 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
     s->o = o;
     s->V = k3c_engine_vocab(e);
     s->bs = v.block_size;
+    s->pgrid = G;
     s->grid = grid;
+    s->unit = smallest_unit(e, G);
     s->eos = v.m->config.eos_token_id;
     s->max_context = v.max_context;
     s->num_blocks = v.kv->num_blocks;
@@ -200,6 +247,8 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
         if (sb && count == 0)
             k3c_log(K3C_LOG_WARN, "scheduler: snapshot_bytes %zu holds no KDA snapshot of %zu bytes: prefix "
                     "caching finds no hits", o.snapshot_bytes, sb);
+        s->st.snapshot_bytes_each = (long)sb;
+        s->st.snapshots_max = count;
         rc = k3c_engine_snapshots_reserve(e, count);
         if (rc == K3C_OK) rc = k3c_prefix_cache_init(&s->pc, e, count);
         if (rc != K3C_OK) s->pc_on = 0;
@@ -209,6 +258,10 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
         return k3c_error_context("scheduler");
     }
     s->st.blocks_total = s->num_blocks;
+    s->st.prefix_grid = grid;
+    s->st.block_size = v.block_size;
+    s->st.snapshot_bytes_limit = (long)o.snapshot_bytes;
+    s->st.snapshot_interval = o.snapshot_interval;
     s->st.kda_slots_total = o.max_seqs;
     s->pub = s->st;
     *out = s;
@@ -299,6 +352,7 @@ int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t 
     r->max_new = q->max_new;
     r->sp = q->sampling;
     r->ignore_eos = q->ignore_eos;
+    r->formed = q->n_prompt / s->pgrid * s->pgrid;
     r->hint = q->prefix_hint > 0 && q->prefix_hint <= q->n_prompt ? q->prefix_hint / s->grid * s->grid : 0;
     r->eid = -1;
     r->n_stop = q->n_stop_ids;
@@ -341,6 +395,7 @@ int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t 
     }
     r->id = s->next_id++;
     r->arrival = s->next_arrival++;
+    r->t_submit = now_s();
     s->inbox[s->n_inbox++] = r;
     *id = r->id;
     pthread_cond_broadcast(&s->cv);
@@ -456,6 +511,7 @@ static void finish(k3c_scheduler *s, sreq *r, k3c_finish_reason why, int32_t sto
         ev->cached_tokens = r->cached_tokens;
         ev->completion_tokens = r->generated;
         ev->preemptions = r->preemptions;
+        ev->queue_seconds = (r->admitted ? r->t_admit : now_s()) - r->t_submit;
         if (msg) {
             snprintf(s->msg, sizeof s->msg, "%s", msg);
             ev->message = s->msg;
@@ -515,19 +571,29 @@ static int blocks_needed(k3c_scheduler *s, sreq *r, int n) {
     return need > 0 ? need : 0;
 }
 
-/* The next prompt chunk of r from computed within budget tokens (file comment: cuts on the grid, and at
- * the junction and the last boundary with prefix caching); 0 when no allowed cut fits. */
+/* The next prefill piece of r from computed within budget tokens; 0 when no allowed cut fits. Below the
+ * prompt's end: a chunk k3c_engine_prompt_piece allows, stopping at the snapshot positions (prefix caching:
+ * the junction, the hint, the last grid boundary at most formed) and at the prompt's end. Past it (generated
+ * tokens replayed after a preemption): a piece that holds no whole aligned block of s->unit tokens, so that
+ * every row takes the form its decode step gave it (file comment). */
 static int chunk_len(k3c_scheduler *s, sreq *r, int budget) {
-    int pos = r->computed, end = r->n_toks, limit = end;
+    int pos = r->computed;
+    if (pos >= r->n_prompt) {
+        int end = r->n_toks;
+        if (s->unit) {
+            int whole = (pos + s->unit - 1) / s->unit * s->unit + s->unit; /* the first whole block's end */
+            if (whole - 1 < end) end = whole - 1;
+        }
+        return end - pos < budget ? end - pos : budget;
+    }
+    int limit = r->n_prompt;
     if (s->pc_on) {
-        int align = end / s->grid * s->grid;
+        int align = r->formed / s->grid * s->grid;
         if (r->junction > pos && r->junction < limit) limit = r->junction;
         if (r->hint > pos && r->hint < limit) limit = r->hint;
         if (align > pos && align < limit) limit = align;
     }
-    int stop = limit - pos < budget ? limit : pos + budget;
-    if (stop < end && stop != limit) stop = stop / s->grid * s->grid;
-    return stop > pos ? stop - pos : 0;
+    return k3c_engine_prompt_piece(s->e, pos, r->n_prompt, limit - pos < budget ? limit - pos : budget);
 }
 
 /* Preempts r (recompute): its engine request is released and it waits at the front. Undoes its part of this
@@ -562,13 +628,17 @@ static int preempt(k3c_scheduler *s, sreq *r, int *budget) {
 static int admit(k3c_scheduler *s, sreq *r, int budget) {
     int hit = 0, matched = 0;
     if (s->pc_on) {
-        int max_blocks = (r->n_toks - 1) / s->bs; /* at least one token is computed: its row samples */
-        hit = k3c_prefix_cache_lookup(&s->pc, r->toks, max_blocks, s->hit_blocks, &matched);
-        hit = hit * s->bs / s->grid * s->grid / s->bs;
+        /* at most formed (file comment), and one token short of the end: its row samples */
+        int limit = r->formed < r->n_toks - 1 ? r->formed : r->n_toks - 1;
+        hit = k3c_prefix_cache_lookup(&s->pc, r->toks, limit / s->bs, s->hit_blocks, &matched);
+        while (hit > 0 && (hit * s->bs % s->grid ||
+                           (s->pc.need_snapshot && s->pc.snap[s->hit_blocks[hit - 1]] < 0)))
+            hit--;
     }
     r->computed = hit * s->bs;
     /* the junction: cached blocks past the deepest snapshot; the first chunk stops there to leave one */
-    r->junction = matched > hit ? matched * s->bs / s->grid * s->grid : 0;
+    int junction = matched * s->bs < r->formed ? matched * s->bs : r->formed;
+    r->junction = junction / s->grid * s->grid > r->computed ? junction / s->grid * s->grid : 0;
     int c = chunk_len(s, r, budget);
     if (c == 0) {
         r->computed = 0;
@@ -601,7 +671,7 @@ static int admit(k3c_scheduler *s, sreq *r, int budget) {
         r->canon[i] = s->hit_blocks[i];
     }
     r->n_keys = hit;
-    if (!r->admitted) r->cached_tokens = r->computed;
+    if (!r->admitted) r->cached_tokens = r->computed, r->t_admit = now_s();
     r->admitted = 1;
     s->st.prefix_queries_tokens += r->n_toks;
     s->st.prefix_hits_tokens += r->computed;
@@ -616,13 +686,14 @@ static int admit(k3c_scheduler *s, sreq *r, int budget) {
 
 /* ---- after a step: the prefix cache ---- */
 
-/* Indexes r's full blocks of computed tokens; after a prompt chunk that ended on a boundary, a snapshot of
- * its KDA state there. */
+/* Indexes r's full blocks of computed tokens below formed (file comment: rows past it are not in the block
+ * forms another request's prompt may need); after a prompt chunk that ended on the grid, a snapshot of its
+ * KDA state there. */
 static void cache_blocks(k3c_scheduler *s, sreq *r, int was_prefill) {
     if (!s->pc_on || r->eid < 0) return;
     int nb = 0;
     const int32_t *blocks = k3c_engine_request_blocks(s->e, r->eid, &nb);
-    int full = r->computed / s->bs;
+    int full = (r->computed < r->formed ? r->computed : r->formed) / s->bs;
     for (int k = r->n_keys; k < full && k < nb; k++) {
         k3c_phash parent = k > 0 ? r->keys[k - 1] : (k3c_phash){0, 0};
         const int32_t *t = r->toks + (size_t)k * s->bs;
@@ -631,9 +702,11 @@ static void cache_blocks(k3c_scheduler *s, sreq *r, int was_prefill) {
         r->canon[k] = k3c_prefix_cache_insert(&s->pc, blocks[k], parent, key, t);
         r->n_keys = k + 1;
     }
-    if (!was_prefill || !s->pc.need_snapshot || r->computed % s->grid || full == 0 || r->n_keys < full) return;
-    int align = r->n_toks / s->grid * s->grid;
-    if (full % s->o.snapshot_interval && r->computed != align && r->computed != r->junction &&
+    if (!was_prefill || !s->pc.need_snapshot || r->computed % s->grid || r->computed > r->formed || full == 0 ||
+        r->n_keys < full)
+        return;
+    int align = r->formed / s->grid * s->grid;
+    if (r->computed / s->grid % s->o.snapshot_interval && r->computed != align && r->computed != r->junction &&
         r->computed != r->hint)
         return;
     int had = 0, b = r->canon[full - 1];
@@ -786,6 +859,7 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
             s->st.spec_drafts++;
             s->st.spec_draft_tokens += D;
             s->st.spec_accepted_tokens += acc;
+            for (int j = 0; j < acc && j < K3C_SCHED_SPEC_POS; j++) s->st.spec_accepted_by_pos[j]++;
             if (k3c_request_commit(s->e, r->eid, 1 + acc) != K3C_OK) {
                 finish(s, r, K3C_FINISH_ERROR, -1, 0, k3c_error_message());
                 k3c_error_clear();
@@ -852,6 +926,7 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
     int rc = take_inbox(s);
     if (rc == K3C_OK) rc = schedule(s);
     int n = 0, plain = 1;
+    s->st.last_step_tokens = 0;
     if (rc == K3C_OK) {
         /* decodes and verifies first, then prompt chunks, each group in admission order */
         for (int pass = 0; pass < 2; pass++)
@@ -866,9 +941,11 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
             }
     }
     if (rc == K3C_OK && n > 0) {
-        int wrote = 0;
+        int wrote = 0, tokens = 0;
+        for (int i = 0; i < n; i++) tokens += s->items[i].n;
         rc = k3c_engine_run_step(s->e, s->items, n, NULL, s->logits, plain ? s->ids : NULL, &wrote);
         if (rc == K3C_OK) {
+            s->st.last_step_tokens = tokens;
             s->st.steps++;
             s->st.route_steps[k3c_engine_last_plan(s->e).route]++;
             s->st.executor_steps += k3c_engine_last_step_executor(s->e);

@@ -19,10 +19,11 @@ static const char *base_name(const char *dir) {
 
 int srv_engine_load(srv_server *s) {
     const srv_config *c = &s->cfg;
-    if (s->load(c->model_dir, &s->model) != K3C_OK) return -1;
+    if (s->load(c, &s->model) != K3C_OK) return -1;
     k3c_model_info info;
     if (k3c_model_info_get(s->model, &info) != K3C_OK) return -1;
-    if (srv_text_create(c->model_dir, c->model_dir ? NULL : "tiny", info.family, &s->text) != K3C_OK) return -1;
+    const char *preset = c->preset ? c->preset : "tiny";
+    if (srv_text_create(c->model_dir, c->model_dir ? NULL : preset, info.family, &s->text) != K3C_OK) return -1;
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = c->device;
@@ -51,9 +52,12 @@ int srv_engine_load(srv_server *s) {
     so.max_queue = c->max_queue;
     so.spec_tokens = c->spec;
     so.prefix_caching = c->prefix_caching;
+    so.policy = c->priority_policy ? K3C_SCHED_PRIORITY : K3C_SCHED_FCFS;
+    so.snapshot_bytes = c->snapshot_bytes;
+    so.snapshot_interval = c->snapshot_interval;
     if (k3c_scheduler_create(s->engine, &so, &s->sched) != K3C_OK) return -1;
     snprintf(s->model_name, sizeof s->model_name, "%s",
-             c->served_name ? c->served_name : c->model_dir ? base_name(c->model_dir) : "tiny");
+             c->served_name ? c->served_name : c->model_dir ? base_name(c->model_dir) : preset);
     return 0;
 }
 
@@ -81,7 +85,7 @@ static void on_event(srv_server *s, const k3c_sched_event *ev, srv_buf *scratch)
     }
     if (ev->finish == K3C_FINISH_ERROR)
         fprintf(stderr, "k3c serve: request %s failed: %s\n", r->id, ev->message ? ev->message : "(no message)");
-    srv_choice_finished(c, finish_of(ev->finish), ev->cached_tokens, ev->completion_tokens, scratch);
+    srv_choice_finished(c, finish_of(ev->finish), ev->cached_tokens, ev->completion_tokens, ev->queue_seconds, scratch);
     pthread_mutex_lock(&r->mu);
     int last = --r->n_open == 0;
     pthread_mutex_unlock(&r->mu);
@@ -106,6 +110,8 @@ static void *sched_main(void *arg) {
     srv_server *s = arg;
     srv_buf scratch = {0};
     int busy = 0;
+    long steps = 0;
+    k3c_scheduler_stats st;
     while (!atomic_load(&s->stop)) {
         /* submits and aborts wake the wait; the timeout bounds how long a stop request waits */
         if (!busy) k3c_scheduler_wait(s->sched, 100);
@@ -116,6 +122,9 @@ static void *sched_main(void *arg) {
         if (k3c_scheduler_step(s->sched, &ev, &n, &busy) != K3C_OK)
             fprintf(stderr, "k3c serve: a scheduler step failed: %s\n", k3c_last_error());
         for (int i = 0; i < n; i++) on_event(s, &ev[i], &scratch);
+        k3c_scheduler_stats_get(s->sched, &st);
+        if (st.steps != steps) srv_metrics_iteration(&s->metrics, st.last_step_tokens);
+        steps = st.steps;
     }
     srv_buf_free(&scratch);
     return NULL;
@@ -155,6 +164,7 @@ void srv_engine_gauges(srv_server *s, srv_sched_gauges *g) {
     g->preemptions = st.preemptions;
     g->prompt_tokens = st.prompt_tokens;
     g->generation_tokens = st.generation_tokens;
+    g->prefill_tokens = st.prefill_tokens;
     g->prefix_queries = st.prefix_queries_tokens;
     g->prefix_hits = st.prefix_hits_tokens;
     g->blocks_total = st.blocks_total;
@@ -169,4 +179,13 @@ void srv_engine_gauges(srv_server *s, srv_sched_gauges *g) {
     g->steps = st.steps;
     g->executor_steps = st.executor_steps;
     for (int i = 0; i < 4; i++) g->route_steps[i] = st.route_steps[i];
+    for (int i = 0; i < K3C_SCHED_SPEC_POS; i++) g->spec_accepted_by_pos[i] = st.spec_accepted_by_pos[i];
+    g->block_size = st.block_size;
+    g->prefix_grid = st.prefix_grid;
+    g->prefix_caching = s->cfg.prefix_caching;
+    g->spec_tokens = s->cfg.spec;
+    g->max_seqs = st.kda_slots_total;
+    g->max_batched_tokens = s->cfg.max_batched_tokens;
+    g->snapshot_bytes_limit = st.snapshot_bytes_limit;
+    g->snapshot_interval = st.snapshot_interval;
 }

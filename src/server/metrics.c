@@ -11,6 +11,8 @@ static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   
                                     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 static const double len_bounds[] = {1,    2,    5,    10,    20,    50,    100,    200,    500,    1000,
                                     2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000};
+static const double n_bounds[] = {1, 2, 5, 10, 20};
+static const double step_bounds[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
 #define NB(a) ((int)(sizeof a / sizeof a[0]))
 
@@ -27,6 +29,14 @@ int srv_metrics_init(srv_metrics *m) {
     m->e2e = (srv_hist){.bounds = e2e_bounds, .n = NB(e2e_bounds)};
     m->prompt_len = (srv_hist){.bounds = len_bounds, .n = NB(len_bounds)};
     m->gen_len = (srv_hist){.bounds = len_bounds, .n = NB(len_bounds)};
+    m->tpot = (srv_hist){.bounds = itl_bounds, .n = NB(itl_bounds)};
+    m->queue = (srv_hist){.bounds = e2e_bounds, .n = NB(e2e_bounds)};
+    m->prefill = (srv_hist){.bounds = e2e_bounds, .n = NB(e2e_bounds)};
+    m->decode = (srv_hist){.bounds = e2e_bounds, .n = NB(e2e_bounds)};
+    m->inference = (srv_hist){.bounds = e2e_bounds, .n = NB(e2e_bounds)};
+    m->params_n = (srv_hist){.bounds = n_bounds, .n = NB(n_bounds)};
+    m->params_max_tokens = (srv_hist){.bounds = len_bounds, .n = NB(len_bounds)};
+    m->iteration_tokens = (srv_hist){.bounds = step_bounds, .n = NB(step_bounds)};
     return 0;
 }
 
@@ -40,12 +50,32 @@ void srv_hist_observe(srv_hist *h, double v) {
     h->count++;
 }
 
-void srv_metrics_finished(srv_metrics *m, srv_finish f, double e2e_s, int prompt_tokens, int gen_tokens) {
+void srv_metrics_finished(srv_metrics *m, srv_finish f, const srv_finish_times *t, int prompt_tokens, int gen_tokens) {
     pthread_mutex_lock(&m->mu);
-    m->finished[f < 0 || f >= SRV_FINISH_N ? SRV_FINISH_ERROR : f]++;
-    srv_hist_observe(&m->e2e, e2e_s);
+    /* vLLM's finished_reason is the engine's (stop, length, abort, error): a request that ended in tool calls
+     * stopped */
+    m->finished[f == SRV_FINISH_TOOL_CALLS ? SRV_FINISH_STOP : f < 0 || f >= SRV_FINISH_N ? SRV_FINISH_ERROR : f]++;
+    srv_hist_observe(&m->e2e, t->e2e);
     srv_hist_observe(&m->prompt_len, prompt_tokens);
     srv_hist_observe(&m->gen_len, gen_tokens);
+    if (t->queue >= 0) srv_hist_observe(&m->queue, t->queue);
+    if (t->prefill >= 0) srv_hist_observe(&m->prefill, t->prefill);
+    if (t->decode >= 0) srv_hist_observe(&m->decode, t->decode);
+    if (t->inference >= 0) srv_hist_observe(&m->inference, t->inference);
+    if (t->tpot >= 0) srv_hist_observe(&m->tpot, t->tpot);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_request(srv_metrics *m, int n, long max_tokens) {
+    pthread_mutex_lock(&m->mu);
+    srv_hist_observe(&m->params_n, n);
+    srv_hist_observe(&m->params_max_tokens, (double)max_tokens);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_iteration(srv_metrics *m, int tokens) {
+    pthread_mutex_lock(&m->mu);
+    srv_hist_observe(&m->iteration_tokens, tokens);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -103,9 +133,16 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
     srv_buf lb = {0};
     srv_buf_puts(&lb, "model_name=\"");
     label_value(&lb, model_name);
-    srv_buf_puts(&lb, "\"");
+    srv_buf_puts(&lb, "\",engine=\"0\""); /* vLLM's labels; k3c serves one engine */
     const char *lab = lb.failed ? "" : lb.data;
 
+    head(o, "cache_config_info", "gauge", "Information of the LLMEngine CacheConfig (labels; the value is 1).");
+    srv_buf_printf(o, "k3c:cache_config_info{%s,block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\","
+                   "prefix_grid=\"%d\",kda_slots=\"%d\",kda_snapshot_bytes_limit=\"%ld\",kda_snapshot_interval=\"%d\","
+                   "max_num_seqs=\"%d\",max_num_batched_tokens=\"%d\",num_speculative_tokens=\"%d\"} 1\n",
+                   lab, g->block_size, g->blocks_total, g->prefix_caching ? "True" : "False", g->prefix_grid,
+                   g->kda_slots_total, g->snapshot_bytes_limit, g->snapshot_interval, g->max_seqs, g->max_batched_tokens,
+                   g->spec_tokens);
     gauge(o, lab, "num_requests_running", "Number of requests in model execution batches.", g->running);
     gauge(o, lab, "num_requests_waiting", "Number of requests waiting to be processed.", g->waiting);
     gauge(o, lab, "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (MLA blocks in use).",
@@ -121,6 +158,9 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
     counter(o, lab, "num_preemptions", "Cumulative number of preemptions from the engine.", (double)g->preemptions);
     counter(o, lab, "prompt_tokens", "Number of prefill tokens processed.", (double)g->prompt_tokens);
     counter(o, lab, "generation_tokens", "Number of generation tokens processed.", (double)g->generation_tokens);
+    counter(o, lab, "prompt_tokens_computed",
+            "Prompt tokens the engine computed: prefix-cache hits not included, recomputes after a preemption "
+            "included.", (double)g->prefill_tokens);
     counter(o, lab, "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
             (double)g->prefix_queries);
     counter(o, lab, "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
@@ -128,6 +168,10 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
     counter(o, lab, "spec_decode_num_drafts", "Number of spec decoding drafts.", (double)g->spec_drafts);
     counter(o, lab, "spec_decode_num_draft_tokens", "Number of draft tokens.", (double)g->spec_draft_tokens);
     counter(o, lab, "spec_decode_num_accepted_tokens", "Number of accepted tokens.", (double)g->spec_accepted_tokens);
+    head(o, "spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.");
+    for (int i = 0; i < g->spec_tokens && i < K3C_SCHED_SPEC_POS; i++)
+        srv_buf_printf(o, "k3c:spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} %ld\n", lab, i,
+                       g->spec_accepted_by_pos[i]);
     static const char *const routes[] = {"stock", "decode", "verify", "wide"};
     head(o, "engine_steps", "counter", "Engine steps by the route the plan chose.");
     for (int r = 0; r < 4; r++) srv_buf_printf(o, "k3c:engine_steps_total{%s,route=\"%s\"} %ld\n", lab, routes[r], g->route_steps[r]);
@@ -135,7 +179,7 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
 
     pthread_mutex_lock(&m->mu);
     head(o, "request_success", "counter", "Count of successfully processed requests.");
-    for (int f = 0; f < SRV_FINISH_N; f++)
+    for (int f = 0; f < SRV_FINISH_TOOL_CALLS; f++)
         srv_buf_printf(o, "k3c:request_success_total{%s,finished_reason=\"%s\"} %lu\n", lab, srv_finish_name(f),
                        m->finished[f]);
     head(o, "request_rejected", "counter", "Requests refused before they were queued.");
@@ -146,6 +190,16 @@ void srv_metrics_render(srv_metrics *m, const srv_sched_gauges *g, const char *m
     hist(o, lab, "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &m->e2e);
     hist(o, lab, "request_prompt_tokens", "Number of prefill tokens processed.", &m->prompt_len);
     hist(o, lab, "request_generation_tokens", "Number of generation tokens processed.", &m->gen_len);
+    hist(o, lab, "request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+         &m->tpot);
+    hist(o, lab, "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &m->queue);
+    hist(o, lab, "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &m->prefill);
+    hist(o, lab, "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &m->decode);
+    hist(o, lab, "request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+         &m->inference);
+    hist(o, lab, "request_params_n", "Histogram of the n request parameter.", &m->params_n);
+    hist(o, lab, "request_params_max_tokens", "Histogram of the max_tokens request parameter.", &m->params_max_tokens);
+    hist(o, lab, "iteration_tokens_total", "Histogram of number of tokens per engine_step.", &m->iteration_tokens);
     pthread_mutex_unlock(&m->mu);
     srv_buf_free(&lb);
 }

@@ -347,7 +347,8 @@ int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, con
     return settled || c->done;
 }
 
-void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, srv_buf *out) {
+void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, double queue_s,
+                         srv_buf *out) {
     srv_req *r = c->req;
     c->cached_tokens = cached_tokens;
     if (!c->done) {
@@ -361,7 +362,17 @@ void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, in
         delta_free(&d);
     }
     if (c->finish == SRV_FINISH_STOP && c->n_tool_calls) c->finish = SRV_FINISH_TOOL_CALLS;
-    srv_metrics_finished(r->metrics, c->finish, srv_now() - r->t_arrival, r->prompt_len[c->prompt], c->tokens);
+    /* vLLM's phases from the scheduler's queue time and the times tokens reached the server */
+    double now = srv_now(), admitted = r->t_arrival + queue_s;
+    srv_finish_times t = {.e2e = now - r->t_arrival, .queue = queue_s, .prefill = -1, .decode = -1, .inference = -1,
+                          .tpot = -1};
+    if (c->t_first > 0) {
+        t.prefill = c->t_first > admitted ? c->t_first - admitted : 0;
+        t.decode = c->t_last - c->t_first;
+        t.inference = c->t_last > admitted ? c->t_last - admitted : 0;
+        if (c->tokens > 1) t.tpot = t.decode / (c->tokens - 1);
+    }
+    srv_metrics_finished(r->metrics, c->finish, &t, r->prompt_len[c->prompt], c->tokens);
     if (!r->p.stream || c->finish == SRV_FINISH_ABORT || c->finish == SRV_FINISH_ERROR) return;
     cJSON *chunk = srv_chunk_new(r), *ch = srv_chunk_choice(chunk, r, c->index);
     cJSON_ReplaceItemInObjectCaseSensitive(ch, "finish_reason", cJSON_CreateString(srv_finish_name(c->finish)));

@@ -105,9 +105,10 @@ void srv_choice_free(srv_choice *c);
 int srv_choice_token(srv_choice *c, int32_t token, float logprob, int n_top, const int32_t *top_ids,
                      const float *top_lps, srv_buf *out);
 /* The scheduler finished the choice (reason as the scheduler says, unless the output was settled before)
- * with its counts (completion_tokens counts a stop id, as vLLM's usage does); appends the closing events
- * of the choice (streaming). */
-void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, srv_buf *out);
+ * with its counts (completion_tokens counts a stop id, as vLLM's usage does) and its queue time; appends
+ * the closing events of the choice (streaming) and observes its latencies. */
+void srv_choice_finished(srv_choice *c, srv_finish reason, int cached_tokens, int completion_tokens, double queue_s,
+                         srv_buf *out);
 /* Streaming: the first chunks, before any token (chat: the role chunk of every choice; completions with
  * echo: the prompt's text). */
 void srv_req_stream_start(srv_req *r, srv_buf *out);

@@ -241,6 +241,12 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
     }
     if (r->p.stream) srv_req_stream_start(r, &r->out);
     uint64_t seed = r->p.has_seed ? r->p.seed : fresh_seed(s);
+    /* every choice's reference and open count, taken before the first submit: the scheduler may finish a
+     * choice before the next one is submitted, and the request must not look complete then */
+    pthread_mutex_lock(&r->mu);
+    r->refs += r->n_choices;
+    r->n_open += r->n_choices;
+    pthread_mutex_unlock(&r->mu);
     for (int i = 0; i < r->n_choices; i++) {
         srv_choice *c = &r->choices[i];
         int np = r->prompt_len[c->prompt];
@@ -266,17 +272,14 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
             .prefix_hint = r->p.kind == SRV_CHAT && r->p.n == 1 ? r->prefix_hint : r->p.n > 1 ? np : 0,
             .user = c,
         };
-        /* the choice's reference, taken before the scheduler can finish it */
-        pthread_mutex_lock(&r->mu);
-        r->refs++;
-        r->n_open++;
-        pthread_mutex_unlock(&r->mu);
         uint64_t id = 0;
         int rc = k3c_scheduler_submit(s->sched, &q, &id);
         if (rc != 0) {
+            /* this choice and the later ones will never be submitted (the request is answered with the
+             * error; the earlier choices are aborted below) */
             pthread_mutex_lock(&r->mu);
-            r->refs--;
-            r->n_open--;
+            r->refs -= r->n_choices - i;
+            r->n_open -= r->n_choices - i;
             pthread_mutex_unlock(&r->mu);
             if (rc == 1) {
                 srv_metrics_count(&s->metrics, &s->metrics.rejected_queue_full);
@@ -292,6 +295,7 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
         c->sched_id = id;
         c->submitted = 1;
     }
+    srv_metrics_request(&s->metrics, r->p.n, r->p.max_tokens > 0 ? r->p.max_tokens : s->max_context);
     out->req = r;
     return;
 fail:

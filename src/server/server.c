@@ -62,7 +62,7 @@ static int write_port_file(const char *path, int port) {
     return 0;
 }
 
-int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m)) {
+int srv_run(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model **m)) {
     srv_server *s = calloc(1, sizeof *s);
     if (!s) return srv_errorf("out of memory");
     s->cfg = *cfg;
@@ -87,6 +87,12 @@ int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m)) 
     atomic_store(&s->ready, 1);
     fprintf(stderr, "k3c serve: ready: model %s on %s, context %d, %d running at once, queue %d\n", s->model_name,
             cfg->device, s->max_context, cfg->max_seqs, cfg->max_queue);
+    k3c_scheduler_stats st;
+    k3c_scheduler_stats_get(s->sched, &st);
+    if (cfg->prefix_caching)
+        fprintf(stderr, "k3c serve: prefix caching: hits on multiples of %d tokens; KDA snapshots of %.1f KiB, %d of "
+                "them in %.1f MiB (--snapshot-memory)\n", st.prefix_grid, st.snapshot_bytes_each / 1024.0,
+                st.snapshots_max, st.snapshot_bytes_limit / 1048576.0);
     int sig = 0;
     while (sigwait(&set, &sig) != 0) {}
     fprintf(stderr, "k3c serve: %s: draining (%.1f s grace)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg->grace_s);

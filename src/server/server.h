@@ -24,7 +24,8 @@
 #include "server/text.h"
 
 typedef struct srv_config {
-    const char *model_dir;   /* NULL: the embedded default (the tiny preset, synthesized) */
+    const char *model_dir;   /* NULL: `preset` (or the default the loader picks) */
+    const char *preset;      /* without model_dir: a preset (synthesized; a config-only one on the device) */
     const char *served_name; /* the model's name in the API; NULL: the directory's last part, or "tiny" */
     const char *host;        /* "127.0.0.1" */
     int port;                /* 8000; 0 = any free port (printed) */
@@ -39,6 +40,9 @@ typedef struct srv_config {
     int kv_blocks;           /* MLA cache blocks; 0 = enough for max_seqs full contexts */
     int spec;                /* prompt-lookup drafts per verify; 0 = off */
     int prefix_caching;      /* 1 = on */
+    int priority_policy;     /* 1: the scheduler serves by request priority (lower first), else FCFS */
+    size_t snapshot_bytes;   /* KDA snapshot memory of the prefix cache; 0 = the scheduler's default (256 MiB) */
+    int snapshot_interval;   /* a snapshot kept every this many prefix grids of a prompt; 0 = 1 */
     int exact_f32;           /* diagnostic: the engine's exact_f32 (activations kept in f32) */
     size_t max_body;         /* request bodies past this are refused (413) before they are read whole */
     double grace_s;          /* SIGTERM: running requests get this long to finish, then they are aborted */
@@ -48,7 +52,7 @@ typedef struct srv_config {
 
 typedef struct srv_server {
     srv_config cfg;
-    int (*load)(const char *dir, k3c_model **m);
+    int (*load)(const struct srv_config *cfg, k3c_model **m);
     struct MHD_Daemon *mhd;
     int port;                /* bound */
     /* the model, once loaded (ready = 1 afterwards; nothing below changes after that) */
@@ -76,9 +80,9 @@ typedef struct srv_server {
 } srv_server;
 
 /* Runs the server until SIGTERM / SIGINT; 0 after a clean drain, -1 with a message (k3c_last_error or the
- * server's own, through srv_error_message). load(dir, &m) loads the model (dir NULL: the embedded default;
- * on failure it leaves a message through srv_errorf or k3c_last_error). */
-int srv_run(const srv_config *cfg, int (*load)(const char *dir, k3c_model **m));
+ * server's own, through srv_error_message). load(cfg, &m) loads the model cfg names (model_dir, or preset,
+ * or a default; on failure it leaves a message through srv_errorf or k3c_last_error). */
+int srv_run(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model **m));
 const char *srv_error_message(void);
 int srv_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -78,6 +78,10 @@ TEST(gpu_sched_tiny) {
     eo.max_requests = 4;
     eo.max_context = 128;
     eo.num_blocks = 14; /* 224 tokens for 4 requests of up to 109: preemptions */
+    /* blocks of 16 / 32 tokens (instead of 64 / 128): the scheduler's prefix grid is then 32, so the shared
+     * 32-token system prompt can hit and a budget of 64 tokens cuts prompt chunks */
+    eo.chunk_min = 16;
+    eo.mla_expand_min = 32;
     k3c_engine *e;
     CHECK_OK(k3c_engine_create(m, &eo, &e));
     int V = k3c_engine_vocab(e);

@@ -1,5 +1,5 @@
-"""`k3c serve` against the `openai` Python client and raw HTTP, on the tiny preset, serve's default (loopback
-only; every server is started and stopped here). Greedy outputs are compared with `k3c generate` on the
+"""`k3c serve` against the `openai` Python client and raw HTTP, on the embedded default model (its files in
+models/k3-fortune, named with --model; loopback only; every server is started and stopped here). Greedy outputs are compared with `k3c generate` on the
 same prompt ids, alone, in a full batch, after preemptions and with a prefix-cache hit.
 
     python3 tests/server/test_openai.py [--k3c build/k3c] [NAME ...]
@@ -16,11 +16,12 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from serve_common import ROOT, Server, finish_reason, joined_text, stream, wait_for  # noqa: E402
+from serve_common import MODEL_DIR, MODEL_NAME, ROOT, Server, finish_reason, joined_text, stream, wait_for  # noqa: E402
 
 try:
     import openai
@@ -41,17 +42,16 @@ def needs_openai(fn):
     return fn
 
 
-# k3c serve without --model runs the tiny preset; generate and detokenize name it (their default is the embedded
-# k3-fortune model)
 def generate_ids(prompt, n):
-    out = subprocess.run([K3C, "generate", "--preset", "tiny", "--prompt-ids", ",".join(map(str, prompt)),
-                          "-n", str(n)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([K3C, "generate", "--model", MODEL_DIR, "--prompt-ids", ",".join(map(str, prompt)), "-n", str(n),
+                          "--ignore-eos"],
+                         capture_output=True, text=True, check=True).stdout
     return [int(x) for x in out.split()]
 
 
 def detokenize(ids):
-    out = subprocess.run([K3C, "detokenize", "--preset", "tiny", "--ids", ",".join(map(str, ids))],
-                         capture_output=True, check=True).stdout
+    out = subprocess.run([K3C, "detokenize", "--model", MODEL_DIR, "--ids", ",".join(map(str, ids))], capture_output=True,
+                         check=True).stdout
     return out.decode("utf-8")[:-1]
 
 
@@ -85,7 +85,7 @@ def health_models_version(srv):
     st, body = srv.request("GET", "/health")
     check(st == 200 and body == {"status": "ok"}, "health: %s %s" % (st, body))
     st, body = srv.request("GET", "/v1/models")
-    check(st == 200 and body["data"][0]["id"] == "tiny" and body["data"][0]["max_model_len"] == 4096, body)
+    check(st == 200 and body["data"][0]["id"] == MODEL_NAME and body["data"][0]["max_model_len"] == 4096, body)
     st, body = srv.request("GET", "/version")
     check(st == 200 and "version" in body, body)
     st, body = srv.request("GET", "/nope")
@@ -131,10 +131,10 @@ def openai_completions_stream_equal_generate(srv):
     prompt = [5, 17, 300, 42]
     want = reference_text(prompt, 40)
     extra = {"ignore_eos": True, "skip_special_tokens": False}
-    got = c.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, extra_body=extra)
+    got = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, temperature=0, extra_body=extra)
     check(got.choices[0].text == want, "non-streaming %r != %r" % (got.choices[0].text, want))
     parts, usage, finish = [], None, None
-    for ch in c.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0, stream=True,
+    for ch in c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, temperature=0, stream=True,
                                    stream_options={"include_usage": True}, extra_body=extra):
         if ch.choices:
             parts.append(ch.choices[0].text)
@@ -166,19 +166,28 @@ def batch_invariance(srv):
 
 @test
 def prefix_hit_same_output(srv):
+    """A 256-token system prompt (two prefix grids of the engine's default blocks) before two user turns: the
+    second request and a repeat of the first skip the system prompt (cached_tokens 256, the prefix grid's
+    multiple below the prompt's last whole grid block) and give the text they give alone."""
     rng = random.Random(3)
-    system = random_prompt(rng, 96)
-    a = system + random_prompt(rng, 5)
+    system = random_prompt(rng, 256)
+    a, b = system + random_prompt(rng, 5), system + random_prompt(rng, 9)
     n = 16
-    first = srv.request("POST", "/v1/completions", greedy_body(a, n))[1]
-    second = srv.request("POST", "/v1/completions", greedy_body(a, n))[1]
+    hits0 = srv.metrics()["k3c:prefix_cache_hits_total"]
+    computed = []
+    for p in (a, b, a):
+        before = srv.metrics()["k3c:prompt_tokens_computed_total"]
+        computed.append((srv.request("POST", "/v1/completions", greedy_body(p, n))[1],
+                         srv.metrics()["k3c:prompt_tokens_computed_total"] - before))
+    (first, c0), (other, c1), (second, c2) = computed
+    # the system prompt costs no prefill the second time: only the tokens after it are computed
+    check((c0, c1, c2) == (len(a), len(b) - 256, len(a) - 256), "prompt tokens computed %s" % ((c0, c1, c2),))
     check(first["choices"][0]["text"] == second["choices"][0]["text"], "repeat differs")
     check(first["choices"][0]["text"] == reference_text(a, n), "differs from k3c generate")
-    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    m = srv.metrics()
-    # prefix caching on: the second request found the first one's blocks
-    check(cached > 0 and m["k3c:prefix_cache_hits_total"] > 0, "cached_tokens %d, hits %s" % (
-        cached, m.get("k3c:prefix_cache_hits_total")))
+    check(other["choices"][0]["text"] == reference_text(b, n), "the other turn differs from k3c generate")
+    cached = [x["usage"]["prompt_tokens_details"]["cached_tokens"] for x in (first, other, second)]
+    hits = srv.metrics()["k3c:prefix_cache_hits_total"] - hits0
+    check(cached == [0, 256, 256] and hits == 512, "cached_tokens %s, hits %s" % (cached, hits))
 
 
 # ---- chat ----
@@ -188,12 +197,12 @@ def prefix_hit_same_output(srv):
 def openai_chat(srv):
     c = client(srv)
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}]
-    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0)
+    r = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=12, temperature=0)
     m = r.choices[0].message
     check(m.role == "assistant" and r.choices[0].finish_reason in ("stop", "length"), r)
     check(r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 5, r.usage)
     # streaming: role chunk first, same id throughout, the same text as non-streaming, usage last
-    chunks = list(c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, temperature=0, stream=True,
+    chunks = list(c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=12, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     check(chunks[0].choices[0].delta.role == "assistant", chunks[0])
     check(len({ch.id for ch in chunks}) == 1, "ids differ")
@@ -209,7 +218,7 @@ def openai_chat(srv):
 def openai_chat_n_logprobs(srv):
     c = client(srv)
     msgs = [{"role": "user", "content": "Count."}]
-    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.9, seed=7, n=3,
+    r = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=8, temperature=0.9, seed=7, n=3,
                                   logprobs=True, top_logprobs=3)
     check(len(r.choices) == 3 and sorted(ch.index for ch in r.choices) == [0, 1, 2], r.choices)
     for ch in r.choices:
@@ -221,7 +230,7 @@ def openai_chat_n_logprobs(srv):
             tops = [t.logprob for t in e.top_logprobs]
             check(tops == sorted(tops, reverse=True), "top_logprobs not sorted: %s" % tops)
             check(e.logprob <= tops[0] + 1e-5, "chosen above the best")
-    again = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0.9, seed=7, n=3)
+    again = c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=8, temperature=0.9, seed=7, n=3)
     check([x.message.content for x in again.choices] == [x.message.content for x in r.choices], "seeded n not repeatable")
 
 
@@ -229,15 +238,26 @@ def openai_chat_n_logprobs(srv):
 @needs_openai
 def openai_completions_logprobs_n(srv):
     c = client(srv)
-    r = c.completions.create(model="tiny", prompt=[[1, 2, 3], [4, 5]], max_tokens=6, temperature=0, n=2, logprobs=2,
+    r = c.completions.create(model=MODEL_NAME, prompt=[[1, 2, 3], [4, 5]], max_tokens=6, temperature=0, n=2, logprobs=2,
                              extra_body={"ignore_eos": True})
     check(len(r.choices) == 4, r)
     for ch in r.choices:
         lp = ch.logprobs
-        check(len(lp.tokens) == 6 and len(lp.token_logprobs) == 6 and len(lp.top_logprobs) == 6, lp)
+        check(len(lp.tokens) == 6 and len(lp.token_logprobs) == 6 and len(lp.top_logprobs) == 6, r)
         check(all(len(t) <= 2 for t in lp.top_logprobs), lp.top_logprobs)
     # greedy: both samples of a prompt are the same text
     check(r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text, [x.text for x in r.choices])
+
+
+@test
+def n_choices_all_complete(srv):
+    """n choices of a short greedy request: the first may finish before the last is submitted, and every
+    choice must still get its tokens (the response waits for all of them)."""
+    for k in range(40):
+        st, body = srv.request("POST", "/v1/completions", dict(greedy_body([k + 1, 2], 1 + k % 3), n=8))
+        check(st == 200 and len(body["choices"]) == 8, (st, body))
+        texts = {c["text"] for c in body["choices"]}
+        check(len(texts) == 1 and body["usage"]["completion_tokens"] == 8 * (1 + k % 3), body)
 
 
 @test
@@ -252,12 +272,12 @@ def openai_stop_strings(srv):
     stop = chars[len(chars) // 2]
     want = full[:full.index(stop)]
     extra = {"ignore_eos": True, "skip_special_tokens": False}
-    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=60, temperature=0, stop=[stop], extra_body=extra)
+    r = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=60, temperature=0, stop=[stop], extra_body=extra)
     check(r.choices[0].text == want and r.choices[0].finish_reason == "stop", (r.choices[0].text, want, stop))
-    parts = [ch.choices[0].text for ch in c.completions.create(model="tiny", prompt=prompt, max_tokens=60,
+    parts = [ch.choices[0].text for ch in c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=60,
                                                                temperature=0, stop=[stop], stream=True, extra_body=extra)]
     check("".join(parts) == want, "streamed %r != %r" % ("".join(parts), want))
-    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=60, temperature=0, stop=[stop],
+    r = c.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=60, temperature=0, stop=[stop],
                              extra_body=dict(extra, include_stop_str_in_output=True))
     check(r.choices[0].text == want + stop, r.choices[0].text)
 
@@ -270,10 +290,10 @@ def openai_tools(srv):
                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
     for choice in ("auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}):
-        r = c.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice=choice, max_tokens=16,
+        r = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, tool_choice=choice, max_tokens=16,
                                       temperature=0)
         check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
-        s = list(c.chat.completions.create(model="tiny", messages=msgs, tools=tools, tool_choice=choice, max_tokens=16,
+        s = list(c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, tool_choice=choice, max_tokens=16,
                                            temperature=0, stream=True))
         content = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
         check(content == (r.choices[0].message.content or ""), "tool_choice %s: stream differs" % (choice,))
@@ -281,7 +301,7 @@ def openai_tools(srv):
     msgs2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
-    r = c.chat.completions.create(model="tiny", messages=msgs2, tools=tools, max_tokens=4, temperature=0)
+    r = c.chat.completions.create(model=MODEL_NAME, messages=msgs2, tools=tools, max_tokens=4, temperature=0)
     check(r.choices[0].message.role == "assistant", r)
 
 
@@ -294,11 +314,11 @@ def openai_errors(srv):
     msgs = [{"role": "user", "content": "x"}]
     cases = [
         (openai.NotFoundError, dict(model="nope", messages=msgs)),
-        (openai.BadRequestError, dict(model="tiny", messages=msgs, temperature=-1)),
-        (openai.BadRequestError, dict(model="tiny", messages=msgs, max_tokens=5000)),
-        (openai.BadRequestError, dict(model="tiny", messages=msgs, extra_body={"frobnicate": 1})),
-        (openai.BadRequestError, dict(model="tiny", messages=[{"role": "user", "content": "x " * 6000}])),
-        (openai.BadRequestError, dict(model="tiny", messages=[])),
+        (openai.BadRequestError, dict(model=MODEL_NAME, messages=msgs, temperature=-1)),
+        (openai.BadRequestError, dict(model=MODEL_NAME, messages=msgs, max_tokens=5000)),
+        (openai.BadRequestError, dict(model=MODEL_NAME, messages=msgs, extra_body={"frobnicate": 1})),
+        (openai.BadRequestError, dict(model=MODEL_NAME, messages=[{"role": "user", "content": "x " * 6000}])),
+        (openai.BadRequestError, dict(model=MODEL_NAME, messages=[])),
     ]
     for exc, kw in cases:
         try:
@@ -353,6 +373,37 @@ def raw_errors(srv):
 # ---- servers of their own ----
 
 @test
+def scheduling_policy(srv_unused):
+    """A request's priority needs --scheduling-policy priority (FCFS refuses it, as vLLM does)."""
+    st, body = srv_unused.request("POST", "/v1/completions", dict(greedy_body([1, 2], 2), priority=3))
+    check(st == 400 and "priority" in body["error"]["message"], (st, body))
+    with Server(args=["--scheduling-policy", "priority"]) as s:
+        st, body = s.request("POST", "/v1/completions", dict(greedy_body([1, 2], 2), priority=3))
+        check(st == 200 and body["usage"]["completion_tokens"] == 2, (st, body))
+
+
+@test
+def snapshot_retention_and_cap(srv_unused):
+    """KDA snapshots of the prefix cache: a 600-token prompt prefilled in chunks of 128 (the prefix grid)
+    keeps one at every grid boundary its chunks end on below its last whole grid block (128 .. 512), every
+    second one with --snapshot-interval 2 (and always the last, 512), and at most what --snapshot-memory
+    holds (the oldest evicted)."""
+    prompt = random_prompt(random.Random(7), 600)
+
+    def snapshots(args):
+        with Server(args=["--max-batched-tokens", "128"] + args) as s:
+            st, body = s.request("POST", "/v1/completions", greedy_body(prompt, 1))
+            check(st == 200, body)
+            m = s.metrics()
+            return int(m["k3c:kda_snapshots"]), int(m["k3c:kda_snapshot_bytes"])
+    n1, b1 = snapshots([])
+    check(n1 == 4 and b1 % 4 == 0, "interval 1: %d snapshots" % n1)
+    n2, _ = snapshots(["--snapshot-interval", "2"])
+    check(n2 == 2, "interval 2: %d snapshots" % n2)
+    n3, b3 = snapshots(["--snapshot-memory", str(2 * b1 // 4)])
+    check(n3 == 2 and b3 == 2 * b1 // 4, "a cap of two: %d snapshots, %d bytes" % (n3, b3))
+
+@test
 def api_key(srv_unused):
     with Server(args=["--api-key", "sekrit"]) as s:
         st, body = s.request("GET", "/v1/models")
@@ -368,7 +419,7 @@ def api_key(srv_unused):
                 raise AssertionError("no 401")
             except openai.AuthenticationError:
                 pass
-            check(client(s, api_key="sekrit").models.list().data[0].id == "tiny", "models with the key")
+            check(client(s, api_key="sekrit").models.list().data[0].id == MODEL_NAME, "models with the key")
 
 
 @test
@@ -397,8 +448,8 @@ def queue_full_429(srv_unused):
 
 @test
 def disconnect_aborts(srv_unused):
-    """A client that leaves while decoding, while waiting in the queue, or during a non-streaming request:
-    its request is aborted and its blocks freed within a second."""
+    """A client that leaves while decoding, while waiting in the queue, while its prompt is prefilled, or
+    during a non-streaming request: its request is aborted and its blocks freed within a second."""
     with Server(args=["--max-seqs", "1"]) as s:
         async def run():
             # decoding: cut after 3 events
@@ -426,6 +477,18 @@ def disconnect_aborts(srv_unused):
             return t0
         asyncio.run(run())
         check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0), "still running")
+        gen0 = s.metrics()["k3c:generation_tokens_total"]
+        # prefilling: a 3000-token prompt (seconds of prefill on the CPU), streamed; the client leaves before
+        # the first token
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        body = json.dumps(greedy_body(random_prompt(random.Random(11), 3000), 4, stream=True)).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 1, 5), "long prompt not running")
+        time.sleep(0.3)
+        check(s.metrics()["k3c:generation_tokens_total"] == gen0, "the long prompt already produced a token")
+        sock.close()
+        check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0),
+              "prefilling request still running 1 s after its client left")
         # non-streaming: the client closes while the request runs
         sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
         body = json.dumps(greedy_body([4, 4], 4000)).encode()
@@ -435,7 +498,7 @@ def disconnect_aborts(srv_unused):
         check(wait_for(lambda: s.metrics()["k3c:num_requests_running"] == 0, 1.0),
               "non-streaming request still running 1 s after its client left")
         m = s.metrics()
-        check(m["k3c:kv_cache_blocks_used"] == 0 and m['k3c:request_success_total{finished_reason="abort"}'] >= 3, m)
+        check(m["k3c:kv_cache_blocks_used"] == 0 and m['k3c:request_success_total{finished_reason="abort"}'] >= 4, m)
 
 
 def preempted_streams(args, prompts, n):
@@ -455,27 +518,50 @@ def preempted_streams(args, prompts, n):
 @test
 def preemption_same_output(srv_unused):
     """A cache too small for every running request: the scheduler preempts (recompute), and every output is
-    the one the request gave alone. Checked bitwise with the engine's exact_f32 arithmetic; with the bf16
-    default the count of streams that differ is printed (recomputed rows may take a different form from
-    the decoded ones: the invariance rule covers prompt cuts, not a recompute of generated tokens)."""
+    the one the request gave alone, with the release (bf16) arithmetic: the scheduler replays a preempted
+    request's generated tokens in the forms decoding gave them (batch invariance). With and without prefix
+    caching (with it, a resumed request may start from its own cached blocks)."""
     rng = random.Random(5)
-    prompts = [random_prompt(rng, 40) for _ in range(8)]
+    head = random_prompt(rng, 128)
+    prompts = [random_prompt(rng, 40) for _ in range(6)] + [head + random_prompt(rng, 20 + k) for k in range(2)]
     n = 40
-    for mode in ("f32", "bf16"):
-        args = ["--max-seqs", "8", "--kv-blocks", "24", "--no-prefix-caching"] + (["--exact-f32"] if mode == "f32" else [])
+    for caching in (False, True):
+        args = ["--max-seqs", "8", "--kv-blocks", "24"] + ([] if caching else ["--no-prefix-caching"])
         solo, res, preempted, m = preempted_streams(args, prompts, n)
-        check(preempted > 0, "%s: no preemption happened" % mode)
+        check(preempted > 0, "prefix caching %s: no preemption happened" % caching)
         check(m["k3c:num_requests_running"] == 0 and m["k3c:kv_cache_blocks_used"] == 0, m)
         differ = []
         for k, (st, ev, done, _) in enumerate(res):
-            check(st == 200 and done, "%s stream %d: %s %s" % (mode, k, st, ev[-1:] if ev else ""))
+            check(st == 200 and done, "stream %d: %s %s" % (k, st, ev[-1:] if ev else ""))
             if joined_text(ev) != solo[k]:
                 differ.append(k)
-        if mode == "f32":
-            check(not differ, "f32: prompts %s differ from their solo output after %d preemptions" % (differ, preempted))
-        elif differ:
-            print("  note: bf16: %d of %d streams differ from their solo output after %d preemptions" % (
-                len(differ), len(prompts), preempted))
+        check(not differ, "prefix caching %s: prompts %s differ from their solo output after %d preemptions" % (
+            caching, differ, preempted))
+
+
+@test
+def default_model_served(srv):
+    """No --model and no --preset: the embedded model, served as k3-fortune, its greedy completion the same as
+    from its files in the tree; the temporary directory it was written to is gone after SIGTERM."""
+    tmp = tempfile.mkdtemp(prefix="k3c-serve-default-")
+    s = Server(env={"TMPDIR": tmp})
+    s.args = []
+    s.start()
+    try:
+        st, models = s.request("GET", "/v1/models")
+        check(st == 200 and [m["id"] for m in models["data"]] == ["k3-fortune"], "models %s %s" % (st, models))
+        body = greedy_body([1, 2, 3], 12)
+        st_a, a = s.request("POST", "/v1/completions", body)
+        st_b, b = srv.request("POST", "/v1/completions", dict(body, model=MODEL_NAME))
+        check(st_a == 200 and st_b == 200, "status %s %s" % (st_a, st_b))
+        check(a["choices"][0]["text"] == b["choices"][0]["text"],
+              "embedded %r vs files %r" % (a["choices"][0]["text"], b["choices"][0]["text"]))
+    finally:
+        rc = s.stop(timeout=30)
+    left = os.listdir(tmp)
+    os.rmdir(tmp) if not left else None
+    check(rc == 0, "exit status %s:\n%s" % (rc, s.log_text()))
+    check(not left, "left in TMPDIR: %s" % left)
 
 
 @test
