@@ -81,6 +81,9 @@ TEST(layout_k3_world1_spec_bytes) {
     CHECK(r[0].mla_bytes_per_token == U(576) * 2 * 24);
     CHECK(r[0].kda_bytes_per_request == 69 * (U(96) * 128 * 128 * 4 + 3 * U(3) * 12288 * 4));
     CHECK(!r[0].fits);
+    l.kv_fp8 = 1; /* FP8 E4M3 latents: one byte an element */
+    CHECK_OK(k3c_layout_plan(NULL, "k3", &l, r, 1, &n));
+    CHECK(r[0].mla_bytes_per_token == U(576) * 24 && r[0].mla_cache_bytes == U(576) * 24 * 8192 * 4);
 }
 
 TEST(layout_k3_tp8_pp2_per_rank) {

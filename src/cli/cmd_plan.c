@@ -65,9 +65,9 @@ int cmd_plan(int argc, char **argv) {
             bad = cli_int("--requests", v, 1, 1 << 20, &x);
             l.requests = (int)x;
         } else if ((v = cli_option(argc, argv, &i, "--kv-cache"))) {
-            if (cli_str("--kv-cache", v) || (strcmp(v, "bf16") && strcmp(v, "fp8")))
-                bad = cli_errorf("--kv-cache: '%s' is not bf16 or fp8", v ? v : "");
-            l.kv_fp8 = v && !strcmp(v, "fp8");
+            bad = cli_str("--kv-cache", v);
+            if (!bad && strcmp(v, "bf16") && strcmp(v, "fp8")) bad = cli_errorf("--kv-cache: '%s' is not bf16 or fp8", v);
+            l.kv_fp8 = !bad && !strcmp(v, "fp8");
         } else if ((v = cli_option(argc, argv, &i, "--hbm"))) {
             bad = cli_float("--hbm", v, 0, 1e9, 1, &d);
             l.hbm_bytes_per_s = d * 1e9;
@@ -83,7 +83,12 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "k3c plan: give --config or --preset (one of them)\n%s", usage_text);
         return 2;
     }
-    int world = l.tp * l.pp * l.dp, n = 0;
+    long long ranks = (long long)l.tp * l.pp * l.dp;
+    if (ranks > 1 << 20) {
+        fprintf(stderr, "k3c plan: tp %d x pp %d x dp %d = %lld ranks, at most %d\n", l.tp, l.pp, l.dp, ranks, 1 << 20);
+        return 2;
+    }
+    int world = (int)ranks, n = 0;
     k3c_layout_rank *r = calloc((size_t)world, sizeof *r);
     if (!r) {
         fprintf(stderr, "k3c plan: out of memory for %d ranks\n", world);
