@@ -159,6 +159,54 @@ int k3c_model_layer_block_start(const k3c_model *m, int l);
 /* A stored dtype's name ("BF16", "F32", "F8_E4M3", ...), "INVALID" for an index without one. */
 const char *k3c_dtype_name_of(int dtype);
 
+/* ---- parallel layouts (k3c plan): what each rank of a layout holds and moves, from a config alone ----
+ * Ranks are numbered TP innermost, then DP, then PP: rank = (stage * dp + dp_rank) * tp + tp_rank, and
+ * consecutive ranks share a host (hosts divide the ranks evenly), so TP stays inside a host and PP crosses
+ * hosts. PP stage s holds layers [s L / pp, (s + 1) L / pp) (integer division), the embedding on the first
+ * stage, the final norm, output AttnRes and LM head on the last. Under TP (vLLM's sharding, parallel.md
+ * §2.6): the KDA and MLA heads, the dense MLP and shared experts' intermediate dimension, the routed experts'
+ * intermediate dimension (ep 1) and the vocabulary of the embedding and the LM head are split over the TP
+ * ranks; norms, AttnRes, KDA f_a / g_a, A_log and o_norm, MLA q_a / kv_a and their norms, the router and
+ * the latent projections are replicated. With ep = tp x dp the routed experts are instead placed whole, E /
+ * ep on each rank of a stage. Byte counts are the published tensors' (MXFP4 experts packed, with their
+ * scales). */
+typedef struct k3c_layout {
+    int tp, pp, dp;        /* ranks = tp x pp x dp (0 means 1) */
+    int ep;                /* 0 or 1: experts TP-sharded; tp x dp: whole experts over a stage's ranks */
+    int hosts;             /* 0 means 1 */
+    uint64_t gpu_mem;      /* bytes of memory per GPU (the fit test) */
+    int context, requests; /* per DP rank: requests of context tokens each (the caches and the floor) */
+    int kv_fp8;            /* MLA cache elements in FP8 E4M3 (1 byte) instead of bf16 */
+    double hbm_bytes_per_s; /* the floor's bandwidth */
+} k3c_layout;
+
+typedef struct k3c_layout_rank {
+    int rank, host, tp_rank, pp_stage, dp_rank, ep_rank;
+    int layer_first, num_layers; /* the stage's layers [layer_first, layer_first + num_layers) */
+    int num_kda_layers, num_mla_layers, num_moe_layers;
+    int embedding, lm_head;      /* holds a vocabulary shard of the embedding / of the LM head */
+    uint64_t weight_bytes;       /* every tensor (share) the rank holds, as published */
+    uint64_t routed_expert_bytes; /* of which routed experts */
+    uint64_t mla_bytes_per_token; /* what one token adds to the rank's MLA latent cache (replicated over TP) */
+    uint64_t mla_cache_bytes;    /* requests x context tokens */
+    uint64_t kda_bytes_per_request; /* one KDA slot on the rank: f32 state + f32 conv window, as k3c stores them */
+    uint64_t kda_bytes;          /* requests slots */
+    uint64_t total_bytes;        /* weights + MLA cache + KDA slots (no activations, workspace or CUDA context) */
+    int fits;                    /* total_bytes <= gpu_mem */
+    /* The floor of one decode step of `requests` rows (q = 1) on this rank: its weights read once but the
+     * routed experts, of which the expected distinct selected ones (E (1 - (1 - k/E)^rows) a layer, rows =
+     * requests, x dp under EP) read their share on this rank, the embedding rows looked up, the MLA cache read
+     * (context + 1 positions) and written, the KDA slots read and written; over hbm_bytes_per_s. Collectives
+     * are not counted. */
+    double step_bytes, floor_ms;
+} k3c_layout_rank;
+
+/* config: a config.json, or a directory holding one; or NULL and preset (k3c_preset_names). Fills ranks[0 ..
+ * tp x pp x dp) (*n = that count; fails when cap is smaller); refuses a layout the config's dimensions do not
+ * divide, naming the tensor and dimension. */
+int k3c_layout_plan(const char *config, const char *preset, const k3c_layout *layout, k3c_layout_rank *ranks,
+                    int cap, int *n);
+
 /* ---- engine: runs steps of many requests over one loaded model ----
  * An engine owns a backend (device), the paged MLA latent cache, the KDA state slots and the step buffers,
  * all allocated once at creation. A request is one timeline (its cache blocks and its KDA slot). */

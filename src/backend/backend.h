@@ -99,7 +99,9 @@ struct k3c_backend {
     void (*gather_rows)(k3c_backend *be, const float *src, const int *rows, int n, int D, float *dst);
 
     /* ---- dense ops (all outputs rounded unless said otherwise) ---- */
-    /* out[t, :] = embed row ids[t] (exact: bf16 weights). ids: host [T]. */
+    /* out[t, :] = embed row ids[t] (exact: bf16 weights). ids: host [T]. A backend with the tensor-parallel
+     * ops below also takes ids[t] = -1: a row of -0.0, the rows of a vocabulary-parallel embedding that
+     * another rank holds (x + -0.0 is x for every x, so the all-reduce of the ranks' rows is exact). */
     void (*embed)(k3c_backend *be, const k3c_mat *E, const int32_t *ids, int T, float *out);
     /* y[t, r] = sum_c W[r, c] x[t, c], fp32 accumulate; x [T, W.cols], y [T, W.rows].
      * round: 1 = rounded (every activation), 0 = f32 (the final logits only). */
@@ -174,6 +176,19 @@ struct k3c_backend {
      *   shared (when present): s = rnd(W_sdown rnd(act(rnd(W_sgate y), rnd(W_sup y)))), else s = 0;
      *   out = rnd(r + s). */
     void (*moe)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out);
+
+    /* ---- tensor parallel (optional: NULL where the backend has none; the forward then refuses a TP
+     * communicator). The forward sums the partial results across ranks and rounds the sums. ---- */
+    /* x = rnd(x) over n floats (a sum across ranks takes the rounding a single product would have had). */
+    void (*round)(k3c_backend *be, float *x, size_t n);
+    /* moe on one TP rank's shard (every expert's and the shared expert's intermediate dimension split,
+     * model/shard.h), up to the cross-rank sums: r_part [T, expert_in] = sum_j weight[j] * (W2 h_j) with this
+     * rank's part of each d_j, f32 and not rounded (d_j unrounded too: its sum across ranks is what moe
+     * rounds); s_part [T, D] = W_sdown h_s on this rank's part, f32 (NULL: no shared experts). Routing, z and
+     * the hidden activations round as in moe. The forward all-reduces r_part and s_part, rounds both, and
+     * finishes: latent norm and up-projection (rounded), out = rnd(r + s). */
+    void (*moe_partial)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *r_part,
+                        float *s_part);
 };
 
 /* Backends. threads <= 0: one per core. */

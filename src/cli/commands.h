@@ -3,6 +3,7 @@
 #define K3C_CLI_COMMANDS_H
 
 int cmd_inspect(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 
 int cmd_generate(int argc, char **argv);

@@ -13,6 +13,8 @@ static const struct {
     const char *help;
 } commands[] = {
     {"inspect", cmd_inspect, "inspect DIR                 validate a checkpoint and print its structure"},
+    {"plan", cmd_plan,
+     "plan (--config FILE | --preset NAME) [--tp N --pp N --dp N --ep N --hosts N --gpu-mem BYTES]   bytes per rank, fit, decode floor"},
     {"synth", cmd_synth, "synth --preset NAME --out DIR [--seed N]   write a synthetic checkpoint"},
     {"generate", cmd_generate,
      "generate [--model DIR | --preset NAME] [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3 [--text]] [-n 32] [--ignore-eos] [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--stock]"},

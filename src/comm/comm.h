@@ -40,4 +40,23 @@ struct k3c_comm {
 /* World size 1: the sum and the gather of one rank (rank 0 of 1); host memory. Never fails. */
 k3c_comm *k3c_comm_self(void);
 
+/* In-memory group of `size` ranks in one process (one thread per rank), host memory: the CPU ranks' stand-in
+ * for NCCL behind the same interface. create makes the group, join hands out rank r's communicator (each rank
+ * once; its free leaves the group, the last one frees it). timeout_ms: the longest any rank waits for the
+ * others in one call (0: 60 s). */
+typedef struct k3c_comm_group k3c_comm_group;
+int k3c_comm_group_create(int size, int timeout_ms, k3c_comm_group **out);
+int k3c_comm_group_join(k3c_comm_group *g, int rank, k3c_comm **out);
+/* Frees a group no rank joined (after a failed setup); a joined group is freed by its last rank's free. */
+void k3c_comm_group_free(k3c_comm_group *g);
+
+/* NCCL (comm/nccl.c): where the toolkit's nccl.h is present at build time and libnccl.so.2 loads at run time;
+ * otherwise it fails with a message saying which. One process per GPU: every rank calls it with the same
+ * 128-byte unique id (k3c_comm_nccl_unique_id on rank 0, handed to the others out of band: a file, a TCP
+ * rendezvous) and its own rank. stream: the cudaStream_t the collectives are ordered on (NULL: the default). */
+#define K3C_COMM_NCCL_ID_BYTES 128
+int k3c_comm_nccl_unique_id(unsigned char id[K3C_COMM_NCCL_ID_BYTES]);
+int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int rank, int size, int device,
+                         void *stream, k3c_comm **out);
+
 #endif

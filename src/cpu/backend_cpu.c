@@ -29,6 +29,7 @@ typedef struct cpu_ctx {
     k3c_backend_limits lim;
     int silu_gate;
     int exact; /* diagnostic: no bf16 rounding anywhere (validates the math against the float64 reference) */
+    int moe_part; /* in moe_partial (tensor parallel): the expert down projections and their sum unrounded */
     float *route_margins; /* tests only (k3c_backend_cpu_track_route_margins): per row, lowered by each MoE layer */
     int route_margin_rows;
     /* KDA: o of a commit (discarded); chunked-form scratch, kda_scratch_n floats per pool thread */
@@ -236,7 +237,14 @@ static void cpu_gather_rows(k3c_backend *be, const float *src, const int *rows, 
 
 static void cpu_embed(k3c_backend *be, const k3c_mat *E, const int32_t *ids, int T, float *out) {
     flush(be->ctx);
-    for (int t = 0; t < T; t++) k3c_bf16_row(E, ids[t], out + (size_t)t * E->cols);
+    for (int t = 0; t < T; t++) {
+        float *o = out + (size_t)t * E->cols;
+        if (ids[t] >= 0) {
+            k3c_bf16_row(E, ids[t], o);
+        } else { /* another rank's vocabulary row (backend.h): -0.0, which the all-reduce adds exactly */
+            for (int i = 0; i < E->cols; i++) o[i] = -0.0f;
+        }
+    }
 }
 
 static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
@@ -684,7 +692,7 @@ static void moe_sum_rows(void *ctx, int b, int e) {
         for (int i = 0; i < Rin; i++) {
             float acc = 0;
             for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * dj[j][i];
-            r[i] = rnd(x, acc);
+            r[i] = x->moe_part ? acc : rnd(x, acc);
         }
     }
 }
@@ -693,9 +701,11 @@ static void moe_sum_rows(void *ctx, int b, int e) {
  * {W1, W3 of every selected expert}, {W2 of every selected expert, shared down}. The (row, j) pairs are
  * grouped by expert; pair s of the grouped order has its input row at xe + s * Rin (or in place in z when
  * the expert has one row), its hidden at ea + s * F, its output at d + s * Rin. */
-static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
+static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out, float *r_part,
+                    float *s_part) {
     cpu_ctx *x = be->ctx;
     flush(x);
+    int part = r_part != NULL; /* moe_partial: stop at the cross-rank sums (backend.h) */
     const k3c_config *c = x->c;
     int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
     int Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size;
@@ -755,13 +765,22 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         int b = x->counts[e], ne = x->counts[e + 1] - b;
         if (ne == 0) continue;
         const k3c_expert *ex = &w->experts[e];
-        mm[n++] = expert_mm(x, &ex->w2, &ex->q2, x->ea + (size_t)b * F, ne, x->d + (size_t)b * Rin);
+        mm[n] = expert_mm(x, &ex->w2, &ex->q2, x->ea + (size_t)b * F, ne, x->d + (size_t)b * Rin);
+        if (part) mm[n].round = 0;
+        n++;
     }
-    if (shared) mm[n++] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = x->sh, .round = rd};
+    if (shared) mm[n++] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = part ? s_part : x->sh,
+                                   .round = rd && !part};
     k3c_matmul_batch(x->pool, mm, n);
 
     /* weighted sum in j order */
+    x->moe_part = part;
     par_rows(x, T, (size_t)K * Rin, moe_sum_rows, x);
+    x->moe_part = 0;
+    if (part) {
+        memcpy(r_part, x->r, (size_t)T * Rin * 4);
+        return;
+    }
     const float *routed = x->r;
     if (latent) {
         if (c->latent_moe_use_norm) {
@@ -778,6 +797,20 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     } else {
         memmove(out, routed, (size_t)T * D * 4);
     }
+}
+
+static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
+    moe_run(be, w, y, T, out, NULL, NULL);
+}
+
+static void cpu_moe_partial(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *r_part,
+                            float *s_part) {
+    moe_run(be, w, y, T, NULL, r_part, s_part);
+}
+
+static void cpu_round(k3c_backend *be, float *p, size_t n) {
+    flush(be->ctx);
+    round_n(be->ctx, p, n);
 }
 
 void k3c_backend_cpu_set_exact(k3c_backend *be, int exact) { ((cpu_ctx *)be->ctx)->exact = exact; }
@@ -839,5 +872,7 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->mla_attention = cpu_mla_attention;
     be->mla_attention_expanded = cpu_mla_expanded_default ? cpu_mla_attention_expanded : NULL;
     be->moe = cpu_moe;
+    be->round = cpu_round;
+    be->moe_partial = cpu_moe_partial;
     return be;
 }

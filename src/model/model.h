@@ -24,6 +24,9 @@ struct k3c_model {
     unsigned long long synthetic_seed;
     void *synthetic_base;              /* the reservation (munmap'ed by k3c_model_free) */
     size_t synthetic_bytes;
+    /* A tensor-parallel rank's shard (model/shard.h): tp_size > 1, and the config's heads, intermediate widths
+     * and vocabulary are the rank's; 0 / 0 for a whole model. */
+    int tp_rank, tp_size;
 };
 
 /* Parses DIR/config.json, opens the checkpoint, checks every tensor of the inventory (present, dtype,

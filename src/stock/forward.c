@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "util/error.h"
 
 struct k3c_forward {
@@ -82,6 +83,14 @@ struct k3c_forward {
     k3c_seg *mla_exp;   /* [max_segs] its expanded ones (a request's whole E-blocks) */
     int mla_nabs, mla_nexp;
     const float **srcs; /* [nres] Mix sources */
+
+    /* tensor parallel (forward.h k3c_forward_options.tp): NULL at world size 1 */
+    k3c_comm *tp;
+    int vocab;          /* the full vocabulary (the shard's c->vocab_size is its part) */
+    int32_t *ids_local; /* [R] host: a token's row in this rank's vocabulary part, -1 for another rank's */
+    float *mr, *ms;     /* [R, expert_in], [R, D]: the MoE's partial routed and shared sums */
+    float *gather;      /* [tp, R, V / tp]: the logits parts of every rank */
+    int tp_failed;      /* a collective of this step failed: the step returns the error */
 };
 
 static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
@@ -109,6 +118,22 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         memcpy(f->aux_layers, o->aux_layers, sizeof(int) * o->num_aux);
     }
     f->o.aux_layers = f->aux_layers;
+    int tp = o->tp && o->tp->size > 1 ? o->tp->size : 1;
+    if (tp > 1) {
+        if (m->tp_size != tp || m->tp_rank != o->tp->rank) {
+            free(f->aux_layers);
+            free(f);
+            return k3c_errorf("forward: rank %d of a TP group of %d needs that rank's model shard (model/shard.h), "
+                              "not %s", o->tp->rank, tp, m->tp_size > 1 ? "another rank's" : "the whole model");
+        }
+        if (!be->round || !be->moe_partial) {
+            free(f->aux_layers);
+            free(f);
+            return k3c_errorf("forward: backend %s has no tensor-parallel ops (round, moe_partial)", be->name);
+        }
+        f->tp = o->tp;
+    }
+    f->vocab = c->vocab_size * tp;
 
     /* a request's rows split into up to two absorbed MLA segments around its whole blocks */
     k3c_backend_limits lim = {o->max_rows, 2 * o->max_segs, o->max_context, o->block_size, o->kv_fp8};
@@ -134,7 +159,9 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     size_t R = o->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
     size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
     size_t lat = k3c_config_mla_latent(c), vh = c->v_head_dim, V = c->vocab_size;
-    size_t I = c->intermediate_size;
+    size_t I = c->intermediate_size, Rin = k3c_config_expert_in(c);
+    int has_moe = 0;
+    for (int l = 0; l < c->num_layers; l++) has_moe |= c->layer_is_moe[l] != 0;
     /* blocks are written at l % S == 0: ceil(L / S) of them, plus the partial prefix */
     f->nres = c->attn_res_block_size > 0 ? (c->num_layers + c->attn_res_block_size - 1) / c->attn_res_block_size + 1
                                          : 1;
@@ -152,6 +179,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->mla_exp = calloc((size_t)o->max_segs, sizeof(k3c_seg));
     if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->kda_parts || !f->mla_abs || !f->mla_exp)
         goto oom;
+    if (f->tp && !(f->ids_local = malloc(sizeof(int32_t) * R))) goto oom;
 #define CARVE(ptr, w) (slots[n] = &(ptr), widths[n] = (w), n++)
     CARVE(f->a_in, D); CARVE(f->x, D); CARVE(f->A, D); CARVE(f->F, D); CARVE(f->G, D);
     CARVE(f->logits, V);
@@ -165,6 +193,10 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         CARVE(f->mo, Hm * vh); CARVE(f->mg, Hm * vh);
     }
     if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
+    if (f->tp) {
+        if (has_moe) { CARVE(f->mr, Rin); CARVE(f->ms, D); }
+        CARVE(f->gather, V * (size_t)tp);
+    }
 #undef CARVE
     size_t total = (size_t)f->nres * D;
     for (int i = 0; i < n; i++) total += widths[i];
@@ -201,6 +233,7 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->kda_parts);
     free(f->mla_abs);
     free(f->mla_exp);
+    free(f->ids_local);
     free(f->aux_layers);
     free(f);
 }
@@ -257,6 +290,51 @@ int k3c_forward_prompt_piece(const k3c_forward *f, int pos, int end, int max_tok
 
 int k3c_forward_prompt_grid(const k3c_forward *f) {
     return f->mla_block ? f->mla_block : f->kda_block ? f->kda_block : 1;
+}
+
+/* ---- tensor parallel ---- */
+
+/* buf [n] = the sum over the TP ranks of their partials (comm/comm.h: f32, rank 0 first, the same bits on
+ * every rank), rounded where the one product it stands for would have been (round). A failure aborts the
+ * group (the other ranks' collectives fail instead of waiting) and is returned at the end of the step. */
+static void tp_sum(k3c_forward *f, float *buf, size_t n, int round) {
+    if (f->tp_failed) return;
+    if (f->be->sync(f->be) != K3C_OK || f->tp->all_reduce_f32(f->tp, buf, n) != K3C_OK) {
+        f->tp_failed = 1;
+        k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
+        f->tp->abort(f->tp);
+        return;
+    }
+    if (round) f->be->round(f->be, buf, n);
+}
+
+/* A row-parallel product (o_proj, a down projection): rnd(W x) at world size 1; under TP each rank's part
+ * unrounded, then their rounded sum. */
+static void matmul_rowpar(k3c_forward *f, const k3c_mat *W, const float *x, int T, float *y) {
+    f->be->matmul(f->be, W, x, T, y, !f->tp);
+    if (f->tp) tp_sum(f, y, (size_t)T * W->rows, 1);
+}
+
+/* The MoE of a TP rank: the backend's partial (backend.h moe_partial), the two sums, then what moe does
+ * after them: the latent norm and up-projection, out = rnd(r + s). */
+static void moe_tp(k3c_forward *f, const k3c_moe_weights *w, int T) {
+    k3c_backend *be = f->be;
+    const k3c_config *c = f->c;
+    size_t D = c->hidden_size, Rin = k3c_config_expert_in(c);
+    int shared = w->shared.gate.w != NULL;
+    be->moe_partial(be, w, f->x, T, f->mr, shared ? f->ms : NULL);
+    tp_sum(f, f->mr, (size_t)T * Rin, 1);
+    if (c->routed_expert_hidden_size > 0) {
+        if (c->latent_moe_use_norm)
+            be->rmsnorm(be, f->mr, (int)Rin, w->latent_norm, T, (int)Rin, c->rms_norm_eps, f->mr, (int)Rin);
+        be->matmul(be, &w->latent_up, f->mr, T, f->F, 1);
+    } else {
+        be->copy(be, f->F, f->mr, (size_t)T * D * sizeof(float));
+    }
+    if (shared) {
+        tp_sum(f, f->ms, (size_t)T * D, 1);
+        be->add(be, f->F, f->ms, (size_t)T * D, f->F);
+    }
 }
 
 /* ---- layers ---- */
@@ -340,7 +418,7 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
         be->matmul(be, &w->g_b, f->klow, T, f->kz, 1);
     }
     be->kda_gated_norm(be, f->ko, f->kz, w->o_norm, T, f->ky);
-    be->matmul(be, &w->o_proj, f->ky, T, f->A, 1);
+    matmul_rowpar(f, &w->o_proj, f->ky, T, f->A);
 }
 
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends
@@ -368,7 +446,7 @@ static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) 
         be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
         be->sigmoid_mul(be, f->mo, f->mg, (size_t)T * w->g_proj.rows);
     }
-    be->matmul(be, &w->o_proj, f->mo, T, f->A, 1);
+    matmul_rowpar(f, &w->o_proj, f->mo, T, f->A);
 }
 
 /* FFN: y = f->x (normed) -> f->F. */
@@ -376,13 +454,14 @@ static void ffn_layer(k3c_forward *f, int l, int T) {
     k3c_backend *be = f->be;
     const k3c_layer_weights *lw = &f->m->weights.layers[l];
     if (lw->is_moe) {
-        be->moe(be, &lw->moe, f->x, T, f->F);
+        if (f->tp) moe_tp(f, &lw->moe, T);
+        else be->moe(be, &lw->moe, f->x, T, f->F);
         return;
     }
     be->matmul(be, &lw->mlp.gate, f->x, T, f->ga, 1);
     be->matmul(be, &lw->mlp.up, f->x, T, f->gu, 1);
     be->gated_act(be, f->ga, f->gu, (size_t)T * lw->mlp.gate.rows, f->ga);
-    be->matmul(be, &lw->mlp.down, f->ga, T, f->F, 1);
+    matmul_rowpar(f, &lw->mlp.down, f->ga, T, f->F);
 }
 
 /* AttnRes Mix of blocks[0..nb-1] ++ P into out. One source is that source exactly (softmax of one = 1). */
@@ -430,9 +509,9 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         if (T + r->n > f->o.max_rows)
             return k3c_errorf("forward step: more than max_rows %d rows", f->o.max_rows);
         for (int i = 0; i < r->n; i++) {
-            if (r->ids[i] < 0 || r->ids[i] >= c->vocab_size)
+            if (r->ids[i] < 0 || r->ids[i] >= f->vocab)
                 return k3c_errorf("forward step: request %d token %d: id %d outside 0..%d", s, i, r->ids[i],
-                                  c->vocab_size - 1);
+                                  f->vocab - 1);
             f->ids[T + i] = r->ids[i];
         }
         f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table};
@@ -470,7 +549,16 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
     int attnres = c->attn_res_block_size > 0;
     int nb = 0, p_empty = 0;
     float *P = f->res[0];
-    be->embed(be, &W->embed, f->ids, T, P);
+    f->tp_failed = 0;
+    if (f->tp) { /* the vocabulary-parallel embedding: this rank's rows, -0.0 for the others', summed exactly */
+        int32_t v0 = (int32_t)c->vocab_size * f->tp->rank;
+        for (int t = 0; t < T; t++)
+            f->ids_local[t] = f->ids[t] >= v0 && f->ids[t] < v0 + c->vocab_size ? f->ids[t] - v0 : -1;
+        be->embed(be, &W->embed, f->ids_local, T, P);
+        tp_sum(f, P, (size_t)T * D, 0);
+    } else {
+        be->embed(be, &W->embed, f->ids, T, P);
+    }
     if (want_aux) aux_tap(f, 0, P, T, nrows);
     size_t TD = (size_t)T * D;
 
@@ -512,9 +600,25 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
          * returns exactly what this path returns. */
         be->rmsnorm(be, f->G, D, W->final_norm, nrows, D, c->rms_norm_eps, f->G, D);
         be->matmul(be, &W->lm_head, f->G, nrows, f->logits, 0);
-        be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
+        if (!f->tp) {
+            be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
+        } else if (!f->tp_failed) { /* every rank's [nrows, V / tp] part, gathered, into each row's columns */
+            size_t Vl = c->vocab_size, part = (size_t)nrows * Vl;
+            if (be->sync(be) != K3C_OK ||
+                f->tp->all_gather(f->tp, f->logits, f->gather, part * sizeof(float)) != K3C_OK) {
+                f->tp_failed = 1;
+                k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
+                f->tp->abort(f->tp);
+            } else {
+                for (int r = 0; r < f->tp->size; r++)
+                    for (int i = 0; i < nrows; i++)
+                        be->download(be, logits + (size_t)i * f->vocab + (size_t)r * Vl,
+                                     f->gather + (size_t)r * part + (size_t)i * Vl, Vl * sizeof(float));
+            }
+        }
         if (want_aux) be->download(be, aux, f->aux, (size_t)f->o.num_aux * nrows * D * sizeof(float));
     }
+    if (f->tp_failed) return k3c_error_context("forward step: ");
     if (be->sync(be) != K3C_OK) return k3c_error_context("forward step on %s: ", be->name);
     return K3C_OK;
 }

@@ -52,6 +52,13 @@ typedef struct k3c_forward_options {
      * prefix entering the output AttnRes (plain residual: the final norm's input). Pre-norm, bf16-rounded as P is. */
     const int *aux_layers;
     int num_aux;
+    /* Tensor parallelism (NULL, or a communicator of size 1: none). With a TP communicator of N ranks the
+     * model must be rank tp->rank's shard of N (model/shard.h) and the backend must have the tensor-parallel
+     * ops (backend.h round, moe_partial): the step sums the row-parallel partials across the ranks (every
+     * attention's o_proj, the dense MLP's down, the MoE's routed latent and shared expert, the vocabulary-parallel
+     * embedding) in rank order and gathers the logits, so every rank computes the same hidden states and
+     * returns the same full-vocabulary logits. Every rank must run the same steps. */
+    struct k3c_comm *tp;
 } k3c_forward_options;
 
 typedef struct k3c_forward k3c_forward;

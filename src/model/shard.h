@@ -1,0 +1,25 @@
+/* One tensor-parallel rank's model: the shard of a loaded model that rank `rank` of `tp` holds, as vLLM
+ * shards Kimi Linear and K3 (../shared/spec/vllm-runtime-notes.md §5.1, parallel.md §2.6; the same split as
+ * model/layout.c counts). Its config is the rank's: KDA and MLA heads, the dense MLP's, the shared experts' and
+ * every routed expert's intermediate dimension, and the vocabulary are the local counts; what is replicated
+ * (norms, AttnRes, KDA f_a / g_a / o_norm, MLA q_a / kv_a and their norms, the router and correction bias, the
+ * latent projections) keeps the full model's. The stock forward run on a shard with a TP communicator
+ * (stock/forward.h k3c_forward_options.tp) sums the partial outputs (o_proj, the MLPs' down, the routed
+ * latent and the shared expert, the embedding) and gathers the vocabulary-parallel logits.
+ *
+ * Memory: a column-parallel shard (split output rows: q/k/v, gates, up projections, w1 / w3) is a view into
+ * the full model's tensor; a row-parallel one (split input columns: o_proj, down projections, w2) is copied
+ * into the shard once here (its rows are strided in the published layout). Vectors are views. So the full
+ * model must outlive its shards. */
+#ifndef K3C_MODEL_SHARD_H
+#define K3C_MODEL_SHARD_H
+
+#include "model/model.h"
+
+/* Fails, naming the dimension, when tp does not divide one of the split dimensions (for MXFP4 experts the
+ * local intermediate width must stay a multiple of the 32-element scale group); or for a device-synthetic
+ * model (its matrices are not on the host). tp = 1 gives a shard equal to the model. */
+int k3c_model_shard_tp(const struct k3c_model *full, int rank, int tp, struct k3c_model **out);
+void k3c_model_shard_free(struct k3c_model *shard);
+
+#endif
