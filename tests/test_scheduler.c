@@ -413,25 +413,32 @@ TEST(sched_spec_greedy_equals_generate) {
     senv env;
     CHECK_OK(senv_open(&env, 3, 0, 0, 0.05f));
     static job jobs[MAXREQ];
-    workload(jobs, MAXREQ, env.V, test_seed() ^ 0x59ec);
-    for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
-    k3c_scheduler_options o;
-    k3c_scheduler_options_default(&o);
-    o.max_batched_tokens = 48;
-    o.spec_tokens = 3;
-    k3c_scheduler *s;
-    CHECK_OK(k3c_scheduler_create(env.e, &o, &s));
-    for (int i = 0; i < MAXREQ; i++) CHECK_OK(submit(s, &jobs[i]));
-    CHECK_OK(drain(s, NULL));
+    /* Drafts are accepted once a greedy stream of the damped model (nearly a function of its last token)
+     * enters a cycle, which random prompts reach within their lengths for most workloads but not all (about 1
+     * seed in 12 gave none): up to 4 workloads, the first with accepted drafts checked in full. */
     k3c_scheduler_stats st;
-    k3c_scheduler_stats_get(s, &st);
-    printf("  [spec: %ld verifies, %ld drafts, %ld accepted; verify steps %ld of %ld]\n", st.spec_drafts,
-           st.spec_draft_tokens, st.spec_accepted_tokens, st.route_steps[K3C_ROUTE_VERIFY], st.steps);
+    for (int attempt = 0; attempt < 4; attempt++) {
+        workload(jobs, MAXREQ, env.V, test_seed() ^ 0x59ec ^ ((uint64_t)attempt << 32));
+        for (int i = 0; i < MAXREQ; i++) CHECK_OK(reference(&env, &jobs[i]));
+        k3c_scheduler_options o;
+        k3c_scheduler_options_default(&o);
+        o.max_batched_tokens = 48;
+        o.spec_tokens = 3;
+        k3c_scheduler *s;
+        CHECK_OK(k3c_scheduler_create(env.e, &o, &s));
+        for (int i = 0; i < MAXREQ; i++) CHECK_OK(submit(s, &jobs[i]));
+        CHECK_OK(drain(s, NULL));
+        k3c_scheduler_stats_get(s, &st);
+        printf("  [workload %d, spec: %ld verifies, %ld drafts, %ld accepted; verify steps %ld of %ld]\n", attempt,
+               st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens, st.route_steps[K3C_ROUTE_VERIFY],
+               st.steps);
+        CHECK_OK(idle_clean(s, &env));
+        k3c_scheduler_free(s);
+        CHECK_OK(check_streams(&env, jobs, MAXREQ, "speculative"));
+        if (st.spec_accepted_tokens > 0) break;
+    }
     CHECK(st.spec_drafts > 0 && st.spec_accepted_tokens > 0 && st.spec_accepted_tokens <= st.spec_draft_tokens);
     CHECK(st.route_steps[K3C_ROUTE_VERIFY] > 0);
-    CHECK_OK(idle_clean(s, &env));
-    k3c_scheduler_free(s);
-    CHECK_OK(check_streams(&env, jobs, MAXREQ, "speculative"));
     senv_close(&env);
 }
 
