@@ -35,8 +35,9 @@ fi
 
 # libmicrohttpd (k3c serve) likewise: Debian 12's libmicrohttpd-dev 0.9.75 (LGPL, `apt-get download
 # libmicrohttpd-dev`) in tools/debs/, linked statically from its libmicrohttpd.a; that archive calls GnuTLS,
-# taken from the host's runtime libgnutls.so.30 (no -dev package needed).
-if ! printf '#include <microhttpd.h>\n' | ${CC:-cc} ${CFLAGS:-} -E -x c - >/dev/null 2>&1; then
+# taken from the host's runtime libgnutls.so.30 (no -dev package needed). Checked without CFLAGS: a reused
+# build folder's debs-root already holds the header, but the static archive still needs SERVER_LIBS.
+if ! printf '#include <microhttpd.h>\n' | ${CC:-cc} -E -x c - >/dev/null 2>&1; then
     if ! ls tools/debs/libmicrohttpd-dev*.deb >/dev/null 2>&1; then
         echo "gpu-check: libmicrohttpd headers not installed and no tools/debs/libmicrohttpd-dev*.deb to unpack" >&2
         exit 1
