@@ -53,6 +53,12 @@ NVCCFLAGS ?= -O3 -lineinfo
 override NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
              -Xcompiler -Wall,-Wno-unused-parameter -Werror all-warnings -MMD -MP
 override CFLAGS  += -DK3C_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DK3C_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# STAMPS=1: the decode kernels carry the block stamps of the profiler (K3C_CUDA_PROFILE=3, cuda/stamp.cuh;
+# tools/gpu-measure.sh builds so, in its own folder); off by default: compiled in, even unused, they cost
+# the decode step 1.4-4.3 % on the H200
+ifeq ($(STAMPS),1)
+override NVCCFLAGS += -DK3C_STAMPS=1
+endif
 # cudart static: the CLI runs (on the CPU) on machines with the toolkit but no driver or GPU. cuBLASLt is
 # not linked: cuda/cublaslt.c loads it (dlopen, -ldl) when the first cuda engine needs it.
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Block-stamp measurement of the specialized decode step (K3C_CUDA_PROFILE=3; cuda/stamp.h, docs/decode-limits.md),
-# run on the GPU host from a fresh copy in one call of under 8 minutes: builds build/k3c (make -j16), then
+# run on the GPU host from a fresh copy in one call of under 8 minutes: builds build-stamps/k3c (make -j16
+# STAMPS=1: the stamps are compiled only into such a build, cuda/stamp.cuh), then
 # `k3c bench --device cuda --context 64` with the block stamps on for kimi-linear-48b at batch 1, 2, 8 and
 # k3-slice at batch 1, 8, 64 (device-synthetic weights, no checkpoint). In each run every shape's plain
 # replays come first (STEP stock, SPEC, SPECID lines: stamps compiled in, off) and then one greedy step
@@ -10,8 +11,8 @@
 # stock path times each op with events, as with K3C_CUDA_PROFILE=1): compare SPEC / SPECID only.
 #
 # Then (VERIFY=1) each preset's batch 1 at q = 1, 4 with the stamps on (the verify goal), and (PLAIN=1) each
-# preset's batches once more with K3C_CUDA_PROFILE unset: the production path, SPEC rows with no profile
-# object at all. The build should take about a minute on 16 cores (the slowest .cu, moe_pair.cu, compiles in
+# preset's batches once more with K3C_CUDA_PROFILE unset: SPEC rows with no profile object (the stamps compiled
+# in and off: 1.4-4.3 % slower than a default build, whose `k3c bench` gives the production numbers). The build should take about a minute on 16 cores (the slowest .cu, moe_pair.cu, compiles in
 # 6 s alone on this project's 2-core machine); a bench run an estimated ~30 s (engine, prefill, captures).
 #
 # Output: $OUT/stamp_<preset>.txt, stamp_q4_<preset>.txt, plain_<preset>.txt (each run whole),
@@ -22,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./out/measure}
-BUILD=${BUILD:-build}
+BUILD=${BUILD:-build-stamps}
 JOBS=${JOBS:-16}
 PLAIN=${PLAIN:-1}
 VERIFY=${VERIFY:-1}
@@ -36,8 +37,8 @@ t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true
 git log --oneline -1 2>/dev/null || true
-echo "== build (make -j$JOBS $BUILD/k3c)"
-if ! make -j"$JOBS" BUILD="$BUILD" "$BUILD/k3c" >"$OUT/build.log" 2>&1; then
+echo "== build (make -j$JOBS STAMPS=1 $BUILD/k3c)"
+if ! make -j"$JOBS" STAMPS=1 BUILD="$BUILD" "$BUILD/k3c" >"$OUT/build.log" 2>&1; then
     tail -30 "$OUT/build.log"
     echo "gpu-measure: build failed ($OUT/build.log)" >&2
     exit 1

@@ -26,6 +26,16 @@ static int (*const binders[])(const k3c_stamp_ctl *, void *) = {
     k3c_stamp_bind_router,  k3c_stamp_bind_sample,
 };
 
+void k3c_cuda_stamps_free(k3c_cuda_stamps *s) {
+    if (!s) return;
+    if (s->ctl.rec) cudaFree(s->ctl.rec);
+    if (s->ctl.count) cudaFree(s->ctl.count);
+    free(s->count_h);
+    free(s->rec_h);
+    free(s);
+}
+
+#if K3C_STAMPS /* the device side exists only in a build with the stamps (cuda/stamp.cuh) */
 /* One thread: the smallest non-zero step of %globaltimer over 64 steps (the timer advances in ticks that
  * may be coarser than 1 ns: every time in the report is a multiple of it). */
 __global__ void stamp_tick_kernel(unsigned long long *out) {
@@ -92,14 +102,6 @@ static int self_test(k3c_cuda_stamps *s) {
     return K3C_OK;
 }
 
-void k3c_cuda_stamps_free(k3c_cuda_stamps *s) {
-    if (!s) return;
-    if (s->ctl.rec) cudaFree(s->ctl.rec);
-    if (s->ctl.count) cudaFree(s->ctl.count);
-    free(s->count_h);
-    free(s->rec_h);
-    free(s);
-}
 
 static int alloc_device(k3c_cuda_stamps *s, size_t cap) {
     K3C_CUDA_MALLOC(&s->ctl.rec, sizeof(k3c_stamp_rec) * cap * K3C_STAMP_REGIONS);
@@ -107,8 +109,15 @@ static int alloc_device(k3c_cuda_stamps *s, size_t cap) {
     return K3C_OK;
 }
 
+#endif
+
 int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out) {
     *out = NULL;
+#if !K3C_STAMPS
+    (void)records;
+    return k3c_errorf("K3C_CUDA_PROFILE=3: this build has no block stamps (build with make STAMPS=1, as "
+                      "tools/gpu-measure.sh does)");
+#else
     if (records == 0) records = (size_t)24 << 20;
     size_t cap = records / K3C_STAMP_REGIONS;
     if (cap < 16 || cap > 0xffffffffu)
@@ -128,6 +137,7 @@ int k3c_cuda_stamps_create(size_t records, k3c_cuda_stamps **out) {
     }
     *out = s;
     return K3C_OK;
+#endif
 }
 
 static int bind_all(const k3c_stamp_ctl *c, void *stream) {

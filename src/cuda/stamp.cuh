@@ -21,6 +21,12 @@
 
 #include "cuda/stamp.h"
 
+/* Compiled in only where the build asks (make STAMPS=1, -DK3C_STAMPS=1: tools/gpu-measure.sh builds that way):
+ * switched off, a stamp still costs its constant load and branch, and on the H200 (2026-12-02, tools/gpu-ab.sh,
+ * same machine) the decode step with the stamps compiled in and off was 1.4-4.3 % slower (kimi-linear-48b b=1
+ * 2.867 against 2.750 ms, k3-slice b=1 6.098 against 5.992). Without K3C_STAMPS every stamp is nothing, the
+ * kernels are the ones without stamps, and K3C_CUDA_PROFILE=3 says the build has none. */
+#if K3C_STAMPS
 /* one copy per translation unit (no relocatable device code): each TU's K3C_STAMP_TU binds its own. The
  * stamp's PTX names it (its PTX symbol is this name: a mangled one would fail ptxas, not go wrong). */
 static __constant__ k3c_stamp_ctl k3c_stamp_ctl_;
@@ -66,14 +72,26 @@ static_assert(offsetof(k3c_stamp_ctl, rec) == 0 && offsetof(k3c_stamp_ctl, count
                  "st.global.u64 [d0], d1;\n\tst.global.v2.u32 [d0+8], {r4, r3};\n\t"                               \
                  "K3C_STAMP_DONE:\n\t}" ::"n"(HI), "n"(MASK) : "memory")
 
-#define K3C_STAMP_BLOCK_BEGIN(kid) K3C_STAMP_PUT(((unsigned)(kid) << 24) | (K3C_STAMP_BEGIN << 22), 0xffffffff)
-#define K3C_STAMP_BLOCK_END(kid) K3C_STAMP_PUT(((unsigned)(kid) << 24) | (K3C_STAMP_END << 22), 31)
-#define K3C_STAMP_WAITED() K3C_STAMP_PUT((K3C_STAMP_WAIT << 22), 0xffffffff)
-
 #define K3C_STAMP_TU(name)                                                                                         \
     extern "C" int k3c_stamp_bind_##name(const k3c_stamp_ctl *c, void *stream) {                                   \
         return cudaMemcpyToSymbolAsync(k3c_stamp_ctl_, c, sizeof *c, 0, cudaMemcpyHostToDevice,                    \
                                        (cudaStream_t)stream) == cudaSuccess ? 0 : -1;                              \
     }
+
+#else
+#define K3C_STAMP_PUT(HI, MASK) \
+    do {                        \
+    } while (0)
+#define K3C_STAMP_TU(name)                                                                                         \
+    extern "C" int k3c_stamp_bind_##name(const k3c_stamp_ctl *c, void *stream) {                                   \
+        (void)c;                                                                                                   \
+        (void)stream;                                                                                              \
+        return -1;                                                                                                 \
+    }
+#endif
+
+#define K3C_STAMP_BLOCK_BEGIN(kid) K3C_STAMP_PUT(((unsigned)(kid) << 24) | (K3C_STAMP_BEGIN << 22), 0xffffffff)
+#define K3C_STAMP_BLOCK_END(kid) K3C_STAMP_PUT(((unsigned)(kid) << 24) | (K3C_STAMP_END << 22), 31)
+#define K3C_STAMP_WAITED() K3C_STAMP_PUT((K3C_STAMP_WAIT << 22), 0xffffffff)
 
 #endif

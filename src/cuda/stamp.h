@@ -8,8 +8,9 @@
  *
  * Records go to K3C_STAMP_REGIONS regions of `cap` records, one region per (SM, warp slot mod 4), each with
  * its own counter, so that the atomic that claims a slot is shared by few warps. Launches are told apart by
- * %gridid (a per-launch number of the context, in launch order); blocks by their linear index. Off (the
- * default), each stamped kernel reads one __constant__ pointer at its start, at its wait and at its end. */
+ * %gridid (a per-launch number of the context, in launch order); blocks by their linear index. Only a build
+ * with STAMPS=1 (-DK3C_STAMPS=1) has them; there, off, each stamped kernel reads one __constant__ pointer at
+ * its start, at its wait and at its end (1.4-4.3 % of a decode step: cuda/stamp.cuh). */
 #ifndef K3C_CUDA_STAMP_H
 #define K3C_CUDA_STAMP_H
 

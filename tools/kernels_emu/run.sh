@@ -15,7 +15,7 @@ mkdir -p "$out/gen/cuda"
 for f in attnres gemm elementwise; do python3 "$moe/gen.py" "$root/src/cuda/$f.cu" "$out/${f}_k.cpp"; done
 for f in common stamp mma gemv_t1; do python3 "$moe/gen.py" "$root/src/cuda/$f.cuh" "$out/gen/cuda/$f.cuh"; done
 inc="-I$root/tools/mla_emu/inc -I$moe/inc -I$out/gen -I$root/src -I$root/include"
-cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc"
+cxx="g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w -DK3C_STAMPS=1 $inc"  # the stamps emulated too
 for f in attnres gemm elementwise; do $cxx -c "$out/${f}_k.cpp" -o "$out/${f}_k.o" & done
 $cxx -DEMU_KERNELS='"emu.h"' -c "$moe/emu_rt.cpp" -o "$out/emu_rt.o" &
 # a failed background compile must stop the script (a bare `wait` returns 0 and the link would take

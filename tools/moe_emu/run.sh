@@ -41,8 +41,8 @@ python3 "$here/gen.py" "$root/src/cuda/elementwise.cu" "$out/elementwise_k.cpp" 
 inc="-I$here/inc -I$out/gen -I$out -I$root/src -I$root/include"
 lib="$root/src/cpu/matmul.c $root/src/cpu/elementwise.c $root/src/cpu/pool.c $root/src/format/mxfp4.c $root/src/util/error.c"
 for f in $lib; do gcc -std=gnu11 -O2 -I"$root/src" -I"$root/include" -c "$f" -o "$out/$(basename "$f" .c).o"; done
-g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc -c "$here/emu_rt.cpp" -o "$out/emu_rt.o"
-g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w $inc -I"$root/tools/mla_emu/inc" -c "$out/elementwise_k.cpp" -o "$out/elementwise_k.o"
+g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w -DK3C_STAMPS=1 $inc -c "$here/emu_rt.cpp" -o "$out/emu_rt.o"
+g++ -std=c++20 -O2 ${FLAGS:--ffp-contract=off} -w -DK3C_STAMPS=1 $inc -I"$root/tools/mla_emu/inc" -c "$out/elementwise_k.cpp" -o "$out/elementwise_k.o"
 gcc -std=gnu11 -O2 $inc -I"$root/tests/gpu" -c "$here/main.c" -o "$out/main.o"
 g++ "$out/main.o" "$out/emu_rt.o" "$out/elementwise_k.o" "$out"/{matmul,elementwise,pool,mxfp4,error}.o -o "$out/emu" -pthread -lm
 "$out/emu" "${1:-quick}"
