@@ -3,8 +3,7 @@
  * Kimi Linear's expert w2) by `factor`, in place in the checkpoint's shards (or its one model.safetensors):
  * the layers then add little to the embedding, the model
  * becomes nearly a bigram model whose greedy stream falls into a loop (the behaviour a real model shows on
- * repetitive text and a random one never does), so a prompt-lookup drafter's drafts get accepted. (The same
- * transformation as test_runner.c's, for the scheduler's tests.) */
+ * repetitive text and a random one never does), so a prompt-lookup drafter's drafts get accepted. */
 #ifndef K3C_TESTS_DAMP_RESIDUAL_H
 #define K3C_TESTS_DAMP_RESIDUAL_H
 

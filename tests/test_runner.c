@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "damp_residual.h"
 #include "k3c.h"
 #include "model/presets.h"
 #include "model/synth.h"
@@ -35,53 +36,7 @@ typedef struct run_env {
     int V;
 } run_env;
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && memcmp(s + n - m, suffix, m) == 0;
-}
-
-/* Scales every bf16 tensor that writes into the residual stream (attention o_proj, the dense and shared
- * down projections, the MoE latent up-projection) by `factor`, in place in the checkpoint's shards. The
- * layers then add little to the embedding: the model becomes nearly a bigram model whose greedy stream
- * falls into a loop, the behaviour a real model shows on repetitive text and a random one never does. */
-static int damp_residual_writes(const char *dir, float factor) {
-    for (int shard = 1;; shard++) {
-        char path[600];
-        int found = 0;
-        for (int total = 1; total < 1000 && !found; total++) {
-            snprintf(path, sizeof path, "%s/model-%05d-of-%06d.safetensors", dir, shard, total);
-            FILE *f = fopen(path, "rb");
-            if (f) found = 1, fclose(f);
-        }
-        if (!found) return shard > 1 ? K3C_OK : k3c_errorf("damp: no shards in %s", dir);
-        k3c_st_file st;
-        K3C_TRY(k3c_st_open(&st, path));
-        uint64_t hlen;
-        memcpy(&hlen, st.map, 8);
-        FILE *f = fopen(path, "r+b");
-        int rc = f ? K3C_OK : k3c_errorf("damp: cannot open %s", path);
-        for (size_t i = 0; i < st.header.num_tensors && rc == K3C_OK; i++) {
-            const k3c_st_tensor *t = &st.header.tensors[i];
-            if (t->dtype != K3C_DTYPE_BF16 || strstr(t->name, "routed_expert_down_proj") ||
-                !(ends_with(t->name, "o_proj.weight") || ends_with(t->name, "down_proj.weight") ||
-                  ends_with(t->name, "routed_expert_up_proj.weight")))
-                continue;
-            size_t n = (size_t)(t->end - t->begin) / 2;
-            k3c_bf16 *v = malloc(n * 2);
-            if (!v) rc = k3c_errorf("damp: out of memory");
-            for (size_t k = 0; rc == K3C_OK && k < n; k++)
-                v[k] = f32_to_bf16(factor * bf16_to_f32(((const k3c_bf16 *)t->data)[k]));
-            if (rc == K3C_OK && (fseek(f, (long)(8 + hlen + t->begin), SEEK_SET) || fwrite(v, 2, n, f) != n))
-                rc = k3c_errorf("damp: writing %s in %s", t->name, path);
-            free(v);
-        }
-        if (f && fclose(f)) rc = k3c_errorf("damp: closing %s", path);
-        k3c_st_close(&st);
-        K3C_TRY(rc);
-    }
-}
-
-/* tiny with a fresh seed (damp > 0: residual writes scaled by it); an engine with fewer slots than the
+/* tiny with a fresh seed (damp > 0: residual writes scaled by it, tests/damp_residual.h); an engine with fewer slots than the
  * tests' requests, so requests wait and join. exact: f32 activations (see below). */
 static int env_open(run_env *env, int max_requests, int exact, float damp) {
     memset(env, 0, sizeof *env);
@@ -92,7 +47,7 @@ static int env_open(run_env *env, int max_requests, int exact, float damp) {
     int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
     k3c_config_free(&c);
     K3C_TRY(rc);
-    if (damp > 0) K3C_TRY(damp_residual_writes(env->dir, damp));
+    if (damp > 0) K3C_TRY(damp_residual_writes_in(env->dir, damp));
     K3C_TRY(k3c_load(env->dir, &env->m));
     k3c_engine_options o;
     k3c_engine_options_default(&o);
