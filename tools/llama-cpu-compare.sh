@@ -23,10 +23,10 @@
 #   3. checks that the engines agree on the model: parameter counts, the prompt's token ids (each engine's
 #      own tokenizer) and the logits of the prompt's last row (llama-debug --save-logits against k3c logits,
 #      bf16 and --f32), on the model and on the same weights with every expert routed (must agree there);
-#   4. REPEATS rounds (default 3), alternating the engines: llama-bench -p PROMPTS -n GEN -t THREADS -r 3
+#   4. REPEATS rounds (default 3), alternating the engines: llama-bench -p PROMPTS -n GEN -t THREADS -r RUNS
 #      and build-llama-cpu/cpu_bench_model (k3c bench's decode and prefill rows on a checkpoint folder, best of
-#      3), the load average before each; prints the best of every row as a table. GFLOP/s uses one count for
-#      both engines: 2 flops per matrix weight a prompt token multiplies (k3c bench's).
+#      RUNS; default 3), the load average before each; prints the best of every row as a table. GFLOP/s uses
+#      one count for both engines: 2 flops per matrix weight a prompt token multiplies (k3c bench's).
 # BENCH_ONLY=1 skips 2 and 3 (the checkpoints of an earlier run in WORK are measured again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,7 @@ THREADS=${THREADS:-2}
 REPEATS=${REPEATS:-3}
 PROMPTS=${PROMPTS:-256,1024}
 GEN=${GEN:-32}
+RUNS=${RUNS:-3}
 MODELS=${MODELS:-kimi-linear-tiny kimi-linear-mini}
 TEXT=${TEXT:-The quick brown fox jumps over the lazy dog, and then it runs back home to sleep.}
 
@@ -116,24 +117,24 @@ done
 for r in $(seq 1 "$REPEATS"); do
     for m in $MODELS; do
         echo "== round $r/$REPEATS, $m: llama.cpp (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-        "$LLAMA_BIN/llama-bench" -m "$WORK/$m.gguf" -p "$PROMPTS" -n "$GEN" -t "$THREADS" -r 3 -o json \
+        "$LLAMA_BIN/llama-bench" -m "$WORK/$m.gguf" -p "$PROMPTS" -n "$GEN" -t "$THREADS" -r "$RUNS" -o json \
             >"$WORK/$m.llama.$r.json" 2>"$WORK/$m.llama.$r.log" || { tail -20 "$WORK/$m.llama.$r.log" >&2; exit 1; }
         echo "== round $r/$REPEATS, $m: k3c (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-        "$B/cpu_bench_model" "$WORK/$m" "$THREADS" "$PROMPTS" 3 "$GEN" | tee "$WORK/$m.k3c.$r.txt"
+        "$B/cpu_bench_model" "$WORK/$m" "$THREADS" "$PROMPTS" "$RUNS" "$GEN" | tee "$WORK/$m.k3c.$r.txt"
         echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
     done
 done
 
-python3 - "$WORK" "$REPEATS" "$THREADS" "$PROMPTS" "$GEN" $MODELS <<'EOF'
+python3 - "$WORK" "$REPEATS" "$RUNS" "$THREADS" "$PROMPTS" "$GEN" $MODELS <<'EOF'
 import json, re, sys
-work, repeats, threads, prompts, gen = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+work, repeats, runs, threads, prompts, gen = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 lens = [int(x) for x in prompts.split(",")]
-print(f"\nbest of {repeats} rounds x 3 runs, {threads} threads; GFLOP/s = tok/s x MFLOP/token (one count for both)")
+print(f"\nbest of {repeats} rounds x {runs} runs, {threads} threads; GFLOP/s = tok/s x MFLOP/token (one count for both)")
 print("| model | parameters (k3c / llama.cpp) | engine | " + " | ".join(f"prefill {n}: tok/s | GFLOP/s" for n in lens)
       + f" | decode {gen}: tok/s |")
 print("|---|---|---|" + "---|---|" * len(lens) + "---|")
 ratios = []
-for m in sys.argv[6:]:
+for m in sys.argv[7:]:
     best = {("k3c", n): 0.0 for n in lens + [0]}
     best.update({("llama", n): 0.0 for n in lens + [0]})
     mflop, p_llama = None, None
