@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "format/safetensors.h"
+#include "model/presets.h"
+#include "model/synth.h"
 #include "util/bf16.h"
 #include "util/error.h"
 
@@ -61,6 +63,18 @@ static inline int damp_residual_writes_in(const char *dir, float factor) {
         K3C_TRY(rc);
         if (found == 2) return K3C_OK;
     }
+}
+
+/* The tiny preset synthesized into dir with seed (dense: every expert routed, no discrete near-ties), then
+ * made repetitive when damp > 0: the checkpoint the runner's and the scheduler's tests share. */
+static inline int damp_tiny_checkpoint(const char *dir, uint64_t seed, int dense, float damp) {
+    k3c_config c;
+    K3C_TRY(k3c_preset_config("tiny", &c));
+    if (dense) c.num_experts_per_token = c.num_experts;
+    int rc = k3c_synth_write(&c, "tiny", seed, dir);
+    k3c_config_free(&c);
+    K3C_TRY(rc);
+    return damp > 0 ? damp_residual_writes_in(dir, damp) : K3C_OK;
 }
 
 #endif

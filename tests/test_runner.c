@@ -41,13 +41,7 @@ typedef struct run_env {
 static int env_open(run_env *env, int max_requests, int exact, float damp) {
     memset(env, 0, sizeof *env);
     snprintf(env->dir, sizeof env->dir, "%s/runner-tiny%s", test_tmpdir(), damp > 0 ? "-damped" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config("tiny", &c));
-    if (exact) c.num_experts_per_token = c.num_experts; /* dense routing: no discrete near-ties (see top) */
-    int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
-    if (damp > 0) K3C_TRY(damp_residual_writes_in(env->dir, damp));
+    K3C_TRY(damp_tiny_checkpoint(env->dir, test_seed(), exact, damp)); /* exact: dense routing (see top) */
     K3C_TRY(k3c_load(env->dir, &env->m));
     k3c_engine_options o;
     k3c_engine_options_default(&o);

@@ -48,13 +48,7 @@ static int senv_open(senv *env, int max_requests, int num_blocks, int exact, flo
     memset(env, 0, sizeof *env);
     snprintf(env->dir, sizeof env->dir, "%s/sched-tiny%s%s", test_tmpdir(), exact ? "-dense" : "",
              damp > 0 ? "-damped" : "");
-    k3c_config c;
-    K3C_TRY(k3c_preset_config("tiny", &c));
-    if (exact) c.num_experts_per_token = c.num_experts;
-    int rc = k3c_synth_write(&c, "tiny", test_seed(), env->dir);
-    k3c_config_free(&c);
-    K3C_TRY(rc);
-    if (damp > 0) K3C_TRY(damp_residual_writes_in(env->dir, damp));
+    K3C_TRY(damp_tiny_checkpoint(env->dir, test_seed(), exact, damp));
     K3C_TRY(k3c_load(env->dir, &env->m));
     k3c_engine_options o;
     k3c_engine_options_default(&o);
