@@ -216,9 +216,15 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     }
     double tp = now_s() - t0;
     printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
+    int profiling = k3c_engine_profile(e, K3C_PROFILE_QUERY, NULL, 0);
+    if (profiling == 1 || profiling == 2) { /* GPU time per op of the prefill steps above (stock: always timed) */
+        printf("PROF %s prefill: %d requests x %d tokens, %d a step\n", preset, maxb, context, per_step);
+        if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, tp * 1e3) != K3C_OK ||
+            k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK)
+            goto fail;
+    }
     printf("%-16s %5s %2s %9s %9s %9s %9s %8s %10s %9s %9s\n", "STEP preset", "batch", "q", "step_ms", "GB_moved",
            "floor_ms", "of_floor", "tok/s", "experts_L", "kv+kda_MB", "d2h_ms");
-    int profiling = k3c_engine_profile(e, K3C_PROFILE_QUERY, NULL, 0);
     for (int bi = 0; bi < nb; bi++) {
         int b = batches[bi];
         for (int qi = 0; qi < nq; qi++) {
