@@ -74,7 +74,7 @@ static int begin(k3c_comm *c, size_t bytes) {
     staged_ctx *x = c->ctx;
     cudaError_t e = cudaSetDevice(x->device);
     if (e != cudaSuccess) return fail(c, "cudaSetDevice", e);
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     e = cudaStreamIsCapturing(x->stream, &cs);
     if (e != cudaSuccess) return fail(c, "cudaStreamIsCapturing", e);
     if (cs != cudaStreamCaptureStatusNone)
