@@ -372,8 +372,8 @@ int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows);
  * up to 64 prepared, no graphs needed) and runs every step stock: its counts say what an executor would
  * have taken. */
 #define K3C_ROUTES 4        /* stock, decode, verify, wide */
-#define K3C_STOCK_REASONS 8 /* none, pipeline stage, rows not prepared, KV not prepared, not captured, prompt rows,
-                             * non-uniform query lengths, empty */
+#define K3C_STOCK_REASONS 9 /* none, pipeline stage, rows not prepared, KV not prepared, not captured, prompt rows,
+                             * non-uniform query lengths, empty, executor not prepared for tensor parallelism */
 typedef struct k3c_engine_stats {
     int specialized;                           /* 1: the engine has the specialized executor, enabled */
     int graphs_captured;                       /* step shapes captured so far */

@@ -1,5 +1,7 @@
 /* The routing predicate table of decode/plan.c, a row per predicate and per combination that
  * matters. Expected routes are written from the spec, row by row. */
+#include <string.h>
+
 #include "decode/plan.h"
 #include "test.h"
 
@@ -47,7 +49,7 @@ TEST(plan_predicate_table) {
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const plan_row *r = &rows[i];
-        k3c_plan_table t = {prepared, 9, 128, r->kv_prepared, r->needs_graphs, captured_q1_q4, NULL};
+        k3c_plan_table t = {prepared, 9, 128, r->kv_prepared, r->needs_graphs, captured_q1_q4, NULL, 1, 0};
         k3c_step_shape s = {r->n, r->qlen, r->prompt, r->stage_input};
         k3c_plan p = k3c_plan_step(&t, &s);
         CHECKF(p.route == r->route && p.reason == r->reason && (p.route == K3C_ROUTE_STOCK || p.q == r->q),
@@ -61,14 +63,43 @@ TEST(plan_decode_rows_beyond_prepared_run_stock) {
     int q[65];
     uint8_t prompt[65] = {0};
     for (int i = 0; i < 65; i++) q[i] = 1;
-    k3c_plan_table t = {prepared, 9, 128, 1, 0, NULL, NULL};
+    k3c_plan_table t = {prepared, 9, 128, 1, 0, NULL, NULL, 1, 0};
     k3c_step_shape s = {65, q, prompt, 0};
     k3c_plan p = k3c_plan_step(&t, &s);
     CHECK(p.route == K3C_ROUTE_STOCK && p.reason == K3C_STOCK_UNPREPARED_ROWS && p.rows == 65);
 }
 
 TEST(plan_empty_step_runs_stock) {
-    k3c_plan_table t = {prepared, 9, 128, 1, 0, NULL, NULL};
+    k3c_plan_table t = {prepared, 9, 128, 1, 0, NULL, NULL, 1, 0};
     k3c_step_shape s = {0, NULL, NULL, 0};
     CHECK(k3c_plan_step(&t, &s).route == K3C_ROUTE_STOCK);
+}
+
+/* Tensor parallelism (issue 26): world size > 1 with providers not prepared for it runs every step stock,
+ * decode and verify shapes that would otherwise be specialized included, for the same reason on every rank
+ * (the table is all the planner reads); prepared, or at world size 0 / 1, the plan is unchanged. */
+TEST(plan_tp_unprepared_runs_every_step_stock) {
+    int q1[4] = {1, 1, 1, 1}, q4[2] = {4, 4}, qp[1] = {7};
+    uint8_t none[4] = {0}, prompt[1] = {1};
+    k3c_step_shape decode = {4, q1, none, 0}, verify = {2, q4, none, 0}, prefill = {1, qp, prompt, 0};
+    for (int ws = 0; ws <= 8; ws++)
+        for (int prep = 0; prep <= 1; prep++) {
+            k3c_plan_table t = {prepared, 9, 128, 1, 1, captured_q1_q4, NULL, ws, prep};
+            k3c_plan d = k3c_plan_step(&t, &decode), v = k3c_plan_step(&t, &verify), p = k3c_plan_step(&t, &prefill);
+            if (ws > 1 && !prep) {
+                CHECKF(d.route == K3C_ROUTE_STOCK && d.reason == K3C_STOCK_TP_UNPREPARED && d.rows == 4,
+                       "world size %d: decode planned route %d (%s)", ws, d.route, k3c_stock_reason_name(d.reason));
+                CHECK(v.route == K3C_ROUTE_STOCK && v.reason == K3C_STOCK_TP_UNPREPARED && v.rows == 8);
+                CHECK(p.route == K3C_ROUTE_STOCK && p.reason == K3C_STOCK_TP_UNPREPARED);
+            } else {
+                CHECKF(d.route == K3C_ROUTE_DECODE && v.route == K3C_ROUTE_VERIFY && v.q == 4,
+                       "world size %d prepared %d: decode route %d, verify route %d", ws, prep, d.route, v.route);
+                CHECK(p.route == K3C_ROUTE_STOCK && p.reason == K3C_STOCK_PROMPT_ROWS);
+            }
+        }
+    k3c_plan_table t = {prepared, 9, 128, 1, 1, captured_q1_q4, NULL, 2, 0};
+    k3c_step_shape stage = {1, q1, none, 1}, empty = {0, NULL, NULL, 0};
+    CHECK(k3c_plan_step(&t, &stage).reason == K3C_STOCK_STAGE_INPUT);
+    CHECK(k3c_plan_step(&t, &empty).reason == K3C_STOCK_EMPTY);
+    CHECK(strstr(k3c_stock_reason_name(K3C_STOCK_TP_UNPREPARED), "tensor parallel") != NULL);
 }

@@ -428,9 +428,83 @@ TEST(tp_cpu_refusals) {
     CHECK(strstr(k3c_error_message(), "shard"));
     CHECK_OK(k3c_model_shard_tp(m, 1, 2, &s));
     CHECK(k3c_forward_create(be, s, &o, &f) == K3C_ERR && !f); /* rank 1's shard on rank 0 */
+    /* a device-memory (stream-ordered) communicator on the host backend */
+    k3c_model *s0 = NULL;
+    CHECK_OK(k3c_model_shard_tp(m, 0, 2, &s0));
+    k3c_comm dev = *c0;
+    dev.stream_ordered = 1;
+    o.tp = &dev;
+    CHECK(k3c_forward_create(be, s0, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "device memory"));
+    k3c_model_shard_free(s0);
     be->destroy(be);
     k3c_model_shard_free(s);
     c0->free(c0);
     c1->free(c1);
     k3c_model_free(m);
 }
+
+/* The shard's inventory (model/shard.h): the same tensors as the whole model's, each bound to the rank's part
+ * of the whole tensor, checked byte for byte against the whole one: whole (replicated), rows [r R, (r + 1) R)
+ * (column-parallel), columns [r C, (r + 1) C) of every row (row-parallel), or part r of a vector. */
+static const uint8_t *spec_rows(const k3c_tensor_spec *sp, size_t *rows, size_t *row_bytes) {
+    switch (sp->cls) {
+    case K3C_TENSOR_MATRIX: *rows = (size_t)sp->shape[0], *row_bytes = (size_t)sp->shape[1] * 2; return (const uint8_t *)sp->mat->w;
+    case K3C_TENSOR_MXFP4_PACKED: *rows = (size_t)sp->shape[0], *row_bytes = (size_t)sp->shape[1]; return sp->mx->packed;
+    case K3C_TENSOR_MXFP4_SCALE: *rows = (size_t)sp->shape[0], *row_bytes = (size_t)sp->shape[1]; return sp->mx->scale;
+    case K3C_TENSOR_VECTOR: *rows = 1, *row_bytes = (size_t)sp->vec_len * 4; return (const uint8_t *)*sp->vec;
+    }
+    return NULL;
+}
+
+static void check_shard_inventory(int kimi_linear) {
+    k3c_config c;
+    CHECK_OK(tp_config(kimi_linear, 0, &c));
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/tp_inv_%d", test_tmpdir(), kimi_linear);
+    int rc = k3c_synth_write(&c, NULL, test_seed(), dir);
+    k3c_config_free(&c);
+    CHECK_OK(rc);
+    k3c_model *m;
+    CHECK_OK(k3c_model_load(dir, &m));
+    const k3c_inventory *fi = &m->inventory;
+    for (int tp = 2; tp <= 4; tp += 2)
+        for (int rank = 0; rank < tp; rank++) {
+            k3c_model *s;
+            CHECK_OK(k3c_model_shard_tp(m, rank, tp, &s));
+            const k3c_inventory *si = &s->inventory;
+            CHECKF(si->count == fi->count, "tp %d rank %d: %zu tensors, the model has %zu", tp, rank, si->count,
+                   fi->count);
+            int whole = 0, by_rows = 0, by_cols = 0, bad = 0;
+            for (size_t i = 0; i < si->count && i < fi->count && !bad; i++) {
+                const k3c_tensor_spec *a = &si->specs[i], *b = &fi->specs[i];
+                size_t ar, ab, br, bb;
+                const uint8_t *pa = spec_rows(a, &ar, &ab), *pb = spec_rows(b, &br, &bb);
+                if (strcmp(a->name, b->name) || !pa || !pb) {
+                    test_fail(__FILE__, __LINE__, "tp %d rank %d: tensor %zu is %s (bound %d), the model's %s", tp,
+                              rank, i, a->name, pa != NULL, b->name);
+                    bad = 1;
+                } else if (ar == br && ab == bb) { /* replicated */
+                    bad = memcmp(pa, pb, ar * ab) != 0;
+                    whole++;
+                } else if (ar * tp == br && ab == bb) {
+                    bad = memcmp(pa, pb + (size_t)rank * ar * ab, ar * ab) != 0;
+                    by_rows++;
+                } else if (ar == br && ab * tp == bb) {
+                    for (size_t r = 0; r < ar && !bad; r++) bad = memcmp(pa + r * ab, pb + r * bb + rank * ab, ab) != 0;
+                    by_cols++;
+                } else {
+                    bad = 1;
+                }
+                if (bad)
+                    test_fail(__FILE__, __LINE__, "tp %d rank %d: %s [%zu x %zu bytes] is not the rank's part of the "
+                              "model's [%zu x %zu]", tp, rank, a->name, ar, ab, br, bb);
+            }
+            CHECK(whole > 0 && by_rows > 0 && by_cols > 0);
+            k3c_model_shard_free(s);
+        }
+    k3c_model_free(m);
+}
+
+TEST(tp_shard_inventory_k3) { check_shard_inventory(0); }
+TEST(tp_shard_inventory_kimi_linear) { check_shard_inventory(1); }

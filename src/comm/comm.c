@@ -31,6 +31,6 @@ static void self_free(k3c_comm *c) { (void)c; } /* static: nothing to free */
 
 k3c_comm *k3c_comm_self(void) {
     static k3c_comm self = {"self", 0, 1, NULL, self_all_reduce, self_all_gather, self_broadcast, self_barrier,
-                            self_abort, self_free};
+                            self_abort, self_free, 0};
     return &self;
 }

@@ -3,7 +3,12 @@
  * these), above nothing but the backends' memory: a communicator moves bytes, it knows no model.
  *
  * Memory: every buffer is in the memory of the backend the communicator was made for (host memory for the
- * CPU backend and the in-memory group below; device memory, ordered on the communicator's stream, for NCCL).
+ * CPU backend and the in-memory group below; device memory, ordered on the communicator's stream, for NCCL
+ * and the staged group). stream_ordered tells the caller which: 0, the call reads and writes host memory
+ * when it runs, so whatever produced the buffer must have finished (the stock forward syncs the backend
+ * first); 1, the buffers are device memory and the call is queued on the stream the communicator was made
+ * for, after the work queued there before it and before the work queued after it, so a caller that queues
+ * its ops on that same stream (k3c_backend_cuda_stream) needs no host wait around it.
  *
  * Reduction order: the in-memory implementations sum element i as ((b_0[i] + b_1[i]) + b_2[i]) + ... in f32,
  * rank 0 first, whatever order the ranks arrive in, and hand every rank the same sum, so every rank ends with
@@ -35,6 +40,7 @@ struct k3c_comm {
     /* Marks the group failed (this rank gives up): the other ranks' waits return K3C_ERR. */
     void (*abort)(k3c_comm *c);
     void (*free)(k3c_comm *c);
+    int stream_ordered; /* see Memory above: 0 host memory (self, threads), 1 device memory on a stream */
 };
 
 /* World size 1: the sum and the gather of one rank (rank 0 of 1); host memory. Never fails. */
@@ -49,6 +55,18 @@ int k3c_comm_group_create(int size, int timeout_ms, k3c_comm_group **out);
 int k3c_comm_group_join(k3c_comm_group *g, int rank, k3c_comm **out);
 /* Frees a group no rank joined (after a failed setup); a joined group is freed by its last rank's free. */
 void k3c_comm_group_free(k3c_comm_group *g);
+
+/* Staged (comm/staged.c): device memory for several ranks of one process, one thread each, on one GPU or
+ * several (the one-GPU tests: NCCL refuses two ranks on one device), NCCL-free, as a reference. Rank r's
+ * communicator joins the in-memory group g as rank r (k3c_comm_group_join; free leaves it) and runs every
+ * collective as: device -> pinned host copy on `stream` (a cudaStream_t, the rank's; device its GPU), a
+ * bounded wait for the stream (at most timeout_ms, 0: 60 s), the group's collective on the host copies
+ * (threads.c: the rank-order sum, every rank the same bits), host -> device on the stream. So it is
+ * stream_ordered, but it blocks the calling thread until the stream reaches it, and it refuses to run while
+ * its stream is being captured into a CUDA graph (a host wait cannot be captured): a captured step needs a
+ * device-side communicator (NCCL, the mailboxes). Host staging grows to the largest call and is kept.
+ * Free it before its stream is destroyed. Without CUDA in the build it fails with a message. */
+int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream, int timeout_ms, k3c_comm **out);
 
 /* NCCL (comm/nccl.c): where the toolkit's nccl.h is present at build time and libnccl.so.2 loads at run time;
  * otherwise it fails with a message saying which. One process per GPU: every rank calls it with the same

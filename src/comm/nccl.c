@@ -168,7 +168,8 @@ int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int ran
         free(c), free(x);
         return k3c_errorf_kind(K3C_ERROR_OOM, "nccl: out of memory");
     }
-    *c = (k3c_comm){"nccl", rank, size, x, nc_all_reduce, nc_all_gather, nc_broadcast, nc_barrier, nc_abort, nc_free};
+    *c = (k3c_comm){"nccl", rank, size, x, nc_all_reduce, nc_all_gather, nc_broadcast, nc_barrier, nc_abort, nc_free,
+                    .stream_ordered = 1};
     x->stream = (cudaStream_t)stream;
     ce = cudaMalloc((void **)&x->one, sizeof(float));
     if (ce != cudaSuccess) {

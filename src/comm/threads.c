@@ -189,7 +189,7 @@ int k3c_comm_group_join(k3c_comm_group *g, int rank, k3c_comm **out) {
     pthread_mutex_unlock(&g->mu);
     if (taken) return k3c_errorf("comm group: rank %d joined twice", rank);
     g->comms[rank] = (k3c_comm){"threads", rank, g->size, g, th_all_reduce, th_all_gather, th_broadcast, th_barrier,
-                                th_abort, th_free};
+                                th_abort, th_free, 0};
     *out = &g->comms[rank];
     return K3C_OK;
 }

@@ -985,9 +985,15 @@ static void cuda_mla_attention_expanded(k3c_backend *be, const k3c_mla_weights *
 
 /* ---- MoE ---- */
 
-static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
+/* moe (out), or with r_part moe_partial (backend.h): the same launches up to the experts' hidden
+ * activations; then the experts' down products and their weighted sum unrounded straight into r_part
+ * (cuda/moe.h K3C_CUDA_MOE_ROUND_HIDDEN: the same kernels, only the stores differ), the shared expert's down
+ * product unrounded into s_part, and nothing after (the forward sums them across the ranks first). */
+static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out, float *r_part,
+                    float *s_part) {
     cuda_ctx *x = be->ctx;
     if (x->failed || T <= 0) return;
+    const int part = r_part != NULL;
     const k3c_config *c = x->c;
     int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
     int Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size;
@@ -1010,8 +1016,23 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
         OP_TRY(x, "moe latent_down", mm_rounded(x, wd, w->latent_down.rows, w->latent_down.cols, y, T, x->z));
         z = x->z;
     }
+    int round = part && RND(x) ? K3C_CUDA_MOE_ROUND_HIDDEN : RND(x);
     OP_TRY(x, "moe experts", k3c_cuda_moe_experts(ex, E, c->expert_format == K3C_EXPERTS_MXFP4, Rin, F, Rin, z, T,
-                                                  x->idx, x->wts, K, x->act, RND(x), x->h, x->part, x->r, st));
+                                                  x->idx, x->wts, K, x->act, round, x->h, x->part,
+                                                  part ? r_part : x->r, st));
+    if (part) {
+        if (!w->shared.gate.w) return;
+        int Fs = w->shared.gate.rows;
+        const uint16_t *sg, *su, *sd;
+        WDEV(x, "moe_partial shared", w->shared.gate.w, sg);
+        WDEV(x, "moe_partial shared", w->shared.up.w, su);
+        WDEV(x, "moe_partial shared", w->shared.down.w, sd);
+        OP_TRY(x, "moe_partial shared gate", mm_rounded(x, sg, Fs, D, y, T, x->sa));
+        OP_TRY(x, "moe_partial shared up", mm_rounded(x, su, Fs, D, y, T, x->su));
+        OP_TRY(x, "moe_partial shared act", k3c_cuda_gated_act(x->act, x->sa, Fs, x->su, Fs, T, Fs, RND(x), x->sa, st));
+        OP_TRY(x, "moe_partial shared down", mm(x, sd, D, Fs, x->sa, T, s_part));
+        return;
+    }
     const float *routed = x->r;
     if (c->routed_expert_hidden_size > 0) {
         if (c->latent_moe_use_norm) {
@@ -1040,6 +1061,23 @@ static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, 
     }
 }
 
+static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
+    moe_run(be, w, y, T, out, NULL, NULL);
+}
+
+static void cuda_moe_partial(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *r_part,
+                             float *s_part) {
+    moe_run(be, w, y, T, NULL, r_part, s_part);
+}
+
+/* The rounding of a cross-rank sum (backend.h round): the kernel every rounded store of this backend uses
+ * (k3c_dev_to_bf16, nearest even); none in the exact diagnostic. */
+static void cuda_round(k3c_backend *be, float *p, size_t n) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || !n || x->exact) return;
+    OP_TRY(x, "round", k3c_cuda_round_bf16(p, n, x->stream));
+}
+
 /* ---- views for the specialized decode executor (declared in cuda/backend_cuda.h by its owner) ---- */
 
 int k3c_backend_is_cuda(const k3c_backend *be) {
@@ -1057,6 +1095,8 @@ void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes) {
 int k3c_backend_cuda_device(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->device; }
 
 int k3c_backend_cuda_exact(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->exact; }
+
+void *k3c_backend_cuda_stream(const k3c_backend *be) { return ((const cuda_ctx *)be->ctx)->stream; }
 
 void k3c_backend_cuda_load_stats(const k3c_backend *be, k3c_cuda_upload_stats *out) {
     *out = ((const cuda_ctx *)be->ctx)->load;
@@ -1130,6 +1170,8 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->mla_attention = cuda_mla_attention;
     be->mla_attention_expanded = cuda_mla_attention_expanded;
     be->moe = cuda_moe;
+    be->round = cuda_round;
+    be->moe_partial = cuda_moe_partial;
     return be;
 }
 

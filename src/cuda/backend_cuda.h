@@ -20,6 +20,9 @@ void k3c_backend_cuda_arena(k3c_backend *be, void **base, size_t *bytes);
 int k3c_backend_cuda_device(const k3c_backend *be);
 /* 1 when the exact f32 diagnostic is on (no bf16 rounding): the executor then plans every step stock. */
 int k3c_backend_cuda_exact(const k3c_backend *be);
+/* The backend's stream (a cudaStream_t): every op is queued on it; a communicator whose collectives the stock
+ * forward runs between the ops (comm/comm.h stream_ordered) is made for this stream. */
+void *k3c_backend_cuda_stream(const k3c_backend *be);
 /* The weight upload of init (bytes, seconds and how: what its progress line printed). */
 void k3c_backend_cuda_load_stats(const k3c_backend *be, k3c_cuda_upload_stats *out);
 /* The per-op profile of the stock path (cuda/op_profile.h), or NULL when K3C_CUDA_PROFILE was not set. */

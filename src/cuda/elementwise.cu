@@ -162,7 +162,9 @@ __global__ void embed_kernel(const uint16_t *__restrict__ table, int V, int D, c
     float *o = out + (size_t)blockIdx.x * D;
     int ok = id >= 0 && id < V;
     const uint16_t *row = table + (size_t)(ok ? id : 0) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = ok ? k3c_dev_bf16(row[i]) : 0.0f;
+    /* -0.0 for an id outside the table: a vocabulary-parallel rank's rows of another rank's tokens
+     * (backend.h embed), which the cross-rank sum adds exactly (x + -0.0 is x, -0.0 included) */
+    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = ok ? k3c_dev_bf16(row[i]) : -0.0f;
     K3C_STAMP_BLOCK_END(K3C_KID_EMBED);
 }
 

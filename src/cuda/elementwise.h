@@ -33,8 +33,8 @@ int k3c_cuda_add_rmsnorm(float *p, const float *a1, const float *a2, const float
 int k3c_cuda_gated_act(k3c_cuda_act act, const float *gate, int gate_stride, const float *up, int up_stride, int T,
                        int n, int round_bf16, float *out, cudaStream_t stream);
 
-/* out[t] = f32(table[ids[t]]), table bf16 [V, D]. Ids must be validated by the caller (an id outside
- * [0, V) gives a zero row). */
+/* out[t] = f32(table[ids[t]]), table bf16 [V, D]. An id outside [0, V) gives a row of -0.0 (another
+ * tensor-parallel rank's token, backend.h embed); the caller validates ids otherwise. */
 int k3c_cuda_embed(const uint16_t *table, int V, int D, const int *ids, int T, float *out, cudaStream_t stream);
 
 /* out = a + b over n elements (out may alias a or b); round_bf16: round the sum to bf16 (a bf16 store). */

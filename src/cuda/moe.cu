@@ -670,6 +670,8 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
                                     k3c_cuda_act act, int round_bf16, float *h, float *part, float *out,
                                     cudaStream_t stream) {
     int pairs = T * k, mx_fits = k3c_cuda_moe_pair_mx_fits(In, F);
+    /* rh: gate, up and h rounded; ro: the down outputs and the weighted sum too (moe.h round_bf16) */
+    const int rh = round_bf16 != 0, ro = round_bf16 == 1;
     /* both streaming paths keep gate/up rows of F in part's rows of Out */
     const int streamed = pairs > 0 && Out >= F;
     const int per_pair = streamed && pairs <= moe_pair_limit(mxfp4) && (!mxfp4 || mx_fits);
@@ -689,19 +691,19 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
         const int tile_cols = band ? k3c_cuda_moe_band_cols(mxfp4, pairs, num_experts) : 0;
         if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, tile_cols, lists, stream));
         K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, tile_cols, pairs, 2, F, In, x, k, h, part,
-                            round_bf16, stream));
-        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, round_bf16, h, stream));
+                            rh, stream));
+        K3C_TRY(k3c_cuda_gated_act(act, h, F, part, F, pairs, F, rh, h, stream));
         K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, tile_cols, pairs, 1, Out, F, h, 1, part,
-                            part, round_bf16, stream));
+                            part, ro, stream));
     } else {
-        K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, round_bf16, h, stream));
-        K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, round_bf16, part, stream));
+        K3C_TRY(k3c_cuda_moe_gate_up(experts, num_experts, mxfp4, In, F, x, T, idx, k, act, rh, h, stream));
+        K3C_TRY(k3c_cuda_moe_down(experts, num_experts, mxfp4, F, Out, h, T * k, k, idx, ro, part, stream));
     }
     size_t n = (size_t)T * Out;
     if (n == 0) return K3C_OK;
     size_t blocks = (n + 255) / 256;
     if (blocks > 2048) blocks = 2048;
-    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(part, weight, idx, num_experts, k, Out, T, round_bf16, out);
+    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(part, weight, idx, num_experts, k, Out, T, ro, out);
     K3C_CUDA_LAUNCHED("moe_combine");
     return K3C_OK;
 }

@@ -38,8 +38,12 @@ int k3c_cuda_mxfp4_repack(uint8_t *packed, size_t bytes, cudaStream_t stream);
  * idx, weight: [T, k] (an index outside [0, num_experts) contributes nothing); h: scratch [T*k, F];
  * part: scratch [T*k, Out]; out: [T, Out], which must not overlap the other arrays (the band path, MXFP4 or
  * bf16, keeps its tile table there until the final weighted sum writes it). In and F must be multiples of 32 (MXFP4) or 8 (bf16).
- * round_bf16: the stock contract's roundings (backend/backend.h moe): gate and up outputs, h, each expert's
- * down output and the weighted sum are rounded to bf16. */
+ * round_bf16: 1 = the stock contract's roundings (backend/backend.h moe): gate and up outputs, h, each
+ * expert's down output and the weighted sum are rounded to bf16; 0 = none; K3C_CUDA_MOE_ROUND_HIDDEN = those
+ * up to h only, each expert's down output and the weighted sum left f32 (backend.h moe_partial: a tensor
+ * parallel rank's partial sums, rounded once after the sum across ranks). The kernels and their summation
+ * order are the same in every mode: only the stores differ. */
+#define K3C_CUDA_MOE_ROUND_HIDDEN 2
 int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F, int Out,
                          const float *x, int T, const int *idx, const float *weight, int k, k3c_cuda_act act,
                          int round_bf16, float *h, float *part, float *out, cudaStream_t stream);

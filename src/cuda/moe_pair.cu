@@ -957,11 +957,12 @@ static int pair_bf16_launch(const k3c_cuda_expert *experts, int num_experts, int
     int down_items = T * ((Out + GEMV_WARPS - 1) / GEMV_WARPS);
     int up_cap = resident_blocks(moe_pair_gate_up_kernel<GU, GB>, &occ_up);
     int down_cap = resident_blocks(moe_pair_down_kernel<DK, DB>, &occ_down);
+    /* round (cuda/moe.h): gate, up and h rounded unless 0; the down outputs and their sum only when 1 */
     K3C_TRY(launch_stream(moe_pair_gate_up_kernel<GU, GB>, up_items < up_cap ? up_items : up_cap, s, experts,
-                          num_experts, idx, pairs, F, In, x, k, act, round, h));
+                          num_experts, idx, pairs, F, In, x, k, act, (int)(round != 0), h));
     K3C_CUDA_LAUNCHED("moe_pair_gate_up");
     K3C_TRY(launch_stream(moe_pair_down_kernel<DK, DB>, down_items < down_cap ? down_items : down_cap, s, experts,
-                          num_experts, idx, weight, T, Out, F, (const float *)h, k, round, out));
+                          num_experts, idx, weight, T, Out, F, (const float *)h, k, (int)(round == 1), out));
     K3C_CUDA_LAUNCHED("moe_pair_down");
     return K3C_OK;
 }

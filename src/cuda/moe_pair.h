@@ -11,7 +11,8 @@ extern "C" {
 
 /* bf16 experts: h [T * k, F] = act(gate, up) of each pair, then out [T, Out] = the weighted sum of each
  * token's k down projections, with the stock roundings (two launches; the weighted sum as
- * moe_combine_kernel's). x: [T, In]; idx, weight: [T, k] (an invalid expert id contributes nothing). */
+ * moe_combine_kernel's). x: [T, In]; idx, weight: [T, k] (an invalid expert id contributes nothing).
+ * round_bf16: as k3c_cuda_moe_experts takes it (0, 1 or K3C_CUDA_MOE_ROUND_HIDDEN). */
 int k3c_cuda_moe_pair_bf16(const k3c_cuda_expert *experts, int num_experts, int In, int F, int Out, const float *x,
                            int T, const int *idx, const float *weight, int k, k3c_cuda_act act, int round_bf16,
                            float *h, float *out, cudaStream_t stream);

@@ -183,13 +183,38 @@ static void free_providers(k3c_decode_cuda *x) {
     free(x->ffn);
 }
 
+/* A TP rank's executor while the providers are not prepared for tensor parallelism (their weights are the
+ * whole model's, their o-projection and MoE tail have no all-reduce): no buffers, no providers, no stream; its
+ * plan table (world size, tp_prepared 0) routes every step stock, the same on every rank. */
+static int build_tp_unprepared(const k3c_decode_env *v, int rank, int world_size, k3c_decode_cuda **out) {
+    if (v->m->tp_size != world_size || v->m->tp_rank != rank)
+        return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
+                          world_size, v->m->tp_size > 1 ? "another rank's" : "the whole model");
+    k3c_decode_cuda *x = calloc(1, sizeof *x);
+    if (!x) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of memory");
+    x->v = *v;
+    x->m = v->m;
+    x->c = &v->m->config;
+    x->tp_unprepared = 1;
+    memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
+    x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
+                                                 .wide_max = v->max_rows, .kv_prepared = 0, .needs_graphs = 1,
+                                                 .world_size = world_size, .tp_prepared = 0},
+                                  .ctx = x};
+    *out = x;
+    return K3C_OK;
+}
+
 int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out) {
     *out = NULL;
-    if (rank != 0 || world_size != 1)
-        return k3c_errorf("decode executor: rank %d of %d: only (0, 1) is built (no tensor parallelism yet)", rank,
-                          world_size);
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        return k3c_errorf("decode executor: rank %d of a world of %d", rank, world_size);
     const k3c_decode_env v = *env;
     if (!k3c_backend_is_cuda(v.be)) return k3c_errorf("decode executor: the engine's backend is %s, not cuda", v.be->name);
+    if (world_size > 1) return build_tp_unprepared(&v, rank, world_size, out);
+    if (v.m->tp_size > 1)
+        return k3c_errorf("decode executor: the model is rank %d's shard of a TP group of %d, built for world size 1",
+                          v.m->tp_rank, v.m->tp_size);
     if (k3c_backend_cuda_exact(v.be))
         return k3c_errorf("decode executor: the backend runs the exact f32 diagnostic (no specialized path)");
     k3c_decode_cuda *x = calloc(1, sizeof *x);
@@ -213,7 +238,8 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     for (int l = 0; l < c->num_layers; l++) x->kda_ord[l] = c->layer_attn[l] == K3C_ATTN_KDA ? x->nkda++ : -1;
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
     x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
-                                                 .wide_max = v.max_rows, .kv_prepared = 0, .needs_graphs = 1},
+                                                 .wide_max = v.max_rows, .kv_prepared = 0, .needs_graphs = 1,
+                                                 .world_size = 1, .tp_prepared = 1},
                                   .ctx = x};
     cudaError_t ce = cudaSetDevice(k3c_backend_cuda_device(v.be));
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
@@ -288,7 +314,12 @@ int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
     const k3c_decode_env *v = &x->v;
     if (!v->kv || !v->kv->base || !v->ks)
         return k3c_errorf("decode executor: prepare_kv: the engine has no bound caches");
-    if (x->meta_h) return k3c_errorf("decode executor: prepare_kv called twice");
+    if (x->meta_h || (x->tp_unprepared && x->kv_prepared)) return k3c_errorf("decode executor: prepare_kv called twice");
+    if (x->tp_unprepared) { /* nothing to bind or capture: every step plans stock */
+        x->kv_prepared = 1;
+        x->ex.plan_table.kv_prepared = 1;
+        return K3C_OK;
+    }
     x->bs = v->block_size;
     x->mbr = v->max_blocks_per_request;
     size_t off = 0;
@@ -318,6 +349,9 @@ int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
 }
 
 int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
+    if (x->tp_unprepared)
+        return k3c_errorf("decode executor: rank %d of %d: the providers are not prepared for tensor parallelism "
+                          "(every step runs stock)", x->m->tp_rank, x->m->tp_size);
     if (!x->kv_prepared) return k3c_errorf("decode executor: capture before prepare_kv");
     if (!k3c_prepared_shape(rows, q, x->v.q_max, x->v.max_requests))
         return k3c_errorf("decode executor: (%d rows, q %d) is not a prepared shape", rows, q);
@@ -355,6 +389,7 @@ int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) {
     /* No derived copies exist yet (no packed projections): the graphs read the backbone in place, so new
      * weights in the same storage are used by the next replay. Check the addresses did not move; each
      * provider re-derives its own part (none derives anything yet) and checks its addresses. */
+    if (x->tp_unprepared) return K3C_OK; /* no providers */
     K3C_TRY(check_weights(x));
     for (int l = 0; l < x->c->num_layers; l++) {
         K3C_TRY(x->attn[l].kind->reload(&x->attn[l]));
@@ -570,6 +605,9 @@ int k3c_decode_cuda_stamp_report(k3c_decode_cuda *x, FILE *f, double plain_ms) {
 static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits,
                     int32_t *ids, float *aux) {
     int q = plan->q, T = plan->rows;
+    if (x->tp_unprepared)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: rank %d of %d: a step routed to an executor not "
+                               "prepared for tensor parallelism", x->m->tp_rank, x->m->tp_size);
     if ((plan->route != K3C_ROUTE_DECODE && plan->route != K3C_ROUTE_VERIFY) || q < 1 || q > QMAX || T < 1 ||
         T > PMAX || n * q != T || !x->graph[T][q])
         return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: no captured graph for route %d, %d requests, %d "

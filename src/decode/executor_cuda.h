@@ -35,7 +35,10 @@
  * runs them through the plain stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
  * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
- * Tensor parallelism: everything is built for (rank, world_size) = (0, 1). */
+ * Tensor parallelism: the providers are built for (rank, world_size) = (0, 1) only. Built for a TP rank
+ * (world_size > 1, the model that rank's shard), the executor holds no providers and its plan table says
+ * so (decode/plan.h world_size, tp_prepared = 0): every step plans stock on every rank, reason
+ * K3C_STOCK_TP_UNPREPARED, and the stock forward runs it TP (stock/forward.h); capture refuses. */
 #ifndef K3C_DECODE_EXECUTOR_CUDA_H
 #define K3C_DECODE_EXECUTOR_CUDA_H
 

@@ -68,6 +68,9 @@ struct k3c_decode_cuda {
     k3c_exec_stamps *stamp;           /* K3C_CUDA_PROFILE=3: block stamps (executor_cuda.c); NULL otherwise */
 
     int kv_prepared, eager, mbr, bs;
+    /* A tensor-parallel rank (world size > 1) whose providers are not prepared for TP: nothing is built, the
+     * plan table sends every step to the stock forward (decode/plan.h K3C_STOCK_TP_UNPREPARED). */
+    int tp_unprepared;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
     int num_captured;
     long replays;

@@ -20,6 +20,7 @@ k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {
     for (int r = 0; r < s->num_requests; r++) rows += s->query_lens[r];
     if (s->stage_input) return stock(K3C_STOCK_STAGE_INPUT, rows, 0);
     if (s->num_requests <= 0 || rows <= 0) return stock(K3C_STOCK_EMPTY, rows, 0);
+    if (t->world_size > 1 && !t->tp_prepared) return stock(K3C_STOCK_TP_UNPREPARED, rows, 0);
     for (int r = 0; r < s->num_requests; r++)
         if (s->has_prompt[r]) return stock(K3C_STOCK_PROMPT_ROWS, rows, 0);
     int q = s->query_lens[0];
@@ -56,6 +57,7 @@ const char *k3c_stock_reason_name(k3c_stock_reason r) {
     case K3C_STOCK_PROMPT_ROWS: return "prompt rows";
     case K3C_STOCK_MIXED_VERIFY: return "non-uniform query lengths";
     case K3C_STOCK_EMPTY: return "empty step";
+    case K3C_STOCK_TP_UNPREPARED: return "executor not prepared for tensor parallelism";
     }
     return "?";
 }

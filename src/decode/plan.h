@@ -27,6 +27,11 @@ typedef struct k3c_plan_table {
     /* captured(ctx, rows, q): whether the graph of that shape exists; consulted only when needs_graphs. */
     int (*captured)(void *ctx, int rows, int q);
     void *captured_ctx;
+    /* Tensor parallelism: the executor's world size (0 or 1: none) and whether its providers are prepared for
+     * it (sharded weights, the all-reduces on its stream). World size > 1 unprepared: every step stock, on
+     * every rank alike (both are build-time state, the same on all ranks). */
+    int world_size;
+    int tp_prepared;
 } k3c_plan_table;
 
 typedef enum k3c_route {
@@ -46,6 +51,8 @@ typedef enum k3c_stock_reason {
     K3C_STOCK_PROMPT_ROWS,      /* 5. prompt rows */
     K3C_STOCK_MIXED_VERIFY,     /* 6. requests do not all run the same q */
     K3C_STOCK_EMPTY,            /*    no rows at all */
+    K3C_STOCK_TP_UNPREPARED,    /* 0. world size > 1 and the providers are not prepared for TP (checked after
+                                 *    the stage input and empty checks, before every per-step one) */
 } k3c_stock_reason;
 
 typedef struct k3c_plan {

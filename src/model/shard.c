@@ -161,6 +161,64 @@ static int shard_moe(shard *s, const k3c_config *c, const k3c_moe_weights *w, k3
     return K3C_OK;
 }
 
+/* Where slot p (inside the scratch weights `from` the inventory was built over) lies in the shard's weights
+ * `to`: the same field of the same layer / expert, or NULL. */
+static void *slot_in(const k3c_weights *from, k3c_weights *to, const k3c_tensor_spec *sp, const void *p) {
+    const char *base;
+    char *dst;
+    size_t size;
+    if (sp->layer >= 0 && sp->expert >= 0) {
+        base = (const char *)&from->layers[sp->layer].moe.experts[sp->expert];
+        dst = (char *)&to->layers[sp->layer].moe.experts[sp->expert];
+        size = sizeof(k3c_expert);
+    } else if (sp->layer >= 0) {
+        base = (const char *)&from->layers[sp->layer];
+        dst = (char *)&to->layers[sp->layer];
+        size = sizeof(k3c_layer_weights);
+    } else {
+        base = (const char *)from;
+        dst = (char *)to;
+        size = sizeof(k3c_weights);
+    }
+    const char *q = p;
+    return q >= base && q < base + size ? dst + (q - base) : NULL;
+}
+
+/* The shard's tensor inventory (model/inventory.h): the local config's, each spec bound to the shard's own
+ * slot, so that a device backend uploads exactly the rank's tensors (views and copies) as it would a loaded
+ * model's. Each bound matrix's shape must be the spec's: a check that the split above and the local config
+ * agree. */
+static int shard_inventory(k3c_model *m) {
+    k3c_weights tmp;
+    K3C_TRY(k3c_inventory_build(&m->config, &tmp, &m->inventory));
+    int rc = K3C_OK;
+    for (size_t i = 0; i < m->inventory.count && rc == K3C_OK; i++) {
+        k3c_tensor_spec *sp = &m->inventory.specs[i];
+        void *old = sp->mat ? (void *)sp->mat : sp->mx ? (void *)sp->mx : (void *)sp->vec;
+        void *slot = old ? slot_in(&tmp, &m->weights, sp, old) : NULL;
+        if (!slot) {
+            rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "tp shard: tensor %s has no slot", sp->name);
+            break;
+        }
+        int rows = (int)sp->shape[0], cols = sp->ndim > 1 ? (int)sp->shape[1] : 1, ok = 1;
+        if (sp->mat) {
+            sp->mat = slot;
+            ok = sp->mat->rows == rows && sp->mat->cols == cols;
+        } else if (sp->mx) {
+            sp->mx = slot;
+            ok = sp->mx->rows == rows && (sp->cls == K3C_TENSOR_MXFP4_SCALE || sp->mx->cols == 2 * cols);
+        } else {
+            sp->vec = slot;
+        }
+        if (!ok)
+            rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "tp shard: tensor %s is [%d, %d] in the rank's config, the shard "
+                                 "holds [%d, %d]", sp->name, rows, cols, sp->mat ? sp->mat->rows : sp->mx->rows,
+                                 sp->mat ? sp->mat->cols : sp->mx->cols);
+    }
+    k3c_weights_free(&tmp);
+    return rc;
+}
+
 static int build(shard *s, const k3c_model *full) {
     k3c_model *m = s->m;
     const k3c_config *c = &full->config;
@@ -199,7 +257,7 @@ static int build(shard *s, const k3c_model *full) {
         if (a->is_moe) K3C_TRY(shard_moe(s, c, &a->moe, &b->moe, l));
         else K3C_TRY(shard_mlp(s, &a->mlp, &b->mlp, l));
     }
-    return K3C_OK;
+    return shard_inventory(m);
 }
 
 int k3c_model_shard_tp(const k3c_model *full, int rank, int tp, k3c_model **out) {
@@ -229,6 +287,7 @@ void k3c_model_shard_free(k3c_model *m) {
     free(m->owned);
     for (int l = 0; m->weights.layers && l < m->weights.num_layers; l++) free(m->weights.layers[l].moe.experts);
     free(m->weights.layers);
+    k3c_inventory_free(&m->inventory);
     k3c_config_free(&m->config);
     free(m);
 }

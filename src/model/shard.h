@@ -10,7 +10,8 @@
  * Memory: a column-parallel shard (split output rows: q/k/v, gates, up projections, w1 / w3) is a view into
  * the full model's tensor; a row-parallel one (split input columns: o_proj, down projections, w2) is copied
  * into the shard once here (its rows are strided in the published layout). Vectors are views. So the full
- * model must outlive its shards. */
+ * model must outlive its shards. The shard's inventory (model/inventory.h) is that of its local config,
+ * bound to the shard's views and copies, so a device backend uploads exactly the rank's tensors. */
 #ifndef K3C_MODEL_SHARD_H
 #define K3C_MODEL_SHARD_H
 

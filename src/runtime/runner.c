@@ -38,7 +38,7 @@
 #include "util/error.h"
 
 _Static_assert(K3C_ROUTES == K3C_ROUTE_WIDE + 1, "route count");
-_Static_assert(K3C_STOCK_REASONS == K3C_STOCK_EMPTY + 1, "stock reason count");
+_Static_assert(K3C_STOCK_REASONS == K3C_STOCK_TP_UNPREPARED + 1, "stock reason count");
 
 enum { REQ_WAITING, REQ_ACTIVE, REQ_DONE };
 

@@ -131,6 +131,16 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
             free(f);
             return k3c_errorf("forward: backend %s has no tensor-parallel ops (round, moe_partial)", be->name);
         }
+        /* the communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend,
+         * device memory on the backend's stream for a device backend */
+        int host_be = strcmp(be->name, "cpu") == 0;
+        if ((o->tp->stream_ordered != 0) == host_be) {
+            free(f->aux_layers);
+            free(f);
+            return k3c_errorf("forward: rank %d: the %s communicator works on %s, backend %s on %s memory", o->tp->rank,
+                              o->tp->name, o->tp->stream_ordered ? "device memory on a stream" : "host memory",
+                              be->name, host_be ? "host" : "device");
+        }
         f->tp = o->tp;
     }
     f->vocab = c->vocab_size * tp;
@@ -294,12 +304,17 @@ int k3c_forward_prompt_grid(const k3c_forward *f) {
 
 /* ---- tensor parallel ---- */
 
+/* Before a collective: a host-memory communicator reads the buffers when it runs, so the backend's queued ops
+ * must have finished (sync); a stream-ordered one is queued behind them on the backend's stream (comm/comm.h),
+ * and an op that failed is reported at the step's end instead. */
+static int tp_ready(k3c_forward *f) { return f->tp->stream_ordered ? K3C_OK : f->be->sync(f->be); }
+
 /* buf [n] = the sum over the TP ranks of their partials (comm/comm.h: f32, rank 0 first, the same bits on
  * every rank), rounded where the one product it stands for would have been (round). A failure aborts the
  * group (the other ranks' collectives fail instead of waiting) and is returned at the end of the step. */
 static void tp_sum(k3c_forward *f, float *buf, size_t n, int round) {
     if (f->tp_failed) return;
-    if (f->be->sync(f->be) != K3C_OK || f->tp->all_reduce_f32(f->tp, buf, n) != K3C_OK) {
+    if (tp_ready(f) != K3C_OK || f->tp->all_reduce_f32(f->tp, buf, n) != K3C_OK) {
         f->tp_failed = 1;
         k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
         f->tp->abort(f->tp);
@@ -604,7 +619,7 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
             be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
         } else if (!f->tp_failed) { /* every rank's [nrows, V / tp] part, gathered, into each row's columns */
             size_t Vl = c->vocab_size, part = (size_t)nrows * Vl;
-            if (be->sync(be) != K3C_OK ||
+            if (tp_ready(f) != K3C_OK ||
                 f->tp->all_gather(f->tp, f->logits, f->gather, part * sizeof(float)) != K3C_OK) {
                 f->tp_failed = 1;
                 k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
@@ -619,7 +634,12 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         if (want_aux) be->download(be, aux, f->aux, (size_t)f->o.num_aux * nrows * D * sizeof(float));
     }
     if (f->tp_failed) return k3c_error_context("forward step: ");
-    if (be->sync(be) != K3C_OK) return k3c_error_context("forward step on %s: ", be->name);
+    if (be->sync(be) != K3C_OK) {
+        /* with a stream-ordered communicator an op's failure shows only here: the peers' next collective
+         * fails instead of waiting for this rank */
+        if (f->tp) f->tp->abort(f->tp);
+        return k3c_error_context("forward step on %s: ", be->name);
+    }
     return K3C_OK;
 }
 

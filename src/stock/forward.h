@@ -57,7 +57,10 @@ typedef struct k3c_forward_options {
      * ops (backend.h round, moe_partial): the step sums the row-parallel partials across the ranks (every
      * attention's o_proj, the dense MLP's down, the MoE's routed latent and shared expert, the vocabulary-parallel
      * embedding) in rank order and gathers the logits, so every rank computes the same hidden states and
-     * returns the same full-vocabulary logits. Every rank must run the same steps. */
+     * returns the same full-vocabulary logits. Every rank must run the same steps. The communicator works on
+     * the backend's memory (comm/comm.h stream_ordered): a host one (threads) for the CPU backend, a
+     * stream-ordered one made for the backend's stream (k3c_backend_cuda_stream: NCCL, staged) for CUDA;
+     * the forward refuses the other pairings. */
     struct k3c_comm *tp;
 } k3c_forward_options;
 

@@ -420,6 +420,35 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
     note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"), thr, e);
     CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
            situ, In, F, Out, E, T, k, round, e);
+    if (round) {
+        /* the tensor-parallel partial (moe.h K3C_CUDA_MOE_ROUND_HIDDEN) on the same experts and pairs, every
+         * weight 1: h bitwise the stock mode's (the same kernels round it the same), and with one slot a token
+         * the unrounded output rounded is the stock output (fmaf(1, d, 0) = d: only the stores differ) */
+        size_t nh = (size_t)T * k * F, no = (size_t)T * Out;
+        float *ones = fmalloc((size_t)T * k), *h1 = fmalloc(nh), *h2 = fmalloc(nh), *o1 = fmalloc(no), *o2 = fmalloc(no);
+        for (int i = 0; i < T * k; i++) ones[i] = 1.0f;
+        float *d1 = dev_upload(ones, (size_t)T * k * 4);
+        CHECK(d1);
+        for (int mode = 1; mode <= 2; mode++) {
+            CHECK(cudaMemset(dh, 0xff, nh * 4) == cudaSuccess && cudaMemset(dout, 0xff, no * 4) == cudaSuccess);
+            CHECK_OK(k3c_cuda_moe_experts(dtab, E, mxfp4, In, F, Out, dx, T, didx, d1, k, act,
+                                          mode == 1 ? 1 : K3C_CUDA_MOE_ROUND_HIDDEN, dh, dpart, dout, 0));
+            CHECK(dev_download(mode == 1 ? h1 : h2, dh, nh * 4) == 0 && dev_download(mode == 1 ? o1 : o2, dout, no * 4) == 0);
+        }
+        CHECKF(!memcmp(h1, h2, nh * 4), "mxfp4 %d In %d F %d Out %d T %d k %d: the partial mode's h differs", mxfp4,
+               In, F, Out, T, k);
+        long bad = 0;
+        for (size_t i = 0; i < no; i++) {
+            float u = o2[i];
+            round_host(&u, 1);
+            bad += k == 1 ? !(u == o1[i]) : !(o2[i] == o2[i]);
+        }
+        double e2 = rel_l2_f32f32(o2, o1, no);
+        CHECKF(bad == 0 && e2 < 1e-2, "mxfp4 %d In %d F %d Out %d T %d k %d: partial mode: %ld outputs differ (rel L2 "
+               "%.3g to the stock mode)", mxfp4, In, F, Out, T, k, bad, e2);
+        cudaFree(d1);
+        free(ones), free(h1), free(h2), free(o1), free(o2);
+    }
     for (int i = 0; i < E; i++) {
         cudaFree((void *)de[i].gate_packed); cudaFree((void *)de[i].gate_scale);
         cudaFree((void *)de[i].up_packed); cudaFree((void *)de[i].up_scale);
@@ -458,6 +487,11 @@ TEST(gpu_moe_mxfp4) {
      * shape at 9 x 8 over 8 experts (tiles of 9..16 pairs, and experts of two tiles) */
     moe_case(1, 1, 256, 128, 256, 2, 12, 2, 0);
     moe_case(1, 1, 3584, 3072, 3584, 8, 9, 8, 0);
+    /* one slot a token, rounded: the partial mode against the stock one bitwise (moe_case), on the grouped
+     * kernel (Out < F), the per-pair path (5 pairs) and the band kernels (40 pairs) */
+    moe_case(1, 1, 96, 64, 17, 5, 7, 1, 1);
+    moe_case(1, 1, 256, 64, 128, 6, 5, 1, 1);
+    moe_case(1, 0, 256, 64, 128, 6, 40, 1, 1);
 }
 
 TEST(gpu_moe_bf16) {
@@ -483,6 +517,11 @@ TEST(gpu_moe_bf16) {
      * case above ran the grouped kernel until an H200 run (2026-11-30) showed band and grouped timed the same) */
     CHECK(k3c_cuda_moe_band_fits(0, 2304, 1024, 288) && k3c_cuda_moe_band_fits(0, 6144, 6144, 1024));
     CHECK(!k3c_cuda_moe_band_fits(0, 6152, 1024, 8) && !k3c_cuda_moe_band_fits(1, 6176, 1024, 8));
+    /* one slot a token, rounded (the partial mode bitwise, moe_case): grouped (Out < F), per-pair (9 pairs),
+     * band (80 pairs) */
+    moe_case(0, 0, 64, 24, 17, 5, 3, 1, 1);
+    moe_case(0, 1, 72, 40, 48, 4, 9, 1, 1);
+    moe_case(0, 0, 64, 24, 32, 5, 80, 1, 1);
 }
 
 /* The bf16 per-pair kernels' four register / occupancy variants (k3c_cuda_moe_pair_occ_force; the default is
