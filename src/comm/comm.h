@@ -48,12 +48,14 @@ k3c_comm *k3c_comm_self(void);
 
 /* In-memory group of `size` ranks in one process (one thread per rank), host memory: the CPU ranks' stand-in
  * for NCCL behind the same interface. create makes the group, join hands out rank r's communicator (each rank
- * once; its free leaves the group, the last one frees it). timeout_ms: the longest any rank waits for the
- * others in one call (0: 60 s). */
+ * once; its free leaves the group, which is freed once all `size` ranks have joined and left, so a rank that
+ * leaves early does not free it under a late joiner). timeout_ms: the longest any rank waits for the others
+ * in one call (0: 60 s). */
 typedef struct k3c_comm_group k3c_comm_group;
 int k3c_comm_group_create(int size, int timeout_ms, k3c_comm_group **out);
 int k3c_comm_group_join(k3c_comm_group *g, int rank, k3c_comm **out);
-/* Frees a group no rank joined (after a failed setup); a joined group is freed by its last rank's free. */
+/* After a failed setup (not every rank will join): frees the group now if no rank is joined, else when the
+ * joined ranks have left. Not needed once every rank joined. */
 void k3c_comm_group_free(k3c_comm_group *g);
 
 /* Staged (comm/staged.c): device memory for several ranks of one process, one thread each, on one GPU or

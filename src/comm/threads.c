@@ -28,6 +28,7 @@ struct k3c_comm_group {
     int arrived;
     int failed;        /* set once: a timeout, an abort, mismatched calls */
     int joined, refs;
+    int orphaned; /* k3c_comm_group_free was called: no more ranks will join */
     void **ptr;        /* [size] what each rank published for the current collective */
     size_t *bytes;     /* [size] */
     k3c_comm *comms;   /* [size] */
@@ -149,7 +150,9 @@ static void group_destroy(k3c_comm_group *g) {
 static void th_free(k3c_comm *c) {
     k3c_comm_group *g = c->ctx;
     pthread_mutex_lock(&g->mu);
-    int last = --g->refs == 0;
+    /* The group lives until every rank has joined and left (or the creator gave up on the rest): a rank that
+     * leaves before a slower one joins must not free the group under it. */
+    int last = --g->refs == 0 && (g->joined == g->size || g->orphaned);
     pthread_mutex_unlock(&g->mu);
     if (last) group_destroy(g);
 }
@@ -195,5 +198,10 @@ int k3c_comm_group_join(k3c_comm_group *g, int rank, k3c_comm **out) {
 }
 
 void k3c_comm_group_free(k3c_comm_group *g) {
-    if (g && g->joined == 0) group_destroy(g);
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    int now = g->refs == 0;
+    g->orphaned = 1; /* the ranks still joined free it as the last one leaves */
+    pthread_mutex_unlock(&g->mu);
+    if (now) group_destroy(g);
 }

@@ -466,6 +466,8 @@ extern "C" int k3c_cuda_f32_to_bf16(const float *x, size_t n, uint16_t *out, cud
         }                                                                                                          \
     } while (0)
 
+static void plan_destroy(k3c_cuda_gemm_plan *p);
+
 extern "C" int k3c_cuda_gemm_init(k3c_cuda_gemm *g, void *workspace, size_t workspace_bytes, uint16_t *xbf,
                                   size_t xbf_elems) {
     g->lt = NULL;
@@ -473,6 +475,8 @@ extern "C" int k3c_cuda_gemm_init(k3c_cuda_gemm *g, void *workspace, size_t work
     g->workspace_bytes = workspace_bytes;
     g->xbf = xbf;
     g->xbf_elems = xbf_elems;
+    g->nplans = g->next_evict = 0;
+    memset(g->plans, 0, sizeof g->plans);
     const k3c_cublaslt_api *lt = k3c_cublaslt(); /* loaded here, on the first cuda engine (cuda/cublaslt.h) */
     if (!lt) return k3c_error_context("cuBLASLt");
     cublasLtHandle_t h;
@@ -483,49 +487,108 @@ extern "C" int k3c_cuda_gemm_init(k3c_cuda_gemm *g, void *workspace, size_t work
 }
 
 extern "C" void k3c_cuda_gemm_free(k3c_cuda_gemm *g) {
-    if (g->lt) k3c_cublaslt()->Destroy((cublasLtHandle_t)g->lt); /* a handle exists: the library is loaded */
+    if (g->lt) { /* a handle exists: the library is loaded */
+        for (int i = 0; i < g->nplans; i++) plan_destroy(&g->plans[i]);
+        g->nplans = 0;
+        k3c_cublaslt()->Destroy((cublasLtHandle_t)g->lt);
+    }
     g->lt = NULL;
 }
 
+static void plan_destroy(k3c_cuda_gemm_plan *p) {
+    const k3c_cublaslt_api *lt = k3c_cublaslt();
+    if (p->ld) lt->MatrixLayoutDestroy((cublasLtMatrixLayout_t)p->ld);
+    if (p->lb) lt->MatrixLayoutDestroy((cublasLtMatrixLayout_t)p->lb);
+    if (p->la) lt->MatrixLayoutDestroy((cublasLtMatrixLayout_t)p->la);
+    if (p->op) lt->MatmulDescDestroy((cublasLtMatmulDesc_t)p->op);
+    memset(p, 0, sizeof *p);
+}
+
+/* The largest power of two (4 .. 256) dividing every address: cuBLASLt's heuristic assumes 256-byte aligned
+ * operands unless told less, and an algorithm chosen for 256 refuses (CUBLAS_STATUS_NOT_SUPPORTED) a pointer
+ * that is not, e.g. a view into a fused projection's output. */
+static int common_alignment(const void *a, const void *b, const void *c) {
+    uintptr_t u = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
+    int al = 256;
+    while (al > 4 && (u & (uintptr_t)(al - 1))) al >>= 1;
+    return al;
+}
+
 /* Column-major view for cuBLASLt: Y^T [rows, T] = W [cols x rows col-major]^T * X^T [cols, T]; so A = W with
- * op T (lda = cols), B = x as bf16 [cols, T] (ldb = cols), D = y [rows, T] (ldd = rows), all f32-accumulated. */
-static int lt_matmul(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, int T, float *y, cudaStream_t s) {
+ * op T (lda = cols), B = x as bf16 [cols, T] (ldb = cols), D = y [rows, T] (ldd = rows), all f32-accumulated.
+ * The descriptors and algorithm of a (shape, alignment) are made once and kept in g->plans. */
+static int lt_plan(k3c_cuda_gemm *g, int rows, int cols, int T, int align, k3c_cuda_gemm_plan **out) {
+    for (int i = 0; i < g->nplans; i++) {
+        k3c_cuda_gemm_plan *p = &g->plans[i];
+        if (p->rows == rows && p->cols == cols && p->T == T && p->align == align) {
+            *out = p;
+            return K3C_OK;
+        }
+    }
     int rc = K3C_OK;
     const k3c_cublaslt_api *lt = k3c_cublaslt(); /* loaded: g->lt exists */
+    k3c_cuda_gemm_plan np = {.rows = rows, .cols = cols, .T = T, .align = align};
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    float alpha = 1.0f, beta = 0.0f;
+    uint32_t al = (uint32_t)align;
     LT_TRY(lt->MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    np.op = op;
     LT_TRY(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_TRY(lt->MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     LT_TRY(lt->MatrixLayoutCreate(&la, CUDA_R_16BF, cols, rows, cols));
+    np.la = la;
     LT_TRY(lt->MatrixLayoutCreate(&lb, CUDA_R_16BF, cols, T, cols));
+    np.lb = lb;
     LT_TRY(lt->MatrixLayoutCreate(&ld, CUDA_R_32F, rows, T, rows));
+    np.ld = ld;
     LT_TRY(lt->MatmulPreferenceCreate(&pref));
     LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->workspace_bytes,
                                             sizeof g->workspace_bytes));
+    LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    LT_TRY(lt->MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
     LT_TRY(lt->MatmulAlgoGetHeuristic((cublasLtHandle_t)g->lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
     if (found < 1) {
-        rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "cuBLASLt: no algorithm for bf16 [%d x %d] x [%d x %d]", rows, cols,
-                             cols, T);
+        rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "cuBLASLt: no algorithm for bf16 [%d x %d] x [%d x %d] (%d-byte "
+                             "aligned operands)", rows, cols, cols, T, align);
         goto done;
     }
+    static_assert(sizeof heur.algo == sizeof np.algo, "cublasLtMatmulAlgo_t is 64 bytes");
+    memcpy(np.algo, &heur.algo, sizeof np.algo);
+done:
+    if (pref) lt->MatmulPreferenceDestroy(pref);
+    if (rc != K3C_OK) {
+        plan_destroy(&np);
+        return rc;
+    }
+    /* a full table replaces its entries in turn (a model needs far fewer shapes than this) */
+    int slot = g->nplans < K3C_CUDA_GEMM_PLANS ? g->nplans++ : g->next_evict++ % K3C_CUDA_GEMM_PLANS;
+    if (g->plans[slot].op) plan_destroy(&g->plans[slot]);
+    g->plans[slot] = np;
+    *out = &g->plans[slot];
+    return K3C_OK;
+}
+
+static int lt_matmul(k3c_cuda_gemm *g, const uint16_t *W, int rows, int cols, int T, float *y, cudaStream_t s) {
+    int rc = K3C_OK;
+    const k3c_cublaslt_api *lt = k3c_cublaslt();
+    k3c_cuda_gemm_plan *p;
+    K3C_TRY(lt_plan(g, rows, cols, T, common_alignment(W, g->xbf, y), &p));
+    float alpha = 1.0f, beta = 0.0f;
     { /* K3C_CUDA_PROFILE=3 counts cuBLASLt's kernels apart: they carry no block stamps (cuda/stamp.h) */
         long fb = k3c_cuda_stamp_foreign_begin(s);
-        LT_TRY(lt->Matmul((cublasLtHandle_t)g->lt, op, &alpha, W, la, g->xbf, lb, &beta, y, ld, y, ld, &heur.algo,
-                          g->workspace, g->workspace_bytes, s));
+        LT_TRY(lt->Matmul((cublasLtHandle_t)g->lt, (cublasLtMatmulDesc_t)p->op, &alpha, W,
+                          (cublasLtMatrixLayout_t)p->la, g->xbf, (cublasLtMatrixLayout_t)p->lb, &beta, y,
+                          (cublasLtMatrixLayout_t)p->ld, y, (cublasLtMatrixLayout_t)p->ld,
+                          (const cublasLtMatmulAlgo_t *)p->algo, g->workspace, g->workspace_bytes, s));
         k3c_cuda_stamp_foreign_end(s, fb);
     }
 done:
-    if (pref) lt->MatmulPreferenceDestroy(pref);
-    if (ld) lt->MatrixLayoutDestroy(ld);
-    if (lb) lt->MatrixLayoutDestroy(lb);
-    if (la) lt->MatrixLayoutDestroy(la);
-    if (op) lt->MatmulDescDestroy(op);
     return rc;
 }
 

@@ -23,12 +23,24 @@ extern "C" {
 #define K3C_CUDA_GEMV_MAX_T 8
 
 /* cuBLASLt state and the device scratch it uses (both owned by the caller's arena). */
+/* A prepared cuBLASLt product of one shape and pointer alignment: its descriptors and the heuristic's
+ * algorithm, asked for once (the heuristic costs tens of microseconds of host time a call, during which a
+ * prefill step's GPU idles). */
+#define K3C_CUDA_GEMM_PLANS 64
+typedef struct k3c_cuda_gemm_plan {
+    int rows, cols, T, align; /* align: the pointers' common alignment in bytes (4 .. 256) */
+    void *op, *la, *lb, *ld;  /* cublasLtMatmulDesc_t, cublasLtMatrixLayout_t x 3 */
+    unsigned char algo[64];   /* cublasLtMatmulAlgo_t (64 bytes) */
+} k3c_cuda_gemm_plan;
+
 typedef struct k3c_cuda_gemm {
     void *lt;                 /* cublasLtHandle_t; NULL: large T falls back to the streaming kernel */
     void *workspace;          /* device, cuBLASLt workspace */
     size_t workspace_bytes;
     uint16_t *xbf;            /* device, bf16 staging for activations */
     size_t xbf_elems;
+    k3c_cuda_gemm_plan plans[K3C_CUDA_GEMM_PLANS]; /* the shapes seen so far (a model has a few dozen) */
+    int nplans, next_evict;
 } k3c_cuda_gemm;
 
 /* Creates the cuBLASLt handle. workspace / xbf: device buffers the caller keeps alive (32 MiB of workspace

@@ -19,6 +19,7 @@
  * Prints "METRIC <name> rel_l2 <threshold> <value>" lines (tools/gpu-check.sh tabulates them) and INFO lines. */
 #include <math.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -243,6 +244,8 @@ static void *fail_thread(void *p) {
         return NULL;
     double t0 = now_s();
     if (!j->absent) j->rc = c->all_reduce_f32(c, d, 16), j->called = 1;
+    else usleep(1500 * 1000); /* joined but silent: stays in the group (its free would end the group early:
+                               * the last rank's free frees it) until the others have timed out */
     j->secs = now_s() - t0;
     c->free(c);
     cudaFree(d);
