@@ -55,6 +55,12 @@ typedef struct k3c_mbx_flag {
     uint32_t pad;
 } k3c_mbx_flag;
 
+#ifdef __cplusplus
+static_assert(sizeof(k3c_mbx_flag) == 16, "a flag is 16 bytes: count and op beside the epoch");
+#else
+_Static_assert(sizeof(k3c_mbx_flag) == 16, "a flag is 16 bytes: count and op beside the epoch");
+#endif
+
 /* The kinds of call, in a flag's op (a peer making another kind of call is a mismatch, like another size). */
 enum {
     K3C_MBX_OP_ONE_SHOT = 1,
