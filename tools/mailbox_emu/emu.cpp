@@ -117,6 +117,17 @@ void emu_launch_fn(int grid, int block, cudaStream_t s, std::function<void()> bo
     });
 }
 
+/* an event: the time its record ran at, once it has */
+struct CUevent_st {
+    std::atomic<int> done{1};
+    std::atomic<double> t{0};
+};
+static double host_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static thread_local int cur_device;
 
 extern "C" {
@@ -227,6 +238,22 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSucce
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) { (void)h, (void)p; return cudaErrorNotSupported; }
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags) { (void)p, (void)h, (void)flags; return cudaErrorNotSupported; }
 cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return cudaErrorNotSupported; }
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    e->done = 0;
+    enqueue(s, [e]() { e->t = host_ms(); e->done = 1; });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    while (!e->done) sched_yield();
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(b->t - a->t); return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    snprintf(p->name, sizeof p->name, "emulated device %d", d);
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
