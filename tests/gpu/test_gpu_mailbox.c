@@ -5,15 +5,21 @@
  * one-shot and the two-shot mixed call by call; epochs started just before 2^32; a captured sequence of calls
  * replayed hundreds of times, eager calls between the replays; a rank that never calls (the others fail within
  * the timeout); a call of another size or kind (refused on every rank, at once); gathers and broadcasts; one
- * host thread per rank with barriers; one rank per device where several devices are visible.
+ * host thread per rank with barriers; one rank per device where several devices are visible; one process per
+ * rank on the one device, through CUDA IPC (the path of one process per GPU).
  *
  * The reference is the sum in rank order written here from the contract (rank 0's value first, then += each
  * next rank's in f32), compared bitwise with every rank's result (so -0 + -0 = -0 is checked, and every rank
  * holding the same bits); the memory around every call's region is poisoned and must come back unchanged. */
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include <cuda_runtime_api.h>
@@ -793,4 +799,227 @@ TEST(gpu_mailbox_devices) {
     mbt_close(&t);
     CHECK(ok);
     CHECK(bad == 0);
+}
+
+/* ---- one process per rank: the CUDA IPC path (k3c_comm_mailbox_create_ipc) on one device ----
+ *
+ * gpu_mailbox_ipc_processes starts R processes of this binary, each running only gpu_mailbox_ipc_rank with
+ * K3C_MBT_IPC="rank ranks dir seed mode" in its environment; they bootstrap through files in dir (a host
+ * communicator written below, standing in for the launcher's), create the mailbox through cudaIpc handles,
+ * and check all-reduces, a gather and a broadcast bitwise against the rank-order sums of every rank's
+ * inputs, which each process computes itself. Processes on one device share it by time slices, so every
+ * call waits for the others' slices: slow, and few calls. mode "badcap": rank 1 passes another capacity,
+ * and every rank must refuse at creation. */
+
+typedef struct fboot {
+    char dir[200];
+    int seq, timeout_ms;
+} fboot;
+
+/* dst[p * bytes ..) = rank p's src: each rank writes its file (renamed into place whole), then reads every
+ * rank's as it appears (bounded wait). */
+static int fboot_all_gather(k3c_comm *c, const void *src, void *dst, size_t bytes) {
+    fboot *f = c->ctx;
+    const int seq = f->seq++;
+    char tmp[256], path[256];
+    snprintf(tmp, sizeof tmp, "%s/g%d.%d.tmp", f->dir, seq, c->rank);
+    snprintf(path, sizeof path, "%s/g%d.%d", f->dir, seq, c->rank);
+    FILE *w = fopen(tmp, "wb");
+    if (!w || (bytes && fwrite(src, 1, bytes, w) != bytes) || fclose(w) != 0 || rename(tmp, path) != 0)
+        return k3c_errorf("fboot: writing %s", path);
+    double deadline = mbt_now() + f->timeout_ms / 1000.0;
+    for (int p = 0; p < c->size; p++) {
+        snprintf(path, sizeof path, "%s/g%d.%d", f->dir, seq, p);
+        FILE *r;
+        while (!(r = fopen(path, "rb"))) {
+            if (mbt_now() > deadline) return k3c_errorf("fboot rank %d: no %s within %d ms", c->rank, path, f->timeout_ms);
+            struct timespec nap = {0, 2000000};
+            nanosleep(&nap, NULL);
+        }
+        size_t got = bytes ? fread((char *)dst + (size_t)p * bytes, 1, bytes, r) : 0;
+        fclose(r);
+        if (got != bytes) return k3c_errorf("fboot: %s holds %zu bytes, not %zu", path, got, bytes);
+    }
+    return K3C_OK;
+}
+
+static int fboot_barrier(k3c_comm *c) {
+    char one = 1, all[MBT_MAX];
+    return fboot_all_gather(c, &one, all, 1);
+}
+static int fboot_none(k3c_comm *c, float *buf, size_t n) {
+    (void)c, (void)buf, (void)n;
+    return k3c_errorf("fboot: no all_reduce");
+}
+static int fboot_no_broadcast(k3c_comm *c, void *buf, size_t bytes, int root) {
+    (void)c, (void)buf, (void)bytes, (void)root;
+    return k3c_errorf("fboot: no broadcast");
+}
+static void fboot_abort(k3c_comm *c) { (void)c; }
+static void fboot_free(k3c_comm *c) { (void)c; }
+
+/* The child: one rank of the group (run by gpu_mailbox_ipc_processes; alone it has nothing to do). */
+TEST(gpu_mailbox_ipc_rank) {
+    const char *spec = getenv("K3C_MBT_IPC");
+    if (!spec) {
+        printf("  [the child of gpu_mailbox_ipc_processes: nothing to do alone]\n");
+        return;
+    }
+    int rank = -1, R = 0;
+    unsigned long long seed = 0;
+    char dir[200] = "", mode[16] = "";
+    CHECKF(sscanf(spec, "%d %d %199s %llu %15s", &rank, &R, dir, &seed, mode) == 5 && rank >= 0 && rank < R &&
+               R <= MBT_MAX, "K3C_MBT_IPC=%s", spec);
+    fboot fb = {.seq = 0, .timeout_ms = 60000};
+    snprintf(fb.dir, sizeof fb.dir, "%s", dir);
+    k3c_comm boot = {"fboot", rank, R, &fb, fboot_none, fboot_all_gather, fboot_no_broadcast, fboot_barrier,
+                     fboot_abort, fboot_free};
+    const size_t cap = 8192;
+    k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 30000};
+    if (!strcmp(mode, "badcap") && rank == 1) o.cap = cap + 1;
+    cudaStream_t st;
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    k3c_comm *c = NULL;
+    int rc = k3c_comm_mailbox_create_ipc(&boot, 0, 0, st, &o, &c);
+    if (!strcmp(mode, "badcap")) {
+        printf("  [ipc rank %d of %d, options differ on rank 1: %s]\n", rank, R,
+               rc == K3C_OK ? "accepted" : k3c_error_message());
+        if (c) c->free(c);
+        cudaStreamDestroy(st);
+        CHECK(rc != K3C_OK && strstr(k3c_error_message(), "differ") != NULL);
+        printf("ipc rank %d: ok\n", rank);
+        return;
+    }
+    CHECKF(rc == K3C_OK, "ipc rank %d: %s", rank, k3c_error_message());
+    float *d = NULL, *h = NULL, *ref = NULL, *other = NULL;
+    CK(cudaMalloc((void **)&d, cap * (size_t)(R + 1) * sizeof(float)));
+    CK(cudaMallocHost((void **)&h, cap * (size_t)(R + 1) * sizeof(float)));
+    ref = malloc(cap * sizeof(float));
+    other = malloc(cap * sizeof(float));
+    CHECK(ref && other);
+    long bad = 0;
+    int calls = 24, ok = 1;
+    for (int k = 0; k < calls && ok; k++) {
+        size_t n = k == 0 ? cap : 1 + (size_t)((seed >> 5) + (uint64_t)k * 2749) % cap;
+        k3c_mailbox_algo algo = (k3c_mailbox_algo)(k % 3);
+        mbt_fill(h, n, seed, k, rank, R, k % 4 == 0);
+        ok = cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, st) == cudaSuccess &&
+             k3c_comm_mailbox_all_reduce(c, d, n, algo) == K3C_OK &&
+             cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+             cudaStreamSynchronize(st) == cudaSuccess && k3c_comm_mailbox_check(c) == K3C_OK;
+        mbt_fill(ref, n, seed, k, 0, R, k % 4 == 0);
+        for (int q = 1; q < R; q++) {
+            mbt_fill(other, n, seed, k, q, R, k % 4 == 0);
+            for (size_t i = 0; i < n; i++) ref[i] += other[i];
+        }
+        for (size_t i = 0; ok && i < n; i++) bad += f2u(h[i]) != f2u(ref[i]);
+    }
+    /* a gather of every rank's first 1000 inputs of call 0 into [cap, cap + R x 1000), then a broadcast from
+     * the last rank */
+    if (ok) {
+        mbt_fill(h, 1000, seed, 0, rank, R, 0);
+        ok = cudaMemcpyAsync(d, h, 1000 * sizeof(float), cudaMemcpyHostToDevice, st) == cudaSuccess &&
+             c->all_gather(c, d, d + cap, 1000 * sizeof(float)) == K3C_OK &&
+             c->broadcast(c, d, 1000 * sizeof(float), R - 1) == K3C_OK &&
+             cudaMemcpyAsync(h, d, cap * (size_t)(R + 1) * sizeof(float), cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+             cudaStreamSynchronize(st) == cudaSuccess && c->barrier(c) == K3C_OK;
+        for (int q = 0; ok && q < R; q++) {
+            mbt_fill(other, 1000, seed, 0, q, R, 0);
+            for (size_t i = 0; i < 1000; i++) bad += f2u(h[cap + (size_t)q * 1000 + i]) != f2u(other[i]);
+            if (q == R - 1)
+                for (size_t i = 0; i < 1000; i++) bad += f2u(h[i]) != f2u(other[i]);
+        }
+    }
+    if (!ok) fprintf(stderr, "    ipc rank %d: %s\n", rank, k3c_error_message());
+    printf("  [ipc rank %d of %d: %d all-reduces, a gather and a broadcast: %ld values differ]\n", rank, R, calls, bad);
+    c->free(c);
+    cudaFree(d);
+    cudaFreeHost(h);
+    free(ref);
+    free(other);
+    cudaStreamDestroy(st);
+    CHECK(ok);
+    CHECK(bad == 0);
+    printf("ipc rank %d: ok\n", rank);
+}
+
+extern char **environ;
+
+/* Starts R children of this binary (gpu_mailbox_ipc_rank, K3C_MBT_IPC set), waits for them (bounded: a
+ * child still running at the deadline is killed and fails the test); 0 when every child passed. */
+static int mbt_spawn_ranks(int R, const char *mode, double limit_s, char *why, size_t why_n) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/ipc%d%s", test_tmpdir(), R, mode);
+    MT(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    pid_t pid[MBT_MAX];
+    for (int r = 0; r < R; r++) {
+        char var[400], log[300];
+        snprintf(var, sizeof var, "K3C_MBT_IPC=%d %d %s %llu %s", r, R, dir, (unsigned long long)test_seed(), mode);
+        snprintf(log, sizeof log, "%s/log.%d", dir, r);
+        size_t ne = 0;
+        while (environ[ne]) ne++;
+        char **env = calloc(ne + 2, sizeof *env);
+        MT(env, "out of memory");
+        for (size_t i = 0; i < ne; i++) env[i] = environ[i];
+        env[ne] = var;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        posix_spawn_file_actions_adddup2(&fa, 1, 2);
+        char *argv[] = {"test_gpu", "=gpu_mailbox_ipc_rank", NULL};
+        int e = posix_spawn(&pid[r], "/proc/self/exe", &fa, NULL, argv, env);
+        posix_spawn_file_actions_destroy(&fa);
+        free(env);
+        MT(e == 0, "posix_spawn rank %d: %s", r, strerror(e));
+    }
+    int failed = 0, left = R, status[MBT_MAX], done[MBT_MAX] = {0};
+    double deadline = mbt_now() + limit_s;
+    while (left) {
+        for (int r = 0; r < R; r++)
+            if (!done[r] && waitpid(pid[r], &status[r], WNOHANG) == pid[r]) done[r] = 1, left--;
+        if (left && mbt_now() > deadline) {
+            for (int r = 0; r < R; r++)
+                if (!done[r]) kill(pid[r], SIGKILL), waitpid(pid[r], &status[r], 0), done[r] = 1, status[r] = -1;
+            snprintf(why, why_n, "killed at the %.0f s limit", limit_s);
+            failed = 1;
+            break;
+        }
+        struct timespec nap = {0, 10000000};
+        nanosleep(&nap, NULL);
+    }
+    for (int r = 0; r < R; r++) {
+        int passed = status[r] != -1 && WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0;
+        char log[300], line[400];
+        snprintf(log, sizeof log, "%s/log.%d", dir, r);
+        FILE *f = fopen(log, "r");
+        int said_ok = 0;
+        while (f && fgets(line, sizeof line, f)) {
+            if (strstr(line, "[ipc rank")) printf("  %s", strstr(line, "[ipc rank"));
+            if (strstr(line, "ok\n") && strstr(line, "ipc rank")) said_ok = 1;
+            if (!passed && strstr(line, ".c:")) snprintf(why, why_n, "rank %d: %s", r, line);
+        }
+        if (f) fclose(f);
+        if (!passed || !said_ok) {
+            failed = 1;
+            if (!why[0]) snprintf(why, why_n, "rank %d exited with status %d (log %s)", r, status[r], log);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+TEST(gpu_mailbox_ipc_processes) {
+    if (getenv("K3C_MBT_NO_IPC")) {
+        printf("  [K3C_MBT_NO_IPC: not run]\n");
+        return;
+    }
+    static const struct { int R; const char *mode; } runs[] = {{2, "sum"}, {4, "sum"}, {2, "badcap"}};
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        char why[512] = "";
+        double t0 = mbt_now();
+        int rc = mbt_spawn_ranks(runs[k].R, runs[k].mode, 120.0, why, sizeof why);
+        printf("  [%d processes on one device, %s: %s in %.1f s]\n", runs[k].R, runs[k].mode, rc ? why : "passed",
+               mbt_now() - t0);
+        CHECKF(rc == 0, "%d processes, %s: %s", runs[k].R, runs[k].mode, why);
+    }
 }

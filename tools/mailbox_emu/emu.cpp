@@ -12,6 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <map>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "emu_device.h"
 
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -160,13 +165,37 @@ cudaError_t cudaDeviceSynchronize(void) {
     for (auto *s : all) drain(s);
     return cudaSuccess;
 }
+/* Device memory: shared mappings of memfd files, so that another process can map an allocation through
+ * its "IPC handle" (pid, fd, bytes: /proc/pid/fd/fd), as cudaIpcOpenMemHandle maps a peer's. */
+struct emu_map {
+    int fd;
+    size_t bytes;
+};
+static std::mutex maps_mu;
+static std::map<void *, emu_map> maps, opened;
+struct emu_ipc {
+    int pid, fd;
+    size_t bytes;
+};
 cudaError_t cudaMalloc(void **p, size_t n) {
-    *p = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    size_t bytes = (n + 4095) / 4096 * 4096 + 4096;
+    int fd = memfd_create("emu_device", 0);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) return cudaErrorMemoryAllocation;
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> g(maps_mu);
+    maps[m] = {fd, bytes};
+    *p = m;
+    return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
     cudaDeviceSynchronize(); /* as cudaFree does */
-    free(p);
+    std::lock_guard<std::mutex> g(maps_mu);
+    auto it = maps.find(p);
+    if (it == maps.end()) return p ? cudaErrorInvalidValue : cudaSuccess;
+    munmap(p, it->second.bytes);
+    close(it->second.fd);
+    maps.erase(it);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
@@ -176,9 +205,17 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     enqueue(st, [d, s, n]() { memcpy(d, s, n); });
     return cudaSuccess;
 }
-cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; return cudaMalloc(p, n); }
-cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    *p = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
+cudaError_t cudaFreeHost(void *p) {
+    cudaDeviceSynchronize();
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned flags) { (void)flags; *d = h; return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     CUstream_st *x = new CUstream_st;
@@ -235,9 +272,40 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
-cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) { (void)h, (void)p; return cudaErrorNotSupported; }
-cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags) { (void)p, (void)h, (void)flags; return cudaErrorNotSupported; }
-cudaError_t cudaIpcCloseMemHandle(void *p) { (void)p; return cudaErrorNotSupported; }
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p) {
+    std::lock_guard<std::mutex> g(maps_mu);
+    auto it = maps.find(p);
+    if (it == maps.end()) return cudaErrorInvalidValue; /* only an allocation's base, as CUDA's */
+    emu_ipc x = {(int)getpid(), it->second.fd, it->second.bytes};
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &x, sizeof x);
+    return cudaSuccess;
+}
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags) {
+    (void)flags;
+    emu_ipc x;
+    memcpy(&x, h.reserved, sizeof x);
+    if (x.pid == (int)getpid()) return cudaErrorInvalidValue; /* CUDA refuses one's own handles too */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", x.pid, x.fd);
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return cudaErrorInvalidValue;
+    void *m = mmap(NULL, x.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> g(maps_mu);
+    opened[m] = {-1, x.bytes};
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaIpcCloseMemHandle(void *p) {
+    std::lock_guard<std::mutex> g(maps_mu);
+    auto it = opened.find(p);
+    if (it == opened.end()) return cudaErrorInvalidValue;
+    munmap(p, it->second.bytes);
+    opened.erase(it);
+    return cudaSuccess;
+}
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new CUevent_st; return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {

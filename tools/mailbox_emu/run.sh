@@ -2,7 +2,9 @@
 # CPU emulation of the mailbox kernels (src/comm/mailbox_dev.cu) and of the mailbox communicator
 # (src/comm/mailbox_cuda.c) under the GPU test (tests/gpu/test_gpu_mailbox.c), for checking the protocol's
 # device form without a GPU: gen.py turns the .cu into plain C++, inc/ holds a CUDA runtime and device shim
-# (emu.cpp: streams as worker threads, every CUDA thread an OS thread, graphs as captured operation lists),
+# (emu.cpp: streams as worker threads, every CUDA thread an OS thread, graphs as captured operation lists,
+# device memory as memfd mappings that another process maps through an "IPC handle", so the test's one
+# process per rank runs too),
 # blocks of K3C_MBX_THREADS=32 threads, 16 / ranks blocks per rank (EMU_SMS, EMU_BPS). x86's memory order is
 # stronger than the GPU's: this checks indexing, parities, the pairing of blocks, barriers, epochs, graph
 # replay and the failure paths, not the fences. Usage: tools/mailbox_emu/run.sh [test filter ...], or
