@@ -44,7 +44,7 @@ TEST_SRC := $(shell find tests -maxdepth 2 -name '*.c' -not -path 'tests/gpu/*' 
 # Largest (slowest: cicc and ptxas time grows with the kernels' instantiations) first, and before the C
 # files: with -j the long nvcc jobs start at once and the short ones fill in around them, instead of the
 # slowest (moe_pair.cu, kda.cu, mla.cu) starting last and running alone at the end.
-CU_SRC   := $(shell ls -S src/cuda/*.cu 2>/dev/null)
+CU_SRC   := $(shell ls -S src/cuda/*.cu src/comm/*.cu 2>/dev/null)
 GPU_TEST_SRC := $(shell find tests/gpu -name '*.c' -not -name 'bench_*' 2>/dev/null | sort)
 
 ifneq ($(strip $(NVCC)),)
@@ -96,6 +96,11 @@ $(BUILD)/test_gpu: $(GPU_TEST_OBJ) $(BUILD)/tests/test_main.o $(LIB)
 $(BUILD)/bench_gpu: $(BUILD)/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_gpu.o $(LIB) $(LDLIBS)
 
+# All-reduce latency benchmark (tools/gpu-check.sh runs it): the mailbox's one-shot and two-shot, eager and
+# graph-replayed, several ranks on one GPU; with more GPUs visible, one rank per GPU against NCCL.
+$(BUILD)/bench_comm: $(BUILD)/tests/gpu/bench_comm.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_comm.o $(LIB) $(LDLIBS)
+
 # Load benchmark (tools/gpu-check.sh runs it): checkpoints written to disk, loaded into GPU memory, GB/s vs
 # the measured host-to-device and page-cache read rates.
 $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
@@ -145,10 +150,10 @@ $(BUILD)/%.o: %.cu $(BUILD)/.flags | $(BUILD)/.deps
 
 # where nvcc is, the GPU test and benchmark programs are built too (not run: CI has no GPU), so that a
 # change that breaks them fails here and not on the GPU host
-test: $(BUILD)/k3c $(BUILD)/test_k3c $(if $(HAVE_CUDA),$(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_load)
+test: $(BUILD)/k3c $(BUILD)/test_k3c $(if $(HAVE_CUDA),$(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_comm $(BUILD)/bench_load)
 	$(BUILD)/test_k3c
 
-gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_load
+gpu-test: $(BUILD)/k3c $(BUILD)/test_gpu $(BUILD)/bench_gpu $(BUILD)/bench_comm $(BUILD)/bench_load
 
 # libFuzzer targets: clang with ASan + UBSan over the parsers of untrusted input. New inputs go to
 # $(BUILD)/fuzz/corpus_* (the checked-in seeds under tests/fuzz/ are read, never written); a crash leaves

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "comm/mailbox.h"
+#include "comm/mailbox_dev.h"
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -165,4 +166,69 @@ TEST(mailbox_mismatched_sizes_fail) {
     float x[9] = {0};
     CHECK(k3c_mailbox_all_reduce(&r, x, 9, 10) != K3C_OK); /* past the slots */
     k3c_mailbox_free(mb);
+}
+
+/* The device mailbox's region layout and partition arithmetic (comm/mailbox_dev.h), which its kernels and
+ * its host side share: every part of a region aligned and apart, the highest flag and slot inside their
+ * arrays; the parts of n elements covering [0, n) in order, on multiples of g, a two-shot shard the parts
+ * s * G .. s * G + G - 1; the epoch's successor skipping 0 and alternating the parity across the wrap. */
+
+TEST(mailbox_device_layout) {
+    static const int blocks[] = {1, 2, 3, 16, 32};
+    static const size_t caps[] = {1, 63, 64, 65, 1000, (size_t)1 << 20};
+    for (int R = 2; R <= K3C_MBX_MAX_RANKS; R++)
+        for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
+            for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++) {
+                const int G = blocks[bi];
+                k3c_mbx_layout l;
+                CHECK(k3c_mbx_layout_make(R, G, caps[ci], &l) == 0);
+                size_t flags = (size_t)2 * G * R * sizeof(k3c_mbx_flag), slots = (size_t)2 * R * l.slot_floats * 4;
+                CHECK(l.slot_floats >= caps[ci] && l.slot_floats % 64 == 0 && l.slot_floats < caps[ci] + 64);
+                CHECK(l.f1 % K3C_MBX_ALIGN == 0 && l.f2 % K3C_MBX_ALIGN == 0 && l.slots % K3C_MBX_ALIGN == 0 &&
+                      l.ag % K3C_MBX_ALIGN == 0);
+                CHECK(l.f1 >= sizeof(k3c_mbx_state) && l.f2 >= l.f1 + flags && l.slots >= l.f2 + flags);
+                CHECK(l.ag == l.slots + slots && l.bytes == l.ag + slots);
+                char *base = (char *)0 + 4096; /* addresses only: nothing is dereferenced */
+                CHECK((char *)(k3c_mbx_flag_at(base, l.f1, &l, 1, G - 1, R - 1) + 1) == base + l.f1 + flags);
+                CHECK((char *)k3c_mbx_flag_at(base, l.f2, &l, 0, 0, 0) == base + l.f2);
+                CHECK((char *)(k3c_mbx_slot_at(base, l.slots, &l, 1, R - 1) + l.slot_floats) == base + l.ag);
+                CHECK((char *)(k3c_mbx_slot_at(base, l.ag, &l, 1, R - 1) + l.slot_floats) == base + l.bytes);
+                CHECK((size_t)((char *)k3c_mbx_slot_at(base, l.slots, &l, 0, 1) - base) % K3C_MBX_ALIGN == 0);
+            }
+    k3c_mbx_layout l;
+    CHECK(k3c_mbx_layout_make(1, 1, 8, &l) != 0 && k3c_mbx_layout_make(K3C_MBX_MAX_RANKS + 1, 1, 8, &l) != 0);
+    CHECK(k3c_mbx_layout_make(2, 0, 8, &l) != 0 && k3c_mbx_layout_make(2, K3C_MBX_MAX_BLOCKS + 1, 8, &l) != 0);
+    CHECK(k3c_mbx_layout_make(2, 1, 0, &l) != 0 && k3c_mbx_layout_make(2, 1, K3C_MBX_MAX_CAP + 1, &l) != 0);
+
+    k3c_rng g;
+    k3c_rng_seed(&g, test_seed() ^ 0x9a27);
+    static const unsigned parts[] = {1, 2, 3, 7, 8, 16, 24, 64, 256};
+    for (int t = 0; t < 600; t++) {
+        size_t n = t < 300 ? (size_t)t : (size_t)(k3c_rng_next(&g) % ((size_t)1 << 28));
+        for (size_t gi = 0; gi < 2; gi++)
+            for (size_t pi = 0; pi < sizeof parts / sizeof *parts; pi++) {
+                const size_t gr = gi ? 16 : 4;
+                size_t at = 0;
+                for (unsigned u = 0; u < parts[pi]; u++) {
+                    size_t lo, hi;
+                    k3c_mbx_part(n, gr, u, parts[pi], &lo, &hi);
+                    CHECKF(lo == at && hi >= lo && lo % gr == 0 && (hi % gr == 0 || u + 1 == parts[pi]),
+                           "n %zu, g %zu, part %u of %u: [%zu, %zu) after %zu", n, gr, u, parts[pi], lo, hi, at);
+                    at = hi;
+                }
+                CHECK(at == n);
+            }
+        /* two-shot: rank s's shard is parts s * G .. s * G + G - 1 of R * G, contiguous, the ranks in order */
+        for (int R = 2; R <= K3C_MBX_MAX_RANKS; R++) {
+            const unsigned G = 1 + (unsigned)(k3c_rng_next(&g) % 32);
+            size_t lo0, hi0, lo1, hi1;
+            k3c_mbx_part(n, 4, 0, (unsigned)R * G, &lo0, &hi0);
+            k3c_mbx_part(n, 4, (unsigned)R * G - 1, (unsigned)R * G, &lo1, &hi1);
+            CHECK(lo0 == 0 && hi1 == n);
+        }
+    }
+    CHECK(k3c_mbx_next_epoch(1) == 2 && k3c_mbx_next_epoch(UINT32_MAX - 1) == UINT32_MAX);
+    CHECK(k3c_mbx_next_epoch(UINT32_MAX) == 2);
+    for (uint32_t e = UINT32_MAX - 8, k = 0; k < 16; k++, e = k3c_mbx_next_epoch(e))
+        CHECK(e != 0 && (k3c_mbx_next_epoch(e) & 1) != (e & 1));
 }

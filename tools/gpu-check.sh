@@ -18,8 +18,9 @@
 #
 # Environment: BUILD (default build), JOBS (16), OUT (a folder for the logs; default /tmp/k3c-gpu-check),
 # SANITIZE (1: run compute-sanitizer when present), SAN_RUNS ("tool:test:seconds ..."), BENCH (1: run the
-# stock decode benchmark), KBENCH (1: run the kernel benchmark), LBENCH (1: run the load benchmark,
-# build/bench_load: checkpoints written to $LOGDIR's disk and loaded into GPU memory), TESTS (space-separated test_gpu name filters;
+# stock decode benchmark), KBENCH (1: run the kernel benchmark), CBENCH (1: run the all-reduce latency
+# benchmark, build/bench_comm: the mailbox on 2, 4, 8 ranks of one GPU, or one rank per GPU beside NCCL),
+# LBENCH (1: run the load benchmark, build/bench_load: checkpoints written to $LOGDIR's disk and loaded into GPU memory), TESTS (space-separated test_gpu name filters;
 # default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: on 2026-11-30
 # the same 46 tests passed with the longest process at 155 s, against 314 s for one process).
 set -uo pipefail
@@ -30,6 +31,7 @@ LOGDIR=${OUT:-/tmp/k3c-gpu-check}
 SANITIZE=${SANITIZE:-1}
 BENCH=${BENCH:-1}
 KBENCH=${KBENCH:-1}
+CBENCH=${CBENCH:-1}
 LBENCH=${LBENCH:-1}
 TEST_PROCS=${TEST_PROCS:-4}
 SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:120 racecheck:gpu_moe_bf16:90 racecheck:gpu_kda_recurrent:50 racecheck:gpu_synthetic_tiny:60"}
@@ -177,6 +179,15 @@ if [ "$KBENCH" = 1 ]; then
     bench_rc=${PIPESTATUS[0]}
 fi
 
+# The all-reduce latency benchmark (tests/gpu/bench_comm.c): COMM and CROSSOVER lines.
+comm_rc=0
+: >"$LOGDIR/bench_comm.log"
+if [ "$CBENCH" = 1 ]; then
+    echo "== all-reduce latency benchmark (build/bench_comm)"
+    timeout 300 "$BUILD/bench_comm" 2>&1 | tee "$LOGDIR/bench_comm.log"
+    comm_rc=${PIPESTATUS[0]}
+fi
+
 # The load benchmark: mini, a 4-layer Kimi-Linear-48B (12.9 GB, bf16 experts) and a 2-layer k3-slice (9.3 GB,
 # MXFP4 experts) written to disk, each loaded twice (the second from the page cache is the LOAD line) next to
 # the host-to-device and page-cache read floors measured in the same run; then the staged upload's reader
@@ -216,6 +227,7 @@ grep '^METRIC' "$LOGDIR/test_gpu.log" | awk '{ res = $NF; thr = $(NF - 1); met =
     printf "%-30s %-8s %9s %11s %s\n", name, met, thr, res, v }'
 printf '%-36s %10s %8s %s\n' benchmark us GB/s fraction_of_copy
 grep '^BENCH' "$LOGDIR/bench_gpu.log" | awk '{ printf "%-36s %10s %8s %s\n", $2, $4, $5, $6 }'
+grep -E '^(#|CROSSOVER)' "$LOGDIR/bench_comm.log"
 grep '^INFO' "$LOGDIR/test_gpu.log"
 # failed tests by name with their messages (the runner prints a test's name, then its output, then "ok" or
 # "FAIL"; messages go to stderr, indented, "    file:line: ...")
@@ -226,5 +238,6 @@ grep -E '^(bench |prefill|STEP|SPEC|RATIO)' "$LOGDIR/bench_stock.log"
 printf '%-22s %8s %8s %10s %s\n' load GB GB/s floor_GB/s fraction_of_floor
 grep '^LOAD' "$LOGDIR/bench_load.log" | awk '{ printf "%-22s %8s %8s %10s %s\n", $2, $3, $4, $5, $6 }'
 echo "tests: $(grep -E '^[0-9]+ passed' "$LOGDIR/test_gpu.log" | tr '\n' ' ')(exit $test_rc); bench exit $bench_rc;" \
-     "sanitizers $san_rc; load bench $load_rc; stock bench $stock_rc"
-[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] && [ "$stock_rc" -eq 0 ]
+     "sanitizers $san_rc; comm bench $comm_rc; load bench $load_rc; stock bench $stock_rc"
+[ "$test_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$comm_rc" -eq 0 ] && [ "$load_rc" -eq 0 ] &&
+    [ "$stock_rc" -eq 0 ]

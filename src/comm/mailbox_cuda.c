@@ -1,0 +1,707 @@
+/* The mailbox communicator on CUDA devices (comm/mailbox_cuda.h): regions allocated and mapped once, the
+ * kernels of comm/mailbox_dev.cu launched on the rank's stream, failures read from host-mapped memory.
+ *
+ * Why several ranks on one device cannot deadlock: a rank's kernels are ordered on its stream, so at most
+ * one mailbox kernel per rank is in flight, `blocks` blocks each; creation checks that the device holds
+ * ranks x blocks of them at once (blocks per multiprocessor from the occupancy calculator, times the
+ * multiprocessors; 16 blocks of 512 threads per rank, so 8 ranks take 128 of an H200's 264), and that each
+ * rank's stream has a hardware queue of its own (CUDA_DEVICE_MAX_CONNECTIONS), so no rank's kernel waits
+ * behind another's spinning one. So every rank's blocks are resident together, co-resident by construction,
+ * and one launch for all ranks (a cooperative grid) is not needed: each rank keeps its own stream and its
+ * own graph, as a rank on its own GPU does. Should a rank's kernel still not start (the device busy with
+ * work that never ends), the spins end at the timeout: a failure, not a hang. */
+#include "comm/mailbox_cuda.h"
+
+#include "util/error.h"
+
+#ifdef K3C_HAVE_CUDA
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "comm/mailbox_dev.h"
+#include "cuda/check.h"
+
+#define MBX_DEFAULT_CAP ((size_t)1 << 20)
+#define MBX_DEFAULT_TIMEOUT_MS 10000
+#define MBX_DEFAULT_BLOCKS 16
+#define MBX_MAGIC 0x6b33636du /* "k3cm" */
+
+typedef struct mbx_group mbx_group;
+
+typedef struct mbx_rank {
+    k3c_comm comm; /* what the caller holds; comm.ctx points back here */
+    k3c_mbx_args args;
+    int device;
+    cudaStream_t stream;
+    k3c_mbx_status *status; /* host address of args.status */
+    size_t cap;             /* floats */
+    size_t two_shot_bytes;  /* SIZE_MAX: never */
+    int timeout_ms;
+    int aborted;
+    mbx_group *group; /* several ranks of this process; NULL for a rank of its own process */
+    char *own;        /* a process's own region and status (ipc), else the group's */
+    k3c_mbx_status *own_status;
+    char *opened[K3C_MBX_MAX_RANKS]; /* ipc: the peers' regions, opened */
+} mbx_rank;
+
+struct mbx_group {
+    int ranks, refs;
+    pthread_mutex_t mu;
+    char *region[K3C_MBX_MAX_RANKS];
+    k3c_mbx_status *status[K3C_MBX_MAX_RANKS];
+    mbx_rank rank[K3C_MBX_MAX_RANKS];
+};
+
+/* ---- options and devices ---- */
+
+typedef struct mbx_opts {
+    size_t cap, two_shot_bytes;
+    int timeout_ms, blocks;
+    uint32_t first_epoch;
+} mbx_opts;
+
+static int opts_resolve(const k3c_comm_mailbox_options *o, int ranks, mbx_opts *r) {
+    k3c_comm_mailbox_options z = {0};
+    if (!o) o = &z;
+    r->cap = o->cap ? o->cap : MBX_DEFAULT_CAP;
+    r->timeout_ms = o->timeout_ms ? o->timeout_ms : MBX_DEFAULT_TIMEOUT_MS;
+    r->first_epoch = o->first_epoch ? o->first_epoch : 1;
+    r->blocks = o->blocks;
+    /* vLLM's rule for a fully NVLink-connected host (parallel.md A1) until k3c's own x8 sweep replaces it */
+    r->two_shot_bytes = o->two_shot_bytes ? o->two_shot_bytes
+                        : ranks <= 2      ? SIZE_MAX
+                        : ranks <= 4      ? (size_t)512 << 10
+                                          : (size_t)256 << 10;
+    if (ranks < 2 || ranks > K3C_MBX_MAX_RANKS)
+        return k3c_errorf("mailbox: %d ranks (the device mailbox takes 2 .. %d; more ranks take NCCL)", ranks,
+                          K3C_MBX_MAX_RANKS);
+    if (r->cap > K3C_MBX_MAX_CAP)
+        return k3c_errorf("mailbox: options.cap %zu floats (at most %zu)", r->cap, K3C_MBX_MAX_CAP);
+    if (r->timeout_ms < 0) return k3c_errorf("mailbox: options.timeout_ms %d (0: the default; > 0)", r->timeout_ms);
+    if (r->blocks < 0 || r->blocks > K3C_MBX_MAX_BLOCKS)
+        return k3c_errorf("mailbox: options.blocks %d (0: the default; 1 .. %d)", r->blocks, K3C_MBX_MAX_BLOCKS);
+    return K3C_OK;
+}
+
+/* How many of the mailbox's blocks device `device` holds at once. */
+static int device_capacity(int device, int ranks, int *blocks) {
+    int bps = 0, sms = 0;
+    K3C_CUDA_TRY(cudaSetDevice(device));
+    K3C_TRY(k3c_mbx_blocks_per_sm(ranks, &bps));
+    K3C_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    *blocks = bps * sms;
+    return K3C_OK;
+}
+
+/* The blocks per rank: options.blocks, or the default, no more than the fewest that fit; `fit` is the
+ * fewest blocks per rank any device holds for all of its ranks at once. */
+static int choose_blocks(int requested, int fit, int share, int *out) {
+    if (requested && requested > fit)
+        return k3c_errorf("mailbox: options.blocks %d, but a device shared by %d rank%s holds %d block%s per rank at "
+                          "once (their spinning blocks must all be resident)",
+                          requested, share, share == 1 ? "" : "s", fit, fit == 1 ? "" : "s");
+    *out = requested ? requested : fit < MBX_DEFAULT_BLOCKS ? fit : MBX_DEFAULT_BLOCKS;
+    if (*out < 1)
+        return k3c_errorf("mailbox: a device shared by %d ranks cannot hold one mailbox block per rank at once", share);
+    return K3C_OK;
+}
+
+static int dev_enter(int device, int *prev) {
+    K3C_CUDA_TRY(cudaGetDevice(prev));
+    if (*prev != device) K3C_CUDA_TRY(cudaSetDevice(device));
+    return K3C_OK;
+}
+
+static void dev_leave(int device, int prev) {
+    if (prev != device) cudaSetDevice(prev);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* ---- a rank's region ---- */
+
+/* Allocates and initialises one region (zeros: no flag holds an epoch; every block's epoch = first) and
+ * its mapped status, on the current device. */
+static int region_alloc(const k3c_mbx_layout *lay, uint32_t first_epoch, char **region, k3c_mbx_status **status) {
+    *region = NULL;
+    *status = NULL;
+    K3C_CUDA_MALLOC(region, lay->bytes);
+    K3C_CUDA_TRY(cudaMemset(*region, 0, lay->bytes));
+    k3c_mbx_state st;
+    memset(&st, 0, sizeof st);
+    for (int k = 0; k < lay->blocks; k++) st.epoch[k] = first_epoch;
+    K3C_CUDA_TRY(cudaMemcpy(*region, &st, sizeof st, cudaMemcpyHostToDevice));
+    cudaError_t e = cudaHostAlloc((void **)status, sizeof **status, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        *status = NULL;
+        return k3c_errorf_kind(K3C_ERROR_OOM, "mailbox: cudaHostAlloc of the status: %s", cudaGetErrorString(e));
+    }
+    memset(*status, 0, sizeof **status);
+    K3C_CUDA_TRY(cudaDeviceSynchronize());
+    return K3C_OK;
+}
+
+/* The fields every rank's communicator shares, from its rank, stream and the resolved options. */
+static void rank_init(mbx_rank *r, int rank, int ranks, int device, cudaStream_t stream, const mbx_opts *o,
+                      const k3c_mbx_layout *lay, k3c_mbx_status *status);
+
+/* ---- failures ---- */
+
+static const char *op_name(uint32_t op, char *buf, size_t n) {
+    switch (op & 0xff) {
+    case K3C_MBX_OP_ONE_SHOT: return "a one-shot all-reduce";
+    case K3C_MBX_OP_TWO_SHOT: return "a two-shot all-reduce";
+    case K3C_MBX_OP_GATHER: return "an all-gather";
+    case K3C_MBX_OP_BROADCAST: snprintf(buf, n, "a broadcast from rank %u", op >> 8); return buf;
+    default: snprintf(buf, n, "call kind %u", op); return buf;
+    }
+}
+
+static const char *op_unit(uint32_t op) {
+    return (op & 0xff) == K3C_MBX_OP_ONE_SHOT || (op & 0xff) == K3C_MBX_OP_TWO_SHOT ? "floats" : "bytes";
+}
+
+/* K3C_OK, or the rank's recorded failure as a message. */
+static int mbx_check(const mbx_rank *r) {
+    const volatile k3c_mbx_status *s = r->status;
+    uint32_t code = __atomic_load_n(&r->status->code, __ATOMIC_ACQUIRE);
+    const int me = r->comm.rank, R = r->comm.size;
+    if (!code) {
+        if (r->aborted)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: this rank aborted the group", me, R);
+        return K3C_OK;
+    }
+    char b1[48], b2[48];
+    const char *what = op_name(s->op, b1, sizeof b1);
+    switch (code) {
+    case K3C_MBX_ERR_TIMEOUT:
+        return k3c_errorf_kind(K3C_ERROR_DEVICE,
+                               "mailbox rank %d of %d: %s of %u %s (epoch %u): waited %d ms for rank %u, whose flag "
+                               "holds epoch %u (block %u): that rank did not make the call",
+                               me, R, what, s->count, op_unit(s->op), s->epoch, r->timeout_ms, s->peer, s->seen,
+                               s->block);
+    case K3C_MBX_ERR_MISMATCH:
+        return k3c_errorf_kind(K3C_ERROR_DEVICE,
+                               "mailbox rank %d of %d: %s of %u %s (epoch %u), but rank %u made %s of %u %s: every "
+                               "rank must make the same calls",
+                               me, R, what, s->count, op_unit(s->op), s->epoch, s->peer,
+                               op_name(s->peer_op, b2, sizeof b2), s->peer_count, op_unit(s->peer_op));
+    case K3C_MBX_ERR_ABORTED:
+        if ((int)s->peer == me)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: %s of %u %s (epoch %u): this rank "
+                                   "aborted the group", me, R, what, s->count, op_unit(s->op), s->epoch);
+        return k3c_errorf_kind(K3C_ERROR_DEVICE,
+                               "mailbox rank %d of %d: %s of %u %s (epoch %u): rank %u gave up on the group (its own "
+                               "error says why), so this rank stopped waiting",
+                               me, R, what, s->count, op_unit(s->op), s->epoch, s->peer);
+    default:
+        /* the report is being written (the code goes last): it is a failure either way */
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: failed (report code %u)", me, R, code);
+    }
+}
+
+/* This rank gives up: every region's abort word is set (its own too), so every waiting block ends. The
+ * abort kernel goes on a stream of its own: the rank's stream may hold a spinning kernel. */
+static void mbx_abort_rank(mbx_rank *r) {
+    if (r->aborted) return;
+    r->aborted = 1;
+    int prev;
+    if (dev_enter(r->device, &prev) != K3C_OK) return;
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+        (void)k3c_mbx_abort(&r->args, s);
+        cudaStreamDestroy(s);
+    }
+    dev_leave(r->device, prev);
+}
+
+/* ---- the collectives ---- */
+
+static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo) {
+    K3C_TRY(mbx_check(r));
+    if (n > r->cap || (n && !buf)) {
+        mbx_abort_rank(r);
+        if (!buf)
+            return k3c_errorf("mailbox rank %d of %d: all_reduce of %zu floats at NULL", r->comm.rank, r->comm.size,
+                              n);
+        return k3c_errorf("mailbox rank %d of %d: all_reduce of %zu floats, but the mailbox holds %zu (options.cap)",
+                          r->comm.rank, r->comm.size, n, r->cap);
+    }
+    int two = algo == K3C_MAILBOX_TWO_SHOT || (algo == K3C_MAILBOX_AUTO && n * sizeof(float) >= r->two_shot_bytes);
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_all_reduce(&r->args, buf, n, two, r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
+static int mbx_all_reduce_f32(k3c_comm *c, float *buf, size_t n) {
+    return mbx_reduce(c->ctx, buf, n, K3C_MAILBOX_AUTO);
+}
+
+static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, int root, const char *what) {
+    K3C_TRY(mbx_check(r));
+    if (bytes > r->cap * sizeof(float) || root >= r->comm.size || (bytes && (!src || !dst))) {
+        mbx_abort_rank(r);
+        if (root >= r->comm.size)
+            return k3c_errorf("mailbox rank %d of %d: %s from rank %d", r->comm.rank, r->comm.size, what, root);
+        if (bytes && (!src || !dst))
+            return k3c_errorf("mailbox rank %d of %d: %s of %zu bytes at NULL", r->comm.rank, r->comm.size, what,
+                              bytes);
+        return k3c_errorf("mailbox rank %d of %d: %s of %zu bytes, but the mailbox holds %zu (options.cap x 4)",
+                          r->comm.rank, r->comm.size, what, bytes, r->cap * sizeof(float));
+    }
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_exchange(&r->args, src, dst, bytes, root, r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
+static int mbx_all_gather(k3c_comm *c, const void *src, void *dst, size_t bytes) {
+    return mbx_exchange(c->ctx, src, dst, bytes, -1, "all_gather");
+}
+
+static int mbx_broadcast(k3c_comm *c, void *buf, size_t bytes, int root) {
+    if (root < 0) {
+        mbx_abort_rank(c->ctx);
+        return k3c_errorf("mailbox rank %d of %d: broadcast from rank %d", c->rank, c->size, root);
+    }
+    return mbx_exchange(c->ctx, buf, buf, bytes, root, "broadcast");
+}
+
+/* An empty exchange (every rank's kernel has run once it returns), then the stream drained with a bounded
+ * poll that also watches the status (a failed wait ends in the kernel; the poll ends with it). */
+static int mbx_barrier(k3c_comm *c) {
+    mbx_rank *r = c->ctx;
+    K3C_TRY(mbx_exchange(r, NULL, NULL, 0, -1, "barrier"));
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    double deadline = now_ms() + r->timeout_ms + 10000.0;
+    int rc = K3C_OK;
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(r->stream);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) {
+            rc = k3c_errorf_kind(K3C_CUDA_ERROR_KIND(q), "mailbox rank %d of %d: barrier: %s", c->rank, c->size,
+                                 cudaGetErrorString(q));
+            break;
+        }
+        if (__atomic_load_n(&r->status->code, __ATOMIC_ACQUIRE)) break;
+        if (now_ms() > deadline) {
+            mbx_abort_rank(r);
+            rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: barrier: the stream did not drain in %d ms",
+                                 c->rank, c->size, r->timeout_ms + 10000);
+            break;
+        }
+        struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    }
+    dev_leave(r->device, prev);
+    K3C_TRY(rc);
+    return mbx_check(r);
+}
+
+static void mbx_abort(k3c_comm *c) { mbx_abort_rank(c->ctx); }
+
+static void group_destroy(mbx_group *g) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    for (int r = 0; r < g->ranks; r++) {
+        cudaSetDevice(g->rank[r].device);
+        if (g->region[r]) cudaFree(g->region[r]);
+        if (g->status[r]) cudaFreeHost(g->status[r]);
+    }
+    cudaSetDevice(prev);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+static void ipc_destroy(mbx_rank *r) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(r->device);
+    for (int p = 0; p < K3C_MBX_MAX_RANKS; p++)
+        if (r->opened[p]) cudaIpcCloseMemHandle(r->opened[p]);
+    if (r->own) cudaFree(r->own);
+    if (r->own_status) cudaFreeHost(r->own_status);
+    cudaSetDevice(prev);
+    free(r);
+}
+
+static void mbx_free(k3c_comm *c) {
+    if (!c) return;
+    mbx_rank *r = c->ctx;
+    if (!r->group) {
+        ipc_destroy(r);
+        return;
+    }
+    mbx_group *g = r->group;
+    pthread_mutex_lock(&g->mu);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) group_destroy(g);
+}
+
+static void rank_init(mbx_rank *r, int rank, int ranks, int device, cudaStream_t stream, const mbx_opts *o,
+                      const k3c_mbx_layout *lay, k3c_mbx_status *status) {
+    r->comm = (k3c_comm){"mailbox", rank, ranks, r, mbx_all_reduce_f32, mbx_all_gather, mbx_broadcast, mbx_barrier,
+                         mbx_abort, mbx_free};
+    r->device = device;
+    r->stream = stream;
+    r->status = status;
+    r->cap = o->cap;
+    r->two_shot_bytes = o->two_shot_bytes;
+    r->timeout_ms = o->timeout_ms;
+    r->args.lay = *lay;
+    r->args.rank = rank;
+    r->args.timeout_ns = (unsigned long long)o->timeout_ms * 1000000ull;
+}
+
+/* ---- several ranks in this process ---- */
+
+/* The hardware queues streams are spread over (CUDA_DEVICE_MAX_CONNECTIONS, default 8). */
+static int max_connections(void) {
+    const char *s = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    int v = s ? atoi(s) : 0;
+    return v > 0 ? v : 8;
+}
+
+static int group_build(mbx_group *g, int ranks, const int *devices, void *const *streams, const mbx_opts *o) {
+    /* streams: non-blocking and distinct */
+    for (int r = 0; r < ranks; r++) {
+        unsigned flags = 0;
+        if (!streams[r])
+            return k3c_errorf("mailbox: rank %d's stream is the legacy stream (NULL): each rank needs its own stream "
+                              "created with cudaStreamNonBlocking", r);
+        K3C_CUDA_TRY(cudaStreamGetFlags((cudaStream_t)streams[r], &flags));
+        if (!(flags & cudaStreamNonBlocking))
+            return k3c_errorf("mailbox: rank %d's stream is a blocking stream: it would wait for the legacy stream, "
+                              "which waits for every blocking stream's kernels, a spinning rank's too (create it "
+                              "with cudaStreamNonBlocking)", r);
+        for (int q = 0; q < r; q++)
+            if (streams[q] == streams[r]) return k3c_errorf("mailbox: ranks %d and %d share a stream", q, r);
+    }
+    /* devices: how many ranks share each, what each holds at once */
+    int ndev = 0;
+    K3C_CUDA_TRY(cudaGetDeviceCount(&ndev));
+    int share[K3C_MBX_MAX_RANKS] = {0}, max_share = 0, fit = K3C_MBX_MAX_BLOCKS;
+    for (int r = 0; r < ranks; r++) {
+        if (devices[r] < 0 || devices[r] >= ndev)
+            return k3c_errorf("mailbox: rank %d on device %d (%d device%s visible)", r, devices[r], ndev,
+                              ndev == 1 ? "" : "s");
+        for (int q = 0; q < ranks; q++) share[r] += devices[q] == devices[r];
+        if (share[r] > max_share) max_share = share[r];
+    }
+    if (max_share > 1 && max_connections() < max_share)
+        return k3c_errorf("mailbox: %d ranks share a device, but CUDA_DEVICE_MAX_CONNECTIONS gives its streams %d "
+                          "hardware queues: a rank's kernel would wait behind another's spinning one (set "
+                          "CUDA_DEVICE_MAX_CONNECTIONS=32 before the process first uses CUDA)",
+                          max_share, max_connections());
+    for (int r = 0; r < ranks; r++) {
+        int cap;
+        K3C_TRY(device_capacity(devices[r], ranks, &cap));
+        if (cap / share[r] < fit) fit = cap / share[r];
+    }
+    int blocks;
+    K3C_TRY(choose_blocks(o->blocks, fit, max_share, &blocks));
+    k3c_mbx_layout lay;
+    if (k3c_mbx_layout_make(ranks, blocks, o->cap, &lay) != 0)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: layout of %d ranks x %d blocks x %zu floats", ranks,
+                               blocks, o->cap);
+    for (int r = 0; r < ranks; r++) {
+        K3C_CUDA_TRY(cudaSetDevice(devices[r]));
+        K3C_TRY(region_alloc(&lay, o->first_epoch, &g->region[r], &g->status[r]));
+    }
+    /* peer access between distinct devices (UVA: a region's address is then valid on every device) */
+    for (int r = 0; r < ranks; r++)
+        for (int p = 0; p < ranks; p++) {
+            if (devices[p] == devices[r]) continue;
+            int can = 0;
+            K3C_CUDA_TRY(cudaDeviceCanAccessPeer(&can, devices[r], devices[p]));
+            if (!can)
+                return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: device %d (rank %d) cannot access device %d (rank "
+                                       "%d) as a peer", devices[r], r, devices[p], p);
+            K3C_CUDA_TRY(cudaSetDevice(devices[r]));
+            cudaError_t e = cudaDeviceEnablePeerAccess(devices[p], 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled)
+                (void)cudaGetLastError();
+            else if (e != cudaSuccess)
+                return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: peer access from device %d to %d: %s", devices[r],
+                                       devices[p], cudaGetErrorString(e));
+        }
+    for (int r = 0; r < ranks; r++) {
+        mbx_rank *x = &g->rank[r];
+        k3c_mbx_status *dstatus = NULL;
+        K3C_CUDA_TRY(cudaSetDevice(devices[r]));
+        K3C_CUDA_TRY(cudaHostGetDevicePointer((void **)&dstatus, g->status[r], 0));
+        rank_init(x, r, ranks, devices[r], (cudaStream_t)streams[r], o, &lay, g->status[r]);
+        x->args.status = dstatus;
+        x->group = g;
+        for (int p = 0; p < ranks; p++) x->args.region[p] = g->region[p];
+    }
+    return K3C_OK;
+}
+
+int k3c_comm_mailbox_create(int ranks, const int *devices, void *const *streams, const k3c_comm_mailbox_options *o,
+                            k3c_comm **out) {
+    if (!out) return k3c_errorf("mailbox: NULL out");
+    for (int r = 0; r < ranks && r < K3C_MBX_MAX_RANKS; r++) out[r] = NULL;
+    mbx_opts opt;
+    K3C_TRY(opts_resolve(o, ranks, &opt));
+    if (!devices || !streams) return k3c_errorf("mailbox: NULL %s", devices ? "streams" : "devices");
+    mbx_group *g = calloc(1, sizeof *g);
+    if (!g) return k3c_errorf_kind(K3C_ERROR_OOM, "mailbox: out of memory");
+    g->ranks = ranks;
+    for (int r = 0; r < ranks; r++) g->rank[r].device = devices[r];
+    pthread_mutex_init(&g->mu, NULL);
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    int rc = e == cudaSuccess ? group_build(g, ranks, devices, streams, &opt)
+                              : k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: %s", cudaGetErrorString(e));
+    if (e == cudaSuccess) cudaSetDevice(prev);
+    if (rc != K3C_OK) {
+        group_destroy(g);
+        return K3C_ERR;
+    }
+    g->refs = ranks;
+    for (int r = 0; r < ranks; r++) out[r] = &g->rank[r].comm;
+    return K3C_OK;
+}
+
+/* ---- one process per rank ---- */
+
+/* What every rank tells the others before the regions exist: its options (which must agree) and what its
+ * device holds. */
+typedef struct mbx_boot_rec {
+    uint32_t magic, first_epoch;
+    int32_t ranks, blocks, capacity, pad;
+    uint64_t cap, two_shot_bytes;
+    char bus[32]; /* the device's PCI bus id: ranks sharing a device share its capacity */
+} mbx_boot_rec;
+
+typedef struct mbx_boot_handle {
+    cudaIpcMemHandle_t handle;
+    int32_t ok;
+    int32_t pad[3];
+} mbx_boot_handle;
+
+/* all[p] = rank p's `mine` (bytes each), through boot. */
+static int boot_gather(k3c_comm *boot, int on_device, const void *mine, void *all, size_t bytes) {
+    char *at = (char *)all + (size_t)boot->rank * bytes;
+    if (!on_device) {
+        memcpy(at, mine, bytes);
+        return boot->all_gather(boot, at, all, bytes);
+    }
+    char *d = NULL;
+    K3C_CUDA_MALLOC(&d, bytes * (size_t)boot->size);
+    int rc = K3C_OK;
+    cudaError_t e = cudaMemcpy(d + (size_t)boot->rank * bytes, mine, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: staging: %s", cudaGetErrorString(e));
+    if (rc == K3C_OK) rc = boot->all_gather(boot, d + (size_t)boot->rank * bytes, d, bytes);
+    if (rc == K3C_OK) rc = boot->barrier(boot); /* the gather is ordered on boot's stream */
+    if (rc == K3C_OK && (e = cudaMemcpy(all, d, bytes * (size_t)boot->size, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        rc = k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: staging: %s", cudaGetErrorString(e));
+    cudaFree(d);
+    return rc;
+}
+
+/* Every rank learns whether every rank's step succeeded (ok); K3C_ERR on all of them if one did not. */
+static int boot_all_ok(k3c_comm *boot, int on_device, int ok, const char *step, const char *why) {
+    int32_t mine = ok, all[K3C_MBX_MAX_RANKS];
+    K3C_TRY(boot_gather(boot, on_device, &mine, all, sizeof mine));
+    for (int p = 0; p < boot->size; p++)
+        if (!all[p])
+            return p == boot->rank ? k3c_error_context("mailbox rank %d of %d: %s", boot->rank, boot->size, step)
+                                   : k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: rank %d failed to %s%s",
+                                                     boot->rank, boot->size, p, step, why);
+    return K3C_OK;
+}
+
+static int ipc_build(mbx_rank *r, k3c_comm *boot, int on_device, int device, cudaStream_t stream, const mbx_opts *o) {
+    const int me = boot->rank, R = boot->size;
+    mbx_boot_rec rec, all[K3C_MBX_MAX_RANKS];
+    memset(&rec, 0, sizeof rec);
+    rec.magic = MBX_MAGIC;
+    rec.first_epoch = o->first_epoch;
+    rec.ranks = R;
+    rec.blocks = o->blocks;
+    rec.cap = o->cap;
+    rec.two_shot_bytes = o->two_shot_bytes;
+    int ok = device_capacity(device, R, &rec.capacity) == K3C_OK &&
+             cudaDeviceGetPCIBusId(rec.bus, sizeof rec.bus, device) == cudaSuccess;
+    if (!ok) rec.magic = 0; /* the others refuse it below */
+    K3C_TRY(boot_gather(boot, on_device, &rec, all, sizeof rec));
+    int fit = K3C_MBX_MAX_BLOCKS, max_share = 1;
+    for (int p = 0; p < R; p++) {
+        const mbx_boot_rec *q = &all[p];
+        if (q->magic != MBX_MAGIC)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: rank %d could not read its device", me, R,
+                                   p);
+        if (q->ranks != R || q->cap != rec.cap || q->first_epoch != rec.first_epoch || q->blocks != rec.blocks ||
+            q->two_shot_bytes != rec.two_shot_bytes)
+            return k3c_errorf("mailbox rank %d of %d: rank %d's options differ (ranks %d, cap %llu, first epoch %u, "
+                              "blocks %d, two-shot from %llu bytes; here %d, %llu, %u, %d, %llu): every rank must "
+                              "pass the same",
+                              me, R, p, q->ranks, (unsigned long long)q->cap, q->first_epoch, q->blocks,
+                              (unsigned long long)q->two_shot_bytes, R, (unsigned long long)rec.cap, rec.first_epoch,
+                              rec.blocks, (unsigned long long)rec.two_shot_bytes);
+        int share = 0;
+        for (int s = 0; s < R; s++) share += strncmp(all[s].bus, q->bus, sizeof q->bus) == 0;
+        if (share > max_share) max_share = share;
+        if (q->capacity / share < fit) fit = q->capacity / share;
+    }
+    int blocks;
+    K3C_TRY(choose_blocks(o->blocks, fit, max_share, &blocks));
+    k3c_mbx_layout lay;
+    if (k3c_mbx_layout_make(R, blocks, o->cap, &lay) != 0)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: layout of %d ranks x %d blocks", R, blocks);
+    /* this rank's region, its handle to every peer; every rank goes through each gather, failed or not */
+    mbx_boot_handle h, hs[K3C_MBX_MAX_RANKS];
+    memset(&h, 0, sizeof h);
+    ok = region_alloc(&lay, o->first_epoch, &r->own, &r->own_status) == K3C_OK &&
+         cudaIpcGetMemHandle(&h.handle, r->own) == cudaSuccess;
+    h.ok = ok;
+    K3C_TRY(boot_gather(boot, on_device, &h, hs, sizeof h));
+    for (int p = 0; p < R; p++)
+        if (!hs[p].ok) return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: rank %d could not allocate "
+                                              "and export its region", me, R, p);
+    ok = 1;
+    for (int p = 0; p < R && ok; p++) {
+        if (p == me) continue;
+        void *ptr = NULL;
+        cudaError_t e = cudaIpcOpenMemHandle(&ptr, hs[p].handle, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess) {
+            ok = 0;
+            k3c_errorf_kind(K3C_ERROR_DEVICE, "opening rank %d's region (cudaIpcOpenMemHandle): %s", p,
+                            cudaGetErrorString(e));
+        }
+        r->opened[p] = ptr;
+    }
+    K3C_TRY(boot_all_ok(boot, on_device, ok, "open its peers' regions", ""));
+    k3c_mbx_status *dstatus = NULL;
+    K3C_CUDA_TRY(cudaHostGetDevicePointer((void **)&dstatus, r->own_status, 0));
+    rank_init(r, me, R, device, stream, o, &lay, r->own_status);
+    r->args.status = dstatus;
+    for (int p = 0; p < R; p++) r->args.region[p] = p == me ? r->own : r->opened[p];
+    return K3C_OK;
+}
+
+int k3c_comm_mailbox_create_ipc(k3c_comm *boot, int boot_on_device, int device, void *stream,
+                                const k3c_comm_mailbox_options *o, k3c_comm **out) {
+    if (!out) return k3c_errorf("mailbox: NULL out");
+    *out = NULL;
+    if (!boot) return k3c_errorf("mailbox: NULL bootstrap communicator");
+    mbx_opts opt;
+    K3C_TRY(opts_resolve(o, boot->size, &opt));
+    mbx_rank *r = calloc(1, sizeof *r);
+    if (!r) return k3c_errorf_kind(K3C_ERROR_OOM, "mailbox: out of memory");
+    r->device = device;
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    int rc = e == cudaSuccess ? ipc_build(r, boot, boot_on_device, device, (cudaStream_t)stream, &opt)
+                              : k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: %s", cudaGetErrorString(e));
+    if (e == cudaSuccess) cudaSetDevice(prev);
+    if (rc != K3C_OK) {
+        ipc_destroy(r);
+        return K3C_ERR;
+    }
+    *out = &r->comm;
+    return K3C_OK;
+}
+
+/* ---- the mailbox's own calls ---- */
+
+static mbx_rank *as_mailbox(k3c_comm *c) { return c && c->all_reduce_f32 == mbx_all_reduce_f32 ? c->ctx : NULL; }
+
+int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_algo algo) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox all_reduce: not a mailbox communicator");
+    if (algo != K3C_MAILBOX_AUTO && algo != K3C_MAILBOX_ONE_SHOT && algo != K3C_MAILBOX_TWO_SHOT)
+        return k3c_errorf("mailbox all_reduce: algorithm %d", (int)algo);
+    return mbx_reduce(r, buf, n, algo);
+}
+
+int k3c_comm_mailbox_check(k3c_comm *c) {
+    mbx_rank *r = as_mailbox(c);
+    return r ? mbx_check(r) : k3c_errorf("mailbox check: not a mailbox communicator");
+}
+
+int k3c_comm_mailbox_get_info(k3c_comm *c, k3c_comm_mailbox_info *info) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r || !info) return k3c_errorf("mailbox info: %s", r ? "NULL info" : "not a mailbox communicator");
+    *info = (k3c_comm_mailbox_info){c->size, r->args.lay.blocks, r->cap, r->two_shot_bytes, r->args.lay.bytes};
+    return K3C_OK;
+}
+
+int k3c_comm_mailbox_epoch(k3c_comm *c, uint32_t *epoch) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r || !epoch) return k3c_errorf("mailbox epoch: %s", r ? "NULL epoch" : "not a mailbox communicator");
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    k3c_mbx_state st;
+    cudaError_t e = cudaMemcpyAsync(&st, r->args.region[r->comm.rank], sizeof st, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+    dev_leave(r->device, prev);
+    if (e != cudaSuccess)
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "mailbox rank %d: reading the epochs: %s", r->comm.rank,
+                               cudaGetErrorString(e));
+    for (int k = 1; k < r->args.lay.blocks; k++)
+        if (st.epoch[k] != st.epoch[0])
+            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox rank %d: block %d's epoch %u, block 0's %u",
+                                   r->comm.rank, k, st.epoch[k], st.epoch[0]);
+    *epoch = st.epoch[0];
+    return K3C_OK;
+}
+
+#else /* no CUDA */
+
+static int no_cuda(void) {
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox: this build has no CUDA (the device mailbox needs it)");
+}
+
+int k3c_comm_mailbox_create(int ranks, const int *devices, void *const *streams, const k3c_comm_mailbox_options *o,
+                            k3c_comm **out) {
+    (void)devices, (void)streams, (void)o;
+    for (int r = 0; out && r < ranks && r < 8; r++) out[r] = NULL;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_create_ipc(k3c_comm *boot, int boot_on_device, int device, void *stream,
+                                const k3c_comm_mailbox_options *o, k3c_comm **out) {
+    (void)boot, (void)boot_on_device, (void)device, (void)stream, (void)o;
+    if (out) *out = NULL;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_algo algo) {
+    (void)c, (void)buf, (void)n, (void)algo;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_check(k3c_comm *c) {
+    (void)c;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_get_info(k3c_comm *c, k3c_comm_mailbox_info *info) {
+    (void)c, (void)info;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_epoch(k3c_comm *c, uint32_t *epoch) {
+    (void)c, (void)epoch;
+    return no_cuda();
+}
+
+#endif
