@@ -355,8 +355,10 @@ static void mbx_free(k3c_comm *c) {
 
 static void rank_init(mbx_rank *r, int rank, int ranks, int device, cudaStream_t stream, const mbx_opts *o,
                       const k3c_mbx_layout *lay, k3c_mbx_status *status) {
-    r->comm = (k3c_comm){"mailbox", rank, ranks, r, mbx_all_reduce_f32, mbx_all_gather, mbx_broadcast, mbx_barrier,
-                         mbx_abort, mbx_free, 1}; /* stream_ordered: device buffers on the rank's stream */
+    r->comm = (k3c_comm){.name = "mailbox", .rank = rank, .size = ranks, .ctx = r, .all_reduce_f32 = mbx_all_reduce_f32,
+                         .all_gather = mbx_all_gather, .broadcast = mbx_broadcast, .barrier = mbx_barrier,
+                         .abort = mbx_abort, .free = mbx_free,
+                         .stream_ordered = 1}; /* device buffers on the rank's stream */
     r->device = device;
     r->stream = stream;
     r->status = status;

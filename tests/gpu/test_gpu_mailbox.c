@@ -872,8 +872,9 @@ TEST(gpu_mailbox_ipc_rank) {
                R <= MBT_MAX, "K3C_MBT_IPC=%s", spec);
     fboot fb = {.seq = 0, .timeout_ms = 60000};
     snprintf(fb.dir, sizeof fb.dir, "%s", dir);
-    k3c_comm boot = {"fboot", rank, R, &fb, fboot_none, fboot_all_gather, fboot_no_broadcast, fboot_barrier,
-                     fboot_abort, fboot_free};
+    k3c_comm boot = {.name = "fboot", .rank = rank, .size = R, .ctx = &fb, .all_reduce_f32 = fboot_none,
+                     .all_gather = fboot_all_gather, .broadcast = fboot_no_broadcast, .barrier = fboot_barrier,
+                     .abort = fboot_abort, .free = fboot_free}; /* host memory */
     const size_t cap = 8192;
     k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 30000};
     if (!strcmp(mode, "badcap") && rank == 1) o.cap = cap + 1;

@@ -29,6 +29,7 @@
 #include "backend/backend.h"
 #include "cache/kda_slots.h"
 #include "cache/kv_cache.h"
+#include "comm/mailbox_cuda.h"
 #include "comm/comm.h"
 #include "cuda/backend_cuda.h"
 #include "decode/executor_cuda.h"
@@ -433,6 +434,8 @@ typedef struct rank_run {
     k3c_comm_group *grp;  /* NULL at world size 1 */
     int rank, cuda, exact;
     int check_executor;   /* CUDA TP rank: build its executor, which must plan every step stock */
+    k3c_backend *be;      /* NULL: run_rank makes its own; else made (and destroyed here) with comm below */
+    k3c_comm *comm;       /* with be: the rank's communicator over be's stream (the mailbox) */
     const int32_t *prompt;
     int n_prompt, n_new;
     float *prompt_logits; /* [n_prompt, V]: every prompt row */
@@ -480,13 +483,13 @@ static int check_rank_executor(rank_run *r, k3c_backend *be, k3c_kv_cache *kv, k
 static int run_rank(rank_run *r) {
     const k3c_config *c = &r->m->config;
     int V = c->vocab_size * (r->m->tp_size > 1 ? r->m->tp_size : 1), bs = 16, ctx = r->n_prompt + r->n_new;
-    k3c_backend *be = r->cuda ? k3c_backend_cuda_create(0) : k3c_backend_cpu_create(1);
+    k3c_backend *be = r->be ? r->be : r->cuda ? k3c_backend_cuda_create(0) : k3c_backend_cpu_create(1);
     if (!be) return K3C_ERR;
     if (r->cuda) k3c_backend_cuda_set_exact(be, r->exact);
     else k3c_backend_cpu_set_exact(be, r->exact);
-    k3c_comm *comm = NULL;
+    k3c_comm *comm = r->comm;
     int rc = K3C_OK;
-    if (r->grp)
+    if (!comm && r->grp)
         rc = r->cuda ? k3c_comm_staged_create(r->grp, r->rank, 0, k3c_backend_cuda_stream(be), GROUP_MS, &comm)
                      : k3c_comm_group_join(r->grp, r->rank, &comm);
     k3c_forward_options o = {.max_rows = r->n_prompt, .max_segs = 2, .max_context = ctx + 1, .block_size = bs,
@@ -584,14 +587,35 @@ static int same_prefix(const int32_t *a, const int32_t *b, int n) {
     return s;
 }
 
-/* tp ranks of m's shards, cuda or CPU, one thread each; runs[k] filled (the caller frees their logits). */
-static int run_tp(const k3c_model *m, int tp, int cuda, int exact, int check_executor, const int32_t *prompt, int np,
-                  int nn, int V, k3c_model **sh, rank_run *runs) {
-    k3c_comm_group *grp;
-    K3C_TRY(k3c_comm_group_create(tp, GROUP_MS, &grp));
+/* tp ranks of m's shards, cuda or CPU, one thread each; runs[k] filled (the caller frees their logits).
+ * cuda: the staged communicator (the NCCL-free reference), or with `mailbox` the CUDA mailbox one
+ * (comm/mailbox_cuda.h), whose ranks are made together over the backends' streams before the threads start. */
+static int run_tp_comm(const k3c_model *m, int tp, int cuda, int mailbox, int exact, int check_executor,
+                       const int32_t *prompt, int np, int nn, int V, k3c_model **sh, rank_run *runs) {
+    k3c_comm_group *grp = NULL;
+    k3c_backend *bes[8] = {0};
+    k3c_comm *mbx[8] = {0};
+    if (mailbox) {
+        void *streams[8] = {0};
+        int devices[8] = {0};
+        for (int k = 0; k < tp; k++) {
+            if (!(bes[k] = k3c_backend_cuda_create(0))) {
+                for (int j = 0; j < k; j++) bes[j]->destroy(bes[j]);
+                return K3C_ERR;
+            }
+            streams[k] = k3c_backend_cuda_stream(bes[k]);
+        }
+        if (k3c_comm_mailbox_create(tp, devices, streams, NULL, mbx) != K3C_OK) {
+            for (int k = 0; k < tp; k++) bes[k]->destroy(bes[k]);
+            return K3C_ERR;
+        }
+    } else {
+        K3C_TRY(k3c_comm_group_create(tp, GROUP_MS, &grp));
+    }
     for (int k = 0; k < tp; k++) {
         runs[k] = (rank_run){.m = sh[k], .grp = grp, .rank = k, .cuda = cuda, .exact = exact,
-                             .check_executor = check_executor, .prompt = prompt, .n_prompt = np, .n_new = nn};
+                             .check_executor = check_executor, .be = bes[k], .comm = mbx[k], .prompt = prompt,
+                             .n_prompt = np, .n_new = nn};
         if (alloc_run(&runs[k], V) != K3C_OK) return K3C_ERR; /* leaks the group: the test fails anyway */
     }
     pthread_t th[8];
@@ -605,6 +629,11 @@ static int run_tp(const k3c_model *m, int tp, int cuda, int exact, int check_exe
             memcmp(runs[k].stream, runs[0].stream, (size_t)nn * 4))
             return k3c_errorf("%s tp %d: rank %d's logits differ from rank 0's", cuda ? "cuda" : "cpu", tp, k);
     return K3C_OK;
+}
+
+static int run_tp(const k3c_model *m, int tp, int cuda, int exact, int check_executor, const int32_t *prompt, int np,
+                  int nn, int V, k3c_model **sh, rank_run *runs) {
+    return run_tp_comm(m, tp, cuda, 0, exact, check_executor, prompt, np, nn, V, sh, runs);
 }
 
 /* The CPU-vs-CUDA bounds of test_gpu_forward.c. */
@@ -704,6 +733,22 @@ static void check_gpu_tp(const tp_case *tc) {
                        "%s tp %d bf16: %.3g from the f32 function and %.3g from world size 1's bf16, against world "
                        "size 1's own %.3g (x %.1f allowed)", tc->name, tp, wf, pr.worst, noise, tc->tol);
             }
+        }
+        if (!failed) { /* the same ranks over the CUDA mailbox: both sum in rank order in f32, so bitwise equal */
+            rank_run mb[8];
+            memset(mb, 0, sizeof mb);
+            double t2 = now_s();
+            rc = run_tp_comm(m, tp, 1, 1, tc->exact, 0, prompt, NP, NN, V, sh, mb);
+            CHECKF(rc == K3C_OK, "%s mailbox: %s", tc->name, k3c_error_message());
+            if (rc == K3C_OK) {
+                int same = !memcmp(mb[0].prompt_logits, gpu[0].prompt_logits, (size_t)NP * V * 4) &&
+                           !memcmp(mb[0].step_logits, gpu[0].step_logits, (size_t)NN * V * 4) &&
+                           !memcmp(mb[0].stream, gpu[0].stream, (size_t)NN * 4);
+                printf("INFO %s tp %d over the CUDA mailbox: logits and stream %s the staged communicator's; "
+                       "%.2f s\n", tc->name, tp, same ? "bitwise equal to" : "DIFFER from", now_s() - t2);
+                CHECKF(same, "%s tp %d: the mailbox communicator's logits differ from the staged one's", tc->name, tp);
+            }
+            for (int k = 0; k < tp; k++) free_run(&mb[k]);
         }
         if (!failed && tc->vs_cpu) {
             rc = run_tp(m, tp, 0, tc->exact, 0, prompt, NP, NN, V, sh, cpu);
