@@ -269,14 +269,22 @@ static int th_all_to_all(k3c_comm *c, const void *send, const size_t *send_bytes
     g->sc[me] = send_bytes;
     g->rc[me] = recv_bytes;
     K3C_TRY(barrier_wait(g, me, "all_to_all"));
-    /* every rank checks every pair, so each one names the mismatch itself */
-    for (int s = 0; s < n; s++)
+    /* every rank checks every pair, so each one names the mismatch itself; all of them find the same one and
+     * meet once more before failing, since the counts are read where their owners keep them */
+    int bs = -1, bd = -1;
+    size_t bsent = 0, bwant = 0;
+    for (int s = 0; s < n && bs < 0; s++)
         for (int d = 0; d < n; d++)
             if (g->sc[s][d] != g->rc[d][s]) {
-                group_fail(g);
-                return k3c_errorf("comm: rank %d of %d: all_to_all: rank %d sends %zu bytes to rank %d, which expects "
-                                  "%zu", me, n, s, g->sc[s][d], d, g->rc[d][s]);
+                bs = s, bd = d, bsent = g->sc[s][d], bwant = g->rc[d][s];
+                break;
             }
+    if (bs >= 0) {
+        K3C_TRY(barrier_wait(g, me, "all_to_all"));
+        group_fail(g);
+        return k3c_errorf("comm: rank %d of %d: all_to_all: rank %d sends %zu bytes to rank %d, which expects %zu", me,
+                          n, bs, bsent, bd, bwant);
+    }
     size_t at = 0;
     for (int s = 0; s < n; s++) {
         size_t off = 0; /* where sender s's part for this rank starts in its buffer */
@@ -319,8 +327,14 @@ static int th_split(k3c_comm *c, int color, int key, k3c_comm **out) {
         if (lead && !bad && g->sub[me]) k3c_comm_group_free(g->sub[me]);
         return bad ? k3c_error_context("comm: rank %d of %d: split: ", me, n) : K3C_ERR;
     }
-    if (color < 0) return K3C_OK;
-    return k3c_comm_group_join(g->sub[me], g->sub_rank[me], out);
+    int rc = color < 0 ? K3C_OK : k3c_comm_group_join(g->sub[me], g->sub_rank[me], out);
+    /* every member joined before any returns: a member's free must not end the group before another joins */
+    if (barrier_wait(g, me, "split") != K3C_OK) {
+        if (*out) (*out)->free(*out);
+        *out = NULL;
+        return K3C_ERR;
+    }
+    return rc;
 }
 
 /* ---- lifetime ---- */
