@@ -358,7 +358,7 @@ static void free_world(split_job *sj, int n) {
 static void check_pp(const fixture *fx, int exact, int pp, int tp, const prun *ref, const char *name) {
     int n = pp * tp;
     split_job sj[8];
-    CHECK_OK(make_world(tp, pp, 1, 1, 10000, sj));
+    CHECK_OK(make_world(tp, pp, 1, 1, 60000, sj));
     k3c_model *sh[8] = {0};
     prun r[8];
     for (int k = 0; k < n; k++) {
@@ -451,8 +451,12 @@ static void pp_case(int kimi_linear, int exact, int with_tp) {
                                          fx->V);
                 if (!(d <= w)) w = d;
             }
-        printf("    %s %s tp 2 vs world size 1: worst prompt row rel L2 %.3g\n", name, exact ? "f32" : "bf16", w);
-        if (exact) CHECKF(w <= 1e-5, "tp 2 f32: %.3g from world size 1", w);
+        /* (in bf16 top-k routing near-ties flip between the two: tests/test_tp.c holds TP to bf16 noise with
+         * dense routing) */
+        if (exact) {
+            printf("    %s f32 tp 2 vs world size 1: worst prompt row rel L2 %.3g\n", name, w);
+            CHECKF(w <= 1e-5, "tp 2 f32: %.3g from world size 1", w);
+        }
         check_pp(fx, exact, 2, 2, &tpref, name);
         free_run(&tpref);
     }
@@ -493,7 +497,7 @@ static void dep_requests(const fixture *fx, int ep, int k, int idle_rank, prun *
 static void check_dep(const fixture *fx, int exact, int ep, int pp, int idle_rank, const char *name) {
     split_job sj[8];
     int n = ep * pp;
-    CHECK_OK(make_world(1, pp, ep, ep, 10000, sj));
+    CHECK_OK(make_world(1, pp, ep, ep, 60000, sj));
     k3c_model *sh[8] = {0};
     prun r[8], ref[8];
     for (int k = 0; k < ep; k++) {
@@ -570,7 +574,9 @@ TEST(dep_cpu_idle_rank_leaves_the_other_bitwise) {
 static void dep_failure(int silent) {
     const fixture *fx = fixture_get(0);
     CHECKF(fx, "fixture: %s", k3c_error_message());
-    int timeout = silent ? 300 : 60000, moe = 0;
+    /* the silent case's timeout must outlast every wait of normal operation (a peer's prefill, on a loaded
+     * machine) */
+    int timeout = silent ? 1000 : 60000, moe = 0;
     for (int l = 0; l < fx->m->config.num_layers; l++) moe += fx->m->config.layer_is_moe[l] != 0;
     int per_step = 1 + 3 * moe, left = 2 * per_step + 1 + 3 * 2 + 1; /* step 2, the third MoE layer's dispatch */
     split_job sj[2];
@@ -584,7 +590,7 @@ static void dep_failure(int silent) {
         dep_requests(fx, 2, k, -1, &r[k]);
         CHECK(alloc_run(&r[k]) == K3C_OK);
     }
-    r[1].ep = faulty_wrap(sj[1].g.ep, left, silent ? 3 * timeout : 0);
+    r[1].ep = faulty_wrap(sj[1].g.ep, left, silent ? 3 * timeout / 2 : 0);
     sj[1].g.ep = NULL; /* the wrapper owns it */
     run_ranks(r, 2);
     for (int k = 0; k < 2; k++)
@@ -592,7 +598,7 @@ static void dep_failure(int silent) {
                silent ? "stops silently" : "aborts", left, k, r[k].fail_step, r[k].fail_s, r[k].err);
     CHECKF(r[0].rc == K3C_ERR && r[1].rc == K3C_ERR, "rc %d %d", r[0].rc, r[1].rc);
     CHECKF(r[0].fail_step == 2 && r[1].fail_step == 2, "failed in steps %d, %d", r[0].fail_step, r[1].fail_step);
-    if (silent) CHECKF(r[0].fail_s >= 0.25 && r[0].fail_s < 3, "rank 0 failed after %.3f s (timeout 0.3 s)", r[0].fail_s);
+    if (silent) CHECKF(r[0].fail_s >= 0.9 && r[0].fail_s < 4, "rank 0 failed after %.3f s (timeout 1 s)", r[0].fail_s);
     else CHECKF(r[0].fail_s < 5, "rank 0 failed after %.3f s (the abort should end its wait at once)", r[0].fail_s);
     for (int k = 0; k < 2; k++) {
         free_run(&r[k]);
@@ -611,7 +617,7 @@ TEST(dep_cpu_silent_rank_times_out_every_rank) { dep_failure(1); }
 static void pp_failure(int silent) {
     const fixture *fx = fixture_get(0);
     CHECKF(fx, "fixture: %s", k3c_error_message());
-    int timeout = silent ? 300 : 60000;
+    int timeout = silent ? 1000 : 60000; /* as in dep_failure */
     split_job sj[4];
     CHECK_OK(make_world(2, 2, 1, 1, timeout, sj));
     k3c_model *sh[4];
@@ -627,7 +633,7 @@ static void pp_failure(int silent) {
      * give up in the first all-reduce of step 1 */
     int calls = 0;
     for (int l = sh[3]->layer_first; l < sh[3]->layer_end; l++) calls += 1 + (fx->m->config.layer_is_moe[l] ? 2 : 1);
-    r[3].tp = faulty_wrap(sj[3].g.tp, calls + 1, silent ? 3 * timeout : 0);
+    r[3].tp = faulty_wrap(sj[3].g.tp, calls + 1, silent ? 3 * timeout / 2 : 0);
     sj[3].g.tp = NULL;
     run_ranks(r, 4);
     for (int k = 0; k < 4; k++) {
@@ -635,8 +641,8 @@ static void pp_failure(int silent) {
                silent ? "stops silently" : "aborts", k, r[k].fail_step, r[k].fail_s, r[k].err);
         CHECKF(r[k].rc == K3C_ERR && r[k].fail_step == 1, "rank %d: rc %d, step %d", k, r[k].rc, r[k].fail_step);
         if (k == 3) continue; /* the one that gave up */
-        CHECKF(r[k].fail_s < (silent ? 3 : 5), "rank %d failed after %.3f s", k, r[k].fail_s);
-        if (silent) CHECKF(r[k].fail_s >= 0.25, "rank %d failed after %.3f s, before the 0.3 s timeout", k, r[k].fail_s);
+        CHECKF(r[k].fail_s < (silent ? 4 : 5), "rank %d failed after %.3f s", k, r[k].fail_s);
+        if (silent) CHECKF(r[k].fail_s >= 0.9, "rank %d failed after %.3f s, before the 1 s timeout", k, r[k].fail_s);
     }
     for (int k = 0; k < 4; k++) {
         free_run(&r[k]);

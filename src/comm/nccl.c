@@ -208,8 +208,10 @@ static int check_headers(k3c_comm *c, const long long *want, const char *what) {
     return K3C_OK;
 }
 
+/* A call this rank cannot make fails the communicator, as the in-memory group does, so its peers do not wait. */
 static int peer_ok(k3c_comm *c, int peer, const char *what) {
     if (peer >= 0 && peer < c->size && peer != c->rank) return K3C_OK;
+    nc_abort(c);
     return k3c_errorf("nccl rank %d of %d: %s with rank %d (another rank of the group)", c->rank, c->size, what, peer);
 }
 
@@ -246,9 +248,11 @@ static int nc_all_to_all(k3c_comm *c, const void *send, const size_t *send_bytes
     nccl_ctx *x = c->ctx;
     int n = c->size, me = c->rank;
     K3C_TRY(aborted(c));
-    if (send_bytes[me] != recv_bytes[me])
+    if (send_bytes[me] != recv_bytes[me]) {
+        nc_abort(c);
         return k3c_errorf("nccl rank %d of %d: all_to_all sends %zu bytes to itself, expects %zu", me, n,
                           send_bytes[me], recv_bytes[me]);
+    }
     for (int p = 0; p < n; p++)
         if (p != me) K3C_TRY(upload_header(c, p, send_bytes[p]));
     size_t so = 0, ro = 0;
