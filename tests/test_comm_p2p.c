@@ -1,6 +1,6 @@
 /* What pipeline and expert parallelism add to the in-memory communicator (comm/threads.c): send / recv,
- * the all-to-all, split into a layout's groups. Every payload is fresh random bytes (so +-0, NaN and
- * subnormal patterns all occur) checked bitwise against what the test wrote, sizes change between calls; and
+ * the all-to-all, split into a layout's groups. Every payload is fresh random data, half of its words +-0,
+ * NaN, +-inf or subnormal, checked bitwise against what the test wrote, sizes change between calls; and
  * the failure contract: a missing peer ends in K3C_ERR on every rank within the timeout, mismatched calls
  * fail every rank taking part, an abort in one sub-group fails the others of the same world at once. */
 #include <pthread.h>
@@ -19,8 +19,19 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* Payload bytes: 4-byte words that are +0, -0, NaN, +-inf, subnormals or random bits (a size that is not a
+ * multiple of 4 ends in random bytes), so a transport that treats the data as floats (summing, canonicalizing
+ * a NaN, mapping -0 to +0 as a sentinel scheme would) shows up. */
 static void fill_bytes(k3c_rng *g, unsigned char *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(k3c_rng_next(g) >> 56);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7fc00001u, 0xffc00000u, 0x7f800000u,
+                                       0xff800000u, 0x00000001u, 0x807fffffu};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint64_t u = k3c_rng_next(g);
+        uint32_t w = (u & 7) < 4 ? special[(u >> 3) & 7] : (uint32_t)(u >> 32);
+        memcpy(p + i, &w, 4);
+    }
+    for (; i < n; i++) p[i] = (unsigned char)(k3c_rng_next(g) >> 56);
 }
 
 /* A world of n threads running fn(rank job); jobs hold their comm. */
