@@ -39,6 +39,7 @@ typedef struct k3c_backend_limits {
     int block_size;   /* MLA cache block size (tokens) */
     int kv_fp8;       /* 1: mla_cache_write stores latents rounded to FP8 E4M3 (util/fp8.h); a backend that
                        * cannot fails init() with a message */
+    int max_expert_rows; /* most rows of one moe_experts call (0: max_rows x experts per token) */
 } k3c_backend_limits;
 
 /* One request's share of a step: rows [row0, row0 + n) of every activation buffer. */
@@ -189,6 +190,25 @@ struct k3c_backend {
      * finishes: latent norm and up-projection (rounded), out = rnd(r + s). */
     void (*moe_partial)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *r_part,
                         float *s_part);
+
+    /* ---- expert parallel (optional: NULL where the backend has none; the forward then refuses an EP group).
+     * moe cut where the expert-parallel forward exchanges (row, selected expert) pairs between ranks
+     * (stock/forward.c): the three together compute exactly moe's rounding above, whichever rank runs which
+     * expert. ---- */
+    /* Routing of y [T, D]: idx (host [T, K]) and wts ([T, K] f32) as k3c_route gives them, in its output order
+     * (a device backend downloads idx: the forward builds the exchange on the host); z [T, expert_in] = rnd(W_rdown
+     * y) with a latent, else y. */
+    void (*moe_route)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, int *idx, float *wts,
+                      float *z);
+    /* n rows x [n, expert_in], row i for routed expert expert[i] (host [n], one this rank holds):
+     * d[i] = rnd(W2 rnd(act(rnd(W1 x_i), rnd(W3 x_i)))), moe's d_j. At most limits.max_expert_rows rows. */
+    void (*moe_experts)(k3c_backend *be, const k3c_moe_weights *w, const float *x, const int *expert, int n,
+                        float *d);
+    /* out [T, D] for y [T, D] given every row's selected experts' outputs: pair (t, j)'s d_j at d + pair_row[t K
+     * + j] * expert_in (host pair_row [T, K]) and its weight wts[t, j]: r = rnd(sum_j wts[t, j] d_j) in j order,
+     * then the rest of moe (latent norm and up-projection, the shared expert of y, out = rnd(r + s)). */
+    void (*moe_combine)(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, const float *wts,
+                        const float *d, const int *pair_row, float *out);
 };
 
 /* Backends. threads <= 0: one per core. */

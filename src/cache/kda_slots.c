@@ -5,16 +5,16 @@
 
 #include "util/error.h"
 
-static int kda_layers(const k3c_config *c) {
+static int kda_layers(const k3c_config *c, int first, int end) {
     int n = 0;
-    for (int l = 0; l < c->num_layers; l++) n += c->layer_attn[l] == K3C_ATTN_KDA;
+    for (int l = first; l < end; l++) n += c->layer_attn[l] == K3C_ATTN_KDA;
     return n;
 }
 
 /* Floats of the one allocation of k3c_kda_slots_init (its carving below): per KDA layer num_slots states,
  * windows and verify stores, then max_segs scratch states and windows and the commit's conv output. */
-static double slots_floats(const k3c_config *c, int num_slots, int q_max, int max_segs) {
-    int n_kda = kda_layers(c);
+static double slots_floats(const k3c_config *c, int first, int end, int num_slots, int q_max, int max_segs) {
+    int n_kda = kda_layers(c, first, end);
     if (n_kda == 0) return 0;
     double P = k3c_config_kda_proj(c), state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim;
     double window = 3.0 * (c->kda_conv_kernel - 1) * P, store = (double)q_max * (6 * P + c->kda_num_heads);
@@ -22,15 +22,28 @@ static double slots_floats(const k3c_config *c, int num_slots, int q_max, int ma
 }
 
 double k3c_kda_slots_bytes(const k3c_config *c, int num_slots, int q_max, int max_segs) {
-    return slots_floats(c, num_slots, q_max, max_segs) * sizeof(float);
+    return slots_floats(c, 0, c->num_layers, num_slots, q_max, max_segs) * sizeof(float);
+}
+
+double k3c_kda_slots_bytes_layers(const k3c_config *c, int first, int end, int num_slots, int q_max, int max_segs) {
+    if (first < 0) first = 0;
+    if (end > c->num_layers) end = c->num_layers;
+    return slots_floats(c, first, end, num_slots, q_max, max_segs) * sizeof(float);
+}
+
+int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
+                       int max_segs) {
+    return k3c_kda_slots_init_layers(ks, be, c, 0, c->num_layers, num_slots, q_max, max_segs);
 }
 
 /* On failure *ks is released and zeroed (k3c_kda_slots_release on it is a no-op). */
-int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
-                       int max_segs) {
+int k3c_kda_slots_init_layers(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int first, int end,
+                              int num_slots, int q_max, int max_segs) {
     memset(ks, 0, sizeof *ks);
     const int L = c->num_layers; /* a local: the stores through ks below would make the compiler re-read it */
     if (L <= 0) return k3c_errorf("kda slots: num_layers %d must be positive", L);
+    if (first < 0 || end > L || first >= end)
+        return k3c_errorf("kda slots: layers [%d, %d) of a model of %d", first, end, L);
     if (num_slots <= 0 || q_max <= 0 || max_segs <= 0)
         return k3c_errorf("kda slots: num_slots %d, q_max %d, max_segs %d must be positive", num_slots, q_max,
                           max_segs);
@@ -45,7 +58,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     ks->state_floats = (size_t)ks->H * ks->dk * ks->dk;
     ks->window_floats = (size_t)3 * (ks->W - 1) * ks->P;
     ks->store_floats = (size_t)q_max * (6 * (size_t)ks->P + ks->H);
-    int n_kda = kda_layers(c);
+    int n_kda = kda_layers(c, first, end);
     ks->state = calloc((size_t)L, sizeof(float *));
     ks->window = calloc((size_t)L, sizeof(float *));
     ks->store = calloc((size_t)L, sizeof(float *));
@@ -54,7 +67,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
         return k3c_errorf_kind(K3C_ERROR_OOM, "kda slots: out of host memory");
     }
     if (n_kda == 0) return K3C_OK;
-    size_t total = (size_t)slots_floats(c, num_slots, q_max, max_segs);
+    size_t total = (size_t)slots_floats(c, first, end, num_slots, q_max, max_segs);
     ks->base = be->alloc(be, total * sizeof(float));
     if (!ks->base) {
         k3c_kda_slots_release(ks, be);
@@ -62,7 +75,7 @@ int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, 
     }
     be->fill_bytes(be, ks->base, 0, total * sizeof(float));
     float *p = ks->base;
-    for (int l = 0; l < L; l++) {
+    for (int l = first; l < end; l++) {
         if (c->layer_attn[l] != K3C_ATTN_KDA) continue;
         ks->state[l] = p;
         p += (size_t)num_slots * ks->state_floats;

@@ -38,6 +38,11 @@ typedef struct k3c_kda_slots {
 double k3c_kda_slots_bytes(const k3c_config *c, int num_slots, int q_max, int max_segs);
 int k3c_kda_slots_init(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int num_slots, int q_max,
                        int max_segs);
+/* The slots of the KDA layers among [first, end) only (a pipeline stage's, model.h k3c_model_stage_layers);
+ * state[l], window[l] and store[l] are NULL outside them. */
+int k3c_kda_slots_init_layers(k3c_kda_slots *ks, k3c_backend *be, const k3c_config *c, int first, int end,
+                              int num_slots, int q_max, int max_segs);
+double k3c_kda_slots_bytes_layers(const k3c_config *c, int first, int end, int num_slots, int q_max, int max_segs);
 void k3c_kda_slots_release(k3c_kda_slots *ks, k3c_backend *be);
 /* Zeroes a slot's state and window in every layer (a fresh sequence). */
 void k3c_kda_slots_reset(k3c_kda_slots *ks, k3c_backend *be, int slot);

@@ -5,22 +5,35 @@
 
 #include "util/error.h"
 
-static int mla_layers(const k3c_config *c) {
+static int mla_layers(const k3c_config *c, int first, int end) {
     int n = 0;
-    for (int l = 0; l < c->num_layers; l++) n += c->layer_attn[l] == K3C_ATTN_MLA;
+    for (int l = first; l < end; l++) n += c->layer_attn[l] == K3C_ATTN_MLA;
     return n;
 }
 
 double k3c_kv_cache_bytes(const k3c_config *c, int elem_bytes, double tokens) {
-    return tokens * k3c_config_mla_latent(c) * elem_bytes * mla_layers(c);
+    return k3c_kv_cache_bytes_layers(c, 0, c->num_layers, elem_bytes, tokens);
+}
+
+double k3c_kv_cache_bytes_layers(const k3c_config *c, int first, int end, int elem_bytes, double tokens) {
+    if (first < 0) first = 0;
+    if (end > c->num_layers) end = c->num_layers;
+    return tokens * k3c_config_mla_latent(c) * elem_bytes * mla_layers(c, first, end);
+}
+
+int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size) {
+    return k3c_kv_cache_init_layers(kv, be, c, 0, c->num_layers, num_blocks, block_size);
 }
 
 /* On failure everything is released here and *kv is left zeroed: k3c_kv_cache_release on it is a no-op, so
  * an owner that releases whatever it initialized never frees these arrays twice. */
-int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size) {
+int k3c_kv_cache_init_layers(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int first, int end,
+                             int num_blocks, int block_size) {
     memset(kv, 0, sizeof *kv);
     const int L = c->num_layers; /* a local: the stores through kv below would make the compiler re-read it */
     if (L <= 0) return k3c_errorf("kv cache: num_layers %d must be positive", L);
+    if (first < 0 || end > L || first >= end)
+        return k3c_errorf("kv cache: layers [%d, %d) of a model of %d", first, end, L);
     if (num_blocks <= 0 || block_size <= 0)
         return k3c_errorf("kv cache: num_blocks %d and block_size %d must be positive", num_blocks, block_size);
     kv->num_blocks = num_blocks;
@@ -28,7 +41,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
     kv->block_size = block_size;
     kv->latent = k3c_config_mla_latent(c);
     kv->layer_bytes = (size_t)num_blocks * block_size * kv->latent * be->kv_elem_bytes;
-    int n_mla = mla_layers(c);
+    int n_mla = mla_layers(c, first, end);
     kv->layer = calloc((size_t)L, sizeof *kv->layer);
     kv->free_ids = malloc(sizeof(int) * (size_t)num_blocks);
     kv->ref = calloc((size_t)num_blocks, sizeof(int));
@@ -45,7 +58,7 @@ int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, in
         /* zeroed so that a bug reading unwritten rows gives a finite, reproducible result */
         be->fill_bytes(be, kv->base, 0, kv->layer_bytes * n_mla);
         int i = 0;
-        for (int l = 0; l < L; l++)
+        for (int l = first; l < end; l++)
             if (c->layer_attn[l] == K3C_ATTN_MLA) kv->layer[l] = (char *)kv->base + kv->layer_bytes * i++;
     }
     /* lowest ids on top of the stack */

@@ -30,6 +30,11 @@ typedef struct k3c_kv_cache {
 double k3c_kv_cache_bytes(const k3c_config *c, int elem_bytes, double tokens);
 /* Fails with *kv zeroed (nothing to release); release is a no-op on a zeroed cache and zeroes it. */
 int k3c_kv_cache_init(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int num_blocks, int block_size);
+/* The cache of the MLA layers among [first, end) only (a pipeline stage's, model.h k3c_model_stage_layers);
+ * layer[l] is NULL outside them. */
+int k3c_kv_cache_init_layers(k3c_kv_cache *kv, k3c_backend *be, const k3c_config *c, int first, int end,
+                             int num_blocks, int block_size);
+double k3c_kv_cache_bytes_layers(const k3c_config *c, int first, int end, int elem_bytes, double tokens);
 void k3c_kv_cache_release(k3c_kv_cache *kv, k3c_backend *be);
 /* Pops a free block (one reference); -1 when none is left. */
 int k3c_kv_cache_take(k3c_kv_cache *kv);

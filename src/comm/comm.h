@@ -15,9 +15,10 @@
  * bitwise the same values. (NCCL also gives every rank the same bits, in its own order: ring or tree.)
  *
  * Failure: every call of every rank must be matched by the same call on every other rank of the group (the
- * same sizes). A rank that fails marks the group failed (abort); the other ranks' pending and later calls
- * then return K3C_ERR instead of waiting, and a wait that outlasts the group's timeout fails the same way,
- * so no rank hangs on a peer that is gone. */
+ * same sizes; a send by its peer's recv). A rank that fails marks the group failed (abort); the other ranks'
+ * pending and later calls then return K3C_ERR instead of waiting, and a wait that outlasts the group's
+ * timeout fails the same way, so no rank hangs on a peer that is gone. Mismatched calls (sizes, counts) fail
+ * every rank that takes part in them. */
 #ifndef K3C_COMM_COMM_H
 #define K3C_COMM_COMM_H
 
@@ -41,7 +42,51 @@ struct k3c_comm {
     void (*abort)(k3c_comm *c);
     void (*free)(k3c_comm *c);
     int stream_ordered; /* see Memory above: 0 host memory (self, threads), 1 device memory on a stream */
+
+    /* The calls below are NULL in the communicators of ranks on one GPU (staged, mailbox): pipeline and
+     * expert parallelism run on CPU ranks and over NCCL; the forward refuses them elsewhere. */
+
+    /* ---- point to point (pipeline stages) ---- */
+    /* Sends buf[0 .. bytes) to rank peer (not this rank). Returns once the peer's matching recv has it: the
+     * sends from one rank to one peer pair with that peer's recvs from it in call order, and since a send
+     * waits for its recv, the ranks' sends and recvs must not wait on each other in a cycle (a pipeline sends
+     * forward only). */
+    int (*send)(k3c_comm *c, const void *buf, size_t bytes, int peer);
+    /* Receives the next send of rank peer into buf; bytes must be the sender's (else both fail). */
+    int (*recv)(k3c_comm *c, void *buf, size_t bytes, int peer);
+
+    /* ---- expert parallel ---- */
+    /* All-to-all with a count per peer (all-to-allv), every rank calling it: rank r's send holds, packed in
+     * rank order, send_bytes[p] bytes for each rank p; its recv gets, packed in rank order, recv_bytes[p]
+     * bytes from each rank p. send_bytes[p] of rank r must equal recv_bytes[r] of rank p (else every rank
+     * fails); counts may be 0; send and recv do not overlap.
+     * Why an all-to-all for the MoE and not all-gather + reduce-scatter: the expert-parallel forward
+     * (stock/forward.c) dispatches each (token, selected expert) row to the expert's rank and the combine
+     * hands each expert's output back to the token's rank, which sums them in the router's order exactly as
+     * world size 1 does; a rank moves only the rows it needs. All-gather + reduce-scatter moves every token
+     * to every rank and sums per-rank partial sums, in rank order, rounding differently from world size 1. */
+    int (*all_to_all)(k3c_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                      const size_t *recv_bytes);
+    /* A sub-group (ncclCommSplit), every rank calling it: the ranks giving the same color >= 0 form a group,
+     * ranked by (key, rank here); color < 0: no group (*out = NULL). The sub-group is independent (its own
+     * calls, its own free); for the in-memory group a failure anywhere fails every group split from the same
+     * world, so a rank whose peer in another sub-group failed does not wait out the timeout. */
+    int (*split)(k3c_comm *c, int color, int key, k3c_comm **out);
 };
+
+/* The groups of one rank of a (tp, pp, dp) layout over a world of tp x dp x pp ranks, as k3c_layout_plan
+ * numbers them (model/layout.c): world rank w = (stage dp + dp rank) tp + tp rank, so tp groups are runs of
+ * tp consecutive ranks. tp: the ranks of a stage and DP rank; pp: one rank per stage with the same tp and dp
+ * ranks (its rank is the stage); ep (ep = tp x dp > 1, as k3c_layout's ep; tp = 1): the dp ranks of a stage,
+ * whose routed experts are spread over them (its rank is the DP rank). NULL where a group would have one rank
+ * (or ep = 1). */
+typedef struct k3c_comm_groups {
+    k3c_comm *tp, *pp, *ep;
+} k3c_comm_groups;
+/* Splits world (every rank calling it) into the rank's groups. Fails when world's size is not tp x dp x pp,
+ * ep is neither 1 nor tp x dp, or ep is asked for with tp > 1 (TP attention inside DEP is not built). */
+int k3c_comm_groups_split(k3c_comm *world, int tp, int pp, int dp, int ep, k3c_comm_groups *out);
+void k3c_comm_groups_free(k3c_comm_groups *g);
 
 /* World size 1: the sum and the gather of one rank (rank 0 of 1); host memory. Never fails. */
 k3c_comm *k3c_comm_self(void);

@@ -8,7 +8,13 @@
  * Sums are NCCL's (ring or tree order, every rank the same bits), not the fixed rank order of the in-memory
  * group. The collectives are asynchronous on the stream; barrier waits for them with a bounded poll
  * (cudaStreamQuery and ncclCommGetAsyncError), and on timeout or error aborts the communicator
- * (ncclCommAbort), so a rank whose peer is gone fails instead of hanging. */
+ * (ncclCommAbort), so a rank whose peer is gone fails instead of hanging.
+ *
+ * send / recv and all_to_all are grouped ncclSend / ncclRecv calls (ncclGroupStart / End) and wait for
+ * themselves with the same bounded poll. NCCL checks no sizes, so every message carries an 8-byte header,
+ * its byte count, sent in the same group as the payload: after the wait the receiver compares the header
+ * with the size it expected and fails (aborting the communicator, so its peers fail too) on a mismatch; a
+ * mismatch that makes NCCL itself wait ends in the bounded poll instead. */
 #include "comm/comm.h"
 
 #include "util/error.h"
@@ -22,6 +28,7 @@
 #ifdef K3C_HAVE_NCCL
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +47,13 @@ static struct {
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+    ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+    ncclResult_t (*user_rank)(const ncclComm_t, int *);
+    ncclResult_t (*count)(const ncclComm_t, int *);
     ncclResult_t (*abort_comm)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *);
@@ -62,6 +76,13 @@ static int nccl_load(void) {
     SYM(all_reduce, "ncclAllReduce");
     SYM(all_gather, "ncclAllGather");
     SYM(broadcast, "ncclBroadcast");
+    SYM(send, "ncclSend");
+    SYM(recv, "ncclRecv");
+    SYM(group_start, "ncclGroupStart");
+    SYM(group_end, "ncclGroupEnd");
+    SYM(split, "ncclCommSplit");
+    SYM(user_rank, "ncclCommUserRank");
+    SYM(count, "ncclCommCount");
     SYM(abort_comm, "ncclCommAbort");
     SYM(destroy, "ncclCommDestroy");
     SYM(async_error, "ncclCommGetAsyncError");
@@ -75,6 +96,8 @@ typedef struct nccl_ctx {
     ncclComm_t comm;
     cudaStream_t stream;
     float *one; /* [1] device scratch of the barrier's all-reduce */
+    uint64_t *hdr;      /* [2 size] device: the headers sent to each peer, then those received from each */
+    uint64_t *hdr_host; /* [2 size] host copies (kept until the wait: the uploads read them) */
     int aborted;
 } nccl_ctx;
 
@@ -104,11 +127,9 @@ static void nc_abort(k3c_comm *c) {
     x->aborted = 1;
 }
 
-/* A one-float all-reduce, then the stream drained with a bounded poll: every queued collective done. */
-static int nc_barrier(k3c_comm *c) {
+/* The stream drained with a bounded poll: every queued collective done, or the communicator aborted. */
+static int nc_wait(k3c_comm *c, const char *what) {
     nccl_ctx *x = c->ctx;
-    if (x->aborted) return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: aborted", c->rank, c->size);
-    K3C_TRY(check(c, nc.all_reduce(x->one, x->one, 1, ncclFloat32, ncclSum, x->comm, x->stream), "barrier"));
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
@@ -116,33 +137,217 @@ static int nc_barrier(k3c_comm *c) {
         if (q == cudaSuccess) return K3C_OK;
         if (q != cudaErrorNotReady) {
             nc_abort(c);
-            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: barrier: %s", c->rank, c->size,
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: %s", c->rank, c->size, what,
                                    cudaGetErrorString(q));
         }
         ncclResult_t a = ncclSuccess;
         if (nc.async_error(x->comm, &a) != ncclSuccess || (a != ncclSuccess && a != ncclInProgress)) {
             nc_abort(c);
-            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: barrier: %s (a peer failed)", c->rank,
-                                   c->size, nc.error_string(a));
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: %s (a peer failed)", c->rank, c->size,
+                                   what, nc.error_string(a));
         }
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > NCCL_WAIT_MS) {
             nc_abort(c);
-            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: barrier: no peer answered in %d ms", c->rank,
-                                   c->size, NCCL_WAIT_MS);
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: no peer answered in %d ms", c->rank,
+                                   c->size, what, NCCL_WAIT_MS);
         }
         struct timespec nap = {0, 100000};
         nanosleep(&nap, NULL);
     }
 }
 
+static int aborted(k3c_comm *c) {
+    nccl_ctx *x = c->ctx;
+    return x->aborted ? k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: aborted", c->rank, c->size) : K3C_OK;
+}
+
+/* A one-float all-reduce, then the stream drained: every queued collective done. */
+static int nc_barrier(k3c_comm *c) {
+    nccl_ctx *x = c->ctx;
+    K3C_TRY(aborted(c));
+    K3C_TRY(check(c, nc.all_reduce(x->one, x->one, 1, ncclFloat32, ncclSum, x->comm, x->stream), "barrier"));
+    return nc_wait(c, "barrier");
+}
+
+/* ---- point to point and all-to-all (headers: see the top of the file) ---- */
+
+/* Ends a group; on failure aborts (a half-issued group leaves the peers waiting). */
+static int group_end(k3c_comm *c, ncclResult_t r, const char *what) {
+    ncclResult_t e = nc.group_end();
+    if (r == ncclSuccess) r = e;
+    if (r == ncclSuccess) return K3C_OK;
+    nc_abort(c);
+    return check(c, r, what);
+}
+
+static int upload_header(k3c_comm *c, int peer, size_t bytes) {
+    nccl_ctx *x = c->ctx;
+    x->hdr_host[peer] = bytes;
+    cudaError_t e = cudaMemcpyAsync(x->hdr + peer, x->hdr_host + peer, sizeof(uint64_t), cudaMemcpyHostToDevice,
+                                    x->stream);
+    return e == cudaSuccess ? K3C_OK
+                            : k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: header: %s", c->rank, c->size,
+                                              cudaGetErrorString(e));
+}
+
+/* After the wait: the headers received from peers [0, size) where want[p] >= 0 equal want[p]. */
+static int check_headers(k3c_comm *c, const long long *want, const char *what) {
+    nccl_ctx *x = c->ctx;
+    cudaError_t e = cudaMemcpy(x->hdr_host + c->size, x->hdr + c->size, (size_t)c->size * sizeof(uint64_t),
+                               cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: %s", c->rank, c->size, what,
+                               cudaGetErrorString(e));
+    for (int p = 0; p < c->size; p++)
+        if (want[p] >= 0 && x->hdr_host[c->size + p] != (uint64_t)want[p]) {
+            nc_abort(c);
+            return k3c_errorf("nccl rank %d of %d: %s: rank %d sent %llu bytes, %lld expected", c->rank, c->size, what,
+                              p, (unsigned long long)x->hdr_host[c->size + p], want[p]);
+        }
+    return K3C_OK;
+}
+
+/* A call this rank cannot make fails the communicator, as the in-memory group does, so its peers do not wait. */
+static int peer_ok(k3c_comm *c, int peer, const char *what) {
+    if (peer >= 0 && peer < c->size && peer != c->rank) return K3C_OK;
+    nc_abort(c);
+    return k3c_errorf("nccl rank %d of %d: %s with rank %d (another rank of the group)", c->rank, c->size, what, peer);
+}
+
+static int nc_send(k3c_comm *c, const void *buf, size_t bytes, int peer) {
+    nccl_ctx *x = c->ctx;
+    K3C_TRY(aborted(c));
+    K3C_TRY(peer_ok(c, peer, "send"));
+    K3C_TRY(upload_header(c, peer, bytes));
+    ncclResult_t r = nc.group_start();
+    if (r == ncclSuccess) r = nc.send(x->hdr + peer, sizeof(uint64_t), ncclUint8, peer, x->comm, x->stream);
+    if (r == ncclSuccess && bytes) r = nc.send(buf, bytes, ncclUint8, peer, x->comm, x->stream);
+    K3C_TRY(group_end(c, r, "send"));
+    return nc_wait(c, "send");
+}
+
+static int nc_recv(k3c_comm *c, void *buf, size_t bytes, int peer) {
+    nccl_ctx *x = c->ctx;
+    K3C_TRY(aborted(c));
+    K3C_TRY(peer_ok(c, peer, "recv"));
+    ncclResult_t r = nc.group_start();
+    if (r == ncclSuccess) r = nc.recv(x->hdr + c->size + peer, sizeof(uint64_t), ncclUint8, peer, x->comm, x->stream);
+    if (r == ncclSuccess && bytes) r = nc.recv(buf, bytes, ncclUint8, peer, x->comm, x->stream);
+    K3C_TRY(group_end(c, r, "recv"));
+    K3C_TRY(nc_wait(c, "recv"));
+    long long want[c->size];
+    for (int p = 0; p < c->size; p++) want[p] = p == peer ? (long long)bytes : -1;
+    return check_headers(c, want, "recv");
+}
+
+/* Every peer gets a header (its count, maybe 0) so every count is checked; the rank's own part is a device
+ * copy. */
+static int nc_all_to_all(k3c_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                         const size_t *recv_bytes) {
+    nccl_ctx *x = c->ctx;
+    int n = c->size, me = c->rank;
+    K3C_TRY(aborted(c));
+    if (send_bytes[me] != recv_bytes[me]) {
+        nc_abort(c);
+        return k3c_errorf("nccl rank %d of %d: all_to_all sends %zu bytes to itself, expects %zu", me, n,
+                          send_bytes[me], recv_bytes[me]);
+    }
+    for (int p = 0; p < n; p++)
+        if (p != me) K3C_TRY(upload_header(c, p, send_bytes[p]));
+    size_t so = 0, ro = 0;
+    ncclResult_t r = nc.group_start();
+    for (int p = 0; p < n && r == ncclSuccess; p++) {
+        if (p == me) {
+            if (send_bytes[p] &&
+                cudaMemcpyAsync((char *)recv + ro, (const char *)send + so, send_bytes[p], cudaMemcpyDeviceToDevice,
+                                x->stream) != cudaSuccess)
+                r = ncclUnhandledCudaError;
+        } else {
+            r = nc.send(x->hdr + p, sizeof(uint64_t), ncclUint8, p, x->comm, x->stream);
+            if (r == ncclSuccess) r = nc.recv(x->hdr + n + p, sizeof(uint64_t), ncclUint8, p, x->comm, x->stream);
+            if (r == ncclSuccess && send_bytes[p])
+                r = nc.send((const char *)send + so, send_bytes[p], ncclUint8, p, x->comm, x->stream);
+            if (r == ncclSuccess && recv_bytes[p])
+                r = nc.recv((char *)recv + ro, recv_bytes[p], ncclUint8, p, x->comm, x->stream);
+        }
+        so += send_bytes[p];
+        ro += recv_bytes[p];
+    }
+    K3C_TRY(group_end(c, r, "all_to_all"));
+    K3C_TRY(nc_wait(c, "all_to_all"));
+    long long want[n];
+    for (int p = 0; p < n; p++) want[p] = p == me ? -1 : (long long)recv_bytes[p];
+    return check_headers(c, want, "all_to_all");
+}
+
+static int nc_make(int rank, int size, ncclComm_t comm, cudaStream_t stream, k3c_comm **out);
+
+static int nc_split(k3c_comm *c, int color, int key, k3c_comm **out) {
+    nccl_ctx *x = c->ctx;
+    *out = NULL;
+    K3C_TRY(aborted(c));
+    ncclComm_t sub = NULL;
+    K3C_TRY(check(c, nc.split(x->comm, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, &sub, NULL), "split"));
+    if (color < 0) return K3C_OK;
+    int rank = 0, size = 0;
+    /* the sub-communicator's rank and size, as ncclCommSplit ordered them */
+    ncclResult_t r = nc.user_rank(sub, &rank);
+    if (r == ncclSuccess) r = nc.count(sub, &size);
+    if (r != ncclSuccess) {
+        nc.destroy(sub);
+        return check(c, r, "split");
+    }
+    if (nc_make(rank, size, sub, x->stream, out) != K3C_OK) {
+        nc.destroy(sub);
+        return K3C_ERR;
+    }
+    return K3C_OK;
+}
+
+static void ctx_free(nccl_ctx *x) {
+    if (x->one) cudaFree(x->one);
+    if (x->hdr) cudaFree(x->hdr);
+    free(x->hdr_host);
+    free(x);
+}
+
 static void nc_free(k3c_comm *c) {
     if (!c) return;
     nccl_ctx *x = c->ctx;
     if (!x->aborted) nc.destroy(x->comm);
-    if (x->one) cudaFree(x->one);
-    free(x);
+    ctx_free(x);
     free(c);
+}
+
+/* The k3c_comm of an initialized NCCL communicator (its scratch allocated here); comm stays the caller's on
+ * failure. */
+static int nc_make(int rank, int size, ncclComm_t comm, cudaStream_t stream, k3c_comm **out) {
+    *out = NULL;
+    k3c_comm *c = calloc(1, sizeof *c);
+    nccl_ctx *x = calloc(1, sizeof *x);
+    if (x) x->hdr_host = calloc(2 * (size_t)size, sizeof(uint64_t));
+    if (!c || !x || !x->hdr_host) {
+        free(c);
+        if (x) free(x->hdr_host);
+        free(x);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "nccl: out of memory");
+    }
+    cudaError_t ce = cudaMalloc((void **)&x->one, sizeof(float));
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&x->hdr, 2 * (size_t)size * sizeof(uint64_t));
+    if (ce != cudaSuccess) {
+        ctx_free(x);
+        free(c);
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d: %s", rank, cudaGetErrorString(ce));
+    }
+    x->comm = comm;
+    x->stream = stream;
+    *c = (k3c_comm){.name = "nccl", .rank = rank, .size = size, .ctx = x, .all_reduce_f32 = nc_all_reduce,
+                    .all_gather = nc_all_gather, .broadcast = nc_broadcast, .barrier = nc_barrier, .abort = nc_abort,
+                    .free = nc_free, .stream_ordered = 1, .send = nc_send, .recv = nc_recv,
+                    .all_to_all = nc_all_to_all, .split = nc_split};
+    *out = c;
+    return K3C_OK;
 }
 
 int k3c_comm_nccl_unique_id(unsigned char id[K3C_COMM_NCCL_ID_BYTES]) {
@@ -162,30 +367,17 @@ int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int ran
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
         return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d: device %d: %s", rank, device, cudaGetErrorString(ce));
-    k3c_comm *c = calloc(1, sizeof *c);
-    nccl_ctx *x = calloc(1, sizeof *x);
-    if (!c || !x) {
-        free(c), free(x);
-        return k3c_errorf_kind(K3C_ERROR_OOM, "nccl: out of memory");
-    }
-    *c = (k3c_comm){"nccl", rank, size, x, nc_all_reduce, nc_all_gather, nc_broadcast, nc_barrier, nc_abort, nc_free,
-                    .stream_ordered = 1};
-    x->stream = (cudaStream_t)stream;
-    ce = cudaMalloc((void **)&x->one, sizeof(float));
-    if (ce != cudaSuccess) {
-        free(c), free(x);
-        return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d: %s", rank, cudaGetErrorString(ce));
-    }
     ncclUniqueId u;
     memcpy(u.internal, id, sizeof u.internal);
-    ncclResult_t r = nc.init_rank(&x->comm, size, u, rank);
-    if (r != ncclSuccess) {
-        cudaFree(x->one);
-        free(c), free(x);
+    ncclComm_t comm;
+    ncclResult_t r = nc.init_rank(&comm, size, u, rank);
+    if (r != ncclSuccess)
         return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: ncclCommInitRank: %s", rank, size,
                                nc.error_string(r));
+    if (nc_make(rank, size, comm, (cudaStream_t)stream, out) != K3C_OK) {
+        nc.destroy(comm);
+        return K3C_ERR;
     }
-    *out = c;
     return K3C_OK;
 }
 

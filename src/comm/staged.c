@@ -201,8 +201,9 @@ int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream
     x->device = device;
     x->stream = (cudaStream_t)stream;
     x->timeout_ms = timeout_ms ? timeout_ms : 60000;
-    *c = (k3c_comm){"staged", rank, x->host->size, x, st_all_reduce, st_all_gather, st_broadcast, st_barrier, st_abort,
-                    st_free, .stream_ordered = 1};
+    *c = (k3c_comm){.name = "staged", .rank = rank, .size = x->host->size, .ctx = x, .all_reduce_f32 = st_all_reduce,
+                    .all_gather = st_all_gather, .broadcast = st_broadcast, .barrier = st_barrier, .abort = st_abort,
+                    .free = st_free, .stream_ordered = 1};
     *out = c;
     return K3C_OK;
 }

@@ -29,7 +29,6 @@ typedef struct cpu_ctx {
     k3c_backend_limits lim;
     int silu_gate;
     int exact; /* diagnostic: no bf16 rounding anywhere (validates the math against the float64 reference) */
-    int moe_part; /* in moe_partial (tensor parallel): the expert down projections and their sum unrounded */
     float *route_margins; /* tests only (k3c_backend_cpu_track_route_margins): per row, lowered by each MoE layer */
     int route_margin_rows;
     /* KDA: o of a commit (discarded); chunked-form scratch, kda_scratch_n floats per pool thread */
@@ -43,16 +42,16 @@ typedef struct cpu_ctx {
     int *idx;          /* [rows, k] */
     float *wts;        /* [rows, k] */
     float *z;          /* [rows, Rin] */
-    int *pairs;        /* [rows * k] (row * k + j) grouped by expert */
+    int *pairs;        /* [pairs] (row * k + j) grouped by expert; pairs = rows * k, or the limits' max_expert_rows */
     int *counts;       /* [E + 1] */
-    float *xe;         /* [rows, Rin] */
-    float *ea, *eu;    /* [rows, F] */
-    float *d;          /* [rows * k, Rin] */
+    float *xe;         /* [pairs, Rin] */
+    float *ea, *eu;    /* [pairs, F] */
+    float *d;          /* [pairs, Rin] */
     float *r;          /* [rows, Rin] */
     float *rup;        /* [rows, D] */
     float *sa, *su;    /* [rows, Fs] */
     float *sh;         /* [rows, D] */
-    int *inv;          /* [rows * k] sorted position of pair (row * k + j) */
+    int *inv;          /* [pairs] sorted position of pair (row * k + j) */
     k3c_mm *mm;        /* product lists handed to k3c_matmul_batch */
     k3c_mm *mla_mm;    /* [max_segs * Hm] W_UV products of the absorbed MLA, per segment and head */
     int *mla_rows;     /* [rows] rows of the segments an MLA call serves */
@@ -119,6 +118,7 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     size_t Hm = c->num_attention_heads, lat = k3c_config_mla_latent(c), kvl = c->kv_lora_rank;
     size_t E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
     size_t Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
+    size_t NP = R * K > (size_t)lim->max_expert_rows ? R * K : (size_t)lim->max_expert_rows; /* (row, expert) pairs */
     int bad = 0;
     x->kda_o = xcalloc(R * P, 4, &bad);
     if (c->kda_num_heads > 0) {
@@ -132,18 +132,18 @@ static int cpu_init(k3c_backend *be, const struct k3c_model *m, const k3c_backen
     x->idx = xcalloc(R * K, sizeof(int), &bad);
     x->wts = xcalloc(R * K, 4, &bad);
     x->z = xcalloc(R * Rin, 4, &bad);
-    x->pairs = xcalloc(R * K, sizeof(int), &bad);
+    x->pairs = xcalloc(NP, sizeof(int), &bad);
     x->counts = xcalloc(E + 1, sizeof(int), &bad);
-    x->xe = xcalloc(R * K * Rin, 4, &bad);
-    x->ea = xcalloc(R * K * F, 4, &bad);
-    x->eu = xcalloc(R * K * F, 4, &bad);
-    x->d = xcalloc(R * K * Rin, 4, &bad);
+    x->xe = xcalloc(NP * Rin, 4, &bad);
+    x->ea = xcalloc(NP * F, 4, &bad);
+    x->eu = xcalloc(NP * F, 4, &bad);
+    x->d = xcalloc(NP * Rin, 4, &bad);
     x->r = xcalloc(R * Rin, 4, &bad);
     x->rup = xcalloc(R * D, 4, &bad);
     x->sa = xcalloc(R * Fs, 4, &bad);
     x->su = xcalloc(R * Fs, 4, &bad);
     x->sh = xcalloc(R * D, 4, &bad);
-    x->inv = xcalloc(R * K, sizeof(int), &bad);
+    x->inv = xcalloc(NP, sizeof(int), &bad);
     x->mm = xcalloc(2 * E + Hm + 8, sizeof(k3c_mm), &bad);
     x->uv = xcalloc(Hm, sizeof(k3c_mat), &bad);
     x->mla_mm = xcalloc((size_t)lim->max_segs * Hm, sizeof(k3c_mm), &bad);
@@ -681,18 +681,28 @@ static k3c_mm expert_mm(const cpu_ctx *x, const k3c_mat *Wb, const k3c_mxfp4_mat
     return (k3c_mm){.W = Wb, .x = in, .T = n, .y = out, .round = !x->exact};
 }
 
-/* r[t] = sum_j wts[t, j] d[pair (t, j)], in j order, rounded. */
+/* r[t] = sum_j wts[t, j] d[pair (t, j)], in j order, rounded (not in moe_partial: part). One function for
+ * moe and moe_combine, so that both sum with the same operations. */
+typedef struct sum_job {
+    const cpu_ctx *x;
+    const float *d, *wts;
+    const int *inv; /* [T K] the row of d holding pair (t, j) */
+    int part;
+    float *r;
+} sum_job;
+
 static void moe_sum_rows(void *ctx, int b, int e) {
-    cpu_ctx *x = ctx;
+    const sum_job *sj = ctx;
+    const cpu_ctx *x = sj->x;
     int K = x->c->num_experts_per_token, Rin = k3c_config_expert_in(x->c);
     for (int t = b; t < e; t++) {
-        float *r = x->r + (size_t)t * Rin;
+        float *r = sj->r + (size_t)t * Rin;
         const float *dj[K];
-        for (int j = 0; j < K; j++) dj[j] = x->d + (size_t)x->inv[t * K + j] * Rin;
+        for (int j = 0; j < K; j++) dj[j] = sj->d + (size_t)sj->inv[t * K + j] * Rin;
         for (int i = 0; i < Rin; i++) {
             float acc = 0;
-            for (int j = 0; j < K; j++) acc += x->wts[t * K + j] * dj[j][i];
-            r[i] = x->moe_part ? acc : rnd(x, acc);
+            for (int j = 0; j < K; j++) acc += sj->wts[t * K + j] * dj[j][i];
+            r[i] = sj->part ? acc : rnd(x, acc);
         }
     }
 }
@@ -774,9 +784,8 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     k3c_matmul_batch(x->pool, mm, n);
 
     /* weighted sum in j order */
-    x->moe_part = part;
-    par_rows(x, T, (size_t)K * Rin, moe_sum_rows, x);
-    x->moe_part = 0;
+    sum_job sj = {x, x->d, x->wts, x->inv, part, x->r};
+    par_rows(x, T, (size_t)K * Rin, moe_sum_rows, &sj);
     if (part) {
         memcpy(r_part, x->r, (size_t)T * Rin * 4);
         return;
@@ -806,6 +815,112 @@ static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
 static void cpu_moe_partial(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *r_part,
                             float *s_part) {
     moe_run(be, w, y, T, NULL, r_part, s_part);
+}
+
+/* ---- expert parallel (backend.h moe_route, moe_experts, moe_combine): moe_run's three batches, cut at the
+ * exchange; the same products and the same sum, so the rounding is moe's ---- */
+
+static void cpu_moe_route(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, int *idx, float *wts,
+                          float *z) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    const k3c_config *c = x->c;
+    int D = c->hidden_size, E = c->num_experts, K = c->num_experts_per_token;
+    int latent = c->routed_expert_hidden_size > 0;
+    k3c_mm *mm = x->mm;
+    int n = 0;
+    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0};
+    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = z, .round = !x->exact};
+    k3c_matmul_batch(x->pool, mm, n);
+    if (!latent && z != y) memmove(z, y, (size_t)T * D * 4);
+    for (int t = 0; t < T; t++)
+        k3c_route(c, x->logits + (size_t)t * E, w->correction_bias, idx + (size_t)t * K, wts + (size_t)t * K);
+    if (x->route_margins)
+        for (int t = 0; t < T && t < x->route_margin_rows; t++) {
+            float m = k3c_route_margin(c, x->logits + (size_t)t * E, w->correction_bias);
+            if (m < x->route_margins[t]) x->route_margins[t] = m;
+        }
+}
+
+/* Rows grouped by expert (counting sort: input order inside an expert), as moe_run groups its pairs. */
+static void cpu_moe_experts(k3c_backend *be, const k3c_moe_weights *w, const float *in, const int *expert, int n,
+                            float *d) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    if (n <= 0) return;
+    const k3c_config *c = x->c;
+    int E = c->num_experts, Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size;
+    k3c_mm *mm = x->mm;
+    memset(x->counts, 0, sizeof(int) * (E + 1));
+    for (int i = 0; i < n; i++) x->counts[expert[i] + 1]++;
+    for (int e = 0; e < E; e++) x->counts[e + 1] += x->counts[e];
+    for (int i = 0; i < n; i++) x->pairs[x->counts[expert[i]]++] = i;
+    for (int e = E; e > 0; e--) x->counts[e] = x->counts[e - 1];
+    x->counts[0] = 0;
+    int m = 0;
+    for (int e = 0; e < E; e++) {
+        int b = x->counts[e], ne = x->counts[e + 1] - b;
+        if (ne == 0) continue;
+        const float *src;
+        if (ne == 1) {
+            src = in + (size_t)x->pairs[b] * Rin;
+        } else {
+            for (int i = 0; i < ne; i++)
+                memcpy(x->xe + (size_t)(b + i) * Rin, in + (size_t)x->pairs[b + i] * Rin, (size_t)Rin * 4);
+            src = x->xe + (size_t)b * Rin;
+        }
+        const k3c_expert *ex = &w->experts[e];
+        mm[m++] = expert_mm(x, &ex->w1, &ex->q1, src, ne, x->ea + (size_t)b * F);
+        mm[m++] = expert_mm(x, &ex->w3, &ex->q3, src, ne, x->eu + (size_t)b * F);
+    }
+    k3c_matmul_batch(x->pool, mm, m);
+    gated_act_par(x, x->ea, x->eu, (size_t)n * F, x->ea);
+    m = 0;
+    for (int e = 0; e < E; e++) {
+        int b = x->counts[e], ne = x->counts[e + 1] - b;
+        if (ne == 0) continue;
+        const k3c_expert *ex = &w->experts[e];
+        mm[m++] = expert_mm(x, &ex->w2, &ex->q2, x->ea + (size_t)b * F, ne, x->d + (size_t)b * Rin);
+    }
+    k3c_matmul_batch(x->pool, mm, m);
+    for (int s = 0; s < n; s++) memcpy(d + (size_t)x->pairs[s] * Rin, x->d + (size_t)s * Rin, (size_t)Rin * 4);
+}
+
+static void cpu_moe_combine(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, const float *wts,
+                            const float *d, const int *pair_row, float *out) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    const k3c_config *c = x->c;
+    int D = c->hidden_size, K = c->num_experts_per_token, Rin = k3c_config_expert_in(c);
+    int latent = c->routed_expert_hidden_size > 0, shared = w->shared.gate.w != NULL, rd = !x->exact;
+    int Fs = shared ? w->shared.gate.rows : 0;
+    k3c_mm *mm = x->mm;
+    if (shared) {
+        mm[0] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd};
+        mm[1] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd};
+        k3c_matmul_batch(x->pool, mm, 2);
+        gated_act_par(x, x->sa, x->su, (size_t)T * Fs, x->sa);
+        mm[0] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = x->sh, .round = rd};
+        k3c_matmul_batch(x->pool, mm, 1);
+    }
+    sum_job sj = {x, d, wts, pair_row, 0, x->r};
+    par_rows(x, T, (size_t)K * Rin, moe_sum_rows, &sj);
+    const float *routed = x->r;
+    if (latent) {
+        if (c->latent_moe_use_norm) {
+            norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
+            k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
+        }
+        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
+        k3c_matmul_batch(x->pool, mm, 1);
+        routed = x->rup;
+    }
+    if (shared) {
+        ew_job j = {x, routed, x->sh, out, (size_t)T * D};
+        par_rows(x, (int)((j.n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
+    } else {
+        memmove(out, routed, (size_t)T * D * 4);
+    }
 }
 
 static void cpu_round(k3c_backend *be, float *p, size_t n) {
@@ -874,5 +989,8 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->moe = cpu_moe;
     be->round = cpu_round;
     be->moe_partial = cpu_moe_partial;
+    be->moe_route = cpu_moe_route;
+    be->moe_experts = cpu_moe_experts;
+    be->moe_combine = cpu_moe_combine;
     return be;
 }

@@ -69,6 +69,18 @@ static int tp_bytes(const k3c_tensor_spec *s, int tp, uint64_t *out) {
 
 static int stage_first(int L, int pp, int s) { return (int)((long long)s * L / pp); }
 
+void k3c_layout_stage_layers(int L, int pp, int s, int *first, int *end) {
+    if (pp < 1) pp = 1;
+    *first = stage_first(L, pp, s);
+    *end = stage_first(L, pp, s + 1);
+}
+
+void k3c_layout_rank_experts(int E, int ep, int r, int *first, int *end) {
+    if (ep < 1) ep = 1;
+    *first = r * (E / ep);
+    *end = *first + E / ep;
+}
+
 static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_inventory *inv, k3c_layout_rank *ranks,
                       int n) {
     int tp = l->tp, pp = l->pp, dp = l->dp, ep = l->ep, L = c->num_layers, E = c->num_experts;
@@ -88,7 +100,8 @@ static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_invent
         k->dp_rank = r / tp % dp;
         k->pp_stage = r / (tp * dp);
         k->ep_rank = ep > 1 ? r % (tp * dp) : 0;
-        int first = stage_first(L, pp, k->pp_stage), end = stage_first(L, pp, k->pp_stage + 1);
+        int first, end;
+        k3c_layout_stage_layers(L, pp, k->pp_stage, &first, &end);
         k->layer_first = first;
         k->num_layers = end - first;
         k->embedding = k->pp_stage == 0;
@@ -99,7 +112,8 @@ static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_invent
             k->num_moe_layers += c->layer_is_moe[i] != 0;
         }
         /* ep: this rank's experts [e0, e0 + E / ep) */
-        int e0 = ep > 1 ? k->ep_rank * (E / ep) : 0, e1 = ep > 1 ? e0 + E / ep : E;
+        int e0 = 0, e1 = E;
+        if (ep > 1) k3c_layout_rank_experts(E, ep, k->ep_rank, &e0, &e1);
         uint64_t embed_bytes = 0, expert_layer_all = 0; /* one MoE layer's experts on this rank, as held */
         int expert_layer = -1;
         for (size_t i = 0; i < inv->count; i++) {

@@ -9,4 +9,10 @@
 /* k3c_layout_plan over a config in hand. */
 int k3c_layout_plan_config(const k3c_config *c, const k3c_layout *layout, k3c_layout_rank *ranks, int cap, int *n);
 
+/* The placement the plan counts and the shards hold (model/shard.h): pipeline stage s of pp takes layers
+ * [first, end) = [s L / pp, (s + 1) L / pp); expert-parallel rank r of ep holds the routed experts
+ * [r E / ep, (r + 1) E / ep) whole (ep divides E). */
+void k3c_layout_stage_layers(int L, int pp, int s, int *first, int *end);
+void k3c_layout_rank_experts(int E, int ep, int r, int *first, int *end);
+
 #endif

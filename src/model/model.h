@@ -27,7 +27,20 @@ struct k3c_model {
     /* A tensor-parallel rank's shard (model/shard.h): tp_size > 1, and the config's heads, intermediate widths
      * and vocabulary are the rank's; 0 / 0 for a whole model. */
     int tp_rank, tp_size;
+    /* A pipeline stage (model/shard.h): pp_size > 1, and only layers [layer_first, layer_end) have weights
+     * (the others keep their kind, with no tensors), the embedding only on stage 0, the final norm, output
+     * AttnRes and LM head only on the last. 0 / 0 for a whole model (k3c_model_stage_layers gives all). */
+    int pp_stage, pp_size, layer_first, layer_end;
+    /* An expert-parallel rank (model/shard.h): ep_size > 1, and only the routed experts [expert_first,
+     * expert_end) of every MoE layer have weights (the others are empty entries of experts[]). */
+    int ep_rank, ep_size, expert_first, expert_end;
 };
+
+/* The layers a model holds: [0, L) for a whole model or a TP shard, the stage's for a pipeline stage. */
+static inline void k3c_model_stage_layers(const struct k3c_model *m, int *first, int *end) {
+    *first = m->pp_size > 1 ? m->layer_first : 0;
+    *end = m->pp_size > 1 ? m->layer_end : m->config.num_layers;
+}
 
 /* Parses DIR/config.json, opens the checkpoint, checks every tensor of the inventory (present, dtype,
  * shape; A_log padding zero; every value finite: no NaN / Inf weight, no MXFP4 NaN scale) and binds it. Unknown tensors other than the vision /

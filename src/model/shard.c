@@ -4,11 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/layout.h"
 #include "util/error.h"
 
 typedef struct shard {
     k3c_model *m;
     int rank, tp;
+    int first, end;   /* the stage's layers */
+    int e0, e1;       /* the experts this rank holds */
+    int first_stage, last_stage;
 } shard;
 
 static int own(shard *s, void *p) {
@@ -145,7 +149,7 @@ static int shard_moe(shard *s, const k3c_config *c, const k3c_moe_weights *w, k3
     o->experts = calloc((size_t)c->num_experts, sizeof *o->experts);
     if (!o->experts) return k3c_errorf_kind(K3C_ERROR_OOM, "tp shard: out of host memory for the experts of layer %d", l);
     int g = c->mxfp4_group_size > 0 ? c->mxfp4_group_size : 32;
-    for (int e = 0; e < c->num_experts; e++) {
+    for (int e = s->e0; e < s->e1; e++) {
         const k3c_expert *x = &w->experts[e];
         k3c_expert *y = &o->experts[e];
         if (c->expert_format == K3C_EXPERTS_MXFP4) {
@@ -247,9 +251,20 @@ static int build(shard *s, const k3c_model *full) {
     w->num_layers = c->num_layers;
     K3C_TRY(rows_of(s, &W->embed, &w->embed, "the embedding's vocabulary", -1));
     K3C_TRY(rows_of(s, &W->lm_head, &w->lm_head, "the LM head's vocabulary", -1));
+    /* a pipeline stage: the embedding on the first, the output side on the last (a tied LM head is the
+     * embedding's matrix, held there as lm_head) */
+    if (!s->first_stage) w->embed = (k3c_mat){0};
+    if (!s->last_stage) {
+        w->lm_head = (k3c_mat){0};
+        w->final_norm = w->out_res_proj = w->out_res_norm = NULL;
+    }
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *a = &W->layers[l];
         k3c_layer_weights *b = &w->layers[l];
+        if (l < s->first || l >= s->end) { /* another stage's layer: its kind only */
+            *b = (k3c_layer_weights){.kind = a->kind, .is_moe = a->is_moe};
+            continue;
+        }
         *b = *a;
         b->moe.experts = NULL;
         if (a->kind == K3C_ATTN_KDA) K3C_TRY(shard_kda(s, c, &a->kda, &b->kda, l));
@@ -261,19 +276,55 @@ static int build(shard *s, const k3c_model *full) {
 }
 
 int k3c_model_shard_tp(const k3c_model *full, int rank, int tp, k3c_model **out) {
+    k3c_model_part p = {.tp_rank = rank, .tp = tp};
+    return k3c_model_shard(full, &p, out);
+}
+
+int k3c_model_shard(const k3c_model *full, const k3c_model_part *part, k3c_model **out) {
     *out = NULL;
-    if (!full) return k3c_errorf("tp shard: no model");
+    if (!full) return k3c_errorf("shard: no model");
+    int tp = part->tp > 0 ? part->tp : 1, pp = part->pp > 0 ? part->pp : 1, ep = part->ep > 0 ? part->ep : 1;
+    int rank = part->tp_rank, stage = part->pp_stage, er = part->ep_rank;
+    const k3c_config *c = &full->config;
     if (tp < 1 || rank < 0 || rank >= tp) return k3c_errorf("tp shard: rank %d of %d", rank, tp);
+    if (stage < 0 || stage >= pp) return k3c_errorf("pp shard: stage %d of %d", stage, pp);
+    if (pp > c->num_layers) return k3c_errorf("pp shard: %d stages for %d layers", pp, c->num_layers);
+    if (er < 0 || er >= ep) return k3c_errorf("ep shard: rank %d of %d", er, ep);
+    if (ep > 1 && c->num_experts % ep)
+        return k3c_errorf("ep shard: ep %d does not divide the %d routed experts", ep, c->num_experts);
+    if (ep > 1 && tp > 1)
+        return k3c_errorf("ep shard: ep %d with tp %d: TP attention inside DP + EP is not built", ep, tp);
     if (full->device_synthetic)
         return k3c_errorf("tp shard: a device-synthetic model has no host weights to shard");
     if (full->tp_size > 1) return k3c_errorf("tp shard: the model is already a shard (rank %d of %d)", full->tp_rank, full->tp_size);
+    if (full->pp_size > 1 || full->ep_size > 1)
+        return k3c_errorf("shard: the model is already a shard (pp stage %d of %d, ep rank %d of %d)", full->pp_stage,
+                          full->pp_size, full->ep_rank, full->ep_size);
     k3c_model *m = calloc(1, sizeof *m);
     if (!m) return k3c_errorf_kind(K3C_ERROR_OOM, "tp shard: out of host memory");
     m->tp_rank = rank;
     m->tp_size = tp;
-    shard s = {m, rank, tp};
+    shard s = {m, rank, tp, 0, c->num_layers, 0, c->num_experts, 1, 1};
+    if (pp > 1) {
+        k3c_layout_stage_layers(c->num_layers, pp, stage, &s.first, &s.end);
+        s.first_stage = stage == 0;
+        s.last_stage = stage == pp - 1;
+        m->pp_stage = stage;
+        m->pp_size = pp;
+        m->layer_first = s.first;
+        m->layer_end = s.end;
+    }
+    if (ep > 1) {
+        k3c_layout_rank_experts(c->num_experts, ep, er, &s.e0, &s.e1);
+        m->ep_rank = er;
+        m->ep_size = ep;
+        m->expert_first = s.e0;
+        m->expert_end = s.e1;
+    }
     if (build(&s, full) != K3C_OK) {
-        k3c_error_context("tp shard (rank %d of %d): ", rank, tp);
+        if (pp > 1 || ep > 1) k3c_error_context("shard (tp rank %d of %d, pp stage %d of %d, ep rank %d of %d): ", rank,
+                                                tp, stage, pp, er, ep);
+        else k3c_error_context("tp shard (rank %d of %d): ", rank, tp);
         k3c_model_shard_free(m);
         return K3C_ERR;
     }

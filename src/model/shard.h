@@ -21,6 +21,25 @@
  * local intermediate width must stay a multiple of the 32-element scale group); or for a device-synthetic
  * model (its matrices are not on the host). tp = 1 gives a shard equal to the model. */
 int k3c_model_shard_tp(const struct k3c_model *full, int rank, int tp, struct k3c_model **out);
+
+/* What one rank of a layout holds (0 in a count means 1):
+ *   tp: the TP split above;
+ *   pp: pipeline stage pp_stage, layers [s L / pp, (s + 1) L / pp) as k3c_layout_plan assigns them
+ *       (model/layout.h k3c_layout_stage_layers); the others keep their kind and have no weights, the
+ *       embedding is stage 0's (and the last stage's when tied, as its LM head), the final norm, output
+ *       AttnRes and LM head the last stage's. The stage's caches hold only its layers (cache/
+ *       k3c_kv_cache_init_layers, k3c_kda_slots_init_layers over model.h k3c_model_stage_layers);
+ *   ep: the routed experts [r E / ep, (r + 1) E / ep) of expert-parallel rank ep_rank, whole (not TP-split);
+ *       the other experts[] entries are empty. Everything else (attention, dense MLP, router, latent
+ *       projections, shared experts) is the full model's: data-parallel attention keeps a whole copy.
+ * EP with tp > 1 is refused (TP attention inside DEP is not built). All views: the full model outlives the
+ * shard. */
+typedef struct k3c_model_part {
+    int tp_rank, tp;
+    int pp_stage, pp;
+    int ep_rank, ep;
+} k3c_model_part;
+int k3c_model_shard(const struct k3c_model *full, const k3c_model_part *part, struct k3c_model **out);
 void k3c_model_shard_free(struct k3c_model *shard);
 
 #endif

@@ -42,7 +42,25 @@
  * starts the context, whose rows see half of it on average), hence a default block of 128 rows.
  *
  * Buffers: every activation is a backend buffer [max_rows, width]; a step uses the first T rows. The
- * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops. */
+ * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops.
+ *
+ * Parallel ranks (forward.h k3c_forward_options groups; comm/comm.h). Every collective is preceded by a sync
+ * of the backend, and a failed one aborts the rank's groups and ends the step with the error.
+ *   TP: the row-parallel partials summed in rank order (tp_sum), the logits gathered.
+ *   PP: stage s runs layers [l0, l1) of the shard. What crosses a boundary is what the next layer reads: with
+ *     AttnRes the completed block outputs res[0 .. nb) and the block-partial prefix res[nb], nb the blocks
+ *     closed before l1 (P is never empty between layers: a layer ends with P + F), every row of the step;
+ *     without AttnRes the residual h = res[0]. Bitwise copies, so a stage computes exactly what world size 1
+ *     computes for its layers. One send per buffer, in order, to stage s + 1.
+ *   DEP (ep): a rank's rows are its own requests'; attention, the dense MLP and the shared experts run on them
+ *     locally with whole weights. Per MoE layer (moe_ep): every rank routes its rows (k3c_route order: pair
+ *     (t, j) is row t's j-th selected expert), the routing tables are all-gathered, padded to the step's
+ *     largest row count Tp (gathered once per step; -1 past a rank's rows, so an idle rank's table is all -1),
+ *     each pair's expert input row goes to the rank holding its expert (all-to-all: per destination in rank
+ *     order, in (t, j) order inside), the experts run there, their outputs come back in the same order, and
+ *     the token's own rank sums them: r = rnd(sum_j w_j d_j) in j order. That order does not involve the
+ *     ranks at all: a token's MoE output is bitwise world size 1's, whichever rank computed which expert (the
+ *     expert products are row-invariant, backend.h). */
 #include "stock/forward.h"
 
 #include <stdlib.h>
@@ -90,10 +108,81 @@ struct k3c_forward {
     int32_t *ids_local; /* [R] host: a token's row in this rank's vocabulary part, -1 for another rank's */
     float *mr, *ms;     /* [R, expert_in], [R, D]: the MoE's partial routed and shared sums */
     float *gather;      /* [tp, R, V / tp]: the logits parts of every rank */
-    int tp_failed;      /* a collective of this step failed: the step returns the error */
+    int failed;         /* a collective of this step failed: the step returns the error */
+
+    /* pipeline (top of the file): NULL with one stage */
+    k3c_comm *pp;
+    int l0, l1;         /* the stage's layers [l0, l1) */
+
+    /* DP attention + EP MoE (top of the file, moe_ep): NULL without */
+    k3c_comm *ep;
+    int ep_per;         /* experts per rank: expert e lives on rank e / ep_per */
+    int ep_rows;        /* this step's Tp: the most rows any rank of the group has */
+    int *ep_idx;        /* [R, K] host: this rank's routing, padded with -1 to Tp rows */
+    int *ep_all;        /* [ep, R, K] host: every rank's, gathered ([ep, Tp, K] packed) */
+    int *ep_send_rows;  /* [R K] host: the rows of z sent, in send order (per destination, (t, j) inside) */
+    int *ep_pair;       /* [R K] host: pair (t, j)'s place in the send order (= its output's in ep_back) */
+    int *ep_expert;     /* [ep R K] host: the expert of each received row */
+    size_t *ep_sb, *ep_rb; /* [ep] bytes sent to / received from each rank */
+    int *ep_cnt;        /* [ep + 1] backend: the ranks' row counts (the gather's source last) */
+    int *ep_idx_buf, *ep_all_buf; /* [R K], [ep R K] backend copies of ep_idx and ep_all (in ep_cnt's block) */
+    float *ep_w;        /* [R, K] routing weights */
+    float *ep_z;        /* [R, expert_in] the expert input rows */
+    float *ep_send, *ep_back;  /* [R K, expert_in]: dispatched rows; their experts' outputs, back */
+    float *ep_recv, *ep_out;   /* [ep R K, expert_in]: rows received for this rank's experts; their outputs */
 };
 
 static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* A group given to the forward (forward.h): NULL or one rank is none. */
+static k3c_comm *group(k3c_comm *c) { return c && c->size > 1 ? c : NULL; }
+
+/* The layout the options describe against the model's shard and the backend (before anything is made). */
+static int check_groups(const k3c_backend *be, const struct k3c_model *m, const k3c_forward_options *o) {
+    k3c_comm *tp = group(o->tp), *pp = group(o->pp), *ep = group(o->ep);
+    k3c_comm *all[3] = {tp, pp, ep};
+    for (int i = 0; i < 3; i++)
+        if (all[i] && strcmp(all[i]->name, "nccl") == 0 && strcmp(be->name, "cpu") == 0)
+            return k3c_errorf("forward: an NCCL communicator moves device memory, the cpu backend's buffers are host "
+                              "memory (use the in-memory group, comm/comm.h)");
+    /* a communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend, device
+     * memory on the backend's stream for a device backend */
+    int host_be = strcmp(be->name, "cpu") == 0;
+    for (int i = 0; i < 3; i++)
+        if (all[i] && (all[i]->stream_ordered != 0) == host_be)
+            return k3c_errorf("forward: rank %d: the %s communicator works on %s, backend %s on %s memory", all[i]->rank,
+                              all[i]->name, all[i]->stream_ordered ? "device memory on a stream" : "host memory",
+                              be->name, host_be ? "host" : "device");
+    if (tp) {
+        if (m->tp_size != tp->size || m->tp_rank != tp->rank)
+            return k3c_errorf("forward: rank %d of a TP group of %d needs that rank's model shard (model/shard.h), "
+                              "not %s", tp->rank, tp->size, m->tp_size > 1 ? "another rank's" : "the whole model");
+        if (!be->round || !be->moe_partial)
+            return k3c_errorf("forward: backend %s has no tensor-parallel ops (round, moe_partial)", be->name);
+    }
+    if (pp || m->pp_size > 1) {
+        if (!pp || m->pp_size != pp->size || m->pp_stage != pp->rank)
+            return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
+                              pp ? "stage %d of a pipeline" : "a pipeline stage's shard", pp ? "that stage's shard"
+                                                                                            : "its pipeline group");
+        /* the stage sends and receives backend buffers through the group; on a device backend that needs NCCL
+         * and device-side ordering, which is not built or tested */
+        if (strcmp(be->name, "cpu") != 0)
+            return k3c_errorf("forward: pipeline parallelism runs on the cpu backend only (backend %s: not built)",
+                              be->name);
+        if (o->num_aux > 0) return k3c_errorf("forward: aux streams with pipeline stages are not built");
+    }
+    if (ep || m->ep_size > 1) {
+        if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
+            return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
+                              ep ? "an EP rank" : "an expert-parallel shard", ep ? "that rank's shard" : "its EP group");
+        if (tp) return k3c_errorf("forward: TP attention inside DP + EP is not built (a TP group with an EP group)");
+        if (!be->moe_route || !be->moe_experts || !be->moe_combine || strcmp(be->name, "cpu") != 0)
+            return k3c_errorf("forward: expert parallelism runs on the cpu backend only (backend %s has no "
+                              "expert-parallel ops)", be->name);
+    }
+    return K3C_OK;
+}
 
 int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_forward_options *o, k3c_forward **out) {
     *out = NULL;
@@ -118,35 +207,24 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         memcpy(f->aux_layers, o->aux_layers, sizeof(int) * o->num_aux);
     }
     f->o.aux_layers = f->aux_layers;
-    int tp = o->tp && o->tp->size > 1 ? o->tp->size : 1;
-    if (tp > 1) {
-        if (m->tp_size != tp || m->tp_rank != o->tp->rank) {
-            free(f->aux_layers);
-            free(f);
-            return k3c_errorf("forward: rank %d of a TP group of %d needs that rank's model shard (model/shard.h), "
-                              "not %s", o->tp->rank, tp, m->tp_size > 1 ? "another rank's" : "the whole model");
-        }
-        if (!be->round || !be->moe_partial) {
-            free(f->aux_layers);
-            free(f);
-            return k3c_errorf("forward: backend %s has no tensor-parallel ops (round, moe_partial)", be->name);
-        }
-        /* the communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend,
-         * device memory on the backend's stream for a device backend */
-        int host_be = strcmp(be->name, "cpu") == 0;
-        if ((o->tp->stream_ordered != 0) == host_be) {
-            free(f->aux_layers);
-            free(f);
-            return k3c_errorf("forward: rank %d: the %s communicator works on %s, backend %s on %s memory", o->tp->rank,
-                              o->tp->name, o->tp->stream_ordered ? "device memory on a stream" : "host memory",
-                              be->name, host_be ? "host" : "device");
-        }
-        f->tp = o->tp;
+    if (check_groups(be, m, o) != K3C_OK) {
+        free(f->aux_layers);
+        free(f);
+        return K3C_ERR;
     }
+    f->tp = group(o->tp);
+    f->pp = group(o->pp);
+    f->ep = group(o->ep);
+    int tp = f->tp ? f->tp->size : 1, nep = f->ep ? f->ep->size : 1;
     f->vocab = c->vocab_size * tp;
+    k3c_model_stage_layers(m, &f->l0, &f->l1);
+    f->ep_per = c->num_experts / nep;
+    size_t K = c->num_experts_per_token > 0 ? (size_t)c->num_experts_per_token : 1;
 
-    /* a request's rows split into up to two absorbed MLA segments around its whole blocks */
-    k3c_backend_limits lim = {o->max_rows, 2 * o->max_segs, o->max_context, o->block_size, o->kv_fp8};
+    /* a request's rows split into up to two absorbed MLA segments around its whole blocks; an EP rank's
+     * experts may get every rank's pairs */
+    k3c_backend_limits lim = {o->max_rows, 2 * o->max_segs, o->max_context, o->block_size, o->kv_fp8,
+                              f->ep ? (int)((size_t)nep * o->max_rows * K) : 0};
     if (be->init(be, m, &lim) != K3C_OK) {
         free(f->aux_layers);
         free(f);
@@ -190,6 +268,27 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->kda_parts || !f->mla_abs || !f->mla_exp)
         goto oom;
     if (f->tp && !(f->ids_local = malloc(sizeof(int32_t) * R))) goto oom;
+    if (f->ep) {
+        size_t NE = (size_t)nep;
+        f->ep_idx = malloc(sizeof(int) * R * K);
+        f->ep_all = malloc(sizeof(int) * NE * R * K);
+        f->ep_send_rows = malloc(sizeof(int) * R * K);
+        f->ep_pair = malloc(sizeof(int) * R * K);
+        f->ep_expert = malloc(sizeof(int) * NE * R * K);
+        f->ep_sb = calloc(NE, sizeof(size_t));
+        f->ep_rb = calloc(NE, sizeof(size_t));
+        if (!f->ep_idx || !f->ep_all || !f->ep_send_rows || !f->ep_pair || !f->ep_expert || !f->ep_sb || !f->ep_rb)
+            goto oom;
+        /* the gathered counts and routing tables: one backend allocation of ints */
+        f->ep_cnt = be->alloc(be, sizeof(int) * (NE + 1 + R * K + NE * R * K));
+        if (!f->ep_cnt) {
+            k3c_error_context("forward: ");
+            k3c_forward_free(f);
+            return K3C_ERR;
+        }
+        f->ep_idx_buf = f->ep_cnt + NE + 1;
+        f->ep_all_buf = f->ep_idx_buf + R * K;
+    }
 #define CARVE(ptr, w) (slots[n] = &(ptr), widths[n] = (w), n++)
     CARVE(f->a_in, D); CARVE(f->x, D); CARVE(f->A, D); CARVE(f->F, D); CARVE(f->G, D);
     CARVE(f->logits, V);
@@ -206,6 +305,10 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (f->tp) {
         if (has_moe) { CARVE(f->mr, Rin); CARVE(f->ms, D); }
         CARVE(f->gather, V * (size_t)tp);
+    }
+    if (f->ep && has_moe) { /* widths per row of max_rows: K pairs a row, up to nep ranks' pairs */
+        CARVE(f->ep_w, K); CARVE(f->ep_z, Rin); CARVE(f->ep_send, K * Rin); CARVE(f->ep_back, K * Rin);
+        CARVE(f->ep_recv, (size_t)nep * K * Rin); CARVE(f->ep_out, (size_t)nep * K * Rin);
     }
 #undef CARVE
     size_t total = (size_t)f->nres * D;
@@ -245,6 +348,14 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->mla_exp);
     free(f->ids_local);
     free(f->aux_layers);
+    free(f->ep_idx);
+    free(f->ep_all);
+    free(f->ep_send_rows);
+    free(f->ep_pair);
+    free(f->ep_expert);
+    free(f->ep_sb);
+    free(f->ep_rb);
+    if (f->ep_cnt) f->be->free(f->be, f->ep_cnt);
     free(f);
 }
 
@@ -302,22 +413,41 @@ int k3c_forward_prompt_grid(const k3c_forward *f) {
     return f->mla_block ? f->mla_block : f->kda_block ? f->kda_block : 1;
 }
 
-/* ---- tensor parallel ---- */
+/* ---- collectives ---- */
 
-/* Before a collective: a host-memory communicator reads the buffers when it runs, so the backend's queued ops
- * must have finished (sync); a stream-ordered one is queued behind them on the backend's stream (comm/comm.h),
- * and an op that failed is reported at the step's end instead. */
-static int tp_ready(k3c_forward *f) { return f->tp->stream_ordered ? K3C_OK : f->be->sync(f->be); }
+/* After a failed backend sync or collective: the step fails, and every group of the rank is aborted so that
+ * the other ranks' collectives fail instead of waiting (comm/comm.h). The message says which group. */
+static void abort_groups(k3c_forward *f) {
+    f->failed = 1;
+    k3c_comm *g[3] = {f->tp, f->pp, f->ep};
+    for (int i = 0; i < 3; i++)
+        if (g[i]) g[i]->abort(g[i]);
+}
+
+static void fail_step(k3c_forward *f, const char *what, const k3c_comm *c) {
+    k3c_error_context("%s rank %d of %d: ", what, c->rank, c->size);
+    abort_groups(f);
+}
+
+/* Before a collective, 0 after a failure: a host-memory communicator reads the buffers when it runs, so the
+ * backend's queued ops must have finished (sync); a stream-ordered one is queued behind them on the backend's
+ * stream (comm/comm.h), and an op that failed is reported at the step's end instead. */
+static int ready(k3c_forward *f, const char *what, const k3c_comm *c) {
+    if (f->failed) return 0;
+    if (c->stream_ordered || f->be->sync(f->be) == K3C_OK) return 1;
+    fail_step(f, what, c);
+    return 0;
+}
+
+/* ---- tensor parallel ---- */
 
 /* buf [n] = the sum over the TP ranks of their partials (comm/comm.h: f32, rank 0 first, the same bits on
  * every rank), rounded where the one product it stands for would have been (round). A failure aborts the
  * group (the other ranks' collectives fail instead of waiting) and is returned at the end of the step. */
 static void tp_sum(k3c_forward *f, float *buf, size_t n, int round) {
-    if (f->tp_failed) return;
-    if (tp_ready(f) != K3C_OK || f->tp->all_reduce_f32(f->tp, buf, n) != K3C_OK) {
-        f->tp_failed = 1;
-        k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
-        f->tp->abort(f->tp);
+    if (!ready(f, "tp", f->tp)) return;
+    if (f->tp->all_reduce_f32(f->tp, buf, n) != K3C_OK) {
+        fail_step(f, "tp", f->tp);
         return;
     }
     if (round) f->be->round(f->be, buf, n);
@@ -350,6 +480,110 @@ static void moe_tp(k3c_forward *f, const k3c_moe_weights *w, int T) {
         tp_sum(f, f->ms, (size_t)T * D, 1);
         be->add(be, f->F, f->ms, (size_t)T * D, f->F);
     }
+}
+
+/* ---- pipeline stages (top of the file) ---- */
+
+/* The AttnRes blocks closed before layer l: the state that enters layer l is res[0 .. nb] (nb + 1 buffers,
+ * the prefix last); 0 without AttnRes (res[0] is the residual). */
+static int blocks_before(const k3c_config *c, int l) {
+    int nb = 0;
+    if (c->attn_res_block_size > 0)
+        for (int i = 0; i < l; i++) nb += k3c_config_is_block_start(c, i);
+    return nb;
+}
+
+static void pp_recv(k3c_forward *f, int nb, int T) {
+    size_t bytes = (size_t)T * f->c->hidden_size * sizeof(float);
+    for (int i = 0; i <= nb && !f->failed; i++)
+        if (f->pp->recv(f->pp, f->res[i], bytes, f->pp->rank - 1) != K3C_OK) fail_step(f, "pp", f->pp);
+}
+
+static void pp_send(k3c_forward *f, int nb, int T) {
+    size_t bytes = (size_t)T * f->c->hidden_size * sizeof(float);
+    if (!ready(f, "pp", f->pp)) return;
+    for (int i = 0; i <= nb && !f->failed; i++)
+        if (f->pp->send(f->pp, f->res[i], bytes, f->pp->rank + 1) != K3C_OK) fail_step(f, "pp", f->pp);
+}
+
+/* ---- DP attention + EP MoE (top of the file) ---- */
+
+/* This step's Tp: every rank's row count, gathered (the first collective of a DEP step). */
+static void ep_begin(k3c_forward *f, int T) {
+    int n = f->ep->size;
+    f->ep_rows = 0;
+    f->be->upload(f->be, f->ep_cnt + n, &T, sizeof(int));
+    if (!ready(f, "ep", f->ep)) return;
+    if (f->ep->all_gather(f->ep, f->ep_cnt + n, f->ep_cnt, sizeof(int)) != K3C_OK) {
+        fail_step(f, "ep", f->ep);
+        return;
+    }
+    int cnt[n];
+    f->be->download(f->be, cnt, f->ep_cnt, sizeof(int) * n);
+    for (int r = 0; r < n; r++) {
+        if (cnt[r] < 0 || cnt[r] > f->o.max_rows) {
+            k3c_errorf("ep rank %d of %d: rank %d has %d rows, this rank's max_rows is %d (every rank of the group "
+                       "needs the same max_rows)", f->ep->rank, n, r, cnt[r], f->o.max_rows);
+            abort_groups(f);
+            return;
+        }
+        if (cnt[r] > f->ep_rows) f->ep_rows = cnt[r];
+    }
+}
+
+/* The MoE of a DEP rank over its T rows (f->x normed, out f->F); T = 0 on an idle rank, which still serves its
+ * experts. Every rank calls it for every MoE layer of the step: one all-gather and two all-to-alls. */
+static void moe_ep(k3c_forward *f, const k3c_moe_weights *w, int T) {
+    k3c_backend *be = f->be;
+    k3c_comm *ep = f->ep;
+    int K = f->c->num_experts_per_token, n = ep->size, me = ep->rank, Tp = f->ep_rows;
+    size_t Rin = k3c_config_expert_in(f->c), row = Rin * sizeof(float), TK = (size_t)Tp * K;
+    if (f->failed || Tp == 0) return;
+    /* 1. this rank's routing; the tables of every rank, padded to Tp rows */
+    if (T > 0) be->moe_route(be, w, f->x, T, f->ep_idx, f->ep_w, f->ep_z);
+    for (size_t i = (size_t)T * K; i < TK; i++) f->ep_idx[i] = -1;
+    be->upload(be, f->ep_idx_buf, f->ep_idx, TK * sizeof(int));
+    if (!ready(f, "ep", ep)) return;
+    if (ep->all_gather(ep, f->ep_idx_buf, f->ep_all_buf, TK * sizeof(int)) != K3C_OK) {
+        fail_step(f, "ep", ep);
+        return;
+    }
+    be->download(be, f->ep_all, f->ep_all_buf, (size_t)n * TK * sizeof(int));
+    /* 2. dispatch: this rank's pairs to their experts' ranks, per rank in (t, j) order */
+    int ns = 0;
+    for (int p = 0; p < n; p++) {
+        int first = ns;
+        for (int i = 0; i < T * K; i++)
+            if (f->ep_idx[i] / f->ep_per == p) {
+                f->ep_send_rows[ns] = i / K;
+                f->ep_pair[i] = ns++;
+            }
+        f->ep_sb[p] = (size_t)(ns - first) * row;
+    }
+    /* what arrives: each rank's pairs whose expert is here, in that rank's send order */
+    int nr = 0;
+    for (int s = 0; s < n; s++) {
+        int first = nr;
+        const int *t = f->ep_all + (size_t)s * TK;
+        for (size_t i = 0; i < TK; i++)
+            if (t[i] >= 0 && t[i] / f->ep_per == me) f->ep_expert[nr++] = t[i];
+        f->ep_rb[s] = (size_t)(nr - first) * row;
+    }
+    be->gather_rows(be, f->ep_z, f->ep_send_rows, ns, (int)Rin, f->ep_send);
+    if (!ready(f, "ep", ep)) return;
+    if (ep->all_to_all(ep, f->ep_send, f->ep_sb, f->ep_recv, f->ep_rb) != K3C_OK) {
+        fail_step(f, "ep", ep);
+        return;
+    }
+    /* 3. the experts held here, on every rank's rows; their outputs back where the rows came from */
+    be->moe_experts(be, w, f->ep_recv, f->ep_expert, nr, f->ep_out);
+    if (!ready(f, "ep", ep)) return;
+    if (ep->all_to_all(ep, f->ep_out, f->ep_rb, f->ep_back, f->ep_sb) != K3C_OK) {
+        fail_step(f, "ep", ep);
+        return;
+    }
+    /* 4. combine on the token's rank, in j order (ep_back is in send order: pair (t, j) at ep_pair) */
+    if (T > 0) be->moe_combine(be, w, f->x, T, f->ep_w, f->ep_back, f->ep_pair, f->F);
 }
 
 /* ---- layers ---- */
@@ -470,6 +704,7 @@ static void ffn_layer(k3c_forward *f, int l, int T) {
     const k3c_layer_weights *lw = &f->m->weights.layers[l];
     if (lw->is_moe) {
         if (f->tp) moe_tp(f, &lw->moe, T);
+        else if (f->ep) moe_ep(f, &lw->moe, T);
         else be->moe(be, &lw->moe, f->x, T, f->F);
         return;
     }
@@ -502,13 +737,15 @@ static void aux_tap(k3c_forward *f, int L, const float *P, int T, int nrows) {
     }
 }
 
-int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
-                     float *logits, float *aux) {
+static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                float *logits, float *aux) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
     const k3c_weights *W = &f->m->weights;
     int D = c->hidden_size;
-    if (nreq <= 0) return K3C_OK;
+    f->failed = 0;
+    if (nreq <= 0 && !f->ep) return K3C_OK;
+    if (nreq < 0) return k3c_errorf("forward step: %d requests", nreq);
     if (nreq > f->o.max_segs) return k3c_errorf("forward step: %d requests, at most %d", nreq, f->o.max_segs);
     int T = 0;
     for (int s = 0; s < nreq; s++) {
@@ -557,15 +794,19 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         else if (reqs[s].logits == K3C_LOGITS_LAST)
             f->rows[nrows++] = sg->row0 + sg->n - 1;
     }
-    if (nrows > 0 && !logits)
+    int last = f->l1 == c->num_layers; /* the stage with the logits (every rank without PP) */
+    if (nrows > 0 && !logits && last)
         return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
     int want_aux = aux && f->o.num_aux > 0;
 
     int attnres = c->attn_res_block_size > 0;
-    int nb = 0, p_empty = 0;
-    float *P = f->res[0];
-    f->tp_failed = 0;
-    if (f->tp) { /* the vocabulary-parallel embedding: this rank's rows, -0.0 for the others', summed exactly */
+    int nb = blocks_before(c, f->l0), p_empty = 0;
+    float *P = f->res[nb];
+    if (f->ep) ep_begin(f, T);
+    if (f->l0 > 0) { /* a later pipeline stage: what the stage before hands over (top of the file) */
+        pp_recv(f, nb, T);
+    } else if (T == 0) { /* a DEP rank's dummy step: no rows of its own */
+    } else if (f->tp) { /* the vocabulary-parallel embedding: this rank's rows, -0.0 for the others', summed exactly */
         int32_t v0 = (int32_t)c->vocab_size * f->tp->rank;
         for (int t = 0; t < T; t++)
             f->ids_local[t] = f->ids[t] >= v0 && f->ids[t] < v0 + c->vocab_size ? f->ids[t] - v0 : -1;
@@ -577,8 +818,12 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
     if (want_aux) aux_tap(f, 0, P, T, nrows);
     size_t TD = (size_t)T * D;
 
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = f->l0; l < f->l1 && !f->failed; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
+        if (T == 0) { /* the dummy step serves the others' MoE rows, nothing else */
+            if (lw->is_moe) ffn_layer(f, l, 0);
+            continue;
+        }
         /* ---- attention side ---- */
         const float *a_in = P;
         if (attnres) {
@@ -604,7 +849,8 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         if (want_aux) aux_tap(f, l + 1, P, T, nrows); /* entering layer l + 1 (or the output AttnRes) */
     }
 
-    if (nrows > 0) {
+    if (!last) pp_send(f, blocks_before(c, f->l1), T); /* nb, also after a dummy step (which closes none) */
+    if (nrows > 0 && last && !f->failed) {
         const float *h = attnres ? mix(f, nb, P, W->out_res_proj, W->out_res_norm, T, f->a_in) : P;
         be->gather_rows(be, h, f->rows, nrows, D, f->G);
         /* The final norm (batch-invariant): row by row, each row's sum of squares in an order that depends
@@ -617,13 +863,10 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         be->matmul(be, &W->lm_head, f->G, nrows, f->logits, 0);
         if (!f->tp) {
             be->download(be, logits, f->logits, (size_t)nrows * c->vocab_size * sizeof(float));
-        } else if (!f->tp_failed) { /* every rank's [nrows, V / tp] part, gathered, into each row's columns */
+        } else if (ready(f, "tp", f->tp)) { /* every rank's [nrows, V / tp] part, gathered, into each row's columns */
             size_t Vl = c->vocab_size, part = (size_t)nrows * Vl;
-            if (tp_ready(f) != K3C_OK ||
-                f->tp->all_gather(f->tp, f->logits, f->gather, part * sizeof(float)) != K3C_OK) {
-                f->tp_failed = 1;
-                k3c_error_context("tp rank %d of %d: ", f->tp->rank, f->tp->size);
-                f->tp->abort(f->tp);
+            if (f->tp->all_gather(f->tp, f->logits, f->gather, part * sizeof(float)) != K3C_OK) {
+                fail_step(f, "tp", f->tp);
             } else {
                 for (int r = 0; r < f->tp->size; r++)
                     for (int i = 0; i < nrows; i++)
@@ -633,14 +876,23 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
         }
         if (want_aux) be->download(be, aux, f->aux, (size_t)f->o.num_aux * nrows * D * sizeof(float));
     }
-    if (f->tp_failed) return k3c_error_context("forward step: ");
+    if (f->failed) return k3c_error_context("forward step: ");
     if (be->sync(be) != K3C_OK) {
         /* with a stream-ordered communicator an op's failure shows only here: the peers' next collective
          * fails instead of waiting for this rank */
-        if (f->tp) f->tp->abort(f->tp);
+        abort_groups(f);
         return k3c_error_context("forward step on %s: ", be->name);
     }
     return K3C_OK;
+}
+
+int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                     float *logits, float *aux) {
+    int rc = step(f, kv, ks, reqs, nreq, logits, aux);
+    /* a DEP rank's requests are its own: a step it refuses (or a backend error before any collective) is
+     * one its peers still wait in, so they are told (TP and PP ranks run the same requests and refuse alike) */
+    if (rc != K3C_OK && f->ep && !f->failed) abort_groups(f);
+    return rc;
 }
 
 int k3c_forward_commit(k3c_forward *f, k3c_kda_slots *ks, int slot, int accepted) {
@@ -649,7 +901,7 @@ int k3c_forward_commit(k3c_forward *f, k3c_kda_slots *ks, int slot, int accepted
     if (accepted < 0 || accepted > ks->q_max)
         return k3c_errorf("commit: %d accepted tokens outside 0..%d", accepted, ks->q_max);
     if (accepted == 0) return K3C_OK;
-    for (int l = 0; l < f->c->num_layers; l++) {
+    for (int l = f->l0; l < f->l1; l++) { /* the stage's layers (all of them without PP) */
         if (f->c->layer_attn[l] != K3C_ATTN_KDA) continue;
         const k3c_kda_weights *w = &f->m->weights.layers[l].kda;
         float *st = k3c_kda_store(ks, l, slot);

@@ -10,6 +10,7 @@
 
 #include "model/model.h"
 #include "cache/kda_slots.h"
+#include "comm/comm.h"
 #include "cache/kv_cache.h"
 #include "backend/backend.h"
 
@@ -52,16 +53,32 @@ typedef struct k3c_forward_options {
      * prefix entering the output AttnRes (plain residual: the final norm's input). Pre-norm, bf16-rounded as P is. */
     const int *aux_layers;
     int num_aux;
-    /* Tensor parallelism (NULL, or a communicator of size 1: none). With a TP communicator of N ranks the
-     * model must be rank tp->rank's shard of N (model/shard.h) and the backend must have the tensor-parallel
-     * ops (backend.h round, moe_partial): the step sums the row-parallel partials across the ranks (every
-     * attention's o_proj, the dense MLP's down, the MoE's routed latent and shared expert, the vocabulary-parallel
-     * embedding) in rank order and gathers the logits, so every rank computes the same hidden states and
-     * returns the same full-vocabulary logits. Every rank must run the same steps. The communicator works on
-     * the backend's memory (comm/comm.h stream_ordered): a host one (threads) for the CPU backend, a
-     * stream-ordered one made for the backend's stream (k3c_backend_cuda_stream: NCCL, staged) for CUDA;
-     * the forward refuses the other pairings. */
-    struct k3c_comm *tp;
+    /* The rank's parallel groups: o.groups = a k3c_comm_groups (comm/comm.h k3c_comm_groups_split), or its
+     * members by name (o.tp, o.pp, o.ep); NULL, or a group of one rank, is none. The model must be the rank's
+     * shard (model/shard.h k3c_model_shard) for the same layout.
+     * tp: tensor parallelism. The backend must have the tensor-parallel ops (backend.h round, moe_partial):
+     *   the step sums the row-parallel partials across the ranks (every attention's o_proj, the dense MLP's
+     *   down, the MoE's routed latent and shared expert, the vocabulary-parallel embedding) in rank order and
+     *   gathers the logits, so every rank computes the same hidden states and returns the same
+     *   full-vocabulary logits. Every rank must run the same steps. The communicators work on the backend's
+     *   memory (comm/comm.h stream_ordered): host ones (threads) for the CPU backend, stream-ordered ones made
+     *   for the backend's stream (k3c_backend_cuda_stream: NCCL, staged, mailbox) for CUDA; the forward
+     *   refuses the other pairings.
+     * pp: pipeline parallelism, the rank's stage = pp->rank (its layers, model.h k3c_model_stage_layers). Every
+     *   stage runs every step with the same requests: the first embeds, each runs its layers and hands the next
+     *   stage what its first layer reads (forward.c, "Parallel ranks"); only the last stage computes logits
+     *   (the others leave the logits buffer alone and need none). No aux streams. CPU backend only.
+     * ep: DP attention + EP MoE (DEP), the DP ranks of a stage: each runs its own requests (full attention
+     *   weights) and the MoE layers exchange rows with the ranks holding the experts (backend.h moe_route,
+     *   moe_experts, moe_combine). Every rank must run every step, an idle one with nreq = 0 (a dummy step:
+     *   it serves its experts to the others), and create its forward with the same max_rows (the exchange is
+     *   sized by it). tp must be none. CPU backend only. */
+    union {
+        k3c_comm_groups groups;
+        struct {
+            struct k3c_comm *tp, *pp, *ep;
+        };
+    };
 } k3c_forward_options;
 
 typedef struct k3c_forward k3c_forward;
@@ -73,7 +90,9 @@ void k3c_forward_free(k3c_forward *f);
 /* Runs one step. logits (host, may be NULL when no request asks for any): the requested rows, request by
  * request in order, each [vocab] f32. aux (host, may be NULL): [num_aux, N, D], N = k3c_forward_logit_rows
  * (the logits rows, in the same order): stream i's rows are aux + i * N * D.
- * The caller has made every block table cover pos + n. */
+ * The caller has made every block table cover pos + n. nreq = 0: nothing, except on a DEP rank (o.ep), where
+ * it is the idle rank's dummy step. A failed collective aborts the rank's groups (their other ranks fail
+ * too) and fails the step. */
 int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
                      float *logits, float *aux);
 
