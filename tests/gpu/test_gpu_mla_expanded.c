@@ -301,7 +301,7 @@ static int both_ops(benv *e, const k3c_mla_weights *w, const float *q, size_t nq
  * op per segment; in f32 also the CUDA expanded op vs the CUDA absorbed op (equal in exact arithmetic). A
  * segment past max_context is refused with a message naming the limit. */
 static void op_case(int exact) {
-    k3c_backend_limits lim = {200, 4, 2400, 4, 0};
+    k3c_backend_limits lim = {.max_rows = 200, .max_segs = 4, .max_context = 2400, .block_size = 4};
     benv e;
     int rc = benv_open(&e, "tiny", exact, &lim);
     if (rc != K3C_OK) benv_close(&e);

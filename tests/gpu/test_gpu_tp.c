@@ -345,7 +345,7 @@ static int backend_ops(int kimi_linear, k3c_rng *g) {
         return K3C_ERR;
     }
     k3c_backend_cuda_set_exact(be, 1);
-    k3c_backend_limits lim = {8, 2, 64, 16, 0};
+    k3c_backend_limits lim = {.max_rows = 8, .max_segs = 2, .max_context = 64, .block_size = 16};
     size_t nb = (size_t)T * (D > Rin ? D : Rin) * 4 * 4;
     float *h = malloc(nb), *h2 = malloc(nb), *dy = NULL, *dout = NULL, *dr = NULL, *ds = NULL;
     rc = be->init(be, m, &lim);
