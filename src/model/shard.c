@@ -196,6 +196,7 @@ static int shard_inventory(k3c_model *m) {
     k3c_weights tmp;
     K3C_TRY(k3c_inventory_build(&m->config, &tmp, &m->inventory));
     int rc = K3C_OK;
+    size_t kept = 0; /* the specs of tensors the rank holds, compacted in place */
     for (size_t i = 0; i < m->inventory.count && rc == K3C_OK; i++) {
         k3c_tensor_spec *sp = &m->inventory.specs[i];
         void *old = sp->mat ? (void *)sp->mat : sp->mx ? (void *)sp->mx : (void *)sp->vec;
@@ -204,6 +205,10 @@ static int shard_inventory(k3c_model *m) {
             rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "tp shard: tensor %s has no slot", sp->name);
             break;
         }
+        /* a tensor the rank does not hold (another stage's layers and end, another EP rank's experts) has an
+         * empty slot: it leaves the rank's inventory */
+        if (sp->mat ? !((k3c_mat *)slot)->w : sp->mx ? !((k3c_mxfp4_mat *)slot)->packed : !*(float **)slot)
+            continue;
         int rows = (int)sp->shape[0], cols = sp->ndim > 1 ? (int)sp->shape[1] : 1, ok = 1;
         if (sp->mat) {
             sp->mat = slot;
@@ -218,7 +223,9 @@ static int shard_inventory(k3c_model *m) {
             rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "tp shard: tensor %s is [%d, %d] in the rank's config, the shard "
                                  "holds [%d, %d]", sp->name, rows, cols, sp->mat ? sp->mat->rows : sp->mx->rows,
                                  sp->mat ? sp->mat->cols : sp->mx->cols);
+        m->inventory.specs[kept++] = *sp;
     }
+    if (rc == K3C_OK) m->inventory.count = kept;
     k3c_weights_free(&tmp);
     return rc;
 }
