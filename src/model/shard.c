@@ -200,6 +200,8 @@ static int shard_inventory(k3c_model *m) {
     for (size_t i = 0; i < m->inventory.count && rc == K3C_OK; i++) {
         k3c_tensor_spec *sp = &m->inventory.specs[i];
         void *old = sp->mat ? (void *)sp->mat : sp->mx ? (void *)sp->mx : (void *)sp->vec;
+        if (sp->layer >= 0 && sp->expert >= 0 && !m->weights.layers[sp->layer].moe.experts)
+            continue; /* a layer of another pipeline stage: no experts array at all */
         void *slot = old ? slot_in(&tmp, &m->weights, sp, old) : NULL;
         if (!slot) {
             rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "tp shard: tensor %s has no slot", sp->name);

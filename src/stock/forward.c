@@ -145,14 +145,6 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
         if (all[i] && strcmp(all[i]->name, "nccl") == 0 && strcmp(be->name, "cpu") == 0)
             return k3c_errorf("forward: an NCCL communicator moves device memory, the cpu backend's buffers are host "
                               "memory (use the in-memory group, comm/comm.h)");
-    /* a communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend, device
-     * memory on the backend's stream for a device backend */
-    int host_be = strcmp(be->name, "cpu") == 0;
-    for (int i = 0; i < 3; i++)
-        if (all[i] && (all[i]->stream_ordered != 0) == host_be)
-            return k3c_errorf("forward: rank %d: the %s communicator works on %s, backend %s on %s memory", all[i]->rank,
-                              all[i]->name, all[i]->stream_ordered ? "device memory on a stream" : "host memory",
-                              be->name, host_be ? "host" : "device");
     if (tp) {
         if (m->tp_size != tp->size || m->tp_rank != tp->rank)
             return k3c_errorf("forward: rank %d of a TP group of %d needs that rank's model shard (model/shard.h), "
@@ -181,6 +173,14 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
             return k3c_errorf("forward: expert parallelism runs on the cpu backend only (backend %s has no "
                               "expert-parallel ops)", be->name);
     }
+    /* a communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend, device
+     * memory on the backend's stream for a device backend */
+    int host_be = strcmp(be->name, "cpu") == 0;
+    for (int i = 0; i < 3; i++)
+        if (all[i] && (all[i]->stream_ordered != 0) == host_be)
+            return k3c_errorf("forward: rank %d: the %s communicator works on %s, backend %s on %s memory", all[i]->rank,
+                              all[i]->name, all[i]->stream_ordered ? "device memory on a stream" : "host memory",
+                              be->name, host_be ? "host" : "device");
     return K3C_OK;
 }
 
