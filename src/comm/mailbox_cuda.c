@@ -410,6 +410,16 @@ static int group_build(mbx_group *g, int ranks, const int *devices, void *const 
                           "hardware queues: a rank's kernel would wait behind another's spinning one (set "
                           "CUDA_DEVICE_MAX_CONNECTIONS=32 before the process first uses CUDA)",
                           max_share, max_connections());
+    /* CUDA 12 loads a kernel's module at its first launch (CUDA_MODULE_LOADING=LAZY, the default), and that
+     * load waits for the device: behind one rank's spinning all-reduce, another rank's first launch of a
+     * kernel would never return (measured on the H200, 2026-12-02: TP ranks of the stock forward on one
+     * device stalled at their first all-reduce until the timeout). Eager loading takes that wait out. */
+    const char *ml = getenv("CUDA_MODULE_LOADING");
+    if (max_share > 1 && !(ml && strcmp(ml, "EAGER") == 0))
+        return k3c_errorf("mailbox: %d ranks share a device, but CUDA_MODULE_LOADING is %s: a kernel's first "
+                          "launch would wait for the device behind another rank's spinning all-reduce (set "
+                          "CUDA_MODULE_LOADING=EAGER before the process first uses CUDA)", max_share,
+                          ml ? ml : "unset (lazy)");
     for (int r = 0; r < ranks; r++) {
         int cap;
         K3C_TRY(device_capacity(devices[r], ranks, &cap));

@@ -35,7 +35,10 @@
 
 /* Several ranks on one device need a hardware queue per stream (comm/mailbox_cuda.h): set before this process
  * first uses CUDA (a constructor runs before main); a value the environment gives is kept. */
-__attribute__((constructor)) static void mbt_connections(void) { setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); }
+__attribute__((constructor)) static void mbt_connections(void) {
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0); /* comm/mailbox_cuda.c: a lazy first launch waits for the device */
+}
 
 /* K3C_MBT_SCALE (0 < s <= 1): fewer calls, for a run on a CPU emulation of the device (tools/mailbox_emu). */
 static int mbt_scaled(int n) {
@@ -615,7 +618,7 @@ TEST(gpu_mailbox_full_device) {
         calls[k].algo = mbt_algo(&g);
         calls[k].zeros = k % 6 == 0;
     }
-    const size_t buf = (size_t)2 << 20;
+    const size_t buf = (size_t)8 << 20; /* R ranks' calls of up to cap floats side by side */
     int ok = mbt_open(&t, R, NULL, buf, &o) == 0 && mbt_layout(calls, ncalls, R, buf, &g) == 0;
     long bad = -1;
     if (ok) ok = mbt_batch(&t, calls, ncalls, test_seed() ^ 0xf0, &bad) == 0;

@@ -436,6 +436,8 @@ typedef struct rank_run {
     int check_executor;   /* CUDA TP rank: build its executor, which must plan every step stock */
     k3c_backend *be;      /* NULL: run_rank makes its own; else made (and destroyed here) with comm below */
     k3c_comm *comm;       /* with be: the rank's communicator over be's stream (the mailbox) */
+    pthread_barrier_t *ready; /* with comm: every rank's setup done before any rank's first collective (setup
+                               * allocates and frees pinned memory, which waits for the whole device) */
     const int32_t *prompt;
     int n_prompt, n_new;
     float *prompt_logits; /* [n_prompt, V]: every prompt row */
@@ -502,6 +504,7 @@ static int run_rank(rank_run *r) {
     if (rc == K3C_OK) rc = k3c_kv_cache_init(&kv, be, c, (ctx + bs - 1) / bs + 1, bs);
     if (rc == K3C_OK) rc = k3c_kda_slots_init(&ks, be, c, 1, 1, 2);
     if (rc == K3C_OK && r->check_executor) rc = check_rank_executor(r, be, &kv, &ks, ctx + 1, bs);
+    if (r->ready) pthread_barrier_wait(r->ready); /* reached by every rank: setup makes no collective call */
     if (rc == K3C_OK) {
         k3c_kda_slots_reset(&ks, be, 0);
         for (int i = 0; i < (ctx + bs - 1) / bs; i++) table[i] = k3c_kv_cache_take(&kv);
@@ -605,22 +608,27 @@ static int run_tp_comm(const k3c_model *m, int tp, int cuda, int mailbox, int ex
             }
             streams[k] = k3c_backend_cuda_stream(bes[k]);
         }
-        if (k3c_comm_mailbox_create(tp, devices, streams, NULL, mbx) != K3C_OK) {
+        /* slots for the logits gather (a rank's np x V / tp floats) and the hidden rows' sums */
+        k3c_comm_mailbox_options mo = {.cap = (size_t)np * V > ((size_t)1 << 20) ? (size_t)np * V : (size_t)1 << 20};
+        if (k3c_comm_mailbox_create(tp, devices, streams, &mo, mbx) != K3C_OK) {
             for (int k = 0; k < tp; k++) bes[k]->destroy(bes[k]);
             return K3C_ERR;
         }
     } else {
         K3C_TRY(k3c_comm_group_create(tp, GROUP_MS, &grp));
     }
+    pthread_barrier_t ready;
+    if (mailbox) pthread_barrier_init(&ready, NULL, (unsigned)tp);
     for (int k = 0; k < tp; k++) {
         runs[k] = (rank_run){.m = sh[k], .grp = grp, .rank = k, .cuda = cuda, .exact = exact,
-                             .check_executor = check_executor, .be = bes[k], .comm = mbx[k], .prompt = prompt,
-                             .n_prompt = np, .n_new = nn};
+                             .check_executor = check_executor, .be = bes[k], .comm = mbx[k],
+                             .ready = mailbox ? &ready : NULL, .prompt = prompt, .n_prompt = np, .n_new = nn};
         if (alloc_run(&runs[k], V) != K3C_OK) return K3C_ERR; /* leaks the group: the test fails anyway */
     }
     pthread_t th[8];
     for (int k = 0; k < tp; k++) pthread_create(&th[k], NULL, rank_thread, &runs[k]);
     for (int k = 0; k < tp; k++) pthread_join(th[k], NULL);
+    if (mailbox) pthread_barrier_destroy(&ready);
     for (int k = 0; k < tp; k++)
         if (runs[k].rc != K3C_OK) return k3c_errorf("%s tp %d rank %d: %s", cuda ? "cuda" : "cpu", tp, k, runs[k].err);
     for (int k = 1; k < tp; k++)
