@@ -494,15 +494,18 @@ static int rank_start(k3c_model *m, const k3c_engine_options *o, int nbg, k3c_ra
         x->ka_on = 0;
         clock_gettime(CLOCK_MONOTONIC, &x->last);
     }
+    int differ = 0;
     if (rc == K3C_OK) {
         k3c_rank_fingerprint fp;
         k3c_rank_fingerprint_fill(&fp, &m->config, (uint64_t)m->weight_bytes, o, &x->rk);
-        rc = k3c_rank_fingerprint_check(&x->rk, &fp);
+        rc = k3c_rank_fingerprint_check(&x->rk, &fp, &differ);
     }
     if (rc != K3C_OK) {
-        group_failed(x, k3c_error_message());
+        /* ranks started differently: every rank has the same message, no rank failed first */
         char why[2048];
-        snprintf(why, sizeof why, "%s", x->why);
+        snprintf(why, sizeof why, "%s", k3c_error_message());
+        group_failed(x, why);
+        if (!differ) snprintf(why, sizeof why, "%s", x->why);
         if (e) k3c_engine_free(e); /* frees x with it */
         else ranks_release(x);
         return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: %s", why);

@@ -313,7 +313,8 @@ static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
 static int fault_rank = -1, fault_stall, skew_rank = -1, skew_field;
 static long fault_step;
 
-int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine) {
+int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine, int *differ) {
+    *differ = 0;
     k3c_rank_fingerprint me = *mine;
     pthread_mutex_lock(&hook_mu);
     if (skew_rank == r->rank && skew_field >= 0 && skew_field < K3C_FP_FIELDS) me.v[skew_field] += 1;
@@ -341,6 +342,7 @@ int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine) {
                                 q, fp_names[f], (unsigned long long)got, (unsigned long long)want);
         }
     free(all);
+    *differ = rc != K3C_OK;
     return rc;
 }
 

@@ -84,8 +84,9 @@ typedef struct k3c_rank_fingerprint {
 const char *k3c_rank_fingerprint_field(int field);
 void k3c_rank_fingerprint_fill(k3c_rank_fingerprint *f, const k3c_config *c, uint64_t weight_bytes,
                                const k3c_engine_options *o, const k3c_rank *r);
-/* All-gathers and compares (K3C_FP_RANK must equal each rank's place, every other field rank 0's). */
-int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine);
+/* All-gathers and compares (K3C_FP_RANK must equal each rank's place, every other field rank 0's). *differ = 1
+ * when they differ (every rank then fails with the same message); 0 when they agree or the gather failed. */
+int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine, int *differ);
 
 /* ---- test hooks (tests only; process-wide, set before the engine is created; rank -1: off) ----
  * fault: rank `rank` fails its step number `step` (1, 2, ...: the forward steps rank 0 leads) with an
