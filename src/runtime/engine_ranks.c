@@ -68,7 +68,14 @@ struct k3c_engine_ranks {
 const k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x) { return &x->rk; }
 int k3c_ranks_rank(const k3c_engine_ranks *x) { return x->rk.rank; }
 int k3c_ranks_world(const k3c_engine_ranks *x) { return x->rk.world; }
-const char *k3c_ranks_failed(const k3c_engine_ranks *x) { return x->failed ? x->why : NULL; }
+const char *k3c_ranks_failed(const k3c_engine_ranks *x) {
+    /* rank 0's keep-alive thread may fail the group: read under its mutex (why is not written again after) */
+    k3c_engine_ranks *w = (k3c_engine_ranks *)x;
+    if (x->ka_on >= 0) pthread_mutex_lock(&w->mu);
+    int failed = x->failed;
+    if (x->ka_on >= 0) pthread_mutex_unlock(&w->mu);
+    return failed ? x->why : NULL;
+}
 void k3c_ranks_set_check(k3c_engine_ranks *x, int on) { x->check = on != 0; }
 long k3c_ranks_checked(const k3c_engine_ranks *x) { return x->checked; }
 
@@ -291,7 +298,9 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblo
 /* Keeps the followers' waits (each at most the group's timeout) short of the timeout while rank 0 is idle. */
 static void *keepalive_main(void *arg) {
     k3c_engine_ranks *x = arg;
+    /* a quarter of the timeout, at most 10 s (NCCL's bounded waits are 60 s whatever the timeout) */
     double period = x->rk.timeout_ms / 4000.0;
+    if (period > 10) period = 10;
     if (period < 0.01) period = 0.01;
     pthread_mutex_lock(&x->mu);
     while (!x->ka_stop) {
