@@ -47,6 +47,7 @@ struct k3c_engine_ranks {
     /* rank 0 */
     pthread_mutex_t mu;
     int *sent;             /* [max_requests] blocks of each slot's table the followers hold */
+    int *held;             /* [max_requests] step scratch: what each item's table holds once the step is sent */
     int failed;
     char why[2048];
     pthread_t ka;
@@ -106,7 +107,8 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
     if (!x->msg || !x->hashes) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory for the step messages");
     if (x->rk.rank == 0) {
         x->sent = calloc((size_t)x->max_requests, sizeof *x->sent);
-        if (!x->sent) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+        x->held = calloc((size_t)x->max_requests, sizeof *x->held);
+        if (!x->sent || !x->held) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
     } else {
         x->tables = malloc(sizeof(int32_t) * (size_t)x->max_requests * x->mbr);
         x->ntab = calloc((size_t)x->max_requests, sizeof *x->ntab);
@@ -129,6 +131,7 @@ static void ranks_release(k3c_engine_ranks *x) {
     free(x->msg);
     free(x->hashes);
     free(x->sent);
+    free(x->held);
     free(x->tables);
     free(x->ntab);
     free(x->logits);
@@ -202,7 +205,7 @@ int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32
         w[1] = nargs;
         w[2] = a;
         if (op == K3C_RANK_OP_OPEN) {
-            memcpy(w + 3, list, sizeof(int32_t) * (size_t)n);
+            if (n) memcpy(w + 3, list, sizeof(int32_t) * (size_t)n);
             x->sent[a] = n;
         } else if (nargs == 2) {
             w[3] = b;
@@ -268,15 +271,22 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblo
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         const k3c_fwd_req *q = &reqs[i];
-        int fresh = nblocks[i] - x->sent[q->slot];
+        /* the blocks this step's rows reach, as far as the followers lack them: a request's table on rank 0 may
+         * hold more (a failed step's, or a verify's past a commit that kept fewer), which later steps send; so
+         * a step never carries more than its rows' blocks (the message's bound, attach) */
+        int need = (q->pos + q->n + x->block_size - 1) / x->block_size, sent = x->sent[q->slot];
+        int held = nblocks[i] < need ? nblocks[i] : need;
+        if (held < sent) held = sent;
+        int fresh = held - sent;
+        x->held[i] = held;
         w[k++] = q->slot;
         w[k++] = q->n;
         w[k++] = q->pos;
         w[k++] = q->verify;
         w[k++] = (int32_t)q->logits;
-        w[k++] = nblocks[i];
+        w[k++] = held;
         w[k++] = fresh;
-        memcpy(w + k, q->block_table + x->sent[q->slot], sizeof(int32_t) * (size_t)fresh);
+        memcpy(w + k, q->block_table + sent, sizeof(int32_t) * (size_t)fresh);
         k += (size_t)fresh;
         memcpy(w + k, q->ids, sizeof(int32_t) * (size_t)q->n);
         k += (size_t)q->n;
@@ -284,7 +294,7 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblo
     x->steps++;
     int rc = send_locked(x, MSG_STEP, n, k, x->check ? FLAG_CHECK : 0);
     if (rc == K3C_OK)
-        for (int i = 0; i < n; i++) x->sent[reqs[i].slot] = nblocks[i];
+        for (int i = 0; i < n; i++) x->sent[reqs[i].slot] = x->held[i];
     if (rc == K3C_OK) rc = fault(x);
     k3c_engine_view v;
     k3c_engine_view_get(x->e, &v);
