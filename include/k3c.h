@@ -268,6 +268,31 @@ typedef struct k3c_engine_options {
      * it are refused at creation; weights and step buffers are not counted. k3c_engine_memory_get tells what
      * was reserved. */
     size_t memory_limit;
+    /* ---- parallel ranks (docs/PARALLEL.md) ----
+     * layout: the ranks this engine runs on (k3c_layout's tp, pp, dp and ep; 0 = 1; its other fields are
+     * not read). With tp > 1 the engine is rank 0 of tp ranks: each holds its shard of the model
+     * (k3c_layout_plan's split), its own backend and caches; rank 0 keeps the request table and every step
+     * of this engine (k3c_engine_step and everything built on it: k3c_generate, the runner, the scheduler)
+     * runs on all ranks, their partial sums reduced in rank order, so every rank computes the same logits,
+     * which rank 0 returns. pp > 1, dp > 1 and ep > 1 are refused: not wired to the engine yet. Every step
+     * runs the stock forward (the specialized executor runs at world size 1 only: AUTO leaves it off, ON is
+     * refused).
+     * world_size 0: every rank in this process, one thread each (device cpu; each rank's backend gets
+     * threads / ranks workers). world_size > 0: one process per rank over NCCL (device cuda, the GPU each
+     * process sees as device 0): this process is rank `rank` of world_size (= tp x pp x dp); rank 0 writes
+     * NCCL's id to the file `rendezvous` names (a path every rank sees: temporary name, then rename), the
+     * others wait for it; on a rank other than 0 call k3c_engine_follow, which runs rank 0's steps until rank 0
+     * frees its engine. (The CUDA backend has no tensor-parallel ops yet: such an engine fails at creation.)
+     * At creation every rank checks that every other was started alike (the model's config and weight
+     * bytes, the layout, the device and dtype modes, the options sizing the caches and steps) and all refuse
+     * to start, naming the field and the rank, when one differs. rank_timeout_ms (0 = 60000): the longest a
+     * rank waits for the others (at the rendezvous, in a collective, for the next step); an idle rank 0
+     * keeps its followers within it. A rank that fails or does not answer in time fails the group: rank 0's
+     * call fails naming the rank and step, and so does every later one (k3c_engine_failed). */
+    k3c_layout layout;
+    int rank, world_size;
+    const char *rendezvous;
+    int rank_timeout_ms;
 } k3c_engine_options;
 
 /* Most aux streams one engine keeps (each costs max_rows x hidden floats on the device and on the host). */
@@ -286,6 +311,16 @@ int k3c_engine_hidden_size(const k3c_engine *e);
 int k3c_engine_max_requests(const k3c_engine *e);
 /* The device the engine runs on ("cpu" or "cuda"; static). */
 const char *k3c_engine_device(const k3c_engine *e);
+/* Parallel ranks (k3c_engine_options.layout): this engine's rank (0 leads) and the number of ranks. */
+int k3c_engine_rank(const k3c_engine *e);
+int k3c_engine_world_size(const k3c_engine *e);
+/* On a rank other than 0 of a multi-process world: runs rank 0's steps as they come, until rank 0 frees its
+ * engine (0) or the group fails (-1, the message naming the failed rank); the engine takes no other call.
+ * Then free it. On rank 0 (or at world size 1): -1. */
+int k3c_engine_follow(k3c_engine *e);
+/* 1 once the engine's rank group has failed (a rank failed or did not answer): every later step fails; free
+ * the engine. 0 otherwise (always at world size 1). */
+int k3c_engine_failed(const k3c_engine *e);
 
 /* What the memory plan reserved at creation. */
 typedef struct k3c_engine_memory {

@@ -388,6 +388,63 @@ int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int 
     return 1;
 }
 
+int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad) {
+    const char *v;
+    long l = 0;
+    double d = 0;
+    if (!strcmp(argv[*i], "--ep")) {
+        o->layout.ep = -1; /* tp x dp, once both are known (cli_parallel_finish) */
+        return 1;
+    }
+    if ((v = cli_option(argc, argv, i, "--tp"))) {
+        *bad = cli_int("--tp", v, 1, 4096, &l);
+        o->layout.tp = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--pp"))) {
+        *bad = cli_int("--pp", v, 1, 4096, &l);
+        o->layout.pp = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--dp"))) {
+        *bad = cli_int("--dp", v, 1, 4096, &l);
+        o->layout.dp = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--world-size"))) {
+        *bad = cli_int("--world-size", v, 1, 4096, &l);
+        o->world_size = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--rank"))) {
+        *bad = cli_int("--rank", v, 0, 4095, &l);
+        o->rank = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--rendezvous"))) {
+        *bad = cli_str("--rendezvous", o->rendezvous = v);
+    } else if ((v = cli_option(argc, argv, i, "--rank-timeout"))) {
+        *bad = cli_float("--rank-timeout", v, 0, 86400, 1, &d);
+        o->rank_timeout_ms = d * 1000 < 1 ? 1 : (int)(d * 1000);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int cli_parallel_finish(k3c_engine_options *o) {
+    k3c_layout *l = &o->layout;
+    int tp = l->tp > 0 ? l->tp : 1, dp = l->dp > 0 ? l->dp : 1;
+    if (l->ep == -1) {
+        if (tp * dp == 1) return cli_errorf("--ep: expert parallelism spans the tp x dp ranks, and there is one");
+        l->ep = tp * dp;
+    }
+    if (o->world_size > 1 && !o->rendezvous)
+        return cli_errorf("--world-size %d: one process per rank needs --rendezvous PATH (a file every rank sees)",
+                          o->world_size);
+    if (o->rank > 0 && o->world_size < 1) return cli_errorf("--rank %d needs --world-size", o->rank);
+    return 0;
+}
+
+int cli_follow(const char *cmd, k3c_engine *e) {
+    int rank = k3c_engine_rank(e);
+    if (rank <= 0) return -1;
+    fprintf(stderr, "k3c %s: rank %d of %d: following rank 0's steps\n", cmd, rank, k3c_engine_world_size(e));
+    if (k3c_engine_follow(e) == K3C_OK) return 0;
+    fprintf(stderr, "k3c %s: %s\n", cmd, k3c_last_error());
+    return 1;
+}
+
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad) {
     const char *v;
     double d = 0;

@@ -39,11 +39,13 @@ static double cpu_s(void) {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N] [--prefill 256,1024]\n"
+               "                 [--tp N] [--rank-timeout S]\n"
                "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
                "                 [--steps N]\n"
                "       k3c bench --prefix N [--device cpu|cuda] [--preset NAME] [--rounds R] [--threads N]\n"
                "cpu: without --preset both tiny and mini are measured (synthesized checkpoints): decode, then a prompt\n"
-               "of each --prefill length (tokens, default 256,1024; 0 = none)\n"
+               "of each --prefill length (tokens, default 256,1024; 0 = none); --tp N: on N tensor-parallel CPU ranks\n"
+               "in this process (--threads, default one per core, shared among them; docs/PARALLEL.md)\n"
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
@@ -166,8 +168,8 @@ static double prefill_once(k3c_engine *e, const int32_t *ids, int n, float *lg, 
     return t;
 }
 
-static int bench_preset(const char *preset, const char *device, int threads, int steps, double bw,
-                        const int *prefill, int nprefill, double peak) {
+static int bench_preset(const char *preset, const char *device, int threads, const k3c_engine_options *par,
+                        int steps, double bw, const int *prefill, int nprefill, double peak) {
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     int32_t *ids = NULL;
@@ -185,6 +187,8 @@ static int bench_preset(const char *preset, const char *device, int threads, int
     o.threads = threads;
     o.max_requests = 1;
     o.max_context = longest + steps + 1;
+    o.layout = par->layout;
+    o.rank_timeout_ms = par->rank_timeout_ms;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto done;
     int V = k3c_engine_vocab(e);
     float *lg = malloc(sizeof(float) * V);
@@ -213,9 +217,12 @@ static int bench_preset(const char *preset, const char *device, int threads, int
     }
     double ms = 1e3 * t / steps, bytes = decode_bytes(m, prompt + steps / 2);
     double reached = bytes / (t / steps);
+    /* with TP ranks the bytes are every rank's together (each reads its shard), the bandwidth one thread's */
+    char where[32];
+    snprintf(where, sizeof where, k3c_engine_world_size(e) > 1 ? "%s tp%d" : "%s", device, k3c_engine_world_size(e));
     printf("%-6s %-5s decode %8.3f ms/token (%7.1f tok/s)  reads %8.2f MB/token  -> %7.2f GB/s = %5.1f%% of "
            "memcpy %.1f GB/s   [synth+load %.1f s]\n",
-           preset, device, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
+           preset, where, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
            t_load);
     fflush(stdout);
     k3c_request_close(e, id);
@@ -232,7 +239,7 @@ static int bench_preset(const char *preset, const char *device, int threads, int
         double tps = prefill[i] / best, gf = tps * flops_tok / 1e9;
         printf("%-6s %-5s prefill %5d tokens %8.1f ms (%7.1f tok/s)  %7.1f MFLOP/tok -> %6.1f GFLOP/s = %5.1f%% of "
                "peak %.0f GFLOP/s   [process cpu %.2f s]\n",
-               preset, device, prefill[i], 1e3 * best, tps, flops_tok / 1e6, gf, peak > 0 ? 100 * gf / peak : 0, peak,
+               preset, where, prefill[i], 1e3 * best, tps, flops_tok / 1e6, gf, peak > 0 ? 100 * gf / peak : 0, peak,
                best_cpu);
         fflush(stdout);
     }
@@ -250,6 +257,8 @@ done:
 int cmd_bench(int argc, char **argv) {
     const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
     long steps = -1, threads = 0, context = 512, prefix = 0, rounds = 5;
+    k3c_engine_options par; /* the parallel options (cpu only) */
+    k3c_engine_options_default(&par);
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
@@ -266,12 +275,23 @@ int cmd_bench(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_str("--prefill", prefill_list = v);
         else if ((v = cli_option(argc, argv, &i, "--prefix"))) bad = cli_int("--prefix", v, 16, 1 << 20, &prefix);
         else if ((v = cli_option(argc, argv, &i, "--rounds"))) bad = cli_int("--rounds", v, 1, 63, &rounds);
+        else if (cli_parallel_option(argc, argv, &i, &par, &bad)) { /* into par; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c bench: %s\n", cli_error());
             bench_usage(stderr);
             return 2;
         }
+    }
+    if (cli_parallel_finish(&par)) {
+        fprintf(stderr, "k3c bench: %s\n", cli_error());
+        return 2;
+    }
+    int parallel = par.layout.tp > 1 || par.layout.pp > 1 || par.layout.dp > 1 || par.layout.ep > 1 || par.world_size;
+    if (parallel && (prefix > 0 || strcmp(device, "cpu") != 0 || par.world_size)) {
+        fprintf(stderr, "k3c bench: the parallel options run on bench --device cpu (CPU ranks in this process) only, "
+                        "not with --prefix, --device cuda or --world-size\n");
+        return 2;
     }
     if (prefix > 0) {
         if (bench_prefix(preset ? preset : "mini", device, (int)threads, (int)prefix, (int)rounds) != K3C_OK) {
@@ -321,7 +341,8 @@ int cmd_bench(int argc, char **argv) {
     const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
     int rc = 0;
     for (int i = 0; i < 2 && presets[i]; i++)
-        if (bench_preset(presets[i], device, (int)threads, (int)steps, bw, (const int *)prefill, np, peak) != K3C_OK) {
+        if (bench_preset(presets[i], device, (int)threads, &par, (int)steps, bw, (const int *)prefill, np, peak) !=
+            K3C_OK) {
             fprintf(stderr, "k3c bench: %s: %s\n", presets[i], cli_error());
             rc = 1;
             break;

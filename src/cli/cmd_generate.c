@@ -13,7 +13,8 @@ static void generate_usage(FILE *f) {
                "                    [--prompt TEXT | --prompt-file F | --prompt-ids 1,2,3] [--text]\n"
                "                    [-n 32] [--ignore-eos] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
                "                    [--device cpu|cuda] [--threads N] [--stock] [--kv-cache bf16|fp8]\n"
-               "                    [--max-context N] [--memory-limit BYTES]\n"
+               "                    [--max-context N] [--memory-limit BYTES] [--exact-f32] [--tp N]\n"
+               "                    [--rank R --world-size W --rendezvous PATH] [--rank-timeout S]\n"
                "--prompt / --prompt-file (- reads stdin): text, encoded with the model's tokenizer (special-token\n"
                "  text stays text); the output is streamed as text. --prompt-ids: token ids; the output stays ids\n"
                "  unless --text. Without a prompt: the model's bos id alone, output as ids\n"
@@ -25,7 +26,8 @@ static void generate_usage(FILE *f) {
                "--max-context: tokens the request may hold (default: the prompt and -n); at most the model's\n"
                "  context length; --memory-limit (e.g. 8G): most bytes its caches may take (default: what the\n"
                "  device has free); a need past either is refused\n"
-               CLI_MODEL_HELP);
+               "--exact-f32 (diagnostic): f32 activations, no bf16 rounding\n"
+               CLI_PARALLEL_HELP CLI_MODEL_HELP);
 }
 
 #define MAX_PROMPT_FILE ((size_t)1 << 30) /* a guard against an absurd input, not a format limit */
@@ -101,6 +103,7 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--stock")) stock = 1;
         else if (!strcmp(argv[i], "--text")) as_text = 1;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(argv[i], "--exact-f32")) o.exact_f32 = 1;
         else if (cli_model_option(argc, argv, &i, &model, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--prompt-ids"))) bad = cli_str("--prompt-ids", ids_s = v);
         else if ((v = cli_option(argc, argv, &i, "--prompt-file"))) bad = cli_str("--prompt-file", prompt_file = v);
@@ -108,12 +111,17 @@ int cmd_generate(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "-n"))) bad = cli_int("-n", v, 0, 1 << 30, &n);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
+        else if (cli_parallel_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c generate: %s\n", cli_error());
             generate_usage(stderr);
             return 2;
         }
+    }
+    if (cli_parallel_finish(&o)) {
+        fprintf(stderr, "k3c generate: %s\n", cli_error());
+        return 2;
     }
     if (!!ids_s + !!prompt + !!prompt_file > 1) {
         fprintf(stderr, "k3c generate: give one of --prompt, --prompt-file and --prompt-ids\n");
@@ -196,6 +204,8 @@ int cmd_generate(int argc, char **argv) {
         cli_errorf("-n %ld with a %d-token prompt: %s", n, n_ids, k3c_last_error());
         goto fail;
     }
+    if ((rc = cli_follow("generate", e)) >= 0) goto done; /* a rank other than 0: rank 0 prints */
+    rc = 1;
     cli_report_memory("generate", e, o.device);
     k3c_generate_stats st;
     gen_out g = {.text = detok, .stops = stops, .n_stops = n_stops, .first = 1, .stopped_at = -1};

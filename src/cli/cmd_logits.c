@@ -11,14 +11,16 @@
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: k3c logits [--model DIR | --preset NAME] --prompt-ids IDS --prefill N --out FILE\n"
                "                  [--device cpu|cuda] [--threads N] [--f32] [--kv-cache bf16|fp8]\n"
-               "                  [--aux L1,L2,... --aux-out FILE]\n"
+               "                  [--aux L1,L2,... --aux-out FILE] [--tp N]\n"
+               "                  [--rank R --world-size W --rendezvous PATH] [--rank-timeout S]\n"
                "--f32 (diagnostic): f32 activations, no bf16 rounding\n"
                "--aux: the hidden state entering each listed layer (0..num_layers, increasing; num_layers = the\n"
                "       final norm's input), written as float32 [num_aux, len, hidden] to --aux-out\n"
                "--kv-cache fp8: MLA latent cache in FP8 E4M3 (default bf16); --max-context N, --memory-limit BYTES: the\n"
                "       memory plan (as generate)\n"
                "both files are opened before the model loads and appear, whole, only once everything is written\n"
-               CLI_MODEL_HELP);
+               "  (by rank 0; the other ranks of a multi-process launch write nothing)\n"
+               CLI_PARALLEL_HELP CLI_MODEL_HELP);
 }
 
 int cmd_logits(int argc, char **argv) {
@@ -42,6 +44,7 @@ int cmd_logits(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--aux"))) bad = cli_str("--aux", aux_s = v);
         else if ((v = cli_option(argc, argv, &i, "--aux-out"))) bad = cli_str("--aux-out", aux_out = v);
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
+        else if (cli_parallel_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c logits: %s\n", cli_error());
@@ -49,6 +52,11 @@ int cmd_logits(int argc, char **argv) {
             return 2;
         }
     }
+    if (cli_parallel_finish(&o)) {
+        fprintf(stderr, "k3c logits: %s\n", cli_error());
+        return 2;
+    }
+
     int32_t *ids = NULL;
     int n = 0;
     if (!out || prefill < 1 || !ids_s || cli_parse_ids(ids_s, &ids, &n)) {
@@ -85,10 +93,13 @@ int cmd_logits(int argc, char **argv) {
     /* both outputs exist (as temporary files) before the model loads: an unwritable path fails now */
     cli_out fo, fa;
     int have_fo = 0, have_fa = 0;
-    if (cli_out_open(&fo, out) != K3C_OK) goto fail;
-    have_fo = 1;
-    if (na && cli_out_open(&fa, aux_out) != K3C_OK) goto fail;
-    have_fa = na > 0;
+    /* a rank other than 0 of a multi-process launch writes nothing: it follows rank 0's steps */
+    if (o.rank == 0) {
+        if (cli_out_open(&fo, out) != K3C_OK) goto fail;
+        have_fo = 1;
+        if (na && cli_out_open(&fa, aux_out) != K3C_OK) goto fail;
+        have_fa = na > 0;
+    }
     if (cli_load_model(model, preset, 0, &m) != K3C_OK) goto fail;
     o.max_requests = 1;
     o.max_rows = (int)prefill;
@@ -110,6 +121,8 @@ int cmd_logits(int argc, char **argv) {
         o.num_aux = na;
     }
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    if ((rc = cli_follow("logits", e)) >= 0) goto done;
+    rc = 1;
     cli_report_memory("logits", e, o.device);
     int V = k3c_engine_vocab(e);
     D = k3c_engine_hidden_size(e);

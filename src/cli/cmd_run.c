@@ -13,14 +13,15 @@ static void run_usage(FILE *f) {
             "usage: k3c run [--model DIR | --preset NAME] --prompts \"1,2,3;4,5;...\" [-n 32] [--spec D]\n"
             "               [--max-requests M] [--prefill-budget B] [--stop ID]\n"
             "               [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--threads N]\n"
-            "               [--kv-cache bf16|fp8] [--max-context N] [--memory-limit BYTES] [--stock]\n"
+            "               [--kv-cache bf16|fp8] [--max-context N] [--memory-limit BYTES] [--stock] [--tp N]\n"
+            "               [--rank R --world-size W --rendezvous PATH] [--rank-timeout S]\n"
             "runs every prompt (';'-separated token-id lists, segment k = request k) for -n tokens, at most M at\n"
             "once (default 4; never more than there are prompts);\n"
             "--max-context: tokens one request may hold (default: the longest prompt and -n); --memory-limit\n"
             "(e.g. 8G): most bytes the caches may take (default: what the device has free); past either: refused\n"
             "--spec D verifies D prompt-lookup drafts per step (greedy requests only)\n"
             "with --device cuda the decode and verify steps take the specialized decode executor unless --stock\n"
-            CLI_MODEL_HELP);
+            CLI_PARALLEL_HELP CLI_MODEL_HELP);
 }
 
 /* "1,2;3,4,5" -> prompts (each malloc'd); 0 or -1 with a message. Segment k is request k: an empty segment
@@ -109,6 +110,7 @@ int cmd_run(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--stop"))) bad = cli_int("--stop", v, 0, 0x7fffffffL, &stop);
         else if (cli_sampling_option(argc, argv, &i, &s, &bad)) { /* into s; bad on a bad value */ }
         else if (cli_engine_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
+        else if (cli_parallel_option(argc, argv, &i, &o, &bad)) { /* into o; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (bad) {
             fprintf(stderr, "k3c run: %s\n", cli_error());
@@ -116,7 +118,7 @@ int cmd_run(int argc, char **argv) {
             return 2;
         }
     }
-    if (cli_sampling_check(&s)) {
+    if (cli_sampling_check(&s) || cli_parallel_finish(&o)) {
         fprintf(stderr, "k3c run: %s\n", cli_error());
         return 2;
     }
@@ -160,6 +162,8 @@ int cmd_run(int argc, char **argv) {
                    o.max_requests == 1 ? "" : "s", max_prompt, n, k3c_last_error());
         goto fail;
     }
+    if ((rc = cli_follow("run", e)) >= 0) goto done; /* a rank other than 0: rank 0 prints */
+    rc = 1;
     cli_report_memory("run", e, o.device);
     k3c_runner_options ro;
     k3c_runner_options_default(&ro);

@@ -12,7 +12,8 @@ static void serve_usage(FILE *f) {
             "                 [--max-batched-tokens N] [--max-queue N] [--max-context N] [--memory-limit BYTES]\n"
             "                 [--kv-blocks N] [--spec D] [--scheduling-policy fcfs|priority] [--no-prefix-caching]\n"
             "                 [--snapshot-memory BYTES] [--snapshot-interval N] [--max-body BYTES] [--grace S]\n"
-            "                 [--max-connections N] [--port-file PATH] [--exact-f32]\n"
+            "                 [--max-connections N] [--port-file PATH] [--exact-f32] [--tp N]\n"
+            "                 [--rank R --world-size W --rendezvous PATH] [--rank-timeout S]\n"
             "endpoints: POST /v1/chat/completions, /v1/completions, /tokenize, /detokenize; GET /v1/models,\n"
             "  /health (503 until the model is loaded), /metrics (Prometheus, k3c: prefix), /version\n"
             "--max-seqs: requests running at once (default 32); --max-batched-tokens: tokens per step (512);\n"
@@ -28,6 +29,8 @@ static void serve_usage(FILE *f) {
             "  larger request bodies are refused with 413 (default 16M); --grace: seconds running requests\n"
             "  get after SIGTERM (default 10); --port 0 takes a free port (--port-file writes it);\n"
             "  --exact-f32: a diagnostic, activations kept in f32 (the engine's exact_f32)\n"
+            CLI_PARALLEL_HELP
+            "  (a rank other than 0 of a multi-process launch serves no HTTP: it follows rank 0's steps)\n"
             "without --model, the embedded default model (k3-fortune, served under that name) from a temporary\n"
             "  directory removed at exit; --preset NAME synthesizes that preset's random weights instead (one without weights on disk, such as kimi-linear-48b, has its\n"
             "  weights generated in device memory: --device cuda)\n");
@@ -55,6 +58,8 @@ int cmd_serve(int argc, char **argv) {
         .grace_s = 10,
         .max_connections = 4096,
     };
+    k3c_engine_options par; /* the parallel options */
+    k3c_engine_options_default(&par);
     for (int i = 1; i < argc; i++) {
         const char *v;
         long l = 0;
@@ -94,6 +99,7 @@ int cmd_serve(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--max-connections")))
             bad = cli_int("--max-connections", v, 1, 1 << 20, &l), c.max_connections = (int)l;
         else if ((v = cli_option(argc, argv, &i, "--port-file"))) bad = cli_str("--port-file", c.port_file = v);
+        else if (cli_parallel_option(argc, argv, &i, &par, &bad)) { /* into par; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (!bad && c.model_dir && c.preset) bad = cli_errorf("--model and --preset: give one of them");
         if (bad) {
@@ -102,6 +108,15 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (cli_parallel_finish(&par)) {
+        fprintf(stderr, "k3c serve: %s\n", cli_error());
+        return 2;
+    }
+    c.layout = par.layout;
+    c.rank = par.rank;
+    c.world_size = par.world_size;
+    c.rendezvous = par.rendezvous;
+    c.rank_timeout_ms = par.rank_timeout_ms;
     /* no --model and no --preset: the embedded default model, from a temporary directory that lives as long
      * as the server (its tokenizer and chat template are read after the weights) */
     char dir[4096];
@@ -114,7 +129,7 @@ int cmd_serve(int argc, char **argv) {
         c.model_dir = dir;
         if (!c.served_name) c.served_name = "k3-fortune";
     }
-    int rc = srv_run(&c, load_model) == 0 ? 0 : 1;
+    int rc = (c.rank > 0 ? srv_follow(&c, load_model) : srv_run(&c, load_model)) == 0 ? 0 : 1;
     if (temp) cli_default_model_dir_done();
     return rc;
 }

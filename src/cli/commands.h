@@ -87,6 +87,24 @@ int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *templat
  * --max-context N, --memory-limit BYTES) at argv[*i], parsed into *o: 1 when argv[*i] is one of them (*bad = -1
  * for a bad value, with the message). */
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
+/* The parallel options of generate, logits, bench, run and serve (docs/PARALLEL.md) at argv[*i], into
+ * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (CPU ranks in this
+ * process, or with --world-size one process per GPU), --pp N, --dp N, --ep (the library refuses these three
+ * for now), --rank R --world-size W --rendezvous PATH (a multi-process launch), --rank-timeout S. 1 when
+ * argv[*i] is one of them (*bad = -1 for a bad value, with the message). */
+int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
+/* After parsing: --ep resolved to tp x dp, and the launch options checked together; 0 or -1 with a message. */
+int cli_parallel_finish(k3c_engine_options *o);
+/* Once the engine exists: on rank 0 (or world size 1) -1, the command goes on; on another rank it follows rank
+ * 0's steps until rank 0 ends, and the exit status (0, or 1 with the message printed) is returned. */
+int cli_follow(const char *cmd, k3c_engine *e);
+/* The parallel options' --help lines. */
+#define CLI_PARALLEL_HELP                                                                                        \
+    "--tp N: N tensor-parallel CPU ranks in this process (each its shard of the model; rank 0 leads every step,\n" \
+    "  docs/PARALLEL.md); --pp N, --dp N, --ep: parsed, refused for now (not wired to the commands yet);\n"     \
+    "  --rank R --world-size W --rendezvous PATH: one process per GPU over NCCL, rank 0 writing NCCL's id to\n" \
+    "  PATH; --rank-timeout S: the longest a rank waits for the others (default 60)\n"
+
 /* The sampling options of generate and run (--temperature T in [0, FLT_MAX], --top-k K >= 0, --top-p P in
  * (0, 1], --seed S) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad as above). */
 int cli_sampling_option(int argc, char **argv, int *i, k3c_sampling *s, int *bad);

@@ -123,5 +123,11 @@ int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream
 int k3c_comm_nccl_unique_id(unsigned char id[K3C_COMM_NCCL_ID_BYTES]);
 int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int rank, int size, int device,
                          void *stream, k3c_comm **out);
+/* 0 where this build has NCCL and libnccl.so.2 loads; else -1 naming which is missing (every rank checks
+ * before the rendezvous, so a host without NCCL fails at once instead of waiting). */
+int k3c_comm_nccl_check(void);
+/* The ranks of parent that pass the same color form a new communicator, ordered by key (0 .. n - 1 within a
+ * color: the new rank); every rank of parent calls it (ncclCommSplit). Same stream as parent. */
+int k3c_comm_nccl_split(k3c_comm *parent, int color, int key, k3c_comm **out);
 
 #endif

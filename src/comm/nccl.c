@@ -8,7 +8,9 @@
  * Sums are NCCL's (ring or tree order, every rank the same bits), not the fixed rank order of the in-memory
  * group. The collectives are asynchronous on the stream; barrier waits for them with a bounded poll
  * (cudaStreamQuery and ncclCommGetAsyncError), and on timeout or error aborts the communicator
- * (ncclCommAbort), so a rank whose peer is gone fails instead of hanging.
+ * (ncclCommAbort), so a rank whose peer is gone fails instead of hanging. Communicators are created
+ * non-blocking and polled with the same bound (a rank that never starts fails the others' creation), and a
+ * smaller group (a TP group of a larger world) is split from the world's (ncclCommSplit).
  *
  * send / recv and all_to_all are grouped ncclSend / ncclRecv calls (ncclGroupStart / End) and wait for
  * themselves with the same bounded poll. NCCL checks no sizes, so every message carries an 8-byte header,
@@ -43,7 +45,9 @@ _Static_assert(K3C_COMM_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "the unique id's 
 static struct {
     int tried, ok;
     ncclResult_t (*get_unique_id)(ncclUniqueId *);
-    ncclResult_t (*init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*init_rank_config)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+    ncclResult_t (*count)(const ncclComm_t, int *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
@@ -72,7 +76,9 @@ static int nccl_load(void) {
         if (!nc.field) return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl: libnccl.so.2 has no %s", name);            \
     } while (0)
     SYM(get_unique_id, "ncclGetUniqueId");
-    SYM(init_rank, "ncclCommInitRank");
+    SYM(init_rank_config, "ncclCommInitRankConfig");
+    SYM(split, "ncclCommSplit");
+    SYM(count, "ncclCommCount");
     SYM(all_reduce, "ncclAllReduce");
     SYM(all_gather, "ncclAllGather");
     SYM(broadcast, "ncclBroadcast");
@@ -101,8 +107,16 @@ typedef struct nccl_ctx {
     int aborted;
 } nccl_ctx;
 
+static int wait_ready(ncclComm_t comm, int rank, int size, const char *what);
+static void nc_abort(k3c_comm *c);
+
+/* The communicators are non-blocking (below): a call may return ncclInProgress while NCCL still enqueues
+ * it, and the next call on the communicator must wait until it has (bounded, as creation). */
 static int check(k3c_comm *c, ncclResult_t r, const char *what) {
     if (r == ncclSuccess) return K3C_OK;
+    if (r == ncclInProgress && wait_ready(((nccl_ctx *)c->ctx)->comm, c->rank, c->size, what) == K3C_OK) return K3C_OK;
+    nc_abort(c);
+    if (r == ncclInProgress) return K3C_ERR;
     return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: %s", c->rank, c->size, what, nc.error_string(r));
 }
 
@@ -359,6 +373,30 @@ int k3c_comm_nccl_unique_id(unsigned char id[K3C_COMM_NCCL_ID_BYTES]) {
     return K3C_OK;
 }
 
+/* Communicator creation is non-blocking (config.blocking = 0) and polled here with a bound: a blocking
+ * ncclCommInitRank waits for every rank forever, so one rank that never starts would hang the others. */
+static int wait_ready(ncclComm_t comm, int rank, int size, const char *what) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = nc.async_error(comm, &a);
+        if (q == ncclSuccess && a == ncclSuccess) return K3C_OK;
+        if (q != ncclSuccess || a != ncclInProgress)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: %s", rank, size, what,
+                                   nc.error_string(q != ncclSuccess ? q : a));
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > NCCL_WAIT_MS)
+            return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: %s: not done in %d ms (a rank missing?)",
+                                   rank, size, what, NCCL_WAIT_MS);
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* A communicator struct around comm (its barrier scratch allocated on the current device). */
+int k3c_comm_nccl_check(void) { return nccl_load(); }
+
 int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int rank, int size, int device,
                          void *stream, k3c_comm **out) {
     *out = NULL;
@@ -369,11 +407,17 @@ int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int ran
         return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d: device %d: %s", rank, device, cudaGetErrorString(ce));
     ncclUniqueId u;
     memcpy(u.internal, id, sizeof u.internal);
-    ncclComm_t comm;
-    ncclResult_t r = nc.init_rank(&comm, size, u, rank);
-    if (r != ncclSuccess)
-        return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: ncclCommInitRank: %s", rank, size,
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = nc.init_rank_config(&comm, size, u, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl rank %d of %d: ncclCommInitRankConfig: %s", rank, size,
                                nc.error_string(r));
+    if (wait_ready(comm, rank, size, "ncclCommInitRankConfig") != K3C_OK) {
+        nc.abort_comm(comm);
+        return K3C_ERR;
+    }
     if (nc_make(rank, size, comm, (cudaStream_t)stream, out) != K3C_OK) {
         nc.destroy(comm);
         return K3C_ERR;
@@ -381,7 +425,25 @@ int k3c_comm_nccl_create(const unsigned char id[K3C_COMM_NCCL_ID_BYTES], int ran
     return K3C_OK;
 }
 
+int k3c_comm_nccl_split(k3c_comm *parent, int color, int key, k3c_comm **out) {
+    *out = NULL;
+    if (!parent || strcmp(parent->name, "nccl") != 0) return k3c_errorf("nccl split: not an nccl communicator");
+    /* the communicator's own split (nc_split): the child inherits the parent's non-blocking configuration
+     * and check() polls it to completion within the bound */
+    return parent->split(parent, color, key, out);
+}
+
 #else /* no CUDA, or a toolkit without nccl.h */
+
+int k3c_comm_nccl_check(void) {
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl: this build has no NCCL (no CUDA toolkit with nccl.h)");
+}
+
+int k3c_comm_nccl_split(k3c_comm *parent, int color, int key, k3c_comm **out) {
+    (void)parent, (void)color, (void)key;
+    *out = NULL;
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl: this build has no NCCL (no CUDA toolkit with nccl.h)");
+}
 
 int k3c_comm_nccl_unique_id(unsigned char id[K3C_COMM_NCCL_ID_BYTES]) {
     (void)id;

@@ -12,7 +12,10 @@
 #include "decode/prepared.h"
 #include "k3c.h"
 #include "model/model.h"
+#include "model/shard.h"
 #include "runtime/engine_internal.h"
+#include "runtime/engine_ranks.h"
+#include "runtime/ranks.h"
 #include "cache/kda_slots.h"
 #include "cache/kv_cache.h"
 #include "backend/backend.h"
@@ -39,8 +42,15 @@ typedef struct engine_request {
 } engine_request;
 
 struct k3c_engine {
-    k3c_model *m;
+    k3c_model *m;          /* the whole model (the public getters, the config) */
     k3c_engine_options o;
+    /* one rank of a parallel group (runtime/engine_ranks.h; NULL at world size 1): its state, and the shard of
+     * m it holds (NULL under tp 1); fm is the model the forward and the caches are built for (shard or m) */
+    k3c_engine_ranks *xr;
+    k3c_model *shard;
+    const k3c_model *fm;
+    int mem_share;         /* ranks in this process sharing its memory (the memory plan's limit is split) */
+    int *nb;               /* [max_requests] step scratch: blocks each item's table holds */
     k3c_backend *be;
     k3c_forward *fwd;
     k3c_kv_cache kv;
@@ -109,6 +119,11 @@ static void fill_env(k3c_engine *e, k3c_decode_env *env) {
 static int build_executor(k3c_engine *e) {
     int mode = e->o.specialized;
     if (mode == K3C_SPECIALIZED_OFF) return K3C_OK;
+    if (e->xr) { /* its mailboxes are not written yet: every step of a rank group runs stock */
+        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
+        return k3c_errorf("the specialized executor runs at world size 1 only (this engine is one of %d ranks)",
+                          k3c_ranks_world(e->xr));
+    }
     if (strcmp(e->o.device, "cuda") != 0 || e->o.exact_f32) {
         if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
         return k3c_errorf("the specialized executor needs device cuda without exact_f32 (device %s%s)", e->o.device,
@@ -161,12 +176,17 @@ static const char *human_bytes(char *buf, size_t n, double b) {
  * refused, naming the options that set it; nothing is reserved beyond the limit. */
 static int plan_memory(k3c_engine *e) {
     const k3c_engine_options *o = &e->o;
-    const k3c_config *c = &e->m->config;
+    const k3c_config *c = &e->fm->config;
     double kv = k3c_kv_cache_bytes(c, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
     double kda = k3c_kda_slots_bytes(c, o->max_requests, o->q_max, o->max_requests);
     const char *source = "memory_limit";
     double limit = (double)o->memory_limit;
     if (!o->memory_limit) limit = e->be->mem_free ? (double)e->be->mem_free(e->be, &source) : 0;
+    if (e->mem_share > 1) { /* ranks in one process: each rank's caches take their share of its memory */
+        limit /= e->mem_share;
+        source = o->memory_limit ? "memory_limit split over the ranks in this process"
+                                 : "free memory split over the ranks in this process";
+    }
     char need[32], lim[32], kvs[32], kdas[32];
     human_bytes(need, sizeof need, kv + kda);
     human_bytes(lim, sizeof lim, limit);
@@ -229,15 +249,38 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
                               INT32_MAX);
         o.num_blocks = (int)blocks;
     }
-    int mbr = (int)mbr64;
     if (o.num_aux == 0) o.aux_layers = NULL;
     K3C_TRY(check_aux(m, &o));
+    k3c_layout layout;
+    int world = 1;
+    K3C_TRY(k3c_ranks_layout(&m->config, &o, &layout, &world));
+    if (world > 1) return k3c_engine_ranks_create(m, &o, &layout, world, num_blocks_given, out);
+    return k3c_engine_build(m, &o, num_blocks_given, NULL, out);
+}
 
+int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks_given, k3c_engine_ranks *xr,
+                     k3c_engine **out) {
+    *out = NULL;
+    const k3c_engine_options o = *opt;
+    int mbr = (int)(((int64_t)o.max_context + o.block_size - 1) / o.block_size);
     k3c_engine *e = calloc(1, sizeof *e);
     if (!e) return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory");
     e->m = m;
+    e->fm = m;
     e->o = o;
     e->num_blocks_given = num_blocks_given;
+    e->mem_share = 1;
+    /* e->xr is set once the engine is built: until then a failure leaves the rank state to the caller */
+    const k3c_rank *rk = xr ? k3c_ranks_place(xr) : NULL;
+    if (rk && rk->layout.tp > 1) {
+        /* this rank's shard of the model (views into m, its row-parallel parts copied: model/shard.h) */
+        if (k3c_model_shard_tp(m, rk->tp_rank, rk->layout.tp, &e->shard) != K3C_OK) {
+            k3c_engine_free(e);
+            return k3c_error_context("engine: rank %d of %d", rk->rank, rk->world);
+        }
+        e->fm = e->shard;
+    }
+    if (rk && rk->group) e->mem_share = rk->world;
     e->max_blocks_per_request = mbr;
     e->aux_rows = -1;
     /* From here every failure goes through k3c_engine_free, which releases what was set up and nothing twice
@@ -275,7 +318,8 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     e->fr = calloc((size_t)o.max_requests, sizeof *e->fr);
     e->ql = calloc((size_t)o.max_requests, sizeof *e->ql);
     e->hp = calloc((size_t)o.max_requests, sizeof *e->hp);
-    if (!e->req || !e->block_store || !e->fr || !e->ql || !e->hp) {
+    e->nb = calloc((size_t)o.max_requests, sizeof *e->nb);
+    if (!e->req || !e->block_store || !e->fr || !e->ql || !e->hp || !e->nb) {
         k3c_engine_free(e);
         return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of host memory");
     }
@@ -284,15 +328,17 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
     k3c_forward_options fo = {.max_rows = o.max_rows, .max_segs = o.max_requests, .max_context = o.max_context,
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
-                              .aux_layers = e->aux_layers, .num_aux = o.num_aux};
-    if (k3c_forward_create(e->be, m, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
-        k3c_kv_cache_init(&e->kv, e->be, &m->config, o.num_blocks, o.block_size) != K3C_OK ||
-        k3c_kda_slots_init(&e->ks, e->be, &m->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
+                              .aux_layers = e->aux_layers, .num_aux = o.num_aux, .tp = rk ? rk->tp_comm : NULL};
+    if (k3c_forward_create(e->be, e->fm, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
+        k3c_kv_cache_init(&e->kv, e->be, &e->fm->config, o.num_blocks, o.block_size) != K3C_OK ||
+        k3c_kda_slots_init(&e->ks, e->be, &e->fm->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
-        return k3c_error_context("engine");
+        return rk ? k3c_error_context("engine: rank %d of %d", rk->rank, rk->world) : k3c_error_context("engine");
     }
     e->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
+    e->xr = xr;
     if (build_executor(e) != K3C_OK) {
+        e->xr = NULL;
         k3c_engine_free(e);
         return k3c_error_context("engine: specialized decode executor");
     }
@@ -302,19 +348,26 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
 
 void k3c_engine_free(k3c_engine *e) {
     if (!e) return;
+    k3c_ranks_stop(e->xr); /* rank 0: the followers stop (and, in this process, are joined) first */
     k3c_decode_cuda_free(e->xc); /* before the caches and the backend it runs on */
     if (e->be) {
         if (e->snap_base) e->be->free(e->be, e->snap_base);
         k3c_forward_free(e->fwd);
         k3c_kv_cache_release(&e->kv, e->be);
         k3c_kda_slots_release(&e->ks, e->be);
+        /* the rank's communicators after the forward that used them, its buffers before their backend */
+        k3c_ranks_free(e->xr);
+        e->xr = NULL;
         e->be->destroy(e->be);
     }
+    k3c_ranks_free(e->xr);
     free(e->req);
     free(e->block_store);
     free(e->fr);
     free(e->ql);
     free(e->hp);
+    free(e->nb);
+    k3c_model_shard_free(e->shard);
     free(e->aux_layers);
     free(e->aux);
     free(e->fallback); /* the list only: a buffer still held here is the caller's (k3c.h: free it before) */
@@ -352,6 +405,23 @@ int k3c_engine_prompt_piece(const k3c_engine *e, int pos, int end, int max_token
     return k3c_forward_prompt_piece(e->fwd, pos, end, max_tokens);
 }
 
+/* A follower rank's engine takes no calls of its own: rank 0 leads them all (k3c_engine_follow). */
+static int leads(const k3c_engine *e, const char *what) {
+    if (e->xr && k3c_ranks_rank(e->xr) != 0)
+        return k3c_errorf("%s: this engine is rank %d of %d, which follows rank 0's steps (k3c_engine_follow) and "
+                          "takes none of its own", what, k3c_ranks_rank(e->xr), k3c_ranks_world(e->xr));
+    return K3C_OK;
+}
+
+/* One reference of a block dropped; on a rank group a block poisoned as it is freed is poisoned on every
+ * rank (each holds its own copy of the replicated MLA cache). */
+static int give_block(k3c_engine *e, int block) {
+    k3c_kv_cache_give(&e->kv, e->be, block, e->o.poison_freed_blocks);
+    if (e->xr && e->o.poison_freed_blocks && e->kv.ref[block] == 0)
+        return k3c_ranks_log(e->xr, K3C_RANK_OP_POISON, block, 0, NULL, 0);
+    return K3C_OK;
+}
+
 static int check_id(const k3c_engine *e, int id) {
     if (!e) return null_engine("engine request");
     if (id < 0 || id >= e->o.max_requests || !e->req[id].open)
@@ -363,6 +433,7 @@ int k3c_request_open(k3c_engine *e, int *id) { return k3c_engine_request_open_pr
 
 int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, int *id) {
     if (!e || !id) return k3c_errorf("engine request_open: %s is NULL", e ? "the id output" : "the engine");
+    K3C_TRY(leads(e, "engine request_open"));
     if (n < 0 || n >= e->max_blocks_per_request || (n > 0 && !blocks))
         return k3c_errorf("engine request_open: a prefix of %d blocks (a request holds at most %d, the last "
                           "one its own)", n, e->max_blocks_per_request);
@@ -383,6 +454,7 @@ int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, 
         r->length = n * e->o.block_size;
         k3c_kda_slots_reset(&e->ks, e->be, i);
         *id = i;
+        if (e->xr) K3C_TRY(k3c_ranks_log(e->xr, K3C_RANK_OP_OPEN, i, 0, blocks, n));
         return e->be->sync(e->be);
     }
     return k3c_errorf("engine: all %d request slots are open", e->o.max_requests);
@@ -398,7 +470,7 @@ int k3c_engine_blocks_free(const k3c_engine *e) { return e->kv.num_free; }
 int k3c_engine_block_refs(const k3c_engine *e, int block) { return e->kv.ref[block]; }
 void k3c_engine_block_ref(k3c_engine *e, int block) { k3c_kv_cache_ref(&e->kv, block); }
 void k3c_engine_block_unref(k3c_engine *e, int block) {
-    k3c_kv_cache_give(&e->kv, e->be, block, e->o.poison_freed_blocks);
+    give_block(e, block); /* a group that failed here fails the next step, which reports it */
 }
 
 int k3c_engine_slots_free(const k3c_engine *e) {
@@ -410,15 +482,18 @@ int k3c_engine_slots_free(const k3c_engine *e) {
 size_t k3c_engine_snapshot_bytes(const k3c_engine *e) { return k3c_kda_slots_snapshot_bytes(&e->ks); }
 
 int k3c_engine_snapshots_reserve(k3c_engine *e, int count) {
+    K3C_TRY(leads(e, "engine snapshots_reserve"));
     if (e->snap_base) e->be->free(e->be, e->snap_base);
     e->snap_base = NULL;
     e->snap_count = 0;
     e->snap_bytes = k3c_kda_slots_snapshot_bytes(&e->ks);
-    if (count <= 0 || e->snap_bytes == 0) return K3C_OK;
-    e->snap_base = e->be->alloc(e->be, e->snap_bytes * (size_t)count);
-    if (!e->snap_base) return k3c_error_context("engine: %d KDA snapshots of %zu bytes", count, e->snap_bytes);
-    e->snap_count = count;
-    return K3C_OK;
+    if (count > 0 && e->snap_bytes > 0) {
+        e->snap_base = e->be->alloc(e->be, e->snap_bytes * (size_t)count);
+        if (!e->snap_base) return k3c_error_context("engine: %d KDA snapshots of %zu bytes", count, e->snap_bytes);
+        e->snap_count = count;
+    }
+    /* every rank its own snapshots of its own KDA heads */
+    return e->xr ? k3c_ranks_log(e->xr, K3C_RANK_OP_SNAP_RESERVE, count > 0 ? count : 0, 0, NULL, 0) : K3C_OK;
 }
 
 static int check_snap(const k3c_engine *e, int id, int snap) {
@@ -433,22 +508,27 @@ static int check_snap(const k3c_engine *e, int id, int snap) {
 int k3c_engine_snapshot_save(k3c_engine *e, int id, int snap) {
     K3C_TRY(check_snap(e, id, snap));
     k3c_kda_slots_save(&e->ks, e->be, id, (char *)e->snap_base + e->snap_bytes * (size_t)snap);
-    return K3C_OK;
+    return e->xr ? k3c_ranks_log(e->xr, K3C_RANK_OP_SNAP_SAVE, id, snap, NULL, 0) : K3C_OK;
 }
 
 int k3c_engine_snapshot_restore(k3c_engine *e, int id, int snap) {
     K3C_TRY(check_snap(e, id, snap));
     k3c_kda_slots_restore(&e->ks, e->be, id, (char *)e->snap_base + e->snap_bytes * (size_t)snap);
-    return K3C_OK;
+    return e->xr ? k3c_ranks_log(e->xr, K3C_RANK_OP_SNAP_RESTORE, id, snap, NULL, 0) : K3C_OK;
 }
 
 int k3c_request_close(k3c_engine *e, int id) {
     K3C_TRY(check_id(e, id));
+    K3C_TRY(leads(e, "engine request_close"));
     engine_request *r = &e->req[id];
-    for (int b = r->nblocks - 1; b >= 0; b--) k3c_kv_cache_give(&e->kv, e->be, r->blocks[b], e->o.poison_freed_blocks);
+    int rc = K3C_OK;
+    for (int b = r->nblocks - 1; b >= 0; b--)
+        if (give_block(e, r->blocks[b]) != K3C_OK) rc = K3C_ERR;
     r->open = 0;
     r->nblocks = r->length = r->pending = 0;
-    return e->be->sync(e->be);
+    if (e->xr && rc == K3C_OK) rc = k3c_ranks_log(e->xr, K3C_RANK_OP_CLOSE, id, 0, NULL, 0);
+    if (e->be->sync(e->be) != K3C_OK) rc = K3C_ERR;
+    return rc;
 }
 
 int k3c_request_length(const k3c_engine *e, int id) {
@@ -489,6 +569,7 @@ static int step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3
             if (b < 0) return k3c_errorf("engine step: the MLA cache is out of blocks (%d)", e->kv.num_blocks);
             r->blocks[r->nblocks++] = b;
         }
+        e->nb[i] = r->nblocks;
         e->fr[i] = (k3c_fwd_req){.ids = it->tokens, .n = it->n, .pos = r->length, .block_table = r->blocks,
                                  .slot = it->request, .verify = it->verify,
                                  .logits = (it->verify || it->all_logits) ? K3C_LOGITS_ALL : K3C_LOGITS_LAST};
@@ -614,6 +695,7 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
     if (n <= 0) return K3C_OK;
     if (!items || !logits)
         return k3c_errorf("engine step: %d items, but %s is NULL", n, items ? "logits" : "the item list");
+    K3C_TRY(leads(e, "engine step"));
     const k3c_fwd_req *fr;
     K3C_TRY(step_begin(e, items, n, &fr));
     /* an item is prompt rows unless it verifies, or decodes one token after the request's first step */
@@ -639,6 +721,8 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
             e->st.greedy_id_steps++;
             if (wrote_ids) *wrote_ids = 1;
         }
+    } else if (e->xr) { /* every rank runs it: rank 0 sends it, then runs its own part */
+        K3C_TRY(k3c_ranks_step(e->xr, fr, e->nb, n, logits, e->aux));
     } else {
         K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
     }
@@ -723,10 +807,11 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted) {
     if (!r->pending) return k3c_errorf("engine commit: request %d has no verify to commit", id);
     if (accepted < 0 || accepted > r->pending)
         return k3c_errorf("engine commit: request %d: accepted %d outside 0..%d", id, accepted, r->pending);
+    K3C_TRY(leads(e, "engine commit"));
     K3C_TRY(k3c_forward_commit(e->fwd, &e->ks, id, accepted));
     r->length += accepted;
     r->pending = 0;
-    return K3C_OK;
+    return e->xr ? k3c_ranks_log(e->xr, K3C_RANK_OP_COMMIT, id, accepted, NULL, 0) : K3C_OK;
 }
 
 int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows) {
@@ -743,3 +828,33 @@ int k3c_engine_aux(const k3c_engine *e, int j, float *out, int *rows) {
     if (rows) *rows = e->aux_rows;
     return K3C_OK;
 }
+
+/* ---- ranks (runtime/engine_ranks.h) ---- */
+
+int k3c_engine_rank(const k3c_engine *e) {
+    if (!e) return null_engine("engine rank");
+    return e->xr ? k3c_ranks_rank(e->xr) : 0;
+}
+
+int k3c_engine_world_size(const k3c_engine *e) {
+    if (!e) return null_engine("engine world_size");
+    return e->xr ? k3c_ranks_world(e->xr) : 1;
+}
+
+int k3c_engine_follow(k3c_engine *e) {
+    if (!e) return null_engine("engine follow");
+    if (!e->xr || k3c_ranks_rank(e->xr) == 0)
+        return k3c_errorf("engine follow: this engine is rank 0 of %d: it leads (its steps are the calls made on "
+                          "it); only the other ranks follow", k3c_engine_world_size(e));
+    return k3c_ranks_follow(e->xr);
+}
+
+int k3c_engine_failed(const k3c_engine *e) { return e && e->xr && k3c_ranks_failed(e->xr) != NULL; }
+
+k3c_engine_ranks *k3c_engine_xr(const k3c_engine *e) { return e->xr; }
+
+void k3c_engine_check_ranks(k3c_engine *e, int on) {
+    if (e->xr) k3c_ranks_set_check(e->xr, on);
+}
+
+long k3c_engine_ranks_checked(const k3c_engine *e) { return e->xr ? k3c_ranks_checked(e->xr) : 0; }

@@ -73,4 +73,16 @@ int k3c_engine_snapshots_reserve(k3c_engine *e, int count);
 int k3c_engine_snapshot_save(k3c_engine *e, int id, int snap);
 int k3c_engine_snapshot_restore(k3c_engine *e, int id, int snap);
 
+/* ---- ranks (runtime/engine_ranks.h) ----
+ * k3c_engine_create's body for options it has normalized: the engine of one rank (x NULL: world size 1, the
+ * whole model; else x's rank: its shard of m and its TP communicator). On failure x stays the caller's. */
+struct k3c_engine_ranks;
+int k3c_engine_build(k3c_model *m, const k3c_engine_options *o, int num_blocks_given, struct k3c_engine_ranks *x,
+                     k3c_engine **out);
+struct k3c_engine_ranks *k3c_engine_xr(const k3c_engine *e);
+/* Diagnostic (tests): every following step, the ranks compare a hash of their logits (and aux streams), and a
+ * difference fails it naming the rank; checked: the steps compared. No-ops at world size 1. */
+void k3c_engine_check_ranks(k3c_engine *e, int on);
+long k3c_engine_ranks_checked(const k3c_engine *e);
+
 #endif

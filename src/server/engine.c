@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "server/server.h"
 
@@ -17,6 +19,42 @@ static const char *base_name(const char *dir) {
     return buf;
 }
 
+/* The engine's options: the same on every rank of a multi-process launch (their start-up check compares them). */
+static void engine_options(const srv_config *c, k3c_engine_options *o) {
+    k3c_engine_options_default(o);
+    o->device = c->device;
+    o->threads = c->threads;
+    o->max_requests = c->max_seqs;
+    o->max_rows = c->max_batched_tokens;
+    o->max_context = c->max_context;
+    o->memory_limit = c->memory_limit;
+    o->num_blocks = c->kv_blocks;
+    o->exact_f32 = c->exact_f32;
+    if (c->spec + 1 > o->q_max) o->q_max = c->spec + 1;
+    o->layout = c->layout;
+    o->rank = c->rank;
+    o->world_size = c->world_size;
+    o->rendezvous = c->rendezvous;
+    o->rank_timeout_ms = c->rank_timeout_ms;
+}
+
+int srv_follow(const srv_config *c, int (*load)(const srv_config *cfg, k3c_model **m)) {
+    k3c_model *m = NULL;
+    k3c_engine *e = NULL;
+    k3c_engine_options o;
+    engine_options(c, &o);
+    int rc = load(c, &m) == K3C_OK && k3c_engine_create(m, &o, &e) == K3C_OK ? 0 : -1;
+    if (rc == 0) {
+        fprintf(stderr, "k3c serve: rank %d of %d: following rank 0's steps\n", k3c_engine_rank(e),
+                k3c_engine_world_size(e));
+        rc = k3c_engine_follow(e) == K3C_OK ? 0 : -1;
+    }
+    if (rc) fprintf(stderr, "k3c serve: rank %d: %s\n", c->rank, srv_error_message());
+    k3c_engine_free(e);
+    if (m) k3c_free(m);
+    return rc;
+}
+
 int srv_engine_load(srv_server *s) {
     const srv_config *c = &s->cfg;
     if (s->load(c, &s->model) != K3C_OK) return -1;
@@ -25,16 +63,7 @@ int srv_engine_load(srv_server *s) {
     const char *preset = c->preset ? c->preset : "tiny";
     if (srv_text_create(c->model_dir, c->model_dir ? NULL : preset, info.family, &s->text) != K3C_OK) return -1;
     k3c_engine_options o;
-    k3c_engine_options_default(&o);
-    o.device = c->device;
-    o.threads = c->threads;
-    o.max_requests = c->max_seqs;
-    o.max_rows = c->max_batched_tokens;
-    o.max_context = c->max_context;
-    o.memory_limit = c->memory_limit;
-    o.num_blocks = c->kv_blocks;
-    o.exact_f32 = c->exact_f32;
-    if (c->spec + 1 > o.q_max) o.q_max = c->spec + 1;
+    engine_options(c, &o);
     if (k3c_engine_create(s->model, &o, &s->engine) != K3C_OK) return -1;
     k3c_engine_memory mm;
     if (k3c_engine_memory_get(s->engine, &mm) != K3C_OK) return -1;
@@ -119,9 +148,15 @@ static void *sched_main(void *arg) {
         int n = 0;
         /* a failed step ends the requests it touched (FINISHED with ERROR among the events); the others go
          * on and the scheduler stays usable */
-        if (k3c_scheduler_step(s->sched, &ev, &n, &busy) != K3C_OK)
-            fprintf(stderr, "k3c serve: a scheduler step failed: %s\n", k3c_last_error());
+        int failed = k3c_scheduler_step(s->sched, &ev, &n, &busy) != K3C_OK;
+        if (failed) fprintf(stderr, "k3c serve: a scheduler step failed: %s\n", k3c_last_error());
         for (int i = 0; i < n; i++) on_event(s, &ev[i], &scratch);
+        /* a rank group that failed cannot run another step: the server ends, non-zero (server.c) */
+        if (failed && k3c_engine_failed(s->engine) && !atomic_load(&s->fatal)) {
+            snprintf(s->fatal_message, sizeof s->fatal_message, "%s", k3c_last_error());
+            atomic_store(&s->fatal, 1);
+            kill(getpid(), SIGTERM);
+        }
         k3c_scheduler_stats_get(s->sched, &st);
         if (st.steps != steps) srv_metrics_iteration(&s->metrics, st.last_step_tokens);
         steps = st.steps;

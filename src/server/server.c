@@ -95,6 +95,14 @@ int srv_run(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model 
                 st.snapshots_max, st.snapshot_bytes_limit / 1048576.0);
     int sig = 0;
     while (sigwait(&set, &sig) != 0) {}
+    if (atomic_load(&s->fatal)) { /* the engine can run no step: what is still queued gets an error */
+        atomic_store(&s->draining, 1);
+        srv_http_quiesce(s);
+        abort_all(s);
+        wait_idle(s, 2.0);
+        srv_errorf("the engine failed: %s", s->fatal_message);
+        goto done;
+    }
     fprintf(stderr, "k3c serve: %s: draining (%.1f s grace)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg->grace_s);
     atomic_store(&s->draining, 1);
     srv_http_quiesce(s);

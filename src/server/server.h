@@ -48,6 +48,11 @@ typedef struct srv_config {
     double grace_s;          /* SIGTERM: running requests get this long to finish, then they are aborted */
     int max_connections;
     const char *port_file;   /* where the bound port is written once listening (tests); NULL: none */
+    /* parallel ranks (k3c_engine_options.layout, rank, world_size, rendezvous, rank_timeout_ms) */
+    k3c_layout layout;
+    int rank, world_size;
+    const char *rendezvous;
+    int rank_timeout_ms;
 } srv_config;
 
 typedef struct srv_server {
@@ -70,6 +75,8 @@ typedef struct srv_server {
     pthread_t sched_thread;
     int sched_started;
     atomic_int stop;
+    atomic_int fatal;        /* the engine's rank group failed: the server exits non-zero (fatal_message) */
+    char fatal_message[2048];
     /* the live requests (the ticker walks them) */
     pthread_mutex_t list_mu;
     srv_req *live;
@@ -105,6 +112,9 @@ void srv_req_abandon(srv_req *r);
 
 /* engine.c: the model and the scheduler thread */
 int srv_engine_load(srv_server *s);
+/* A rank other than 0 of a multi-process launch (cfg->rank > 0): loads the model, makes its engine with the
+ * options rank 0's server uses, and follows rank 0's steps until rank 0 ends; no HTTP. 0 or -1. */
+int srv_follow(const srv_config *cfg, int (*load)(const srv_config *cfg, k3c_model **m));
 int srv_engine_start(srv_server *s);
 void srv_engine_stop(srv_server *s);
 void srv_engine_free(srv_server *s);

@@ -1,0 +1,70 @@
+/* The engine as one rank of a group (include/k3c.h k3c_engine_options.layout; docs/PARALLEL.md): rank 0
+ * leads, the other ranks follow its steps.
+ *
+ * Rank 0 owns the scheduler, the front end and the request table (blocks, slots, lengths). Whatever changes a
+ * rank's caches is sent to every rank, in the order it happened, through the world communicator's broadcast:
+ * the request opens (slot, prefix blocks), closes, commits, KDA snapshot reservations, saves and restores and
+ * poisoned blocks are logged as they happen and go out with the next message; a step goes out as one message
+ * carrying that log and the step (each request's slot, tokens, position, verify width, logits mode and the
+ * blocks its table gained). Every rank applies the log and runs the same stock forward over its own shard,
+ * backend and caches (the forward's TP collectives sum in rank order), so every rank ends with the same
+ * logits. One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
+ *
+ * An idle rank 0 (a server waiting for requests) keeps its followers' waits inside the group's timeout with an
+ * empty message every quarter of it (a keep-alive thread; every message goes out under one mutex).
+ *
+ * Failure: a rank whose step fails records itself as the group's first failure (runtime/ranks.h) and aborts
+ * the communicators; every other rank's wait then ends at once (or at the timeout, for a rank that hangs),
+ * rank 0's call fails with a message naming the failed rank and step, and every later call on the engine
+ * fails the same way: the group cannot go on. */
+#ifndef K3C_RUNTIME_ENGINE_RANKS_H
+#define K3C_RUNTIME_ENGINE_RANKS_H
+
+#include <stdint.h>
+
+#include "k3c.h"
+#include "stock/forward.h"
+
+typedef struct k3c_engine_ranks k3c_engine_ranks;
+struct k3c_rank;
+
+/* k3c_engine_create for a layout of world > 1 ranks (o normalized, layout checked by k3c_ranks_layout): in
+ * this process (world_size 0: every rank a thread, device cpu) or as rank o->rank of a multi-process world. */
+int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c_layout *l, int world,
+                            int num_blocks_given, k3c_engine **out);
+
+/* This rank's place, for the engine's build (the shard it holds, the forward's TP communicator). */
+const struct k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x);
+int k3c_ranks_rank(const k3c_engine_ranks *x);
+int k3c_ranks_world(const k3c_engine_ranks *x);
+
+/* Rank 0's log of what changes the caches (the ops below; args as named), sent with the next message. */
+typedef enum k3c_rank_op {
+    K3C_RANK_OP_OPEN = 1,   /* slot, then list[n]: the prefix blocks its table starts with */
+    K3C_RANK_OP_CLOSE,      /* slot */
+    K3C_RANK_OP_COMMIT,     /* slot, accepted */
+    K3C_RANK_OP_SNAP_RESERVE, /* count */
+    K3C_RANK_OP_SNAP_SAVE,  /* slot, snapshot */
+    K3C_RANK_OP_SNAP_RESTORE, /* slot, snapshot */
+    K3C_RANK_OP_POISON,     /* block (freed with poison_freed_blocks) */
+} k3c_rank_op;
+int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32_t *list, int n);
+/* Rank 0's step: sends it and runs rank 0's forward (reqs as k3c_forward_step takes them; nblocks[i] the
+ * blocks request i's table holds now). */
+int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,
+                   float *aux);
+/* A follower's loop: until rank 0 stops (0) or the group fails (-1). */
+int k3c_ranks_follow(k3c_engine_ranks *x);
+/* The group's failure message once it failed, else NULL. */
+const char *k3c_ranks_failed(const k3c_engine_ranks *x);
+/* Diagnostic (tests): every step, every rank hashes its logits (and aux streams) and they compare them; a
+ * difference fails the step naming the rank. checked: the steps compared so far. */
+void k3c_ranks_set_check(k3c_engine_ranks *x, int on);
+long k3c_ranks_checked(const k3c_engine_ranks *x);
+
+/* Rank 0: stops the keep-alive and the followers (a last message, then joins the threads of an in-process
+ * group); before the engine's parts are freed. free: the rest, after them. */
+void k3c_ranks_stop(k3c_engine_ranks *x);
+void k3c_ranks_free(k3c_engine_ranks *x);
+
+#endif

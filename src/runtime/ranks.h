@@ -1,0 +1,100 @@
+/* The ranks of a parallel engine (include/k3c.h k3c_engine_options.layout, docs/PARALLEL.md): which ranks
+ * exist and where each sits in the layout, the one place that builds their communicators, the start-up
+ * check that every rank was started alike, the record of the rank that failed first, and host bytes moved
+ * between the ranks through their backend's memory.
+ *
+ * Ranks are numbered as k3c_layout_plan numbers them: rank = (stage * dp + dp_rank) * tp + tp_rank. Every rank
+ * has the world communicator (rank 0's step broadcasts, the start-up check) and its TP group's (the stock
+ * forward's all-reduce and gather); the pipeline, data and expert groups join here when they are wired (today
+ * pp > 1, dp > 1 and ep > 1 are refused by k3c_ranks_layout). Two ways to make them:
+ *   - in one process (k3c_ranks_threads): the in-memory groups of comm/threads.c, one thread per rank;
+ *   - one process per rank (k3c_ranks_nccl): NCCL, its unique id handed out through a rendezvous file
+ *     (comm/rendezvous.h), the TP groups split from the world (ncclCommSplit) where they are smaller. */
+#ifndef K3C_RUNTIME_RANKS_H
+#define K3C_RUNTIME_RANKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "k3c.h"
+#include "model/config.h"
+
+typedef struct k3c_rank_group k3c_rank_group;
+
+typedef struct k3c_rank {
+    int rank, world;
+    k3c_layout layout;        /* normalized: tp, pp, dp >= 1 */
+    int tp_rank, pp_stage, dp_rank;
+    k3c_comm *world_comm;     /* every rank */
+    k3c_comm *tp_comm;        /* the rank's TP group (may be world_comm) */
+    int timeout_ms;           /* the longest any rank waits for the others in one call */
+    k3c_rank_group *group;    /* in one process: the shared failure record; NULL over NCCL */
+    char *rendezvous;         /* over NCCL: the rendezvous file (failure notes beside it); else NULL */
+    /* staging of host bytes (k3c_rank_broadcast / _all_gather) where the communicator moves device memory */
+    k3c_backend *be;
+    void *stage;
+    size_t stage_bytes;
+} k3c_rank;
+
+/* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); pp > 1,
+ * dp > 1 and ep > 1 refused (not wired to the engine and the commands yet); every split the layout makes must
+ * divide (k3c_layout_plan's checks); world_size, when given (> 0), must equal tp x pp x dp and rank lie in
+ * 0 .. world_size - 1. *world: tp x pp x dp. */
+int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layout *out, int *world);
+
+/* In one process: ranks[0 .. world) each get their communicators (in-memory groups); each rank's thread
+ * then uses its own entry and releases it. */
+int k3c_ranks_threads(const k3c_layout *l, int timeout_ms, k3c_rank *ranks);
+/* One process per rank: this process's rank through NCCL (device 0 of this process: set
+ * CUDA_VISIBLE_DEVICES per rank), rank 0 publishing the unique id at path, the others waiting for it. */
+int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int timeout_ms, k3c_rank *out);
+/* Frees this rank's communicators and staging (the group's record goes with its last rank). */
+void k3c_rank_release(k3c_rank *r);
+
+/* Host bytes through the communicators (staged through be's memory where they need device buffers; call
+ * k3c_rank_stage first, with the largest transfer). Both fail, without hanging, when the group has failed or a
+ * peer does not come within the timeout. */
+int k3c_rank_stage(k3c_rank *r, k3c_backend *be, size_t max_bytes);
+int k3c_rank_broadcast(k3c_rank *r, void *host, size_t bytes); /* from rank 0, over the world */
+int k3c_rank_all_gather(k3c_rank *r, const void *src, void *dst, size_t bytes);
+
+/* This rank failed (at step `step`, 0 = start-up) with msg: recorded unless a rank failed before, then the
+ * communicators are aborted, so every other rank's wait ends at once. */
+void k3c_rank_fail(k3c_rank *r, long step, const char *msg);
+/* The first failure recorded: 1 with its rank, step and message, 0 when none is (in one process the shared
+ * record; over NCCL the failure notes beside the rendezvous file). */
+int k3c_rank_failure(const k3c_rank *r, int *rank, long *step, char *msg, size_t cap);
+
+/* ---- the start-up check ----
+ * Every rank fills a fingerprint of how it was started and all of them all-gather and compare them: the
+ * library version, the model's config and weights, the layout and world size, the rank itself, the device
+ * and dtype modes, and every option that sizes a cache or a step. A difference fails every rank with a
+ * message naming the field, the rank and both values. */
+enum {
+    K3C_FP_VERSION, K3C_FP_CONFIG, K3C_FP_WEIGHTS, K3C_FP_WORLD, K3C_FP_TP, K3C_FP_PP, K3C_FP_DP, K3C_FP_EP,
+    K3C_FP_RANK, K3C_FP_DEVICE, K3C_FP_EXACT_F32, K3C_FP_KV_FP8, K3C_FP_MAX_CONTEXT, K3C_FP_MAX_REQUESTS,
+    K3C_FP_MAX_ROWS, K3C_FP_BLOCK_SIZE, K3C_FP_NUM_BLOCKS, K3C_FP_Q_MAX, K3C_FP_CHUNK_MIN, K3C_FP_MLA_EXPAND_MIN,
+    K3C_FP_AUX_LAYERS, K3C_FP_POISON, K3C_FP_FIELDS
+};
+typedef struct k3c_rank_fingerprint {
+    uint64_t v[K3C_FP_FIELDS];
+} k3c_rank_fingerprint;
+const char *k3c_rank_fingerprint_field(int field);
+void k3c_rank_fingerprint_fill(k3c_rank_fingerprint *f, const k3c_config *c, uint64_t weight_bytes,
+                               const k3c_engine_options *o, const k3c_rank *r);
+/* All-gathers and compares (K3C_FP_RANK must equal each rank's place, every other field rank 0's). *differ = 1
+ * when they differ (every rank then fails with the same message); 0 when they agree or the gather failed. */
+int k3c_rank_fingerprint_check(k3c_rank *r, const k3c_rank_fingerprint *mine, int *differ);
+
+/* ---- test hooks (tests only; process-wide, set before the engine is created; rank -1: off) ----
+ * fault: rank `rank` fails its step number `step` (1, 2, ...: the forward steps rank 0 leads) with an
+ * error, or (stall = 1) waits there past the group's timeout before going on. skew: rank `rank`'s fingerprint
+ * field `field` differs. */
+void k3c_ranks_test_fault(int rank, long step, int stall);
+void k3c_ranks_test_skew(int rank, int field);
+/* 0: no fault for (rank, step); 1: fail; 2: stall. */
+int k3c_ranks_fault_at(int rank, long step);
+
+#endif
