@@ -55,9 +55,7 @@ static struct {
     ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
-    ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
     ncclResult_t (*user_rank)(const ncclComm_t, int *);
-    ncclResult_t (*count)(const ncclComm_t, int *);
     ncclResult_t (*abort_comm)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *);
@@ -86,9 +84,7 @@ static int nccl_load(void) {
     SYM(recv, "ncclRecv");
     SYM(group_start, "ncclGroupStart");
     SYM(group_end, "ncclGroupEnd");
-    SYM(split, "ncclCommSplit");
     SYM(user_rank, "ncclCommUserRank");
-    SYM(count, "ncclCommCount");
     SYM(abort_comm, "ncclCommAbort");
     SYM(destroy, "ncclCommDestroy");
     SYM(async_error, "ncclCommGetAsyncError");
