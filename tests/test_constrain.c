@@ -286,8 +286,10 @@ static void show(const uint8_t *s, size_t n, char *out, size_t cap) {
 TEST(json_automaton_matches_rfc_and_python) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
-    jz_schema sc;
+    jz_schema sc, paired;
     CHECK_OK(jz_schema_init(&sc));
+    CHECK_OK(jz_schema_init(&paired));
+    paired.paired = 1;
     bbuf doc = {0}, mut = {0}, fix = {0}, comp = {0};
     int n_strings = 0, n_valid = 0, n_invalid = 0;
     char path_in[600], path_out[600], cmd[2000], msg[800];
@@ -307,6 +309,20 @@ TEST(json_automaton_matches_rfc_and_python) {
             CHECKF(got == want, "automaton %d, RFC validator %d on \"%s\"", got, want, msg);
             n_valid += want;
             n_invalid += !want;
+            /* paired surrogates (what a model writes): what RFC 8259 allows and cJSON parses */
+            cJSON *cj = want ? cJSON_ParseWithLength((const char *)s->d, s->n) : NULL;
+            int got_paired = run_jz(&paired, JZ_ANY, s->d, s->n, &stop, &at);
+            CHECKF(got_paired == (cj != NULL), "paired automaton %d, RFC + cJSON %d on \"%s\"", got_paired, cj != NULL,
+                   msg);
+            cJSON_Delete(cj);
+            comp.n = 0;
+            bput(&comp, s->d, stop);
+            char why2[128];
+            CHECKF(complete(&paired, at, &comp, why2, sizeof why2), "paired, prefix \"%s\": %s", msg, why2);
+            cj = cJSON_ParseWithLength((const char *)comp.d, comp.n);
+            CHECKF(cj && ref_json_valid(comp.d, comp.n, JZ_MAX_DEPTH), "paired: a completion cJSON or RFC refuses");
+            cJSON_Delete(cj);
+            got = run_jz(&sc, JZ_ANY, s->d, s->n, &stop, &at);
             /* the prefix it took completes into a valid text, in exactly jz_min_close bytes */
             comp.n = 0;
             bput(&comp, s->d, stop);
@@ -375,6 +391,7 @@ TEST(json_automaton_matches_rfc_and_python) {
     free(fix.d);
     free(comp.d);
     jz_schema_release(&sc);
+    jz_schema_release(&paired);
 }
 
 /* Byte-level specifics the random documents might miss, each against the validator and a fixed answer. */
@@ -399,6 +416,26 @@ TEST(json_automaton_edge_cases) {
         CHECKF(ref_json_valid(s, n, JZ_MAX_DEPTH) == cases[i].ok, "validator on case %zu", i);
         CHECKF(run_jz(&sc, JZ_ANY, s, n, &stop, &at) == cases[i].ok, "automaton on case %zu (%s)", i, cases[i].s);
     }
+    /* surrogate escapes as a model may write them: pairs only */
+    static const struct {
+        const char *s;
+        int rfc, paired;
+    } sur[] = {
+        {"\"\\uD83D\\uDE00\"", 1, 1}, {"\"\\ud83d\\ude00x\"", 1, 1}, {"\"\\uD83D\"", 1, 0},
+        {"\"\\uDE00\"", 1, 0},        {"\"\\uD83Dx\"", 1, 0},         {"\"\\uD83D\\n\"", 1, 0},
+        {"\"\\uD83D\\uD83D\"", 1, 0}, {"\"\\uD7FF\\uE000\"", 1, 1}, {"{\"\\uDBFF\\uDFFF\":1}", 1, 1},
+    };
+    jz_schema paired;
+    CHECK_OK(jz_schema_init(&paired));
+    paired.paired = 1;
+    for (size_t i = 0; i < sizeof sur / sizeof sur[0]; i++) {
+        const uint8_t *s = (const uint8_t *)sur[i].s;
+        size_t n = strlen(sur[i].s), stop;
+        jz_state at;
+        CHECKF(run_jz(&sc, JZ_ANY, s, n, &stop, &at) == sur[i].rfc, "surrogate case %zu (%s)", i, sur[i].s);
+        CHECKF(run_jz(&paired, JZ_ANY, s, n, &stop, &at) == sur[i].paired, "paired case %zu (%s)", i, sur[i].s);
+    }
+    jz_schema_release(&paired);
     jz_schema_release(&sc);
 }
 
@@ -781,5 +818,244 @@ TEST(constrained_choice_is_the_best_admitted) {
     k3c_constrained_scratch_release(&w);
     k3c_grammar_free(g);
     k3c_grammar_vocab_free(v);
+    k3c_tokenizer_free(tok);
+}
+
+/* ---- chat grammars, end to end through the format's own output parser ---- */
+
+#define WEATHER                                                                                                    \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather of a city\","       \
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"type\":"      \
+    "\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\","  \
+    "\"unit\"],\"additionalProperties\":false}}}"
+#define TIME                                                                                                       \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\",\"properties\"" \
+    ":{\"zone\":{\"type\":\"string\"},\"utc\":{\"type\":\"boolean\"}},\"required\":[\"zone\"]}}}"
+#define NOOP "{\"type\":\"function\",\"function\":{\"name\":\"noop\"}}"
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\"," \
+             "\"content\":\"\",\"tool_calls\":[{\"id\":\"functions.noop:0\",\"type\":\"function\",\"function\":" \
+             "{\"name\":\"noop\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"functions.noop:0\"," \
+             "\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"and now?\"}]"
+
+typedef struct chat_case {
+    const char *name, *tmpl, *tokenizer, *request;
+    const char *want;   /* the one function a call must name, "*" any of the tools, NULL: JSON content */
+    const char *schema; /* the content's schema (JSON content), or NULL */
+} chat_case;
+
+static const chat_case chat_cases[] = {
+    {"k3 named", "kimi-k3", "tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "," NOOP "],\"tool_choice\":"
+     "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"chat_template_kwargs\":{\"thinking\":false}}",
+     "get_weather", NULL},
+    {"k3 named, thinking", "kimi-k3", "tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "],\"tool_choice\":{\"type\":"
+     "\"function\",\"function\":{\"name\":\"get_time\"}}}", "get_time", NULL},
+    {"k3 required", "kimi-k3", "tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "," NOOP "],\"tool_choice\":"
+     "\"required\",\"chat_template_kwargs\":{\"thinking\":false}}", "*", NULL},
+    {"k3 required, one call", "kimi-k3", "tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "],\"tool_choice\":"
+     "\"required\",\"parallel_tool_calls\":false}", "*", NULL},
+    {"k3 json_object", "kimi-k3", "tiny", "{" MSGS ",\"response_format\":{\"type\":\"json_object\"}}", NULL, NULL},
+    {"k3 json_schema", "kimi-k3", "tiny", "{" MSGS ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+     "{\"name\":\"w\",\"schema\":{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"number\"},\"ok\":{\"type\":"
+     "\"boolean\"}},\"required\":[\"t\",\"ok\"]}}},\"chat_template_kwargs\":{\"thinking\":false}}", NULL,
+     "{\"type\":\"object\",\"properties\":{\"t\":{\"type\":\"number\"},\"ok\":{\"type\":\"boolean\"}},\"required\":"
+     "[\"t\",\"ok\"]}"},
+    {"kimi-linear named", "kimi-linear", "kimi-linear-tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "],"
+     "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", "get_weather", NULL},
+    {"k2-thinking required", "kimi-k2-thinking", "kimi-linear-tiny", "{" MSGS ",\"tools\":[" WEATHER "," TIME "," NOOP
+     "],\"tool_choice\":\"required\"}", "*", NULL},
+    {"k2-thinking json_object", "kimi-k2-thinking", "kimi-linear-tiny", "{" MSGS ",\"response_format\":{\"type\":"
+     "\"json_object\"}}", NULL, NULL},
+};
+
+/* The schema of tool `name` in the request. */
+static const cJSON *tool_schema(const cJSON *req, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(req, "tools")) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring, name)) {
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            return p ? p : fn; /* no parameters: any object (valid() reads no keyword of fn) */
+        }
+    }
+    return NULL;
+}
+
+/* Checks the parsed message against the case; 0 with a message. */
+static int check_message(const chat_case *c, const cJSON *req, const char *result, char *why, size_t n) {
+    cJSON *m = cJSON_Parse(result);
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    int ok = 1;
+    if (!c->want) {
+        const char *text = cJSON_IsString(content) ? content->valuestring : "";
+        cJSON *v = parse_for_schema((const uint8_t *)text, strlen(text));
+        cJSON *schema = c->schema ? cJSON_Parse(c->schema) : NULL;
+        if (calls || !cJSON_IsObject(v) || !ref_json_valid((const uint8_t *)text, strlen(text), JZ_MAX_DEPTH) ||
+            (schema && !valid(v, schema)))
+            snprintf(why, n, "content %s is not a JSON object of the schema", text), ok = 0;
+        cJSON_Delete(v);
+        cJSON_Delete(schema);
+    } else if (!cJSON_IsArray(calls) || !cJSON_GetArraySize(calls) ||
+               (strcmp(c->want, "*") && cJSON_GetArraySize(calls) != 1)) {
+        snprintf(why, n, "no call, or several for a named function: %s", result), ok = 0;
+    } else if (cJSON_IsString(content) && content->valuestring[0]) {
+        snprintf(why, n, "content beside the calls: %s", result), ok = 0;
+    }
+    const cJSON *call, *list = c->want ? calls : NULL;
+    cJSON_ArrayForEach(call, list) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        const char *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments")->valuestring;
+        const cJSON *schema = tool_schema(req, name);
+        cJSON *v = parse_for_schema((const uint8_t *)args, strlen(args));
+        if (!ok) break;
+        if (strcmp(c->want, "*") && strcmp(name, c->want)) snprintf(why, n, "a call of %s", name), ok = 0;
+        else if (!schema) snprintf(why, n, "a call of %s, which is no tool", name), ok = 0;
+        else if (!cJSON_IsObject(v) || (cJSON_IsObject(schema) && !valid(v, schema)))
+            snprintf(why, n, "%s's arguments %s are not a JSON object of its schema", name, args), ok = 0;
+        cJSON_Delete(v);
+    }
+    cJSON_Delete(m);
+    return ok;
+}
+
+/* Random logits through the grammar until an end id or the budget; the ids into out. */
+static int drive(const k3c_grammar *g, int V, k3c_rng *r, float temperature, int budget, const int32_t *ends,
+                 int n_ends, int32_t *out, int *n_out, char *why, size_t n) {
+    k3c_sampling sp = {.temperature = temperature, .seed = k3c_rng_next(r)};
+    k3c_sampler *smp;
+    k3c_gmatch *m;
+    k3c_constrained_scratch w;
+    if (k3c_sampler_create(&sp, V, &smp) || k3c_gmatch_create(g, &m) || k3c_constrained_scratch_init(&w, V))
+        return snprintf(why, n, "%s", k3c_error_message()), 0;
+    float *row = malloc(sizeof *row * (size_t)V);
+    float scale = 1 + (float)rnd(r, 6);
+    int ok = 1, cnt = 0, ended = 0;
+    while (cnt < budget && !ended && ok) {
+        for (int i = 0; i < V; i++) row[i] = scale * (float)((k3c_rng_next(r) >> 11) * (1.0 / 9007199254740992.0));
+        int32_t t;
+        if (k3c_constrained_next(smp, m, row, budget - cnt, &w, &t) != K3C_OK) {
+            snprintf(why, n, "step %d: %s", cnt, k3c_error_message());
+            ok = 0;
+            break;
+        }
+        out[cnt++] = t;
+        for (int i = 0; i < n_ends; i++) ended |= t == ends[i];
+    }
+    if (ok && !ended) snprintf(why, n, "no end id within the budget of %d (grammar minimum %d)", budget, g->min_tokens), ok = 0;
+    *n_out = cnt;
+    free(row);
+    k3c_constrained_scratch_release(&w);
+    k3c_gmatch_free(m);
+    k3c_sampler_free(smp);
+    return ok;
+}
+
+TEST(chat_grammar_calls_parse_as_the_tool) {
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    char why[1024];
+    int32_t *ids = malloc(sizeof *ids * 4096);
+    for (size_t k = 0; k < sizeof chat_cases / sizeof chat_cases[0]; k++) {
+        const chat_case *c = &chat_cases[k];
+        k3c_tokenizer *tok = preset_tokenizer(c->tokenizer);
+        k3c_chat_template *t;
+        k3c_grammar_vocab *v;
+        k3c_grammar *g;
+        CHECK(tok);
+        CHECK_OK(k3c_chat_template_from_name(c->tmpl, &t));
+        CHECK_OK(k3c_grammar_vocab_create(tok, &v));
+        CHECKF(k3c_chat_grammar_create(t, tok, v, c->request, strlen(c->request), &g) == K3C_OK && g, "%s: %s", c->name,
+               k3c_error_message());
+        int V = k3c_tokenizer_vocab(tok);
+        int32_t ends[8];
+        int n_ends = k3c_chat_stop_ids(t, tok, ends, 8);
+        cJSON *req = cJSON_Parse(c->request);
+        /* the prompt renders (the grammar continues it) */
+        k3c_tokens prompt = {0};
+        CHECKF(k3c_chat_encode(t, tok, c->request, strlen(c->request), &prompt) == K3C_OK, "%s: %s", c->name,
+               k3c_error_message());
+        k3c_tokens_free(&prompt);
+        int budgets[] = {g->min_tokens, g->min_tokens + 1, g->min_tokens + 7, g->min_tokens + 40, 600};
+        for (int b = 0; b < 5; b++)
+            for (int rep = 0; rep < 3; rep++) {
+                int n = 0;
+                float temp = rep == 0 ? 0.f : rep == 1 ? 1.f : 0.3f;
+                CHECKF(drive(g, V, &r, temp, budgets[b], ends, n_ends, ids, &n, why, sizeof why), "%s, budget %d: %s",
+                       c->name, budgets[b], why);
+                k3c_chat_parser *p;
+                CHECK_OK(k3c_chat_parser_create(t, tok, c->request, strlen(c->request), &p));
+                for (int i = 0; i < n; i++) CHECK_OK(k3c_chat_parser_feed(p, ids[i], NULL, NULL));
+                CHECK_OK(k3c_chat_parser_finish(p, NULL, NULL));
+                char *result;
+                CHECK_OK(k3c_chat_parser_result_json(p, &result));
+                int ok = check_message(c, req, result, why, sizeof why);
+                char *text = NULL;
+                size_t len = 0;
+                if (!ok) k3c_tokenizer_decode(tok, ids, (size_t)n, &text, &len);
+                CHECKF(ok, "%s, budget %d, temperature %g: %s\n  output: %s", c->name, budgets[b], (double)temp, why,
+                       text ? text : "");
+                if (getenv("K3C_SHOW") && rep == 0) {
+                    k3c_tokenizer_decode(tok, ids, (size_t)n, &text, &len);
+                    printf("%s [%d tokens, budget %d]: %s\n  -> %s\n", c->name, n, budgets[b], text, result);
+                    free(text);
+                    text = NULL;
+                }
+                free(result);
+                k3c_chat_parser_free(p);
+            }
+        cJSON_Delete(req);
+        k3c_grammar_free(g);
+        k3c_grammar_vocab_free(v);
+        k3c_chat_template_free(t);
+        k3c_tokenizer_free(tok);
+    }
+    free(ids);
+}
+
+TEST(chat_grammar_refusals_and_none) {
+    k3c_tokenizer *tok = preset_tokenizer("tiny");
+    k3c_chat_template *t;
+    k3c_grammar_vocab *v;
+    CHECK(tok);
+    CHECK_OK(k3c_chat_template_from_name("kimi-k3", &t));
+    CHECK_OK(k3c_grammar_vocab_create(tok, &v));
+    static const struct {
+        const char *request, *needle; /* needle NULL: no grammar, no error */
+    } cases[] = {
+        {"{" MSGS "}", NULL},
+        {"{" MSGS ",\"tools\":[" WEATHER "],\"tool_choice\":\"auto\"}", NULL},
+        {"{" MSGS ",\"tools\":[" WEATHER "],\"tool_choice\":\"none\"}", NULL},
+        {"{" MSGS ",\"response_format\":{\"type\":\"text\"}}", NULL},
+        {"{" MSGS ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"x\"}}}",
+         "'x'"},
+        {"{" MSGS ",\"tools\":[" WEATHER "," WEATHER "],\"tool_choice\":\"required\"}", "twice"},
+        {"{" MSGS ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":"
+         "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3}}}}}}",
+         "response_format.json_schema.schema.properties.s: 'minLength'"},
+        {"{" MSGS ",\"response_format\":{\"type\":\"yaml\"}}", "yaml"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        k3c_grammar *g = (k3c_grammar *)1;
+        int rc = k3c_chat_grammar_create(t, tok, v, cases[i].request, strlen(cases[i].request), &g);
+        if (!cases[i].needle) {
+            CHECKF(rc == K3C_OK && !g, "case %zu: %s", i, rc ? k3c_error_message() : "a grammar");
+        } else {
+            CHECKF(rc != K3C_OK && !g && strstr(k3c_error_message(), cases[i].needle) &&
+                       k3c_error_kind_get() == K3C_ERROR_INPUT,
+                   "case %zu: rc %d, message '%s' (wanted '%s')", i, rc, k3c_error_message(), cases[i].needle);
+            k3c_error_clear();
+        }
+    }
+    /* a tool schema with a keyword k3c cannot enforce still gives a grammar (lenient) */
+    const char *lenient = "{" MSGS ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                          "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}}],"
+                          "\"tool_choice\":\"required\"}";
+    k3c_grammar *g;
+    CHECK_OK(k3c_chat_grammar_create(t, tok, v, lenient, strlen(lenient), &g));
+    CHECK(g && k3c_grammar_min_tokens(g) > 20);
+    k3c_grammar_free(g);
+    k3c_grammar_vocab_free(v);
+    k3c_chat_template_free(t);
     k3c_tokenizer_free(tok);
 }

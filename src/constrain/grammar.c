@@ -71,6 +71,7 @@ int k3c_grammar_begin(const k3c_grammar_vocab *v, int max_ws, k3c_grammar **out)
     }
     g->sc.max_ws = max_ws;
     g->sc.top_ws = 0; /* the next element follows the value's last byte */
+    g->sc.paired = 1;
     *out = g;
     return K3C_OK;
 }

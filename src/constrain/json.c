@@ -16,7 +16,10 @@
 #include <string.h>
 
 enum { M_VALUE, M_STR, M_KEY, M_NUM, M_LIT, M_ENUM, M_CONT, M_DONE };
-enum { S_NORM = 0, S_ESC = 1, S_HEX = 10 }; /* S_HEX + k: k hex digits still due */
+enum { S_NORM = 0, S_ESC = 1, S_PAIR_BSL = 2, S_PAIR_U = 3, S_HEX = 10 }; /* S_HEX + k: k hex digits due */
+/* A string's jz_state.lit with paired surrogates (jz_schema.paired): the \u escape began with d/D (SUR_D),
+ * is a high surrogate whose low half must follow (SUR_HIGH), is that low half (SUR_LOW). */
+enum { SUR_D = 1, SUR_HIGH = 2, SUR_LOW = 4 };
 enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 enum { O_START, O_KEY, O_COLON, O_VALUE, O_NEXT, A_START, A_ELEM, A_NEXT };
 
@@ -115,8 +118,44 @@ static int key_end(jz_state *st, const jz_schema *sc, jz_frame *f) {
     return 1;
 }
 
+static int hex_val(uint8_t b) { return is_digit(b) ? b - '0' : (b | 0x20) - 'a' + 10; }
+
+/* The hex digit of a \u escape at position 4 - k (k digits due before it); with paired surrogates a high
+ * half (D800-DBFF) must be followed by a \u escape of a low half (DC00-DFFF) and a low half never stands
+ * alone, refused at the digit that decides it. */
+static int hex_byte(jz_state *st, const jz_schema *sc, uint8_t b) {
+    if (!is_hex(b)) return 0;
+    int k = st->sub - S_HEX, at = 4 - k, v = hex_val(b);
+    if (sc->paired) {
+        if (at == 0 && (st->lit & SUR_LOW) && v != 0xD) return 0;
+        if (at == 0 && !(st->lit & SUR_LOW)) st->lit = v == 0xD ? SUR_D : 0;
+        if (at == 1 && (st->lit & SUR_LOW) && v < 0xC) return 0;
+        if (at == 1 && (st->lit & SUR_D)) {
+            if (v >= 0xC) return 0;
+            st->lit = v >= 0x8 ? SUR_HIGH : 0;
+        }
+    }
+    if (k > 1) {
+        st->sub--;
+        return 1;
+    }
+    st->sub = st->lit == SUR_HIGH ? S_PAIR_BSL : S_NORM;
+    if (st->lit & SUR_LOW) st->lit = 0;
+    return 1;
+}
+
+/* Bytes still due before a string can close: a character's, an escape's (and a pending low surrogate's). */
+static int string_pending(const jz_state *st) {
+    int n = st->u8need;
+    if (st->sub == S_ESC) n += 1;
+    else if (st->sub == S_PAIR_BSL) n += 6; /* \uDC00 */
+    else if (st->sub == S_PAIR_U) n += 5;
+    else if (st->sub > S_HEX) n += st->sub - S_HEX + (st->lit == SUR_HIGH ? 6 : 0);
+    return n;
+}
+
 /* String bytes (values and keys): UTF-8 well-formedness, escapes, the end quote (returns 2). */
-static int string_byte(jz_state *st, uint8_t b, int escapes) {
+static int string_byte(jz_state *st, const jz_schema *sc, uint8_t b, int escapes) {
     if (st->u8need) {
         if (b < st->u8lo || b > st->u8hi) return 0;
         st->u8need--;
@@ -124,20 +163,23 @@ static int string_byte(jz_state *st, uint8_t b, int escapes) {
         st->u8hi = 0xBF;
         return 1;
     }
+    if (st->sub == S_PAIR_BSL || st->sub == S_PAIR_U) {
+        if (b != (st->sub == S_PAIR_BSL ? '\\' : 'u')) return 0;
+        st->sub = st->sub == S_PAIR_BSL ? S_PAIR_U : S_HEX + 4;
+        if (st->sub == S_HEX + 4) st->lit = SUR_LOW;
+        return 1;
+    }
     if (st->sub == S_ESC) {
         if (b == 'u') {
             st->sub = S_HEX + 4;
+            st->lit = 0;
             return 1;
         }
         if (!strchr("\"\\/bfnrt", b) || !b) return 0;
         st->sub = S_NORM;
         return 1;
     }
-    if (st->sub > S_HEX) {
-        if (!is_hex(b)) return 0;
-        st->sub = st->sub - 1 == S_HEX ? S_NORM : st->sub - 1;
-        return 1;
-    }
+    if (st->sub > S_HEX) return hex_byte(st, sc, b);
     if (b == '"') return 2;
     if (b == '\\') {
         if (!escapes) return 0;
@@ -329,13 +371,13 @@ int jz_step(jz_state *st, const jz_schema *sc, uint8_t b) {
         switch (st->mode) {
         case M_VALUE: return value_start(st, sc, b);
         case M_STR:
-            r = string_byte(st, b, 1);
+            r = string_byte(st, sc, b, 1);
             if (r == 2) value_done(st);
             return r != 0;
         case M_KEY: {
             jz_frame *f = &st->f[st->depth - 1];
             int keyed = node_of(sc, f->node)->keyed;
-            r = string_byte(st, b, !keyed);
+            r = string_byte(st, sc, b, !keyed);
             if (r == 2) return key_end(st, sc, f);
             if (r == 0) return 0;
             return keyed ? key_byte(st, sc, f, b) : 1;
@@ -409,7 +451,7 @@ static int object_members(const jz_schema *sc, const jz_frame *f) {
 /* The key being typed in frame f, finished the cheapest way, with the member's value and the object's rest. */
 static int key_cost(const jz_state *st, const jz_schema *sc, const jz_frame *f) {
     const jz_node *n = node_of(sc, f->node);
-    int pending = st->u8need + (st->sub == S_ESC ? 1 : st->sub > S_HEX ? st->sub - S_HEX : 0);
+    int pending = string_pending(st);
     int best = BIG;
     if (!n->keyed || n->additional >= 0) {
         int32_t vn = n->additional >= 0 ? n->additional : JZ_ANY;
@@ -439,7 +481,7 @@ static int key_cost(const jz_state *st, const jz_schema *sc, const jz_frame *f) 
 static int lexeme_cost(const jz_state *st, const jz_schema *sc) {
     switch (st->mode) {
     case M_VALUE: return node_of(sc, st->node)->min_len;
-    case M_STR: return st->u8need + (st->sub == S_ESC ? 1 : st->sub > S_HEX ? st->sub - S_HEX : 0) + 1;
+    case M_STR: return string_pending(st) + 1;
     case M_NUM: return st->sub == N_MINUS || st->sub == N_DOT || st->sub == N_E || st->sub == N_ESIGN;
     case M_LIT: return literal_len[st->lit] - (int)st->pos;
     case M_ENUM: {

@@ -68,6 +68,9 @@ typedef struct jz_schema {
     int n_blobs, cap_blobs;
     int max_ws;      /* consecutive whitespace bytes allowed between tokens; -1: any number */
     int top_ws;      /* whitespace after the top-level value (before it: always, within max_ws) */
+    /* \u escapes of surrogates only as pairs (a high half then a low half): RFC 8259 allows lone ones, but
+     * what a parser makes of them is unpredictable (section 8.2) and cJSON, k3c's, refuses them */
+    int paired;
 } jz_schema;
 
 typedef struct jz_frame {

@@ -337,9 +337,9 @@ int k3c_chat_grammar_create(const k3c_chat_template *t, const k3c_tokenizer *tok
             json_out = 1;
             schema = item(item(rf, "json_schema"), "schema");
         } else if (strcmp(rf_type->valuestring, "text")) {
+            k3c_errorf("response_format type '%s': expected text, json_object or json_schema", rf_type->valuestring);
             cJSON_Delete(root);
-            return k3c_errorf("response_format type '%s': expected text, json_object or json_schema",
-                              rf_type->valuestring);
+            return K3C_ERR;
         }
     }
     if (choice == CHOICE_NONE && !json_out) {
