@@ -441,7 +441,7 @@ TEST(json_automaton_edge_cases) {
 
 /* ---- schemas ---- */
 
-static int is_int(double x) { return x == floor(x) && fabs(x) < 1e15; }
+static int is_int(double x) { return isfinite(x) && x == floor(x); }
 
 static int type_ok(const cJSON *v, const char *t) {
     if (!strcmp(t, "null")) return cJSON_IsNull(v);
