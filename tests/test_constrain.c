@@ -1059,3 +1059,156 @@ TEST(chat_grammar_refusals_and_none) {
     k3c_chat_template_free(t);
     k3c_tokenizer_free(tok);
 }
+
+/* ---- the scheduler on the embedded trained model ---- */
+
+#include "k3_fortune.h"
+
+typedef struct cjob {
+    const int32_t *prompt;
+    int n_prompt, max_new;
+    k3c_sched_sampling sp;
+    const k3c_grammar *g;
+    int32_t out[512];
+    int n_out, finished;
+    k3c_finish_reason why;
+    int32_t stop;
+} cjob;
+
+/* Runs the jobs through one scheduler (spec drafts per verify) to the end. */
+static int run_jobs(k3c_engine *e, int spec, cjob *jobs, int n, k3c_scheduler_stats *st) {
+    k3c_scheduler_options o;
+    k3c_scheduler_options_default(&o);
+    o.spec_tokens = spec;
+    o.max_batched_tokens = 256;
+    k3c_scheduler *s;
+    K3C_TRY(k3c_scheduler_create(e, &o, &s));
+    int rc = K3C_OK;
+    for (int i = 0; i < n && rc == K3C_OK; i++) {
+        k3c_sched_request q = {.prompt = jobs[i].prompt, .n_prompt = jobs[i].n_prompt, .max_new = jobs[i].max_new,
+                               .sampling = jobs[i].sp, .grammar = jobs[i].g, .user = &jobs[i],
+                               .stop_ids = (const int32_t[]){3842, 3841}, .n_stop_ids = 2};
+        uint64_t id;
+        jobs[i].n_out = jobs[i].finished = 0;
+        if (k3c_scheduler_submit(s, &q, &id) != 0) rc = k3c_errorf("submit: %s", k3c_error_message());
+    }
+    for (int busy = 1, steps = 0; busy && rc == K3C_OK && steps < 100000; steps++) {
+        const k3c_sched_event *ev;
+        int n_ev;
+        rc = k3c_scheduler_step(s, &ev, &n_ev, &busy);
+        for (int i = 0; i < n_ev && rc == K3C_OK; i++) {
+            cjob *j = ev[i].user;
+            if (ev[i].kind == K3C_SCHED_TOKEN) j->out[j->n_out++] = ev[i].token;
+            else j->finished = 1, j->why = ev[i].finish, j->stop = ev[i].stop_token;
+            if (ev[i].kind == K3C_SCHED_FINISHED && ev[i].finish == K3C_FINISH_ERROR)
+                rc = k3c_errorf("a request failed: %s", ev[i].message);
+        }
+    }
+    if (st) k3c_scheduler_stats_get(s, st);
+    k3c_scheduler_free(s);
+    return rc;
+}
+
+/* Named tool choice and json_object on the trained model (never trained on either): the call is there and
+ * parses, the content is a JSON object, and a constrained request's tokens are the same alone and beside
+ * other requests (constrained and not, greedy and sampled, with logprobs), and for greedy with speculation
+ * (drafts checked against the constraint). */
+TEST(sched_constrained_fortune_invariance) {
+    char dir[4096];
+    CHECK(fortune_path(dir, sizeof dir, "models/k3-fortune") == 0);
+    k3c_model *m;
+    k3c_engine *e;
+    k3c_tokenizer *tok;
+    k3c_chat_template *t;
+    k3c_grammar_vocab *v;
+    CHECK_OK(k3c_load(dir, &m));
+    k3c_engine_options eo;
+    k3c_engine_options_default(&eo);
+    eo.threads = 2;
+    eo.max_requests = 6;
+    eo.max_context = 1024;
+    CHECK_OK(k3c_engine_create(m, &eo, &e));
+    CHECK_OK(k3c_tokenizer_load(dir, &tok));
+    CHECK_OK(k3c_chat_template_load(dir, "Kimi K3", &t));
+    CHECK_OK(k3c_grammar_vocab_create(tok, &v));
+    const char *req = "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the weather in Paris?\"}],\"tools\":["
+                      WEATHER "," TIME "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":"
+                      "\"get_weather\"}},\"chat_template_kwargs\":{\"thinking\":false}}";
+    const char *req2 = "{\"messages\":[{\"role\":\"user\",\"content\":\"A fortune, as JSON\"}],\"response_format\":"
+                       "{\"type\":\"json_object\"}}";
+    k3c_tokens p1 = {0}, p2 = {0};
+    CHECK_OK(k3c_chat_encode(t, tok, req, strlen(req), &p1));
+    CHECK_OK(k3c_chat_encode(t, tok, req2, strlen(req2), &p2));
+    k3c_grammar *g1, *g2;
+    CHECK_OK(k3c_chat_grammar_create(t, tok, v, req, strlen(req), &g1));
+    CHECK_OK(k3c_chat_grammar_create(t, tok, v, req2, strlen(req2), &g2));
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    int32_t other[5][64];
+    cjob alone[2] = {
+        {.prompt = p1.ids, .n_prompt = (int)p1.n, .max_new = 300, .g = g1},
+        {.prompt = p2.ids, .n_prompt = (int)p2.n, .max_new = 200, .g = g2,
+         .sp = {.base = {.temperature = 0.8f, .top_p = 0.95f, .seed = k3c_rng_next(&r)}}},
+    };
+    CHECK_OK(run_jobs(e, 0, &alone[0], 1, NULL));
+    CHECK_OK(run_jobs(e, 0, &alone[1], 1, NULL));
+    /* what the parser makes of them */
+    for (int k = 0; k < 2; k++) {
+        CHECKF(alone[k].why == K3C_FINISH_STOP, "job %d ended %d", k, alone[k].why);
+        k3c_chat_parser *p;
+        const char *rq = k ? req2 : req;
+        CHECK_OK(k3c_chat_parser_create(t, tok, rq, strlen(rq), &p));
+        for (int i = 0; i < alone[k].n_out; i++) CHECK_OK(k3c_chat_parser_feed(p, alone[k].out[i], NULL, NULL));
+        CHECK_OK(k3c_chat_parser_feed(p, alone[k].stop, NULL, NULL));
+        char *json;
+        CHECK_OK(k3c_chat_parser_result_json(p, &json));
+        cJSON *rq_j = cJSON_Parse(rq);
+        char why[512];
+        chat_case c = {"fortune", "kimi-k3", "", rq, k ? NULL : "get_weather", NULL};
+        int ok = check_message(&c, rq_j, json, why, sizeof why);
+        CHECKF(ok, "job %d: %s", k, why);
+        cJSON_Delete(rq_j);
+        free(json);
+        k3c_chat_parser_free(p);
+    }
+    /* alone with speculation: drafts of its own history accepted under the constraint, the same stream */
+    cjob solo = alone[0];
+    k3c_scheduler_stats st;
+    CHECK_OK(run_jobs(e, 3, &solo, 1, &st));
+    CHECKF(st.spec_accepted_tokens > 0, "%ld drafts verified, none accepted", st.spec_draft_tokens);
+    CHECKF(solo.n_out == alone[0].n_out && !memcmp(solo.out, alone[0].out, sizeof(int32_t) * (size_t)solo.n_out),
+           "speculation changed the constrained greedy stream");
+    /* beside others, and with speculation */
+    for (int spec = 0; spec <= 3; spec += 3) {
+        cjob batch[7];
+        batch[0] = alone[0];
+        batch[1] = alone[1];
+        for (int i = 0; i < 5; i++) {
+            int n = 5 + (int)rnd(&r, 50);
+            for (int k = 0; k < n; k++) other[i][k] = (int32_t)rnd(&r, 3800);
+            batch[2 + i] = (cjob){.prompt = other[i], .n_prompt = n, .max_new = 20 + (int)rnd(&r, 100),
+                                  .g = i == 0 ? g1 : i == 1 ? g2 : NULL,
+                                  .sp = {.base = {.temperature = i % 2 ? 1.f : 0.f, .seed = k3c_rng_next(&r)},
+                                         .logprobs = i == 4 ? 3 : 0}};
+        }
+        CHECK_OK(run_jobs(e, spec, batch, 7, &st));
+        CHECKF(!spec || st.spec_accepted_tokens > 0, "spec %d: %ld drafts verified, none accepted", spec,
+               st.spec_draft_tokens);
+        /* a sampled request under speculation draws for its acceptance tests (its distribution, not its
+         * stream, is the same): compared without speculation only */
+        for (int k = 0; k < (spec ? 1 : 2); k++) {
+            CHECKF(batch[k].n_out == alone[k].n_out && !memcmp(batch[k].out, alone[k].out, sizeof(int32_t) * (size_t)alone[k].n_out),
+                   "job %d, spec %d: %d tokens, alone %d: the constrained stream depends on its neighbours", k, spec,
+                   batch[k].n_out, alone[k].n_out);
+        }
+    }
+    k3c_tokens_free(&p1);
+    k3c_tokens_free(&p2);
+    k3c_grammar_free(g1);
+    k3c_grammar_free(g2);
+    k3c_grammar_vocab_free(v);
+    k3c_chat_template_free(t);
+    k3c_tokenizer_free(tok);
+    k3c_engine_free(e);
+    k3c_free(m);
+}
