@@ -224,8 +224,8 @@ example-check: $(BUILD)/k3c $(LIB)
 	$(BUILD)/example-generate -n 8
 	'$(EXAMPLE_PREFIX)/bin/k3c' --version
 # The hardening tests under ASan + UBSan (build-asan, CPU only, the flags of fuzz-load): a failed cache
-# allocation, NULL handles, write failures, bad options, signals; then the serving scheduler's tests, with
-# leaks detected (what steps, aborts and preemptions release). allocator_may_return_null: a refused huge
+# allocation, NULL handles, write failures, bad options, signals; then the serving scheduler's tests and the
+# constrained decoding's, with leaks detected (what steps, aborts and preemptions release). allocator_may_return_null: a refused huge
 # allocation returns NULL, as malloc does, instead of ASan aborting, so the unwinding after it is what runs;
 # halt_on_error: any UBSan report fails the run.
 asan-test:
@@ -233,6 +233,7 @@ asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-asan/test_k3c hardening_
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/test_k3c sched_
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/test_k3c constrain_
 
 # k3c serve under ASan + UBSan (build-asan, CPU only): a bounded random-request run (tools/serve_fuzz.py) and
 # the load test, smaller (tools/serve_load.py: streams cut at random points, garbage clients, preemption). A

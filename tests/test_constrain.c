@@ -283,7 +283,7 @@ static void show(const uint8_t *s, size_t n, char *out, size_t cap) {
 
 #define N_DOCS 700
 
-TEST(json_automaton_matches_rfc_and_python) {
+TEST(constrain_json_matches_rfc_and_python) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
     jz_schema sc, paired;
@@ -395,7 +395,7 @@ TEST(json_automaton_matches_rfc_and_python) {
 }
 
 /* Byte-level specifics the random documents might miss, each against the validator and a fixed answer. */
-TEST(json_automaton_edge_cases) {
+TEST(constrain_json_edge_cases) {
     static const struct {
         const char *s;
         int ok;
@@ -596,7 +596,7 @@ static void gen_schema_value(k3c_rng *r, bbuf *b, const cJSON *s, int depth) {
     }
 }
 
-TEST(json_schema_admits_valid_and_only_valid) {
+TEST(constrain_schema_admits_valid_and_only_valid) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
     bbuf doc = {0}, mut = {0}, comp = {0};
@@ -654,7 +654,7 @@ TEST(json_schema_admits_valid_and_only_valid) {
     free(comp.d);
 }
 
-TEST(json_schema_strict_refusals) {
+TEST(constrain_schema_strict_refusals) {
     static const struct {
         const char *schema, *needle;
     } bad[] = {
@@ -737,7 +737,7 @@ static int walk_masks(k3c_grammar *g, int V, k3c_rng *r, int steps, char *why, s
     return ok;
 }
 
-TEST(grammar_mask_equals_each_token_alone) {
+TEST(constrain_mask_equals_each_token_alone) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
     k3c_tokenizer *tok = preset_tokenizer("tiny");
@@ -758,7 +758,7 @@ TEST(grammar_mask_equals_each_token_alone) {
     k3c_tokenizer_free(tok);
 }
 
-TEST(constrained_choice_is_the_best_admitted) {
+TEST(constrain_choice_is_the_best_admitted) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
     k3c_tokenizer *tok = preset_tokenizer("tiny");
@@ -816,6 +816,88 @@ TEST(constrained_choice_is_the_best_admitted) {
     free(row);
     free(mask);
     k3c_constrained_scratch_release(&w);
+    k3c_grammar_free(g);
+    k3c_grammar_vocab_free(v);
+    k3c_tokenizer_free(tok);
+}
+
+/* The sampled choice's distribution, against the model's renormalized over the admitted tokens (and, with
+ * top-k, the k best admitted ones): chi-square over fresh draws, plain temperature (a draw from the whole row
+ * kept when admitted, the mask after a refusal) and top-k (the mask first). */
+TEST(constrain_sampling_distribution) {
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed());
+    k3c_tokenizer *tok = preset_tokenizer("tiny");
+    CHECK(tok);
+    k3c_grammar_vocab *v;
+    CHECK_OK(k3c_grammar_vocab_create(tok, &v));
+    int V = k3c_tokenizer_vocab(tok);
+    int32_t end = k3c_tokenizer_special_id(tok, "<|end_of_msg|>");
+    k3c_grammar *g;
+    CHECK_OK(k3c_grammar_json_create(v, NULL, 0, 1, &end, 1, &g));
+    k3c_gmatch *m0;
+    CHECK_OK(k3c_gmatch_create(g, &m0));
+    uint8_t *mask = malloc((size_t)V);
+    float *row = malloc(sizeof *row * (size_t)V);
+    double *want = calloc((size_t)V, sizeof *want);
+    long *got = calloc((size_t)V, sizeof *got);
+    int n_adm = k3c_gmatch_mask(m0, 0, mask, V);
+    CHECK(n_adm > 4 && n_adm < V / 2);
+    /* the admitted tokens hold about a third of the mass: both paths of the plain draw run */
+    for (int i = 0; i < V; i++) row[i] = (float)((k3c_rng_next(&r) >> 11) * (1.0 / 9007199254740992.0)) * 2;
+    double zin = 0, zall = 0;
+    for (int i = 0; i < V; i++) zall += exp(row[i]), zin += mask[i] ? exp(row[i]) : 0;
+    float shift = (float)log(0.5 * (zall - zin) / zin);
+    for (int i = 0; i < V; i++)
+        if (mask[i]) row[i] += shift;
+    k3c_constrained_scratch w;
+    CHECK_OK(k3c_constrained_scratch_init(&w, V));
+    for (int mode = 0; mode < 2; mode++) {
+        int top_k = mode ? 5 : 0;
+        memset(want, 0, sizeof *want * (size_t)V);
+        memset(got, 0, sizeof *got * (size_t)V);
+        /* the reference: softmax over the admitted (the top_k best of them), in double */
+        double z = 0;
+        for (int i = 0; i < V; i++) {
+            if (!mask[i]) continue;
+            int better = 0;
+            for (int j = 0; j < V && top_k; j++) better += mask[j] && (row[j] > row[i] || (row[j] == row[i] && j < i));
+            if (!top_k || better < top_k) z += want[i] = exp(row[i]);
+        }
+        for (int i = 0; i < V; i++) want[i] /= z;
+        int N = 30000;
+        for (int d = 0; d < N; d++) {
+            k3c_sampling sp = {.temperature = 1, .top_k = top_k, .seed = k3c_rng_next(&r)};
+            k3c_sampler *smp;
+            k3c_gmatch *m;
+            CHECK_OK(k3c_sampler_create(&sp, V, &smp));
+            CHECK_OK(k3c_gmatch_create(g, &m));
+            int32_t t;
+            CHECK_OK(k3c_constrained_next(smp, m, row, 0, &w, &t));
+            CHECKF(mask[t], "draw %d: refused token %d", d, t);
+            got[t]++;
+            k3c_gmatch_free(m);
+            k3c_sampler_free(smp);
+        }
+        double chi = 0;
+        int df = -1;
+        for (int i = 0; i < V; i++)
+            if (want[i] > 0) {
+                double e = want[i] * N;
+                chi += (got[i] - e) * (got[i] - e) / e;
+                df++;
+            } else {
+                CHECKF(got[i] == 0, "mode %d: token %d drawn %ld times, probability 0", mode, i, got[i]);
+            }
+        /* the chi-square tail at p = 1e-6: df + 5 sqrt(2 df) + 25 bounds it for these df */
+        CHECKF(chi < df + 5 * sqrt(2.0 * df) + 25, "mode %d: chi-square %.1f over %d degrees of freedom", mode, chi, df);
+    }
+    k3c_constrained_scratch_release(&w);
+    free(mask);
+    free(row);
+    free(want);
+    free(got);
+    k3c_gmatch_free(m0);
     k3c_grammar_free(g);
     k3c_grammar_vocab_free(v);
     k3c_tokenizer_free(tok);
@@ -951,7 +1033,7 @@ static int drive(const k3c_grammar *g, int V, k3c_rng *r, float temperature, int
     return ok;
 }
 
-TEST(chat_grammar_calls_parse_as_the_tool) {
+TEST(constrain_chat_calls_parse_as_the_tool) {
     k3c_rng r;
     k3c_rng_seed(&r, test_seed());
     char why[1024];
@@ -1013,7 +1095,7 @@ TEST(chat_grammar_calls_parse_as_the_tool) {
     free(ids);
 }
 
-TEST(chat_grammar_refusals_and_none) {
+TEST(constrain_chat_refusals_and_none) {
     k3c_tokenizer *tok = preset_tokenizer("tiny");
     k3c_chat_template *t;
     k3c_grammar_vocab *v;

@@ -55,6 +55,7 @@ void k3c_grammar_free(k3c_grammar *g) {
     free(g->el);
     free(g->alts);
     free(g->syms);
+    free(g->specials);
     free(g);
 }
 
@@ -181,6 +182,14 @@ int k3c_grammar_finish(k3c_grammar *g, int start) {
             if (k == p->len) return k3c_errorf("grammar: two of the choices at one place are the same or one starts "
                                                "the other (duplicate tool names?)");
         }
+    }
+    /* the special tokens the strings hold (a vocabulary may have far more, reserved ones) */
+    g->specials = malloc(sizeof *g->specials * (size_t)(g->n_syms ? g->n_syms : 1));
+    if (!g->specials) return oom("specials");
+    for (int i = 0; i < g->n_syms; i++) {
+        int32_t id = g->syms[i] - K3C_SYM_SPECIAL, seen = 0;
+        for (int j = 0; j < g->n_specials && !seen; j++) seen = g->specials[j] == id;
+        if (id >= 0 && !seen) g->specials[g->n_specials++] = id;
     }
     g->start = start;
     g->min_tokens = g->el[start].min_rest;
@@ -380,8 +389,8 @@ int k3c_gmatch_mask(k3c_gmatch *m, int remaining, uint8_t *mask, int V) {
             if (g->ends[i] >= 0 && g->ends[i] < V && !mask[g->ends[i]]) count += mask[g->ends[i]] = 1;
         return count;
     }
-    for (int i = 0; i < v->n_specials; i++)
-        if (v->specials[i] < V && k3c_gmatch_admits(m, v->specials[i], remaining)) count += mask[v->specials[i]] = 1;
+    for (int i = 0; i < g->n_specials; i++)
+        if (g->specials[i] < V && k3c_gmatch_admits(m, g->specials[i], remaining)) count += mask[g->specials[i]] = 1;
     if (e->kind == GE_FREE) {
         /* text keeps the state as it is: all of it or none, by the budget */
         if (remaining > 0 && min_symbols(g, &m->st) > remaining - 1) return count;

@@ -81,6 +81,8 @@ struct k3c_grammar {
     int n_syms, cap_syms;
     int32_t ends[K3C_GRAMMAR_MAX_ENDS];
     int n_ends;
+    int32_t *specials; /* the special tokens its strings hold: the only ones it can admit before its end */
+    int n_specials;
     int start;
     int min_tokens; /* symbols of the shortest complete output */
 };

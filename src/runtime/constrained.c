@@ -70,6 +70,12 @@ static int greedy(k3c_gmatch *m, const float *row, int remaining, k3c_constraine
     return K3C_OK;
 }
 
+static int all_finite(const float *row, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(row[i])) return 0;
+    return 1;
+}
+
 /* The row with refused tokens at -inf (and NaN / inf of admitted ones finite, so that no refused token can
  * win against them in the sampler's arithmetic). */
 static const float *masked_row(const float *row, const k3c_constrained_scratch *w) {
@@ -88,6 +94,12 @@ int k3c_constrained_next(k3c_sampler *s, k3c_gmatch *m, const float *row, int re
     int32_t t;
     if (k3c_sampler_plain_greedy(s)) {
         K3C_TRY(greedy(m, row, remaining, w, &t));
+    } else if (!k3c_sampler_greedy(s) && !k3c_sampler_truncates(s) && all_finite(row, w->vocab) &&
+               k3c_gmatch_admits(m, t = k3c_sampler_next(s, row), remaining)) {
+        /* a draw from the whole distribution p that the grammar admits is taken: with the draw from p
+         * restricted to the admitted set A that a refused one leads to, token x in A comes out with probability
+         * p(x) + (1 - p(A)) p(x) / p(A) = p(x) / p(A), the masked distribution's, so the mask is walked only
+         * when a draw is refused. Not with top-k / top-p / min-p, which would cut p before the mask. */
     } else {
         K3C_TRY(full_mask(m, remaining, w));
         t = k3c_sampler_next(s, masked_row(row, w));

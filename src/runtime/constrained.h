@@ -3,10 +3,11 @@
  *
  * Greedy (no penalties): the best logits are checked first, in the order k3c_greedy_token ranks them (the
  * first largest value, NaN below every number, ties to the lower id), and the first the grammar admits is
- * taken; only when none of the best K3C_CONSTRAINED_TOP is admitted is the whole vocabulary masked. Any other
- * sampling masks the whole vocabulary (the refused logits become -inf) and samples the masked row as the
- * sampler would any row (penalties, temperature, top-k, top-p, min-p), so the distribution is the model's
- * renormalized over the admitted tokens. Both only read the request's own logits row and grammar state:
+ * taken; only when none of the best K3C_CONSTRAINED_TOP is admitted is the whole vocabulary masked. Sampling
+ * takes the distribution the sampler would sample the row with the refused logits at -inf (penalties,
+ * temperature, then top-k, top-p, min-p over the admitted tokens): the model's renormalized over the admitted
+ * tokens. Without top-k, top-p and min-p it first draws from the whole row and keeps an admitted draw (the
+ * same distribution, constrained.c), so the vocabulary is masked only after a refused draw. Both only read the request's own logits row and grammar state:
  * a constrained request's tokens do not depend on its batch neighbours.
  *
  * Where the budget leaves no admissible token (max_new below the grammar's shortest output) the grammar
