@@ -1228,8 +1228,8 @@ TEST(sched_constrained_fortune_invariance) {
     k3c_rng_seed(&r, test_seed());
     int32_t other[5][64];
     cjob alone[2] = {
-        {.prompt = p1.ids, .n_prompt = (int)p1.n, .max_new = 300, .g = g1},
-        {.prompt = p2.ids, .n_prompt = (int)p2.n, .max_new = 200, .g = g2,
+        {.prompt = p1.ids, .n_prompt = (int)p1.n, .max_new = 220, .g = g1},
+        {.prompt = p2.ids, .n_prompt = (int)p2.n, .max_new = 120, .g = g2,
          .sp = {.base = {.temperature = 0.8f, .top_p = 0.95f, .seed = k3c_rng_next(&r)}}},
     };
     CHECK_OK(run_jobs(e, 0, &alone[0], 1, NULL));
@@ -1268,7 +1268,7 @@ TEST(sched_constrained_fortune_invariance) {
         for (int i = 0; i < 5; i++) {
             int n = 5 + (int)rnd(&r, 50);
             for (int k = 0; k < n; k++) other[i][k] = (int32_t)rnd(&r, 3800);
-            batch[2 + i] = (cjob){.prompt = other[i], .n_prompt = n, .max_new = 20 + (int)rnd(&r, 100),
+            batch[2 + i] = (cjob){.prompt = other[i], .n_prompt = n, .max_new = 20 + (int)rnd(&r, 40),
                                   .g = i == 0 ? g1 : i == 1 ? g2 : NULL,
                                   .sp = {.base = {.temperature = i % 2 ? 1.f : 0.f, .seed = k3c_rng_next(&r)},
                                          .logprobs = i == 4 ? 3 : 0}};

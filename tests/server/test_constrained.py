@@ -150,7 +150,7 @@ def named_tool_call(srv):
     for thinking in (False, True):
         for temperature in (0, 0.9):
             kw = dict(model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice=NAMED, temperature=temperature,
-                      max_tokens=400, seed=7, extra_body={"chat_template_kwargs": {"thinking": thinking}})
+                      max_tokens=300, seed=7, extra_body={"chat_template_kwargs": {"thinking": thinking}})
             r = c.chat.completions.create(**kw)
             check(r.choices[0].finish_reason == "tool_calls", r.choices[0])
             check_message(r.choices[0].message, "get_weather")
@@ -185,14 +185,14 @@ def required_tool_calls(srv):
     c = client(srv)
     for parallel in (True, False):
         r = c.chat.completions.create(model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice="required",
-                                      parallel_tool_calls=parallel, temperature=0.7, seed=3, max_tokens=500)
+                                      parallel_tool_calls=parallel, temperature=0.7, seed=3, max_tokens=300)
         check(r.choices[0].finish_reason == "tool_calls", r.choices[0])
         check_message(r.choices[0].message, "*")
         if not parallel:
             check(len(r.choices[0].message.tool_calls) == 1, r.choices[0].message)
         calls, finish, _ = stream_calls(c.chat.completions.create(
             model=MODEL_NAME, messages=MSGS, tools=TOOLS, tool_choice="required", parallel_tool_calls=parallel,
-            temperature=0.7, seed=3, max_tokens=500, stream=True))
+            temperature=0.7, seed=3, max_tokens=300, stream=True))
         check(calls and finish == "tool_calls", (calls, finish))
         for e in calls:
             check_call(e["name"], e["args"], "*")
