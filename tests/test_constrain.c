@@ -1116,6 +1116,8 @@ TEST(constrain_chat_refusals_and_none) {
          "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3}}}}}}",
          "response_format.json_schema.schema.properties.s: 'minLength'"},
         {"{" MSGS ",\"response_format\":{\"type\":\"yaml\"}}", "yaml"},
+        {"{" MSGS ",\"response_format\":{\"type\":\"json_object\"},\"add_generation_prompt\":false}",
+         "add_generation_prompt"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         k3c_grammar *g = (k3c_grammar *)1;

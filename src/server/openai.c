@@ -270,7 +270,7 @@ static int parse_tools(const cJSON *root, srv_params *p, srv_error *e) {
 /* response_format's shape (OpenAI's): {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
  * "json_schema": {"name", "description", "schema", "strict"}}. What a schema asks is checked where the grammar
  * is built (server/text.c: a keyword k3c cannot enforce is a 400 there). */
-static int parse_response_format(const cJSON *root, srv_error *e) {
+static int parse_response_format(const cJSON *root, srv_params *p, srv_error *e) {
     const cJSON *rf = field(root, "response_format");
     if (!rf) return 0;
     const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
@@ -282,6 +282,7 @@ static int parse_response_format(const cJSON *root, srv_error *e) {
     const cJSON *a;
     cJSON_ArrayForEach(a, rf) if (strcmp(a->string, "type") && (strcmp(t, "json_schema") || strcmp(a->string, "json_schema")))
         return srv_fail(e, 400, NULL, NULL, "response_format", "Unrecognized response_format argument: %s", a->string);
+    p->json_output = strcmp(t, "text") != 0;
     if (strcmp(t, "json_schema")) return 0;
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
     if (!cJSON_IsObject(js))
@@ -371,7 +372,7 @@ static int parse_chat(const cJSON *root, srv_params *p, srv_error *e) {
             return srv_fail(e, 400, NULL, NULL, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true.");
     }
     if (parse_tools(root, p, e)) return -1;
-    if (parse_response_format(root, e)) return -1;
+    if (parse_response_format(root, p, e)) return -1;
     int ignored = 0;
     if (get_bool(root, "parallel_tool_calls", &ignored, e) || get_bool(root, "store", &ignored, e)) return -1;
     const char *s = NULL;

@@ -346,6 +346,11 @@ int k3c_chat_grammar_create(const k3c_chat_template *t, const k3c_tokenizer *tok
         cJSON_Delete(root);
         return K3C_OK;
     }
+    if (cJSON_IsFalse(item(root, "add_generation_prompt"))) {
+        cJSON_Delete(root);
+        return k3c_errorf("%s with add_generation_prompt false: the constrained output continues the assistant's "
+                          "opening, which the prompt then lacks", choice != CHOICE_NONE ? "tool_choice" : "response_format");
+    }
     if (choice != CHOICE_NONE && !cJSON_IsArray(tools)) {
         cJSON_Delete(root);
         return k3c_errorf("tool_choice %s needs 'tools'", choice == CHOICE_REQUIRED ? "required" : "naming a function");
