@@ -158,7 +158,9 @@ FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitiz
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
 FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(addprefix src/text/,strbuf.c pyjson.c chat.c chat_k2.c chat_k3.c parse.c parse_k2.c parse_k3.c)
 FUZZ_SERVER := src/server/openai.c src/server/stop.c src/server/buf.c
+FUZZ_SCHEMA := src/util/error.c src/constrain/json.c src/constrain/schema.c
 FUZZ_SECONDS ?= 30
+FUZZ_SCHEMA_SECONDS ?= 10
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
 	@mkdir -p $(BUILD)/fuzz/corpus_safetensors $(BUILD)/fuzz/corpus_index $(BUILD)/fuzz/corpus_chat
@@ -171,11 +173,16 @@ fuzz:
 	$(BUILD)/fuzz/fuzz_chat $(FUZZ_RUN) $(BUILD)/fuzz/corpus_chat tests/fuzz/corpus_chat
 	$(MAKE) fuzz-server
 
-# The server's request parsers alone (what .ci/run runs, briefly).
+# The server's request parsers alone (what .ci/run runs, briefly): the request bodies, then the JSON
+# schemas a request brings (response_format, tool parameters) with the automaton's completion invariant,
+# FUZZ_SCHEMA_SECONDS.
 fuzz-server:
-	@mkdir -p $(BUILD)/fuzz/corpus_server
+	@mkdir -p $(BUILD)/fuzz/corpus_server $(BUILD)/fuzz/corpus_schema
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_json_schema tests/fuzz/fuzz_json_schema.c $(FUZZ_SCHEMA) -lcjson -lm
+	$(BUILD)/fuzz/fuzz_json_schema -max_total_time=$(FUZZ_SCHEMA_SECONDS) -max_len=8192 -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/ -dict=tests/fuzz/schema.dict $(BUILD)/fuzz/corpus_schema tests/fuzz/corpus_schema
 
 fuzz-deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev

@@ -1,4 +1,5 @@
 /* The grammar and its matcher (constrain/grammar.h). */
+#define _GNU_SOURCE /* qsort_r: the comparison reads the grammar's symbols without a global */
 #include "constrain/grammar.h"
 
 #include <stdlib.h>
@@ -161,6 +162,8 @@ static int cmp_syms(const k3c_grammar *g, const g_alt *a, const g_alt *b) {
     return (a->len > b->len) - (a->len < b->len);
 }
 
+static int cmp_alt(const void *x, const void *y, void *g) { return cmp_syms(g, x, y); }
+
 int k3c_grammar_finish(k3c_grammar *g, int start) {
     if (start < 0 || start >= g->n_el) return k3c_errorf_kind(K3C_ERROR_INTERNAL, "grammar: start %d", start);
     for (int i = 0; i < g->n_el; i++) {
@@ -168,13 +171,9 @@ int k3c_grammar_finish(k3c_grammar *g, int start) {
         if (e->kind != GE_ALT) continue;
         if (!e->n_alts && e->fallback < 0)
             return k3c_errorf_kind(K3C_ERROR_INTERNAL, "grammar: ALT element %d has no string", i);
+        if (!e->n_alts) continue;
         g_alt *a = g->alts + e->alts;
-        for (int j = 1; j < e->n_alts; j++) /* insertion sort: a handful of strings (tool names) */
-            for (int k = j; k > 0 && cmp_syms(g, &a[k - 1], &a[k]) > 0; k--) {
-                g_alt t = a[k];
-                a[k] = a[k - 1];
-                a[k - 1] = t;
-            }
+        qsort_r(a, (size_t)e->n_alts, sizeof *a, cmp_alt, g);
         for (int j = 1; j < e->n_alts; j++) {
             const g_alt *p = &a[j - 1], *q = &a[j];
             int k = 0;
@@ -219,10 +218,22 @@ static int step(const k3c_grammar *g, g_state *st, int32_t sym) {
         const g_elem *e = &g->el[st->el];
         switch (e->kind) {
         case GE_ALT: {
-            uint32_t lo = st->lo, hi = st->hi, pos = st->pos;
-            while (lo < hi && !((uint32_t)g->alts[lo].len > pos && g->syms[g->alts[lo].off + pos] == sym)) lo++;
-            uint32_t h = lo;
-            while (h < hi && (uint32_t)g->alts[h].len > pos && g->syms[g->alts[h].off + pos] == sym) h++;
+            /* the strings in range share their first pos symbols and are longer (prefix-free), sorted: those
+             * with sym at pos are a run, found by binary search (a request may name thousands of tools) */
+            uint32_t lo = st->lo, hi = st->hi, pos = st->pos, a = lo, b = hi;
+            while (a < b) {
+                uint32_t mid = a + (b - a) / 2;
+                if (g->syms[g->alts[mid].off + pos] < sym) a = mid + 1;
+                else b = mid;
+            }
+            lo = a;
+            b = hi;
+            while (a < b) {
+                uint32_t mid = a + (b - a) / 2;
+                if (g->syms[g->alts[mid].off + pos] <= sym) a = mid + 1;
+                else b = mid;
+            }
+            uint32_t h = a;
             if (lo == h) {
                 if (pos == 0 && e->fallback >= 0) {
                     enter(g, st, e->fallback);

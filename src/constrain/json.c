@@ -39,6 +39,8 @@ void jz_init(jz_state *st, int root) {
 }
 
 static const jz_node *node_of(const jz_schema *sc, int32_t n) { return &sc->nodes[n]; }
+/* A node's properties (NULL when it has none: the store may have no array at all). */
+static const jz_prop *props_of(const jz_schema *sc, const jz_node *n) { return n->n_props ? sc->props + n->props : NULL; }
 
 /* Whitespace here: a run of at most max_ws bytes. */
 static int take_ws(jz_state *st, const jz_schema *sc) {
@@ -84,7 +86,7 @@ static void start_key(jz_state *st, const jz_schema *sc, jz_frame *f) {
  * any allowed key any more. */
 static int key_byte(jz_state *st, const jz_schema *sc, const jz_frame *f, uint8_t b) {
     const jz_node *n = node_of(sc, f->node);
-    const jz_prop *p = sc->props + n->props;
+    const jz_prop *p = props_of(sc, n);
     uint32_t lo = st->lo, hi = st->hi, pos = st->pos;
     while (lo < hi && !(p[lo].name.len > pos && p[lo].name.s[pos] == b)) lo++;
     uint32_t h = lo;
@@ -103,7 +105,7 @@ static int key_end(jz_state *st, const jz_schema *sc, jz_frame *f) {
     const jz_node *n = node_of(sc, f->node);
     f->prop = -1;
     if (n->keyed) {
-        const jz_prop *p = sc->props + n->props;
+        const jz_prop *p = props_of(sc, n);
         if (st->lo < st->hi && p[st->lo].name.len == st->pos) {
             if (!prop_free(f, (int)st->lo)) return 0; /* a property written twice */
             f->prop = (int16_t)st->lo;
@@ -458,7 +460,7 @@ static int key_cost(const jz_state *st, const jz_schema *sc, const jz_frame *f) 
         /* where the key as it stands is a property's name, one more byte that no name in range takes next
          * makes it another key (there are more such bytes than names); inside a character, the bytes that
          * finish it can avoid the names unless (one byte left) names of that length take every one of them */
-        const jz_prop *p = sc->props + n->props;
+        const jz_prop *p = props_of(sc, n);
         int extra = 0;
         if (n->keyed && st->lo < st->hi && !st->u8need) extra = p[st->lo].name.len == st->pos;
         if (n->keyed && st->lo < st->hi && st->u8need == 1) {
@@ -471,7 +473,7 @@ static int key_cost(const jz_state *st, const jz_schema *sc, const jz_frame *f) 
     }
     for (uint32_t i = st->lo; n->keyed && i < st->hi; i++) {
         if (!prop_free(f, (int)i)) continue;
-        const jz_prop *p = sc->props + n->props + i;
+        const jz_prop *p = props_of(sc, n) + i;
         int c = (int)(p->name.len - st->pos) + 2 + node_of(sc, p->node)->min_len + object_rest(sc, f, (int)i);
         if (c < best) best = c;
     }

@@ -285,15 +285,17 @@ static int compile_enum(ctx *c, const cJSON *s, uint8_t types, jz_node *n, int *
             free(tmp);
             return oom();
         }
-        int dup = 0;
-        for (int i = 0; i < cnt; i++) dup |= tmp[i].len == len && !memcmp(tmp[i].s, b, len);
-        if (!dup) tmp[cnt++] = (jz_bytes){b, (uint32_t)len};
+        tmp[cnt++] = (jz_bytes){b, (uint32_t)len};
     }
     if (!cnt) {
         free(tmp);
         return refuse(c, "'%s' leaves no value of the schema's type: nothing satisfies it", e ? "enum" : "const");
     }
     qsort(tmp, (size_t)cnt, sizeof *tmp, cmp_enc);
+    int u = 0; /* equal values once (sorted: next to each other) */
+    for (int i = 0; i < cnt; i++)
+        if (!u || cmp_enc(&tmp[u - 1], &tmp[i])) tmp[u++] = tmp[i];
+    cnt = u;
     int ok = 1;
     for (int i = 0; i < cnt && ok; i++) {
         ok = GROW(c->sc->encs, c->sc->n_encs, c->sc->cap_encs);
