@@ -847,7 +847,8 @@ int k3c_grammar_json_create(const k3c_grammar_vocab *v, const char *schema_json,
  * a JSON object of the tool's parameters (lenient: what k3c cannot enforce is not enforced).
  * response_format json_object / json_schema makes the content one JSON object (json_schema strict: a keyword
  * k3c cannot enforce is refused, naming it). A reasoning section, where the format opens one, stays free
- * text up to its close. The template and tokenizer are those the prompt was rendered with. */
+ * text up to its close. The template and tokenizer are those the prompt was rendered with (with
+ * add_generation_prompt: a request without it is refused). */
 int k3c_chat_grammar_create(const k3c_chat_template *t, const k3c_tokenizer *tok, const k3c_grammar_vocab *v,
                             const char *request_json, size_t len, k3c_grammar **out);
 void k3c_grammar_free(k3c_grammar *g);

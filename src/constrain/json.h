@@ -84,7 +84,8 @@ typedef struct jz_frame {
 typedef struct jz_state {
     uint8_t mode, sub, ws, depth;
     uint8_t u8need, u8lo, u8hi; /* UTF-8 continuation bytes still due, and the range of the next one */
-    uint8_t lit;                /* literal (true / false / null) or, in a number, integer-only */
+    uint8_t lit;                /* literal (true / false / null); in a number: integers only; in a string:
+                                 * the \u escape's surrogate state (json.c) */
     int32_t node;               /* the schema of the value being written */
     uint32_t pos, lo, hi;       /* literal / enum / key: bytes matched, candidates [lo, hi) */
     jz_frame f[JZ_MAX_DEPTH];
