@@ -163,7 +163,9 @@ FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitiz
 FUZZ_LIB   := src/util/error.c src/format/safetensors.c src/format/index.c src/format/dtype.c src/format/json_kind.c
 FUZZ_TEXT  := src/util/error.c src/util/file.c src/format/json_kind.c $(addprefix src/text/,strbuf.c pyjson.c chat.c chat_k2.c chat_k3.c parse.c parse_k2.c parse_k3.c)
 FUZZ_SERVER := src/server/openai.c src/server/stop.c src/server/buf.c
+FUZZ_SCHEMA := src/util/error.c src/constrain/json.c src/constrain/schema.c
 FUZZ_SECONDS ?= 30
+FUZZ_SCHEMA_SECONDS ?= 10
 FUZZ_RUN    = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/
 fuzz:
 	@mkdir -p $(BUILD)/fuzz/corpus_safetensors $(BUILD)/fuzz/corpus_index $(BUILD)/fuzz/corpus_chat
@@ -176,11 +178,16 @@ fuzz:
 	$(BUILD)/fuzz/fuzz_chat $(FUZZ_RUN) $(BUILD)/fuzz/corpus_chat tests/fuzz/corpus_chat
 	$(MAKE) fuzz-server
 
-# The server's request parsers alone (what .ci/run runs, briefly).
+# The server's request parsers alone (what .ci/run runs, briefly): the request bodies, then the JSON
+# schemas a request brings (response_format, tool parameters) with the automaton's completion invariant,
+# FUZZ_SCHEMA_SECONDS.
 fuzz-server:
-	@mkdir -p $(BUILD)/fuzz/corpus_server
+	@mkdir -p $(BUILD)/fuzz/corpus_server $(BUILD)/fuzz/corpus_schema
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_server_request tests/fuzz/fuzz_server_request.c $(FUZZ_SERVER) -lcjson -lm
 	$(BUILD)/fuzz/fuzz_server_request $(FUZZ_RUN) -dict=tests/fuzz/server.dict $(BUILD)/fuzz/corpus_server tests/fuzz/corpus_server
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $(BUILD)/fuzz/fuzz_json_schema tests/fuzz/fuzz_json_schema.c $(FUZZ_SCHEMA) -lcjson -lm
+	$(BUILD)/fuzz/fuzz_json_schema -max_total_time=$(FUZZ_SCHEMA_SECONDS) -max_len=8192 -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/ -dict=tests/fuzz/schema.dict $(BUILD)/fuzz/corpus_schema tests/fuzz/corpus_schema
 
 fuzz-deps:
 	apt-get update -qq && apt-get install -y -qq clang libclang-rt-14-dev
@@ -229,8 +236,8 @@ example-check: $(BUILD)/k3c $(LIB)
 	$(BUILD)/example-generate -n 8
 	'$(EXAMPLE_PREFIX)/bin/k3c' --version
 # The hardening tests under ASan + UBSan (build-asan, CPU only, the flags of fuzz-load): a failed cache
-# allocation, NULL handles, write failures, bad options, signals; then the serving scheduler's tests, with
-# leaks detected (what steps, aborts and preemptions release). allocator_may_return_null: a refused huge
+# allocation, NULL handles, write failures, bad options, signals; then the serving scheduler's tests and the
+# constrained decoding's, with leaks detected (what steps, aborts and preemptions release). allocator_may_return_null: a refused huge
 # allocation returns NULL, as malloc does, instead of ASan aborting, so the unwinding after it is what runs;
 # halt_on_error: any UBSan report fails the run.
 asan-test:
@@ -238,6 +245,7 @@ asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-asan/test_k3c hardening_
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/test_k3c sched_
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 build-asan/test_k3c constrain_
 
 # k3c serve under ASan + UBSan (build-asan, CPU only): a bounded random-request run (tools/serve_fuzz.py) and
 # the load test, smaller (tools/serve_load.py: streams cut at random points, garbage clients, preemption). A

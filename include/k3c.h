@@ -599,6 +599,8 @@ typedef struct k3c_sched_sampling {
     int logprobs;           /* 0 = none; n > 0 = the chosen token's logprob and the top n - 1 alternatives */
 } k3c_sched_sampling;
 
+typedef struct k3c_grammar k3c_grammar; /* constrained decoding (below) */
+
 typedef struct k3c_sched_request {
     const int32_t *prompt;  /* [n_prompt], copied by submit */
     int n_prompt;
@@ -613,6 +615,9 @@ typedef struct k3c_sched_request {
      * next request starting with them hits it. Without a hint a prefix becomes a hit from the third request
      * that shares it (the second leaves the snapshot where it parts from the first). */
     int prefix_hint;
+    /* NULL, or the grammar the output is held to (constrained decoding, below): read-only, shared, it must
+     * outlive the request's FINISHED event. A constrained request makes its steps download logits. */
+    const k3c_grammar *grammar;
     void *user;             /* returned in its events */
 } k3c_sched_request;
 
@@ -850,6 +855,40 @@ int k3c_chat_parser_done(const k3c_chat_parser *p);
  * "reasoning_content": "..." (only when there was reasoning), "tool_calls": [{"id": "functions.NAME:IDX",
  * "type": "function", "function": {"name": "NAME", "arguments": "{...}"}}] (only when there are calls)}. */
 int k3c_chat_parser_result_json(k3c_chat_parser *p, char **json);
+
+/* ---- constrained decoding: a grammar the scheduler holds a request's output to ----
+ * The scheduler (k3c_sched_request.grammar) takes only tokens the grammar admits: for each generated token
+ * it checks candidates against the grammar's byte-level automaton (the best logits first for greedy; the
+ * whole vocabulary masked before sampling) and, with max_new - generated tokens left, only tokens after
+ * which the shortest completion still fits, so an output that reaches max_new has completed its grammar
+ * (where max_new allows the grammar's shortest output, k3c_grammar_min_tokens; where it does not, the
+ * grammar alone applies and the output is cut). A grammar is read-only once built and may serve several
+ * requests at once; it must outlive them (until their FINISHED events). docs/SERVING.md says what is
+ * enforced. */
+typedef struct k3c_grammar_vocab k3c_grammar_vocab;
+
+/* The tokenizer's tokens as grammars read them (their bytes, which are special, sorted for the mask's walk):
+ * built once per tokenizer, independent of it afterwards. */
+int k3c_grammar_vocab_create(const k3c_tokenizer *tok, k3c_grammar_vocab **out);
+void k3c_grammar_vocab_free(k3c_grammar_vocab *v);
+/* One JSON object of the JSON Schema schema_json (len bytes; NULL: any object), then one of end_ids (1 .. 8
+ * ids). strict 1: a keyword k3c cannot enforce is refused (K3C_ERROR_INPUT naming its path); 0: it is not
+ * enforced. */
+int k3c_grammar_json_create(const k3c_grammar_vocab *v, const char *schema_json, size_t len, int strict,
+                            const int32_t *end_ids, int n_end, k3c_grammar **out);
+/* What a chat request's tool_choice or response_format asks for (*out NULL when neither constrains it:
+ * tool_choice none / auto and response_format text or absent): tool_choice "required" forces the format's
+ * tool-call section with calls of the named tools only, a named function one call of it; the arguments are
+ * a JSON object of the tool's parameters (lenient: what k3c cannot enforce is not enforced).
+ * response_format json_object / json_schema makes the content one JSON object (json_schema strict: a keyword
+ * k3c cannot enforce is refused, naming it). A reasoning section, where the format opens one, stays free
+ * text up to its close. The template and tokenizer are those the prompt was rendered with (with
+ * add_generation_prompt: a request without it is refused). */
+int k3c_chat_grammar_create(const k3c_chat_template *t, const k3c_tokenizer *tok, const k3c_grammar_vocab *v,
+                            const char *request_json, size_t len, k3c_grammar **out);
+void k3c_grammar_free(k3c_grammar *g);
+/* Tokens the grammar's shortest output takes at most (one per byte and per special token). */
+int k3c_grammar_min_tokens(const k3c_grammar *g);
 
 #ifdef __cplusplus
 }

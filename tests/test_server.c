@@ -73,7 +73,12 @@ TEST(server_request_errors) {
          "{\"messages\": [{\"role\": \"user\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
          "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}",
          "tool_choice", 400},
-        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_object\"}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"yaml\"}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_object\", \"x\": 1}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_schema\"}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {}}}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": 3}}}", "response_format", 400},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"strict\": 1}}}", "response_format", 400},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"seed\": 1e30}", "seed", 400},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"logit_bias\": {\"1\": 5}}", "logit_bias", 400},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"prompt\": \"x\"}", "prompt", 400},
@@ -93,6 +98,8 @@ TEST(server_request_errors) {
         /* accepted */
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"model\": null, \"stop\": null}", "", 0},
         {SRV_COMPLETION, "{\"prompt\": [[1, 2], [3]], \"n\": 2, \"logprobs\": 0, \"top_k\": -1}", "", 0},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_object\"}}", "", 0},
+        {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"strict\": true, \"description\": \"d\", \"schema\": {\"type\": \"object\"}}}}", "", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char param[64] = "";

@@ -39,6 +39,16 @@ def base_body(rng, path):
         if rng.random() < 0.3:
             b["logprobs"] = True
             b["top_logprobs"] = rng.randrange(0, 6)
+        if rng.random() < 0.2:  # constrained output (the grammar), schemas k3c enforces or refuses
+            b["response_format"] = rng.choice([
+                {"type": "json_object"}, {"type": "text"},
+                {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+                    "type": "object", "properties": {"a": {"type": rng.choice(["string", "integer", "array"])},
+                                                     "b": {"enum": [1, "x", None]}},
+                    "required": rng.choice([["a"], ["a", "b"], []]),
+                    "additionalProperties": rng.choice([True, False])}}},
+                {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object", "properties": {
+                    "p": {"type": "string", "pattern": "x"}}}}}])
     elif path == "/v1/completions":
         b["prompt"] = rng.choice(["hello world", [1, 2, 3], [[1, 2], [3]], ["a", "b"], ""])
         if rng.random() < 0.3:

@@ -248,6 +248,9 @@ int k3c_sampler_create_ext(const k3c_sampling *s, const k3c_sampler_ext *x, int 
 
 int k3c_sampler_greedy(const k3c_sampler *s) { return s->s.temperature <= 0; }
 int k3c_sampler_plain_greedy(const k3c_sampler *s) { return s->s.temperature <= 0 && !s->penalties; }
+int k3c_sampler_truncates(const k3c_sampler *s) {
+    return (s->s.top_k > 0 && s->s.top_k < s->vocab) || (s->s.top_p > 0 && s->s.top_p < 1) || s->x.min_p > 0;
+}
 
 static void flag(k3c_sampler *s, int32_t t, int f) {
     if (!s->flags[t]) s->touched[s->n_touched++] = t;

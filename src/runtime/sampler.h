@@ -26,6 +26,9 @@ int k3c_sampler_create_ext(const k3c_sampling *s, const k3c_sampler_ext *x, int 
 /* 1 when the row's token is its greedy argmax of the raw logits (greedy and no penalties). */
 int k3c_sampler_plain_greedy(const k3c_sampler *s);
 int k3c_sampler_greedy(const k3c_sampler *s);
+/* 1 when the row's distribution is cut before sampling (top-k, top-p or min-p on): a constraint's mask must
+ * then come first (runtime/constrained.h). */
+int k3c_sampler_truncates(const k3c_sampler *s);
 /* The repetition penalty's prompt tokens (call once, before the first row). */
 int k3c_sampler_set_prompt(k3c_sampler *s, const int32_t *ids, int n);
 /* A token the request emitted (counted by the penalties). */

@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "k3c.h"
+#include "runtime/constrained.h"
 #include "runtime/drafter.h"
 #include "runtime/engine_internal.h"
 #include "runtime/prefix_cache.h"
@@ -66,6 +67,7 @@ typedef struct sreq {
     int n_prompt, n_toks, max_new, generated;
     k3c_sched_sampling sp;
     k3c_sampler *smp;
+    k3c_gmatch *gm;         /* the grammar's matcher (constrained decoding), or NULL */
     int32_t *stop;          /* [n_stop] */
     int n_stop, ignore_eos;
     int state;
@@ -129,6 +131,7 @@ struct k3c_scheduler {
     float *top_lps;
     int n_top_used, cap_top;
     int32_t *hit_blocks;      /* [max_blocks_per_request] */
+    k3c_constrained_scratch cw; /* constrained requests' masks (this thread's) */
     int reserved;             /* blocks promised to this step's items */
     char msg[512];
     k3c_scheduler_stats st;
@@ -143,6 +146,7 @@ void k3c_scheduler_options_default(k3c_scheduler_options *o) {
 static void req_free(sreq *r) {
     if (!r) return;
     k3c_sampler_free(r->smp);
+    k3c_gmatch_free(r->gm);
     free(r->toks);
     free(r->stop);
     free(r->keys);
@@ -240,6 +244,7 @@ int k3c_scheduler_create(k3c_engine *e, const k3c_scheduler_options *opt, k3c_sc
                  : k3c_errorf_kind(K3C_ERROR_OOM, "scheduler: out of memory (%d requests x %d rows)", o.max_seqs,
                                    (int)W);
     if (rc == K3C_OK) rc = k3c_sched_queue_init(&s->waiting, o.policy, 64);
+    if (rc == K3C_OK) rc = k3c_constrained_scratch_init(&s->cw, s->V);
     s->pc_on = o.prefix_caching != 0;
     if (rc == K3C_OK && s->pc_on) {
         size_t sb = k3c_engine_snapshot_bytes(e);
@@ -298,6 +303,7 @@ void k3c_scheduler_free(k3c_scheduler *s) {
     free(s->ids);
     free(s->emitted);
     free(s->hit_blocks);
+    k3c_constrained_scratch_release(&s->cw);
     free(s->inbox);
     free(s->aborts);
     free(s->ev);
@@ -372,7 +378,8 @@ int k3c_scheduler_submit(k3c_scheduler *s, const k3c_sched_request *q, uint64_t 
     k3c_sampler_ext x = {.min_p = q->sampling.min_p, .presence = q->sampling.presence_penalty,
                          .frequency = q->sampling.frequency_penalty, .repetition = q->sampling.repetition_penalty};
     if (k3c_sampler_create_ext(&q->sampling.base, &x, s->V, &r->smp) != K3C_OK ||
-        k3c_sampler_set_prompt(r->smp, q->prompt, q->n_prompt) != K3C_OK) {
+        k3c_sampler_set_prompt(r->smp, q->prompt, q->n_prompt) != K3C_OK ||
+        (q->grammar && k3c_gmatch_create(q->grammar, &r->gm) != K3C_OK)) {
         req_free(r);
         return k3c_error_context("scheduler submit");
     }
@@ -852,6 +859,14 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
                 for (int j = 0; j < cnt; j++) s->emitted[j] = r->win[1 + j];
                 s->emitted[cnt] = s->ids[row + cnt];
                 cnt++;
+            } else if (r->gm) {
+                if (k3c_constrained_accept(r->smp, r->gm, rows, r->win + 1, D, r->max_new - r->generated, &s->cw,
+                                           s->emitted, &cnt) != K3C_OK) {
+                    finish(s, r, K3C_FINISH_ERROR, -1, 0, k3c_error_message());
+                    k3c_error_clear();
+                    row += (size_t)it->n;
+                    continue;
+                }
             } else {
                 cnt = k3c_spec_accept(r->smp, rows, V, r->win + 1, D, s->emitted);
             }
@@ -884,7 +899,17 @@ static void finish_step(k3c_scheduler *s, int n, int with_ids) {
             continue;
         }
         const float *lg = with_ids ? NULL : s->logits + row * (size_t)V;
-        int32_t tok = with_ids ? s->ids[row] : k3c_sampler_next(r->smp, lg);
+        int32_t tok;
+        if (r->gm) {
+            if (k3c_constrained_next(r->smp, r->gm, lg, r->max_new - r->generated, &s->cw, &tok) != K3C_OK) {
+                finish(s, r, K3C_FINISH_ERROR, -1, 0, k3c_error_message());
+                k3c_error_clear();
+                row++;
+                continue;
+            }
+        } else {
+            tok = with_ids ? s->ids[row] : k3c_sampler_next(r->smp, lg);
+        }
         if (!with_ids) k3c_sampler_observe(r->smp, tok);
         row++;
         if (!take_token(s, r, tok, lg)) cache_blocks(s, r, was_prefill);
@@ -937,7 +962,7 @@ int k3c_scheduler_step(k3c_scheduler *s, const k3c_sched_event **events, int *n_
                 s->items[n] = (k3c_step_item){.request = r->eid, .tokens = t, .n = r->sched_n,
                                               .verify = r->kind == IT_VERIFY};
                 s->item_req[n++] = r;
-                plain &= k3c_sampler_plain_greedy(r->smp) && r->sp.logprobs == 0;
+                plain &= k3c_sampler_plain_greedy(r->smp) && r->sp.logprobs == 0 && !r->gm;
             }
     }
     if (rc == K3C_OK && n > 0) {

@@ -6,10 +6,24 @@
 #include "runtime/sampler.h"
 
 int k3c_spec_accept(k3c_sampler *s, const float *rows, int vocab, const int32_t *drafts, int D, int32_t *out) {
+    return k3c_spec_accept_filtered(s, rows, vocab, drafts, D, out, NULL);
+}
+
+/* Emits out[j] = tok: observed, then handed to the filter. */
+static int emit(k3c_sampler *s, const k3c_spec_filter *f, int32_t *out, int j, int32_t tok) {
+    out[j] = tok;
+    k3c_sampler_observe(s, tok);
+    return f && f->took(f->user, tok) ? -1 : 0;
+}
+
+int k3c_spec_accept_filtered(k3c_sampler *s, const float *rows, int vocab, const int32_t *drafts, int D,
+                             int32_t *out, const k3c_spec_filter *f) {
     for (int j = 0; j <= D; j++) {
         const int *ids;
         const float *p;
-        int n = k3c_sampler_dist(s, rows + (size_t)j * vocab, &ids, &p);
+        const float *row = rows + (size_t)j * vocab;
+        if (f && !(row = f->row(f->user, j, row))) return -1;
+        int n = k3c_sampler_dist(s, row, &ids, &p);
         int32_t tok;
         if (j == D) {
             tok = n == 1 ? ids[0] : k3c_sampler_draw(s, ids, p, n, -1); /* the bonus token */
@@ -24,14 +38,9 @@ int k3c_spec_accept(k3c_sampler *s, const float *rows, int vocab, const int32_t 
             /* greedy (a point mass): accepted exactly when d is the argmax, without a draw */
             int accept = n == 1 ? pd > 0 : k3c_sampler_uniform(s) < pd;
             tok = accept ? d : n == 1 ? ids[0] : k3c_sampler_draw(s, ids, p, n, d);
-            if (!accept) {
-                out[j] = tok;
-                k3c_sampler_observe(s, tok);
-                return j + 1;
-            }
+            if (!accept) return emit(s, f, out, j, tok) ? -1 : j + 1;
         }
-        out[j] = tok;
-        k3c_sampler_observe(s, tok);
+        if (emit(s, f, out, j, tok)) return -1;
     }
     return D + 1;
 }

@@ -17,4 +17,15 @@
  * count, 1 .. D + 1 (accepted drafts = count - 1, or D when count = D + 1); each is observed by s. */
 int k3c_spec_accept(k3c_sampler *s, const float *rows, int vocab, const int32_t *drafts, int D, int32_t *out);
 
+/* The same with row j passed through filter->row(user, j, row) before its distribution is taken (the
+ * constrained decoding's mask, runtime/constrained.h; NULL: failure) and each emitted token handed to
+ * filter->took(user, token) after it is observed (nonzero: failure). Returns the count, or -1. */
+typedef struct k3c_spec_filter {
+    const float *(*row)(void *user, int j, const float *row);
+    int (*took)(void *user, int32_t token);
+    void *user;
+} k3c_spec_filter;
+int k3c_spec_accept_filtered(k3c_sampler *s, const float *rows, int vocab, const int32_t *drafts, int D,
+                             int32_t *out, const k3c_spec_filter *filter);
+
 #endif

@@ -267,6 +267,43 @@ static int parse_tools(const cJSON *root, srv_params *p, srv_error *e) {
     return 0;
 }
 
+/* response_format's shape (OpenAI's): {"type": "text"}, {"type": "json_object"}, or {"type": "json_schema",
+ * "json_schema": {"name", "description", "schema", "strict"}}. What a schema asks is checked where the grammar
+ * is built (server/text.c: a keyword k3c cannot enforce is a 400 there). */
+static int parse_response_format(const cJSON *root, srv_params *p, srv_error *e) {
+    const cJSON *rf = field(root, "response_format");
+    if (!rf) return 0;
+    const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (!cJSON_IsString(ty)) return bad_type(e, "response_format", "an object with a string 'type'", rf);
+    const char *t = ty->valuestring;
+    if (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))
+        return srv_fail(e, 400, NULL, NULL, "response_format",
+                        "response_format '%s' is not supported: expected text, json_object or json_schema.", t);
+    const cJSON *a;
+    cJSON_ArrayForEach(a, rf) if (strcmp(a->string, "type") && (strcmp(t, "json_schema") || strcmp(a->string, "json_schema")))
+        return srv_fail(e, 400, NULL, NULL, "response_format", "Unrecognized response_format argument: %s", a->string);
+    p->json_output = strcmp(t, "text") != 0;
+    if (strcmp(t, "json_schema")) return 0;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    if (!cJSON_IsObject(js))
+        return srv_fail(e, 400, NULL, NULL, "response_format",
+                        "response_format json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}.");
+    cJSON_ArrayForEach(a, js) {
+        const char *k = a->string;
+        if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "schema") && strcmp(k, "strict"))
+            return srv_fail(e, 400, NULL, NULL, "response_format", "Unrecognized json_schema argument: %s", k);
+        if ((!strcmp(k, "name") || !strcmp(k, "description")) && !cJSON_IsString(a))
+            return bad_type(e, "response_format", "a string for json_schema.name and .description", a);
+        if (!strcmp(k, "strict") && !cJSON_IsBool(a) && !cJSON_IsNull(a))
+            return bad_type(e, "response_format", "a boolean for json_schema.strict", a);
+        if (!strcmp(k, "schema") && !cJSON_IsObject(a))
+            return bad_type(e, "response_format", "an object for json_schema.schema", a);
+    }
+    if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(js, "name")))
+        return srv_fail(e, 400, NULL, NULL, "response_format", "response_format json_schema needs a 'name'.");
+    return 0;
+}
+
 /* reasoning_effort (OpenAI) and chat_template_kwargs (vLLM) -> the chat formats' thinking switches. K3 has
  * three efforts: OpenAI's low stays low, medium becomes high, high and xhigh become max; none and minimal
  * turn thinking off. */
@@ -335,15 +372,7 @@ static int parse_chat(const cJSON *root, srv_params *p, srv_error *e) {
             return srv_fail(e, 400, NULL, NULL, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true.");
     }
     if (parse_tools(root, p, e)) return -1;
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *ty = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(ty)) return bad_type(e, "response_format", "an object with a string 'type'", rf);
-        if (strcmp(ty->valuestring, "text"))
-            return srv_fail(e, 400, NULL, NULL, "response_format",
-                            "response_format '%s' is not supported: k3c does not constrain the output (only 'text').",
-                            ty->valuestring);
-    }
+    if (parse_response_format(root, p, e)) return -1;
     int ignored = 0;
     if (get_bool(root, "parallel_tool_calls", &ignored, e) || get_bool(root, "store", &ignored, e)) return -1;
     const char *s = NULL;

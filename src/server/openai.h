@@ -63,6 +63,7 @@ typedef struct srv_params {
     const cJSON *messages, *tools;
     srv_tool_choice tool_choice;
     const char *tool_name;     /* SRV_TOOLS_NAMED */
+    int json_output;           /* response_format json_object or json_schema */
     int add_generation_prompt;
     int no_thinking;           /* chat_template_kwargs.thinking false, or reasoning_effort none / minimal */
     const char *thinking_effort; /* "low" | "high" | "max", or NULL */

@@ -72,6 +72,7 @@ void srv_req_unref(srv_req *r) {
     free(r->prompt_ids);
     free(r->prompt_len);
     free(r->stop_ids);
+    k3c_grammar_free(r->grammar); /* after every choice's FINISHED: the scheduler holds it until then */
     srv_buf_free(&r->out);
     free(r->body);
     srv_params_free(&r->p);

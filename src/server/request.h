@@ -72,6 +72,8 @@ typedef struct srv_req {
     int *prompt_len;
     int prefix_hint;         /* prompt tokens later requests will likely share (chat: the turns before the
                               * last message; n > 1: the whole prompt) */
+    k3c_grammar *grammar;    /* chat: the constrained output (tool_choice required / named, response_format
+                              * json), shared by the choices; NULL: none */
     int32_t *stop_ids;       /* the stop token ids given to the scheduler: the request's, the chat format's
                               * end of message and the tokenizer's eos (unless ignore_eos) */
     int n_stop_ids;

@@ -223,6 +223,11 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
         goto refuse;
     }
     if (prompt_ids(s, r, &e) || stop_ids(s, r, &e)) goto fail;
+    /* constrained decoding: tool_choice required / named, response_format json */
+    if (r->p.kind == SRV_CHAT &&
+        (r->p.tool_choice == SRV_TOOLS_REQUIRED || r->p.tool_choice == SRV_TOOLS_NAMED || r->p.json_output) &&
+        srv_text_grammar(s->text, r->p.chat_json, r->p.chat_json_len, &r->grammar, &e))
+        goto fail;
     r->prefix_hint = r->p.kind == SRV_CHAT ? chat_prefix_hint(s, r) : 0;
     r->n_choices = r->n_prompts * r->p.n;
     r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
@@ -270,6 +275,7 @@ static void generation(srv_server *s, srv_kind kind, const char *body, size_t le
             .priority = r->p.priority,
             /* the n samples of a prompt share all of it */
             .prefix_hint = r->p.kind == SRV_CHAT && r->p.n == 1 ? r->prefix_hint : r->p.n > 1 ? np : 0,
+            .grammar = r->grammar,
             .user = c,
         };
         uint64_t id = 0;

@@ -7,6 +7,7 @@
 struct srv_text {
     k3c_tokenizer *tok;
     k3c_chat_template *tmpl;
+    k3c_grammar_vocab *vocab; /* the tokenizer's tokens for grammars, built once */
     int32_t end_ids[8];
     int n_end;
 };
@@ -18,6 +19,7 @@ int srv_text_create(const char *model_dir, const char *preset, const char *famil
     int rc = model_dir && k3c_tokenizer_present(model_dir) ? k3c_tokenizer_load(model_dir, &t->tok)
                                                              : k3c_tokenizer_load_preset(preset ? preset : "tiny", &t->tok);
     if (rc == K3C_OK) rc = k3c_chat_template_load(model_dir, family, &t->tmpl);
+    if (rc == K3C_OK) rc = k3c_grammar_vocab_create(t->tok, &t->vocab);
     if (rc == K3C_OK) {
         t->n_end = k3c_chat_stop_ids(t->tmpl, t->tok, t->end_ids, 8);
         if (t->n_end < 0) rc = K3C_ERR;
@@ -33,6 +35,7 @@ int srv_text_create(const char *model_dir, const char *preset, const char *famil
 
 void srv_text_free(srv_text *t) {
     if (!t) return;
+    k3c_grammar_vocab_free(t->vocab);
     k3c_chat_template_free(t->tmpl);
     k3c_tokenizer_free(t->tok);
     free(t);
@@ -50,6 +53,16 @@ int srv_text_chat_encode(const srv_text *t, const char *json, size_t len, k3c_to
     if (k3c_chat_encode(t->tmpl, t->tok, json, len, out) == K3C_OK) return 0;
     if (k3c_last_error_kind() == K3C_ERROR_INPUT) return srv_fail(e, 400, NULL, NULL, "messages", "%s", k3c_last_error());
     return srv_fail(e, 500, "server_error", NULL, NULL, "%s", k3c_last_error());
+}
+
+int srv_text_grammar(const srv_text *t, const char *json, size_t len, k3c_grammar **out, srv_error *e) {
+    if (k3c_chat_grammar_create(t->tmpl, t->tok, t->vocab, json, len, out) == K3C_OK) return 0;
+    const char *msg = k3c_last_error();
+    const char *param = !strncmp(msg, "response_format", 15) ? "response_format"
+                        : !strncmp(msg, "tools", 5)           ? "tools"
+                                                              : "tool_choice";
+    if (k3c_last_error_kind() == K3C_ERROR_INPUT) return srv_fail(e, 400, NULL, NULL, param, "%s", msg);
+    return srv_fail(e, 500, "server_error", NULL, NULL, "%s", msg);
 }
 
 int srv_tparser_create(const srv_text *t, const char *json, size_t len, srv_tparser **out) {

@@ -1,5 +1,6 @@
 /* The server's text side over include/k3c.h: the tokenizer, the chat template, a chat request's prompt ids,
- * and the output parser of one chat choice (reasoning, content and tool-call argument deltas, by token). */
+ * the grammar of its constrained output, and the output parser of one chat choice (reasoning, content and
+ * tool-call argument deltas, by token). */
 #ifndef K3C_SERVER_TEXT_H
 #define K3C_SERVER_TEXT_H
 
@@ -23,6 +24,11 @@ const int32_t *srv_text_end_ids(const srv_text *t, int *n);
 /* The prompt ids of a chat request body (json, len bytes): messages, tools, tool_choice, thinking switches.
  * A message the format cannot express is a 400 naming it. */
 int srv_text_chat_encode(const srv_text *t, const char *json, size_t len, k3c_tokens *out, srv_error *e);
+
+/* The grammar a chat request's tool_choice (required, a named function) or response_format (json_object,
+ * json_schema) holds its output to (include/k3c.h, constrained decoding); *out NULL when it asks for none. A
+ * request the grammar cannot express (a schema keyword k3c does not enforce, ...) is a 400 naming it. */
+int srv_text_grammar(const srv_text *t, const char *json, size_t len, k3c_grammar **out, srv_error *e);
 
 /* The output parser of one chat choice: its events are k3c_chat_event's. */
 typedef struct k3c_chat_parser srv_tparser;
