@@ -290,9 +290,10 @@ static const mcase cases[] = {
     {"mx band32 In128 F64 Out64 E16 T64 k4 hot rnd", 1, 0, 128, 64, 64, 16, 64, 4, 1, 2, 0},
     {"mx band32 In64 F32 Out40 E2 T64 k1 hot", 1, 1, 64, 32, 40, 2, 64, 1, 0, 2, 0},
     /* k3-slice's routing at b = 32 and 64 (16 distinct of 64 experts a token: ~8 and ~16 pairs an expert),
-     * rounded as the model runs (one term: "streamed" counts the passes over each selected expert) */
-    {"mx band In64 F32 Out64 E64 T32 k16 rnd", 1, 1, 64, 32, 64, 64, 32, 16, 1, 3, 0},
-    {"mx band32 In64 F32 Out64 E64 T64 k16 rnd", 1, 1, 64, 32, 64, 64, 64, 16, 1, 3, 0},
+     * rounded as the model runs (one term: "streamed" counts the passes over each selected expert); Out 128:
+     * the band path keeps its tile table (2 + 4 pairs ints) in out (T x Out floats) */
+    {"mx band In64 F32 Out128 E64 T32 k16 rnd", 1, 1, 64, 32, 128, 64, 32, 16, 1, 3, 0},
+    {"mx band32 In64 F32 Out128 E64 T64 k16 rnd", 1, 1, 64, 32, 128, 64, 64, 16, 1, 3, 0},
     {"mx band32 K3 3584x3072 E4 T24 k2", 1, 1, 3584, 3072, 3584, 4, 24, 2, 0, 0, 1},
     {"mx band32 K3 3584x3072 E4 T40 k2 hot", 1, 0, 3584, 3072, 3584, 4, 40, 2, 1, 2, 1},
     /* bf16 past the per-pair path's 256 pairs: the band kernels (partial steps, experts of many tiles) */
