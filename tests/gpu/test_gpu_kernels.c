@@ -567,7 +567,7 @@ TEST(gpu_moe_mxfp4_band_widths) {
     band_widths_case(1, 256, 128, 4, 40, 2, 0, ROUTE_ANY);   /* f32 activations: three terms a tile */
     band_widths_case(0, 96, 64, 6, 64, 3, 1, ROUTE_HOT);     /* rounded; a hot expert of 64 pairs */
     band_widths_case(1, 128, 32, 64, 64, 16, 1, ROUTE_TOPK); /* k3-slice's routing at 64 tokens */
-    band_widths_case(1, 3584, 3072, 4, 40, 2, 1, ROUTE_HOT); /* K3's shape: the 32-column plane at 224 KB */
+    band_widths_case(1, 3584, 256, 4, 40, 2, 1, ROUTE_HOT);  /* K3's width: the 32-column plane at 224 KB */
 }
 
 TEST(gpu_moe_bf16) {
