@@ -130,13 +130,13 @@ fi
 # The MXFP4 experts with the per-pair path at every decode size (K3C_MOE_PAIR_MX=1: up to 64 pairs; the
 # default stops at 16) and rows split over 2 warps, with it off (the band kernels past the per-pair sizes)
 # and rows over 8 warps (the default gives MXFP4 rows one warp each), with the band kernels off too (the
-# grouped kernel at every size), with the band's 16-column tiles at every size and its 8-column tiles at
-# every size, so each kernel and row split stays tested at the sizes the default gives another (cuda/moe.cu,
-# cuda/moe_pair.cu)
+# grouped kernel at every size), with the band's 32-, 16- and 8-column tiles at every size, so each kernel
+# and row split stays tested at the sizes the default gives another (cuda/moe.cu, cuda/moe_pair.cu; the
+# filter also runs gpu_moe_mxfp4_band_widths, which forces each width itself)
 if [ -z "${TESTS:-}" ]; then
     for env in "K3C_MOE_PAIR_MX=1 K3C_MOE_MXP_WPR=2" "K3C_MOE_PAIR_MX=0 K3C_MOE_MXP_WPR=8" \
-        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0" "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16" \
-        K3C_MOE_BAND_COLS=8; do
+        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0" "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=32" \
+        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16" K3C_MOE_BAND_COLS=8; do
         echo "== GPU tests with $env (gpu_moe_mxfp4)"
         env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1

@@ -625,8 +625,9 @@ extern "C" int k3c_cuda_moe_down(const k3c_cuda_expert *experts, int num_experts
  * Past that limit MXFP4 goes to the band kernels (moe_pair.cu: each selected expert once, up to 8 of its
  * pairs as the mma's columns; bench_gpu moe: 64 pairs 0.467, 128 pairs 0.492 of copy bandwidth, against
  * the grouped kernel's 0.387 / 0.440 before; k3-slice b=64 specialized 26.4 ms against 35.2) up to 1024
- * pairs, then to the grouped kernel; MXFP4 tiles of 16 pairs past 8 pairs an expert (k3c_cuda_moe_band_cols;
- * 2026-11-30: k3-slice b=64 -0.5 ms, forced at 4-8 pairs an expert slower by 0.3-1.7 ms).
+ * pairs, then to the grouped kernel; MXFP4 tiles of 32 pairs (16 where the plane does not fit) past 8 pairs an
+ * expert (k3c_cuda_moe_band_cols; tiles of 16 there, 2026-11-30: k3-slice b=64 -0.5 ms, forced at 4-8 pairs an
+ * expert slower by 0.3-1.7 ms; 32 so that an expert with 17-32 pairs is streamed once, not twice).
  * Switches for A/B runs and tests: K3C_MOE_PAIR_GEMV=0 turns both off; K3C_MOE_PAIR_MX=0 the MXFP4 one
  * off, =1 on up to 64 pairs; K3C_MOE_PAIR_MAX=N moves bf16's limit to N pairs; K3C_MOE_BAND_MX=0 / K3C_MOE_BAND_BF16=0
  * the band kernels off for that format. */
@@ -688,7 +689,7 @@ extern "C" int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_expe
          * into h, then down into part, and the weighted sum below; per pair (MXFP4) or by expert band
          * (moe_pair.h: its tile table lives in out until the combine writes it) */
         int *lists = band ? (int *)out : NULL;
-        const int tile_cols = band ? k3c_cuda_moe_band_cols(mxfp4, pairs, num_experts) : 0;
+        const int tile_cols = band ? k3c_cuda_moe_band_cols(mxfp4, pairs, num_experts, In, F) : 0;
         if (band) K3C_TRY(k3c_cuda_moe_band_lists(idx, pairs, num_experts, tile_cols, lists, stream));
         K3C_TRY(stream_mats(band, experts, num_experts, mxfp4, idx, lists, tile_cols, pairs, 2, F, In, x, k, h, part,
                             rh, stream));

@@ -194,18 +194,19 @@ __device__ __forceinline__ void mxp_load(mxp_run<U> &r, const uint8_t *pa, const
 }
 
 /* The sub-steps of a run: for each 8-element sub-step, each step's two words decoded and their mma pair on
- * that step's chain d[u]. Sub-step outer, step inner, so that consecutive mma go to independent chains (the
+ * that step's chain d[h][u]. Sub-step outer, step inner, so that consecutive mma go to independent chains (the
  * step-outer order put each step's 8 dependent mma back to back); the sums of each chain are the same as
  * before, in the same order. BIG: the run has a scale above 2^1 somewhere in the warp (the second multiply,
  * by exactly 1 where a scale is not). B fragments: every lane loads lane (0, q)'s (a broadcast): the other
  * lanes' fragments only feed output columns 1-7, which nothing reads, so they need not be zero (the
  * predicated load and its zero fill were 3 instructions a sub-step). COLS: the staged plane's columns (1:
- * one pair, that broadcast; 8 or 16: the band kernel below, lane (g, q) reading column g's fragment and, with 16,
- * column g + 8's: H = COLS / 8 mma columns groups, each decoded word used by H mma pairs). */
-template <int NT, int U, bool BIG, int COLS, int H>
-__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[H][U],
+ * one pair, that broadcast; 8, 16 or 32: the band kernel below, lane (g, q) reading column g's fragment of
+ * each of COLS / 8 mma column groups (columns g, g + 8, ...), each decoded word used by the mma pairs of
+ * every group). HA: the groups computed (mxp_compute). */
+template <int NT, int U, bool BIG, int COLS, int HA>
+__device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const (&bp)[HA][U],
                                          const uint32_t (&mula)[U], const uint32_t (&mulb)[U], int chunks,
-                                         float (&d)[H][U][4]) {
+                                         float (&d)[HA][U][4]) {
 #pragma unroll
     for (int sub = 0; sub < 4; sub++)
 #pragma unroll
@@ -223,7 +224,7 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
                 }
             }
 #pragma unroll
-            for (int h = 0; h < H; h++)
+            for (int h = 0; h < HA; h++)
 #pragma unroll
                 for (int term = 0; term < NT; term++) {
                     const uint4 bq = bp[h][u][term * chunks * 4 + sub * (COLS == 1 ? 1 : 4 * COLS)];
@@ -237,12 +238,21 @@ __device__ __forceinline__ void mxp_subs(const mxp_run<U> &r, const uint4 *const
  * activation's bf16 terms (1, or 3 when it is not bf16-exact), a template parameter so that the term loop
  * unrolls (a runtime loop cost a branch and a warp sync around every mma pair: the SASS of the loop was
  * ~2700 instructions per 4 KB, against ~500 of arithmetic). One warp vote a run decides the second
- * multiply (it was one a step and a branch a sub-step). */
-template <int NT, int U, int COLS, int H>
+ * multiply (it was one a step and a branch a sub-step). ng (warp-uniform, 1..H): the column groups the tile
+ * fills (a tile of nc pairs fills (nc + 7) / 8); one branch a run takes the variant computing only those
+ * (HA = ng: the empty groups' mma would only feed output columns nothing writes). An mma's output column
+ * depends on its B column alone, so a pair's sums are the same bits in any group, at any H and ng. */
+template <int NT, int U, int COLS, int H, int HA = H>
 __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q, int chunks, const uint4 *plane,
-                                            float (&acc)[H][4], const int (&bcol)[H]) {
-    float d[H][U][4];
-    const uint4 *bp[H][U];
+                                            float (&acc)[H][4], const int (&bcol)[H], int ng) {
+    if constexpr (HA > 1) {
+        if (ng < HA) {
+            mxp_compute<NT, U, COLS, H, HA - 1>(r, base, q, chunks, plane, acc, bcol, ng);
+            return;
+        }
+    }
+    float d[HA][U][4];
+    const uint4 *bp[HA][U];
     uint32_t mula[U], mulb[U];
     bool big = false;
 #pragma unroll
@@ -250,7 +260,7 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         const int c = min((base + u) * 4 + q, chunks - 1);
         /* COLS > 1: the band plane [step][sub][column][q], columns bcol[h] (see moe_band_kernel) */
 #pragma unroll
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < HA; h++) {
             bp[h][u] = COLS == 1 ? plane + (size_t)c * 4
                                  : plane + ((size_t)(c >> 2) * 4 * COLS + bcol[h]) * 4 + (c & 3);
 #pragma unroll
@@ -260,10 +270,10 @@ __device__ __forceinline__ void mxp_compute(const mxp_run<U> &r, int base, int q
         mulb[u] = mx_mul(r.eb[u]);
         big = big || r.ea[u] > 128u || r.eb[u] > 128u;
     }
-    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true, COLS, H>(r, bp, mula, mulb, chunks, d);
-    else mxp_subs<NT, U, false, COLS, H>(r, bp, mula, mulb, chunks, d);
+    if (__ballot_sync(0xffffffffu, big) != 0) mxp_subs<NT, U, true, COLS, HA>(r, bp, mula, mulb, chunks, d);
+    else mxp_subs<NT, U, false, COLS, HA>(r, bp, mula, mulb, chunks, d);
 #pragma unroll
-    for (int h = 0; h < H; h++)
+    for (int h = 0; h < HA; h++)
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
@@ -293,12 +303,12 @@ __device__ __forceinline__ void stream_runs(int base, int stride, int steps, Loa
 /* Streams a warp's 16-row band (rows row0 + g and row0 + g + 8 of P, S; row0 < rows) over the steps kw,
  * kw + wpr, ... in runs of U and adds the products to acc, two runs in registers (stream_runs). nterms:
  * the staged plane's bf16 terms (1, or 3 when MAXNT is 3; the choice made per run, as one loop: two loops,
- * one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS, bcol: as
+ * one per term count, spilled 164 bytes of the per-pair kernel's 128 registers); COLS, bcol, ng: as
  * mxp_compute. */
 template <int U, bool PROBE, int MAXNT, int COLS, int H>
 __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, int row0, int rows, int row_bytes,
                                            int chunks, int steps, int g, int q, int kw, int wpr, const uint4 *plane,
-                                           float (&acc)[H][4], const int (&bcol)[H], int nterms) {
+                                           float (&acc)[H][4], const int (&bcol)[H], int ng, int nterms) {
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const uint8_t *pa = P + (size_t)ra * row_bytes + q * 16, *pb = P + (size_t)rb * row_bytes + q * 16;
     const uint8_t *band = P + (size_t)row0 * row_bytes; /* PROBE only */
@@ -307,8 +317,8 @@ __device__ __forceinline__ void mxp_stream(const uint8_t *P, const uint8_t *S, i
         kw * U, wpr * U, steps,
         [&](mxp_run<U> &r, int base) { mxp_load<U, PROBE>(r, pa, pb, sa, sb, band, base, q, chunks); },
         [&](const mxp_run<U> &r, int base) {
-            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
-            else mxp_compute<MAXNT, U, COLS, H>(r, base, q, chunks, plane, acc, bcol);
+            if (MAXNT == 1 || nterms == 1) mxp_compute<1, U, COLS, H>(r, base, q, chunks, plane, acc, bcol, ng);
+            else mxp_compute<MAXNT, U, COLS, H>(r, base, q, chunks, plane, acc, bcol, ng);
         });
 }
 
@@ -365,7 +375,7 @@ moe_pair_mx_kernel(const k3c_cuda_expert *__restrict__ experts, int num_experts,
         const int col0[1] = {0};
         if (row0 < rows)
             mxp_stream<U, PROBE, 3, 1, 1>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxp_plane, acc2,
-                                          col0, nterms);
+                                          col0, 1, nterms);
         /* column 0 of the product: lane (g, 0)'s acc[0] is row g, acc[2] row g + 8 */
         if (wpr > 1) {
             part[warp][0][lane] = acc[0];
@@ -474,11 +484,14 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * but at ~275 instructions per KB of bookkeeping (0.45 of copy bandwidth at 8 tokens, 0.26 at 64). Here the
  * per-pair kernel's register streaming and decode (mxp_load, mxp_compute: the same instructions per byte)
  * run over each selected expert once, and the mma's 8 B columns, which the per-pair kernel leaves empty,
- * carry up to MXB_COLS pairs of that expert (a "tile"; an expert with more pairs has more tiles, each
- * streaming the expert again). The lane (g, q) that holds output column 2q, 2q + 1 writes those pairs' rows.
+ * carry up to MXB_COLS pairs of that expert (a "tile"; MXFP4 with many pairs an expert takes tiles of 16 or
+ * 32: two or four mma column groups share each decoded A fragment). An expert with more pairs than a tile
+ * has more tiles, each streaming the expert again, from HBM: its next tile's items are a tile's worth of
+ * items further on, which the blocks' contiguous runs reach a large part of a launch later. The lane (g, q)
+ * that holds output column 8h + 2q, 8h + 2q + 1 of group h writes those pairs' rows.
  *
  * moe_band_lists_kernel (one block) sorts the pairs by (expert, pair) and writes the tile table: a tile is
- * an expert id, the offset of its pairs in the sorted list and their count (<= MXB_COLS); pairs with an
+ * an expert id, the offset of its pairs in the sorted list and their count (<= the tile width); pairs with an
  * expert outside [0, num_experts) sort last and get no tile: the band kernel writes their rows as 0 (the
  * per-pair kernel's zeros). The table lives in the caller's scratch (k3c_cuda_moe_experts: its `out`, written only by the
  * combine after both band launches). Item = (tile, matrix, band group), as the per-pair kernel's (pair,
@@ -490,6 +503,8 @@ extern "C" int k3c_cuda_moe_pair_mx(const k3c_cuda_expert *experts, int num_expe
  * order). Each pair's sums are those of a column of the mma, independent of the other columns. */
 #define MXB_COLS 8     /* a tile's pairs: the mma's 8 B columns */
 #define MXB_COLS_WIDE 16 /* MXFP4 with many pairs an expert: two column groups, each decoded word used twice */
+#define MXB_COLS_MAX 32  /* the same where the plane fits (K3's 3584 exactly): four groups, up to 32 pairs a pass */
+#define MXB_SMEM_MAX (227 * 1024) /* a block's dynamic shared memory at most (H100 / H200, opted in) */
 /* bytes of a band block's partial sums ([GEMV_WARPS][4 x column groups][32] floats) when rows are split */
 #define MXB_PART_BYTES(NC) ((size_t)GEMV_WARPS * 4 * ((NC) / MXB_COLS) * 32 * sizeof(float))
 #define MXB_MAX_PAIRS 1024   /* the list kernel's block: one pair a thread */
@@ -629,9 +644,12 @@ __device__ __forceinline__ void bfb_stream(const uint8_t *P, int row0, int rows,
 }
 
 /* MX: MXFP4 experts (chunks of 32 weights: 16 packed bytes and a scale; 4 sub-steps of 8 a chunk), else bf16
- * (chunks of 8 weights, bfb_stream above); U steps a run. NC: a tile's columns, MXB_COLS, or MXB_COLS_WIDE
- * (MXFP4 only): the plane twice as wide (one block per SM at K3's 3584: 112 KB), each lane reading columns g
- * and g + 8, so an expert with up to 16 pairs is streamed and decoded once instead of twice. */
+ * (chunks of 8 weights, bfb_stream above); U steps a run. NC: a tile's columns, MXB_COLS, or MXFP4 only
+ * MXB_COLS_WIDE / MXB_COLS_MAX: the plane 2 / 4 times as wide (one block per SM at K3's 3584: 112 / 224 KB),
+ * each lane reading columns g, g + 8 (, g + 16, g + 24), so an expert with up to 16 / 32 pairs is streamed
+ * and decoded once; a tile of fewer pairs computes only the groups it fills (mxp_compute), so at up to 16
+ * pairs the 32-column kernel does the 16-column one's work. Registers (ptxas, sm_90a, nvcc 13.0): 125 at 8
+ * columns (MINB 2), 207 at 16, 248 at 32 (MINB 1, 8 staged entries a thread), no spills. */
 template <bool MX, int U, int NC, int MINB, int STG>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, MINB)
 moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restrict__ lists, int pairs, int nm,
@@ -644,7 +662,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
      * per-pair kernel's broadcast (the [chunk][sub][column] layout put them 512 bytes apart: four wavefronts
      * at any width). */
     constexpr int SUBS = MX ? 4 : 1, H = NC / MXB_COLS;
-    static_assert(NC == MXB_COLS || (MX && NC == MXB_COLS_WIDE), "bf16 bands take 8 columns");
+    static_assert(NC == MXB_COLS || (MX && (NC == MXB_COLS_WIDE || NC == MXB_COLS_MAX)), "bf16 bands take 8 columns");
     extern __shared__ uint4 mxb_plane[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
@@ -669,6 +687,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
         const int mat = item / per, tile = mat / nm, m = mat % nm, local = item - mat * per;
         const int row0 = (local * groups + group) * 16;
         const int e = tile_e[tile], off = tile_off[tile], nc = tile_n[tile];
+        const int ng = (nc + MXB_COLS - 1) / MXB_COLS; /* the column groups the tile fills (mxp_subs) */
         int bcol[H]; /* the plane columns this lane reads (see the plane above) */
 #pragma unroll
         for (int h = 0; h < H; h++) bcol[h] = g + 8 * h < nc ? g + 8 * h : 0;
@@ -737,7 +756,7 @@ moe_band_kernel(const k3c_cuda_expert *__restrict__ experts, const int *__restri
             if (row0 < rows) {
                 if constexpr (MX)
                     mxp_stream<U, false, 1, NC, H>(P, S, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr,
-                                                   mxb_plane, acc, bcol, 1);
+                                                   mxb_plane, acc, bcol, ng, 1);
                 else
                     bfb_stream<U>(P, row0, rows, row_bytes, chunks, steps, g, q, kw, wpr, mxb_plane, acc[0], bcol[0]);
             }
@@ -784,22 +803,57 @@ extern "C" int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs) {
 
 extern "C" size_t k3c_cuda_moe_band_lists_ints(int pairs) { return 2 + 4 * (size_t)pairs; }
 
-/* The tile width for `pairs` pairs over num_experts: MXB_COLS_WIDE for MXFP4 when the pairs average more than
- * 8 an expert (k3-slice at b = 64: 1024 pairs over 64 experts; an expert with 9..16 pairs is then one tile,
- * not two or three, each of which streamed and decoded it again), else MXB_COLS. The wide kernel runs one
- * block per SM at 0.25-0.34 of copy bandwidth where the 8-column one reads 0.50-0.58 (bench_gpu moe, 2026-11-30), so
- * it pays only where most experts have more than 8 pairs: with a threshold of 4, k3-slice b=64
- * 23.35/22.58 -> 22.05/21.79 ms but b=32 (8 an expert) 15.23/15.31 -> 16.07/16.09. K3C_MOE_BAND_COLS=8 / 16
- * forces it (A/B runs; 16 only for MXFP4). */
-extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts) {
-    static int force = -1;
-    if (force < 0) {
-        force = env_int("K3C_MOE_BAND_COLS", 0);
-        if (force != MXB_COLS && force != MXB_COLS_WIDE) force = 0;
+/* K3C_MOE_MXP_WPR (an A/B knob, read once): the warps a row of the band kernels, else their default (1 for
+ * MXFP4, 2 for bf16); plan_pairs takes a forced count and may lower the default, never raise it. */
+static int band_forced_wpr(void) {
+    static int v = -1;
+    if (v < 0) v = forced_wpr_from_env("K3C_MOE_MXP_WPR");
+    return v;
+}
+static int band_wpr_max(bool mx) { return band_forced_wpr() > 0 ? band_forced_wpr() : mx ? 1 : 2; }
+
+/* A band launch's dynamic shared memory for rows of `cols` at nc columns a tile: the plane (whole steps of 4
+ * chunks: [step][sub][column][q]) and, where a row can be split (wpr_max > 1), the partial sums. */
+static size_t band_smem(bool mx, int cols, int nc, int wpr_max) {
+    const int chunks = mx ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2, subs = mx ? 4 : 1;
+    return (size_t)steps * 4 * subs * nc * sizeof(uint4) + (wpr_max > 1 ? MXB_PART_BYTES(nc) : 0);
+}
+
+/* The tile width for `pairs` pairs over num_experts with rows of In (gate/up) and F (down): for MXFP4 when the
+ * pairs average more than 8 an expert (k3-slice at b = 64: 1024 pairs over 64 experts), MXB_COLS_MAX where its
+ * plane fits both widths (K3's 3584 x 3072: 224 and 192 KB), else MXB_COLS_WIDE; otherwise MXB_COLS. Each tile
+ * streams and decodes its expert once, so an expert's pairs past a tile's width cost another pass over its
+ * weights (at b = 64, 16 of 64 experts a token: ~16 pairs an expert, and under uniform routing 1.43 passes an
+ * expert at tiles of 16, 1.00 at 32; a second pass starts a third of a launch later, when L2 no longer holds
+ * the first's bytes). The wide kernels run one block (8 warps) an SM: the 16-column one at 0.25-0.34 of copy
+ * bandwidth where the 8-column one reads 0.50-0.58 (bench_gpu moe, 2026-11-30), so they pay only where most
+ * experts have more than 8 pairs: 16 columns past 4 an expert took k3-slice b=64 23.35/22.58 -> 22.05/21.79 ms
+ * but b=32 (8 an expert) 15.23/15.31 -> 16.07/16.09. The 32-column kernel does the 16-column one's work on a
+ * tile of up to 16 pairs (the empty groups' mma are left out, mxp_subs), so it replaces it where it fits.
+ * K3C_MOE_BAND_COLS=8 / 16 / 32, or k3c_cuda_moe_band_cols_force, forces a width (A/B runs and tests; 16 and 32
+ * only for MXFP4, 32 only where it fits, else 16). */
+static int band_cols_forced; /* k3c_cuda_moe_band_cols_force (tests); 0: not forced */
+extern "C" int k3c_cuda_moe_band_cols_force(int cols) {
+    if (cols != 0 && cols != MXB_COLS && cols != MXB_COLS_WIDE && cols != MXB_COLS_MAX)
+        return k3c_errorf("k3c_cuda_moe_band_cols_force: %d columns (%d, %d, %d, or 0 for the default)", cols,
+                          MXB_COLS, MXB_COLS_WIDE, MXB_COLS_MAX);
+    band_cols_forced = cols;
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts, int In, int F) {
+    static int env = -1;
+    if (env < 0) {
+        env = env_int("K3C_MOE_BAND_COLS", 0);
+        if (env != MXB_COLS && env != MXB_COLS_WIDE && env != MXB_COLS_MAX) env = 0;
     }
     if (!mxfp4) return MXB_COLS;
-    if (force) return force;
-    return pairs > 8 * num_experts ? MXB_COLS_WIDE : MXB_COLS;
+    const int wpr_max = band_wpr_max(true);
+    const bool max_fits = band_smem(true, In, MXB_COLS_MAX, wpr_max) <= MXB_SMEM_MAX &&
+                          band_smem(true, F, MXB_COLS_MAX, wpr_max) <= MXB_SMEM_MAX;
+    int force = band_cols_forced ? band_cols_forced : env;
+    if (!force) force = pairs > 8 * num_experts ? MXB_COLS_MAX : MXB_COLS;
+    return force == MXB_COLS_MAX && !max_fits ? MXB_COLS_WIDE : force;
 }
 
 extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int tile_cols, int *lists,
@@ -807,8 +861,9 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
     if (pairs < 1 || pairs > MXB_MAX_PAIRS || num_experts < 1 || num_experts >= (1 << 20))
         return k3c_errorf("moe band lists: %d pairs over %d experts (1..%d pairs, < 2^20 experts)", pairs, num_experts,
                           MXB_MAX_PAIRS);
-    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
-        return k3c_errorf("moe band lists: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
+    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE && tile_cols != MXB_COLS_MAX)
+        return k3c_errorf("moe band lists: tiles of %d pairs (%d, %d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE,
+                          MXB_COLS_MAX);
     int n = 32;
     while (n < pairs) n <<= 1;
     moe_band_lists_kernel<<<1, n, 0, s>>>(idx, pairs, num_experts, tile_cols, lists);
@@ -817,7 +872,7 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
 }
 
 /* Resident blocks of a band kernel at `smem` bytes of plane (a few sizes occur: a model's In and F): found
- * once per size. */
+ * once per size. The kernel's shared memory limit is raised once, to what its widest rows can ask. */
 template <bool MX, int U, int NC, int MINB, int STG>
 static int band_occupancy(size_t smem) {
     static size_t sizes[4];
@@ -825,7 +880,8 @@ static int band_occupancy(size_t smem) {
     for (int i = 0; i < n; i++)
         if (sizes[i] == smem) return occs[i];
     if (!attr_set) {
-        const size_t smem_max = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
+        const size_t widest = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
+        const size_t smem_max = widest < MXB_SMEM_MAX ? widest : MXB_SMEM_MAX;
         if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB, STG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem_max) != cudaSuccess)
             return 0;
@@ -844,18 +900,16 @@ template <bool MX, int U, int NC, int MINB, int STG>
 static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, const int *lists, int pairs, int nm,
                            int rows, int cols, const float *x, int x_per_pair, float *y0, float *y1, int round,
                            cudaStream_t s) {
-    static int force_wpr = -1;
-    if (force_wpr < 0) force_wpr = forced_wpr_from_env("K3C_MOE_MXP_WPR");
+    const int force_wpr = band_forced_wpr();
     const int chunks = MX ? cols >> 5 : cols >> 3, steps = (chunks + 3) >> 2;
     if (chunks > MXB_MAX_CHUNKS_OF(MX) || cols % (MX ? 32 : 8) || rows < 1)
         return k3c_errorf("moe band: %d x %d %s matrices (cols a multiple of %d, at most %d)", rows, cols,
                           MX ? "MXFP4" : "bf16", MX ? 32 : 8, (MX ? 32 : 8) * MXB_MAX_CHUNKS_OF(MX));
-    /* whole steps of 4 chunks (the plane's [step][sub][column][q] layout) */
-    const int subs = MX ? 4 : 1;
-    /* the partial sums only where a row can be split: plan_pairs takes the forced wpr, else lowers the
-     * default (1 for MXFP4, 2 for bf16), never raises it */
-    const int wpr_max = force_wpr > 0 ? force_wpr : MX ? 1 : 2;
-    const size_t smem = (size_t)steps * 4 * subs * NC * sizeof(uint4) + (wpr_max > 1 ? MXB_PART_BYTES(NC) : 0);
+    const int wpr_max = band_wpr_max(MX);
+    const size_t smem = band_smem(MX, cols, NC, wpr_max);
+    if (smem > MXB_SMEM_MAX)
+        return k3c_errorf("moe band: rows of %d at %d columns a tile need %zu bytes of shared memory (at most %d)", cols,
+                          NC, smem, MXB_SMEM_MAX);
     const int occ = band_occupancy<MX, U, NC, MINB, STG>(smem);
     if (!occ) return k3c_errorf("moe band: %zu bytes of shared memory a block", smem);
     /* planned for the most tiles the routing can give (every pair its own expert, up to num_experts) */
@@ -899,17 +953,23 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
                                  float *y1, int round, cudaStream_t s) {
     if (!mxfp4 && tile_cols != MXB_COLS)
         return k3c_errorf("moe band: bf16 tiles of %d pairs (%d)", tile_cols, MXB_COLS);
-    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE)
-        return k3c_errorf("moe band: tiles of %d pairs (%d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE);
+    if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE && tile_cols != MXB_COLS_MAX)
+        return k3c_errorf("moe band: tiles of %d pairs (%d, %d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE,
+                          MXB_COLS_MAX);
     const bool narrow4 = band_stage_narrow() == 4;
     if (!mxfp4)
         return (narrow4 ? moe_band_launch<false, 3, MXB_COLS, 2, 4> : moe_band_launch<false, 3, MXB_COLS, 2, 2>)(
             experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
-    /* the wide kernel at one block an SM (161 registers, no spill): built for two (128 registers, spilled;
-     * or 118 at one step a run) it was 1.5-2.0 ms slower at k3-slice b=64 (k3c bench, 2026-11-30) */
+    /* the wide kernels at one block an SM (the 16-column one 209 registers, no spill): built for two (128
+     * registers, spilled; or 118 at one step a run) the 16-column one was 1.5-2.0 ms slower at k3-slice b=64
+     * (k3c bench, 2026-11-30); the 32-column one takes 224 KB of plane at K3's 3584, one block an SM anyway, and
+     * stages 8 entries a thread at once */
     if (tile_cols == MXB_COLS)
         return (narrow4 ? moe_band_launch<true, 2, MXB_COLS, 2, 4> : moe_band_launch<true, 2, MXB_COLS, 2, 2>)(
             experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
+    if (tile_cols == MXB_COLS_MAX)
+        return moe_band_launch<true, 2, MXB_COLS_MAX, 1, 8>(experts, num_experts, lists, pairs, nm, rows, cols, x,
+                                                             x_per_pair, y0, y1, round, s);
     return (band_stage_wide() == 2 ? moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 2>
                                    : moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 8>)(
         experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);

@@ -33,12 +33,16 @@ int k3c_cuda_moe_pair_mx_fits(int In, int F);
 
 /* Experts by expert band (moe_pair.cu), MXFP4 or bf16: each selected expert streamed once for up to
  * tile_cols of its pairs (more: once more per tile). k3c_cuda_moe_band_cols gives the tile width for a call
- * (8, or 16 for MXFP4 with many pairs an expert); k3c_cuda_moe_band_lists sorts the pairs of idx [pairs] by
+ * with rows of In (gate/up) and F (down): 8, or for MXFP4 with many pairs an expert 32 where its plane fits,
+ * else 16; k3c_cuda_moe_band_cols_force (tests; not thread-safe: set it between launches) forces 8, 16 or
+ * 32 (32 falls back to 16 where it does not fit) for every later call, 0 restores the default, and a pair's
+ * outputs are the same bits at every width; k3c_cuda_moe_band_lists sorts the pairs of idx [pairs] by
  * expert into tiles of that width in `lists` (k3c_cuda_moe_band_lists_ints(pairs) ints of device scratch);
  * k3c_cuda_moe_band, given the same width, then computes what k3c_cuda_moe_pair_mx would for nm matrices a
  * pair (rows of pairs with an invalid expert: 0). fits: widths and pair counts the kernels take. */
 int k3c_cuda_moe_band_fits(int mxfp4, int In, int F, int pairs);
-int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts);
+int k3c_cuda_moe_band_cols(int mxfp4, int pairs, int num_experts, int In, int F);
+int k3c_cuda_moe_band_cols_force(int cols);
 size_t k3c_cuda_moe_band_lists_ints(int pairs);
 int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_experts, int tile_cols, int *lists,
                             cudaStream_t stream);

@@ -435,7 +435,7 @@ int main(int argc, char **argv) {
         cudaFree(xbf);
     }
 
-    if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1 and 4 */
+    if (want("moe")) { /* MXFP4 experts, K3 shape (In 3584, F 3072), 64 experts, top-16, T = 1, 4, 8, 16, 32, 64 */
         int E = 64, In = 3584, F = 3072, Out = 3584, k = 16;
         /* scales 2^-8 .. 2^1 (E8M0 119 .. 128), as real weights have them (|w| <= 12; the device-synthetic
          * presets use 2^-7); K3C_BENCH_MX_BIG=1: 2^-8 .. 2^7, the only distribution before 2026-11-30: every
@@ -461,22 +461,41 @@ int main(int argc, char **argv) {
         k3c_cuda_expert *dtab;
         CK(cudaMalloc((void **)&dtab, sizeof *tab * E));
         CK(cudaMemcpy(dtab, tab, sizeof *tab * E, cudaMemcpyHostToDevice));
-        for (int T = 1; T <= 8; T = T == 1 ? 4 : T * 2) {
+        static const int T_mx[] = {1, 4, 8, 16, 32, 64};
+        for (int ti = 0; ti < 6; ti++) {
+            int T = T_mx[ti];
             moe_ctx m;
             memset(&m, 0, sizeof m);
             m.tab = dtab; m.E = E; m.In = In; m.F = F; m.Out = Out; m.T = T; m.k = k; m.mx = 1;
+            /* 4 rotating selections of 16 distinct experts per token. T <= 8: windows of 16 (quarters of the
+             * 64, a token 5 further on); T >= 16: a router's top-k without a favourite, each token's 16 drawn
+             * at random (seeded), as k3c bench's device-synthetic routing spreads them (~T / 4 pairs an
+             * expert, binomially: at T = 64 about 40% of the experts have more than 16, which tiles of 16
+             * stream twice). The bytes counted are those of the distinct experts of selection 0. */
+            int distinct = 0;
+            unsigned char seen[64] = {0};
+            uint64_t rs = 0x5eedull + (uint64_t)T;
             for (int r = 0; r < 4; r++) {
-                /* 4 rotating selections of 16 distinct experts per token (quarters of the 64) */
                 int *hi = malloc(sizeof(int) * T * k);
-                for (int t = 0; t < T; t++)
-                    for (int j = 0; j < k; j++) hi[t * k + j] = (r * 16 + j + t * 5) % E;
+                for (int t = 0; t < T; t++) {
+                    int pool[64];
+                    for (int e = 0; e < E; e++) pool[e] = e;
+                    for (int j = 0; j < k; j++) {
+                        int e = (r * 16 + j + t * 5) % E;
+                        if (T >= 16) { /* a partial shuffle: 16 distinct of 64 */
+                            int sj = j + (int)(k3c_splitmix64(&rs) % (uint64_t)(E - j)), tmp = pool[j];
+                            pool[j] = pool[sj], pool[sj] = tmp;
+                            e = pool[j];
+                        }
+                        hi[t * k + j] = e;
+                        if (r == 0 && !seen[e]) seen[e] = 1, distinct++;
+                    }
+                }
                 CK(cudaMalloc((void **)&m.idx[r], sizeof(int) * T * k));
                 CK(cudaMemcpy(m.idx[r], hi, sizeof(int) * T * k, cudaMemcpyHostToDevice));
                 free(hi);
             }
             moe_ctx_buffers(&m, 9);
-            /* distinct experts touched per launch: T = 1: 16; T = 4: all selections overlap into <= 64 */
-            int distinct = 16 + (T - 1) * 5 < E ? 16 + (T - 1) * 5 : E;
             double gu = (double)distinct * 2 * (pgu + sgu), dn = (double)distinct * (pd + sd);
             char name[64];
             m.mode = 1;

@@ -337,10 +337,36 @@ static void expert_set_bf16(k3c_cuda_expert *e, int m, const uint16_t *d) {
     if (m == 2) e->down_w = d;
 }
 
+/* The routing of a moe test and its weights: ROUTE_ANY draws each pair's expert (repeats within a token
+ * allowed, pair 1 may be invalid), ROUTE_TOPK k distinct experts a token (a router's top-k; pair 1 may be invalid), ROUTE_HOT the
+ * same with expert 0 among every token's k (in slot t % k): one expert with a pair of every token, several
+ * band tiles of it past 32 tokens. */
+enum { ROUTE_ANY, ROUTE_TOPK, ROUTE_HOT };
+static void moe_route(k3c_rng *r, int route, int E, int T, int k, int *idx, float *wt) {
+    for (int i = 0; i < T * k; i++) {
+        idx[i] = (int)(k3c_rng_next(r) % (uint64_t)(E + 1)) - (i == 1 ? 1 : 0); /* pair 1 may be invalid (-1) */
+        if (idx[i] >= E) idx[i] = E - 1;
+        wt[i] = (float)k3c_rng_uniform(r);
+    }
+    if (route == ROUTE_ANY) return;
+    const int lo = route == ROUTE_HOT; /* the other slots from lo .. E - 1 */
+    int *pool = malloc(sizeof(int) * E);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) pool[e] = e;
+        for (int j = 0; j < k - lo; j++) { /* a partial shuffle: k - lo distinct of lo .. E - 1 (k <= E) */
+            int s = lo + j + (int)(k3c_rng_next(r) % (uint64_t)(E - lo - j)), tmp = pool[lo + j];
+            pool[lo + j] = pool[s], pool[s] = tmp;
+        }
+        for (int j = 0, o = lo; j < k; j++)
+            if (t * k + j != 1) idx[t * k + j] = lo && j == t % k ? 0 : pool[o++];
+    }
+    free(pool);
+}
+
 /* Routed experts (gate/up fused with the activation, then down, weighted sum) against the CPU matmuls and
  * activation, per (token, slot) pair. Unrounded: rel L2 < 1e-5; with the stock roundings on both sides
  * (a bf16 tie can flip an ulp): rel L2 < 1e-2. */
-static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round) {
+static void moe_case_routed(int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round, int route) {
     k3c_rng r = rng_for("moe");
     k3c_config cfg;
     config_act(&cfg, situ);
@@ -370,11 +396,7 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
     int *idx = malloc(sizeof(int) * T * k);
     fill_normal(&r, x, (size_t)T * In, mxfp4 ? 0.05f : 1.0f);
     if (round) round_host(x, (size_t)T * In);
-    for (int i = 0; i < T * k; i++) {
-        idx[i] = (int)(k3c_rng_next(&r) % (uint64_t)(E + 1)) - (i == 1 ? 1 : 0); /* pair 1 may be invalid (-1) */
-        if (idx[i] >= E) idx[i] = E - 1;
-        wt[i] = (float)k3c_rng_uniform(&r);
-    }
+    moe_route(&r, route, E, T, k, idx, wt);
     /* CPU reference */
     float *ga = fmalloc(F), *ua = fmalloc(F), *d = fmalloc(Out), *ref = fmalloc((size_t)T * Out);
     for (int t = 0; t < T; t++) {
@@ -418,8 +440,8 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
      * 4.5e-7 (MXFP4) with the band kernels off, as the band kernels do (docs/kernels.md). */
     double thr = round ? 1e-2 : (T * Out < 16 ? 5e-5 : 1e-5);
     note(mxfp4 ? (round ? "moe_mxfp4_rounded" : "moe_mxfp4") : (round ? "moe_bf16_rounded" : "moe_bf16"), thr, e);
-    CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d: rel L2 %.3g", mxfp4,
-           situ, In, F, Out, E, T, k, round, e);
+    CHECKF(e < thr, "mxfp4 %d situ %d In %d F %d Out %d E %d T %d k %d round %d route %d: rel L2 %.3g", mxfp4,
+           situ, In, F, Out, E, T, k, round, route, e);
     if (round) {
         /* the tensor-parallel partial (moe.h K3C_CUDA_MOE_ROUND_HIDDEN) on the same experts and pairs, every
          * weight 1: h bitwise the stock mode's (the same kernels round it the same), and with one slot a token
@@ -461,6 +483,9 @@ static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, 
     cudaFree(dtab); cudaFree(dx); cudaFree(dwt); cudaFree(didx); cudaFree(dh); cudaFree(dpart); cudaFree(dout);
     free(he); free(de); free(x); free(wt); free(idx); free(ga); free(ua); free(d); free(ref); free(out);
 }
+static void moe_case(int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round) {
+    moe_case_routed(mxfp4, situ, In, F, Out, E, T, k, round, ROUTE_ANY);
+}
 
 TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 96, 64, 17, 5, 3, 3, 0);
@@ -492,6 +517,91 @@ TEST(gpu_moe_mxfp4) {
     moe_case(1, 1, 96, 64, 17, 5, 7, 1, 1);
     moe_case(1, 1, 256, 64, 128, 6, 5, 1, 1);
     moe_case(1, 0, 256, 64, 128, 6, 40, 1, 1);
+    /* 9-64 pairs an expert: tiles of 32 (16 where the plane does not fit): 20 and 33 an expert (tiles of 1-32
+     * pairs, experts of two tiles), f32 and rounded; one expert chosen by every token (64 pairs: two tiles);
+     * k3-slice's routing at 64 tokens (16 distinct of 64 experts a token, ~16 pairs an expert); K3's shape at
+     * 12 and (one expert hot) 20 pairs an expert */
+    moe_case_routed(1, 1, 256, 128, 256, 4, 40, 2, 0, ROUTE_ANY);
+    moe_case_routed(1, 0, 96, 64, 100, 3, 33, 3, 1, ROUTE_ANY);
+    moe_case_routed(1, 1, 160, 96, 96, 6, 64, 3, 0, ROUTE_HOT);
+    moe_case_routed(1, 1, 64, 32, 128, 64, 64, 16, 1, ROUTE_TOPK); /* Out 128: room for the tile table */
+    moe_case_routed(1, 1, 3584, 3072, 3584, 4, 24, 2, 0, ROUTE_TOPK);
+    moe_case_routed(1, 0, 3584, 3072, 3584, 4, 40, 2, 1, ROUTE_HOT);
+}
+
+/* The band kernels' tile widths (k3c_cuda_moe_band_cols_force: 8, 16, 32) give a pair the same bits: an
+ * mma's output column depends on its B column alone, and each pair's k steps are summed in the same order at
+ * every width (cuda/moe_pair.cu). h, part and out poisoned before each run; NaN never matches. */
+static void band_widths_case(int situ, int In, int F, int E, int T, int k, int round, int route) {
+    k3c_rng r = rng_for("moe_band_widths");
+    k3c_cuda_expert *de = calloc(E, sizeof *de);
+    int dims[3][2] = {{F, In}, {F, In}, {In, F}};
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            k3c_mxfp4_mat q;
+            CHECK(make_mx(&r, dims[m][0], dims[m][1], &q) == 0);
+            uint8_t *p = dev_upload(q.packed, (size_t)dims[m][0] * dims[m][1] / 2);
+            const uint8_t *sc = dev_upload(q.scale, (size_t)dims[m][0] * dims[m][1] / 32);
+            CHECK(p && sc);
+            CHECK_OK(k3c_cuda_mxfp4_repack(p, (size_t)dims[m][0] * dims[m][1] / 2, 0));
+            if (m == 0) de[e].gate_packed = p, de[e].gate_scale = sc;
+            if (m == 1) de[e].up_packed = p, de[e].up_scale = sc;
+            if (m == 2) de[e].down_packed = p, de[e].down_scale = sc;
+            free((void *)q.packed);
+            free((void *)q.scale);
+        }
+    int P = T * k;
+    float *x = fmalloc((size_t)T * In), *wt = fmalloc(P);
+    int *idx = malloc(sizeof(int) * P);
+    fill_normal(&r, x, (size_t)T * In, 0.05f);
+    if (round) round_host(x, (size_t)T * In);
+    moe_route(&r, route, E, T, k, idx, wt);
+    k3c_cuda_expert *dtab = dev_upload(de, sizeof *de * E);
+    float *dx = dev_upload(x, (size_t)T * In * 4), *dwt = dev_upload(wt, (size_t)P * 4);
+    int *didx = dev_upload(idx, sizeof(int) * P);
+    size_t nh = (size_t)P * F, np = (size_t)P * In, no = (size_t)T * In;
+    float *dh = dev_poisoned(nh * 4), *dpart = dev_poisoned(np * 4), *dout = dev_poisoned(no * 4);
+    CHECK(dtab && dx && dwt && didx && dh && dpart && dout);
+    CHECK(k3c_cuda_moe_band_cols_force(24) != K3C_OK && k3c_cuda_moe_band_cols_force(-1) != K3C_OK);
+    k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
+    static const int widths[4] = {0, 8, 16, 32}; /* 0: the default (32 here: more than 8 pairs an expert) */
+    float *h[4], *part[4], *out[4];
+    for (int v = 0; v < 4; v++) {
+        h[v] = fmalloc(nh), part[v] = fmalloc(np), out[v] = fmalloc(no);
+        CHECK(cudaMemset(dh, 0xff, nh * 4) == cudaSuccess && cudaMemset(dpart, 0xff, np * 4) == cudaSuccess &&
+              cudaMemset(dout, 0xff, no * 4) == cudaSuccess);
+        CHECK_OK(k3c_cuda_moe_band_cols_force(widths[v]));
+        CHECK_OK(k3c_cuda_moe_experts(dtab, E, 1, In, F, In, dx, T, didx, dwt, k, act, round, dh, dpart, dout, 0));
+        CHECK(dev_download(h[v], dh, nh * 4) == 0 && dev_download(part[v], dpart, np * 4) == 0 &&
+              dev_download(out[v], dout, no * 4) == 0);
+    }
+    CHECK_OK(k3c_cuda_moe_band_cols_force(0));
+    size_t differ = 0, nan = 0;
+    for (int v = 1; v < 4; v++) {
+        for (size_t i = 0; i < nh; i++) differ += memcmp(&h[v][i], &h[0][i], 4) != 0;
+        for (size_t i = 0; i < np; i++) differ += memcmp(&part[v][i], &part[0][i], 4) != 0;
+        for (size_t i = 0; i < no; i++) differ += memcmp(&out[v][i], &out[0][i], 4) != 0;
+    }
+    for (size_t i = 0; i < nh; i++) nan += isnan(h[0][i]);
+    for (size_t i = 0; i < np; i++) nan += isnan(part[0][i]);
+    for (size_t i = 0; i < no; i++) nan += isnan(out[0][i]);
+    CHECKF(differ == 0 && nan == 0, "In %d F %d E %d T %d k %d round %d route %d: %zu values differ between widths, "
+           "%zu NaN", In, F, E, T, k, round, route, differ, nan);
+    for (int e = 0; e < E; e++) {
+        cudaFree((void *)de[e].gate_packed); cudaFree((void *)de[e].gate_scale);
+        cudaFree((void *)de[e].up_packed); cudaFree((void *)de[e].up_scale);
+        cudaFree((void *)de[e].down_packed); cudaFree((void *)de[e].down_scale);
+    }
+    for (int v = 0; v < 4; v++) free(h[v]), free(part[v]), free(out[v]);
+    cudaFree(dtab); cudaFree(dx); cudaFree(dwt); cudaFree(didx); cudaFree(dh); cudaFree(dpart); cudaFree(dout);
+    free(de); free(x); free(wt); free(idx);
+}
+
+TEST(gpu_moe_mxfp4_band_widths) {
+    band_widths_case(1, 256, 128, 4, 40, 2, 0, ROUTE_ANY);   /* f32 activations: three terms a tile */
+    band_widths_case(0, 96, 64, 6, 64, 3, 1, ROUTE_HOT);     /* rounded; a hot expert of 64 pairs */
+    band_widths_case(1, 128, 32, 64, 64, 16, 1, ROUTE_TOPK); /* k3-slice's routing at 64 tokens */
+    band_widths_case(1, 3584, 256, 4, 40, 2, 1, ROUTE_HOT);  /* K3's width: the 32-column plane at 224 KB */
 }
 
 TEST(gpu_moe_bf16) {

@@ -23,6 +23,8 @@ __attribute__((constructor)) static void emu_cp_from_env(void) {
     if (e) emu_cp_delay = strcmp(e, "delay") == 0;
 }
 long emu_blocks_run, emu_launches;
+/* bytes moved by 16-byte weight loads (ld.global.nc.v4) and 16-byte cp.async copies: emu.h; read by main.c */
+unsigned long long emu_stream_bytes;
 
 static std::mutex fail_mu;
 void emu_fail(const char *fmt, ...) {

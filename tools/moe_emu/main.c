@@ -16,6 +16,8 @@
 #include "util/bf16.h"
 
 extern int emu_force_wpr, emu_cp_delay, emu_shuffle, emu_mma_f32seq, emu_mma_trunc;
+extern unsigned long long emu_stream_bytes; /* emu.h: bytes of 16-byte weight loads and copies */
+static FILE *dump; /* EMU_DUMP=file: every case's h, part and out appended as raw bytes (bitwise A/B of kernels) */
 
 static double rel_l2(const float *x, const double *ref, size_t n) {
     double num = 0, den = 0;
@@ -45,7 +47,10 @@ static double act_d(int situ, double g, double u) {
 static int failures;
 static double worst_case;
 
-/* skew: every pair but 1 in 40 picks expert 0 (one expert with thousands of pairs: several plist windows) */
+/* skew 1: every pair but 1 in 40 picks expert 0 (one expert with thousands of pairs: several plist windows);
+ * skew 2 (hot): every token picks expert 0 (in slot t % k) and k - 1 distinct others, as a router does when
+ * one expert is every token's choice (with T > 32 pairs the hot expert takes several 32-pair tiles);
+ * skew 3: k distinct experts a token, uniformly (a router's top-k without a favourite) */
 static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int Out, int E, int T, int k, int round,
                      int skew, unsigned seed) {
     k3c_rng r;
@@ -106,9 +111,23 @@ static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int O
     for (int i = 0; i < P; i++) {
         idx[i] = (int)(k3c_rng_next(&r) % (uint64_t)(E + 1)) - (i == 1 ? 1 : 0); /* pair 1 may be invalid */
         if (idx[i] >= E) idx[i] = E - 1;
-        if (skew && i != 1 && k3c_rng_next(&r) % 40) idx[i] = 0;
+        if (skew == 1 && i != 1 && k3c_rng_next(&r) % 40) idx[i] = 0;
         wt[i] = (float)k3c_rng_uniform(&r);
     }
+    if (skew >= 2) /* k <= E: distinct experts a token, with skew 2 expert 0 among them (pair 1 keeps its id) */
+        for (int t = 0; t < T; t++) {
+            int pool[64], lo = skew == 2; /* the others from lo .. E - 1 */
+            for (int e = 0; e < E; e++) pool[e] = e;
+            for (int j = 0; j < k - lo; j++) { /* a partial shuffle of lo .. E - 1 */
+                int s2 = lo + j + (int)(k3c_rng_next(&r) % (uint64_t)(E - lo - j)), tmp = pool[lo + j];
+                pool[lo + j] = pool[s2], pool[s2] = tmp;
+            }
+            for (int j = 0, o = lo; j < k; j++) {
+                int p = t * k + j;
+                if (p == 1) continue;
+                idx[p] = lo && j == t % k ? 0 : pool[o++];
+            }
+        }
     /* (a) the GPU test's reference: CPU f32 library */
     float *ga = fmalloc(F), *ua = fmalloc(F), *d = fmalloc(Out), *ref = fmalloc((size_t)T * Out);
     /* (b) float64 */
@@ -160,12 +179,34 @@ static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int O
     float *dout = dev_poisoned((size_t)T * Out * 4);
     k3c_cuda_act act = {situ ? 2 : 1, 4.0f, 25.0f};
     clock_t c0 = clock();
+    emu_stream_bytes = 0;
     if (k3c_cuda_moe_experts(dtab, E, mxfp4, In, F, Out, dx, T, didx, dwt, k, act, round, dh, dpart, dout, 0)) {
         printf("%s: launcher error\n", name);
         failures++;
         return;
     }
     double secs = (double)(clock() - c0) / CLOCKS_PER_SEC;
+    /* weight bytes streamed over those of the experts the pairs selected (each read once: 1.00); MXFP4
+     * counts the packed nibbles (its scales go by byte loads), bf16 the weights */
+    double sel = 0;
+    {
+        unsigned char used[64] = {0};
+        for (int i = 0; i < P; i++)
+            if (idx[i] >= 0 && idx[i] < E && !used[idx[i]]) used[idx[i]] = 1, sel += 1;
+        sel *= (2.0 * F * In + (double)Out * F) * (mxfp4 ? 0.5 : 2.0);
+    }
+    double passes = sel > 0 ? (double)emu_stream_bytes / sel : 0;
+    if (dump) {
+        size_t nh = (size_t)P * F, np = (size_t)P * Out, no = (size_t)T * Out;
+        float *hb = fmalloc(nh > np ? (nh > no ? nh : no) : (np > no ? np : no));
+        cudaMemcpy(hb, dh, nh * 4, cudaMemcpyDeviceToHost);
+        fwrite(hb, 4, nh, dump);
+        cudaMemcpy(hb, dpart, np * 4, cudaMemcpyDeviceToHost);
+        fwrite(hb, 4, np, dump);
+        cudaMemcpy(hb, dout, no * 4, cudaMemcpyDeviceToHost);
+        fwrite(hb, 4, no, dump);
+        free(hb);
+    }
     /* the GPU test's metric and threshold */
     double e_test = rel_l2f(dout, ref, (size_t)T * Out);
     double thr = round ? 1e-2 : (T * Out >= 16 ? 1e-5 : 5e-5);
@@ -183,9 +224,10 @@ static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int O
     int ok = e_test < thr && zero_ok && e_h < thr && e_p < thr && e_o < thr;
     failures += !ok;
     if (e_test > worst_case && !round) worst_case = e_test;
-    printf("%-34s wpr %s  out vs cpu %.2e (thr %.0e)  vs f64: h %.2e part %.2e out %.2e  %s%s  [%.1fs cpu]\n",
+    printf("%-34s wpr %s  out vs cpu %.2e (thr %.0e)  vs f64: h %.2e part %.2e out %.2e  streamed %.2fx  %s%s  "
+           "[%.1fs cpu]\n",
            name, emu_force_wpr ? (char[]){(char)('0' + emu_force_wpr), 0} : "auto", e_test, thr, e_h, e_p, e_o,
-           ok ? "ok" : "FAIL", zero_ok ? "" : " (invalid pair h not 0)", secs);
+           passes, ok ? "ok" : "FAIL", zero_ok ? "" : " (invalid pair h not 0)", secs);
     fflush(stdout);
     for (int e = 0; e < E; e++) {
         cudaFree((void *)de[e].gate_packed); cudaFree((void *)de[e].gate_scale);
@@ -238,6 +280,23 @@ static const mcase cases[] = {
     /* more than 8 pairs an expert: tiles of 16 (two column groups; K3C_MOE_BAND_COLS=8 / 16 forces a width) */
     {"mx band16 In256 F128 Out256 E2 T12 k2", 1, 1, 256, 128, 256, 2, 12, 2, 0, 0, 0},
     {"mx band16 K3 3584x3072 E8 T9 k8", 1, 1, 3584, 3072, 3584, 8, 9, 8, 0, 0, 1},
+    /* 9-64 pairs an expert (the wide tiles; every pair of an expert with up to 32 in one pass): 10, 20 and
+     * 33 an expert on average (tiles of 1-32 pairs, 1-4 column groups, experts of two tiles), f32 (three
+     * terms) and rounded; hot routing (one expert chosen by every token: 64 pairs, two tiles); K3's width
+     * (the 224 KB plane of the gate/up rows) with a narrow F to keep the emulation short */
+    {"mx band32 In256 F128 Out256 E8 T40 k2", 1, 1, 256, 128, 256, 8, 40, 2, 0, 0, 0},
+    {"mx band32 In256 F128 Out256 E4 T40 k2", 1, 0, 256, 128, 256, 4, 40, 2, 0, 0, 0},
+    {"mx band32 In96 F64 Out100 E3 T33 k3 rnd", 1, 1, 96, 64, 100, 3, 33, 3, 1, 0, 0},
+    {"mx band32 In160 F96 Out96 E6 T64 k3 hot", 1, 1, 160, 96, 96, 6, 64, 3, 0, 2, 0},
+    {"mx band32 In128 F64 Out64 E16 T64 k4 hot rnd", 1, 0, 128, 64, 64, 16, 64, 4, 1, 2, 0},
+    {"mx band32 In64 F32 Out40 E2 T64 k1 hot", 1, 1, 64, 32, 40, 2, 64, 1, 0, 2, 0},
+    /* k3-slice's routing at b = 32 and 64 (16 distinct of 64 experts a token: ~8 and ~16 pairs an expert),
+     * rounded as the model runs (one term: "streamed" counts the passes over each selected expert); Out 128:
+     * the band path keeps its tile table (2 + 4 pairs ints) in out (T x Out floats) */
+    {"mx band In64 F32 Out128 E64 T32 k16 rnd", 1, 1, 64, 32, 128, 64, 32, 16, 1, 3, 0},
+    {"mx band32 In64 F32 Out128 E64 T64 k16 rnd", 1, 1, 64, 32, 128, 64, 64, 16, 1, 3, 0},
+    {"mx band32 K3 In3584 F256 E4 T24 k2", 1, 1, 3584, 256, 3584, 4, 24, 2, 0, 0, 1},
+    {"mx band32 K3 In3584 F256 E4 T40 k2 hot rnd", 1, 0, 3584, 256, 3584, 4, 40, 2, 1, 2, 1},
     /* bf16 past the per-pair path's 256 pairs: the band kernels (partial steps, experts of many tiles) */
     {"bf16 band In64 F32 Out64 E12 T40 k8", 0, 1, 64, 32, 64, 12, 40, 8, 0, 0, 0},
     {"bf16 band In72 F40 Out48 E5 T33 k8 rnd", 0, 0, 72, 40, 48, 5, 33, 8, 1, 0, 0},
@@ -257,6 +316,10 @@ int main(int argc, char **argv) {
     if ((e = getenv("EMU_SHUFFLE"))) emu_shuffle = atoi(e);
     if ((e = getenv("EMU_MMA"))) emu_mma_f32seq = strcmp(e, "f32seq") == 0, emu_mma_trunc = strcmp(e, "trunc") == 0;
     const char *only = getenv("EMU_ONLY");
+    if ((e = getenv("EMU_DUMP")) && !(dump = fopen(e, "wb"))) {
+        fprintf(stderr, "moe_emu: cannot write %s\n", e);
+        return 2;
+    }
     static const int wprs[] = {0, 1, 2, 4, 8};
     int all = strcmp(mode, "all") == 0, big = strcmp(mode, "big") == 0;
     printf("moe_emu: cp.async %s, shuffle %d, mma %s\n", emu_cp_delay ? "delayed to wait_group" : "immediate",
@@ -274,6 +337,7 @@ int main(int argc, char **argv) {
                      0x9e3779b9u * (unsigned)(c + 1) + (unsigned)w);
         }
     }
+    if (dump) fclose(dump);
     printf("moe_emu: %d failure(s); worst unrounded out rel L2 vs the CPU reference %.2e\n", failures, worst_case);
     return failures != 0;
 }

@@ -23,7 +23,12 @@
 # Usage: tools/moe_emu/run.sh [quick|big|all] (quick: small shapes, every wpr, ~1 min; big: K3's 3584 x 3072
 # and Kimi Linear's 2304 x 1024, wpr auto and 8; all: everything). Env: EMU_CP=delay, EMU_SHUFFLE=seed,
 # EMU_MMA=f32seq or trunc (inc/emu.h: a truncating accumulation model), EMU_WPR=n, EMU_ONLY=substring of a
-# case name, EMU_THREADS (OS threads for blocks).
+# case name, EMU_THREADS (OS threads for blocks), EMU_DUMP=file (every case's h, part and out appended raw:
+# `cmp` two runs for a bitwise A/B; tools/moe_emu/ab.sh REF does the whole A/B against a git ref), MOE_CU /
+# MOE_PAIR_CU (kernel sources of another tree; its moe_pair.h placed in $TMPDIR/moe_emu/gen/cuda/ when the
+# declarations differ). Each line's "streamed" is the bytes of
+# 16-byte weight loads and copies over those of the experts the pairs selected: passes over each selected
+# expert (no cache is modelled; f32 activations take three per tile: their three bf16 terms).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

@@ -184,8 +184,15 @@ template <class T> static inline T __ldg(const T *p) {
     emu_maybe_yield();
     return *p;
 }
+/* The traffic counter: bytes of the kernels' weight streams, i.e. 16-byte ld.global.nc loads (the streaming
+ * kernels' k3c_ld_stream16) and 16-byte cp.async copies (the grouped kernel's rings); activations (__ldg) and
+ * scale bytes are not counted. No cache is modelled: a re-read counts again, as a pass over an expert that
+ * L2 no longer holds costs HBM bytes again. */
+extern unsigned long long emu_stream_bytes;
+static inline void emu_count_stream(int bytes) { __atomic_fetch_add(&emu_stream_bytes, (unsigned long long)bytes, __ATOMIC_RELAXED); }
 static inline void emu_ld_v4_u32(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, const void *p) {
     emu_check_global(p, 16, 16, "ld.global.nc.v4.u32");
+    emu_count_stream(16);
     emu_maybe_yield();
     const uint32_t *q = (const uint32_t *)p;
     a = q[0], b = q[1], c = q[2], d = q[3];
@@ -221,6 +228,7 @@ static inline void emu_cp_async(size_t saddr, const void *src, int cp, int src_b
     if (saddr + cp > emu_blk->dyn_bytes) emu_fail("cp.async: shared [%zu, +%d) past %zu bytes", saddr, cp, emu_blk->dyn_bytes);
     if ((uintptr_t)src % cp) emu_fail("cp.async: global %p not %d-aligned", src, cp);
     if (src_bytes) emu_check_global(src, src_bytes, 1, "cp.async");
+    if (cp == 16) emu_count_stream(src_bytes);
     emu_copy c = {emu_blk->dyn + saddr, src, cp, src_bytes};
     if (emu_cp_delay) {
         memset(c.dst, 0xff, cp);
