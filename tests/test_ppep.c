@@ -26,18 +26,8 @@
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
+#include "tp_config.h"
 
-/* Tiny K3 or Kimi Linear whose heads split 2 ways (as tests/test_tp.c's: 8 KDA and 8 MLA heads). */
-static int ppep_config(int kimi_linear, k3c_config *c) {
-    K3C_TRY(k3c_preset_config(kimi_linear ? "kimi-linear-tiny" : "tiny", c));
-    c->kda_num_heads = 8;
-    c->kda_head_dim = 32;
-    c->num_attention_heads = 8;
-    c->num_key_value_heads = 8;
-    c->moe_intermediate_size = kimi_linear ? 64 : 256;
-    c->intermediate_size = 512;
-    return k3c_config_validate(c);
-}
 
 static double now_s(void) {
     struct timespec t;
@@ -270,7 +260,7 @@ typedef struct fixture {
 static int fixture_make(int kimi_linear, uint64_t seed, fixture *fx) {
     fx->m = NULL;
     k3c_config c;
-    K3C_TRY(ppep_config(kimi_linear, &c));
+    K3C_TRY(tp_config(kimi_linear, 0, &c));
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/ppep_%s", test_tmpdir(), kimi_linear ? "kimi_linear" : "k3");
     int rc = k3c_synth_write(&c, NULL, seed, dir);

@@ -28,6 +28,7 @@
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
+#include "tp_config.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -35,29 +36,12 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* Tiny K3 (MXFP4 experts, AttnRes) or tiny Kimi Linear with heads and widths that split 4 ways (test_tp.c's
- * tp_config): 8 KDA and 8 MLA heads, routed experts 256 (K3) or 64 wide, dense 512. dense: every expert
- * routed (no routing near-tie between the two sums in bf16). */
-static int ranks_config(int kimi_linear, int dense, k3c_config *c) {
-    K3C_TRY(k3c_preset_config(kimi_linear ? "kimi-linear-tiny" : "tiny", c));
-    c->kda_num_heads = 8;
-    c->kda_head_dim = 32;
-    c->num_attention_heads = 8;
-    c->num_key_value_heads = 8;
-    c->moe_intermediate_size = kimi_linear ? 64 : 256;
-    c->intermediate_size = 512;
-    if (dense) {
-        c->num_experts_per_token = c->num_experts;
-        c->topk_group = c->num_expert_group;
-    }
-    return k3c_config_validate(c);
-}
 
 /* Synthesizes the config into test_tmpdir()/name (damp > 0: made repetitive, damp_residual.h) and loads it
  * through the public API. */
 static int ranks_model(int kimi_linear, int dense, float damp, uint64_t seed, const char *name, k3c_model **m) {
     k3c_config c;
-    K3C_TRY(ranks_config(kimi_linear, dense, &c));
+    K3C_TRY(tp_config(kimi_linear, dense, &c));
     char dir[512]; /* damp_residual.h builds shard paths of 600 bytes from it */
     if (snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name) >= (int)sizeof dir) {
         k3c_config_free(&c);
@@ -564,7 +548,7 @@ static void *fp_thread(void *p) {
 
 TEST(ranks_startup_check_refuses_differences) {
     k3c_config c;
-    CHECK_OK(ranks_config(0, 0, &c));
+    CHECK_OK(tp_config(0, 0, &c));
     k3c_layout l = {.tp = 3, .pp = 1, .dp = 1, .ep = 1};
     /* the same options on every rank pass; rank 2 with another max_context: all three refuse, naming it */
     for (int round = 0; round < 2; round++) {

@@ -24,6 +24,7 @@
 #include "test.h"
 #include "util/error.h"
 #include "util/rng.h"
+#include "tp_config.h"
 
 /* ---- the communicator ---- */
 
@@ -176,22 +177,6 @@ TEST(comm_threads_gather_broadcast_and_failures) {
 
 /* ---- the sharded forward ---- */
 
-/* Tiny K3 (or Kimi Linear) with heads and widths that split 8 ways: 8 KDA heads of 32, 8 MLA heads, routed
- * experts 256 wide (MXFP4: 32 a rank at TP 8) or 64 (bf16), dense 512, vocabulary 1024. */
-static int tp_config(int kimi_linear, int dense_routing, k3c_config *c) {
-    K3C_TRY(k3c_preset_config(kimi_linear ? "kimi-linear-tiny" : "tiny", c));
-    c->kda_num_heads = 8;
-    c->kda_head_dim = 32;
-    c->num_attention_heads = 8;
-    c->num_key_value_heads = 8;
-    c->moe_intermediate_size = kimi_linear ? 64 : 256;
-    c->intermediate_size = 512;
-    if (dense_routing) { /* every expert selected: no routing near-tie can flip between the two sums */
-        c->num_experts_per_token = c->num_experts;
-        c->topk_group = c->num_expert_group;
-    }
-    return k3c_config_validate(c);
-}
 
 typedef struct rank_run {
     const k3c_model *m; /* the rank's model (a shard, or the whole model at world size 1) */

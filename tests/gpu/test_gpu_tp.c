@@ -42,6 +42,7 @@
 #include "util/bf16.h"
 #include "util/error.h"
 #include "util/rng.h"
+#include "../tp_config.h"
 
 #define GROUP_MS 60000 /* the longest any rank waits for the others in one collective */
 
@@ -294,21 +295,6 @@ TEST(gpu_tp_comm_staged_failures) {
 
 /* ---- the models ---- */
 
-/* test_tp.c's tp_config: tiny K3 (or Kimi Linear) with heads and widths that split 8 ways. */
-static int tp_config(int kimi_linear, int dense_routing, k3c_config *c) {
-    K3C_TRY(k3c_preset_config(kimi_linear ? "kimi-linear-tiny" : "tiny", c));
-    c->kda_num_heads = 8;
-    c->kda_head_dim = 32;
-    c->num_attention_heads = 8;
-    c->num_key_value_heads = 8;
-    c->moe_intermediate_size = kimi_linear ? 64 : 256;
-    c->intermediate_size = 512;
-    if (dense_routing) { /* every expert selected: no routing near-tie can flip between the two sums */
-        c->num_experts_per_token = c->num_experts;
-        c->topk_group = c->num_expert_group;
-    }
-    return k3c_config_validate(c);
-}
 
 /* k3-slice's dims (K3's layer widths, 64 experts), the first `layers` layers: 4 holds the dense layer 0, two
  * MoE KDA layers and the MoE MLA layer 3. The vocabulary cut to 32768 (a fifth of K3's): the embedding and the LM
