@@ -707,6 +707,29 @@ static void moe_sum_rows(void *ctx, int b, int e) {
     }
 }
 
+/* After the routed experts' weighted sum in x->r: the latent MoE's norm and up-projection, then the shared
+ * expert's output (x->sh) added, into out; what moe and the expert-parallel combine share. */
+static void moe_finish(cpu_ctx *x, const k3c_config *c, const k3c_moe_weights *w, int T, int D, int Rin, int latent,
+                       int shared, int rd, float *out) {
+    k3c_mm *mm = x->mm;
+    const float *routed = x->r;
+    if (latent) {
+        if (c->latent_moe_use_norm) {
+            norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
+            k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
+        }
+        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
+        k3c_matmul_batch(x->pool, mm, 1);
+        routed = x->rup;
+    }
+    if (shared) {
+        ew_job j = {x, routed, x->sh, out, (size_t)T * D};
+        par_rows(x, (int)((j.n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
+    } else {
+        memmove(out, routed, (size_t)T * D * 4);
+    }
+}
+
 /* Three batches per layer whatever T and k are: {router, latent down, shared gate, shared up} (all read y),
  * {W1, W3 of every selected expert}, {W2 of every selected expert, shared down}. The (row, j) pairs are
  * grouped by expert; pair s of the grouped order has its input row at xe + s * Rin (or in place in z when
@@ -790,22 +813,7 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         memcpy(r_part, x->r, (size_t)T * Rin * 4);
         return;
     }
-    const float *routed = x->r;
-    if (latent) {
-        if (c->latent_moe_use_norm) {
-            norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
-            k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
-        }
-        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
-        k3c_matmul_batch(x->pool, mm, 1);
-        routed = x->rup;
-    }
-    if (shared) {
-        ew_job j = {x, routed, x->sh, out, (size_t)T * D};
-        par_rows(x, (int)((j.n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
-    } else {
-        memmove(out, routed, (size_t)T * D * 4);
-    }
+    moe_finish(x, c, w, T, D, Rin, latent, shared, rd, out);
 }
 
 static void cpu_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
@@ -905,22 +913,7 @@ static void cpu_moe_combine(k3c_backend *be, const k3c_moe_weights *w, const flo
     }
     sum_job sj = {x, d, wts, pair_row, 0, x->r};
     par_rows(x, T, (size_t)K * Rin, moe_sum_rows, &sj);
-    const float *routed = x->r;
-    if (latent) {
-        if (c->latent_moe_use_norm) {
-            norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
-            k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
-        }
-        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
-        k3c_matmul_batch(x->pool, mm, 1);
-        routed = x->rup;
-    }
-    if (shared) {
-        ew_job j = {x, routed, x->sh, out, (size_t)T * D};
-        par_rows(x, (int)((j.n + EW_PIECE - 1) / EW_PIECE), EW_PIECE, add_pieces, &j);
-    } else {
-        memmove(out, routed, (size_t)T * D * 4);
-    }
+    moe_finish(x, c, w, T, D, Rin, latent, shared, rd, out);
 }
 
 static void cpu_round(k3c_backend *be, float *p, size_t n) {
