@@ -306,7 +306,8 @@ static void dp_case(k3c_rng *r, int mx, int rows, int cols, uint16_t *w, uint8_t
         for (size_t i = 0; i < (size_t)rows * cols / 2; i++) pk[i] = (uint8_t)k3c_rng_next(r);
         for (size_t i = 0; i < (size_t)rows * groups; i++) {
             uint64_t v = k3c_rng_next(r);
-            sc[i] = v % 17 == 0 ? 0 : (uint8_t)(117 + v % 24); /* 2^-10..2^13 and the subnormal 2^-127 */
+            /* 2^-10..2^13, and 2^-127 (subnormal), 2^-126, 2^-125: the decode's two routes meet at 2^-125 */
+            sc[i] = v % 17 < 3 ? (uint8_t)(v % 17) : (uint8_t)(117 + v % 24);
         }
         for (int row = 0; row < rows; row++)
             for (int c = 0; c < cols; c++) {

@@ -798,34 +798,46 @@ ALWAYS_INLINE void dp_tile(const uint16_t *w, size_t ldw, int R, const void *x, 
             y[t * ldy + r] = mm_store(dp_hsum(_mm512_add_ps(acc[r][t][0], acc[r][t][1])), round);
 }
 
-#define DP_TILE_CASE(RR, TT, XBF, BL)                                                                              \
-    case (RR) * 16 + (TT): dp_tile(w, ldw, RR, x, ldx, XBF, TT, c0, c1, cols, BL, save, y, ldy, round); break;
-#define DP_TILE_CASES(XBF, BL)                                                                                     \
-    DP_TILE_CASE(1, 1, XBF, BL) DP_TILE_CASE(1, 2, XBF, BL) DP_TILE_CASE(1, 3, XBF, BL) DP_TILE_CASE(1, 4, XBF, BL) \
-    DP_TILE_CASE(1, 5, XBF, BL) DP_TILE_CASE(1, 6, XBF, BL) DP_TILE_CASE(2, 1, XBF, BL) DP_TILE_CASE(2, 2, XBF, BL) \
-    DP_TILE_CASE(2, 3, XBF, BL) DP_TILE_CASE(2, 4, XBF, BL) DP_TILE_CASE(2, 5, XBF, BL) DP_TILE_CASE(2, 6, XBF, BL)
+/* Rows [0, nrows) of a panel (stride ldw) x NT tokens: tiles of DP_ROWS rows, one dispatch for all. */
+ALWAYS_INLINE void dp_tiles(const uint16_t *w, size_t ldw, int nrows, const void *x, size_t ldx, int xbf, int NT,
+                            int c0, int c1, int cols, int blocked, __m512 *save, float *y, size_t ldy, int round) {
+    int r = 0;
+    for (; r + DP_ROWS <= nrows; r += DP_ROWS)
+        dp_tile(w + r * ldw, ldw, DP_ROWS, x, ldx, xbf, NT, c0, c1, cols, blocked,
+                save ? save + (size_t)r * DP_TOKS * 2 : NULL, y + r, ldy, round);
+    if (r < nrows)
+        dp_tile(w + r * ldw, ldw, 1, x, ldx, xbf, NT, c0, c1, cols, blocked, save ? save + (size_t)r * DP_TOKS * 2 : NULL,
+                y + r, ldy, round);
+}
 
-/* Row-stream tiles (f32 x, whole rows) and packed tiles (bf16 x, one or all column blocks). */
-static void dp_tile_rows(const uint16_t *w, size_t ldw, int R, const float *x, size_t ldx, int NT, int cols, float *y,
-                         size_t ldy, int round) {
+#define DP_TILES_CASE(TT, XBF, BL)                                                                                 \
+    case TT: dp_tiles(w, ldw, nrows, x, ldx, XBF, TT, c0, c1, cols, BL, save, y, ldy, round); break;
+#define DP_TILES_CASES(XBF, BL)                                                                                    \
+    DP_TILES_CASE(1, XBF, BL) DP_TILES_CASE(2, XBF, BL) DP_TILES_CASE(3, XBF, BL) DP_TILES_CASE(4, XBF, BL)         \
+    DP_TILES_CASE(5, XBF, BL) DP_TILES_CASE(6, XBF, BL)
+
+/* nrows rows x NT tokens: f32 x converted as loaded (whole rows), or packed bf16 x (one column block of a
+ * blocked product, or whole rows). */
+static void dp_rows_f32x(const uint16_t *w, size_t ldw, int nrows, const float *x, size_t ldx, int NT, int cols,
+                         float *y, size_t ldy, int round) {
     int c0 = 0, c1 = cols;
     __m512 *save = NULL;
-    switch (R * 16 + NT) {
-        DP_TILE_CASES(0, 0)
-    default: break; /* unreachable: R <= DP_ROWS, NT <= DP_TOKS */
+    switch (NT) {
+        DP_TILES_CASES(0, 0)
+    default: break; /* unreachable: NT <= DP_TOKS */
     }
 }
 
-static void dp_tile_packed(const uint16_t *w, size_t ldw, int R, const uint16_t *x, size_t ldx, int NT, int c0, int c1,
-                           int cols, __m512 *save, float *y, size_t ldy, int round) {
+static void dp_rows_packed(const uint16_t *w, size_t ldw, int nrows, const uint16_t *x, size_t ldx, int NT, int c0,
+                           int c1, int cols, __m512 *save, float *y, size_t ldy, int round) {
     if (c1 - c0 < cols) {
-        switch (R * 16 + NT) {
-            DP_TILE_CASES(1, 1)
+        switch (NT) {
+            DP_TILES_CASES(1, 1)
         default: break;
         }
     } else {
-        switch (R * 16 + NT) {
-            DP_TILE_CASES(1, 0)
+        switch (NT) {
+            DP_TILES_CASES(1, 0)
         default: break;
         }
     }
@@ -840,24 +852,32 @@ static void dp_pack(const float *x, size_t ldx, int NT, int n, uint16_t *out, si
         for (int c = 0; c < n; c += 32) _mm512_store_si512(out + t * ld + c, (__m512i)dp_x32(x + t * ldx + c, n - c));
 }
 
-/* One MXFP4 group (16 packed bytes) as 32 bf16 in column order: the 16 table values times the group's scale
- * (exact in f32), rounded to bf16 (exact down to 2^-126, zero below), looked up per nibble (the even column
- * from the low one). */
-ALWAYS_INLINE __m512bh dp_mx_group(const uint8_t *pk, float scale) {
-    __m512i t = _mm512_castsi256_si512(
-        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(mx_e2m1), _mm512_set1_ps(scale))));
+/* One MXFP4 group (16 packed bytes) as 32 bf16 in column order, e2m1 * 2^(s-127) exactly. Word 2i of the
+ * index holds byte i (vpermw reads its low 5 bits: the low nibble, the table repeating at 16) and word 2i + 1
+ * its high nibble; the table holds the e2m1 values in bf16, and the scale is added to the exponent of the
+ * nonzero ones (exact while the result is normal: 2 <= s <= 252). Other scales take the f32 route: the
+ * table times 2^(s-127), exact, rounded to bf16 (zero below 2^-126, as VDPBF16PS reads it anyway). */
+static const uint16_t mx_e2m1_bf16[32] = {
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0,
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+
+ALWAYS_INLINE __m512bh dp_mx_group(const uint8_t *pk, uint8_t s) {
     __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)pk));
-    __m512i idx = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(15)), _mm512_slli_epi32(_mm512_srli_epi32(d, 4), 16));
-    return (__m512bh)_mm512_permutexvar_epi16(idx, t);
+    __m512i idx = _mm512_or_si512(d, _mm512_slli_epi32(d, 12));
+    if (__builtin_expect(s < 2 || s > 252, 0)) {
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(mx_e2m1), _mm512_set1_ps(mx_e8m0(s)));
+        __m512i tw = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(t));
+        return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(tw, _mm512_castsi512_si256(tw), 1));
+    }
+    __m512i w = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(mx_e2m1_bf16));
+    __mmask32 nz = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(7));
+    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) << 7)));
 }
 
 /* R MXFP4 rows (packed stride ldp, scales stride lds) x NT tokens of packed bf16 x, each group decoded in
  * registers and used by every token: group g is block g of dp_tile's order (chain g % 2). */
 ALWAYS_INLINE void dp_mx_tile(const uint8_t *pk, size_t ldp, const uint8_t *sc, size_t lds, int R, int groups,
                               const uint16_t *xb, size_t ldx, int NT, float *y, size_t ldy, int round) {
-    float sf[DP_ROWS][MX_SPLIT_FLOATS / 32];
-    UNROLL
-    for (int r = 0; r < R; r++) mx_scales(sc + r * lds, groups, sf[r]);
     __m512 acc[DP_ROWS][DP_TOKS][2];
     UNROLL
     for (int r = 0; r < R; r++)
@@ -869,7 +889,7 @@ ALWAYS_INLINE void dp_mx_tile(const uint8_t *pk, size_t ldp, const uint8_t *sc, 
         for (int k = 0; k < 2; k++) {
             __m512bh wv[DP_ROWS];
             UNROLL
-            for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)(g + k) * 16, sf[r][g + k]);
+            for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)(g + k) * 16, sc[r * lds + g + k]);
             UNROLL
             for (int t = 0; t < NT; t++) {
                 __m512bh xv = (__m512bh)_mm512_load_si512(xb + t * ldx + (size_t)(g + k) * 32);
@@ -881,7 +901,7 @@ ALWAYS_INLINE void dp_mx_tile(const uint8_t *pk, size_t ldp, const uint8_t *sc, 
     if (g < groups) {
         __m512bh wv[DP_ROWS];
         UNROLL
-        for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)g * 16, sf[r][g]);
+        for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)g * 16, sc[r * lds + g]);
         UNROLL
         for (int t = 0; t < NT; t++) {
             __m512bh xv = (__m512bh)_mm512_load_si512(xb + t * ldx + (size_t)g * 32);
@@ -911,7 +931,89 @@ static void dp_mx_tile_any(const uint8_t *pk, size_t ldp, const uint8_t *sc, siz
 /* One MXFP4 row as bf16 (the blocked form's panel): the values dp_mx_tile computes in registers. */
 static void dp_mx_row(const uint8_t *pk, const uint8_t *sc, int groups, uint16_t *out) {
     for (int g = 0; g < groups; g++)
-        _mm512_store_si512(out + (size_t)g * 32, (__m512i)dp_mx_group(pk + (size_t)g * 16, mx_e8m0(sc[g])));
+        _mm512_store_si512(out + (size_t)g * 32, (__m512i)dp_mx_group(pk + (size_t)g * 16, sc[g]));
+}
+
+/* Decode (one token, x packed as bf16): rows [r0, r1) each in one pass, the row loop here so that a row
+ * costs no call or dispatch (a 2 KiB row streams in ~240 cycles; a call per row cost 15%). The order is
+ * dp_tile's. A bf16 row whose start is 4-byte but not 64-byte aligned (the usual case in a mapped
+ * checkpoint) is read as aligned lines, each block taken from two of them by one VPERMT2D: 64-byte loads
+ * that straddle two lines measured 20-25% slower from memory. */
+static void dp_decode_bf16(const k3c_mat *W, int r0, int r1, const uint16_t *xb, float *y, int round) {
+    int cols = W->cols;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int r = r0; r < r1; r++) {
+        const uint16_t *w = W->w + (size_t)r * cols;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        size_t mis = (uintptr_t)w & 63;
+        int c = 0;
+        if (mis && mis % 4 == 0) {
+            /* every line loaded holds bytes of this row's blocks, so no load leaves the row's pages */
+            const __m512i *ln = (const __m512i *)(const void *)((const char *)w - mis);
+            __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32((int)(mis / 4))), lo = _mm512_load_si512(ln);
+            for (; c + 64 <= cols; c += 64, ln += 2) {
+                __m512i l1 = _mm512_load_si512(ln + 1), l2 = _mm512_load_si512(ln + 2);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_permutex2var_epi32(lo, idx, l1),
+                                      (__m512bh)_mm512_load_si512(xb + c));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_permutex2var_epi32(l1, idx, l2),
+                                      (__m512bh)_mm512_load_si512(xb + c + 32));
+                lo = l2;
+            }
+        } else {
+            for (; c + 64 <= cols; c += 64) {
+                a0 = _mm512_dpbf16_ps(a0, dp_w32(w + c, 32), (__m512bh)_mm512_load_si512(xb + c));
+                a1 = _mm512_dpbf16_ps(a1, dp_w32(w + c + 32, 32), (__m512bh)_mm512_load_si512(xb + c + 32));
+            }
+        }
+        for (; c < cols; c += 32) {
+            __m512bh wv = dp_w32(w + c, cols - c), xv = (__m512bh)_mm512_load_si512(xb + c);
+            if ((c >> 5) & 1) a1 = _mm512_dpbf16_ps(a1, wv, xv);
+            else a0 = _mm512_dpbf16_ps(a0, wv, xv);
+        }
+        y[r] = mm_store(dp_hsum(_mm512_add_ps(a0, a1)), round);
+    }
+}
+
+/* Two MXFP4 rows a and b (b may be NULL) times one token: group g is block g (chain g % 2), decoded in
+ * registers; the two rows' four chains hide the VDPBF16PS latency that one row's two chains leave exposed
+ * (the decode is compute-bound here). */
+ALWAYS_INLINE void dp_mx_dot2(const uint8_t *pa, const uint8_t *sa, const uint8_t *pb, const uint8_t *sb, int groups,
+                              const uint16_t *xb, float *ya, float *yb, int round) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    int g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32);
+        __m512bh x1 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32 + 32);
+        a0 = _mm512_dpbf16_ps(a0, dp_mx_group(pa + (size_t)g * 16, sa[g]), x0);
+        a1 = _mm512_dpbf16_ps(a1, dp_mx_group(pa + (size_t)g * 16 + 16, sa[g + 1]), x1);
+        if (pb) {
+            b0 = _mm512_dpbf16_ps(b0, dp_mx_group(pb + (size_t)g * 16, sb[g]), x0);
+            b1 = _mm512_dpbf16_ps(b1, dp_mx_group(pb + (size_t)g * 16 + 16, sb[g + 1]), x1);
+        }
+    }
+    if (g < groups) {
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32);
+        a0 = _mm512_dpbf16_ps(a0, dp_mx_group(pa + (size_t)g * 16, sa[g]), x0);
+        if (pb) b0 = _mm512_dpbf16_ps(b0, dp_mx_group(pb + (size_t)g * 16, sb[g]), x0);
+    }
+    *ya = mm_store(dp_hsum(_mm512_add_ps(a0, a1)), round);
+    if (pb) *yb = mm_store(dp_hsum(_mm512_add_ps(b0, b1)), round);
+}
+
+/* Decode of MXFP4 rows [r0, r1): row r0 + i beside row r0 + h + i (h = half the range), two sequential
+ * streams (two adjacent rows at once measured 0.55x one row from memory, the halves 1.0x). */
+static void dp_decode_mx(const k3c_mxfp4_mat *W, int r0, int r1, const uint16_t *xb, float *y, int round) {
+    int groups = W->cols / K3C_MXFP4_GROUP, h = (r1 - r0 + 1) / 2;
+    size_t ldp = (size_t)W->cols / 2;
+    for (int i = 0; i < h; i++) {
+        int ra = r0 + i, rb = r0 + h + i;
+        const uint8_t *pa = W->packed + (size_t)ra * ldp, *sa = W->scale + (size_t)ra * groups;
+        if (rb < r1)
+            dp_mx_dot2(pa, sa, W->packed + (size_t)rb * ldp, W->scale + (size_t)rb * groups, groups, xb, y + ra, y + rb,
+                       round);
+        else
+            dp_mx_dot2(pa, sa, NULL, NULL, groups, xb, y + ra, NULL, round);
+    }
 }
 
 /* The bf16 copy of a token tile of the row-stream tiles lives on the stack: at most this many values (64
@@ -923,9 +1025,7 @@ static void dp_mx_row(const uint8_t *pk, const uint8_t *sc, int groups, uint16_t
 static void dp_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1) {
     int cols = m->W ? m->W->cols : m->Wq->cols, T = m->T;
     size_t ld = dp_ld(cols);
-    /* decode: one row at a time, a single sequential stream (two interleaved rows measured 2x slower from
-     * memory) */
-    int rs = T == 1 ? 1 : DP_ROWS, tt = ld <= DP_XROW_ELEMS ? (int)(DP_XROW_ELEMS / ld) : 0;
+    int tt = ld <= DP_XROW_ELEMS ? (int)(DP_XROW_ELEMS / ld) : 0;
     if (tt > DP_TOKS) tt = DP_TOKS;
     uint16_t xs[DP_XROW_ELEMS] __attribute__((aligned(64)));
     for (int t0 = 0; t0 < T; t0 += tt ? tt : DP_TOKS) {
@@ -933,17 +1033,23 @@ static void dp_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1) {
         const float *xt = m->x + (size_t)t0 * ldx;
         float *yt = m->y + (size_t)t0 * ldy;
         if (tt) dp_pack(xt, ldx, NT, cols, xs, ld);
-        for (int r = r0; r < r1; r += rs) {
-            int R = r1 - r < rs ? r1 - r : rs;
-            if (m->Wq) /* cols <= MX_SPLIT_FLOATS, so tt > 0 */
+        if (T == 1 && tt) {
+            if (m->Wq) dp_decode_mx(m->Wq, r0, r1, xs, yt, m->round);
+            else dp_decode_bf16(m->W, r0, r1, xs, yt, m->round);
+            return;
+        }
+        if (m->Wq) { /* cols <= MX_SPLIT_FLOATS, so tt > 0 */
+            for (int r = r0; r < r1; r += DP_ROWS) {
+                int R = r1 - r < DP_ROWS ? r1 - r : DP_ROWS;
                 dp_mx_tile_any(m->Wq->packed + (size_t)r * (cols / 2), (size_t)cols / 2,
                                m->Wq->scale + (size_t)r * (cols / 32), (size_t)cols / 32, R, cols / 32, xs, ld, NT,
                                yt + r, ldy, m->round);
-            else if (tt)
-                dp_tile_packed(m->W->w + (size_t)r * cols, (size_t)cols, R, xs, ld, NT, 0, cols, cols, NULL, yt + r, ldy,
-                               m->round);
-            else
-                dp_tile_rows(m->W->w + (size_t)r * cols, (size_t)cols, R, xt, ldx, NT, cols, yt + r, ldy, m->round);
+            }
+        } else if (tt) {
+            dp_rows_packed(m->W->w + (size_t)r0 * cols, (size_t)cols, r1 - r0, xs, ld, NT, 0, cols, cols, NULL, yt + r0,
+                           ldy, m->round);
+        } else {
+            dp_rows_f32x(m->W->w + (size_t)r0 * cols, (size_t)cols, r1 - r0, xt, ldx, NT, cols, yt + r0, ldy, m->round);
         }
     }
 }
@@ -986,11 +1092,8 @@ static void dp_blocked_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int
                 for (int c = 0; c < c1 - c0; c += 32)
                     _mm512_store_si512(xs + t * ld + c, (__m512i)dp_x32(xt + c, c1 - c0 - c));
             }
-            for (int r = r0; r < r1; r += DP_ROWS) {
-                int R = r1 - r < DP_ROWS ? r1 - r : DP_ROWS;
-                dp_tile_packed(w + (size_t)(r - r0) * ldw, ldw, R, xs, ld, NT, c0, c1, cols,
-                               save + (size_t)(r - r0) * DP_TOKS * 2, m->y + (size_t)t0 * ldy + r, ldy, m->round);
-            }
+            dp_rows_packed(w, ldw, r1 - r0, xs, ld, NT, c0, c1, cols, save, m->y + (size_t)t0 * ldy + r0, ldy,
+                           m->round);
         }
     }
 }
