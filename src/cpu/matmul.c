@@ -40,7 +40,8 @@
  * The blocked forms (prompt rows) perform exactly these sequences (see their comments). T = 1 takes the
  * one-token tile of the same code, so decode pays nothing for this: a single sequential stream per row with
  * four independent FMA chains, or two VDPBF16PS chains (measured best on this machine; interleaving 2 or 4
- * rows per stream lost 25-50% of the bandwidth).
+ * adjacent rows lost 25-50% of the bandwidth); MXFP4 rows in the bf16 products go two at a time from the two
+ * halves of a range (two streams, dp_decode_mx), since one row's two chains leave its decode latency-bound.
  *
  * Checking the fallbacks by hand (they are not what -march=native builds):
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=native -mno-avx512bf16 -c src/cpu/matmul.c   (AVX-512, f32 only)
