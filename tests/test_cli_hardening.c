@@ -148,6 +148,10 @@ TEST(hardening_cli_option_errors_name_the_option) {
         {"synth --preset tiny --out x --seed -4", "--seed: '-4' is not an integer in 0.."},
         {"bench --steps 0", "--steps: '0' is not an integer in 1..100000"},
         {"bench --threads x", "--threads: 'x' is not an integer in 0..4096"},
+        {"bench --runs 0", "--runs: '0' is not an integer in 1..1000"},
+        {"bench --model x --device cuda", "--model x: only the cpu rows (decode and prefill) measure a checkpoint folder"},
+        {"bench --model x --preset tiny", "--model x and --preset tiny: give one of them"},
+        {"bench --model ''", "--model: an empty value"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *err;

@@ -34,27 +34,36 @@ static int same_bits(const float *a, const float *b, size_t n) {
     return 1;
 }
 
-/* y for all T tokens in one k3c_matmul_batch (with the pool, strided, rounded or not) against each token
- * alone through k3c_matmul_bf16 / k3c_matmul_mxfp4 without the pool. */
+/* y for all T tokens in one k3c_matmul_batch (with the pool, strided, rounded or not; f32 products and the
+ * bf16 products of xbf16) against each token alone without the pool: k3c_matmul_bf16 / k3c_matmul_mxfp4,
+ * or for xbf16 a one-token k3c_matmul_batch, then rounded by bf16_round. */
 static void check_matmul(k3c_rng *r, k3c_pool *pool, const k3c_mat *W, const k3c_mxfp4_mat *Wq, int T) {
     int rows = W ? W->rows : Wq->rows, cols = W ? W->cols : Wq->cols;
     size_t ldx = (size_t)cols + 3, ldy = (size_t)rows + 5; /* strided on purpose */
     float *x = fnew((size_t)T * ldx), *y = fnew((size_t)T * ldy), *y1 = fnew(rows);
     fill(r, x, (size_t)T * ldx, 1);
-    for (int round = 0; round < 2; round++) {
-        poison_f32(y, (size_t)T * ldy);
-        k3c_mm m = {.W = W, .Wq = Wq, .x = x, .T = T, .y = y, .round = round, .ldx = ldx, .ldy = ldy};
-        k3c_matmul_batch(pool, &m, 1);
-        for (int t = 0; t < T; t++) {
-            poison_f32(y1, rows);
-            if (W) k3c_matmul_bf16(NULL, W, x + t * ldx, 1, y1);
-            else k3c_matmul_mxfp4(NULL, Wq, x + t * ldx, 1, y1);
-            if (round)
-                for (int i = 0; i < rows; i++) y1[i] = bf16_round(y1[i]);
-            CHECKF(same_bits(y + t * ldy, y1, rows), "%s rows %d cols %d T %d token %d round %d: batched row differs",
-                   W ? "bf16" : "mxfp4", rows, cols, T, t, round);
+    for (int xb = 0; xb < 2; xb++)
+        for (int round = 0; round < 2; round++) {
+            poison_f32(y, (size_t)T * ldy);
+            k3c_mm m = {.W = W, .Wq = Wq, .x = x, .T = T, .y = y, .round = round, .ldx = ldx, .ldy = ldy, .xbf16 = xb};
+            k3c_matmul_batch(pool, &m, 1);
+            for (int t = 0; t < T; t++) {
+                poison_f32(y1, rows);
+                if (xb) {
+                    k3c_mm one = {.W = W, .Wq = Wq, .x = x + t * ldx, .T = 1, .y = y1, .xbf16 = 1};
+                    k3c_matmul_batch(NULL, &one, 1);
+                } else if (W) {
+                    k3c_matmul_bf16(NULL, W, x + t * ldx, 1, y1);
+                } else {
+                    k3c_matmul_mxfp4(NULL, Wq, x + t * ldx, 1, y1);
+                }
+                if (round)
+                    for (int i = 0; i < rows; i++) y1[i] = bf16_round(y1[i]);
+                CHECKF(same_bits(y + t * ldy, y1, rows),
+                       "%s rows %d cols %d T %d token %d round %d xbf16 %d: batched row differs", W ? "bf16" : "mxfp4",
+                       rows, cols, T, t, round, xb);
+            }
         }
-    }
     free(x), free(y), free(y1);
 }
 
@@ -128,7 +137,8 @@ TEST(cpu_matmul_blocked_row_invariant) {
     k3c_pool_free(pools[1]);
 }
 
-/* A NaN in one token row reaches that row's outputs only: the blocked tiles never mix rows. */
+/* A NaN in one token row reaches that row's outputs only: the blocked tiles never mix rows (f32 and bf16
+ * products). */
 TEST(cpu_matmul_blocked_nan_stays_in_its_row) {
     k3c_rng r = batch_rng();
     k3c_pool *pool = k3c_pool_create(2);
@@ -137,18 +147,23 @@ TEST(cpu_matmul_blocked_nan_stays_in_its_row) {
     for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = f32_to_bf16((float)k3c_rng_normal(&r));
     k3c_mat W = {w, rows, cols};
     float *x = fnew((size_t)T * cols), *y = fnew((size_t)T * rows), *y0 = fnew((size_t)T * rows);
-    fill(&r, x, (size_t)T * cols, 1);
-    poison_f32(y0, (size_t)T * rows);
-    k3c_matmul_bf16(pool, &W, x, T, y0);
-    x[(size_t)bad * cols + cols / 2] = NAN;
-    poison_f32(y, (size_t)T * rows);
-    k3c_matmul_bf16(pool, &W, x, T, y);
-    for (int t = 0; t < T; t++) {
-        if (t == bad) {
-            for (int i = 0; i < rows; i++) CHECKF(isnan(y[(size_t)t * rows + i]), "row %d output %d is not NaN", t, i);
-        } else {
-            CHECKF(same_bits(y + (size_t)t * rows, y0 + (size_t)t * rows, rows), "row %d changed by a NaN in row %d", t,
-                   bad);
+    for (int xb = 0; xb < 2; xb++) {
+        fill(&r, x, (size_t)T * cols, 1);
+        k3c_mm m = {.W = &W, .x = x, .T = T, .y = y0, .xbf16 = xb};
+        poison_f32(y0, (size_t)T * rows);
+        k3c_matmul_batch(pool, &m, 1);
+        x[(size_t)bad * cols + cols / 2] = NAN;
+        m.y = y;
+        poison_f32(y, (size_t)T * rows);
+        k3c_matmul_batch(pool, &m, 1);
+        for (int t = 0; t < T; t++) {
+            if (t == bad) {
+                for (int i = 0; i < rows; i++)
+                    CHECKF(isnan(y[(size_t)t * rows + i]), "row %d output %d is not NaN (xbf16 %d)", t, i, xb);
+            } else {
+                CHECKF(same_bits(y + (size_t)t * rows, y0 + (size_t)t * rows, rows),
+                       "row %d changed by a NaN in row %d (xbf16 %d)", t, bad, xb);
+            }
         }
     }
     free(w), free(x), free(y), free(y0);
@@ -174,12 +189,13 @@ TEST(cpu_matmul_batch_equals_separate) {
         ys[i] = fnew((size_t)T * rows[i]);
         fill(&r, x[i], (size_t)T * cols[i], 1);
         poison_f32(y[i], (size_t)T * rows[i]);
-        mm[i] = (k3c_mm){.W = &W[i], .x = x[i], .T = T, .y = y[i], .round = i & 1};
+        mm[i] = (k3c_mm){.W = &W[i], .x = x[i], .T = T, .y = y[i], .round = i & 1, .xbf16 = i % 3 == 1};
     }
     k3c_matmul_batch(pool, mm, N);
     for (int i = 0; i < N; i++) {
         poison_f32(ys[i], (size_t)T * rows[i]);
-        k3c_matmul_bf16(pool, &W[i], x[i], T, ys[i]);
+        k3c_mm alone = {.W = &W[i], .x = x[i], .T = T, .y = ys[i], .xbf16 = i % 3 == 1};
+        k3c_matmul_batch(pool, &alone, 1);
         if (i & 1)
             for (size_t k = 0; k < (size_t)T * rows[i]; k++) ys[i][k] = bf16_round(ys[i][k]);
         CHECKF(same_bits(y[i], ys[i], (size_t)T * rows[i]), "product %d of the batch differs from it alone", i);

@@ -297,6 +297,173 @@ TEST(cpu_matmul_blocked_matches_double) {
     k3c_pool_free(pools[1]);
 }
 
+/* ---------------------------------------------------------------- bf16 products (k3c_mm.xbf16) */
+
+/* A random bf16 matrix or MXFP4 one as doubles (wd), its bf16 / packed form set in W or Q; x: bf16 values. */
+static void dp_case(k3c_rng *r, int mx, int rows, int cols, uint16_t *w, uint8_t *pk, uint8_t *sc, double *wd) {
+    int groups = cols / 32;
+    if (mx) {
+        for (size_t i = 0; i < (size_t)rows * cols / 2; i++) pk[i] = (uint8_t)k3c_rng_next(r);
+        for (size_t i = 0; i < (size_t)rows * groups; i++) {
+            uint64_t v = k3c_rng_next(r);
+            /* 2^-10..2^13, and 2^-127 (subnormal), 2^-126, 2^-125: the decode's two routes meet at 2^-125 */
+            sc[i] = v % 17 < 3 ? (uint8_t)(v % 17) : (uint8_t)(117 + v % 24);
+        }
+        for (int row = 0; row < rows; row++)
+            for (int c = 0; c < cols; c++) {
+                uint8_t b = pk[(size_t)row * cols / 2 + c / 2];
+                wd[(size_t)row * cols + c] =
+                    ref_e2m1(c & 1 ? b >> 4 : b & 15) * ldexp(1.0, sc[(size_t)row * groups + c / 32] - 127);
+            }
+    } else {
+        for (size_t i = 0; i < (size_t)rows * cols; i++) {
+            w[i] = f32_to_bf16((float)k3c_rng_normal(r));
+            wd[i] = ref_bf16(w[i]);
+        }
+    }
+}
+
+/* The bf16 products against the float64 sums. Each output is a sum in f32 of exact products (a bf16 x bf16
+ * product is exact in f32) along a path of at most ceil(cols / 32) + 5 roundings (a chain of VDPBF16PS steps,
+ * the two chains' sum, a 4-level tree), so |y - sum| <= (ceil(cols / 32) + 6) 2^-24 sum |terms|, plus the
+ * terms of MXFP4 weights below 2^-126 that are taken as zero (at most 1.5 2^-125 |x| each). Random shapes
+ * (column tails, odd rows, MXFP4 with odd group counts, rows split into column blocks), T from 1 to 300, no
+ * pool, one and two threads. */
+TEST(cpu_matmul_xbf16_matches_double) {
+    k3c_rng r = cpu_rng();
+    k3c_pool *pools[3] = {NULL, k3c_pool_create(1), k3c_pool_create(2)};
+    for (int n = 0; n < 30; n++) {
+        int mx = n % 3 == 2, wide = n >= 24, rows = 1 + (int)(k3c_rng_next(&r) % (wide ? 40 : 150));
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 33) + (wide ? 112 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 1100) + (wide ? 3584 : 0);
+        int T = n < 3 ? (n == 0 ? 1 : n == 1 ? 8 : 300) : 1 + (int)(k3c_rng_next(&r) % (wide ? 40 : 300));
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * cols / 32 + 1);
+        float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows);
+        double *ref = dmalloc((size_t)T * rows), *tol = dmalloc((size_t)T * rows), *wd = dmalloc((size_t)rows * cols);
+        dp_case(&r, mx, rows, cols, w, pk, sc, wd);
+        for (size_t i = 0; i < (size_t)T * cols; i++) x[i] = bf16_round((float)k3c_rng_normal(&r));
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+        double steps = (cols + 31) / 32 + 6;
+#else
+        double steps = cols + 6; /* the f32 products: the scalar fallback's one running sum at worst */
+#endif
+        for (int t = 0; t < T; t++)
+            for (int row = 0; row < rows; row++) {
+                double s = 0, m = 0, flushed = 0;
+                for (int c = 0; c < cols; c++) {
+                    double wv = wd[(size_t)row * cols + c], p = wv * x[(size_t)t * cols + c];
+                    s += p;
+                    m += fabs(p);
+                    if (wv != 0 && fabs(wv) < 0x1p-126) flushed += fabs(p);
+                }
+                ref[(size_t)t * rows + row] = s;
+                tol[(size_t)t * rows + row] = steps * 0x1p-24 * 1.01 * m + flushed + 1e-35;
+            }
+        k3c_mat W = {w, rows, cols};
+        k3c_mxfp4_mat Q = {pk, sc, rows, cols};
+        for (int pi = 0; pi < 3; pi++) {
+            poison_f32(y, (size_t)T * rows);
+            k3c_mm mm = {.W = mx ? NULL : &W, .Wq = mx ? &Q : NULL, .x = x, .T = T, .y = y, .xbf16 = 1};
+            k3c_matmul_batch(pools[pi], &mm, 1);
+            for (size_t i = 0; i < (size_t)T * rows; i++)
+                CHECKF(fabs(y[i] - ref[i]) <= tol[i], "%s rows %d cols %d T %d threads %d: output %zu = %.9g, sum %.9g, "
+                       "bound %.3g", mx ? "mxfp4" : "bf16", rows, cols, T, pi, i, y[i], ref[i], tol[i]);
+        }
+        free(w), free(pk), free(sc), free(x), free(y), free(ref), free(tol), free(wd);
+    }
+    for (int pi = 1; pi < 3; pi++) k3c_pool_free(pools[pi]);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+/* VDPBF16PS per f32 lane as the Intel SDM states it (the odd pair first, then the even one, each product
+ * exact), with what cpu/matmul.c's header records of this machine: each product added with one rounding (an
+ * FMA), the accumulator and both factors below 2^-126 read as zero (DAZ), a result below 2^-126 stored as
+ * zero (FTZ). */
+static float emu_daz(float v) { return fabsf(v) < 0x1p-126f ? copysignf(0.0f, v) : v; }
+
+static float emu_dpbf16(float acc, float w1, float x1, float w0, float x0) {
+    acc = emu_daz(fmaf(emu_daz(w1), emu_daz(x1), emu_daz(acc)));
+    return emu_daz(fmaf(emu_daz(w0), emu_daz(x0), acc));
+}
+
+/* y[t, r] in the order cpu/matmul.c's header states: 32-column block b (the last zero-padded) into chain
+ * b % 2 of 16 lanes, lane i taking columns 32 b + 2 i + 1 and 32 b + 2 i; the chains added lane by lane; the
+ * 16 lanes summed as j + (j + 8), then + 4, + 2, + 1. */
+static float emu_dot(const double *w, const float *x, int cols) {
+    float acc[2][16] = {{0}}, a[16];
+    for (int b = 0; b < (cols + 31) / 32; b++)
+        for (int i = 0; i < 16; i++) {
+            int c = 32 * b + 2 * i;
+            float w0 = c < cols ? (float)w[c] : 0, x0 = c < cols ? x[c] : 0;
+            float w1 = c + 1 < cols ? (float)w[c + 1] : 0, x1 = c + 1 < cols ? x[c + 1] : 0;
+            acc[b % 2][i] = emu_dpbf16(acc[b % 2][i], w1, x1, w0, x0);
+        }
+    for (int i = 0; i < 16; i++) a[i] = acc[0][i] + acc[1][i];
+    for (int h = 8; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) a[i] = a[i] + a[i + h];
+    return a[0];
+}
+#endif
+
+/* The bf16 products bit for bit: on an AVX512-BF16 build against the emulation above (so the order written in
+ * cpu/matmul.c is the one the code runs), elsewhere against the f32 products (xbf16 is then ignored). Inputs
+ * spread over 2^-40..2^40 with zeros and bf16 subnormals (DAZ), random shapes, T, threads, rounded or not. */
+TEST(cpu_matmul_xbf16_order_bitwise) {
+    k3c_rng r = cpu_rng();
+    k3c_pool *pools[3] = {NULL, k3c_pool_create(1), k3c_pool_create(2)};
+    for (int n = 0; n < 24; n++) {
+        int mx = n % 3 == 2, wide = n >= 20, rows = 1 + (int)(k3c_rng_next(&r) % 70);
+        int cols = mx ? 32 * (1 + (int)(k3c_rng_next(&r) % 30) + (wide ? 112 : 0))
+                      : 1 + (int)(k3c_rng_next(&r) % 900) + (wide ? 3584 : 0);
+        int T = 1 + (int)(k3c_rng_next(&r) % (wide ? 12 : 40)), round = n % 2;
+        uint16_t *w = malloc((size_t)rows * cols * 2);
+        uint8_t *pk = malloc((size_t)rows * cols / 2 + 1), *sc = malloc((size_t)rows * cols / 32 + 1);
+        float *x = fmalloc((size_t)T * cols), *y = fmalloc((size_t)T * rows), *e = fmalloc((size_t)T * rows);
+        double *wd = dmalloc((size_t)rows * cols);
+        /* every fourth bf16 case tiny: products and partial sums around 2^-126, where DAZ / FTZ decide */
+        int tiny = !mx && n % 4 == 3, ew = tiny ? -63 : 0, ex = tiny ? -63 : 0, spread = tiny ? 9 : 41;
+        dp_case(&r, mx, rows, cols, w, pk, sc, wd);
+        if (!mx)
+            for (size_t i = 0; i < (size_t)rows * cols; i++) {
+                uint64_t v = k3c_rng_next(&r);
+                float f = v % 50 == 0 ? 0.0f : ldexpf((float)k3c_rng_normal(&r), ew + (int)(v % spread) - spread / 2);
+                if (v % 47 == 1) f = ldexpf((float)k3c_rng_normal(&r), -130); /* a bf16 subnormal */
+                w[i] = f32_to_bf16(f);
+                wd[i] = ref_bf16(w[i]);
+            }
+        for (size_t i = 0; i < (size_t)T * cols; i++) {
+            uint64_t v = k3c_rng_next(&r);
+            float f = v % 50 == 0 ? 0.0f : ldexpf((float)k3c_rng_normal(&r), ex + (int)(v % spread) - spread / 2);
+            if (v % 53 == 1) f = ldexpf((float)k3c_rng_normal(&r), -131);
+            x[i] = bf16_round(f);
+        }
+        k3c_mat W = {w, rows, cols};
+        k3c_mxfp4_mat Q = {pk, sc, rows, cols};
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+        for (int t = 0; t < T; t++)
+            for (int row = 0; row < rows; row++) {
+                float v = emu_dot(wd + (size_t)row * cols, x + (size_t)t * cols, cols);
+                e[(size_t)t * rows + row] = round ? bf16_round(v) : v;
+            }
+#else
+        k3c_mm f32 = {.W = mx ? NULL : &W, .Wq = mx ? &Q : NULL, .x = x, .T = T, .y = e, .round = round};
+        k3c_matmul_batch(NULL, &f32, 1);
+#endif
+        for (int pi = 0; pi < 3; pi++) {
+            poison_f32(y, (size_t)T * rows);
+            k3c_mm mm = {.W = mx ? NULL : &W, .Wq = mx ? &Q : NULL, .x = x, .T = T, .y = y, .round = round, .xbf16 = 1};
+            k3c_matmul_batch(pools[pi], &mm, 1);
+            for (size_t i = 0; i < (size_t)T * rows; i++)
+                CHECKF(memcmp(&y[i], &e[i], 4) == 0 && y[i] == y[i],
+                       "%s rows %d cols %d T %d threads %d round %d: output %zu = %a, expected %a", mx ? "mxfp4" : "bf16",
+                       rows, cols, T, pi, round, i, y[i], e[i]);
+        }
+        free(w), free(pk), free(sc), free(x), free(y), free(e), free(wd);
+    }
+    for (int pi = 1; pi < 3; pi++) k3c_pool_free(pools[pi]);
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 TEST(cpu_rmsnorm_matches_double) {

@@ -554,6 +554,38 @@ TEST(cli_synth_and_inspect) {
 #endif
 }
 
+/* bench --model DIR: the cpu rows for a checkpoint folder (tools/llama-cpu-compare.sh reads them), each
+ * prefill row against the peak of the instruction the products run on; a folder that does not load is a
+ * runtime error. */
+TEST(cli_bench_model_dir) {
+    char bin[PATH_MAX], dir[PATH_MAX], cmd[4 * PATH_MAX], out[PATH_MAX];
+    CHECK(test_k3c_binary(bin, sizeof bin));
+    path_join(dir, sizeof dir, test_tmpdir(), "bench_tiny");
+    path_join(out, sizeof out, test_tmpdir(), "bench_tiny.txt");
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --out '%s' --seed 3 >/dev/null", bin, dir);
+    CHECK(test_run_status(cmd) == 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s' bench --device cpu --model '%s/' --threads 1 --steps 2 --prefill 16,9 --runs 1 > '%s' 2>/dev/null",
+             bin, dir, out);
+    CHECK(test_run_status(cmd) == 0);
+    FILE *f = fopen(out, "r");
+    CHECK(f != NULL);
+    char text[16384];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    CHECKF(strstr(text, "bench_tiny cpu   decode ") && strstr(text, "bench_tiny cpu   prefill    16 tokens") &&
+               strstr(text, "bench_tiny cpu   prefill     9 tokens"),
+           "bench --model rows missing: %s", text);
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    CHECKF(strstr(text, "peak bf16 dot-product rate") && strstr(text, "% of the bf16 dot-product peak"), "%s", text);
+#else
+    CHECKF(!strstr(text, "bf16 dot-product") && strstr(text, "% of the f32 FMA peak"), "%s", text);
+#endif
+    snprintf(cmd, sizeof cmd, "'%s' bench --model '%s/nonexistent' --prefill 0 --steps 1 >/dev/null 2>&1", bin, dir);
+    CHECK(test_run_status(cmd) == 1);
+}
+
 TEST(synth_config_only_presets) {
     const char *const *names = k3c_preset_names();
     CHECK(names != NULL);

@@ -15,8 +15,7 @@
 # converter's pin, 4.57.6, which does not know kimi_linear and so hands the converter config.json as written).
 #
 # What it does, in WORK (default /tmp/k3c-llama-cpu; about 2.7 GB for the default models):
-#   1. builds k3c CPU-only in K3C_BUILD (default build-llama-cpu) and the two tools beside it
-#      (tools/synth_config.c, tools/cpu_bench_model.c);
+#   1. builds k3c CPU-only in K3C_BUILD (default build-llama-cpu) and tools/synth_config.c beside it;
 #   2. synthesizes each of MODELS (seed 1): kimi-linear-tiny (the preset, 4.9 M parameters) and
 #      kimi-linear-mini (tools/llama-cpu/kimi-linear-mini.json: mini's dims in Kimi Linear's architecture,
 #      bf16 experts, 451 M parameters); converts each to a bf16 GGUF (tools/llama-cpu/to_gguf.py);
@@ -24,8 +23,8 @@
 #      own tokenizer) and the logits of the prompt's last row (llama-debug --save-logits against k3c logits,
 #      bf16 and --f32), on the model and on the same weights with every expert routed (must agree there);
 #   4. REPEATS rounds (default 3), alternating the engines: llama-bench -p PROMPTS -n GEN -t THREADS -r RUNS
-#      and build-llama-cpu/cpu_bench_model (k3c bench's decode and prefill rows on a checkpoint folder, best of
-#      RUNS; default 3), the load average before each; prints the best of every row as a table. GFLOP/s uses
+#      and `k3c bench --device cpu --model DIR` (decode GEN steps, a prompt of each of PROMPTS, best of RUNS;
+#      default 3), the load average before each; prints the best of every row as a table. GFLOP/s uses
 #      one count for both engines: 2 flops per matrix weight a prompt token multiplies (k3c bench's).
 # BENCH_ONLY=1 skips 2 and 3 (the checkpoints of an earlier run in WORK are measured again).
 set -euo pipefail
@@ -54,8 +53,6 @@ make -s NVCC= BUILD="$B" "$B/k3c" "$B/libk3c.a"
 LIBS="-lcjson -lpcre2-8 -lm -pthread"
 cc -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc tools/synth_config.c "$B/libk3c.a" $LIBS \
     -o "$B/synth_config"
-cc -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Iinclude tools/cpu_bench_model.c "$B/libk3c.a" $LIBS \
-    -o "$B/cpu_bench_model"
 mkdir -p "$WORK"
 
 for m in $MODELS; do
@@ -120,7 +117,8 @@ for r in $(seq 1 "$REPEATS"); do
         "$LLAMA_BIN/llama-bench" -m "$WORK/$m.gguf" -p "$PROMPTS" -n "$GEN" -t "$THREADS" -r "$RUNS" -o json \
             >"$WORK/$m.llama.$r.json" 2>"$WORK/$m.llama.$r.log" || { tail -20 "$WORK/$m.llama.$r.log" >&2; exit 1; }
         echo "== round $r/$REPEATS, $m: k3c (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-        "$B/cpu_bench_model" "$WORK/$m" "$THREADS" "$PROMPTS" "$RUNS" "$GEN" | tee "$WORK/$m.k3c.$r.txt"
+        "$B/k3c" bench --device cpu --model "$WORK/$m" --threads "$THREADS" --prefill "$PROMPTS" --runs "$RUNS" \
+            --steps "$GEN" 2>/dev/null | tee "$WORK/$m.k3c.$r.txt"
         echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
     done
 done
@@ -144,11 +142,11 @@ for m in sys.argv[7:]:
             best["llama", n] = max(best["llama", n], max(row["samples_ts"]))
             p_llama = row["model_n_params"]
         for line in open(f"{work}/{m}.k3c.{r}.txt"):
-            if (g := re.search(r"([\d.]+) MFLOP/token", line)) and mflop is None:
+            if (g := re.search(r"([\d.]+) MFLOP/tok\b", line)) and mflop is None:
                 mflop = float(g.group(1))
-            if g := re.match(r"decode .*\(\s*([\d.]+) tok/s\)", line):
+            if g := re.match(r"\S+\s+cpu\s+decode .*\(\s*([\d.]+) tok/s\)", line):
                 best["k3c", 0] = max(best["k3c", 0], float(g.group(1)))
-            if g := re.match(r"prefill\s+(\d+) tokens .*\(\s*([\d.]+) tok/s\)", line):
+            if g := re.match(r"\S+\s+cpu\s+prefill\s+(\d+) tokens .*\(\s*([\d.]+) tok/s\)", line):
                 best["k3c", int(g.group(1))] = max(best["k3c", int(g.group(1))], float(g.group(2)))
     p_k3c = int(open(f"{work}/{m}.params").read())
     for e, name in (("k3c", "k3c"), ("llama", "llama.cpp")):

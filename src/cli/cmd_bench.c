@@ -8,12 +8,17 @@
  * counted as k/E of the expert bytes), the KDA states (read and written, f32) and the MLA latent rows of
  * the context (at the backend's element size is not known here: counted as 4 bytes, the CPU layout).
  *
- * Prefill against the peak f32 FMA rate (an FMA loop on 24 independent 16-lane chains, on one thread and on
- * the engine's threads at once): a prompt of N tokens from a fresh request, in steps of at most max_rows
- * (256) tokens as generate feeds it, logits of the last row only. GFLOP/s counts 2 flops per matrix weight
- * each prompt token multiplies (every matrix except the embedding and the LM head, routed experts at k/E);
- * attention, the delta rule and the elementwise ops are not counted, so the fraction is a lower bound of
- * how busy the FMA units are. */
+ * Prefill against the peak rate of the instruction the products run on, measured on one thread and on the
+ * engine's threads at once: on a build for AVX512-BF16 the bf16 dot product (VDPBF16PS, 24 independent
+ * chains per thread: the bf16 forward's products multiply in it, cpu/matmul.c), with the f32 FMA peak (24
+ * chains of 16-lane FMAs) beside it; elsewhere the f32 FMA peak alone. A prompt of N tokens from a fresh
+ * request, in steps of at most max_rows (256) tokens as generate feeds it, logits of the last row only, best
+ * of --runs. GFLOP/s counts 2 flops per matrix weight each prompt token multiplies (every matrix except the
+ * embedding and the LM head, routed experts at k/E); attention, the delta rule and the elementwise ops are
+ * not counted, so the fraction is a lower bound of how busy the multiply units are.
+ *
+ * --model DIR measures a checkpoint folder instead of the presets (tools/llama-cpu-compare.sh: the same
+ * weights as another engine), with the same rows. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +27,11 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define BENCH_DP 1 /* the library's products of bf16 activations run on VDPBF16PS (same build flags) */
+#endif
 
 static double now_s(void) {
     struct timespec ts;
@@ -38,14 +48,15 @@ static double cpu_s(void) {
 }
 
 static void bench_usage(FILE *f) {
-    fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini] [--steps N] [--threads N] [--prefill 256,1024]\n"
-               "                 [--tp N] [--rank-timeout S]\n"
+    fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini | --model DIR] [--steps N] [--threads N]\n"
+               "                 [--prefill 256,1024] [--runs N] [--tp N] [--rank-timeout S]\n"
                "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
                "                 [--steps N]\n"
                "       k3c bench --prefix N [--device cpu|cuda] [--preset NAME] [--rounds R] [--threads N]\n"
-               "cpu: without --preset both tiny and mini are measured (synthesized checkpoints): decode, then a prompt\n"
-               "of each --prefill length (tokens, default 256,1024; 0 = none); --tp N: on N tensor-parallel CPU ranks\n"
-               "in this process (--threads, default one per core, shared among them; docs/PARALLEL.md)\n"
+               "cpu: without --preset both tiny and mini are measured (synthesized checkpoints), with --model DIR that\n"
+               "checkpoint: decode (--steps timed steps, default 32), then a prompt of each --prefill length (tokens,\n"
+               "default 256,1024; 0 = none), best of --runs (default 2); --tp N: on N tensor-parallel CPU ranks in this\n"
+               "process (--threads, default one per core, shared among them; docs/PARALLEL.md)\n"
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
@@ -53,8 +64,8 @@ static void bench_usage(FILE *f) {
                "--prefix: time to first token through the serving scheduler of requests sharing an N-token system\n"
                "prompt: prefix caching off, the first request (a miss), the R later ones (hits; default R = 5;\n"
                "preset default mini)\n"
-               "bench measures model sizes, so it always runs synthesized presets, never the embedded default\n"
-               "model that generate, chat and run use without --model\n");
+               "bench measures model sizes, so without --model it runs synthesized presets, never the embedded\n"
+               "default model that generate, chat and run use without --model\n");
 }
 
 /* bytes/s of memcpy (read + write) over a 256 MiB buffer, best of 5 */
@@ -101,8 +112,27 @@ static void *fma_loop(void *arg) {
     return NULL;
 }
 
-/* GFLOP/s of `threads` threads at once (the caller runs one of them); 0 if no thread could start. */
-static double fma_peak(int threads) {
+#if defined(BENCH_DP)
+/* The peak bf16 dot-product rate: each thread runs 24 independent chains of VDPBF16PS (32 multiply-adds of
+ * bf16 pairs into 16 f32 lanes each) for FMA_REPS rounds; flops / wall time, best of 3. */
+static void *dp_loop(void *arg) {
+    __m512 a[FMA_CHAINS];
+    __m512bh w = (__m512bh)_mm512_set1_epi16(0x3f80), x = (__m512bh)_mm512_set1_epi16(0x3300); /* 1, 3e-8 */
+    for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long r = 0; r < FMA_REPS; r++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm512_dpbf16_ps(a[i], w, x);
+        __asm__ volatile("" : "+v"(x)); /* one operand opaque: the loop cannot be folded */
+    }
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < FMA_CHAINS; i++) s = _mm512_add_ps(s, a[i]);
+    *(float *)arg = _mm512_reduce_add_ps(s);
+    return NULL;
+}
+#endif
+
+/* GFLOP/s of `threads` threads at once running loop (flops_rep per round), best of 3. */
+static double loop_peak(int threads, void *(*loop)(void *), double flops_rep) {
     float sink[threads];
     pthread_t tid[threads];
     double best = 0;
@@ -110,11 +140,11 @@ static double fma_peak(int threads) {
         int started = 1;
         double t = now_s();
         for (int i = 1; i < threads; i++, started++)
-            if (pthread_create(&tid[i], NULL, fma_loop, &sink[i]) != 0) break;
-        fma_loop(&sink[0]);
+            if (pthread_create(&tid[i], NULL, loop, &sink[i]) != 0) break;
+        loop(&sink[0]);
         for (int i = 1; i < started; i++) pthread_join(tid[i], NULL);
         t = now_s() - t;
-        double flops = 2.0 * 16 * FMA_CHAINS * FMA_REPS * started;
+        double flops = flops_rep * FMA_REPS * started;
         if (t > 0 && flops / t > best) best = flops / t;
     }
     return best / 1e9;
@@ -168,19 +198,30 @@ static double prefill_once(k3c_engine *e, const int32_t *ids, int n, float *lg, 
     return t;
 }
 
-static int bench_preset(const char *preset, const char *device, int threads, const k3c_engine_options *par,
-                        int steps, double bw, const int *prefill, int nprefill, double peak) {
+/* The limits a prefill row is set against (GFLOP/s on the engine's threads): dp, the bf16 dot-product peak
+ * (0 on a build without it), and fma, the f32 FMA peak. */
+typedef struct bench_peaks {
+    double dp, fma;
+} bench_peaks;
+
+/* One model's rows: the preset synthesized (dir NULL) or the checkpoint folder dir; name starts each row. */
+static int bench_model(const char *name, const char *dir, const char *preset, const char *device, int threads,
+                       const k3c_engine_options *par, int steps, double bw, const int *prefill, int nprefill, int runs, bench_peaks peak) {
     k3c_model *m = NULL;
     k3c_engine *e = NULL;
     int32_t *ids = NULL;
     int rc = K3C_ERR, id = -1, prompt = 16, longest = prompt;
     for (int i = 0; i < nprefill; i++)
         if (prefill[i] > longest) longest = prefill[i];
-    printf("%-6s synthesizing and loading ...\n", preset);
+    printf("%-6s %s ...\n", name, dir ? "loading" : "synthesizing and loading");
     fflush(stdout);
     double t_load = now_s();
-    if (cli_load_model(NULL, preset, 1, &m) != K3C_OK) goto done;
+    if (cli_load_model(dir, preset, 1, &m) != K3C_OK) goto done;
     t_load = now_s() - t_load;
+    k3c_model_info f;
+    if (k3c_model_info_get(m, &f) != K3C_OK) goto done;
+    printf("%-6s %s, %.1f M parameters, %.1f M active per token, %d threads\n", name, f.family, f.params_total / 1e6,
+           f.params_active / 1e6, threads > 0 ? threads : online_cores());
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = device;
@@ -190,6 +231,9 @@ static int bench_preset(const char *preset, const char *device, int threads, con
     o.layout = par->layout;
     o.rank_timeout_ms = par->rank_timeout_ms;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto done;
+    /* with TP ranks the bytes are every rank's together (each reads its shard), the bandwidth one thread's */
+    char where[32];
+    snprintf(where, sizeof where, k3c_engine_world_size(e) > 1 ? "%s tp%d" : "%s", device, k3c_engine_world_size(e));
     int V = k3c_engine_vocab(e);
     float *lg = malloc(sizeof(float) * V);
     ids = malloc(sizeof(int32_t) * longest);
@@ -217,30 +261,33 @@ static int bench_preset(const char *preset, const char *device, int threads, con
     }
     double ms = 1e3 * t / steps, bytes = decode_bytes(m, prompt + steps / 2);
     double reached = bytes / (t / steps);
-    /* with TP ranks the bytes are every rank's together (each reads its shard), the bandwidth one thread's */
-    char where[32];
-    snprintf(where, sizeof where, k3c_engine_world_size(e) > 1 ? "%s tp%d" : "%s", device, k3c_engine_world_size(e));
     printf("%-6s %-5s decode %8.3f ms/token (%7.1f tok/s)  reads %8.2f MB/token  -> %7.2f GB/s = %5.1f%% of "
-           "memcpy %.1f GB/s   [synth+load %.1f s]\n",
-           preset, where, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
-           t_load);
+           "memcpy %.1f GB/s   [%s %.1f s]\n",
+           name, where, ms, 1e3 / ms, bytes / 1e6, reached / 1e9, bw > 0 ? 100 * reached / bw : 0, bw / 1e9,
+           dir ? "load" : "synth+load", t_load);
     fflush(stdout);
     k3c_request_close(e, id);
     id = -1;
-    /* prefill: best of two prompts (the first also warms the caches and the page tables) */
+    /* prefill: best of `runs` prompts (the first also warms the caches and the page tables) */
     double flops_tok = 2.0 * prefill_weights(m);
     for (int i = 0; i < nprefill; i++) {
         double best = -1, best_cpu = 0;
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < runs; r++) {
             double cpu, s = prefill_once(e, ids, prefill[i], lg, &cpu);
             if (s < 0) goto free_lg;
             if (best < 0 || s < best) best = s, best_cpu = cpu;
         }
         double tps = prefill[i] / best, gf = tps * flops_tok / 1e9;
-        printf("%-6s %-5s prefill %5d tokens %8.1f ms (%7.1f tok/s)  %7.1f MFLOP/tok -> %6.1f GFLOP/s = %5.1f%% of "
-               "peak %.0f GFLOP/s   [process cpu %.2f s]\n",
-               preset, where, prefill[i], 1e3 * best, tps, flops_tok / 1e6, gf, peak > 0 ? 100 * gf / peak : 0, peak,
-               best_cpu);
+        char of[160];
+        if (peak.dp > 0)
+            snprintf(of, sizeof of, "%5.1f%% of the bf16 dot-product peak %.0f (%.1f%% of the f32 FMA peak %.0f)",
+                     100 * gf / peak.dp, peak.dp, peak.fma > 0 ? 100 * gf / peak.fma : 0, peak.fma);
+        else
+            snprintf(of, sizeof of, "%5.1f%% of the f32 FMA peak %.0f", peak.fma > 0 ? 100 * gf / peak.fma : 0,
+                     peak.fma);
+        printf("%-6s %-5s prefill %5d tokens %8.1f ms (%7.1f tok/s)  %7.1f MFLOP/tok -> %6.1f GFLOP/s = %s   "
+               "[process cpu %.2f s]\n",
+               name, where, prefill[i], 1e3 * best, tps, flops_tok / 1e6, gf, of, best_cpu);
         fflush(stdout);
     }
     rc = K3C_OK;
@@ -255,8 +302,8 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *device = "cpu", *preset = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
-    long steps = -1, threads = 0, context = 512, prefix = 0, rounds = 5;
+    const char *device = "cpu", *preset = NULL, *dir = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
+    long steps = -1, threads = 0, context = 512, prefix = 0, rounds = 5, runs = 2;
     k3c_engine_options par; /* the parallel options (cpu only) */
     k3c_engine_options_default(&par);
     for (int i = 1; i < argc; i++) {
@@ -266,7 +313,7 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stdout);
             return 0;
         } else if ((v = cli_option(argc, argv, &i, "--device"))) bad = cli_check_device(device = v);
-        else if ((v = cli_option(argc, argv, &i, "--preset"))) bad = cli_str("--preset", preset = v);
+        else if (cli_model_option(argc, argv, &i, &dir, &preset, &bad)) { /* bad on a bad value */ }
         else if ((v = cli_option(argc, argv, &i, "--batches"))) bad = cli_str("--batches", batches = v);
         else if ((v = cli_option(argc, argv, &i, "--verify"))) bad = cli_str("--verify", verify = v);
         else if ((v = cli_option(argc, argv, &i, "--context"))) bad = cli_int("--context", v, 1, 1 << 20, &context);
@@ -275,6 +322,7 @@ int cmd_bench(int argc, char **argv) {
         else if ((v = cli_option(argc, argv, &i, "--prefill"))) bad = cli_str("--prefill", prefill_list = v);
         else if ((v = cli_option(argc, argv, &i, "--prefix"))) bad = cli_int("--prefix", v, 16, 1 << 20, &prefix);
         else if ((v = cli_option(argc, argv, &i, "--rounds"))) bad = cli_int("--rounds", v, 1, 63, &rounds);
+        else if ((v = cli_option(argc, argv, &i, "--runs"))) bad = cli_int("--runs", v, 1, 1000, &runs);
         else if (cli_parallel_option(argc, argv, &i, &par, &bad)) { /* into par; bad on a bad value */ }
         else bad = cli_unexpected(argv[i]);
         if (bad) {
@@ -291,6 +339,12 @@ int cmd_bench(int argc, char **argv) {
     if (parallel && (prefix > 0 || strcmp(device, "cpu") != 0 || par.world_size)) {
         fprintf(stderr, "k3c bench: the parallel options run on bench --device cpu (CPU ranks in this process) only, "
                         "not with --prefix, --device cuda or --world-size\n");
+        return 2;
+    }
+    if (dir && (prefix > 0 || strcmp(device, "cpu"))) {
+        fprintf(stderr, "k3c bench: --model %s: only the cpu rows (decode and prefill) measure a checkpoint folder; "
+                        "--prefix and --device cuda take --preset\n", dir);
+        bench_usage(stderr);
         return 2;
     }
     if (prefix > 0) {
@@ -334,15 +388,37 @@ int cmd_bench(int argc, char **argv) {
     printf("memory bandwidth (memcpy 256 MiB, read + write, 1 thread): %.1f GB/s\n", bw / 1e9);
     fflush(stdout);
     int nt = threads > 0 ? (int)threads : online_cores();
-    double peak1 = fma_peak(1), peak = nt > 1 ? fma_peak(nt) : peak1;
-    printf("peak f32 FMA rate (24 chains of 16-lane FMAs per thread): %.1f GFLOP/s on 1 thread, %.1f on %d\n", peak1,
-           peak, nt);
+    bench_peaks peak = {0, 0};
+    double fma1 = loop_peak(1, fma_loop, 2.0 * 16 * FMA_CHAINS);
+    peak.fma = nt > 1 ? loop_peak(nt, fma_loop, 2.0 * 16 * FMA_CHAINS) : fma1;
+    printf("peak f32 FMA rate (24 chains of 16-lane FMAs per thread): %.1f GFLOP/s on 1 thread, %.1f on %d\n", fma1,
+           peak.fma, nt);
+#if defined(BENCH_DP)
+    double dp1 = loop_peak(1, dp_loop, 2.0 * 32 * FMA_CHAINS);
+    peak.dp = nt > 1 ? loop_peak(nt, dp_loop, 2.0 * 32 * FMA_CHAINS) : dp1;
+    printf("peak bf16 dot-product rate (24 chains of VDPBF16PS per thread, what the products run on): %.1f GFLOP/s on "
+           "1 thread, %.1f on %d\n",
+           dp1, peak.dp, nt);
+#endif
     fflush(stdout);
-    const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
     int rc = 0;
-    for (int i = 0; i < 2 && presets[i]; i++)
-        if (bench_preset(presets[i], device, (int)threads, &par, (int)steps, bw, (const int *)prefill, np, peak) !=
-            K3C_OK) {
+    if (dir) {
+        const char *name = dir + strlen(dir);
+        while (name > dir && name[-1] == '/') name--;
+        const char *end = name;
+        while (name > dir && name[-1] != '/') name--;
+        char label[256];
+        snprintf(label, sizeof label, "%.*s", (int)(end - name), name);
+        if (bench_model(label[0] ? label : dir, dir, NULL, device, (int)threads, &par, (int)steps, bw, (const int *)prefill,
+                        np, (int)runs, peak) != K3C_OK) {
+            fprintf(stderr, "k3c bench: %s: %s\n", dir, cli_error());
+            rc = 1;
+        }
+    }
+    const char *presets[2] = {preset ? preset : "tiny", preset ? NULL : "mini"};
+    for (int i = 0; i < 2 && presets[i] && !dir; i++)
+        if (bench_model(presets[i], NULL, presets[i], device, (int)threads, &par, (int)steps, bw, (const int *)prefill, np,
+                        (int)runs, peak) != K3C_OK) {
             fprintf(stderr, "k3c bench: %s: %s\n", presets[i], cli_error());
             rc = 1;
             break;

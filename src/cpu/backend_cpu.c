@@ -263,7 +263,8 @@ static void cpu_matmul(k3c_backend *be, const k3c_mat *W, const float *x, int T,
             break;
         }
     }
-    c->pend[c->npend++] = (k3c_mm){.W = W, .x = x, .T = T, .y = y, .round = round && !c->exact};
+    /* every matmul input of the forward is a rounded activation (stock/forward.c), so bf16 products */
+    c->pend[c->npend++] = (k3c_mm){.W = W, .x = x, .T = T, .y = y, .round = round && !c->exact, .xbf16 = !c->exact};
     if (c->npend == MM_QUEUE) flush(c);
 }
 
@@ -616,7 +617,7 @@ static void cpu_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const f
 
     /* o[t, h] = W_UV[h] o_lat[t, h], rounded: one strided product per segment and head, all in one batch
      * (batch invariant: a row's output does not depend on the segment's row count). W_UV[h] = kv_b rows
-     * h*(nope+v) + nope .. + v. */
+     * h*(nope+v) + nope .. + v. o_lat is f32 inside the op (not a rounded activation), so f32 products. */
     int n = 0;
     for (int h = 0; h < Hm; h++) x->uv[h] = (k3c_mat){w->kv_b.w + ((size_t)h * (nope + vh) + nope) * kvl, vh, kvl};
     for (int s = 0; s < nseg; s++) {
@@ -677,8 +678,9 @@ static void cpu_mla_attention_expanded(k3c_backend *be, const k3c_mla_weights *w
 
 static k3c_mm expert_mm(const cpu_ctx *x, const k3c_mat *Wb, const k3c_mxfp4_mat *Wq, const float *in, int n,
                         float *out) {
-    if (x->c->expert_format == K3C_EXPERTS_MXFP4) return (k3c_mm){.Wq = Wq, .x = in, .T = n, .y = out, .round = !x->exact};
-    return (k3c_mm){.W = Wb, .x = in, .T = n, .y = out, .round = !x->exact};
+    if (x->c->expert_format == K3C_EXPERTS_MXFP4)
+        return (k3c_mm){.Wq = Wq, .x = in, .T = n, .y = out, .round = !x->exact, .xbf16 = !x->exact};
+    return (k3c_mm){.W = Wb, .x = in, .T = n, .y = out, .round = !x->exact, .xbf16 = !x->exact};
 }
 
 /* r[t] = sum_j wts[t, j] d[pair (t, j)], in j order, rounded (not in moe_partial: part). One function for
@@ -718,7 +720,7 @@ static void moe_finish(cpu_ctx *x, const k3c_config *c, const k3c_moe_weights *w
             norm_job j = {x, x->r, w->latent_norm, Rin, Rin, Rin, c->rms_norm_eps, x->r};
             k3c_pool_for(T > 1 ? x->pool : NULL, T, norm_rows, &j);
         }
-        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd};
+        mm[0] = (k3c_mm){.W = &w->latent_up, .x = x->r, .T = T, .y = x->rup, .round = rd, .xbf16 = rd};
         k3c_matmul_batch(x->pool, mm, 1);
         routed = x->rup;
     }
@@ -748,11 +750,11 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     int n = 0;
 
     /* router logits (f32, from the rounded y), z = rnd(W_rdown y), shared gate / up */
-    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0};
-    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = x->z, .round = rd};
+    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0, .xbf16 = rd};
+    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = x->z, .round = rd, .xbf16 = rd};
     if (shared) {
-        mm[n++] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd};
-        mm[n++] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd};
+        mm[n++] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd, .xbf16 = rd};
+        mm[n++] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd, .xbf16 = rd};
     }
     k3c_matmul_batch(x->pool, mm, n);
     for (int t = 0; t < T; t++)
@@ -803,7 +805,7 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         n++;
     }
     if (shared) mm[n++] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = part ? s_part : x->sh,
-                                   .round = rd && !part};
+                                   .round = rd && !part, .xbf16 = rd};
     k3c_matmul_batch(x->pool, mm, n);
 
     /* weighted sum in j order */
@@ -837,8 +839,8 @@ static void cpu_moe_route(k3c_backend *be, const k3c_moe_weights *w, const float
     int latent = c->routed_expert_hidden_size > 0;
     k3c_mm *mm = x->mm;
     int n = 0;
-    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0};
-    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = z, .round = !x->exact};
+    mm[n++] = (k3c_mm){.W = &w->router, .x = y, .T = T, .y = x->logits, .round = 0, .xbf16 = !x->exact};
+    if (latent) mm[n++] = (k3c_mm){.W = &w->latent_down, .x = y, .T = T, .y = z, .round = !x->exact, .xbf16 = !x->exact};
     k3c_matmul_batch(x->pool, mm, n);
     if (!latent && z != y) memmove(z, y, (size_t)T * D * 4);
     for (int t = 0; t < T; t++)
@@ -904,11 +906,11 @@ static void cpu_moe_combine(k3c_backend *be, const k3c_moe_weights *w, const flo
     int Fs = shared ? w->shared.gate.rows : 0;
     k3c_mm *mm = x->mm;
     if (shared) {
-        mm[0] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd};
-        mm[1] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd};
+        mm[0] = (k3c_mm){.W = &w->shared.gate, .x = y, .T = T, .y = x->sa, .round = rd, .xbf16 = rd};
+        mm[1] = (k3c_mm){.W = &w->shared.up, .x = y, .T = T, .y = x->su, .round = rd, .xbf16 = rd};
         k3c_matmul_batch(x->pool, mm, 2);
         gated_act_par(x, x->sa, x->su, (size_t)T * Fs, x->sa);
-        mm[0] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = x->sh, .round = rd};
+        mm[0] = (k3c_mm){.W = &w->shared.down, .x = x->sa, .T = T, .y = x->sh, .round = rd, .xbf16 = rd};
         k3c_matmul_batch(x->pool, mm, 1);
     }
     sum_job sj = {x, d, wts, pair_row, 0, x->r};

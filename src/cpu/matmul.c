@@ -1,15 +1,34 @@
-/* Matrix products y[t, r] = sum_c W[r, c] * x[t, c] with bf16 or MXFP4 weights and f32 activations.
+/* Matrix products y[t, r] = sum_c W[r, c] * x[t, c] with bf16 or MXFP4 weights and f32 activations, multiplied
+ * in bf16 (VDPBF16PS) where x holds bf16 values (k3c_mm.xbf16, every product of the bf16 forward) and the
+ * build targets AVX512-BF16, in f32 FMAs elsewhere (the f32 diagnostic, the MLA's f32 o_lat, other builds).
  *
  * Decode (T = 1) is bound by the weight stream, so the loops read each weight byte exactly once per call:
  * the pool splits the rows into units, a thread takes a unit of rows, and for that unit runs over all tokens
  * in register tiles of (rows x tokens) accumulators. While the token loop runs, the unit's rows stay in
  * L1/L2, so prefill does not re-stream the matrix from memory per token. Prompt rows (T >= 8, AVX-512) take
- * the blocked form below: the unit's rows widened once into an f32 panel, the tokens packed, compute-bound
- * tiles; the pool still splits only the rows (output columns), never K.
+ * the blocked forms below: the tokens packed per tile (f32, or bf16 for the bf16 products), the unit's rows
+ * in L2 (widened once into an f32 panel for the f32 products; MXFP4 decoded once into a bf16 panel for the
+ * bf16 ones), compute-bound tiles; the pool still splits only the rows (output columns), never K.
  *
- * Batch invariance: every output y[t, r] is computed with one fixed sequence of f32 operations that depends
- * only on W's row r, x's row t and cols, never on T, on the tile a token lands in, or on the thread. So a
+ * Batch invariance: every output y[t, r] is computed with one fixed sequence of operations that depends only
+ * on W's row r, x's row t, cols and xbf16, never on T, on the tile a token lands in, or on the thread. So a
  * token's outputs are bit-identical whether it is decoded alone or inside a batched / verify step.
+ *   bf16 products (xbf16 on an AVX512-BF16 build; bf16 and MXFP4 weights): x converted to bf16 (exact), the
+ *     weights as bf16 (MXFP4: e2m1 * 2^(s-127), exact, or zero below 2^-126). 32-column block b, columns
+ *     [32 b, 32 b + 32) (the last one zero-padded), goes to chain b % 2, a 16-lane f32 accumulator from +0,
+ *     by one VDPBF16PS: lane i adds the product of column 32 b + 2 i + 1, then that of column 32 b + 2 i,
+ *     each product exact and added with one rounding (an FMA), the accumulator and both factors read as zero
+ *     below 2^-126 (DAZ), each of the two results stored as zero below 2^-126 (FTZ). Then a = chain 0 +
+ *     chain 1 lane by lane, and the lanes summed as a[j] + a[j + 8] (j < 8), then + [j + 4], + [j + 2],
+ *     + [j + 1] (dp_hsum; plain f32 adds, subnormals kept). What VDPBF16PS does here was measured on this
+ *     machine (AMD EPYC, Zen 5, 2026-12-02): on 32 M random lanes (exponents within +-30) the result equals
+ *     (acc + p_odd) + p_even rounded after each add, bit for bit, and neither (acc + p_even) + p_odd nor
+ *     acc + (p_even + p_odd) nor one rounding of the three-term sum; on edge cases, the products are exact
+ *     (2^127 * 2 added to -2^127 gives 2^127, 2^-126 * 0.5 added to 2^-126 gives 1.5 2^-126), a subnormal
+ *     accumulator or factor reads as zero, and a subnormal intermediate (1.5 2^-126 - 2^-126) is flushed
+ *     before the second product is added. tests/test_cpu_ops.c (cpu_matmul_xbf16_order_bitwise) holds the
+ *     code to that emulation, tiny inputs included, for whoever writes one elsewhere.
+ *   f32 products (xbf16 = 0, or a build without AVX512-BF16, which ignores xbf16):
  *   bf16 (AVX-512): four 16-lane accumulators, accumulator k takes columns [64i + 16k, 64i + 16k + 16) for
  *     i = 0, 1, ...; the remaining full 16-column blocks go to accumulator 0; then (a0 + a1) + (a2 + a3),
  *     _mm512_reduce_add_ps, and the last cols % 16 products added one by one (fmaf).
@@ -18,15 +37,18 @@
  *     ones to hi[g % 2], weight = e2m1 * 2^(s-127) exactly; then reduce((lo0 + lo1) + (hi0 + hi1)).
  *     (AVX2: four 8-lane pieces alternating between two accumulators, see mx_tile.)
  *   scalar fallback: one running sum per output in column order.
- * The blocked form (prompt rows) performs exactly these sequences, from an f32 panel (see its comment).
- * T = 1 takes the one-token tile of the same code, so decode pays nothing for this: a single sequential
- * stream per row with four independent FMA chains (measured best on this machine; interleaving 2 or 4 rows
- * per stream lost 25-50% of the bandwidth).
+ * The blocked forms (prompt rows) perform exactly these sequences (see their comments). T = 1 takes the
+ * one-token tile of the same code, so decode pays nothing for this: a single sequential stream per row with
+ * four independent FMA chains, or two VDPBF16PS chains (measured best on this machine; interleaving 2 or 4
+ * adjacent rows lost 25-50% of the bandwidth); MXFP4 rows in the bf16 products go two at a time from the two
+ * halves of a range (two streams, dp_decode_mx), since one row's two chains leave its decode latency-bound.
  *
  * Checking the fallbacks by hand (they are not what -march=native builds):
+ *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=native -mno-avx512bf16 -c src/cpu/matmul.c   (AVX-512, f32 only)
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=native -mno-avx512f -c src/cpu/matmul.c   (AVX2 path)
  *   cc -std=gnu11 -O2 -Isrc -Iinclude -march=x86-64 -c src/cpu/matmul.c               (scalar path)
  * and to run the tests on them (NVCC= skips the CUDA parts):
+ *   make BUILD=build-f32 ARCHFLAGS="-march=native -mno-avx512bf16" NVCC= build-f32/test_k3c && build-f32/test_k3c cpu_
  *   make BUILD=build-avx2 ARCHFLAGS="-march=native -mno-avx512f" NVCC= build-avx2/test_k3c && build-avx2/test_k3c cpu_
  *   make BUILD=build-scalar ARCHFLAGS="-march=x86-64" NVCC= build-scalar/test_k3c && build-scalar/test_k3c cpu_ */
 #include <math.h>
@@ -42,6 +64,9 @@
 
 #if defined(__AVX512F__)
 #define MM_AVX512 1
+#if defined(__AVX512BF16__)
+#define MM_DP 1 /* products of bf16 activations in VDPBF16PS (the bf16 dot-product section) */
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 #define MM_AVX2 1
 #endif
@@ -662,6 +687,419 @@ static void bk_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1, flo
 }
 #endif
 
+/* ================================ bf16 dot products (AVX512-BF16) ================================ */
+
+/* Products whose x holds bf16 values (k3c_mm.xbf16: every activation of the rounding contract) multiply in
+ * bf16: x is converted to bf16 (exact, its values are bf16) and each 32-column block is one VDPBF16PS per
+ * (row, token), two bf16 products per f32 lane, twice the multiply rate of f32 FMAs on this machine (453
+ * against 230 GFLOP/s on one core). bf16 weights are read as they are stored; MXFP4 weights are decoded to
+ * bf16 (e2m1 x 2^(s-127) is exact in bf16 down to 2^-126; below it VCVTNEPS2BF16 and VDPBF16PS treat the
+ * value as zero). Row-stream tiles (decode, few tokens) convert x in registers as they load it; the blocked
+ * form (T >= BK_MIN_T) packs each token tile's x as bf16 once per unit and runs 2-row x 6-token register
+ * tiles over the rows (for MXFP4, the unit's rows decoded into a bf16 panel in the pool scratch). */
+#if defined(MM_DP)
+#define DP_ROWS 2 /* 2 rows x 6 tokens x 2 chains = 24 of 32 zmm; measured 1.15-1.3x the 1 x 6 tile */
+#define DP_TOKS 6
+/* Blocked: a unit's weight rows (MXFP4: its bf16 panel) at most this many bf16 values, so they stay in L2
+ * while every token tile runs over them; columns in blocks of at most DP_KC (a multiple of 64: the chain of
+ * a 32-column block is its parity) beyond 1.75 DP_KC, so a token tile's bf16 x (24 KiB) stays in L1. */
+#define DP_PANEL_ELEMS (96 * 1024)
+#define DP_KC 2048
+#define DP_XS_ELEMS (DP_TOKS * (DP_KC * 7 / 4 + 32))
+_Static_assert(DP_XS_ELEMS * 2 % 64 == 0, "the accumulators after the packed x must stay aligned");
+_Static_assert(DP_PANEL_ELEMS * 2 + DP_XS_ELEMS * 2 + BK_ROWS * DP_TOKS * 2 * 64 <= K3C_POOL_SCRATCH,
+               "pool scratch too small");
+
+/* The 16 lanes in a fixed tree: lane j + lane j+8, then + j+4, + j+2, + j+1 (the order an emulation must
+ * follow; not _mm512_reduce_add_ps, whose order is the compiler's). */
+ALWAYS_INLINE float dp_hsum(__m512 a) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* Columns [c, c + n) of an f32 row as 32 bf16 (n < 32: zeros past n; the loads are masked). */
+ALWAYS_INLINE __m512bh dp_x32(const float *x, int n) {
+    if (n >= 32) return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+    __mmask16 lo = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1), hi = n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    return _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + 16), _mm512_maskz_loadu_ps(lo, x));
+}
+
+ALWAYS_INLINE __m512bh dp_w32(const uint16_t *w, int n) {
+    if (n >= 32) return (__m512bh)_mm512_loadu_si512(w);
+    return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << n) - 1), w);
+}
+
+/* One register tile: R bf16 weight rows (stride ldw) x NT tokens. x is f32 (xbf = 0: token stride ldx,
+ * converted as loaded) or bf16 packed by dp_pack (xbf = 1: columns from c0 on, stride ldx, zero past the
+ * row's end). Columns [c0, c1) of cols when blocked (c0, c1 multiples of 64 but the last c1 = cols): a block
+ * after the first resumes the accumulators from save, one before the last leaves them there.
+ * Accumulation order of y[t, r] (the batch-invariance rule at the top of this file): block b (columns
+ * [32 b, 32 b + 32), the last one zero-padded) goes to chain b % 2 by one VDPBF16PS; y = dp_hsum(chain 0 +
+ * chain 1). */
+ALWAYS_INLINE void dp_tile(const uint16_t *w, size_t ldw, int R, const void *x, size_t ldx, int xbf, int NT,
+                           int c0, int c1, int cols, int blocked, __m512 *save, float *y, size_t ldy, int round) {
+    if (!blocked) c0 = 0, c1 = cols;
+    const float *xf = x;
+    const uint16_t *xb = (const uint16_t *)x - c0;
+    __m512 acc[DP_ROWS][DP_TOKS][2];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            UNROLL
+            for (int k = 0; k < 2; k++)
+                acc[r][t][k] = blocked && c0 ? save[(r * DP_TOKS + t) * 2 + k] : _mm512_setzero_ps();
+    int c = c0;
+    for (; c + 64 <= c1; c += 64) {
+        UNROLL
+        for (int k = 0; k < 2; k++) {
+            __m512bh wv[DP_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) wv[r] = dp_w32(w + r * ldw + c + 32 * k, 32);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                __m512bh xv = xbf ? (__m512bh)_mm512_load_si512(xb + t * ldx + c + 32 * k)
+                                  : dp_x32(xf + t * ldx + c + 32 * k, 32);
+                UNROLL
+                for (int r = 0; r < R; r++) acc[r][t][k] = _mm512_dpbf16_ps(acc[r][t][k], wv[r], xv);
+            }
+        }
+    }
+    if (blocked && c1 < cols) {
+        UNROLL
+        for (int r = 0; r < R; r++)
+            UNROLL
+            for (int t = 0; t < NT; t++)
+                UNROLL
+                for (int k = 0; k < 2; k++) save[(r * DP_TOKS + t) * 2 + k] = acc[r][t][k];
+        return;
+    }
+    for (; c < cols; c += 32) { /* at most two blocks: an even full one, then the zero-padded rest */
+        int n = cols - c < 32 ? cols - c : 32, k = (c >> 5) & 1;
+        __m512bh wv[DP_ROWS];
+        UNROLL
+        for (int r = 0; r < R; r++) wv[r] = dp_w32(w + r * ldw + c, n);
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            __m512bh xv = xbf ? (__m512bh)_mm512_load_si512(xb + t * ldx + c) : dp_x32(xf + t * ldx + c, n);
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                if (k) acc[r][t][1] = _mm512_dpbf16_ps(acc[r][t][1], wv[r], xv);
+                else acc[r][t][0] = _mm512_dpbf16_ps(acc[r][t][0], wv[r], xv);
+            }
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = mm_store(dp_hsum(_mm512_add_ps(acc[r][t][0], acc[r][t][1])), round);
+}
+
+/* Rows [0, nrows) of a panel (stride ldw) x NT tokens: tiles of DP_ROWS rows, one dispatch for all. */
+ALWAYS_INLINE void dp_tiles(const uint16_t *w, size_t ldw, int nrows, const void *x, size_t ldx, int xbf, int NT,
+                            int c0, int c1, int cols, int blocked, __m512 *save, float *y, size_t ldy, int round) {
+    int r = 0;
+    for (; r + DP_ROWS <= nrows; r += DP_ROWS)
+        dp_tile(w + r * ldw, ldw, DP_ROWS, x, ldx, xbf, NT, c0, c1, cols, blocked,
+                save ? save + (size_t)r * DP_TOKS * 2 : NULL, y + r, ldy, round);
+    if (r < nrows)
+        dp_tile(w + r * ldw, ldw, 1, x, ldx, xbf, NT, c0, c1, cols, blocked, save ? save + (size_t)r * DP_TOKS * 2 : NULL,
+                y + r, ldy, round);
+}
+
+#define DP_TILES_CASE(TT, XBF, BL)                                                                                 \
+    case TT: dp_tiles(w, ldw, nrows, x, ldx, XBF, TT, c0, c1, cols, BL, save, y, ldy, round); break;
+#define DP_TILES_CASES(XBF, BL)                                                                                    \
+    DP_TILES_CASE(1, XBF, BL) DP_TILES_CASE(2, XBF, BL) DP_TILES_CASE(3, XBF, BL) DP_TILES_CASE(4, XBF, BL)         \
+    DP_TILES_CASE(5, XBF, BL) DP_TILES_CASE(6, XBF, BL)
+
+/* nrows rows x NT tokens: f32 x converted as loaded (whole rows), or packed bf16 x (one column block of a
+ * blocked product, or whole rows). */
+static void dp_rows_f32x(const uint16_t *w, size_t ldw, int nrows, const float *x, size_t ldx, int NT, int cols,
+                         float *y, size_t ldy, int round) {
+    int c0 = 0, c1 = cols;
+    __m512 *save = NULL;
+    switch (NT) {
+        DP_TILES_CASES(0, 0)
+    default: break; /* unreachable: NT <= DP_TOKS */
+    }
+}
+
+static void dp_rows_packed(const uint16_t *w, size_t ldw, int nrows, const uint16_t *x, size_t ldx, int NT, int c0,
+                           int c1, int cols, __m512 *save, float *y, size_t ldy, int round) {
+    if (c1 - c0 < cols) {
+        switch (NT) {
+            DP_TILES_CASES(1, 1)
+        default: break;
+        }
+    } else {
+        switch (NT) {
+            DP_TILES_CASES(1, 0)
+        default: break;
+        }
+    }
+}
+
+/* Padded bf16 row length of a block of n columns: a multiple of 32 (64 bytes). */
+static size_t dp_ld(int n) { return ((size_t)n + 31) / 32 * 32; }
+
+/* Columns [0, n) of NT f32 token rows (stride ldx) as bf16 rows of dp_ld(n) (stride ld), zero-padded. */
+static void dp_pack(const float *x, size_t ldx, int NT, int n, uint16_t *out, size_t ld) {
+    for (int t = 0; t < NT; t++)
+        for (int c = 0; c < n; c += 32) _mm512_store_si512(out + t * ld + c, (__m512i)dp_x32(x + t * ldx + c, n - c));
+}
+
+/* One MXFP4 group (16 packed bytes) as 32 bf16 in column order, e2m1 * 2^(s-127) exactly. Word 2i of the
+ * index holds byte i (vpermw reads its low 5 bits: the low nibble, the table repeating at 16) and word 2i + 1
+ * its high nibble; the table holds the e2m1 values in bf16, and the scale is added to the exponent of the
+ * nonzero ones (exact while the result is normal: 2 <= s <= 252). Other scales take the f32 route: the
+ * table times 2^(s-127), exact, rounded to bf16 (zero below 2^-126, as VDPBF16PS reads it anyway). */
+static const uint16_t mx_e2m1_bf16[32] = {
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0,
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0, 0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0};
+
+ALWAYS_INLINE __m512bh dp_mx_group(const uint8_t *pk, uint8_t s) {
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)pk));
+    __m512i idx = _mm512_or_si512(d, _mm512_slli_epi32(d, 12));
+    if (__builtin_expect(s < 2 || s > 252, 0)) {
+        __m512 t = _mm512_mul_ps(_mm512_loadu_ps(mx_e2m1), _mm512_set1_ps(mx_e8m0(s)));
+        __m512i tw = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(t));
+        return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(tw, _mm512_castsi512_si256(tw), 1));
+    }
+    __m512i w = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(mx_e2m1_bf16));
+    __mmask32 nz = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(7));
+    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) << 7)));
+}
+
+/* R MXFP4 rows (packed stride ldp, scales stride lds) x NT tokens of packed bf16 x, each group decoded in
+ * registers and used by every token: group g is block g of dp_tile's order (chain g % 2). */
+ALWAYS_INLINE void dp_mx_tile(const uint8_t *pk, size_t ldp, const uint8_t *sc, size_t lds, int R, int groups,
+                              const uint16_t *xb, size_t ldx, int NT, float *y, size_t ldy, int round) {
+    __m512 acc[DP_ROWS][DP_TOKS][2];
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        UNROLL
+        for (int k = 0; k < 2; k++) {
+            __m512bh wv[DP_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)(g + k) * 16, sc[r * lds + g + k]);
+            UNROLL
+            for (int t = 0; t < NT; t++) {
+                __m512bh xv = (__m512bh)_mm512_load_si512(xb + t * ldx + (size_t)(g + k) * 32);
+                UNROLL
+                for (int r = 0; r < R; r++) acc[r][t][k] = _mm512_dpbf16_ps(acc[r][t][k], wv[r], xv);
+            }
+        }
+    }
+    if (g < groups) {
+        __m512bh wv[DP_ROWS];
+        UNROLL
+        for (int r = 0; r < R; r++) wv[r] = dp_mx_group(pk + r * ldp + (size_t)g * 16, sc[r * lds + g]);
+        UNROLL
+        for (int t = 0; t < NT; t++) {
+            __m512bh xv = (__m512bh)_mm512_load_si512(xb + t * ldx + (size_t)g * 32);
+            UNROLL
+            for (int r = 0; r < R; r++) acc[r][t][0] = _mm512_dpbf16_ps(acc[r][t][0], wv[r], xv);
+        }
+    }
+    UNROLL
+    for (int r = 0; r < R; r++)
+        UNROLL
+        for (int t = 0; t < NT; t++)
+            y[t * ldy + r] = mm_store(dp_hsum(_mm512_add_ps(acc[r][t][0], acc[r][t][1])), round);
+}
+
+#define DP_MX_CASE(RR, TT)                                                                                         \
+    case (RR) * 16 + (TT): dp_mx_tile(pk, ldp, sc, lds, RR, groups, xb, ldx, TT, y, ldy, round); break;
+
+static void dp_mx_tile_any(const uint8_t *pk, size_t ldp, const uint8_t *sc, size_t lds, int R, int groups,
+                           const uint16_t *xb, size_t ldx, int NT, float *y, size_t ldy, int round) {
+    switch (R * 16 + NT) {
+        DP_MX_CASE(1, 1) DP_MX_CASE(1, 2) DP_MX_CASE(1, 3) DP_MX_CASE(1, 4) DP_MX_CASE(1, 5) DP_MX_CASE(1, 6)
+        DP_MX_CASE(2, 1) DP_MX_CASE(2, 2) DP_MX_CASE(2, 3) DP_MX_CASE(2, 4) DP_MX_CASE(2, 5) DP_MX_CASE(2, 6)
+    default: break; /* unreachable: R <= DP_ROWS, NT <= DP_TOKS */
+    }
+}
+
+/* One MXFP4 row as bf16 (the blocked form's panel): the values dp_mx_tile computes in registers. */
+static void dp_mx_row(const uint8_t *pk, const uint8_t *sc, int groups, uint16_t *out) {
+    for (int g = 0; g < groups; g++)
+        _mm512_store_si512(out + (size_t)g * 32, (__m512i)dp_mx_group(pk + (size_t)g * 16, sc[g]));
+}
+
+/* Decode (one token, x packed as bf16): rows [r0, r1) each in one pass, the row loop here so that a row
+ * costs no call or dispatch (a 2 KiB row streams in ~240 cycles; a call per row cost 15%). The order is
+ * dp_tile's. A bf16 row whose start is 4-byte but not 64-byte aligned (the usual case in a mapped
+ * checkpoint) is read as aligned lines, each block taken from two of them by one VPERMT2D: 64-byte loads
+ * that straddle two lines measured 20-25% slower from memory. */
+static void dp_decode_bf16(const k3c_mat *W, int r0, int r1, const uint16_t *xb, float *y, int round) {
+    int cols = W->cols;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int r = r0; r < r1; r++) {
+        const uint16_t *w = W->w + (size_t)r * cols;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        size_t mis = (uintptr_t)w & 63;
+        int c = 0;
+        if (mis && mis % 4 == 0) {
+            /* every line loaded holds bytes of this row's blocks, so no load leaves the row's pages */
+            const __m512i *ln = (const __m512i *)(const void *)((const char *)w - mis);
+            __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32((int)(mis / 4))), lo = _mm512_load_si512(ln);
+            for (; c + 64 <= cols; c += 64, ln += 2) {
+                __m512i l1 = _mm512_load_si512(ln + 1), l2 = _mm512_load_si512(ln + 2);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_permutex2var_epi32(lo, idx, l1),
+                                      (__m512bh)_mm512_load_si512(xb + c));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_permutex2var_epi32(l1, idx, l2),
+                                      (__m512bh)_mm512_load_si512(xb + c + 32));
+                lo = l2;
+            }
+        } else {
+            for (; c + 64 <= cols; c += 64) {
+                a0 = _mm512_dpbf16_ps(a0, dp_w32(w + c, 32), (__m512bh)_mm512_load_si512(xb + c));
+                a1 = _mm512_dpbf16_ps(a1, dp_w32(w + c + 32, 32), (__m512bh)_mm512_load_si512(xb + c + 32));
+            }
+        }
+        for (; c < cols; c += 32) {
+            __m512bh wv = dp_w32(w + c, cols - c), xv = (__m512bh)_mm512_load_si512(xb + c);
+            if ((c >> 5) & 1) a1 = _mm512_dpbf16_ps(a1, wv, xv);
+            else a0 = _mm512_dpbf16_ps(a0, wv, xv);
+        }
+        y[r] = mm_store(dp_hsum(_mm512_add_ps(a0, a1)), round);
+    }
+}
+
+/* Two MXFP4 rows a and b (b may be NULL) times one token: group g is block g (chain g % 2), decoded in
+ * registers; the two rows' four chains hide the VDPBF16PS latency that one row's two chains leave exposed
+ * (the decode is compute-bound here). */
+ALWAYS_INLINE void dp_mx_dot2(const uint8_t *pa, const uint8_t *sa, const uint8_t *pb, const uint8_t *sb, int groups,
+                              const uint16_t *xb, float *ya, float *yb, int round) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    int g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32);
+        __m512bh x1 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32 + 32);
+        a0 = _mm512_dpbf16_ps(a0, dp_mx_group(pa + (size_t)g * 16, sa[g]), x0);
+        a1 = _mm512_dpbf16_ps(a1, dp_mx_group(pa + (size_t)g * 16 + 16, sa[g + 1]), x1);
+        if (pb) {
+            b0 = _mm512_dpbf16_ps(b0, dp_mx_group(pb + (size_t)g * 16, sb[g]), x0);
+            b1 = _mm512_dpbf16_ps(b1, dp_mx_group(pb + (size_t)g * 16 + 16, sb[g + 1]), x1);
+        }
+    }
+    if (g < groups) {
+        __m512bh x0 = (__m512bh)_mm512_load_si512(xb + (size_t)g * 32);
+        a0 = _mm512_dpbf16_ps(a0, dp_mx_group(pa + (size_t)g * 16, sa[g]), x0);
+        if (pb) b0 = _mm512_dpbf16_ps(b0, dp_mx_group(pb + (size_t)g * 16, sb[g]), x0);
+    }
+    *ya = mm_store(dp_hsum(_mm512_add_ps(a0, a1)), round);
+    if (pb) *yb = mm_store(dp_hsum(_mm512_add_ps(b0, b1)), round);
+}
+
+/* Decode of MXFP4 rows [r0, r1): row r0 + i beside row r0 + h + i (h = half the range), two sequential
+ * streams (two adjacent rows at once measured 0.55x one row from memory, the halves 1.0x). */
+static void dp_decode_mx(const k3c_mxfp4_mat *W, int r0, int r1, const uint16_t *xb, float *y, int round) {
+    int groups = W->cols / K3C_MXFP4_GROUP, h = (r1 - r0 + 1) / 2;
+    size_t ldp = (size_t)W->cols / 2;
+    for (int i = 0; i < h; i++) {
+        int ra = r0 + i, rb = r0 + h + i;
+        const uint8_t *pa = W->packed + (size_t)ra * ldp, *sa = W->scale + (size_t)ra * groups;
+        if (rb < r1)
+            dp_mx_dot2(pa, sa, W->packed + (size_t)rb * ldp, W->scale + (size_t)rb * groups, groups, xb, y + ra, y + rb,
+                       round);
+        else
+            dp_mx_dot2(pa, sa, NULL, NULL, groups, xb, y + ra, NULL, round);
+    }
+}
+
+/* The bf16 copy of a token tile of the row-stream tiles lives on the stack: at most this many values (64
+ * KiB); wider rows convert x in registers instead (the same values, so the same outputs). */
+#define DP_XROW_ELEMS 32768
+
+/* Rows [r0, r1) of a product for T < BK_MIN_T tokens (or without pool scratch), token tile by token tile
+ * (x converted to bf16 once per tile), tiles of DP_ROWS rows x the tile's tokens. */
+static void dp_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1) {
+    int cols = m->W ? m->W->cols : m->Wq->cols, T = m->T;
+    size_t ld = dp_ld(cols);
+    int tt = ld <= DP_XROW_ELEMS ? (int)(DP_XROW_ELEMS / ld) : 0;
+    if (tt > DP_TOKS) tt = DP_TOKS;
+    uint16_t xs[DP_XROW_ELEMS] __attribute__((aligned(64)));
+    for (int t0 = 0; t0 < T; t0 += tt ? tt : DP_TOKS) {
+        int NT = T - t0 < (tt ? tt : DP_TOKS) ? T - t0 : (tt ? tt : DP_TOKS);
+        const float *xt = m->x + (size_t)t0 * ldx;
+        float *yt = m->y + (size_t)t0 * ldy;
+        if (tt) dp_pack(xt, ldx, NT, cols, xs, ld);
+        if (T == 1 && tt) {
+            if (m->Wq) dp_decode_mx(m->Wq, r0, r1, xs, yt, m->round);
+            else dp_decode_bf16(m->W, r0, r1, xs, yt, m->round);
+            return;
+        }
+        if (m->Wq) { /* cols <= MX_SPLIT_FLOATS, so tt > 0 */
+            for (int r = r0; r < r1; r += DP_ROWS) {
+                int R = r1 - r < DP_ROWS ? r1 - r : DP_ROWS;
+                dp_mx_tile_any(m->Wq->packed + (size_t)r * (cols / 2), (size_t)cols / 2,
+                               m->Wq->scale + (size_t)r * (cols / 32), (size_t)cols / 32, R, cols / 32, xs, ld, NT,
+                               yt + r, ldy, m->round);
+            }
+        } else if (tt) {
+            dp_rows_packed(m->W->w + (size_t)r0 * cols, (size_t)cols, r1 - r0, xs, ld, NT, 0, cols, cols, NULL, yt + r0,
+                           ldy, m->round);
+        } else {
+            dp_rows_f32x(m->W->w + (size_t)r0 * cols, (size_t)cols, r1 - r0, xt, ldx, NT, cols, yt + r0, ldy, m->round);
+        }
+    }
+}
+
+/* Rows per blocked unit (0: the row-stream tiles): as bk_unit_rows, on the bf16 panel. */
+static int dp_unit_rows(const k3c_mm *m, int have_scratch) {
+    int cols = m->W ? m->W->cols : m->Wq->cols;
+    if (!have_scratch || m->T < BK_MIN_T || cols <= 0) return 0;
+    size_t rows = DP_PANEL_ELEMS / dp_ld(cols);
+    return rows > BK_ROWS ? BK_ROWS : (int)rows;
+}
+
+/* Rows [r0, r1) of one product for all its tokens, blocked: (MXFP4) decode the rows into the panel, then
+ * token tile by token tile and column block by column block, x packed as bf16, every row pair of the unit. */
+static void dp_blocked_rows(const k3c_mm *m, size_t ldx, size_t ldy, int r0, int r1, void *scratch) {
+    int cols = m->W ? m->W->cols : m->Wq->cols, T = m->T;
+    uint16_t *panel = scratch, *xs = panel + DP_PANEL_ELEMS;
+    __m512 *save = (__m512 *)(xs + DP_XS_ELEMS); /* [row][token][2] */
+    const uint16_t *w;
+    size_t ldw;
+    if (m->W) {
+        w = m->W->w + (size_t)r0 * cols, ldw = (size_t)cols;
+    } else {
+        int groups = cols / K3C_MXFP4_GROUP;
+        ldw = dp_ld(cols);
+        for (int r = r0; r < r1; r++)
+            dp_mx_row(m->Wq->packed + (size_t)r * (cols / 2), m->Wq->scale + (size_t)r * groups, groups,
+                      panel + (size_t)(r - r0) * ldw);
+        w = panel;
+    }
+    int nblk = 4 * cols <= 7 * DP_KC ? 1 : (cols + DP_KC - 1) / DP_KC;
+    int kc = nblk == 1 ? cols : ((cols + nblk - 1) / nblk + 63) / 64 * 64;
+    for (int t0 = 0; t0 < T; t0 += DP_TOKS) {
+        int NT = T - t0 < DP_TOKS ? T - t0 : DP_TOKS;
+        for (int c0 = 0; c0 < cols; c0 += kc) {
+            int c1 = c0 + kc < cols ? c0 + kc : cols;
+            size_t ld = dp_ld(c1 - c0);
+            for (int t = 0; t < NT; t++) { /* packed side by side: a few pages (see bk_rows), zero-padded */
+                const float *xt = m->x + (size_t)(t0 + t) * ldx + c0;
+                for (int c = 0; c < c1 - c0; c += 32)
+                    _mm512_store_si512(xs + t * ld + c, (__m512i)dp_x32(xt + c, c1 - c0 - c));
+            }
+            dp_rows_packed(w, ldw, r1 - r0, xs, ld, NT, c0, c1, cols, save, m->y + (size_t)t0 * ldy + r0, ldy,
+                           m->round);
+        }
+    }
+}
+#endif
+
 /* ================================ batches ================================ */
 
 typedef struct mm_batch {
@@ -669,7 +1107,8 @@ typedef struct mm_batch {
     const k3c_mm *mm;
     int n;
     const int *unit_rows; /* [n] rows per unit of product i */
-    const int *blocked;   /* [n] product i runs blocked (bk_rows) */
+    const int *blocked;   /* [n] product i runs blocked (bk_rows, dp_blocked_rows) */
+    const int *dp;        /* [n] product i multiplies in bf16 (the bf16 dot-product section) */
     const int *first;     /* [n + 1] first unit of product i */
 } mm_batch;
 
@@ -686,6 +1125,17 @@ static void mm_units(void *ctx, int b, int e, int worker) {
         int r1 = (ue - j->first[i]) * j->unit_rows[i];
         if (r1 > rows) r1 = rows;
         size_t ldx = m->ldx ? m->ldx : (size_t)cols, ldy = m->ldy ? m->ldy : (size_t)rows;
+#if defined(MM_DP)
+        if (j->dp[i]) {
+            if (j->blocked[i])
+                for (int ru = r0; ru < r1; ru += j->unit_rows[i])
+                    dp_blocked_rows(m, ldx, ldy, ru, r1 - ru < j->unit_rows[i] ? r1 : ru + j->unit_rows[i],
+                                    k3c_pool_scratch(j->pool, worker));
+            else dp_rows(m, ldx, ldy, r0, r1);
+            u = ue;
+            continue;
+        }
+#endif
 #if defined(MM_AVX512)
         if (j->blocked[i]) /* one panel per unit */
             for (int ru = r0; ru < r1; ru += j->unit_rows[i])
@@ -701,7 +1151,7 @@ static void mm_units(void *ctx, int b, int e, int worker) {
 
 void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n) {
     if (n <= 0) return;
-    int ur[n], blocked[n], first[n + 1]; /* n: a layer's products at most (2 per routed expert + a few) */
+    int ur[n], blocked[n], dp[n], first[n + 1]; /* n: a layer's products at most (2 per routed expert + a few) */
     double work = 0;
     for (int i = 0; i < n; i++) {
         const k3c_mm *m = &mm[i];
@@ -713,17 +1163,23 @@ void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n) {
     for (int i = 0; i < n; i++) {
         const k3c_mm *m = &mm[i];
         int rows = m->W ? m->W->rows : m->Wq->rows, cols = m->W ? m->W->cols : m->Wq->cols;
-        blocked[i] = 0;
+        blocked[i] = dp[i] = 0;
         if (m->T <= 0 || rows <= 0) {
             ur[i] = 1;
             first[i + 1] = first[i];
             continue;
         }
         int u = 0;
+#if defined(MM_DP)
+        /* MXFP4 rows wider than the scales of dp_mx_tile stay on mx_row_scalar (no model has one) */
+        dp[i] = m->xbf16 && (m->W || cols <= MX_SPLIT_FLOATS);
+        if (dp[i]) u = dp_unit_rows(m, p != NULL);
+        else
+#endif
 #if defined(MM_AVX512)
         u = bk_unit_rows(m, p != NULL);
-        blocked[i] = u > 0;
 #endif
+        blocked[i] = u > 0;
         if (!u) {
             u = MM_UNIT_ELEMS / (cols > 0 ? cols : 1);
             u = (u + MM_ROWS - 1) / MM_ROWS * MM_ROWS;
@@ -732,7 +1188,7 @@ void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n) {
         ur[i] = u;
         first[i + 1] = first[i] + (rows + u - 1) / u;
     }
-    mm_batch j = {p, mm, n, ur, blocked, first};
+    mm_batch j = {p, mm, n, ur, blocked, dp, first};
     k3c_pool_for_worker(p, first[n], mm_units, &j);
 }
 

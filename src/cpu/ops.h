@@ -35,7 +35,9 @@ void k3c_matmul_bf16(k3c_pool *p, const k3c_mat *W, const float *x, int T, float
 void k3c_matmul_mxfp4(k3c_pool *p, const k3c_mxfp4_mat *W, const float *x, int T, float *y);
 /* One product of a batch: y = W x for T tokens with bf16 (W) or MXFP4 (Wq) weights (exactly one set);
  * round: each output rounded to bf16 (bf16_round) as it is stored. ldx, ldy: floats between tokens of x
- * and y (0: dense, W.cols and W.rows). */
+ * and y (0: dense, W.cols and W.rows). xbf16: every value of x is a bf16 value (the caller rounded it), so
+ * an AVX512-BF16 build multiplies in bf16 (VDPBF16PS, cpu/matmul.c: its own fixed accumulation order, with
+ * inputs below 2^-126 taken as zero); 0: the f32 products (exact inputs, as the f32 diagnostic needs). */
 typedef struct k3c_mm {
     const k3c_mat *W;
     const k3c_mxfp4_mat *Wq;
@@ -44,11 +46,12 @@ typedef struct k3c_mm {
     float *y;
     int round;
     size_t ldx, ldy;
+    int xbf16;
 } k3c_mm;
 /* Independent products (none reads another's output) in one parallel-for over all their rows: one pool
- * wake-up instead of n. Each output equals what k3c_matmul_bf16 / k3c_matmul_mxfp4 give for it (then
- * rounded when round). All products here are batch invariant: an output depends on its weight row and
- * token row only, never on T or on the other tokens (same f32 operation sequence for every T). */
+ * wake-up instead of n. Without xbf16 each output equals what k3c_matmul_bf16 / k3c_matmul_mxfp4 give for
+ * it (then rounded when round). All products here are batch invariant: an output depends on its weight row,
+ * token row and xbf16 only, never on T or on the other tokens (same operation sequence for every T). */
 void k3c_matmul_batch(k3c_pool *p, const k3c_mm *mm, int n);
 /* One row of a bf16 matrix as f32 (embedding lookup). */
 void k3c_bf16_row(const k3c_mat *W, int row, float *out);
