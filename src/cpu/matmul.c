@@ -872,7 +872,7 @@ ALWAYS_INLINE __m512bh dp_mx_group(const uint8_t *pk, uint8_t s) {
     }
     __m512i w = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(mx_e2m1_bf16));
     __mmask32 nz = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(7));
-    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) << 7)));
+    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) * 128)) /* the exponent field: * 128, a negative shift is undefined */);
 }
 
 /* R MXFP4 rows (packed stride ldp, scales stride lds) x NT tokens of packed bf16 x, each group decoded in
