@@ -872,7 +872,7 @@ ALWAYS_INLINE __m512bh dp_mx_group(const uint8_t *pk, uint8_t s) {
     }
     __m512i w = _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(mx_e2m1_bf16));
     __mmask32 nz = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(7));
-    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) * 128)) /* the exponent field: * 128, a negative shift is undefined */);
+    return (__m512bh)_mm512_mask_add_epi16(w, nz, w, _mm512_set1_epi16((short)((s - 127) * 128)));
 }
 
 /* R MXFP4 rows (packed stride ldp, scales stride lds) x NT tokens of packed bf16 x, each group decoded in
@@ -943,13 +943,16 @@ static void dp_mx_row(const uint8_t *pk, const uint8_t *sc, int groups, uint16_t
 static void dp_decode_bf16(const k3c_mat *W, int r0, int r1, const uint16_t *xb, float *y, int round) {
     int cols = W->cols;
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const char *lo_end = (const char *)W->w, *hi_end = (const char *)(W->w + (size_t)W->rows * cols);
+    size_t span = 64 * (2 * (size_t)(cols / 64) + 1); /* bytes of the lines one row's loop loads */
     for (int r = r0; r < r1; r++) {
         const uint16_t *w = W->w + (size_t)r * cols;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
         size_t mis = (uintptr_t)w & 63;
         int c = 0;
-        if (mis && mis % 4 == 0) {
-            /* every line loaded holds bytes of this row's blocks, so no load leaves the row's pages */
+        /* the lines stray past the row into its neighbours, so only where they stay inside the matrix
+         * (not the first row's head nor the last row's tail): every load is within the array */
+        if (mis && mis % 4 == 0 && (const char *)w - mis >= lo_end && (const char *)w - mis + span <= hi_end) {
             const __m512i *ln = (const __m512i *)(const void *)((const char *)w - mis);
             __m512i idx = _mm512_add_epi32(iota, _mm512_set1_epi32((int)(mis / 4))), lo = _mm512_load_si512(ln);
             for (; c + 64 <= cols; c += 64, ln += 2) {
