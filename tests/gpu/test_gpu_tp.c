@@ -728,16 +728,10 @@ static void check_gpu_tp(const tp_case *tc) {
                        "size 1's own %.3g (x %.1f allowed)", tc->name, tp, wf, pr.worst, noise, tc->tol);
             }
         }
-        /* The same ranks over the CUDA mailbox: both sum in rank order in f32, so bitwise equal. Opt-in
-         * (K3C_TEST_MAILBOX_FORWARD=1): on the H200 (2026-12-02) TP 2 was bitwise equal to the staged
-         * communicator in every case that finished, but a rank stalled between two all-reduces (its flag two
-         * epochs behind, every TP 4 case and one TP 2 case) until the 10 s timeout: an open defect,
-         * docs/PARALLEL.md. */
-        const char *mbf = getenv("K3C_TEST_MAILBOX_FORWARD");
-        if (!failed && !(mbf && atoi(mbf)) && tp == 2)
-            printf("INFO %s: the forward over the CUDA mailbox not run (K3C_TEST_MAILBOX_FORWARD=1 runs it: a rank "
-                   "can stall, docs/PARALLEL.md)\n", tc->name);
-        if (!failed && mbf && atoi(mbf)) {
+        /* The same ranks over the CUDA mailbox: both sum in rank order in f32, so bitwise equal. (These once
+         * stalled until the mailbox timeout: a rank's pageable logits download held the driver's lock that the
+         * peer's next launch needed, cuda/backend_cuda.c host_pageable.) */
+        if (!failed) {
             rank_run mb[8];
             memset(mb, 0, sizeof mb);
             double t2 = now_s();
