@@ -411,6 +411,13 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
     cudaGraphDestroy(g);
     if (ce != cudaSuccess)
         return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: instantiating (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+    /* TP: uploaded now, so that the first replay, which the peers' mailbox kernels may already wait for,
+     * does no more than launch (an upload may wait for the device, where the peers spin) */
+    if (x->tp && ((ce = cudaGraphUpload(ge, x->st)) != cudaSuccess || (ce = cudaStreamSynchronize(x->st)) != cudaSuccess)) {
+        cudaGraphExecDestroy(ge);
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: uploading (%d rows, q %d): %s", rows, q,
+                               cudaGetErrorString(ce));
+    }
     x->graph[rows][q] = ge;
     x->num_captured++;
     return K3C_OK;
