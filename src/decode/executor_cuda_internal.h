@@ -151,6 +151,8 @@ int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, fl
  * executor's stream: f32, rank 0 first, as the stock forward's tp_sum over the same communicator), rounded
  * to bf16 after it when round (the stock path's be->round: the same kernel). */
 int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round);
+/* Tensor parallel (x->tp set): dst [tp, n] = every rank's src [n], in rank order (the LM head's gather). */
+int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t n);
 /* A row-parallel product (o_proj, a down projection; op: its name in the profile), stock/forward.c
  * matmul_rowpar: rnd(W in) at world size 1; under TP this rank's part unrounded, then the rounded sum of the
  * ranks' parts. */

@@ -5,7 +5,6 @@
 
 #include <stdlib.h>
 
-#include "comm/mailbox_cuda.h"
 #include "cuda/attnres.h"
 #include "cuda/check.h"
 #include "cuda/elementwise.h"
@@ -224,8 +223,7 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
      * per-row downloads, here one strided copy per rank inside the graph) */
     size_t Vl = (size_t)c->vocab_size, part = (size_t)T * Vl;
     P_TRY("lm head", k3c_exec_mm(x, &W->lm_head, x->G, T, x->lm_part, 0));
-    P_TRY("tp lm head gather", k3c_comm_mailbox_all_gather_on(x->tp, x->lm_part, x->gather, part * sizeof(float), x->st));
-    STAMP_BYTES(4.0 * part * (x->tp_size + 1));
+    L_TRY(k3c_exec_tp_gather(x, x->lm_part, x->gather, part));
     for (int k = 0; k < x->tp_size; k++)
         K3C_CUDA_TRY(cudaMemcpy2DAsync(x->logits + (size_t)k * Vl, (size_t)x->vocab * sizeof(float),
                                        x->gather + (size_t)k * part, Vl * sizeof(float), Vl * sizeof(float),
