@@ -88,6 +88,7 @@ typedef struct tpx_rank {
     k3c_comm *comm;     /* NULL at world size 1 */
     tpx_shared *sh;     /* NULL at world size 1 */
     int rank, size, exact;
+    int exec_only, stock_only; /* TP: only request B (the executor), or only A (no executor) */
     const int32_t *prompt, *forced, *vtoks; /* forced: world size 1 is fed rank 0's tokens */
     int V;
     int32_t toks[ND];
@@ -121,50 +122,51 @@ static int exec_step(const k3c_decode_executor *ex, const k3c_fwd_req *q, float 
     return ex->step(ex->ctx, &p, q, 1, id ? NULL : logits, id, NULL);
 }
 
+/* Request A through the stock forward (stock), request B through the executor (ex non-NULL), each prompt by
+ * the stock forward (the executor prepares no prompt rows); batch invariance makes the two caches and states
+ * the same bits, which the prompt's last logits show. The tokens fed: forced, or the greedy ones of A's
+ * logits (of B's without A). */
 static int rank_steps(tpx_rank *r, k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks,
                       const k3c_decode_executor *ex, int32_t *ta, int32_t *tb, float *scratch) {
-    int V = r->V, use_exec = ex != NULL;
-    k3c_kda_slots_reset(ks, r->be, 0);
-    if (use_exec) k3c_kda_slots_reset(ks, r->be, 1);
-    /* the prompt for A (stock), then for B (stock: the executor prepares no prompt rows); batch invariance
-     * makes the two caches and states the same bits, which the first rows' logits show */
+    int V = r->V, stock = !r->exec_only, exec = ex != NULL;
     k3c_fwd_req q = {.ids = r->prompt, .n = NP, .pos = 0, .block_table = ta, .slot = 0, .logits = K3C_LOGITS_LAST};
-    K3C_TRY(k3c_forward_step(f, kv, ks, &q, 1, scratch, NULL));
-    int32_t tok = (int32_t)argmax(scratch, V);
-    if (use_exec) {
+    if (stock) {
+        k3c_kda_slots_reset(ks, r->be, 0);
+        K3C_TRY(k3c_forward_step(f, kv, ks, &q, 1, scratch, NULL));
+    }
+    if (exec) {
+        k3c_kda_slots_reset(ks, r->be, 1);
         q.block_table = tb;
         q.slot = 1;
         K3C_TRY(k3c_forward_step(f, kv, ks, &q, 1, scratch + V, NULL));
-        if (memcmp(scratch, scratch + V, (size_t)V * sizeof(float)))
+        if (stock && memcmp(scratch, scratch + V, (size_t)V * sizeof(float)))
             return k3c_errorf("the same prompt in two slots gave different logits (batch invariance)");
     }
+    int32_t tok = (int32_t)argmax(scratch + (stock ? 0 : V), V);
     for (int s = 0; s < ND; s++) {
         int pos = NP + s;
         if (s == VER_AT) { /* q = 4 verify at pos: committed state untouched, nothing committed after it */
             k3c_fwd_req v = {.ids = r->vtoks, .n = NQ, .pos = pos, .block_table = ta, .slot = 0, .verify = 1,
                              .logits = K3C_LOGITS_ALL};
-            K3C_TRY(k3c_forward_step(f, kv, ks, &v, 1, r->stock_ver, NULL));
-            if (use_exec) {
-                v.block_table = tb;
-                v.slot = 1;
-                if (exec_step(ex, &v, r->exec_ver, NULL) != K3C_OK)
-                    return k3c_error_context("the executor's verify step at position %d: ", pos);
-            }
+            if (stock) K3C_TRY(k3c_forward_step(f, kv, ks, &v, 1, r->stock_ver, NULL));
+            v.block_table = tb;
+            v.slot = 1;
+            if (exec && exec_step(ex, &v, r->exec_ver, NULL) != K3C_OK)
+                return k3c_error_context("the executor's verify step at position %d: ", pos);
         }
         if (r->forced) tok = r->forced[s];
-        else if (s > 0) tok = (int32_t)argmax(r->stock_dec + (size_t)(s - 1) * V, V);
+        else if (s > 0 && stock) tok = (int32_t)argmax(r->stock_dec + (size_t)(s - 1) * V, V);
+        else if (s > 0) tok = ids_step(s - 1) ? r->ids[s - 1] : (int32_t)argmax(r->exec_dec + (size_t)(s - 1) * V, V);
         r->toks[s] = tok;
         q = (k3c_fwd_req){.ids = &r->toks[s], .n = 1, .pos = pos, .block_table = ta, .slot = 0,
                           .logits = K3C_LOGITS_LAST};
-        if (k3c_forward_step(f, kv, ks, &q, 1, r->stock_dec + (size_t)s * V, NULL) != K3C_OK)
+        if (stock && k3c_forward_step(f, kv, ks, &q, 1, r->stock_dec + (size_t)s * V, NULL) != K3C_OK)
             return k3c_error_context("the stock decode step %d: ", s);
         r->ids[s] = -1;
-        if (use_exec) {
-            q.block_table = tb;
-            q.slot = 1;
-            int rc = exec_step(ex, &q, r->exec_dec + (size_t)s * V, ids_step(s) ? &r->ids[s] : NULL);
-            if (rc != K3C_OK) return k3c_error_context("the executor's decode step %d: ", s);
-        }
+        q.block_table = tb;
+        q.slot = 1;
+        if (exec && exec_step(ex, &q, r->exec_dec + (size_t)s * V, ids_step(s) ? &r->ids[s] : NULL) != K3C_OK)
+            return k3c_error_context("the executor's decode step %d: ", s);
     }
     return K3C_OK;
 }
@@ -188,7 +190,7 @@ static int run_rank(tpx_rank *r) {
     if (rc == K3C_OK) rc = k3c_kda_slots_init(&ks, be, c, 2, NQ, 2);
     if (rc == K3C_OK)
         for (int i = 0; i < nbr; i++) ta[i] = k3c_kv_cache_take(&kv), tb[i] = k3c_kv_cache_take(&kv);
-    if (rc == K3C_OK && r->size > 1) {
+    if (rc == K3C_OK && r->size > 1 && !r->stock_only) {
         /* the executor over the same communicator; the two shapes of the test captured now, before any
          * collective (capture and its instantiation run nothing on the device) */
         k3c_decode_env env = {.m = r->m, .be = be, .kv = &kv, .ks = &ks, .max_requests = 1, .max_rows = NP,
@@ -260,8 +262,15 @@ static int run_ws1(const k3c_model *m, int exact, const int32_t *prompt, const i
     return K3C_OK;
 }
 
-/* tp ranks of the shards over one mailbox, a thread each. */
-static int run_tp(k3c_model **sh, int tp, const int32_t *prompt, const int32_t *vtoks, int V, tpx_rank *runs) {
+/* How a TP run goes: both requests over one mailbox (the default); or, for a diagnosis of the stock forward's
+ * stall over the mailbox (K3C_TEST_TP_EXEC_REF=staged), the executor's request alone over the mailbox and the
+ * stock forward's alone over the staged communicator (comm/staged.c: the same rank-order f32 sums, so the
+ * same bits; docs/PARALLEL.md), fed the executor run's tokens. */
+enum { RUN_BOTH, RUN_EXEC_ONLY, RUN_STOCK_STAGED };
+
+/* tp ranks of the shards, a thread each. */
+static int run_tp(k3c_model **sh, int tp, int mode, const int32_t *prompt, const int32_t *vtoks,
+                  const int32_t *forced, int V, tpx_rank *runs) {
     k3c_backend *bes[8] = {0};
     k3c_comm *mbx[8] = {0};
     void *streams[8] = {0};
@@ -281,7 +290,15 @@ static int run_tp(k3c_model **sh, int tp, const int32_t *prompt, const int32_t *
     if (Vl > w) w = Vl;
     size_t rows = NP > K3C_PREPARED_MAX ? NP : K3C_PREPARED_MAX;
     k3c_comm_mailbox_options mo = {.cap = rows * w, .timeout_ms = MBX_TIMEOUT_MS};
-    if (k3c_comm_mailbox_create(tp, devices, streams, &mo, mbx) != K3C_OK) {
+    k3c_comm_group *grp = NULL;
+    int made = mode == RUN_STOCK_STAGED ? k3c_comm_group_create(tp, MBX_TIMEOUT_MS, &grp)
+                                        : k3c_comm_mailbox_create(tp, devices, streams, &mo, mbx);
+    for (int k = 0; k < tp && made == K3C_OK && grp; k++)
+        made = k3c_comm_staged_create(grp, k, 0, streams[k], MBX_TIMEOUT_MS, &mbx[k]);
+    if (made != K3C_OK) {
+        for (int k = 0; k < tp; k++)
+            if (mbx[k]) mbx[k]->free(mbx[k]);
+        if (grp) k3c_comm_group_free(grp);
         for (int k = 0; k < tp; k++) bes[k]->destroy(bes[k]);
         return K3C_ERR;
     }
@@ -291,7 +308,8 @@ static int run_tp(k3c_model **sh, int tp, const int32_t *prompt, const int32_t *
     int rc = K3C_OK;
     for (int k = 0; k < tp; k++) {
         runs[k] = (tpx_rank){.m = sh[k], .be = bes[k], .comm = mbx[k], .sh = &shared, .rank = k, .size = tp,
-                             .exact = 0, .prompt = prompt, .vtoks = vtoks, .V = V};
+                             .exact = 0, .exec_only = mode == RUN_EXEC_ONLY, .stock_only = mode == RUN_STOCK_STAGED,
+                             .prompt = prompt, .forced = forced, .vtoks = vtoks, .V = V};
         if (alloc_rank(&runs[k]) != K3C_OK) rc = K3C_ERR;
     }
     if (rc == K3C_OK) {
@@ -319,35 +337,34 @@ static double worst_row(const float *a, const float *b, int rows, int V) {
     return w;
 }
 
-/* The checks of one TP run against its own stock path, its rank 0 and world size 1. */
-static void check_run(const char *name, int tp, const tpx_rank *runs, const tpx_rank *one, const tpx_rank *fn,
-                      int V, double tol) {
+/* The checks of one TP run: the executor's rows (xr) against the stock TP forward's (sr: the same ranks in
+ * the default run; the staged run in the diagnosis), every rank against rank 0, and world size 1. */
+static void check_run(const char *name, int tp, const tpx_rank *xr, const tpx_rank *sr, const tpx_rank *one,
+                      const tpx_rank *fn, int V, double tol) {
     size_t DV = (size_t)ND * V, QV = (size_t)NQ * V;
     long rows_bad = 0, ids_bad = 0, ids_n = 0;
     for (int k = 0; k < tp; k++) {
-        const tpx_rank *r = &runs[k];
         for (int s = 0; s < ND; s++) {
-            const float *st = r->stock_dec + (size_t)s * V;
+            const float *st = sr[k].stock_dec + (size_t)s * V;
             if (ids_step(s)) {
                 ids_n++;
-                ids_bad += r->ids[s] != argmax(st, V);
+                ids_bad += xr[k].ids[s] != argmax(st, V);
             } else {
-                rows_bad += memcmp(st, r->exec_dec + (size_t)s * V, (size_t)V * 4) != 0;
+                rows_bad += memcmp(st, xr[k].exec_dec + (size_t)s * V, (size_t)V * 4) != 0;
             }
         }
-        rows_bad += memcmp(r->stock_ver, r->exec_ver, QV * 4) != 0 ? NQ : 0;
-        CHECKF(r->replays >= ND + 1, "%s tp %d rank %d: %ld graph replays for %d steps", name, tp, k, r->replays, ND + 1);
+        rows_bad += memcmp(sr[k].stock_ver, xr[k].exec_ver, QV * 4) != 0 ? NQ : 0;
+        CHECKF(xr[k].replays >= ND + 1, "%s tp %d rank %d: %ld graph replays for %d steps", name, tp, k, xr[k].replays,
+               ND + 1);
     }
     CHECKF(rows_bad == 0, "%s tp %d: %ld executor rows differ bitwise from the stock TP forward's", name, tp, rows_bad);
     CHECKF(ids_bad == 0, "%s tp %d: %ld of %ld greedy ids differ from the stock logits' arg-max", name, tp, ids_bad,
            ids_n);
     for (int k = 1; k < tp; k++) {
-        int same = !memcmp(runs[k].stock_dec, runs[0].stock_dec, DV * 4) &&
-                   !memcmp(runs[k].stock_ver, runs[0].stock_ver, QV * 4) &&
-                   !memcmp(runs[k].ids, runs[0].ids, sizeof runs[0].ids);
+        int same = !memcmp(sr[k].stock_dec, sr[0].stock_dec, DV * 4) && !memcmp(sr[k].stock_ver, sr[0].stock_ver, QV * 4) &&
+                   !memcmp(xr[k].ids, xr[0].ids, sizeof xr[0].ids) && !memcmp(xr[k].exec_ver, xr[0].exec_ver, QV * 4);
         for (int s = 0; s < ND && same; s++)
-            same = ids_step(s) || !memcmp(runs[k].exec_dec + (size_t)s * V, runs[0].exec_dec + (size_t)s * V, (size_t)V * 4);
-        same = same && !memcmp(runs[k].exec_ver, runs[0].exec_ver, QV * 4);
+            same = ids_step(s) || !memcmp(xr[k].exec_dec + (size_t)s * V, xr[0].exec_dec + (size_t)s * V, (size_t)V * 4);
         CHECKF(same, "%s tp %d: rank %d's logits differ from rank 0's", name, tp, k);
     }
     /* world size 1, fed the same tokens: the executor's rows (its ids-path steps: the stock rows, bitwise the
@@ -355,14 +372,15 @@ static void check_run(const char *name, int tp, const tpx_rank *runs, const tpx_
     float *ex = malloc(DV * 4);
     if (!ex) return;
     for (int s = 0; s < ND; s++)
-        memcpy(ex + (size_t)s * V, (ids_step(s) ? runs[0].stock_dec : runs[0].exec_dec) + (size_t)s * V, (size_t)V * 4);
+        memcpy(ex + (size_t)s * V, (ids_step(s) ? sr[0].stock_dec : xr[0].exec_dec) + (size_t)s * V, (size_t)V * 4);
     double noise = fmax(worst_row(one->stock_dec, fn->stock_dec, ND, V), worst_row(one->stock_ver, fn->stock_ver, NQ, V));
-    double vs1 = fmax(worst_row(ex, one->stock_dec, ND, V), worst_row(runs[0].exec_ver, one->stock_ver, NQ, V));
-    double vsf = fmax(worst_row(ex, fn->stock_dec, ND, V), worst_row(runs[0].exec_ver, fn->stock_ver, NQ, V));
+    double vs1 = fmax(worst_row(ex, one->stock_dec, ND, V), worst_row(xr[0].exec_ver, one->stock_ver, NQ, V));
+    double vsf = fmax(worst_row(ex, fn->stock_dec, ND, V), worst_row(xr[0].exec_ver, fn->stock_ver, NQ, V));
     free(ex);
-    printf("INFO tp_exec %s tp %d: executor rows bitwise the stock TP forward's (%d decode, %d verify, %ld ids), "
+    printf("INFO tp_exec %s tp %d: executor rows bitwise the stock TP forward's%s (%d decode, %d verify, %ld ids), "
            "ranks bitwise; vs world size 1 worst row rel L2 %.3g, vs the f32 function %.3g (world size 1's own %.3g)\n",
-           name, tp, ND - (int)(ids_n / tp), NQ, ids_n / tp, vs1, vsf, noise);
+           name, tp, xr == sr ? "" : " over the staged communicator", ND - (int)(ids_n / tp), NQ, ids_n / tp, vs1,
+           vsf, noise);
     printf("METRIC tp%d_exec_%-19s rel_l2 %8.1e %10.3e\n", tp, name, tol * noise, fmax(vs1, vsf));
     CHECKF(vs1 <= tol * noise && vsf <= tol * noise,
            "%s tp %d: executor %.3g from world size 1's bf16 and %.3g from the f32 function, world size 1's own %.3g "
@@ -391,10 +409,14 @@ static void check_tp_exec(const char *name, int slice_layers) {
     k3c_rng_seed(&g, seed ^ 0x7a11);
     for (int i = 0; i < NP; i++) prompt[i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
     for (int i = 0; i < NQ; i++) vtoks[i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
+    const char *ref_env = getenv("K3C_TEST_TP_EXEC_REF");
+    int staged_ref = ref_env && strcmp(ref_env, "staged") == 0;
+    if (staged_ref) printf("INFO tp_exec %s: the stock reference over the staged communicator (K3C_TEST_TP_EXEC_REF)\n", name);
     for (int tp = 2; tp <= 4; tp *= 2) {
         k3c_model *sh[8] = {0};
-        tpx_rank runs[8], one, fn;
+        tpx_rank runs[8], ref[8], one, fn;
         memset(runs, 0, sizeof runs);
+        memset(ref, 0, sizeof ref);
         memset(&one, 0, sizeof one);
         memset(&fn, 0, sizeof fn);
         int failed = 0;
@@ -405,7 +427,8 @@ static void check_tp_exec(const char *name, int slice_layers) {
         }
         double t1 = now_s();
         if (!failed) {
-            rc = run_tp(sh, tp, prompt, vtoks, V, runs);
+            rc = run_tp(sh, tp, staged_ref ? RUN_EXEC_ONLY : RUN_BOTH, prompt, vtoks, NULL, V, runs);
+            if (rc == K3C_OK && staged_ref) rc = run_tp(sh, tp, RUN_STOCK_STAGED, prompt, vtoks, runs[0].toks, V, ref);
             CHECKF(rc == K3C_OK, "%s: %s", name, k3c_error_message());
             failed = rc != K3C_OK;
         }
@@ -417,11 +440,12 @@ static void check_tp_exec(const char *name, int slice_layers) {
             failed = rc != K3C_OK;
         }
         if (!failed) {
-            check_run(name, tp, runs, &one, &fn, V, 2.0);
+            check_run(name, tp, runs, staged_ref ? ref : runs, &one, &fn, V, 2.0);
             printf("INFO tp_exec %s tp %d: %.2f s for the ranks' %d steps each\n", name, tp, t_tp, 2 * (ND + 1) + 2);
         }
         for (int k = 0; k < tp; k++) {
             free_rank(&runs[k]);
+            free_rank(&ref[k]);
             k3c_model_shard_free(sh[k]);
         }
         free_rank(&one);
