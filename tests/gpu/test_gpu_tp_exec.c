@@ -34,6 +34,7 @@
 #include "cuda/backend_cuda.h"
 #include "decode/executor_cuda.h"
 #include "decode/prepared.h"
+#include "k3c.h"
 #include "model/model.h"
 #include "model/presets.h"
 #include "model/shard.h"
@@ -348,7 +349,7 @@ static void check_run(const char *name, int tp, const tpx_rank *xr, const tpx_ra
             const float *st = sr[k].stock_dec + (size_t)s * V;
             if (ids_step(s)) {
                 ids_n++;
-                ids_bad += xr[k].ids[s] != argmax(st, V);
+                ids_bad += xr[k].ids[s] != k3c_greedy_token(st, V); /* the order the ids path follows */
             } else {
                 rows_bad += memcmp(st, xr[k].exec_dec + (size_t)s * V, (size_t)V * 4) != 0;
             }
