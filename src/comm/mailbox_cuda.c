@@ -227,7 +227,7 @@ static void mbx_abort_rank(mbx_rank *r) {
 
 /* ---- the collectives ---- */
 
-static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo) {
+static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo, cudaStream_t stream) {
     K3C_TRY(mbx_check(r));
     if (n > r->cap || (n && !buf)) {
         mbx_abort_rank(r);
@@ -240,16 +240,18 @@ static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo) 
     int two = algo == K3C_MAILBOX_TWO_SHOT || (algo == K3C_MAILBOX_AUTO && n * sizeof(float) >= r->two_shot_bytes);
     int prev;
     K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_all_reduce(&r->args, buf, n, two, r->stream);
+    int rc = k3c_mbx_all_reduce(&r->args, buf, n, two, stream);
     dev_leave(r->device, prev);
     return rc;
 }
 
 static int mbx_all_reduce_f32(k3c_comm *c, float *buf, size_t n) {
-    return mbx_reduce(c->ctx, buf, n, K3C_MAILBOX_AUTO);
+    mbx_rank *r = c->ctx;
+    return mbx_reduce(r, buf, n, K3C_MAILBOX_AUTO, r->stream);
 }
 
-static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, int root, const char *what) {
+static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, int root, const char *what,
+                        cudaStream_t stream) {
     K3C_TRY(mbx_check(r));
     if (bytes > r->cap * sizeof(float) || root >= r->comm.size || (bytes && (!src || !dst))) {
         mbx_abort_rank(r);
@@ -263,13 +265,14 @@ static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, i
     }
     int prev;
     K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_exchange(&r->args, src, dst, bytes, root, r->stream);
+    int rc = k3c_mbx_exchange(&r->args, src, dst, bytes, root, stream);
     dev_leave(r->device, prev);
     return rc;
 }
 
 static int mbx_all_gather(k3c_comm *c, const void *src, void *dst, size_t bytes) {
-    return mbx_exchange(c->ctx, src, dst, bytes, -1, "all_gather");
+    mbx_rank *r = c->ctx;
+    return mbx_exchange(r, src, dst, bytes, -1, "all_gather", r->stream);
 }
 
 static int mbx_broadcast(k3c_comm *c, void *buf, size_t bytes, int root) {
@@ -277,14 +280,15 @@ static int mbx_broadcast(k3c_comm *c, void *buf, size_t bytes, int root) {
         mbx_abort_rank(c->ctx);
         return k3c_errorf("mailbox rank %d of %d: broadcast from rank %d", c->rank, c->size, root);
     }
-    return mbx_exchange(c->ctx, buf, buf, bytes, root, "broadcast");
+    mbx_rank *r = c->ctx;
+    return mbx_exchange(r, buf, buf, bytes, root, "broadcast", r->stream);
 }
 
 /* An empty exchange (every rank's kernel has run once it returns), then the stream drained with a bounded
  * poll that also watches the status (a failed wait ends in the kernel; the poll ends with it). */
 static int mbx_barrier(k3c_comm *c) {
     mbx_rank *r = c->ctx;
-    K3C_TRY(mbx_exchange(r, NULL, NULL, 0, -1, "barrier"));
+    K3C_TRY(mbx_exchange(r, NULL, NULL, 0, -1, "barrier", r->stream));
     int prev;
     K3C_TRY(dev_enter(r->device, &prev));
     double deadline = now_ms() + r->timeout_ms + 10000.0;
@@ -641,8 +645,22 @@ int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_a
     if (!r) return k3c_errorf("mailbox all_reduce: not a mailbox communicator");
     if (algo != K3C_MAILBOX_AUTO && algo != K3C_MAILBOX_ONE_SHOT && algo != K3C_MAILBOX_TWO_SHOT)
         return k3c_errorf("mailbox all_reduce: algorithm %d", (int)algo);
-    return mbx_reduce(r, buf, n, algo);
+    return mbx_reduce(r, buf, n, algo, r->stream);
 }
+
+int k3c_comm_mailbox_all_reduce_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox all_reduce_on: not a mailbox communicator");
+    return mbx_reduce(r, buf, n, K3C_MAILBOX_AUTO, stream ? (cudaStream_t)stream : r->stream);
+}
+
+int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size_t bytes, void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox all_gather_on: not a mailbox communicator");
+    return mbx_exchange(r, src, dst, bytes, -1, "all_gather", stream ? (cudaStream_t)stream : r->stream);
+}
+
+int k3c_comm_is_mailbox(const k3c_comm *c) { return as_mailbox((k3c_comm *)c) != NULL; }
 
 int k3c_comm_mailbox_check(k3c_comm *c) {
     mbx_rank *r = as_mailbox(c);
@@ -704,6 +722,21 @@ int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_a
 int k3c_comm_mailbox_check(k3c_comm *c) {
     (void)c;
     return no_cuda();
+}
+
+int k3c_comm_mailbox_all_reduce_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    (void)c, (void)buf, (void)n, (void)stream;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size_t bytes, void *stream) {
+    (void)c, (void)src, (void)dst, (void)bytes, (void)stream;
+    return no_cuda();
+}
+
+int k3c_comm_is_mailbox(const k3c_comm *c) {
+    (void)c;
+    return 0;
 }
 
 int k3c_comm_mailbox_get_info(k3c_comm *c, k3c_comm_mailbox_info *info) {

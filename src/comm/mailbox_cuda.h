@@ -65,6 +65,18 @@ int k3c_comm_mailbox_create_ipc(k3c_comm *boot, int boot_on_device, int device, 
  * is a mismatch, reported as one). */
 int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_algo algo);
 
+/* all_reduce_f32 (AUTO: the algorithm the communicator's own call picks for n, so the same bits) and
+ * all_gather launched on `stream` (a cudaStream_t of the rank's device; NULL: the rank's own) instead of the
+ * rank's stream: the specialized executor's, whose captured graphs hold these launches. The caller keeps the
+ * rule the co-residency argument needs (at most one mailbox kernel of a rank in flight): the rank's streams
+ * never run its mailbox calls at the same time (the executor's step waits for the backend's stream before it
+ * starts, and drains its own before it returns). Every rank must make the same calls in the same order,
+ * whichever stream each is on. */
+int k3c_comm_mailbox_all_reduce_on(k3c_comm *c, float *buf, size_t n, void *stream);
+int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size_t bytes, void *stream);
+/* 1 for a mailbox communicator (the one a CUDA graph can capture), else 0. */
+int k3c_comm_is_mailbox(const k3c_comm *c);
+
 /* K3C_OK, or the failure a kernel of this rank reported (K3C_ERR with its message); launches and waits for
  * nothing. */
 int k3c_comm_mailbox_check(k3c_comm *c);

@@ -37,6 +37,11 @@ typedef struct k3c_decode_env {
      * to aux + j * N * hidden (the aux argument of step) */
     const int *aux_layers;
     int num_aux;
+    /* Tensor parallelism (world size > 1): the rank's TP communicator, the one its stock forward uses
+     * (k3c_forward_options.tp). Only a graph-capturable one (the CUDA mailbox, comm/mailbox_cuda.h) prepares
+     * the executor's providers for TP; NULL or another (staged, NCCL) leaves them unprepared: every step
+     * stock (decode/executor_cuda.h). */
+    struct k3c_comm *tp;
 } k3c_decode_env;
 
 typedef struct k3c_decode_executor {

@@ -19,6 +19,7 @@
 #include "cuda/mla.h"
 #include "cuda/sample.h"
 #include "cuda/measure.h"
+#include "comm/mailbox_cuda.h"
 #include "decode/executor_cuda_internal.h"
 
 /* K3C_CUDA_PROFILE=3 (cuda/stamp.h, decode/stamp_report.h): the next profiled step replays its graph with every
@@ -53,7 +54,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     const k3c_config *c = x->c;
     size_t R = PMAX, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
     size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
-    size_t lat = k3c_config_mla_latent(c), vh = c->v_head_dim, V = c->vocab_size, I = c->intermediate_size;
+    size_t lat = k3c_config_mla_latent(c), vh = c->v_head_dim, V = x->vocab, I = c->intermediate_size;
     size_t kvl = c->kv_lora_rank, E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
     size_t Rin = k3c_config_expert_in(c), Fm = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
     size_t qa = c->q_lora_rank > 0 ? (size_t)c->q_lora_rank : 1;
@@ -102,6 +103,10 @@ static int alloc_buffers(k3c_decode_cuda *x) {
         K3C_CUDA_MALLOC(&x->mla_part, x->mla_part_floats * sizeof(float));
     }
     K3C_CUDA_MALLOC(&x->xbf, R * max_cols * 2);
+    if (x->tp) { /* the LM head's part and every rank's, gathered (step.c) */
+        K3C_CUDA_MALLOC(&x->lm_part, R * c->vocab_size * sizeof(float));
+        K3C_CUDA_MALLOC(&x->gather, (size_t)x->tp_size * R * c->vocab_size * sizeof(float));
+    }
     K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
     x->gemm_ready = 1;
     K3C_CUDA_HOST_ALLOC(&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t));
@@ -183,13 +188,10 @@ static void free_providers(k3c_decode_cuda *x) {
     free(x->ffn);
 }
 
-/* A TP rank's executor while the providers are not prepared for tensor parallelism (their weights are the
- * whole model's, their o-projection and MoE tail have no all-reduce): no buffers, no providers, no stream; its
- * plan table (world size, tp_prepared 0) routes every step stock, the same on every rank. */
-static int build_tp_unprepared(const k3c_decode_env *v, int rank, int world_size, k3c_decode_cuda **out) {
-    if (v->m->tp_size != world_size || v->m->tp_rank != rank)
-        return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
-                          world_size, v->m->tp_size > 1 ? "another rank's" : "the whole model");
+/* A TP rank's executor without a communicator its graphs can capture (none, the staged one's host wait,
+ * NCCL's own streams): no buffers, no providers, no stream; its plan table (world size, tp_prepared 0)
+ * routes every step stock, the same on every rank (every rank gets the same kind of communicator). */
+static int build_tp_unprepared(const k3c_decode_env *v, int world_size, k3c_decode_cuda **out) {
     k3c_decode_cuda *x = calloc(1, sizeof *x);
     if (!x) return k3c_errorf_kind(K3C_ERROR_OOM, "decode executor: out of memory");
     x->v = *v;
@@ -205,14 +207,37 @@ static int build_tp_unprepared(const k3c_decode_env *v, int rank, int world_size
     return K3C_OK;
 }
 
+/* The TP communicator of a prepared rank: the mailbox of this rank of this world, with slots for the
+ * step's largest collectives (PREPARED_MAX rows: the hidden and routed-latent sums, the LM head's part). */
+static int check_tp_comm(const k3c_decode_env *v, int rank, int world_size) {
+    const k3c_config *c = &v->m->config;
+    k3c_comm_mailbox_info info;
+    K3C_TRY(k3c_comm_mailbox_get_info(v->tp, &info));
+    if (v->tp->rank != rank || v->tp->size != world_size)
+        return k3c_errorf("decode executor: rank %d of %d built over the TP communicator of rank %d of %d", rank,
+                          world_size, v->tp->rank, v->tp->size);
+    size_t D = (size_t)c->hidden_size, Rin = (size_t)k3c_config_expert_in(c), need = PMAX * (D > Rin ? D : Rin);
+    size_t lm = (size_t)PMAX * c->vocab_size; /* floats of this rank's LM head part */
+    if (lm > need) need = lm;
+    if (info.cap < need)
+        return k3c_errorf("decode executor: rank %d of %d: the mailbox carries %zu floats a call, its steps need %zu "
+                          "(%d rows of hidden %zu, routed latent %zu, vocabulary part %d; k3c_comm_mailbox_options.cap)",
+                          rank, world_size, info.cap, need, PMAX, D, Rin, c->vocab_size);
+    return K3C_OK;
+}
+
 int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k3c_decode_cuda **out) {
     *out = NULL;
     if (world_size < 1 || rank < 0 || rank >= world_size)
         return k3c_errorf("decode executor: rank %d of a world of %d", rank, world_size);
     const k3c_decode_env v = *env;
     if (!k3c_backend_is_cuda(v.be)) return k3c_errorf("decode executor: the engine's backend is %s, not cuda", v.be->name);
-    if (world_size > 1) return build_tp_unprepared(&v, rank, world_size, out);
-    if (v.m->tp_size > 1)
+    if (world_size > 1 && (v.m->tp_size != world_size || v.m->tp_rank != rank))
+        return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
+                          world_size, v.m->tp_size > 1 ? "another rank's" : "the whole model");
+    if (world_size > 1 && !(v.tp && k3c_comm_is_mailbox(v.tp))) return build_tp_unprepared(&v, world_size, out);
+    if (world_size > 1) K3C_TRY(check_tp_comm(&v, rank, world_size));
+    if (world_size == 1 && v.m->tp_size > 1)
         return k3c_errorf("decode executor: the model is rank %d's shard of a TP group of %d, built for world size 1",
                           v.m->tp_rank, v.m->tp_size);
     if (k3c_backend_cuda_exact(v.be))
@@ -223,6 +248,10 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     x->m = v.m;
     x->c = &v.m->config;
     const k3c_config *c = x->c;
+    x->tp = world_size > 1 ? v.tp : NULL;
+    x->tp_rank = rank;
+    x->tp_size = world_size;
+    x->vocab = c->vocab_size * world_size;
     x->silu_gate = k3c_config_kda_silu_gate(c);
     x->act = (k3c_cuda_act){c->hidden_act == K3C_ACT_SITU ? 2 : 1, c->situ_beta, c->situ_linear_beta};
     int G = c->use_grouped_topk && c->num_expert_group > 1 ? c->num_expert_group : 1;
@@ -239,7 +268,7 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
     x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
                                                  .wide_max = v.max_rows, .kv_prepared = 0, .needs_graphs = 1,
-                                                 .world_size = 1, .tp_prepared = 1},
+                                                 .world_size = world_size, .tp_prepared = 1},
                                   .ctx = x};
     cudaError_t ce = cudaSetDevice(k3c_backend_cuda_device(v.be));
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
@@ -269,6 +298,8 @@ void k3c_decode_cuda_free(k3c_decode_cuda *x) {
     if (x->gemm_ws) cudaFree(x->gemm_ws);
     if (x->mla_part) cudaFree(x->mla_part);
     if (x->xbf) cudaFree(x->xbf);
+    if (x->lm_part) cudaFree(x->lm_part);
+    if (x->gather) cudaFree(x->gather);
     if (x->meta_d) cudaFree(x->meta_d);
     if (x->meta_h) cudaFreeHost(x->meta_h);
     if (x->keys_h) cudaFreeHost(x->keys_h);
@@ -380,6 +411,13 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
     cudaGraphDestroy(g);
     if (ce != cudaSuccess)
         return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: instantiating (%d rows, q %d): %s", rows, q, cudaGetErrorString(ce));
+    /* TP: uploaded now, so that the first replay, which the peers' mailbox kernels may already wait for,
+     * does no more than launch (an upload may wait for the device, where the peers spin) */
+    if (x->tp && ((ce = cudaGraphUpload(ge, x->st)) != cudaSuccess || (ce = cudaStreamSynchronize(x->st)) != cudaSuccess)) {
+        cudaGraphExecDestroy(ge);
+        return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(ce), "decode executor: uploading (%d rows, q %d): %s", rows, q,
+                               cudaGetErrorString(ce));
+    }
     x->graph[rows][q] = ge;
     x->num_captured++;
     return K3C_OK;
@@ -415,7 +453,9 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
     int *tab = (int *)(x->meta_h + x->off_tab);
     k3c_cuda_seg *segs = (k3c_cuda_seg *)(x->meta_h + x->off_segs);
     k3c_cuda_copy *pre = (k3c_cuda_copy *)(x->meta_h + x->off_pre), *post = (k3c_cuda_copy *)(x->meta_h + x->off_post);
-    int bs = x->bs, V = x->c->vocab_size;
+    int bs = x->bs, V = x->vocab;
+    /* TP: the embedding's rows are this rank's part of the vocabulary (ids outside it -1: a row of -0.0) */
+    int v0 = x->c->vocab_size * x->tp_rank, Vl = x->c->vocab_size;
     size_t sf = ks ? ks->state_floats : 0, wf = ks ? ks->window_floats : 0;
     for (int i = 0; i < b; i++) {
         const k3c_fwd_req *r = &reqs[i];
@@ -431,7 +471,7 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
             int t = i * q + j, p = r->pos + j;
             if (r->ids[j] < 0 || r->ids[j] >= V)
                 return k3c_errorf("decode executor: request %d token %d: id %d outside 0..%d", i, j, r->ids[j], V - 1);
-            ids[t] = r->ids[j];
+            ids[t] = !x->tp ? r->ids[j] : r->ids[j] >= v0 && r->ids[j] < v0 + Vl ? r->ids[j] - v0 : -1;
             slots[t] = r->block_table[p / bs] * bs + p % bs;
             aoff[t] = i * x->mbr;
             alen[t] = p + 1;
@@ -488,7 +528,7 @@ static int argmax_parts(int T) {
  * page-locked (k3c_engine_logits_alloc, as the runner and the bench use) removes the staging altogether:
  * kimi-linear-48b b=64 26.14 ms against 29.76-31.98 into malloc'ed memory (k3c bench, 2026-11-30). */
 static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *ids, float *aux) {
-    size_t V = (size_t)x->c->vocab_size;
+    size_t V = (size_t)x->vocab;
     double t0 = x->prof ? wall_ms() : 0;
     int parts = ids ? argmax_parts(T) : 0;
     if (ids) { /* after the graph, not in it: the same graph serves both kinds of step */
@@ -567,7 +607,7 @@ static int stamp_collect(k3c_decode_cuda *x, int T, int q, int stamped, int argm
         if (!sp->last_plan.failed) sp->last_plan.op[sp->last_plan.n - 1] = pl->op[i];
     }
     sp->last_plan.failed |= pl->failed || pl->n == 0;
-    if (argmax) k3c_stamp_plan_add(&sp->last_plan, "argmax", 1, 4.0 * T * x->c->vocab_size);
+    if (argmax) k3c_stamp_plan_add(&sp->last_plan, "argmax", 1, 4.0 * T * x->vocab);
     sp->T = T;
     sp->q = q;
     sp->have = 1;
@@ -639,9 +679,19 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
     return K3C_OK;
 }
 
+/* A TP rank's step ends with the mailbox's report (its kernels fail, after the timeout at most, when a peer
+ * does not come; the stream is drained by then); a failure of any kind aborts the group, so the peers' waits
+ * end at once instead of at their timeout, and every later collective of the group fails. */
 static int step_cb(void *ctx, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
                    float *aux) {
-    return run_step(ctx, plan, reqs, n, logits, ids, aux);
+    k3c_decode_cuda *x = ctx;
+    int rc = run_step(x, plan, reqs, n, logits, ids, aux);
+    if (x->tp && rc == K3C_OK) rc = k3c_comm_mailbox_check(x->tp);
+    if (x->tp && rc != K3C_OK) {
+        x->tp->abort(x->tp);
+        return k3c_error_context("decode executor, TP rank %d of %d: ", x->tp_rank, x->tp_size);
+    }
+    return rc;
 }
 
 static int capture_cb(void *ctx, int rows, int q) { return k3c_decode_cuda_capture(ctx, rows, q); }

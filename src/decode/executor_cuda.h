@@ -35,10 +35,27 @@
  * runs them through the plain stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
  * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
- * Tensor parallelism: the providers are built for (rank, world_size) = (0, 1) only. Built for a TP rank
- * (world_size > 1, the model that rank's shard), the executor holds no providers and its plan table says
- * so (decode/plan.h world_size, tp_prepared = 0): every step plans stock on every rank, reason
- * K3C_STOCK_TP_UNPREPARED, and the stock forward runs it TP (stock/forward.h); capture refuses. */
+ * Tensor parallelism: built for a TP rank (world_size > 1, the model that rank's shard) over the CUDA mailbox
+ * (k3c_decode_env.tp, comm/mailbox_cuda.h: the one communicator its graphs can capture), the providers run on
+ * the rank's shard (the shard's widths: KDA and MLA heads, the experts' and the dense MLP's intermediate
+ * dimension, the vocabulary part; the latent and low-rank projections and the router replicated) and the step
+ * makes the stock TP forward's collectives (stock/forward.c), in its order, as mailbox launches on the
+ * executor's stream inside the graphs: the vocabulary-parallel embedding's sum (unrounded), the all-reduce of
+ * every row-parallel product (attention's o_proj, the dense MLP's down: this rank's part unrounded, the sum
+ * rounded), the MoE's two sums (the routed experts' f32 partial sum [T, Rin] before the latent norm and
+ * up-projection, the shared expert's f32 down product [T, D] after them: stock's moe_tp), and the LM head's
+ * gather, laid into the [T, V] logits. Same kernels, same partials, the same rank-order f32 sums over the same
+ * communicator, so a step is bitwise the stock TP forward's on that rank, and every rank ends with the same
+ * bits. The plan table then has tp_prepared = 1 on every rank (world_size and the communicator's kind are the
+ * same on every rank); capture is a collective property (every rank must capture the same shapes, as the
+ * engine's policy does given the same steps). A failed step (a mailbox kernel that gave up on a peer after
+ * its timeout included) aborts the group. Over any other communicator (none, the staged one whose host wait
+ * cannot be captured, NCCL) the executor holds no providers and its plan table says so (tp_prepared = 0):
+ * every step plans stock on every rank, reason K3C_STOCK_TP_UNPREPARED; capture refuses.
+ * Not built at TP yet: the o-projection epilogue writing straight into the peers' mailboxes and the MoE
+ * tail's fused reduce + RMSNorm (each all-reduce is its own launch between the products); the single
+ * reduction of routed + shared a MoE layer of the layouts note (it would round differently from the stock TP
+ * forward, which reduces the two apart). */
 #ifndef K3C_DECODE_EXECUTOR_CUDA_H
 #define K3C_DECODE_EXECUTOR_CUDA_H
 

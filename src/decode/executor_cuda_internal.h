@@ -71,6 +71,13 @@ struct k3c_decode_cuda {
     /* A tensor-parallel rank (world size > 1) whose providers are not prepared for TP: nothing is built, the
      * plan table sends every step to the stock forward (decode/plan.h K3C_STOCK_TP_UNPREPARED). */
     int tp_unprepared;
+    /* A TP-prepared rank (world size > 1 over the CUDA mailbox): tp its communicator (NULL at world size 1),
+     * the step's collectives launched on st inside the graphs (k3c_exec_tp_sum, the LM head's gather);
+     * vocab the whole vocabulary (c->vocab_size is the shard's part), the width of logits; lm_part [PMAX, V / tp]
+     * this rank's LM head rows, gather [tp, PMAX, V / tp] every rank's, laid into logits' columns. */
+    struct k3c_comm *tp;
+    int tp_rank, tp_size, vocab;
+    float *lm_part, *gather;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
     int num_captured;
     long replays;
@@ -139,6 +146,17 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q);
 
 /* y = W in over T rows, the backend's product (mm of the stock path); an error when W has no device copy. */
 int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round);
+
+/* Tensor parallel (x->tp; no-ops without): buf [n] = the sum over the ranks of their buf (the mailbox on the
+ * executor's stream: f32, rank 0 first, as the stock forward's tp_sum over the same communicator), rounded
+ * to bf16 after it when round (the stock path's be->round: the same kernel). */
+int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round);
+/* Tensor parallel (x->tp set): dst [tp, n] = every rank's src [n], in rank order (the LM head's gather). */
+int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t n);
+/* A row-parallel product (o_proj, a down projection; op: its name in the profile), stock/forward.c
+ * matmul_rowpar: rnd(W in) at world size 1; under TP this rank's part unrounded, then the rounded sum of the
+ * ranks' parts. */
+int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, const float *in, int T, float *y);
 
 /* The packed projections of a provider: the products that read one step input, or
  * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights

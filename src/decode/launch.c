@@ -4,12 +4,52 @@
 
 #include <stdlib.h>
 
+#include "comm/mailbox_cuda.h"
+#include "cuda/elementwise.h"
+#include "cuda/stamp.h"
 #include "decode/executor_cuda_internal.h"
 
 int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, float *y, int round) {
     if (!WPTR(W->w)) return k3c_errorf("decode executor: a [%d x %d] matrix has no device copy", W->rows, W->cols);
     STAMP_BYTES(2.0 * W->rows * W->cols + 4.0 * T * (W->rows + W->cols));
     return k3c_cuda_matmul_bf16_round(&x->gemm, WPTR(W->w), W->rows, W->cols, in, T, y, round, x->st);
+}
+
+/* The mailbox kernels write no block stamps (cuda/stamp.h): counted as foreign launches, as cuBLASLt's. */
+static int tp_reduce(k3c_decode_cuda *x, float *buf, size_t n) {
+    long fb = k3c_cuda_stamp_foreign_begin(x->st);
+    int rc = k3c_comm_mailbox_all_reduce_on(x->tp, buf, n, x->st);
+    k3c_cuda_stamp_foreign_end(x->st, fb);
+    return rc;
+}
+
+static int tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t bytes) {
+    long fb = k3c_cuda_stamp_foreign_begin(x->st);
+    int rc = k3c_comm_mailbox_all_gather_on(x->tp, src, dst, bytes, x->st);
+    k3c_cuda_stamp_foreign_end(x->st, fb);
+    return rc;
+}
+
+int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t n) {
+    P_TRY("tp gather", tp_gather(x, src, dst, n * sizeof(float)));
+    STAMP_BYTES(4.0 * n * (x->tp_size + 1));
+    return K3C_OK;
+}
+
+int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round) {
+    if (!x->tp || !n) return K3C_OK;
+    P_TRY("tp all-reduce", tp_reduce(x, buf, n));
+    STAMP_BYTES(4.0 * n * (x->tp_size + 1)); /* this rank's push, the peers' reads */
+    if (round) {
+        P_TRY("tp round", k3c_cuda_round_bf16(buf, n, x->st));
+        STAMP_BYTES(8.0 * n);
+    }
+    return K3C_OK;
+}
+
+int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, const float *in, int T, float *y) {
+    P_TRY(op, k3c_exec_mm(x, W, in, T, y, !x->tp));
+    return k3c_exec_tp_sum(x, y, (size_t)T * W->rows, 1);
 }
 
 void k3c_exec_group_add(k3c_decode_cuda *x, k3c_exec_group *g, const k3c_mat *W, const float *in, float *out,

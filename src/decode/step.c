@@ -166,6 +166,9 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
     P_TRY("embed", k3c_cuda_embed(WPTR(W->embed.w), W->embed.rows, W->embed.cols, (const int *)(x->meta_d + x->off_ids), T,
                                   r.P, x->st));
     STAMP_BYTES(6.0 * T * D);
+    /* TP: the vocabulary-parallel embedding (stock/forward.c): the ids are this rank's rows (fill_meta), -1
+     * for another rank's tokens, whose rows are -0.0; the sum (unrounded: exactly one rank adds a value) */
+    L_TRY(k3c_exec_tp_sum(x, r.P, (size_t)T * D, 0));
     L_TRY(rec_aux(x, 0, r.P, T));
     for (int l = 0; l < c->num_layers; l++) {
         const k3c_layer_weights *lw = &W->layers[l];
@@ -211,7 +214,20 @@ int k3c_exec_record_step(k3c_decode_cuda *x, int T, int q) {
     } else {
         L_TRY(rec_norm(x, &r, W->final_norm, T, x->G, 1));
     }
-    P_TRY("lm head", k3c_exec_mm(x, &W->lm_head, x->G, T, x->logits, 0));
+    if (!x->tp) {
+        P_TRY("lm head", k3c_exec_mm(x, &W->lm_head, x->G, T, x->logits, 0));
+        return K3C_OK;
+    }
+    /* TP: this rank's [T, V / tp] part, every rank's gathered ([tp, T, V / tp], the stock path's gather over
+     * the same communicator), then each part into its columns of the [T, V] logits (the stock path's
+     * per-row downloads, here one strided copy per rank inside the graph) */
+    size_t Vl = (size_t)c->vocab_size, part = (size_t)T * Vl;
+    P_TRY("lm head", k3c_exec_mm(x, &W->lm_head, x->G, T, x->lm_part, 0));
+    L_TRY(k3c_exec_tp_gather(x, x->lm_part, x->gather, part));
+    for (int k = 0; k < x->tp_size; k++)
+        K3C_CUDA_TRY(cudaMemcpy2DAsync(x->logits + (size_t)k * Vl, (size_t)x->vocab * sizeof(float),
+                                       x->gather + (size_t)k * part, Vl * sizeof(float), Vl * sizeof(float),
+                                       (size_t)T, cudaMemcpyDeviceToDevice, x->st));
     return K3C_OK;
 }
 

@@ -454,6 +454,95 @@ TEST(gpu_mailbox_graph_replay) {
     }
 }
 
+/* The executor's use (decode/executor_cuda.h at TP): every rank's calls captured on a second stream of its
+ * own (k3c_comm_mailbox_all_reduce_on / _all_gather_on), the graph replayed many times, and calls on the
+ * rank's own stream between replays (never both streams in flight, as the executor and the stock forward
+ * take turns): the sums bitwise the rank-order sums, the gathers every rank's bytes, the epochs advancing
+ * over both streams' calls. */
+TEST(gpu_mailbox_graph_other_stream) {
+    enum { SEQ = 8, GATHER = 777 }; /* floats each rank gathers, after the sums */
+    for (int s = 0; s < 2; s++) {
+        const int R = mbt_ranks[s];
+        const size_t cap = (size_t)1 << 15, buf = (size_t)1 << 19;
+        k3c_rng g;
+        k3c_rng_seed(&g, test_seed() ^ 0x0257 ^ (uint64_t)R);
+        mbt_call calls[SEQ];
+        memset(calls, 0, sizeof calls);
+        for (int k = 0; k < SEQ; k++) {
+            calls[k].n = k == 0 ? cap : mbt_size(&g, cap, 3000);
+            calls[k].algo = K3C_MAILBOX_AUTO;
+            calls[k].zeros = k == 1;
+        }
+        mbt t;
+        k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 5000, .two_shot_bytes = 16 << 10};
+        /* the sums in the buffer's first half, the gather's source and destination in the second */
+        size_t gsrc = buf / 2, gdst = gsrc + GATHER + 64;
+        if (mbt_open(&t, R, NULL, buf, &o) != 0 || mbt_layout(calls, SEQ, R, buf / 2, &g) != 0) {
+            mbt_close(&t);
+            CHECK(0);
+            continue;
+        }
+        cudaStream_t st2[MBT_MAX] = {0};
+        cudaGraphExec_t ge[MBT_MAX] = {0};
+        cudaGraph_t gr[MBT_MAX] = {0};
+        int ok = 1, replays = mbt_scaled(200), eager = 0;
+        for (int r = 0; r < R && ok; r++) {
+            ok = cudaStreamCreateWithFlags(&st2[r], cudaStreamNonBlocking) == cudaSuccess &&
+                 cudaStreamBeginCapture(st2[r], cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            for (int k = 0; k < SEQ && ok; k++)
+                ok = k3c_comm_mailbox_all_reduce_on(t.c[r], t.d[r] + calls[k].off[r], calls[k].n, st2[r]) == K3C_OK;
+            ok = ok && k3c_comm_mailbox_all_gather_on(t.c[r], t.d[r] + gsrc, t.d[r] + gdst, GATHER * sizeof(float),
+                                                      st2[r]) == K3C_OK;
+            ok = cudaStreamEndCapture(st2[r], &gr[r]) == cudaSuccess && ok;
+            ok = ok && cudaGraphInstantiate(&ge[r], gr[r], 0) == cudaSuccess;
+        }
+        long bad = 0, gbad = 0;
+        for (int rep = 0; rep < replays && ok; rep++) {
+            uint64_t seed = test_seed() ^ ((uint64_t)rep << 8) ^ (uint64_t)R ^ 0x57;
+            for (int r = 0; r < R && ok; r++) {
+                for (size_t i = 0; i < buf; i++) t.in[r][i] = u2f(MBT_POISON);
+                for (int k = 0; k < SEQ; k++) mbt_fill(t.in[r] + calls[k].off[r], calls[k].n, seed, k, r, R, calls[k].zeros);
+                mbt_fill(t.in[r] + gsrc, GATHER, seed, SEQ, r, R, 0);
+                ok = cudaMemcpyAsync(t.d[r], t.in[r], buf * sizeof(float), cudaMemcpyHostToDevice, st2[r]) == cudaSuccess &&
+                     cudaGraphLaunch(ge[r], st2[r]) == cudaSuccess &&
+                     cudaMemcpyAsync(t.out[r], t.d[r], buf * sizeof(float), cudaMemcpyDeviceToHost, st2[r]) == cudaSuccess;
+            }
+            for (int r = 0; r < R && ok; r++) ok = cudaStreamSynchronize(st2[r]) == cudaSuccess;
+            if (ok && rep % 7 == 3) { /* a call on the ranks' own streams, on a region the graph does not read */
+                for (int r = 0; r < R && ok; r++)
+                    ok = k3c_comm_mailbox_all_reduce(t.c[r], t.d[r] + buf - 1000, 999, K3C_MAILBOX_AUTO) == K3C_OK;
+                ok = ok && mbt_sync(&t) == 0;
+                eager++;
+            }
+            for (int r = 0; r < R && ok; r++) ok = k3c_comm_mailbox_check(t.c[r]) == K3C_OK;
+            for (int k = 0; k < SEQ && ok; k++)
+                for (size_t i = 0; i < calls[k].n; i++) {
+                    float want = t.in[0][calls[k].off[0] + i];
+                    for (int q = 1; q < R; q++) want += t.in[q][calls[k].off[q] + i];
+                    for (int r = 0; r < R; r++) bad += f2u(t.out[r][calls[k].off[r] + i]) != f2u(want);
+                }
+            for (int r = 0; r < R && ok; r++)
+                for (int q = 0; q < R; q++)
+                    gbad += memcmp(t.out[r] + gdst + (size_t)q * GATHER, t.in[q] + gsrc, GATHER * sizeof(float)) != 0;
+        }
+        if (!ok) fprintf(stderr, "    %d ranks: %s\n", R, k3c_error_message());
+        uint32_t epoch = 0;
+        if (ok) ok = k3c_comm_mailbox_epoch(t.c[0], &epoch) == K3C_OK;
+        printf("  [%d ranks: %d sums and a gather captured on a second stream, %d replays, %d calls on the own stream "
+               "between them: %ld sums and %ld gathers differ, next epoch %u]\n", R, SEQ, replays, eager, bad, gbad,
+               epoch);
+        for (int r = 0; r < R; r++) {
+            if (ge[r]) cudaGraphExecDestroy(ge[r]);
+            if (gr[r]) cudaGraphDestroy(gr[r]);
+            if (st2[r]) cudaStreamDestroy(st2[r]);
+        }
+        mbt_close(&t);
+        CHECK(ok);
+        CHECK(bad == 0 && gbad == 0);
+        CHECK(epoch == (uint32_t)(replays * (SEQ + 1) + eager) + 1);
+    }
+}
+
 /* Rank R - 1 never calls: the others fail within the timeout (the first to time out tells the rest), name the
  * missing rank, and refuse their later calls at once; nothing hangs. */
 TEST(gpu_mailbox_missing_rank) {

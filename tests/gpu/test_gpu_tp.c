@@ -15,7 +15,8 @@
  *    routing: every row 1e-4; f32 preset routing: median row 1e-4; bf16 dense routing: median row 5e-2);
  *  - a 4-layer full-width K3 slice (k3-slice's layer widths, 64 experts, a vocabulary of 32768; synthesized
  *    on disk: ~10 GB), TP 2 and 4 against world size 1 in bf16;
- *  - each TP rank's specialized executor plans every step stock (decode/plan.h K3C_STOCK_TP_UNPREPARED).
+ *  - each TP rank's specialized executor over the staged communicator plans every step stock (decode/plan.h
+ *    K3C_STOCK_TP_UNPREPARED); over the CUDA mailbox it is prepared (test_gpu_tp_exec.c).
  * Prints "METRIC <name> rel_l2 <threshold> <value>" lines (tools/gpu-check.sh tabulates them) and INFO lines. */
 #include <math.h>
 #include <pthread.h>
@@ -440,12 +441,16 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
-/* A TP rank's executor (decode/executor_cuda.h): built over the rank's backend and caches, it must route
- * every step stock for want of TP-prepared providers, on every rank alike; capture refuses. */
-static int check_rank_executor(rank_run *r, k3c_backend *be, k3c_kv_cache *kv, k3c_kda_slots *ks, int ctx, int bs) {
+/* A TP rank's executor (decode/executor_cuda.h) over the staged communicator: built over the rank's backend,
+ * caches and communicator, it must route every step stock (the staged communicator's host wait cannot be
+ * captured, so its providers are not prepared for TP), on every rank alike; capture refuses. The executor
+ * over the CUDA mailbox, which is prepared: test_gpu_tp_exec.c. */
+static int check_rank_executor(rank_run *r, k3c_backend *be, k3c_kv_cache *kv, k3c_kda_slots *ks, int ctx, int bs,
+                               k3c_comm *comm) {
     int size = r->m->tp_size;
     k3c_decode_env env = {.m = r->m, .be = be, .kv = kv, .ks = ks, .max_requests = 1, .max_rows = r->n_prompt,
-                          .max_context = ctx, .block_size = bs, .q_max = 1, .max_blocks_per_request = (ctx + bs - 1) / bs};
+                          .max_context = ctx, .block_size = bs, .q_max = 1, .max_blocks_per_request = (ctx + bs - 1) / bs,
+                          .tp = comm};
     k3c_decode_cuda *x = NULL;
     if (k3c_decode_cuda_build(&env, r->rank, 1, &x) == K3C_OK) { /* a shard at world size 1: refused */
         k3c_decode_cuda_free(x);
@@ -489,7 +494,7 @@ static int run_rank(rank_run *r) {
     if (rc == K3C_OK) rc = k3c_forward_create(be, r->m, &o, &f);
     if (rc == K3C_OK) rc = k3c_kv_cache_init(&kv, be, c, (ctx + bs - 1) / bs + 1, bs);
     if (rc == K3C_OK) rc = k3c_kda_slots_init(&ks, be, c, 1, 1, 2);
-    if (rc == K3C_OK && r->check_executor) rc = check_rank_executor(r, be, &kv, &ks, ctx + 1, bs);
+    if (rc == K3C_OK && r->check_executor) rc = check_rank_executor(r, be, &kv, &ks, ctx + 1, bs, comm);
     if (r->ready) pthread_barrier_wait(r->ready); /* reached by every rank: setup makes no collective call */
     if (rc == K3C_OK) {
         k3c_kda_slots_reset(&ks, be, 0);

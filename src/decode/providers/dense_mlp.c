@@ -20,7 +20,7 @@ static int dense_mlp_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_pr
     int n = T * lw->mlp.gate.rows;
     P_TRY("mlp act", k3c_cuda_gated_act(x->act, x->ga, n, x->gu, n, 1, n, 1, x->ga, x->st));
     STAMP_BYTES(3.0 * 4 * n);
-    P_TRY("mlp down", k3c_exec_mm(x, &lw->mlp.down, x->ga, T, x->F, 1));
+    L_TRY(k3c_exec_mm_rowpar(x, "mlp down", &lw->mlp.down, x->ga, T, x->F)); /* + its TP sum */
     return K3C_OK;
 }
 

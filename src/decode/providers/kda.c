@@ -61,7 +61,7 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
                                   s->b * POST_COPIES, x->st));
         STAMP_BYTES(2.0 * 4 * T * (3 * P + H));
     }
-    P_TRY("kda o_proj", k3c_exec_mm(x, &w->o_proj, x->ky, T, x->A, 1));
+    L_TRY(k3c_exec_mm_rowpar(x, "kda o_proj", &w->o_proj, x->ky, T, x->A)); /* + its TP sum */
     out->a1 = x->A;
     out->a2 = NULL;
     return K3C_OK;

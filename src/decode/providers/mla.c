@@ -54,7 +54,7 @@ static int mla_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
         P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
         STAMP_BYTES(3.0 * 4 * T * w->g_proj.rows);
     }
-    P_TRY("mla o_proj", k3c_exec_mm(x, &w->o_proj, x->mo, T, x->A, 1));
+    L_TRY(k3c_exec_mm_rowpar(x, "mla o_proj", &w->o_proj, x->mo, T, x->A)); /* + its TP sum */
     out->a1 = x->A;
     out->a2 = NULL;
     return K3C_OK;

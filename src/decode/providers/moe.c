@@ -43,13 +43,18 @@ static int rec_moe(k3c_decode_cuda *x, int l, const k3c_moe_weights *w, const fl
         P_TRY("moe route", k3c_cuda_route(&x->router, x->rlog, bias, T, idx, x->wts, st));
     STAMP_BYTES(4.0 * T * (E + 2 * K + 3.0 * Fs));
     int mx = c->expert_format == K3C_EXPERTS_MXFP4;
+    /* under TP (stock/forward.c moe_tp over the backend's moe_partial) the rank's experts' down outputs and
+     * their weighted sum stay f32 (K3C_CUDA_MOE_ROUND_HIDDEN: the same kernels, only the stores differ), are
+     * summed across the ranks and rounded once */
     P_TRY("moe experts", k3c_cuda_moe_experts(WPTR(w->experts), E, mx, Rin, Fm, Rin, latent ? x->z : y, T, idx, x->wts,
-                                              K, x->act, 1, x->h, x->part, x->r, st));
+                                              K, x->act, x->tp ? K3C_CUDA_MOE_ROUND_HIDDEN : 1, x->h, x->part, x->r,
+                                              st));
     /* the routed experts' bytes come from the step's routing (the report): gate, up and down, each [Fm, Rin],
      * MXFP4 as half a byte a weight and a scale byte per 32, bf16 as 2; activations per pair */
     STAMP_BYTES(4.0 * T * K * (2.0 * Rin + 2.0 * Fm) + 4.0 * T * Rin);
     k3c_stamp_plan *sp = k3c_exec_stamp_plan(x);
     if (sp) k3c_stamp_plan_experts(sp, l, 3.0 * Fm * Rin * (mx ? 0.5 + 1.0 / 32 : 2.0));
+    L_TRY(k3c_exec_tp_sum(x, x->r, (size_t)T * Rin, 1));
     const float *routed = x->r;
     if (latent) {
         if (c->latent_moe_use_norm) {
@@ -59,8 +64,13 @@ static int rec_moe(k3c_decode_cuda *x, int l, const k3c_moe_weights *w, const fl
         k3c_exec_group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
-    if (shared) k3c_exec_group_add(x, &tail, &w->shared.down, x->sa, x->sh, 1);
+    if (shared) k3c_exec_group_add(x, &tail, &w->shared.down, x->sa, x->sh, !x->tp);
     if (tail.n) P_TRY("moe tail (group)", k3c_exec_group_run(x, &tail, T));
+    /* The shared part's own TP sum: stock's moe_tp sums the routed latent [T, Rin] and the shared output
+     * [T, D] in two reductions (the routed one before the latent norm and up-projection, which need the
+     * whole sum), so the same two here, in its order; a single reduction of routed + shared (the layouts
+     * note's one all-reduce a layer) would round differently from the stock TP forward. */
+    if (shared) L_TRY(k3c_exec_tp_sum(x, x->sh, (size_t)T * c->hidden_size, 1));
     *routed_out = routed;
     *shared_out = shared ? x->sh : NULL;
     return K3C_OK;
