@@ -681,34 +681,19 @@ static void cuda_host_free(k3c_backend *be, void *p) {
     cudaFreeHost(p);
 }
 
-/* A copy between the device and pageable host memory waits for the stream's earlier work inside the driver,
- * holding a lock of the context that every launch from every thread takes (seen on the H200, 2026-12-02:
- * one TP rank's logits download in cuMemcpyDtoHAsync, the other rank's thread blocked in cuLaunchKernelEx
- * on the driver's rwlock). With several ranks on one device that is a deadlock: the download waits for this
- * rank's all-gather kernel, which waits for a peer whose next launch waits for the lock, until the mailbox
- * timeout. So before a pageable copy the stream is drained by cudaStreamSynchronize, which waits without
- * that lock; the copy then holds it only for its own transfer. Page-locked memory (the engine's logits) is
- * copied asynchronously as before. */
-static int host_pageable(const void *p) {
-    struct cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        (void)cudaGetLastError(); /* older drivers: an unregistered pointer is an error; clear it */
-        return 1;
-    }
-    return a.type == cudaMemoryTypeUnregistered;
-}
-
+/* Pageable host memory: the stream drained first, without the driver's lock (cuda/check.h
+ * k3c_cuda_host_pageable says why); page-locked memory (the engine's logits) is copied asynchronously. */
 static void cuda_upload(k3c_backend *be, void *dst, const void *host_src, size_t bytes) {
     cuda_ctx *x = be->ctx;
     if (x->failed || !bytes) return;
-    if (host_pageable(host_src)) OP_CUDA(x, "upload (draining the stream)", cudaStreamSynchronize(x->stream));
+    if (k3c_cuda_host_pageable(host_src)) OP_CUDA(x, "upload (draining the stream)", cudaStreamSynchronize(x->stream));
     OP_CUDA(x, "upload", cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, x->stream));
 }
 
 static void cuda_download(k3c_backend *be, void *host_dst, const void *src, size_t bytes) {
     cuda_ctx *x = be->ctx;
     if (x->failed || !bytes) return;
-    if (host_pageable(host_dst)) OP_CUDA(x, "download (draining the stream)", cudaStreamSynchronize(x->stream));
+    if (k3c_cuda_host_pageable(host_dst)) OP_CUDA(x, "download (draining the stream)", cudaStreamSynchronize(x->stream));
     OP_CUDA(x, "download", cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, x->stream));
 }
 

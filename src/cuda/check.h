@@ -55,4 +55,20 @@
                                    cudaGetErrorString(k3c_cuda_err_));                                              \
     } while (0)
 
+/* Whether p is pageable host memory (not page-locked, not device memory). A copy between the device and
+ * pageable memory waits for the stream's earlier work inside the driver while holding a lock of the context
+ * that every launch from every thread takes (seen on the H200, 2026-12-02: one TP rank's logits download in
+ * cuMemcpyDtoHAsync, the peer rank's thread blocked on the driver's rwlock in cuLaunchKernelEx). With
+ * several ranks on one device that is a deadlock until the mailbox timeout: the download waits for this
+ * rank's collective kernel, which waits for a peer whose next launch waits for the lock. So callers drain
+ * the stream with cudaStreamSynchronize (which waits without that lock) before such a copy. */
+static inline int k3c_cuda_host_pageable(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* older drivers: an unregistered pointer is an error; clear it */
+        return 1;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
 #endif

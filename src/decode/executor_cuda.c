@@ -536,8 +536,12 @@ static int download_results(k3c_decode_cuda *x, int T, float *logits, int32_t *i
         K3C_CUDA_TRY(cudaMemcpyAsync(x->keys_h, x->keys_d, (size_t)T * parts * sizeof(uint64_t),
                                      cudaMemcpyDeviceToHost, x->st));
     } else {
+        /* pageable: the step drained first (cuda/check.h k3c_cuda_host_pageable: at TP on one device a
+         * pageable copy that waits inside the driver stalls the peers' launches) */
+        if (k3c_cuda_host_pageable(logits)) K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
         K3C_CUDA_TRY(cudaMemcpyAsync(logits, x->logits, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost, x->st));
     }
+    if (x->v.num_aux > 0 && k3c_cuda_host_pageable(aux)) K3C_CUDA_TRY(cudaStreamSynchronize(x->st));
     if (x->v.num_aux > 0) /* the engine's aux streams, [num_aux, T, D] as stock packs them (decode/executor.h) */
         K3C_CUDA_TRY(cudaMemcpyAsync(aux, x->aux_dev, (size_t)x->v.num_aux * T * x->c->hidden_size * sizeof(float),
                                      cudaMemcpyDeviceToHost, x->st));
