@@ -687,11 +687,17 @@ TEST(ppep_cpu_refusals) {
     CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f); /* aux streams with PP */
     CHECK(strstr(k3c_error_message(), "aux"));
     o.aux_layers = NULL, o.num_aux = 0;
-    const char *name = be->name; /* a device backend: refused, not run on host-memory groups */
+    const char *name = be->name; /* a device backend: refused on host-memory groups */
     be->name = "cuda";
     CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f);
-    CHECK(strstr(k3c_error_message(), "cpu backend only"));
+    CHECK(strstr(k3c_error_message(), "host memory"));
     be->name = name;
+    k3c_comm nosend = *sj[1].g.pp; /* a group without point to point (the mailbox communicator's case) */
+    nosend.send = NULL, nosend.recv = NULL;
+    o.pp = &nosend;
+    CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no send / recv"));
+    o.pp = sj[1].g.pp;
     k3c_model *es;
     CHECK_OK(k3c_model_shard(fx->m, &e0, &es));
     o.pp = NULL;
@@ -701,8 +707,19 @@ TEST(ppep_cpu_refusals) {
     o.tp = NULL;
     be->name = "cuda";
     CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
-    CHECK(strstr(k3c_error_message(), "expert parallelism runs on the cpu backend only"));
+    CHECK(strstr(k3c_error_message(), "host memory"));
     be->name = name;
+    k3c_comm noa2a = *sj[0].g.pp;
+    noa2a.all_to_all = NULL;
+    o.ep = &noa2a;
+    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no all_to_all"));
+    o.ep = sj[0].g.pp;
+    __typeof__(be->moe_route) route = be->moe_route; /* a backend without the EP ops */
+    be->moe_route = NULL;
+    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no expert-parallel ops"));
+    be->moe_route = route;
     o.ep = NULL;
     CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f); /* an EP shard without its group */
     be->destroy(be);
