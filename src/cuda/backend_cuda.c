@@ -494,7 +494,10 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
                 k3c_cuda_expert d = {0};
                 /* an expert-parallel shard's experts of other ranks (model/shard.h): an empty entry, which
                  * moe_experts refuses and moe never meets (the forward routes through moe_route there) */
-                if (m->ep_size > 1 && !(mx ? (const void *)ex->q1.packed : (const void *)ex->w1.w)) continue;
+                if (m->ep_size > 1 && !(mx ? (const void *)ex->q1.packed : (const void *)ex->w1.w)) {
+                    tab[j] = d;
+                    continue;
+                }
                 if (mx) {
                     d.gate_packed = wdev(x, ex->q1.packed); d.gate_scale = wdev(x, ex->q1.scale);
                     d.up_packed = wdev(x, ex->q3.packed);   d.up_scale = wdev(x, ex->q3.scale);

@@ -49,11 +49,11 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static struct { char name[64]; double thr, value; } metrics[64];
+static struct { char name[64]; double thr, value; } metrics[256];
 static int num_metrics;
 
 static void metric(const char *name, double thr, double value) {
-    if (num_metrics == 64) return;
+    if (num_metrics == 256) return;
     snprintf(metrics[num_metrics].name, sizeof metrics[0].name, "%s", name);
     metrics[num_metrics].thr = thr;
     metrics[num_metrics].value = value;
