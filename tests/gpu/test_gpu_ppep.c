@@ -665,15 +665,15 @@ static const layout layouts[] = {
 };
 
 /* k3-slice's layer widths, the first `layers` layers (the dense layer 0, two MoE KDA layers and the MoE MLA
- * layer 3), a vocabulary of 32768 and 16 experts (K3's 896 are 64 in k3-slice; 16 keep the synthesis short,
- * every one selected: dense routing). */
+ * layer 3), a vocabulary of 32768 and 8 experts (K3's 896 are 64 in k3-slice; 8 keep the synthesis short:
+ * ~2.2 G weights, ~5 GB; every one selected, dense routing). */
 static int slice_config(int layers, k3c_config *c) {
     K3C_TRY(k3c_preset_config("k3-slice", c));
     if (layers < c->num_layers) c->num_layers = layers;
     c->vocab_size = 32768;
     c->bos_token_id = c->eos_token_id = c->pad_token_id = -1;
-    c->num_experts = 16;
-    c->num_experts_per_token = 16;
+    c->num_experts = 8;
+    c->num_experts_per_token = 8;
     c->num_expert_group = 1;
     c->topk_group = 1;
     return k3c_config_validate(c);
