@@ -571,6 +571,7 @@ static void requests(const fixture *fx, int dep, int dp_rank, rrun *r) {
 typedef struct layout {
     const char *name;
     int tp, pp, dp; /* ep = dp when dp > 1 (DEP) */
+    int same;       /* DEP: every DP rank the PP requests (so the DP ranks' logits must be bitwise equal) */
 } layout;
 
 /* Runs a layout's tp x pp x dp ranks (one thread each), CUDA or CPU; r[w] for world rank w. */
@@ -584,7 +585,7 @@ static int run_layout(const fixture *fx, const layout *L, int cuda, int exact, k
         if (k3c_model_shard(fx->m, &part, &sh[w]) != K3C_OK) return K3C_ERR; /* leaks the group: the test fails */
         r[w] = (rrun){.m = sh[w], .world = grp, .wrank = w, .tp = L->tp, .pp = L->pp, .dp = L->dp, .ep = ep,
                       .cuda = cuda, .exact = exact, .V = fx->V};
-        requests(fx, L->dp > 1, dpr, &r[w]);
+        requests(fx, L->dp > 1 && !L->same, dpr, &r[w]);
         K3C_TRY(alloc_run(&r[w]));
     }
     pthread_t th[8];
@@ -661,7 +662,8 @@ typedef struct ppep_case {
 } ppep_case;
 
 static const layout layouts[] = {
-    {"pp2", 1, 2, 1}, {"dep2", 1, 1, 2}, {"pp2xtp2", 2, 2, 1}, {"pp2xdep2", 1, 2, 2},
+    {"pp2", 1, 2, 1, 0}, {"dep2", 1, 1, 2, 0}, {"pp2xtp2", 2, 2, 1, 0}, {"pp2xdep2", 1, 2, 2, 0},
+    {"dep2same", 1, 1, 2, 1},
 };
 
 /* k3-slice's layer widths, the first `layers` layers (the dense layer 0, two MoE KDA layers and the MoE MLA
@@ -723,10 +725,10 @@ static void check_case(const ppep_case *pc) {
     }
     if (!failed && !pc->exact) printf("INFO %s bf16 world size 1 vs f32: worst row rel L2 %.3g\n", pc->name, noise);
 
-    int nl = pc->all_layouts ? 4 : 2;
+    int nl = pc->all_layouts ? 5 : 2;
     for (int li = 0; li < nl && !failed; li++) {
         const layout *L = &layouts[li];
-        int n = L->tp * L->pp * L->dp, dep = L->dp > 1;
+        int n = L->tp * L->pp * L->dp, dep = L->dp > 1 && !L->same;
         k3c_model *sh[8] = {0}, *shc[8] = {0};
         rrun gpu[8], cpu[8];
         memset(gpu, 0, sizeof gpu);
@@ -747,6 +749,16 @@ static void check_case(const ppep_case *pc) {
                 int eq = 1;
                 for (int i = 0; i < gpu[w].nreq; i++) eq &= same_bits(&gpu[w], &gpu[w - tpr], i);
                 CHECKF(eq, "%s %s: world rank %d's logits differ from its TP rank 0's", pc->name, L->name, w);
+                continue;
+            }
+            if (L->same && dpr > 0) { /* DP ranks with the same requests: bitwise equal (their d_j are the same
+                                       * products in the same expert calls, their sums the same arithmetic) */
+                int eq = 1;
+                for (int i = 0; i < gpu[w].nreq; i++) eq &= same_bits(&gpu[w], &gpu[w - dpr], i);
+                printf("INFO %s %s: DP rank %d %s DP rank 0\n", pc->name, L->name, dpr,
+                       eq ? "bitwise equal to" : "DIFFERS from");
+                CHECKF(eq, "%s %s: DP rank %d's logits differ from DP rank 0's (the same requests)", pc->name,
+                       L->name, dpr);
                 continue;
             }
             for (int i = 0; i < gpu[w].nreq; i++) {
