@@ -414,6 +414,7 @@ typedef struct rrun {
     const k3c_model *m;
     k3c_comm_group *world;
     int wrank, tp, pp, dp, ep;
+    const unsigned char *nccl_id; /* not NULL: the world is NCCL's (comm/nccl.c), not the staged one */
     int cuda, exact;
     int nreq, steps;
     req_spec req[MAXREQ];
@@ -454,7 +455,10 @@ static int run_rank(rrun *r) {
     else k3c_backend_cpu_set_exact(be, r->exact);
     k3c_comm *world = NULL;
     k3c_comm_groups gr = {0};
-    if (r->world) {
+    if (r->nccl_id) {
+        rc = k3c_comm_nccl_create(r->nccl_id, r->wrank, r->tp * r->pp * r->dp, 0, k3c_backend_cuda_stream(be), &world);
+        if (rc == K3C_OK) rc = k3c_comm_groups_split(world, r->tp, r->pp, r->dp, r->ep, &gr);
+    } else if (r->world) {
         rc = r->cuda ? k3c_comm_staged_create(r->world, r->wrank, 0, k3c_backend_cuda_stream(be), GROUP_MS, &world)
                      : k3c_comm_group_join(r->world, r->wrank, &world);
         if (rc == K3C_OK) rc = k3c_comm_groups_split(world, r->tp, r->pp, r->dp, r->ep, &gr);
@@ -574,17 +578,21 @@ typedef struct layout {
     int same;       /* DEP: every DP rank the PP requests (so the DP ranks' logits must be bitwise equal) */
 } layout;
 
-/* Runs a layout's tp x pp x dp ranks (one thread each), CUDA or CPU; r[w] for world rank w. */
-static int run_layout(const fixture *fx, const layout *L, int cuda, int exact, k3c_model **sh, rrun *r) {
+/* Runs a layout's tp x pp x dp ranks (one thread each), CUDA or CPU; r[w] for world rank w. nccl: the CUDA
+ * ranks' world over NCCL (several ranks on one device: NCCL_MULTI_RANK_GPU_ENABLE, NCCL 2.30 and later). */
+static int run_layout_comm(const fixture *fx, const layout *L, int cuda, int nccl, int exact, k3c_model **sh,
+                           rrun *r) {
     int n = L->tp * L->pp * L->dp, ep = L->dp > 1 ? L->dp : 1;
-    k3c_comm_group *grp;
-    K3C_TRY(k3c_comm_group_create(n, GROUP_MS, &grp));
+    k3c_comm_group *grp = NULL;
+    static unsigned char id[K3C_COMM_NCCL_ID_BYTES];
+    if (nccl) K3C_TRY(k3c_comm_nccl_unique_id(id));
+    else K3C_TRY(k3c_comm_group_create(n, GROUP_MS, &grp));
     for (int w = 0; w < n; w++) {
         int tpr = w % L->tp, dpr = (w / L->tp) % L->dp, stage = w / (L->tp * L->dp);
         k3c_model_part part = {.tp_rank = tpr, .tp = L->tp, .pp_stage = stage, .pp = L->pp, .ep_rank = dpr, .ep = ep};
         if (k3c_model_shard(fx->m, &part, &sh[w]) != K3C_OK) return K3C_ERR; /* leaks the group: the test fails */
         r[w] = (rrun){.m = sh[w], .world = grp, .wrank = w, .tp = L->tp, .pp = L->pp, .dp = L->dp, .ep = ep,
-                      .cuda = cuda, .exact = exact, .V = fx->V};
+                      .nccl_id = nccl ? id : NULL, .cuda = cuda, .exact = exact, .V = fx->V};
         requests(fx, L->dp > 1 && !L->same, dpr, &r[w]);
         K3C_TRY(alloc_run(&r[w]));
     }
@@ -592,8 +600,13 @@ static int run_layout(const fixture *fx, const layout *L, int cuda, int exact, k
     for (int w = 0; w < n; w++) pthread_create(&th[w], NULL, rank_thread, &r[w]);
     for (int w = 0; w < n; w++) pthread_join(th[w], NULL);
     for (int w = 0; w < n; w++)
-        if (r[w].rc != K3C_OK) return k3c_errorf("%s %s world rank %d: %s", cuda ? "cuda" : "cpu", L->name, w, r[w].err);
+        if (r[w].rc != K3C_OK)
+            return k3c_errorf("%s %s world rank %d: %s", nccl ? "nccl" : cuda ? "cuda" : "cpu", L->name, w, r[w].err);
     return K3C_OK;
+}
+
+static int run_layout(const fixture *fx, const layout *L, int cuda, int exact, k3c_model **sh, rrun *r) {
+    return run_layout_comm(fx, L, cuda, 0, exact, sh, r);
 }
 
 /* ---- comparisons ---- */
@@ -808,6 +821,33 @@ static void check_case(const ppep_case *pc) {
                            every ? d.worst : d.median, thr);
                 }
             }
+        }
+        /* Opt-in (K3C_TEST_NCCL_PPEP=1, NCCL 2.30 or later for several ranks on one device): the same ranks over
+         * NCCL (comm/nccl.c: grouped ncclSend / ncclRecv, ncclCommSplit), whose logits must be bitwise the
+         * staged communicator's: PP and DEP move bytes, and a sum of two TP ranks is the same in either order. */
+        const char *nv = getenv("K3C_TEST_NCCL_PPEP");
+        if (rc == K3C_OK && nv && atoi(nv)) {
+            setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 0);
+            setenv("NCCL_NVLS_ENABLE", "0", 0);
+            k3c_model *shn[8] = {0};
+            rrun nc[8];
+            memset(nc, 0, sizeof nc);
+            int rn = run_layout_comm(&fx, L, 1, 1, pc->exact, shn, nc);
+            CHECKF(rn == K3C_OK, "%s: %s", pc->name, k3c_error_message());
+            for (int w = first_last; w < n && rn == K3C_OK; w++) {
+                int eq = 1;
+                for (int i = 0; i < gpu[w].nreq; i++) eq &= same_bits(&nc[w], &gpu[w], i);
+                printf("INFO %s %s world rank %d over NCCL: %s the staged communicator's\n", pc->name, L->name, w,
+                       eq ? "bitwise equal to" : "DIFFERS from");
+                CHECKF(eq, "%s %s world rank %d: NCCL's logits differ from the staged communicator's", pc->name,
+                       L->name, w);
+            }
+            for (int w = 0; w < n; w++) {
+                free_run(&nc[w]);
+                k3c_model_shard_free(shn[w]);
+            }
+        } else if (rc == K3C_OK && li == 0) {
+            printf("INFO %s: the layouts over NCCL not run (K3C_TEST_NCCL_PPEP=1 runs them, NCCL 2.30+)\n", pc->name);
         }
         if (rc != K3C_OK) failed = 1;
         for (int w = 0; w < n; w++) {
