@@ -110,6 +110,7 @@ typedef struct prun {
     req_spec req[MAXREQ];
     int steps; /* decode steps after the prefill step: every rank of a world runs as many */
     int max_rows; /* the forward's (0: the rank's prompt rows); DEP ranks need the same */
+    int bad_route; /* > 0: the backend's moe_route call of that number hands back -1s (a failed device route) */
     int V;     /* the full vocabulary */
     /* out, per request: every prompt row's logits, the logits each greedy token was taken from, the tokens */
     float *prompt_logits[MAXREQ], *step_logits[MAXREQ];
@@ -128,6 +129,17 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* A backend's moe_route that fails at its bad_route_left-th call as the CUDA backend's does (every idx -1;
+ * the forward must refuse it and fail its peers). One rank of a test at a time uses it. */
+static int bad_route_left, bad_route_k;
+static void (*route_inner)(k3c_backend *, const k3c_moe_weights *, const float *, int, int *, float *, float *);
+static void bad_route(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, int *idx, float *wts,
+                      float *z) {
+    route_inner(be, w, y, T, idx, wts, z);
+    if (--bad_route_left == 0)
+        for (int i = 0; i < T * bad_route_k; i++) idx[i] = -1;
+}
+
 static int run_rank(prun *r) {
     const k3c_config *c = &r->m->config;
     int V = r->V, bs = 16, rows = 0, ctx = 0;
@@ -139,6 +151,12 @@ static int run_rank(prun *r) {
     k3c_backend *be = k3c_backend_cpu_create(1);
     if (!be) return K3C_ERR;
     k3c_backend_cpu_set_exact(be, r->exact);
+    if (r->bad_route > 0) {
+        bad_route_left = r->bad_route;
+        bad_route_k = c->num_experts_per_token;
+        route_inner = be->moe_route;
+        be->moe_route = bad_route;
+    }
     k3c_forward_options o = {.max_rows = r->max_rows > 0 ? r->max_rows : rows > 0 ? rows : 1, .max_segs = MAXREQ, .max_context = ctx + 1,
                              .block_size = bs, .tp = r->tp, .pp = r->pp, .ep = r->ep};
     k3c_forward *f = NULL;
@@ -611,6 +629,38 @@ static void dep_failure(int silent) {
 }
 
 TEST(dep_cpu_rank_failure_aborts_every_rank) { dep_failure(0); }
+
+/* A route that comes back unusable (the CUDA backend's moe_route after a device error: every expert -1) on
+ * rank 1 in the third MoE layer of the prefill: the forward refuses it naming moe_route, and rank 0's step
+ * fails at once (the abort), not at the timeout. */
+TEST(dep_cpu_failed_route_fails_every_rank) {
+    const fixture *fx = fixture_get(0);
+    CHECKF(fx, "fixture: %s", k3c_error_message());
+    split_job sj[2];
+    CHECK_OK(make_world(1, 1, 2, 2, 60000, sj));
+    k3c_model *sh[2];
+    prun r[2];
+    for (int k = 0; k < 2; k++) {
+        k3c_model_part part = {.ep_rank = k, .ep = 2};
+        CHECK_OK(k3c_model_shard(fx->m, &part, &sh[k]));
+        r[k] = (prun){.m = sh[k], .ep = sj[k].g.ep, .V = fx->V, .bad_route = k == 1 ? 3 : 0};
+        short_requests(fx, k, &r[k]);
+        CHECK(alloc_run(&r[k]) == K3C_OK);
+    }
+    run_ranks(r, 2);
+    for (int k = 0; k < 2; k++)
+        printf("    dep 2, rank 1's third route unusable: rank %d failed in step %d after %.3f s: %.120s\n", k,
+               r[k].fail_step, r[k].fail_s, r[k].err);
+    CHECKF(r[0].rc == K3C_ERR && r[1].rc == K3C_ERR, "rc %d %d", r[0].rc, r[1].rc);
+    CHECKF(r[0].fail_step == 0 && r[1].fail_step == 0, "failed in steps %d, %d", r[0].fail_step, r[1].fail_step);
+    CHECKF(strstr(r[1].err, "moe_route"), "rank 1: %s", r[1].err);
+    CHECKF(r[0].fail_s < 5, "rank 0 failed after %.3f s (the abort should end its wait at once)", r[0].fail_s);
+    for (int k = 0; k < 2; k++) {
+        free_run(&r[k]);
+        k3c_model_shard_free(sh[k]);
+    }
+    free_world(sj, 2);
+}
 TEST(dep_cpu_silent_rank_times_out_every_rank) { dep_failure(1); }
 
 /* PP 2 x TP 2 on tiny K3, one world split into groups: world rank 3 (stage 1, TP rank 1) gives up in step 1's
@@ -687,11 +737,17 @@ TEST(ppep_cpu_refusals) {
     CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f); /* aux streams with PP */
     CHECK(strstr(k3c_error_message(), "aux"));
     o.aux_layers = NULL, o.num_aux = 0;
-    const char *name = be->name; /* a device backend: refused, not run on host-memory groups */
+    const char *name = be->name; /* a device backend: refused on host-memory groups */
     be->name = "cuda";
     CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f);
-    CHECK(strstr(k3c_error_message(), "cpu backend only"));
+    CHECK(strstr(k3c_error_message(), "host memory"));
     be->name = name;
+    k3c_comm nosend = *sj[1].g.pp; /* a group without point to point (the mailbox communicator's case) */
+    nosend.send = NULL, nosend.recv = NULL;
+    o.pp = &nosend;
+    CHECK(k3c_forward_create(be, st, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no send / recv"));
+    o.pp = sj[1].g.pp;
     k3c_model *es;
     CHECK_OK(k3c_model_shard(fx->m, &e0, &es));
     o.pp = NULL;
@@ -701,8 +757,19 @@ TEST(ppep_cpu_refusals) {
     o.tp = NULL;
     be->name = "cuda";
     CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
-    CHECK(strstr(k3c_error_message(), "expert parallelism runs on the cpu backend only"));
+    CHECK(strstr(k3c_error_message(), "host memory"));
     be->name = name;
+    k3c_comm noa2a = *sj[0].g.pp;
+    noa2a.all_to_all = NULL;
+    o.ep = &noa2a;
+    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no all_to_all"));
+    o.ep = sj[0].g.pp;
+    __typeof__(be->moe_route) route = be->moe_route; /* a backend without the EP ops */
+    be->moe_route = NULL;
+    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);
+    CHECK(strstr(k3c_error_message(), "no expert-parallel ops"));
+    be->moe_route = route;
     o.ep = NULL;
     CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f); /* an EP shard without its group */
     be->destroy(be);

@@ -88,7 +88,8 @@ if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
         [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12
         [gpu_executor_kimi_linear_tiny]=14 # 14 s beside three other processes (2026-11-30)
         [gpu_tp_k3slice_4layers]=90 # an estimate, not measured: ~10 GB synthesized at ~5 M elements/s a core
-        [gpu_tp_exec_k3slice_4layers]=90) # the same estimate (the same model, synthesized again)
+        [gpu_tp_exec_k3slice_4layers]=80 # 80 s alone on the H200 (2026-12-02), 65 s of it the synthesis
+        [gpu_ppep_k3slice_4layers]=45) # an estimate, not measured: ~5 GB synthesized
     mapfile -t names < <("$BUILD/test_gpu" --list | awk -v h="${!secs[*]}" 'BEGIN { n = split(h, a, " ");
         for (i = 1; i <= n; i++) heavy[a[i]] = 1 } { print (($0 in heavy) ? 0 : 1), $0 }' | sort -s -k1,1n | cut -d" " -f2)
     declare -a load=() shard=()

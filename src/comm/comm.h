@@ -43,8 +43,8 @@ struct k3c_comm {
     void (*free)(k3c_comm *c);
     int stream_ordered; /* see Memory above: 0 host memory (self, threads), 1 device memory on a stream */
 
-    /* The calls below are NULL in the communicators of ranks on one GPU (staged, mailbox): pipeline and
-     * expert parallelism run on CPU ranks and over NCCL; the forward refuses them elsewhere. */
+    /* The calls below are NULL in the mailbox communicator (comm/mailbox_cuda.h): the forward refuses it as a
+     * pipeline or expert-parallel group. The in-memory group, the staged one and NCCL have them. */
 
     /* ---- point to point (pipeline stages) ---- */
     /* Sends buf[0 .. bytes) to rank peer (not this rank). Returns once the peer's matching recv has it: the
@@ -112,6 +112,9 @@ void k3c_comm_group_free(k3c_comm_group *g);
  * stream_ordered, but it blocks the calling thread until the stream reaches it, and it refuses to run while
  * its stream is being captured into a CUDA graph (a host wait cannot be captured): a captured step needs a
  * device-side communicator (NCCL, the mailboxes). Host staging grows to the largest call and is kept.
+ * send / recv, all_to_all and split go the same way (a send's host copy is handed to the group's send, which
+ * returns once the peer's recv has copied it; split gives staged sub-groups on the same device and stream),
+ * so pipeline stages and expert-parallel ranks on one GPU run over it too.
  * Free it before its stream is destroyed. Without CUDA in the build it fails with a message. */
 int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream, int timeout_ms, k3c_comm **out);
 

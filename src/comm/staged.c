@@ -153,6 +153,56 @@ static int st_barrier(k3c_comm *c) {
     return K3C_OK;
 }
 
+/* ---- point to point and all-to-all (pipeline stages, expert parallelism) ----
+ * The same staging: a send waits for the stream, copies buf out and hands the host copy to the in-memory
+ * group's send (which returns once the peer's recv has copied it: the staging is free again); a recv takes
+ * the peer's bytes into the staging and queues the copy onto buf. */
+
+static int st_send(k3c_comm *c, const void *buf, size_t bytes, int peer) {
+    staged_ctx *x = c->ctx;
+    K3C_TRY(begin(c, bytes));
+    K3C_TRY(copy_in(c, x->stage, buf, bytes));
+    if (x->host->send(x->host, x->stage, bytes, peer) != K3C_OK) return group_failed(c);
+    return K3C_OK;
+}
+
+static int st_recv(k3c_comm *c, void *buf, size_t bytes, int peer) {
+    staged_ctx *x = c->ctx;
+    K3C_TRY(begin(c, bytes));
+    if (x->host->recv(x->host, x->stage, bytes, peer) != K3C_OK) return group_failed(c);
+    return copy_out(c, buf, x->stage, bytes);
+}
+
+/* The staging holds the packed send parts, then the packed receive parts. */
+static int st_all_to_all(k3c_comm *c, const void *send, const size_t *send_bytes, void *recv,
+                         const size_t *recv_bytes) {
+    staged_ctx *x = c->ctx;
+    size_t sn = 0, rn = 0;
+    for (int p = 0; p < c->size; p++) sn += send_bytes[p], rn += recv_bytes[p];
+    K3C_TRY(begin(c, sn + rn));
+    K3C_TRY(copy_in(c, x->stage, send, sn));
+    if (x->host->all_to_all(x->host, x->stage, send_bytes, x->stage + sn, recv_bytes) != K3C_OK)
+        return group_failed(c);
+    return copy_out(c, recv, x->stage + sn, rn);
+}
+
+static int wrap(k3c_comm *host, int device, cudaStream_t stream, int timeout_ms, k3c_comm **out);
+
+/* The in-memory group's split, the sub-group staged on the same device and stream. */
+static int st_split(k3c_comm *c, int color, int key, k3c_comm **out) {
+    staged_ctx *x = c->ctx;
+    *out = NULL;
+    K3C_TRY(begin(c, 0));
+    k3c_comm *sub = NULL;
+    if (x->host->split(x->host, color, key, &sub) != K3C_OK) return group_failed(c);
+    if (!sub) return K3C_OK;
+    if (wrap(sub, x->device, x->stream, x->timeout_ms, out) != K3C_OK) {
+        sub->free(sub);
+        return fail(c, "split: out of memory", cudaSuccess);
+    }
+    return K3C_OK;
+}
+
 static void st_abort(k3c_comm *c) {
     staged_ctx *x = c->ctx;
     x->host->abort(x->host);
@@ -178,6 +228,26 @@ static void st_free(k3c_comm *c) {
     free(c);
 }
 
+/* The staged communicator over host, this rank's communicator of an in-memory group (its free leaves it). */
+static int wrap(k3c_comm *host, int device, cudaStream_t stream, int timeout_ms, k3c_comm **out) {
+    k3c_comm *c = calloc(1, sizeof *c);
+    staged_ctx *x = calloc(1, sizeof *x);
+    if (!c || !x) {
+        free(c), free(x);
+        return k3c_errorf_kind(K3C_ERROR_OOM, "comm staged: out of memory");
+    }
+    x->host = host;
+    x->device = device;
+    x->stream = stream;
+    x->timeout_ms = timeout_ms;
+    *c = (k3c_comm){.name = "staged", .rank = host->rank, .size = host->size, .ctx = x,
+                    .all_reduce_f32 = st_all_reduce, .all_gather = st_all_gather, .broadcast = st_broadcast,
+                    .barrier = st_barrier, .abort = st_abort, .free = st_free, .stream_ordered = 1, .send = st_send,
+                    .recv = st_recv, .all_to_all = st_all_to_all, .split = st_split};
+    *out = c;
+    return K3C_OK;
+}
+
 int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream, int timeout_ms, k3c_comm **out) {
     *out = NULL;
     if (!g) return k3c_errorf("comm staged: no group");
@@ -188,23 +258,12 @@ int k3c_comm_staged_create(k3c_comm_group *g, int rank, int device, void *stream
         return k3c_errorf_kind(K3C_ERROR_DEVICE, "comm staged: no usable GPU (%s)",
                                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     if (device < 0 || device >= count) return k3c_errorf("comm staged: device %d outside 0..%d", device, count - 1);
-    k3c_comm *c = calloc(1, sizeof *c);
-    staged_ctx *x = calloc(1, sizeof *x);
-    if (!c || !x) {
-        free(c), free(x);
-        return k3c_errorf_kind(K3C_ERROR_OOM, "comm staged: out of memory");
+    k3c_comm *host = NULL;
+    if (k3c_comm_group_join(g, rank, &host) != K3C_OK) return k3c_error_context("comm staged: ");
+    if (wrap(host, device, (cudaStream_t)stream, timeout_ms ? timeout_ms : 60000, out) != K3C_OK) {
+        host->free(host);
+        return K3C_ERR;
     }
-    if (k3c_comm_group_join(g, rank, &x->host) != K3C_OK) {
-        free(c), free(x);
-        return k3c_error_context("comm staged: ");
-    }
-    x->device = device;
-    x->stream = (cudaStream_t)stream;
-    x->timeout_ms = timeout_ms ? timeout_ms : 60000;
-    *c = (k3c_comm){.name = "staged", .rank = rank, .size = x->host->size, .ctx = x, .all_reduce_f32 = st_all_reduce,
-                    .all_gather = st_all_gather, .broadcast = st_broadcast, .barrier = st_barrier, .abort = st_abort,
-                    .free = st_free, .stream_ordered = 1};
-    *out = c;
     return K3C_OK;
 }
 

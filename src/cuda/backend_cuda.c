@@ -83,6 +83,7 @@ typedef struct cuda_ctx {
     float *z, *h, *part, *r, *rup; /* MoE [R, Rin], [R*k, F], [R*k, Rin], [R, Rin], [R, D] */
     float *sa, *su, *sh;           /* shared expert [R, Fs] x2, [R, D] */
     float *kda_o;                  /* [R, P]: o of a commit when the caller passes none (unused by the kernels) */
+    float *ones;                   /* [PK]: weights 1 of moe_experts' one-slot sum (PK: h's and part's rows) */
     k3c_cuda_gemm gemm;
     void *gemm_ws;
     uint16_t *xbf;
@@ -491,6 +492,12 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
             for (size_t j = 0; j < E; j++) {
                 const k3c_expert *ex = &w->experts[j];
                 k3c_cuda_expert d = {0};
+                /* an expert-parallel shard's experts of other ranks (model/shard.h): an empty entry, which
+                 * moe_experts refuses and moe never meets (the forward routes through moe_route there) */
+                if (m->ep_size > 1 && !(mx ? (const void *)ex->q1.packed : (const void *)ex->w1.w)) {
+                    tab[j] = d;
+                    continue;
+                }
                 if (mx) {
                     d.gate_packed = wdev(x, ex->q1.packed); d.gate_scale = wdev(x, ex->q1.scale);
                     d.up_packed = wdev(x, ex->q3.packed);   d.up_scale = wdev(x, ex->q3.scale);
@@ -529,13 +536,15 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     size_t Hm = c->num_attention_heads, lat = k3c_config_mla_latent(c), kvl = c->kv_lora_rank;
     size_t E = c->num_experts, K = c->num_experts_per_token > 0 ? c->num_experts_per_token : 1;
     size_t Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, Fs = k3c_config_shared_width(c);
+    /* the experts' rows: a step's pairs, or an expert-parallel rank's moe_experts call (every rank's pairs) */
+    size_t PK = R * K > (size_t)lim->max_expert_rows ? R * K : (size_t)lim->max_expert_rows;
     x->mla_part_floats = Hm > 0 && kvl > 0 ? k3c_cuda_mla_attend_split_floats((int)kvl) : 0;
-    size_t sizes[] = {R * Hm * lat, R * Hm * kvl, R * E, R * K, R * K, R * Rin, R * K * F, R * K * Rin,
-                      R * Rin, R * D, R * Fs, R * Fs, R * D, R * P, x->mla_part_floats};
+    size_t sizes[] = {R * Hm * lat, R * Hm * kvl, R * E, R * K, R * K, R * Rin, PK * F, PK * Rin,
+                      R * Rin, R * D, R * Fs, R * Fs, R * D, R * P, x->mla_part_floats, PK};
     void **slots[] = {(void **)&x->q_abs, (void **)&x->o_lat, (void **)&x->logits, (void **)&x->wts,
                       (void **)&x->idx, (void **)&x->z, (void **)&x->h, (void **)&x->part, (void **)&x->r,
                       (void **)&x->rup, (void **)&x->sa, (void **)&x->su, (void **)&x->sh, (void **)&x->kda_o,
-                      (void **)&x->mla_part};
+                      (void **)&x->mla_part, (void **)&x->ones};
     size_t n_slots = sizeof sizes / sizeof sizes[0], stotal = 0;
     for (size_t i = 0; i < n_slots; i++) stotal += align256(sizes[i] * 4 + 4);
     e = cudaMalloc(&x->scratch, stotal);
@@ -548,6 +557,15 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     for (size_t i = 0; i < n_slots; i++) {
         *slots[i] = p;
         p += align256(sizes[i] * 4 + 4);
+    }
+    if (lim->max_expert_rows > 0) {
+        float *one = malloc(sizeof(float) * PK);
+        if (!one) return k3c_errorf_kind(K3C_ERROR_OOM, "cuda backend: out of host memory (%zu weights)", PK);
+        for (size_t i = 0; i < PK; i++) one[i] = 1.0f;
+        e = cudaMemcpy(x->ones, one, sizeof(float) * PK, cudaMemcpyHostToDevice);
+        free(one);
+        if (e != cudaSuccess)
+            return k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: expert weights: %s", cudaGetErrorString(e));
     }
 
     /* MLA expanded form: passes of up to K3C_CUDA_MLA_EXP_CHUNK positions (decompressed k/v of one pass, the
@@ -584,6 +602,8 @@ static int cuda_init_inner(k3c_backend *be, const struct k3c_model *m, const k3c
     size_t per_layer = 2 * (nres * 8 + 16) + 4 * (S * sizeof(k3c_cuda_seg) + 16) + 3 * (R * 4 + 16) +
                        S * bpr * 4 + 16;
     size_t cap = 2 * ((size_t)c->num_layers * per_layer + 2 * (R * 4 + 16) + nres * 8 + 16) + ((size_t)64 << 10);
+    /* an expert-parallel MoE layer's expert ids (up to PK), its pair rows and its sent rows ([R, K] each) */
+    if (lim->max_expert_rows > 0) cap += 2 * (PK * 4 + 2 * R * K * 4 + 64);
     x->meta_cap = cap;
     K3C_CUDA_HOST_ALLOC(&x->meta_host, cap);
     K3C_CUDA_MALLOC(&x->meta_dev, cap);
@@ -989,6 +1009,8 @@ static void cuda_mla_attention_expanded(k3c_backend *be, const k3c_mla_weights *
 
 /* ---- MoE ---- */
 
+static void moe_finish(cuda_ctx *x, const k3c_moe_weights *w, const float *y, int T, float *out);
+
 /* moe (out), or with r_part moe_partial (backend.h): the same launches up to the experts' hidden
  * activations; then the experts' down products and their weighted sum unrounded straight into r_part
  * (cuda/moe.h K3C_CUDA_MOE_ROUND_HIDDEN: the same kernels, only the stores differ), the shared expert's down
@@ -1037,6 +1059,15 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
         OP_TRY(x, "moe_partial shared down", mm(x, sd, D, Fs, x->sa, T, s_part));
         return;
     }
+    moe_finish(x, w, y, T, out);
+}
+
+/* After the routed experts' weighted sum in x->r [T, expert_in]: the latent norm and up-projection, the
+ * shared expert of y, out = rnd(routed + shared); what moe and the expert-parallel combine share. */
+static void moe_finish(cuda_ctx *x, const k3c_moe_weights *w, const float *y, int T, float *out) {
+    const k3c_config *c = x->c;
+    int D = c->hidden_size, Rin = k3c_config_expert_in(c);
+    cudaStream_t st = x->stream;
     const float *routed = x->r;
     if (c->routed_expert_hidden_size > 0) {
         if (c->latent_moe_use_norm) {
@@ -1063,6 +1094,94 @@ static void moe_run(k3c_backend *be, const k3c_moe_weights *w, const float *y, i
     } else {
         OP_CUDA(x, "moe out", cudaMemcpyAsync(out, routed, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToDevice, st));
     }
+}
+
+/* ---- expert parallel (backend.h moe_route, moe_experts, moe_combine): moe_run cut where the forward
+ * exchanges (token, expert) pairs between ranks. The same kernels (the router, the experts' launcher, the
+ * weighted sum's arithmetic, moe_finish), so a token's output is moe's function; whether its bits are moe's
+ * depends on the experts' launcher taking the same path for the rank's pair count as for the step's (it
+ * chooses by pairs, docs/DESIGN.md "Batch invariance"). ---- */
+
+/* The router and z as moe_run computes them; the selection downloaded into the host's idx (the forward
+ * builds the exchange from it), which makes this op wait for the stream. On a failure (recorded, reported by
+ * sync) idx is all -1, which the forward refuses. */
+static void cuda_moe_route(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, int *idx, float *wts,
+                           float *z) {
+    cuda_ctx *x = be->ctx;
+    const k3c_config *c = x->c;
+    int K = c->num_experts_per_token;
+    if (T <= 0) return;
+    for (int i = 0; i < T * K; i++) idx[i] = -1;
+    if (x->failed) return;
+    cudaStream_t st = x->stream;
+    const uint16_t *wr;
+    const float *bias = NULL;
+    WDEV(x, "moe_route router", w->router.w, wr);
+    if (c->use_correction_bias && w->correction_bias) WDEV(x, "moe_route bias", w->correction_bias, bias);
+    OP_TRY(x, "moe_route router", mm(x, wr, w->router.rows, w->router.cols, y, T, x->logits));
+    OP_TRY(x, "moe_route route", k3c_cuda_route(&x->router, x->logits, bias, T, x->idx, wts, st));
+    if (c->routed_expert_hidden_size > 0) {
+        const uint16_t *wd;
+        WDEV(x, "moe_route latent_down", w->latent_down.w, wd);
+        OP_TRY(x, "moe_route latent_down", mm_rounded(x, wd, w->latent_down.rows, w->latent_down.cols, y, T, z));
+    } else if (z != y) {
+        OP_CUDA(x, "moe_route z", cudaMemcpyAsync(z, y, sizeof(float) * (size_t)T * c->hidden_size,
+                                                  cudaMemcpyDeviceToDevice, st));
+    }
+    /* through the pinned staging (a pageable destination would make the copy itself wait) */
+    void *dev;
+    int *h = meta_alloc(x, sizeof(int) * (size_t)T * K, &dev);
+    if (!h) return;
+    OP_CUDA(x, "moe_route idx", cudaMemcpyAsync(h, x->idx, sizeof(int) * (size_t)T * K, cudaMemcpyDeviceToHost, st));
+    OP_CUDA(x, "moe_route idx", cudaStreamSynchronize(st));
+    memcpy(idx, h, sizeof(int) * (size_t)T * K);
+}
+
+/* Each row through its expert: k3c_cuda_moe_experts with one slot a row (weight 1: the weighted sum of one
+ * rounded output is that output, fmaf(1, d, 0) = d), so d's rows are moe's d_j. */
+static void cuda_moe_experts(k3c_backend *be, const k3c_moe_weights *w, const float *in, const int *expert, int n,
+                             float *d) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || n <= 0) return;
+    const k3c_config *c = x->c;
+    int E = c->num_experts, mx = c->expert_format == K3C_EXPERTS_MXFP4;
+    int Rin = k3c_config_expert_in(c), F = c->moe_intermediate_size, K = c->num_experts_per_token;
+    size_t PK = (size_t)x->lim.max_rows * K;
+    if ((size_t)x->lim.max_expert_rows > PK) PK = (size_t)x->lim.max_expert_rows;
+    if (!x->lim.max_expert_rows || (size_t)n > PK) {
+        k3c_errorf("%d rows, the scratch holds %zu (limits.max_expert_rows %d)", n, PK, x->lim.max_expert_rows);
+        record(x, "moe_experts");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        int e = expert[i];
+        const k3c_expert *ex = e >= 0 && e < E && w->experts ? &w->experts[e] : NULL;
+        if (!ex || !(mx ? (const void *)ex->q1.packed : (const void *)ex->w1.w)) {
+            k3c_errorf("row %d: expert %d is not held here", i, e);
+            record(x, "moe_experts");
+            return;
+        }
+    }
+    const k3c_cuda_expert *tab;
+    WDEV(x, "moe_experts", w->experts, tab);
+    int *dev = meta_ints(x, expert, n);
+    if (!dev) return;
+    OP_TRY(x, "moe_experts", k3c_cuda_moe_experts(tab, E, mx, Rin, F, Rin, in, n, dev, x->ones, 1, x->act, RND(x),
+                                                  x->h, x->part, d, x->stream));
+}
+
+/* r = the weighted sum of each token's pairs' rows of d in j order (moe's arithmetic, cuda/moe.h
+ * k3c_cuda_moe_combine_rows), then moe_finish. */
+static void cuda_moe_combine(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, const float *wts,
+                             const float *d, const int *pair_row, float *out) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const k3c_config *c = x->c;
+    int K = c->num_experts_per_token, Rin = k3c_config_expert_in(c);
+    int *rows = meta_ints(x, pair_row, T * K);
+    if (!rows) return;
+    OP_TRY(x, "moe_combine", k3c_cuda_moe_combine_rows(d, rows, wts, K, Rin, T, RND(x), x->r, x->stream));
+    moe_finish(x, w, y, T, out);
 }
 
 static void cuda_moe(k3c_backend *be, const k3c_moe_weights *w, const float *y, int T, float *out) {
@@ -1176,6 +1295,9 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->moe = cuda_moe;
     be->round = cuda_round;
     be->moe_partial = cuda_moe_partial;
+    be->moe_route = cuda_moe_route;
+    be->moe_experts = cuda_moe_experts;
+    be->moe_combine = cuda_moe_combine;
     return be;
 }
 

@@ -578,6 +578,40 @@ __global__ void moe_combine_kernel(const float *__restrict__ part, const float *
     K3C_STAMP_BLOCK_END(K3C_KID_MOE_COMBINE);
 }
 
+/* The expert-parallel combine (moe.h k3c_cuda_moe_combine_rows): moe_combine_kernel's arithmetic with pair
+ * (t, j)'s output at row pair_row[t k + j] of part instead of row t k + j, so that a token's sum over its
+ * experts' outputs, computed on other ranks and gathered in any order, has world size 1's bits. */
+__global__ void moe_combine_rows_kernel(const float *__restrict__ part, const int *__restrict__ pair_row,
+                                        const float *__restrict__ weight, int k, int Out, int T, int round,
+                                        float *out) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_MOE_COMBINE);
+    size_t n = (size_t)T * Out;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(i / Out), r = (int)(i % Out);
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int p = t * k + j, row = pair_row[p];
+            if (row >= 0) s = fmaf(weight[p], part[(size_t)row * Out + r], s);
+        }
+        out[i] = rnd(s, round);
+    }
+    K3C_STAMP_BLOCK_END(K3C_KID_MOE_COMBINE);
+}
+
+extern "C" int k3c_cuda_moe_combine_rows(const float *part, const int *pair_row, const float *weight, int k, int Out,
+                                         int T, int round_bf16, float *out, cudaStream_t stream) {
+    if (k <= 0 || Out <= 0 || T < 0)
+        return k3c_errorf("moe combine rows: %d slots per token, width %d, %d tokens", k, Out, T);
+    size_t n = (size_t)T * Out;
+    if (n == 0) return K3C_OK;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 2048) blocks = 2048;
+    moe_combine_rows_kernel<<<(unsigned)blocks, 256, 0, stream>>>(part, pair_row, weight, k, Out, T, round_bf16 == 1,
+                                                                  out);
+    K3C_CUDA_LAUNCHED("moe_combine_rows");
+    return K3C_OK;
+}
+
 static int check_dims(int mxfp4, int a, const char *what) {
     int q = mxfp4 ? 32 : 8;
     if (a <= 0 || a % q) return k3c_errorf("moe experts: %s = %d must be a positive multiple of %d", what, a, q);

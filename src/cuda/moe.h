@@ -48,6 +48,13 @@ int k3c_cuda_moe_experts(const k3c_cuda_expert *experts, int num_experts, int mx
                          const float *x, int T, const int *idx, const float *weight, int k, k3c_cuda_act act,
                          int round_bf16, float *h, float *part, float *out, cudaStream_t stream);
 
+/* The expert-parallel combine (backend.h moe_combine): out[t, r] = sum_j weight[t k + j] *
+ * part[pair_row[t k + j], r] in j order (fmaf from 0, as the weighted sum above; pair_row < 0 contributes
+ * nothing), rounded to bf16 when round_bf16 is 1. pair_row, weight: [T, k]; part: the pairs' rows [*, Out]. So
+ * with part's rows the experts' rounded outputs, out is bitwise the weighted sum k3c_cuda_moe_experts stores. */
+int k3c_cuda_moe_combine_rows(const float *part, const int *pair_row, const float *weight, int k, int Out, int T,
+                              int round_bf16, float *out, cudaStream_t stream);
+
 /* The two halves, for tests and benchmarks: gate/up + activation into h, and down into part (unweighted);
  * down's pairs are T * k (k slots per token: it sizes the kernel's passes, any pairs are computed right). */
 int k3c_cuda_moe_gate_up(const k3c_cuda_expert *experts, int num_experts, int mxfp4, int In, int F,

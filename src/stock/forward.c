@@ -45,7 +45,10 @@
  * forward never reads them: it hands pointers and host metadata (segments, block tables) to the ops.
  *
  * Parallel ranks (forward.h k3c_forward_options groups; comm/comm.h). Every collective is preceded by a sync
- * of the backend, and a failed one aborts the rank's groups and ends the step with the error.
+ * of the backend (none with a stream-ordered communicator on a device backend: it is queued behind the ops),
+ * and a failed one aborts the rank's groups and ends the step with the error. PP and DEP run on either kind
+ * of backend: what crosses is backend memory (device buffers on the CUDA backend, its communicator staged
+ * or NCCL), and the host reads of the exchange below (counts, routing tables) wait for the backend first.
  *   TP: the row-parallel partials summed in rank order (tp_sum), the logits gathered.
  *   PP: stage s runs layers [l0, l1) of the shard. What crosses a boundary is what the next layer reads: with
  *     AttnRes the completed block outputs res[0 .. nb) and the block-partial prefix res[nb], nb the blocks
@@ -157,11 +160,11 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
             return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
                               pp ? "stage %d of a pipeline" : "a pipeline stage's shard", pp ? "that stage's shard"
                                                                                             : "its pipeline group");
-        /* the stage sends and receives backend buffers through the group; on a device backend that needs NCCL
-         * and device-side ordering, which is not built or tested */
-        if (strcmp(be->name, "cpu") != 0)
-            return k3c_errorf("forward: pipeline parallelism runs on the cpu backend only (backend %s: not built)",
-                              be->name);
+        /* the stage's buffers cross through the group's send / recv, in the backend's memory (checked below):
+         * host memory on the cpu backend, device memory ordered on the backend's stream on a device backend */
+        if (!pp->send || !pp->recv)
+            return k3c_errorf("forward: the %s communicator has no send / recv, which pipeline stages need",
+                              pp->name);
         if (o->num_aux > 0) return k3c_errorf("forward: aux streams with pipeline stages are not built");
     }
     if (ep || m->ep_size > 1) {
@@ -169,9 +172,12 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
             return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
                               ep ? "an EP rank" : "an expert-parallel shard", ep ? "that rank's shard" : "its EP group");
         if (tp) return k3c_errorf("forward: TP attention inside DP + EP is not built (a TP group with an EP group)");
-        if (!be->moe_route || !be->moe_experts || !be->moe_combine || strcmp(be->name, "cpu") != 0)
-            return k3c_errorf("forward: expert parallelism runs on the cpu backend only (backend %s has no "
-                              "expert-parallel ops)", be->name);
+        if (!be->moe_route || !be->moe_experts || !be->moe_combine)
+            return k3c_errorf("forward: backend %s has no expert-parallel ops (moe_route, moe_experts, moe_combine)",
+                              be->name);
+        if (!ep->all_to_all)
+            return k3c_errorf("forward: the %s communicator has no all_to_all, which expert parallelism needs",
+                              ep->name);
     }
     /* a communicator must work on the backend's memory (comm/comm.h): host memory for the CPU backend, device
      * memory on the backend's stream for a device backend */
@@ -508,6 +514,16 @@ static void pp_send(k3c_forward *f, int nb, int T) {
 
 /* ---- DP attention + EP MoE (top of the file) ---- */
 
+/* After a download the host reads at once (the exchange's counts and tables): a device backend queues the
+ * copy on its stream, so wait for it; 0 after a failure (the backend's message, the groups aborted). */
+static int host_read(k3c_forward *f, const char *what) {
+    if (f->failed) return 0;
+    if (f->be->sync(f->be) == K3C_OK) return 1;
+    k3c_error_context("ep rank %d of %d: %s: ", f->ep->rank, f->ep->size, what);
+    abort_groups(f);
+    return 0;
+}
+
 /* This step's Tp: every rank's row count, gathered (the first collective of a DEP step). */
 static void ep_begin(k3c_forward *f, int T) {
     int n = f->ep->size;
@@ -520,6 +536,7 @@ static void ep_begin(k3c_forward *f, int T) {
     }
     int cnt[n];
     f->be->download(f->be, cnt, f->ep_cnt, sizeof(int) * n);
+    if (!host_read(f, "the row counts")) return;
     for (int r = 0; r < n; r++) {
         if (cnt[r] < 0 || cnt[r] > f->o.max_rows) {
             k3c_errorf("ep rank %d of %d: rank %d has %d rows, this rank's max_rows is %d (every rank of the group "
@@ -541,6 +558,14 @@ static void moe_ep(k3c_forward *f, const k3c_moe_weights *w, int T) {
     if (f->failed || Tp == 0) return;
     /* 1. this rank's routing; the tables of every rank, padded to Tp rows */
     if (T > 0) be->moe_route(be, w, f->x, T, f->ep_idx, f->ep_w, f->ep_z);
+    for (int i = 0; i < T * K; i++)
+        if (f->ep_idx[i] < 0 || f->ep_idx[i] >= f->c->num_experts) { /* a device backend's failed route */
+            if (!host_read(f, "moe_route")) return;
+            k3c_errorf("ep rank %d of %d: moe_route gave row %d expert %d (0..%d)", me, n, i / K, f->ep_idx[i],
+                       f->c->num_experts - 1);
+            abort_groups(f);
+            return;
+        }
     for (size_t i = (size_t)T * K; i < TK; i++) f->ep_idx[i] = -1;
     be->upload(be, f->ep_idx_buf, f->ep_idx, TK * sizeof(int));
     if (!ready(f, "ep", ep)) return;
@@ -549,6 +574,7 @@ static void moe_ep(k3c_forward *f, const k3c_moe_weights *w, int T) {
         return;
     }
     be->download(be, f->ep_all, f->ep_all_buf, (size_t)n * TK * sizeof(int));
+    if (!host_read(f, "the routing tables")) return;
     /* 2. dispatch: this rank's pairs to their experts' ranks, per rank in (t, j) order */
     int ns = 0;
     for (int p = 0; p < n; p++) {

@@ -221,8 +221,34 @@ static void moe_case(const char *name, int mxfp4, int situ, int In, int F, int O
     for (int i = 0; i < P; i++)
         if (idx[i] < 0)
             for (int f = 0; f < F; f++) zero_ok &= dh[(size_t)i * F + f] == 0.0f;
-    int ok = e_test < thr && zero_ok && e_h < thr && e_p < thr && e_o < thr;
+    /* the expert-parallel form (cuda/backend_cuda.c moe_experts + moe_combine): the valid pairs' input rows
+     * gathered in a scrambled order (reversed), one slot a row with weight 1, then k3c_cuda_moe_combine_rows
+     * through each pair's row: against the CPU reference with the same bound, and bitwise against out where
+     * the launcher took the same path (the same pair count: no invalid pair) */
+    int nv = 0, *prow = malloc(sizeof(int) * P), *eidx = malloc(sizeof(int) * P);
+    float *xs = fmalloc((size_t)P * In), *one = fmalloc(P);
+    for (int i = P - 1; i >= 0; i--) {
+        prow[i] = idx[i] >= 0 ? nv : -1;
+        if (idx[i] < 0) continue;
+        memcpy(xs + (size_t)nv * In, x + (size_t)(i / k) * In, (size_t)In * 4);
+        eidx[nv] = idx[i];
+        one[nv++] = 1.0f;
+    }
+    float *dxs = dev_upload(xs, (size_t)(nv ? nv : 1) * In * 4), *done = dev_upload(one, (size_t)(nv ? nv : 1) * 4);
+    int *deidx = dev_upload(eidx, sizeof(int) * (nv ? nv : 1)), *dprow = dev_upload(prow, sizeof(int) * P);
+    float *dh2 = dev_poisoned((size_t)P * F * 4), *dp2 = dev_poisoned((size_t)P * Out * 4);
+    float *dd = dev_poisoned((size_t)P * Out * 4), *dout2 = dev_poisoned((size_t)T * Out * 4);
+    int ep_rc = k3c_cuda_moe_experts(dtab, E, mxfp4, In, F, Out, dxs, nv, deidx, done, 1, act, round, dh2, dp2, dd, 0);
+    if (!ep_rc) ep_rc = k3c_cuda_moe_combine_rows(dd, dprow, dwt, k, Out, T, round, dout2, 0);
+    double e_ep = ep_rc ? INFINITY : rel_l2f(dout2, ref, (size_t)T * Out);
+    int ep_same = !ep_rc && !memcmp(dout2, dout, (size_t)T * Out * 4);
+    cudaFree(dxs); cudaFree(done); cudaFree(deidx); cudaFree(dprow); cudaFree(dh2); cudaFree(dp2); cudaFree(dd);
+    cudaFree(dout2);
+    free(prow), free(eidx), free(xs), free(one);
+    int ok = e_test < thr && zero_ok && e_h < thr && e_p < thr && e_o < thr && e_ep < thr;
     failures += !ok;
+    printf("%-34s ep form (%d pairs, scrambled) vs cpu %.2e, %s out\n", name, nv, e_ep,
+           ep_same ? "bitwise" : "NOT bitwise");
     if (e_test > worst_case && !round) worst_case = e_test;
     printf("%-34s wpr %s  out vs cpu %.2e (thr %.0e)  vs f64: h %.2e part %.2e out %.2e  streamed %.2fx  %s%s  "
            "[%.1fs cpu]\n",
