@@ -60,7 +60,20 @@
  *     order, in (t, j) order inside), the experts run there, their outputs come back in the same order, and
  *     the token's own rank sums them: r = rnd(sum_j w_j d_j) in j order. That order does not involve the
  *     ranks at all: a token's MoE output is bitwise world size 1's, whichever rank computed which expert (the
- *     expert products are row-invariant, backend.h). */
+ *     expert products are row-invariant, backend.h).
+ *   DCP (dcp, inside TP; mla_dcp): each MLA layer's latent cache is sharded by position over the DCP group,
+ *     interleaved (position p on DCP rank p % dcp, at local slot p / dcp): a decode step then appends on one
+ *     rank and every rank reads 1/dcp of the context, the same share, whatever the length (contiguous runs
+ *     would put a decode's whole read on the rank holding the tail, and fill one rank before the next: vLLM's
+ *     and SGLang's choice too, parallel.md §2.6). Only the owning rank stores a position's latent. Every rank
+ *     absorbs its heads' queries, the group all-gathers them, each rank attends every head of the group over
+ *     its own positions (unnormalized output and log-sum-exp per row and head, backend.h mla_attention_part),
+ *     the partials are all-gathered and each rank merges its own heads' in DCP rank order (mla_merge), then
+ *     W_UV and o_proj as under TP. The merge runs on the same gathered bits on every rank in the same order,
+ *     so the ranks agree bitwise; against TP without DCP the sums differ only by f32 reassociation. Prompt
+ *     rows take the same path (sharded over the keys, every row absorbed): the expanded form would need every
+ *     head's kv_b on every rank, or the context's latents gathered to each rank each layer (the bytes DCP
+ *     saves), so under DCP there is no expanded block (mla_block 0). */
 #include "stock/forward.h"
 
 #include <stdlib.h>
@@ -114,6 +127,13 @@ struct k3c_forward {
     k3c_comm *pp;
     int l0, l1;         /* the stage's layers [l0, l1) */
 
+    /* decode context parallel (top of the file, mla_dcp): NULL without */
+    k3c_comm *dcp;
+    float *dq, *dqg, *dqa; /* [R, Hm lat] absorbed queries; [dcp, R, Hm lat] gathered; [R, dcp Hm, lat] per row */
+    float *dpk, *dpg;      /* [R, dcp Hm (kv_lora + 1)] this rank's partials [o_lat | lse]; [dcp, ...] gathered */
+    float *dpo, *dpl;      /* [dcp, R, Hm kv_lora], [dcp, R, Hm]: this rank's heads' partials from every rank */
+    int *dcp_rows;         /* [dcp R] host: row indices of the reorderings */
+
     /* DP attention + EP MoE (top of the file, moe_ep): NULL without */
     k3c_comm *ep;
     int ep_per;         /* experts per rank: expert e lives on rank e / ep_per */
@@ -163,6 +183,18 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
             return k3c_errorf("forward: pipeline parallelism runs on the cpu backend only (backend %s: not built)",
                               be->name);
         if (o->num_aux > 0) return k3c_errorf("forward: aux streams with pipeline stages are not built");
+    }
+    if (o->dcp > 1) {
+        k3c_comm *d = o->dcp_group ? group(o->dcp_group) : tp;
+        if (!tp || tp->size % o->dcp != 0)
+            return k3c_errorf("forward: dcp %d needs a TP group whose size it divides (tp %d)", o->dcp, tp ? tp->size : 1);
+        if (!d || d->size != o->dcp || d->rank != tp->rank % o->dcp)
+            return k3c_errorf("forward: dcp %d: %s", o->dcp,
+                              o->dcp_group ? "the DCP group must hold dcp ranks, rank tp_rank % dcp"
+                                           : "dcp smaller than tp needs its DCP group (dcp_group)");
+        if (!be->mla_absorb || !be->mla_attention_part || !be->mla_merge)
+            return k3c_errorf("forward: backend %s has no decode-context-parallel ops (mla_absorb, "
+                              "mla_attention_part, mla_merge)", be->name);
     }
     if (ep || m->ep_size > 1) {
         if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
@@ -215,6 +247,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->tp = group(o->tp);
     f->pp = group(o->pp);
     f->ep = group(o->ep);
+    f->dcp = o->dcp > 1 ? (o->dcp_group ? o->dcp_group : f->tp) : NULL;
     int tp = f->tp ? f->tp->size : 1, nep = f->ep ? f->ep->size : 1;
     f->vocab = c->vocab_size * tp;
     k3c_model_stage_layers(m, &f->l0, &f->l1);
@@ -242,7 +275,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (E < 2) E = 2;
     f->kda_block = has_kda && C <= o->max_rows ? C : 0;
     if (f->kda_block) E = (E + C - 1) / C * C;
-    f->mla_block = has_mla && be->mla_attention_expanded && E <= o->max_rows ? E : 0;
+    f->mla_block = has_mla && be->mla_attention_expanded && E <= o->max_rows && !f->dcp ? E : 0;
 
     size_t R = o->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
     size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
@@ -268,6 +301,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->kda_parts || !f->mla_abs || !f->mla_exp)
         goto oom;
     if (f->tp && !(f->ids_local = malloc(sizeof(int32_t) * R))) goto oom;
+    if (f->dcp && !(f->dcp_rows = malloc(sizeof(int) * R * (size_t)o->dcp))) goto oom;
     if (f->ep) {
         size_t NE = (size_t)nep;
         f->ep_idx = malloc(sizeof(int) * R * K);
@@ -300,6 +334,12 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (Hm) {
         CARVE(f->mqa, maxz(c->q_lora_rank, 1)); CARVE(f->mq, Hm * qh); CARVE(f->mlat, lat);
         CARVE(f->mo, Hm * vh); CARVE(f->mg, Hm * vh);
+    }
+    if (f->dcp && Hm) {
+        size_t nd = (size_t)o->dcp, kvl = c->kv_lora_rank;
+        CARVE(f->dq, Hm * lat); CARVE(f->dqg, nd * Hm * lat); CARVE(f->dqa, nd * Hm * lat);
+        CARVE(f->dpk, nd * Hm * (kvl + 1)); CARVE(f->dpg, nd * nd * Hm * (kvl + 1));
+        CARVE(f->dpo, nd * Hm * kvl); CARVE(f->dpl, nd * Hm);
     }
     if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
     if (f->tp) {
@@ -347,6 +387,7 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->mla_abs);
     free(f->mla_exp);
     free(f->ids_local);
+    free(f->dcp_rows);
     free(f->aux_layers);
     free(f->ep_idx);
     free(f->ep_all);
@@ -419,8 +460,8 @@ int k3c_forward_prompt_grid(const k3c_forward *f) {
  * the other ranks' collectives fail instead of waiting (comm/comm.h). The message says which group. */
 static void abort_groups(k3c_forward *f) {
     f->failed = 1;
-    k3c_comm *g[3] = {f->tp, f->pp, f->ep};
-    for (int i = 0; i < 3; i++)
+    k3c_comm *g[4] = {f->tp, f->pp, f->ep, f->dcp != f->tp ? f->dcp : NULL};
+    for (int i = 0; i < 4; i++)
         if (g[i]) g[i]->abort(g[i]);
 }
 
@@ -670,8 +711,45 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
     matmul_rowpar(f, &w->o_proj, f->ky, T, f->A);
 }
 
+/* The attention of an MLA layer under DCP (top of the file): f->mq -> f->mo, every row of the step over the
+ * positions of the whole group. H = dcp x Hm heads (Hm this rank's): the group's in rank order. */
+static void mla_dcp(k3c_forward *f, const k3c_mla_weights *w, const void *cache, int nreq, int T) {
+    k3c_backend *be = f->be;
+    const k3c_config *c = f->c;
+    k3c_comm *d = f->dcp;
+    int n = d->size, me = d->rank, Hm = c->num_attention_heads, kvl = c->kv_lora_rank;
+    size_t lat = k3c_config_mla_latent(c), H = (size_t)n * Hm, Tz = (size_t)T;
+    /* 1. the group's absorbed queries: [n, T, Hm lat] gathered, reordered to [T, n Hm, lat] */
+    be->mla_absorb(be, w, f->mq, T, f->dq);
+    if (!ready(f, "dcp", d)) return;
+    if (d->all_gather(d, f->dq, f->dqg, Tz * Hm * lat * sizeof(float)) != K3C_OK) {
+        fail_step(f, "dcp", d);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < n; g++) f->dcp_rows[t * n + g] = g * T + t;
+    be->gather_rows(be, f->dqg, f->dcp_rows, T * n, (int)(Hm * lat), f->dqa);
+    /* 2. every head over this rank's positions: [T, H, kvl] then [T, H] lse, packed for one gather */
+    float *po = f->dpk, *pl = f->dpk + Tz * H * kvl;
+    be->mla_attention_part(be, f->dqa, (int)H, f->segs, nreq, cache, po, pl);
+    size_t S = Tz * H * (kvl + 1); /* floats of one rank's pack */
+    if (!ready(f, "dcp", d)) return;
+    if (d->all_gather(d, f->dpk, f->dpg, S * sizeof(float)) != K3C_OK) {
+        fail_step(f, "dcp", d);
+        return;
+    }
+    /* 3. this rank's heads (slot me of each row's n Hm) from every rank's pack, then the merge in rank order */
+    for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + me;
+    for (int r = 0; r < n; r++) {
+        const float *src = f->dpg + (size_t)r * S;
+        be->gather_rows(be, src, f->dcp_rows, T, Hm * kvl, f->dpo + (size_t)r * Tz * Hm * kvl);
+        be->gather_rows(be, src + Tz * H * kvl, f->dcp_rows, T, Hm, f->dpl + (size_t)r * Tz * Hm);
+    }
+    be->mla_merge(be, w, f->dpo, f->dpl, n, T, f->mo);
+}
+
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends
- * absorbed or expanded per row (f->mla_abs, f->mla_exp: see the top of this file). */
+ * absorbed or expanded per row (f->mla_abs, f->mla_exp: see the top of this file), or through the DCP group. */
 static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
@@ -689,7 +767,8 @@ static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) 
     be->rmsnorm(be, f->mlat, lat, w->kv_a_norm, T, c->kv_lora_rank, c->mla_lora_norm_eps, f->mlat, lat);
     be->mla_cache_write(be, f->mlat, f->segs, nreq, kv->layer[l]);
     /* absorbed first: the expanded op writes only its segments' rows, the absorbed one may write others */
-    if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_abs, f->mla_nabs, kv->layer[l], f->mo);
+    if (f->dcp) mla_dcp(f, w, kv->layer[l], nreq, T);
+    else if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_abs, f->mla_nabs, kv->layer[l], f->mo);
     if (f->mla_nexp) be->mla_attention_expanded(be, w, f->mq, f->mla_exp, f->mla_nexp, kv->layer[l], f->mo);
     if (c->mla_use_output_gate && w->g_proj.w) {
         be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
@@ -766,7 +845,8 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
                                   f->vocab - 1);
             f->ids[T + i] = r->ids[i];
         }
-        f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table};
+        f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table,
+                               .dcp = f->dcp ? f->dcp->size : 1, .dcp_rank = f->dcp ? f->dcp->rank : 0};
         T += r->n;
     }
     for (int s = 0; s < nreq; s++)
