@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "damp_residual.h"
 #include "k3c.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -418,4 +419,172 @@ TEST(dcp_plan_prints_the_rank_share) {
     CHECK(test_run_status(cmd) == 0);
     snprintf(cmd, sizeof cmd, "%s plan --preset k3 --tp 8 --dcp 3 >/dev/null 2>&1", k3c);
     CHECK(test_run_status(cmd) == 1);
+}
+
+/* ---- the scheduler and the CLI ---- */
+
+enum { NJOBS = 4, SNEW = 20, PREFIX = 64, OWN = 24, CONT = 12 };
+
+typedef struct sjob {
+    int32_t prompt[PREFIX + OWN + CONT + 1];
+    int n_prompt;
+    int32_t out[SNEW];
+    float gap[SNEW];
+    int n_out, finished;
+    uint64_t id;
+} sjob;
+
+/* Every job through one scheduler on tp 2 (dcp 1 or 2), f32: chunked prefill, a shared prefix (hinted: prefix
+ * hits), three prompt-lookup drafts a verify, three requests on too few blocks (preemptions), freed blocks
+ * poisoned on every rank. The cache blocks are the same bytes per block, so dcp 2 gets half of them. */
+static int sched_run(k3c_model *m, int dcp, sjob *jobs, k3c_scheduler_stats *out, long *checked, long *steps) {
+    k3c_engine_options o;
+    k3c_engine_options_default(&o);
+    o.threads = 2;
+    o.exact_f32 = 1;
+    o.layout.tp = 2;
+    o.layout.dcp = dcp;
+    o.rank_timeout_ms = 30000;
+    o.max_requests = 3;
+    o.max_rows = 64;
+    o.max_context = PREFIX + OWN + CONT + 1 + SNEW;
+    o.block_size = 8;
+    o.chunk_min = 16;
+    o.mla_expand_min = 32;
+    o.q_max = 4;
+    o.poison_freed_blocks = 1;
+    o.num_blocks = 22 / dcp; /* 176 tokens: fewer than three full contexts and the cached prefix */
+    k3c_engine *e = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    k3c_engine_check_ranks(e, 1);
+    k3c_scheduler_options so;
+    k3c_scheduler_options_default(&so);
+    so.max_seqs = 3;
+    so.max_batched_tokens = 48;
+    so.spec_tokens = 3;
+    k3c_scheduler *s = NULL;
+    int rc = k3c_scheduler_create(e, &so, &s);
+    for (int j = 0; j < NJOBS && rc == K3C_OK; j++) {
+        jobs[j].n_out = jobs[j].finished = 0;
+        k3c_sched_request q = {.prompt = jobs[j].prompt, .n_prompt = jobs[j].n_prompt, .max_new = SNEW,
+                               .ignore_eos = 1, .prefix_hint = PREFIX, .user = &jobs[j]};
+        q.sampling.logprobs = 3;
+        if (k3c_scheduler_submit(s, &q, &jobs[j].id) != 0) rc = k3c_errorf("submit: %s", k3c_error_message());
+    }
+    int busy = 1, k = 0;
+    while (rc == K3C_OK && busy) {
+        const k3c_sched_event *ev;
+        int n;
+        rc = k3c_scheduler_step(s, &ev, &n, &busy);
+        for (int i = 0; i < n && rc == K3C_OK; i++) {
+            sjob *j = ev[i].user;
+            if (ev[i].kind == K3C_SCHED_TOKEN && j->n_out < SNEW) {
+                j->gap[j->n_out] = ev[i].n_top >= 2 ? ev[i].top_logprobs[0] - ev[i].top_logprobs[1] : 0;
+                j->out[j->n_out++] = ev[i].token;
+            } else if (ev[i].kind == K3C_SCHED_FINISHED) {
+                j->finished = 1;
+                if (ev[i].finish == K3C_FINISH_ERROR) rc = k3c_errorf("job failed: %s", ev[i].message);
+            }
+        }
+        if (++k > 5000) rc = k3c_errorf("still busy after %d steps", k);
+    }
+    k3c_scheduler_stats_get(s, out);
+    *checked = k3c_engine_ranks_checked(e);
+    k3c_engine_stats est;
+    k3c_engine_stats_get(e, &est);
+    *steps = est.steps;
+    char msg[1024] = "";
+    if (rc != K3C_OK) snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    k3c_scheduler_free(s);
+    k3c_engine_free(e);
+    return rc == K3C_OK ? K3C_OK : k3c_errorf("dcp %d: %s", dcp, msg);
+}
+
+static int collect_token(void *u, int32_t tok) {
+    int32_t *c = u;
+    c[1 + c[0]++] = tok;
+    return 0;
+}
+
+TEST(dcp_scheduler_tp2_matches_tp2) {
+    k3c_config c;
+    CHECK_OK(tp_config(0, 0, &c));
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/dcp_sched", test_tmpdir());
+    int rc = k3c_synth_write(&c, NULL, test_seed(), dir);
+    k3c_config_free(&c);
+    CHECK_OK(rc);
+    CHECK_OK(damp_residual_writes_in(dir, 0.05f)); /* nearly a bigram model: drafts get accepted */
+    k3c_model *m;
+    CHECK_OK(k3c_load(dir, &m));
+    k3c_model_info info;
+    CHECK_OK(k3c_model_info_get(m, &info));
+    static sjob a[NJOBS], b[NJOBS];
+    k3c_rng g;
+    k3c_rng_seed(&g, test_seed() ^ 0x5cd);
+    /* each prompt: the shared prefix, 8 .. 23 tokens of its own ending in t, the model's greedy continuation of
+     * that (world size 1) and t again, so that the prompt-lookup drafts of the continuation get accepted (as
+     * tests/test_ranks.c builds them) */
+    k3c_engine_options go;
+    k3c_engine_options_default(&go);
+    go.exact_f32 = 1;
+    go.max_requests = 1;
+    go.max_context = PREFIX + OWN + CONT;
+    k3c_engine *ge = NULL;
+    CHECK_OK(k3c_engine_create(m, &go, &ge));
+    for (int j = 0; j < NJOBS; j++) {
+        int own = 8 + 5 * j;
+        for (int i = 0; i < PREFIX + own; i++)
+            a[j].prompt[i] = j > 0 && i < PREFIX ? a[0].prompt[i] : (int32_t)(k3c_rng_next(&g) % (uint64_t)info.vocab_size);
+        int32_t cont[1 + CONT] = {0};
+        rc = k3c_generate(ge, a[j].prompt, PREFIX + own, CONT, NULL, collect_token, cont, NULL);
+        if (rc != K3C_OK) k3c_engine_free(ge);
+        CHECK_OK(rc);
+        memcpy(a[j].prompt + PREFIX + own, cont + 1, sizeof(int32_t) * CONT);
+        a[j].prompt[PREFIX + own + CONT] = a[j].prompt[PREFIX + own - 1];
+        a[j].n_prompt = PREFIX + own + CONT + 1;
+        b[j] = a[j];
+    }
+    k3c_engine_free(ge);
+    k3c_scheduler_stats sa, sb;
+    long ca, cb, stepa, stepb;
+    rc = sched_run(m, 1, a, &sa, &ca, &stepa);
+    if (rc == K3C_OK) rc = sched_run(m, 2, b, &sb, &cb, &stepb);
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s", k3c_error_message());
+    int equal = 0, ties = 0;
+    for (int j = 0; j < NJOBS; j++) {
+        CHECKF(a[j].finished && b[j].finished && a[j].n_out == SNEW && b[j].n_out == SNEW, "job %d unfinished", j);
+        int t = 0;
+        while (t < SNEW && a[j].out[t] == b[j].out[t]) t++;
+        equal += t;
+        if (t < SNEW) { /* only at a near-tie of tp 2's logits */
+            CHECKF(a[j].gap[t] < 1e-4f, "job %d: the dcp stream parts at token %d (margin %g)", j, t, (double)a[j].gap[t]);
+            ties++;
+        }
+    }
+    printf("    scheduler tp 2 dcp 2 (f32): %d of %d tokens as tp 2 (%d streams parted at a near-tie); %ld steps (%ld "
+           "tp 2), all %ld compared across the ranks; drafts accepted %ld / %ld; prefix hits %ld tokens (%ld tp 2); "
+           "preemptions %ld (%ld tp 2)\n", equal, NJOBS * SNEW, ties, stepb, stepa, cb, sb.spec_accepted_tokens,
+           sb.spec_draft_tokens, sb.prefix_hits_tokens, sa.prefix_hits_tokens, sb.preemptions, sa.preemptions);
+    CHECKF(cb == stepb, "%ld of %ld steps compared across the ranks", cb, stepb);
+    CHECKF(sb.spec_accepted_tokens > 0 && sb.prefix_hits_tokens > 0 && sb.preemptions > 0,
+           "accepted drafts %ld, prefix hits %ld, preemptions %ld", sb.spec_accepted_tokens, sb.prefix_hits_tokens,
+           sb.preemptions);
+}
+
+TEST(dcp_cli_generate_equals_tp) {
+    char k3c[4096], cmd[16384], out1[4300], out2[4300];
+    CHECK(test_k3c_binary(k3c, sizeof k3c));
+    snprintf(out1, sizeof out1, "%s/dcp_cli_1.txt", test_tmpdir());
+    snprintf(out2, sizeof out2, "%s/dcp_cli_2.txt", test_tmpdir());
+    const char *args = "generate --prompt 'A penny saved is' -n 48 --ignore-eos --exact-f32 --tp 2";
+    snprintf(cmd, sizeof cmd, "%s %s > %s 2>/dev/null", k3c, args, out1);
+    CHECK(test_run_status(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "%s %s --dcp 2 > %s 2>/dev/null", k3c, args, out2);
+    CHECK(test_run_status(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s && test -s %s", out1, out2, out1);
+    CHECKF(test_run_status(cmd) == 0, "k3c generate --tp 2 --dcp 2 printed other text than --tp 2 (%s, %s)", out1, out2);
+    snprintf(cmd, sizeof cmd, "%s generate --prompt-ids 1,2 -n 2 --tp 2 --dcp 4 2>&1 | grep -q 'dcp 4'", k3c);
+    CHECK(test_run_status(cmd) == 0);
 }
