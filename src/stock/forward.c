@@ -195,6 +195,9 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
         if (!be->mla_absorb || !be->mla_attention_part || !be->mla_merge)
             return k3c_errorf("forward: backend %s has no decode-context-parallel ops (mla_absorb, "
                               "mla_attention_part, mla_merge)", be->name);
+        if (d->stream_ordered != tp->stream_ordered)
+            return k3c_errorf("forward: dcp %d: the DCP group (%s) and the TP group (%s) work on different memory",
+                              o->dcp, d->name, tp->name);
     }
     if (ep || m->ep_size > 1) {
         if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
