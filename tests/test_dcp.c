@@ -14,16 +14,22 @@
  * request past them is refused cleanly with the engine still serving the others. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "backend/backend.h"
+#include "cache/kda_slots.h"
+#include "cache/kv_cache.h"
+#include "comm/comm.h"
 #include "damp_residual.h"
 #include "k3c.h"
 #include "model/model.h"
+#include "model/shard.h"
 #include "model/synth.h"
 #include "runtime/engine_internal.h"
+#include "stock/forward.h"
 #include "test.h"
 #include "util/bf16.h"
 #include "util/error.h"
@@ -66,8 +72,9 @@ TEST(dcp_ops_partial_and_merge_match_softmax) {
         CHECK(nb <= 64);
         float *lat_all = malloc(sizeof(float) * (size_t)N * lat);                 /* position p's latent */
         float *q = malloc(sizeof(float) * (size_t)T * Hm * lat);                  /* [T, Hm, lat] */
-        float *o_parts = malloc(sizeof(float) * (size_t)n * T * Hm * kvl);        /* [n][T, Hm, kvl] */
-        float *lses = malloc(sizeof(float) * (size_t)n * T * Hm);                 /* [n][T, Hm] */
+        /* part r at parts + r Sp: o_lat [T, Hm, kvl], then lse [T, Hm] (the forward's layout, mla_merge's stride) */
+        size_t o_len = (size_t)T * Hm * kvl, Sp = o_len + (size_t)T * Hm;
+        float *parts = malloc(sizeof(float) * (size_t)n * Sp);
         float *o = malloc(sizeof(float) * (size_t)T * Hm * vh);
         for (size_t i = 0; i < (size_t)N * lat; i++) lat_all[i] = (float)(urand(&g) * 2.0);
         for (size_t i = 0; i < (size_t)T * Hm * lat; i++) q[i] = (float)(urand(&g) * 1.5);
@@ -82,19 +89,17 @@ TEST(dcp_ops_partial_and_merge_match_softmax) {
                 memcpy(cache[r] + ((size_t)table[j / bs] * bs + j % bs) * lat, lat_all + (size_t)p * lat,
                        sizeof(float) * lat);
             }
-            poison_f32(o_parts + (size_t)r * T * Hm * kvl, (size_t)T * Hm * kvl);
-            poison_f32(lses + (size_t)r * T * Hm, (size_t)T * Hm);
+            poison_f32(parts + r * Sp, Sp);
             k3c_seg sg = {.row0 = 0, .n = T, .pos = pos, .block_table = table, .dcp = n, .dcp_rank = r};
-            be[r]->mla_attention_part(be[r], q, Hm, &sg, 1, cache[r], o_parts + (size_t)r * T * Hm * kvl,
-                                      lses + (size_t)r * T * Hm);
+            be[r]->mla_attention_part(be[r], q, Hm, &sg, 1, cache[r], parts + r * Sp, parts + r * Sp + o_len);
             CHECK_OK(be[r]->sync(be[r]));
         }
         poison_f32(o, (size_t)T * Hm * vh);
-        be[0]->mla_merge(be[0], w, o_parts, lses, n, T, o);
+        be[0]->mla_merge(be[0], w, parts, parts + o_len, Sp, n, T, o);
         CHECK_OK(be[0]->sync(be[0]));
         /* the same merge on another rank's backend: the same bits */
         float *o1 = malloc(sizeof(float) * (size_t)T * Hm * vh);
-        be[n - 1]->mla_merge(be[n - 1], w, o_parts, lses, n, T, o1);
+        be[n - 1]->mla_merge(be[n - 1], w, parts, parts + o_len, Sp, n, T, o1);
         CHECK_OK(be[n - 1]->sync(be[n - 1]));
         CHECK(memcmp(o, o1, sizeof(float) * (size_t)T * Hm * vh) == 0);
         free(o1);
@@ -130,8 +135,8 @@ TEST(dcp_ops_partial_and_merge_match_softmax) {
                         rs += e;
                         for (int k = 0; k < kvl; k++) po[k] += e * lat_all[(size_t)p * lat + k];
                     }
-                    float got_l = lses[((size_t)r * T + t) * Hm + h];
-                    const float *got_o = o_parts + (((size_t)r * T + t) * Hm + h) * kvl;
+                    float got_l = parts[r * Sp + o_len + (size_t)t * Hm + h];
+                    const float *got_o = parts + r * Sp + ((size_t)t * Hm + h) * kvl;
                     if (rs == 0) { /* none of rank r's positions */
                         empty++;
                         CHECKF(got_l == -INFINITY, "n %d rank %d row %d: lse %g for no positions", n, r, t, got_l);
@@ -163,7 +168,7 @@ TEST(dcp_ops_partial_and_merge_match_softmax) {
             be[r]->destroy(be[r]);
             free(cache[r]);
         }
-        free(lat_all), free(q), free(o_parts), free(lses), free(o);
+        free(lat_all), free(q), free(parts), free(o);
     }
     k3c_model_free(m);
 }
@@ -253,7 +258,7 @@ static double worst_row(const float *a, const float *b, int rows, int V) {
 }
 
 /* For each (tp, dcp): f32 within 1e-5 of tp without dcp; bf16 no farther from the f32 function (tp without dcp,
- * f32) than 2x tp without dcp's own bf16 logits are, and no farther than that from those. */
+ * f32) than 2x tp without dcp's own bf16 logits are, and within 3x that from those. */
 static void check_engine(k3c_model *m, const char *name, const int (*layouts)[2], int nl) {
     k3c_model_info info;
     CHECK_OK(k3c_model_info_get(m, &info));
@@ -283,9 +288,11 @@ static void check_engine(k3c_model *m, const char *name, const int (*layouts)[2]
                    worst_row(f32d.lg + (size_t)pb * V, f32.lg + (size_t)pb * V, ROWS - pb, V), wb, tp, wfn, tp, noise,
                    bfd.checked, bfd.steps, f32d.cache_tokens, f32.cache_tokens);
             if (!(wf <= 1e-5)) rc = k3c_errorf("%s tp %d dcp %d f32: rel L2 %.3g over 1e-5", name, tp, dcp, wf);
-            else if (!(wb <= 2.0 * noise && wfn <= 2.0 * noise))
-                rc = k3c_errorf("%s tp %d dcp %d bf16: %.3g from tp %d, %.3g from the f32 function, against %.3g (x 2)",
-                                name, tp, dcp, wb, tp, wfn, noise);
+            /* no worse an approximation of the function than tp's bf16 (x 2), and so (triangle inequality) within
+             * 3x of tp's bf16 */
+            else if (!(wfn <= 2.0 * noise && wb <= 3.0 * noise))
+                rc = k3c_errorf("%s tp %d dcp %d bf16: %.3g from the f32 function (x 2 allowed), %.3g from tp %d (x 3), "
+                                "against tp %d's own %.3g", name, tp, dcp, wfn, wb, tp, tp, noise);
             /* the same bytes: num_blocks defaults to max_requests full contexts, which take 1 / dcp the blocks */
             else if (f32d.cache_tokens < f32.cache_tokens || f32d.cache_tokens > f32.cache_tokens + 3 * 8 * dcp)
                 rc = k3c_errorf("cache of %ld tokens under dcp %d, %ld without", f32d.cache_tokens, dcp, f32.cache_tokens);
@@ -587,4 +594,101 @@ TEST(dcp_cli_generate_equals_tp) {
     CHECKF(test_run_status(cmd) == 0, "k3c generate --tp 2 --dcp 2 printed other text than --tp 2 (%s, %s)", out1, out2);
     snprintf(cmd, sizeof cmd, "%s generate --prompt-ids 1,2 -n 2 --tp 2 --dcp 4 2>&1 | grep -q 'dcp 4'", k3c);
     CHECK(test_run_status(cmd) == 0);
+}
+
+/* ---- the forward: the two exchanges ---- */
+
+typedef struct fwd_rank {
+    const k3c_model *m;
+    k3c_comm *tp, *dcp_group; /* dcp_group: tp's communicator with or without its all_to_all */
+    const int32_t *toks;      /* [40 + 16] */
+    float *lg;                /* [40 + 16, V] */
+    int rc;
+} fwd_rank;
+
+enum { FP = 40, FN = 16 };
+
+static int fwd_run(fwd_rank *r) {
+    const k3c_config *c = &r->m->config;
+    int V = c->vocab_size * r->m->tp_size, bs = 8;
+    k3c_backend *be = k3c_backend_cpu_create(1);
+    if (!be) return K3C_ERR;
+    k3c_forward_options o = {.max_rows = FP, .max_segs = 1, .max_context = FP + FN, .block_size = bs, .tp = r->tp,
+                             .dcp = r->tp->size, .dcp_group = r->dcp_group};
+    k3c_forward *f = NULL;
+    k3c_kv_cache kv = {0};
+    k3c_kda_slots ks = {0};
+    int32_t table[16];
+    int nb = ((FP + FN + 1) / 2 + bs - 1) / bs;
+    int rc = k3c_forward_create(be, r->m, &o, &f);
+    if (rc == K3C_OK) rc = k3c_kv_cache_init(&kv, be, c, nb, bs);
+    if (rc == K3C_OK) rc = k3c_kda_slots_init(&ks, be, c, 1, 1, 1);
+    if (rc == K3C_OK) {
+        k3c_kda_slots_reset(&ks, be, 0);
+        for (int i = 0; i < nb; i++) table[i] = k3c_kv_cache_take(&kv);
+        k3c_fwd_req q = {.ids = r->toks, .n = FP, .block_table = table, .slot = 0, .logits = K3C_LOGITS_ALL};
+        rc = k3c_forward_step(f, &kv, &ks, &q, 1, r->lg, NULL);
+        for (int s = 0; s < FN && rc == K3C_OK; s++) {
+            q = (k3c_fwd_req){.ids = r->toks + FP + s, .n = 1, .pos = FP + s, .block_table = table, .slot = 0,
+                              .logits = K3C_LOGITS_LAST};
+            rc = k3c_forward_step(f, &kv, &ks, &q, 1, r->lg + (size_t)(FP + s) * V, NULL);
+        }
+    }
+    k3c_kda_slots_release(&ks, be);
+    k3c_kv_cache_release(&kv, be);
+    k3c_forward_free(f);
+    be->destroy(be);
+    return rc;
+}
+
+static void *fwd_thread(void *p) {
+    fwd_rank *r = p;
+    r->rc = fwd_run(r);
+    return NULL;
+}
+
+TEST(dcp_forward_exchanges_agree) {
+    k3c_model *m;
+    CHECK_OK(tiny_k3("dcp_fwd", &m));
+    int V = m->config.vocab_size, tp = 4;
+    int32_t toks[FP + FN];
+    k3c_rng g;
+    k3c_rng_seed(&g, test_seed() ^ 0xe7c);
+    for (int i = 0; i < FP + FN; i++) toks[i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
+    size_t n = (size_t)(FP + FN) * V;
+    float *lg[2][4];
+    k3c_model *sh[4];
+    for (int k = 0; k < tp; k++) CHECK_OK(k3c_model_shard_tp(m, k, tp, &sh[k]));
+    for (int way = 0; way < 2; way++) { /* 0: all-to-all; 1: the all-gather and pick */
+        k3c_comm_group *grp;
+        CHECK_OK(k3c_comm_group_create(tp, 30000, &grp));
+        fwd_rank runs[4];
+        k3c_comm *c[4], nog[4];
+        pthread_t th[4];
+        for (int k = 0; k < tp; k++) {
+            CHECK_OK(k3c_comm_group_join(grp, k, &c[k]));
+            CHECK(c[k]->all_to_all != NULL);
+            nog[k] = *c[k];
+            nog[k].all_to_all = NULL;
+            lg[way][k] = malloc(sizeof(float) * n);
+            poison_f32(lg[way][k], n);
+            runs[k] = (fwd_rank){.m = sh[k], .tp = c[k], .dcp_group = way ? &nog[k] : NULL, .toks = toks,
+                                 .lg = lg[way][k]};
+        }
+        for (int k = 0; k < tp; k++) pthread_create(&th[k], NULL, fwd_thread, &runs[k]);
+        for (int k = 0; k < tp; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < tp; k++) {
+            CHECKF(runs[k].rc == K3C_OK, "way %d rank %d: %s", way, k, k3c_error_message());
+            c[k]->free(c[k]);
+        }
+    }
+    int same = 1;
+    for (int way = 0; way < 2; way++)
+        for (int k = 0; k < tp; k++) same &= memcmp(lg[way][k], lg[0][0], sizeof(float) * n) == 0;
+    for (int i = 0; i < (int)n; i++) CHECK(isfinite(lg[0][0][i]));
+    CHECKF(same, "the all-to-all and the all-gather of the partials (or the ranks) gave different logits");
+    for (int way = 0; way < 2; way++)
+        for (int k = 0; k < tp; k++) free(lg[way][k]);
+    for (int k = 0; k < tp; k++) k3c_model_shard_free(sh[k]);
+    k3c_free(m);
 }

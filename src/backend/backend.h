@@ -191,12 +191,12 @@ struct k3c_backend {
      * mla_attention. A row that sees none of the rank's positions: o_lat 0, lse -inf. Writes the segs' rows. */
     void (*mla_attention_part)(k3c_backend *be, const float *q_abs, int H, const k3c_seg *segs, int nseg,
                                const void *cache, float *o_lat, float *lse);
-    /* The merge of n partials, o_parts [n][T, Hm, kv_lora] and lses [n][T, Hm] (contiguous, part r after
-     * part r - 1), per row t and head h, in f32 and in part order r = 0 .. n-1 (the same bits wherever it
-     * runs on the same parts): M = max_r lse_r; w_r = e^(lse_r - M) (0 for lse_r = -inf);
+    /* The merge of n partials, part r's o_lat [T, Hm, kv_lora] at o_parts + r * stride and its lse [T, Hm] at
+     * lses + r * stride (floats), per row t and head h, in f32 and in part order r = 0 .. n-1 (the same bits
+     * wherever it runs on the same parts): M = max_r lse_r; w_r = e^(lse_r - M) (0 for lse_r = -inf);
      * lat = (sum_r w_r o_r) / (sum_r w_r); then o [T, Hm * v] = rnd(W_UV[h] lat), as mla_attention ends. */
-    void (*mla_merge)(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses, int n,
-                      int T, float *o);
+    void (*mla_merge)(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                      size_t stride, int n, int T, float *o);
 
     /* ---- MoE ---- */
     /* out [T, D] = latent MoE / MoE of y [T, D] (y already rounded), per row, rounding ("rnd") exactly at:

@@ -684,24 +684,25 @@ static void cpu_mla_attention_part(k3c_backend *be, const float *q_abs, int H, c
 typedef struct merge_job {
     const cpu_ctx *x;
     const float *o_parts, *lses;
-    int n, T;
+    size_t stride;
+    int n;
 } merge_job;
 
 static void merge_units(void *ctx, int b, int e) {
     merge_job *j = ctx;
     int Hm = j->x->c->num_attention_heads, kvl = j->x->c->kv_lora_rank;
     for (int u = b; u < e; u++)
-        k3c_mla_merge(j->o_parts, j->lses, j->n, j->T, Hm, kvl, u / Hm, u % Hm, j->x->o_lat + (size_t)u * kvl);
+        k3c_mla_merge(j->o_parts, j->lses, j->stride, j->n, Hm, kvl, u / Hm, u % Hm, j->x->o_lat + (size_t)u * kvl);
 }
 
-static void cpu_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses, int n,
-                          int T, float *o) {
+static void cpu_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                          size_t stride, int n, int T, float *o) {
     cpu_ctx *x = be->ctx;
     flush(x);
     const k3c_config *c = x->c;
     int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, nope = c->qk_nope_head_dim, vh = c->v_head_dim;
     if (T <= 0) return;
-    merge_job j = {x, o_parts, lses, n, T};
+    merge_job j = {x, o_parts, lses, stride, n};
     k3c_pool_for(x->pool, T * Hm, merge_units, &j);
     /* o = rnd(W_UV[h] lat) per head, as cpu_mla_attention ends (the same strided products, one of T rows) */
     for (int h = 0; h < Hm; h++) {

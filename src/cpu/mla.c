@@ -122,9 +122,9 @@ void k3c_mla_attend_part(const float *q_abs, int Tq, int Hm, int h0, int h1, int
                     o_lat, lse);
 }
 
-void k3c_mla_merge(const float *o_parts, const float *lses, int n, int T, int Hm, int kv_lora, int t, int h,
+void k3c_mla_merge(const float *o_parts, const float *lses, size_t stride, int n, int Hm, int kv_lora, int t, int h,
                    float *lat) {
-    size_t o_part = (size_t)T * Hm * kv_lora, l_part = (size_t)T * Hm, rh = (size_t)t * Hm + h;
+    size_t o_part = stride, l_part = stride, rh = (size_t)t * Hm + h;
     float M = -INFINITY, w[n];
     for (int r = 0; r < n; r++) M = fmaxf(M, lses[r * l_part + rh]);
     float L = 0.0f;

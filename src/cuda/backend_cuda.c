@@ -986,15 +986,15 @@ static void cuda_mla_attention_part(k3c_backend *be, const float *q_abs, int H, 
                                    o_lat, lse, x->mla_part, x->mla_part_floats, x->stream));
 }
 
-static void cuda_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses, int n,
-                           int T, float *o) {
+static void cuda_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                           size_t stride, int n, int T, float *o) {
     cuda_ctx *x = be->ctx;
     if (x->failed || T <= 0) return;
     const k3c_config *c = x->c;
     int Hm = c->num_attention_heads, kvl = c->kv_lora_rank;
     const uint16_t *kvb;
     WDEV(x, "mla_merge", w->kv_b.w, kvb);
-    OP_TRY(x, "mla_merge", k3c_cuda_mla_dcp_merge(o_parts, lses, n, T, Hm, kvl, x->o_lat, x->stream));
+    OP_TRY(x, "mla_merge", k3c_cuda_mla_dcp_merge(o_parts, lses, stride, n, T, Hm, kvl, x->o_lat, x->stream));
     OP_TRY(x, "mla_merge absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, c->qk_nope_head_dim, c->v_head_dim,
                                                           kvl, RND(x), o, x->stream));
 }

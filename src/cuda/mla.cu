@@ -978,12 +978,12 @@ extern "C" int k3c_cuda_mla_attend_lse(const float *q_abs, const int *table_off,
 /* grid (T, Hm): the exact merge of n DCP partials (backend.h mla_merge) into lat [T, Hm, kvl]: the factors
  * e^(lse_r - M) once per block (shared), then per element the sum over r in order, as the split merge above. */
 #define MERGE_MAX_PARTS 64
-__global__ void mla_dcp_merge_kernel(const float *__restrict__ o_parts, const float *__restrict__ lses, int n, int T,
-                                     int Hm, int kvl, float *lat) {
+__global__ void mla_dcp_merge_kernel(const float *__restrict__ o_parts, const float *__restrict__ lses, size_t stride,
+                                     int n, int Hm, int kvl, float *lat) {
     __shared__ float f[MERGE_MAX_PARTS];
     __shared__ float inv_s;
     int t = blockIdx.x, h = blockIdx.y;
-    size_t rh = (size_t)t * Hm + h, lp = (size_t)T * Hm, op = lp * kvl;
+    size_t rh = (size_t)t * Hm + h, lp = stride, op = stride;
     if (threadIdx.x == 0) {
         float M = -INFINITY;
         for (int r = 0; r < n; r++) M = fmaxf(M, lses[r * lp + rh]);
@@ -1003,11 +1003,11 @@ __global__ void mla_dcp_merge_kernel(const float *__restrict__ o_parts, const fl
     }
 }
 
-extern "C" int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, int n, int T, int Hm, int kvl,
-                                      float *lat, cudaStream_t stream) {
+extern "C" int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, size_t stride, int n, int T, int Hm,
+                                      int kvl, float *lat, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (n < 1 || n > MERGE_MAX_PARTS) return k3c_errorf("k3c_cuda_mla_dcp_merge: %d parts (1 .. %d)", n, MERGE_MAX_PARTS);
-    mla_dcp_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(o_parts, lses, n, T, Hm, kvl, lat);
+    mla_dcp_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(o_parts, lses, stride, n, Hm, kvl, lat);
     K3C_CUDA_LAUNCHED("mla_dcp_merge");
     return K3C_OK;
 }

@@ -45,10 +45,11 @@ size_t k3c_cuda_mla_attend_split_floats(int kvl);
 int k3c_cuda_mla_attend_lse(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
                             const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale,
                             float *o_lat, float *lse, float *part, size_t part_floats, cudaStream_t stream);
-/* lat [T, Hm, kvl] = the exact merge of n partials (backend.h mla_merge): o_parts [n][T, Hm, kvl], lses [n][T, Hm];
- * weights e^(lse_r - max) summed and applied in r order (n <= 64). */
-int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, int n, int T, int Hm, int kvl, float *lat,
-                           cudaStream_t stream);
+/* lat [T, Hm, kvl] = the exact merge of n partials (backend.h mla_merge): part r's o_lat [T, Hm, kvl] at
+ * o_parts + r * stride, its lse [T, Hm] at lses + r * stride; weights e^(lse_r - max) summed and applied in r
+ * order (n <= 64). */
+int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, size_t stride, int n, int T, int Hm, int kvl,
+                           float *lat, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

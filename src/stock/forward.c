@@ -68,7 +68,8 @@
  *     and SGLang's choice too, parallel.md §2.6). Only the owning rank stores a position's latent. Every rank
  *     absorbs its heads' queries, the group all-gathers them, each rank attends every head of the group over
  *     its own positions (unnormalized output and log-sum-exp per row and head, backend.h mla_attention_part),
- *     the partials are all-gathered and each rank merges its own heads' in DCP rank order (mla_merge), then
+ *     each rank's heads' partials go to it (an all-to-all, or an all-gather where the group has none) and it
+ *     merges them in DCP rank order (mla_merge), then
  *     W_UV and o_proj as under TP. The merge runs on the same gathered bits on every rank in the same order,
  *     so the ranks agree bitwise; against TP without DCP the sums differ only by f32 reassociation. Prompt
  *     rows take the same path (sharded over the keys, every row absorbed): the expanded form would need every
@@ -130,8 +131,10 @@ struct k3c_forward {
     /* decode context parallel (top of the file, mla_dcp): NULL without */
     k3c_comm *dcp;
     float *dq, *dqg, *dqa; /* [R, Hm lat] absorbed queries; [dcp, R, Hm lat] gathered; [R, dcp Hm, lat] per row */
-    float *dpk, *dpg;      /* [R, dcp Hm (kv_lora + 1)] this rank's partials [o_lat | lse]; [dcp, ...] gathered */
-    float *dpo, *dpl;      /* [dcp, R, Hm kv_lora], [dcp, R, Hm]: this rank's heads' partials from every rank */
+    float *dpk, *dpg;      /* [R, dcp Hm (kv_lora + 1)] this rank's partials [o_lat | lse]; [dcp, ...] gathered
+                            * (or the packs sent, one per rank, with an all-to-all) */
+    float *dpm;            /* [dcp, R, Hm (kv_lora + 1)]: this rank's heads' partials from every rank, part r
+                            * [o_lat [T, Hm, kv_lora] | lse [T, Hm]] at r T Hm (kv_lora + 1) */
     int *dcp_rows;         /* [dcp R] host: row indices of the reorderings */
 
     /* DP attention + EP MoE (top of the file, moe_ep): NULL without */
@@ -342,7 +345,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         size_t nd = (size_t)o->dcp, kvl = c->kv_lora_rank;
         CARVE(f->dq, Hm * lat); CARVE(f->dqg, nd * Hm * lat); CARVE(f->dqa, nd * Hm * lat);
         CARVE(f->dpk, nd * Hm * (kvl + 1)); CARVE(f->dpg, nd * nd * Hm * (kvl + 1));
-        CARVE(f->dpo, nd * Hm * kvl); CARVE(f->dpl, nd * Hm);
+        CARVE(f->dpm, nd * Hm * (kvl + 1));
     }
     if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
     if (f->tp) {
@@ -735,20 +738,38 @@ static void mla_dcp(k3c_forward *f, const k3c_mla_weights *w, const void *cache,
     /* 2. every head over this rank's positions: [T, H, kvl] then [T, H] lse, packed for one gather */
     float *po = f->dpk, *pl = f->dpk + Tz * H * kvl;
     be->mla_attention_part(be, f->dqa, (int)H, f->segs, nreq, cache, po, pl);
-    size_t S = Tz * H * (kvl + 1); /* floats of one rank's pack */
-    if (!ready(f, "dcp", d)) return;
-    if (d->all_gather(d, f->dpk, f->dpg, S * sizeof(float)) != K3C_OK) {
-        fail_step(f, "dcp", d);
-        return;
+    /* 3. every rank gets its own heads' partials (slot me of each row's n Hm) from every rank, into f->dpm: an
+     * all-to-all of exactly those where the group has one (threads, NCCL), else the gather of every rank's whole
+     * pack and the pick (the groups of ranks on one GPU: staged, mailbox). The same bits either way. */
+    size_t S = Tz * H * (kvl + 1), Sp = Tz * Hm * (kvl + 1), ol = Tz * Hm * kvl; /* a pack; a part; its o_lat */
+    if (d->all_to_all) {
+        size_t bytes[n];
+        for (int q = 0; q < n; q++) {
+            for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + q;
+            be->gather_rows(be, po, f->dcp_rows, T, Hm * kvl, f->dpg + q * Sp);
+            be->gather_rows(be, pl, f->dcp_rows, T, Hm, f->dpg + q * Sp + ol);
+            bytes[q] = Sp * sizeof(float);
+        }
+        if (!ready(f, "dcp", d)) return;
+        if (d->all_to_all(d, f->dpg, bytes, f->dpm, bytes) != K3C_OK) {
+            fail_step(f, "dcp", d);
+            return;
+        }
+    } else {
+        if (!ready(f, "dcp", d)) return;
+        if (d->all_gather(d, f->dpk, f->dpg, S * sizeof(float)) != K3C_OK) {
+            fail_step(f, "dcp", d);
+            return;
+        }
+        for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + me;
+        for (int r = 0; r < n; r++) {
+            const float *src = f->dpg + (size_t)r * S;
+            be->gather_rows(be, src, f->dcp_rows, T, Hm * kvl, f->dpm + r * Sp);
+            be->gather_rows(be, src + Tz * H * kvl, f->dcp_rows, T, Hm, f->dpm + r * Sp + ol);
+        }
     }
-    /* 3. this rank's heads (slot me of each row's n Hm) from every rank's pack, then the merge in rank order */
-    for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + me;
-    for (int r = 0; r < n; r++) {
-        const float *src = f->dpg + (size_t)r * S;
-        be->gather_rows(be, src, f->dcp_rows, T, Hm * kvl, f->dpo + (size_t)r * Tz * Hm * kvl);
-        be->gather_rows(be, src + Tz * H * kvl, f->dcp_rows, T, Hm, f->dpl + (size_t)r * Tz * Hm);
-    }
-    be->mla_merge(be, w, f->dpo, f->dpl, n, T, f->mo);
+    /* 4. the merge, in rank order */
+    be->mla_merge(be, w, f->dpm, f->dpm + ol, Sp, n, T, f->mo);
 }
 
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends

@@ -7,7 +7,7 @@
  *  - the stock forward of TP 2 and TP 4 rank shards with dcp = tp on the tiny K3 config of test_tp.c, a 70-token
  *    prompt and 64 decode steps (the inputs forced, the same in every run), against the same TP without DCP on
  *    the GPU: f32 every row within 1e-5; bf16 no farther from the f32 function (TP without DCP, f32) than 2x TP
- *    without DCP's own bf16 logits; every rank's logits bitwise rank 0's.
+ *    without DCP's own bf16 logits (and within 3x of those); every rank's logits bitwise rank 0's.
  * Prints "METRIC <name> rel_l2 <threshold> <value>" lines (tools/gpu-check.sh tabulates them). */
 #include <math.h>
 #include <pthread.h>
@@ -75,17 +75,17 @@ TEST(gpu_dcp_ops_match_softmax) {
     int32_t table[8];
     for (int b = 0; b < nb; b++) table[b] = nb - 1 - b;
     float *lat_all = malloc(sizeof(float) * (size_t)N * lat), *q = malloc(sizeof(float) * (size_t)T * Hm * lat);
-    float *host_parts = malloc(sizeof(float) * (size_t)n * T * Hm * (kvl + 1)), *o = malloc(sizeof(float) * (size_t)T * Hm * vh);
+    size_t ol = (size_t)T * Hm * kvl, Sp = ol + (size_t)T * Hm; /* part r at r Sp: [o_lat | lse] */
+    float *host_parts = malloc(sizeof(float) * (size_t)n * Sp), *o = malloc(sizeof(float) * (size_t)T * Hm * vh);
     for (size_t i = 0; i < (size_t)N * lat; i++) lat_all[i] = (float)(urand(&g) * 2.0);
     for (size_t i = 0; i < (size_t)T * Hm * lat; i++) q[i] = (float)(urand(&g) * 1.5);
-    size_t cache_f = (size_t)nb * bs * lat, parts_f = (size_t)n * T * Hm * kvl, lses_f = (size_t)n * T * Hm;
+    size_t cache_f = (size_t)nb * bs * lat, parts_f = (size_t)n * Sp;
     float *dcache = be->alloc(be, sizeof(float) * cache_f), *dq = be->alloc(be, sizeof(float) * (size_t)T * Hm * lat);
-    float *dparts = be->alloc(be, sizeof(float) * parts_f), *dlses = be->alloc(be, sizeof(float) * lses_f);
+    float *dparts = be->alloc(be, sizeof(float) * parts_f);
     float *dout = be->alloc(be, sizeof(float) * (size_t)T * Hm * vh);
-    CHECK(dcache && dq && dparts && dlses && dout);
+    CHECK(dcache && dq && dparts && dout);
     be->upload(be, dq, q, sizeof(float) * (size_t)T * Hm * lat);
     be->fill_bytes(be, dparts, 0xff, sizeof(float) * parts_f);
-    be->fill_bytes(be, dlses, 0xff, sizeof(float) * lses_f);
     float *hc = calloc(cache_f, sizeof(float));
     for (int r = 0; r < n; r++) {
         memset(hc, 0, sizeof(float) * cache_f);
@@ -95,13 +95,12 @@ TEST(gpu_dcp_ops_match_softmax) {
         }
         be->upload(be, dcache, hc, sizeof(float) * cache_f);
         k3c_seg sg = {.row0 = 0, .n = T, .pos = pos, .block_table = table, .dcp = n, .dcp_rank = r};
-        be->mla_attention_part(be, dq, Hm, &sg, 1, dcache, dparts + (size_t)r * T * Hm * kvl, dlses + (size_t)r * T * Hm);
+        be->mla_attention_part(be, dq, Hm, &sg, 1, dcache, dparts + r * Sp, dparts + r * Sp + ol);
         CHECK_OK(be->sync(be));
     }
-    be->mla_merge(be, w, dparts, dlses, n, T, dout);
+    be->mla_merge(be, w, dparts, dparts + ol, Sp, n, T, dout);
     CHECK_OK(be->sync(be));
     be->download(be, host_parts, dparts, sizeof(float) * parts_f);
-    be->download(be, host_parts + parts_f, dlses, sizeof(float) * lses_f);
     be->download(be, o, dout, sizeof(float) * (size_t)T * Hm * vh);
     CHECK_OK(be->sync(be));
     double worst_lse = 0, worst_o = 0;
@@ -126,7 +125,7 @@ TEST(gpu_dcp_ops_match_softmax) {
                 double rm = -INFINITY, rs = 0;
                 for (int p = r; p < see; p += n) rm = s[p] > rm ? s[p] : rm;
                 for (int p = r; p < see; p += n) rs += exp(s[p] - rm);
-                float got = host_parts[parts_f + ((size_t)r * T + t) * Hm + h];
+                float got = host_parts[r * Sp + ol + (size_t)t * Hm + h];
                 if (rs == 0) {
                     empty++;
                     CHECK(got == -INFINITY);
@@ -150,7 +149,7 @@ TEST(gpu_dcp_ops_match_softmax) {
     dcp_metric("gpu_dcp_merge", 1e-5, worst_o);
     CHECK(empty > 0);
     CHECKF(worst_lse <= 1e-5 && worst_o <= 1e-5, "lse %.3g, o %.3g", worst_lse, worst_o);
-    be->free(be, dcache), be->free(be, dq), be->free(be, dparts), be->free(be, dlses), be->free(be, dout);
+    be->free(be, dcache), be->free(be, dq), be->free(be, dparts), be->free(be, dout);
     be->destroy(be);
     free(lat_all), free(q), free(host_parts), free(o), free(hc);
     k3c_model_free(m);
@@ -282,8 +281,8 @@ TEST(gpu_dcp_forward_tiny_k3) {
         snprintf(name, sizeof name, "gpu_dcp_tp%d_f32", tp);
         dcp_metric(name, 1e-5, wf);
         CHECKF(wf <= 1e-5, "tp %d dcp f32: %.3g over 1e-5", tp, wf);
-        CHECKF(wb <= 2.0 * noise && wfn <= 2.0 * noise, "tp %d dcp bf16: %.3g / %.3g against %.3g (x 2)", tp, wb, wfn,
-               noise);
+        CHECKF(wfn <= 2.0 * noise && wb <= 3.0 * noise, "tp %d dcp bf16: %.3g from the f32 function (x 2), %.3g from "
+               "tp's bf16 (x 3), against %.3g", tp, wfn, wb, noise);
     }
     free(f32), free(f32d), free(bf), free(bfd);
     k3c_model_free(m);
