@@ -75,7 +75,7 @@ TEST(gpu_dcp_ops_match_softmax) {
     int32_t table[8];
     for (int b = 0; b < nb; b++) table[b] = nb - 1 - b;
     float *lat_all = malloc(sizeof(float) * (size_t)N * lat), *q = malloc(sizeof(float) * (size_t)T * Hm * lat);
-    size_t ol = (size_t)T * Hm * kvl, Sp = ol + (size_t)T * Hm; /* part r at r Sp: [o_lat | lse] */
+    size_t o_len = (size_t)T * Hm * kvl, Sp = o_len + (size_t)T * Hm; /* part r at r Sp: [o_lat | lse] */
     float *host_parts = malloc(sizeof(float) * (size_t)n * Sp), *o = malloc(sizeof(float) * (size_t)T * Hm * vh);
     for (size_t i = 0; i < (size_t)N * lat; i++) lat_all[i] = (float)(urand(&g) * 2.0);
     for (size_t i = 0; i < (size_t)T * Hm * lat; i++) q[i] = (float)(urand(&g) * 1.5);
@@ -95,10 +95,10 @@ TEST(gpu_dcp_ops_match_softmax) {
         }
         be->upload(be, dcache, hc, sizeof(float) * cache_f);
         k3c_seg sg = {.row0 = 0, .n = T, .pos = pos, .block_table = table, .dcp = n, .dcp_rank = r};
-        be->mla_attention_part(be, dq, Hm, &sg, 1, dcache, dparts + r * Sp, dparts + r * Sp + ol);
+        be->mla_attention_part(be, dq, Hm, &sg, 1, dcache, dparts + r * Sp, dparts + r * Sp + o_len);
         CHECK_OK(be->sync(be));
     }
-    be->mla_merge(be, w, dparts, dparts + ol, Sp, n, T, dout);
+    be->mla_merge(be, w, dparts, dparts + o_len, Sp, n, T, dout);
     CHECK_OK(be->sync(be));
     be->download(be, host_parts, dparts, sizeof(float) * parts_f);
     be->download(be, o, dout, sizeof(float) * (size_t)T * Hm * vh);
@@ -125,7 +125,7 @@ TEST(gpu_dcp_ops_match_softmax) {
                 double rm = -INFINITY, rs = 0;
                 for (int p = r; p < see; p += n) rm = s[p] > rm ? s[p] : rm;
                 for (int p = r; p < see; p += n) rs += exp(s[p] - rm);
-                float got = host_parts[r * Sp + ol + (size_t)t * Hm + h];
+                float got = host_parts[r * Sp + o_len + (size_t)t * Hm + h];
                 if (rs == 0) {
                     empty++;
                     CHECK(got == -INFINITY);
