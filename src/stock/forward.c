@@ -67,10 +67,10 @@
  *     would put a decode's whole read on the rank holding the tail, and fill one rank before the next: vLLM's
  *     and SGLang's choice too, parallel.md §2.6). Only the owning rank stores a position's latent. Every rank
  *     absorbs its heads' queries, the group all-gathers them, each rank attends every head of the group over
- *     its own positions (unnormalized output and log-sum-exp per row and head, backend.h mla_attention_part),
- *     each rank's heads' partials go to it (an all-to-all, or an all-gather where the group has none) and it
- *     merges them in DCP rank order (mla_merge), then
- *     W_UV and o_proj as under TP. The merge runs on the same gathered bits on every rank in the same order,
+ *     its own positions (the output normalized over them and its log-sum-exp per row and head, backend.h
+ *     mla_attention_part), each rank's heads' partials go to it (an all-to-all, or an all-gather where the
+ *     group has none) and it merges them in DCP rank order (mla_merge), then W_UV and o_proj as under TP.
+ *     The merge runs on the same gathered bits on every rank in the same order,
  *     so the ranks agree bitwise; against TP without DCP the sums differ only by f32 reassociation. Prompt
  *     rows take the same path (sharded over the keys, every row absorbed): the expanded form would need every
  *     head's kv_b on every rank, or the context's latents gathered to each rank each layer (the bytes DCP
@@ -344,7 +344,9 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (f->dcp && Hm) {
         size_t nd = (size_t)o->dcp, kvl = c->kv_lora_rank;
         CARVE(f->dq, Hm * lat); CARVE(f->dqg, nd * Hm * lat); CARVE(f->dqa, nd * Hm * lat);
-        CARVE(f->dpk, nd * Hm * (kvl + 1)); CARVE(f->dpg, nd * nd * Hm * (kvl + 1));
+        /* dpg: the packs sent (all-to-all), or every rank's whole pack (all-gather: dcp times more) */
+        size_t ng = f->dcp->all_to_all ? nd : nd * nd;
+        CARVE(f->dpk, nd * Hm * (kvl + 1)); CARVE(f->dpg, ng * Hm * (kvl + 1));
         CARVE(f->dpm, nd * Hm * (kvl + 1));
     }
     if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
