@@ -178,6 +178,11 @@ typedef struct k3c_layout {
     int context, requests; /* per DP rank: requests of context tokens each (the caches and the floor) */
     int kv_fp8;            /* MLA cache elements in FP8 E4M3 (1 byte) instead of bf16 */
     double hbm_bytes_per_s; /* the floor's bandwidth */
+    /* Decode context parallel (docs/PARALLEL.md): 0 or 1 none; > 1, a divisor of tp: the MLA latent cache,
+     * otherwise replicated on every TP rank, is sharded by position over dcp consecutive TP ranks
+     * (interleaved: position p on DCP rank p % dcp), so each rank holds 1/dcp of every request's MLA tokens
+     * and the same cache bytes hold dcp times the tokens. KDA state is untouched. */
+    int dcp;
 } k3c_layout;
 
 typedef struct k3c_layout_rank {
@@ -188,7 +193,8 @@ typedef struct k3c_layout_rank {
     uint64_t weight_bytes;       /* every tensor (share) the rank holds, as published */
     uint64_t routed_expert_bytes; /* of which routed experts */
     uint64_t mla_bytes_per_token; /* what one token adds to the rank's MLA latent cache (replicated over TP) */
-    uint64_t mla_cache_bytes;    /* requests x context tokens */
+    uint64_t mla_cache_bytes;    /* requests x context tokens (x 1 / dcp: the rank's share under DCP) */
+    uint64_t mla_tokens;         /* token positions the rank's MLA cache holds: requests x ceil(context / dcp) */
     uint64_t kda_bytes_per_request; /* one KDA slot on the rank: f32 state + f32 conv window, as k3c stores them */
     uint64_t kda_bytes;          /* requests slots */
     uint64_t total_bytes;        /* weights + MLA cache + KDA slots (no activations, workspace or CUDA context) */

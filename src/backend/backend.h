@@ -57,7 +57,17 @@ typedef struct k3c_seg {
      * backend may cut a block into its own fixed chunks from the block's start. 0: recurrent (a prompt's
      * ragged rows, decode, verify, commit). */
     int chunked;
+    /* Decode context parallel (stock/forward.c, docs/PARALLEL.md): dcp > 1 when the request's MLA cache is
+     * sharded over dcp ranks, interleaved: position p lives on rank p % dcp, at the rank's local slot p / dcp
+     * (block_table[(p / dcp) / block_size]). mla_cache_write then stores only this rank's positions
+     * (p % dcp == dcp_rank) and mla_attention_part attends only them. 0 or 1: not sharded. */
+    int dcp, dcp_rank;
 } k3c_seg;
+
+/* The local slots of the positions [0, n) that rank r of a dcp-way sharded cache holds (p % dcp == r). */
+static inline int k3c_dcp_local(int n, int dcp, int r) {
+    return dcp > 1 ? (n - r + dcp - 1) / dcp : n;
+}
 
 /* The gate of the KDA gated output norm: sigmoid in both families. transformers 5.17's
  * KimiLinearRMSNormGated sets activation = "sigmoid", and its saved logits (tests/fixtures/kimi_linear_hf)
@@ -147,6 +157,7 @@ struct k3c_backend {
      * With limits.kv_fp8 every element is stored rounded to FP8 E4M3 (util/fp8.h k3c_e4m3_round), so every
      * later read of the cache (absorbed or expanded attention) sees the E4M3 value. */
     void (*mla_cache_write)(k3c_backend *be, const float *lat, const k3c_seg *segs, int nseg, void *cache);
+    /* (With seg dcp > 1 only the positions of seg dcp_rank are stored, each at its local slot: see k3c_seg.) */
     /* Attention of each seg's query rows over its cached latents (positions 0 .. pos + i for row i), the
      * rows of this step included (written before). q [T, Hm * (nope + rope)] per head [q_nope | q_pe];
      * inside, in f32: q_abs[h] = W_UK[h]^T q_nope[h], scores = [q_abs | q_pe] . [c | k_pe] / sqrt(nope + rope),
@@ -165,6 +176,27 @@ struct k3c_backend {
      * mla_attention in exact arithmetic (the k/v rounding is the only contract difference). */
     void (*mla_attention_expanded)(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
                                    int nseg, const void *cache, float *o);
+
+    /* ---- decode context parallel (optional: NULL where the backend has none; the forward then refuses dcp).
+     * The absorbed attention cut where the ranks of a DCP group exchange (stock/forward.c mla_dcp): every
+     * rank attends the heads of the whole group over its own positions, and the partials are merged exactly
+     * (softmax over the union of the positions = the partial softmaxes weighted by their sums). ---- */
+    /* q_abs [T, Hm, kv_lora + rope] = [W_UK[h]^T q_nope[h] | q_pe[h]] for every row (the rank's heads), f32:
+     * the query mla_attention forms inside. */
+    void (*mla_absorb)(k3c_backend *be, const k3c_mla_weights *w, const float *q, int T, float *q_abs);
+    /* For each seg's row i and each of H heads (q_abs [T, H, kv_lora + rope], any head count): the attention
+     * over this rank's positions among 0 .. pos + i (seg dcp, dcp_rank; k3c_dcp_local(pos + i + 1, ...) local
+     * slots), in f32: o_lat [T, H, kv_lora] = sum_p e^(s_p - m) c_p / sum_p e^(s_p - m) (normalized over the
+     * rank's positions) and lse [T, H] = m + log(sum_p e^(s_p - m)), m the max score, scores as in
+     * mla_attention. A row that sees none of the rank's positions: o_lat 0, lse -inf. Writes the segs' rows. */
+    void (*mla_attention_part)(k3c_backend *be, const float *q_abs, int H, const k3c_seg *segs, int nseg,
+                               const void *cache, float *o_lat, float *lse);
+    /* The merge of n partials, part r's o_lat [T, Hm, kv_lora] at o_parts + r * stride and its lse [T, Hm] at
+     * lses + r * stride (floats), per row t and head h, in f32 and in part order r = 0 .. n-1 (the same bits
+     * wherever it runs on the same parts): M = max_r lse_r; w_r = e^(lse_r - M) (0 for lse_r = -inf);
+     * lat = (sum_r w_r o_r) / (sum_r w_r); then o [T, Hm * v] = rnd(W_UV[h] lat), as mla_attention ends. */
+    void (*mla_merge)(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                      size_t stride, int n, int T, float *o);
 
     /* ---- MoE ---- */
     /* out [T, D] = latent MoE / MoE of y [T, D] (y already rounded), per row, rounding ("rnd") exactly at:

@@ -23,7 +23,20 @@ typedef struct k3c_kv_cache {
     int *free_ids;        /* stack of free block ids */
     int num_free;
     int *ref;             /* [num_blocks] references; 0 = on the free list */
+    /* Decode context parallel (stock/forward.h k3c_forward_options.dcp): > 1 when the cache is one rank's
+     * share of a DCP group's, interleaved by position (backend.h k3c_seg): a request's block table then lists
+     * the same block ids on every rank of the group, block j holding local slots [j bs, (j + 1) bs), i.e.
+     * this rank's positions among [j bs dcp, (j + 1) bs dcp). So a block covers bs x dcp of the request's
+     * tokens at the bytes of bs: the cache holds dcp times the tokens. 0 or 1: none (set after init). */
+    int dcp;
 } k3c_kv_cache;
+
+/* Blocks a request of `tokens` positions needs in its table (ceil(ceil(tokens / dcp) / block_size): the
+ * local slots of DCP rank 0, which holds the most). */
+static inline int k3c_kv_cache_blocks_for(const k3c_kv_cache *kv, long long tokens) {
+    long long per = (long long)kv->block_size * (kv->dcp > 1 ? kv->dcp : 1);
+    return (int)((tokens + per - 1) / per);
+}
 
 /* Bytes the cache of `tokens` token positions takes on a backend of elem_bytes per element (the memory plan
  * of the engine sizes num_blocks from it); a double, so that an absurd request compares instead of wrapping. */

@@ -405,6 +405,9 @@ int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, in
     } else if ((v = cli_option(argc, argv, i, "--dp"))) {
         *bad = cli_int("--dp", v, 1, 4096, &l);
         o->layout.dp = (int)l;
+    } else if ((v = cli_option(argc, argv, i, "--dcp"))) {
+        *bad = cli_int("--dcp", v, 1, 4096, &l);
+        o->layout.dcp = (int)l;
     } else if ((v = cli_option(argc, argv, i, "--world-size"))) {
         *bad = cli_int("--world-size", v, 1, 4096, &l);
         o->world_size = (int)l;

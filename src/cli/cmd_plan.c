@@ -12,13 +12,15 @@
 #define H200_COPY_GBPS 4200.0
 
 static const char usage_text[] =
-    "usage: k3c plan (--config FILE|DIR | --preset NAME) [--tp N] [--pp N] [--dp N] [--ep N] [--hosts N]\n"
+    "usage: k3c plan (--config FILE|DIR | --preset NAME) [--tp N] [--pp N] [--dp N] [--ep N] [--dcp N] [--hosts N]\n"
     "                [--gpu-mem BYTES] [--context N] [--requests N] [--kv-cache bf16|fp8] [--hbm GB/s]\n"
     "  per rank of tp x pp x dp ranks (TP inside a host, PP across hosts): weight bytes as published, the MLA\n"
     "  latent cache per token and for --requests x --context tokens per DP rank, the KDA slot bytes per\n"
     "  request, whether it fits in --gpu-mem (default 143771 MiB, an H200), and the floor of a decode step of\n"
     "  --requests rows at --hbm GB/s (default 4200, the H200's measured copy rate). --ep tp x dp places the\n"
-    "  routed experts whole over a stage's ranks (else TP splits each expert's intermediate dimension).\n";
+    "  routed experts whole over a stage's ranks (else TP splits each expert's intermediate dimension).\n"
+    "  --dcp N (a divisor of --tp): decode context parallel, the MLA cache sharded by position over N TP ranks\n"
+    "  (each holds ceil(context / N) of a request's tokens): the MLA GB and MLA tok columns are the rank's share.\n";
 
 static double gb(double bytes) { return bytes / 1e9; }
 
@@ -52,6 +54,9 @@ int cmd_plan(int argc, char **argv) {
         } else if ((v = cli_option(argc, argv, &i, "--ep"))) {
             bad = cli_int("--ep", v, 1, 1 << 20, &x);
             l.ep = (int)x;
+        } else if ((v = cli_option(argc, argv, &i, "--dcp"))) {
+            bad = cli_int("--dcp", v, 1, 4096, &x);
+            l.dcp = (int)x;
         } else if ((v = cli_option(argc, argv, &i, "--hosts"))) {
             bad = cli_int("--hosts", v, 1, 4096, &x);
             l.hosts = (int)x;
@@ -103,21 +108,27 @@ int cmd_plan(int argc, char **argv) {
            config ? "config" : "preset", config ? config : preset, l.tp, l.pp, l.dp, n, l.hosts,
            l.hosts == 1 ? "" : "s", n / l.hosts, l.ep > 1 ? "whole over each stage's ranks (ep)" : "split by TP");
     printf("caches: %d request%s x %d tokens per DP rank, MLA latent %s; GPU memory %.2f GB; decode floor of %d "
-           "row%s per DP rank at %.0f GB/s (HBM bytes only, collectives not counted)\n\n",
+           "row%s per DP rank at %.0f GB/s (HBM bytes only, collectives not counted)\n",
            l.requests, l.requests == 1 ? "" : "s", l.context, l.kv_fp8 ? "fp8" : "bf16", gb((double)l.gpu_mem),
            l.requests, l.requests == 1 ? "" : "s", l.hbm_bytes_per_s / 1e9);
-    printf("%4s %4s %3s %3s %3s %9s %16s %9s %8s %9s %9s %9s %9s %9s %4s %9s\n", "rank", "host", "tp", "pp", "dp",
-           "layers", "weight bytes", "weight GB", "MLA B/tok", "MLA GB", "KDA MB/rq", "KDA GB", "total GB", "free GB",
-           "fits", "floor ms");
+    if (l.dcp > 1)
+        printf("decode context parallel: dcp %d, the MLA cache sharded by position over %d TP ranks (position p on "
+               "DCP rank p %% %d): each rank holds %llu of the %llu MLA token positions, %d times the tokens per "
+               "GB of cache of tp without dcp\n", l.dcp, l.dcp, l.dcp, (unsigned long long)r[0].mla_tokens,
+               (unsigned long long)l.requests * (unsigned long long)l.context, l.dcp);
+    printf("\n%4s %4s %3s %3s %3s %9s %16s %9s %8s %11s %9s %9s %9s %9s %9s %4s %9s\n", "rank", "host", "tp", "pp",
+           "dp", "layers", "weight bytes", "weight GB", "MLA B/tok", "MLA tok", "MLA GB", "KDA MB/rq", "KDA GB",
+           "total GB", "free GB", "fits", "floor ms");
     double step_ms = 0, stage_max = 0;
     int all_fit = 1;
     for (int i = 0; i < n; i++) {
         const k3c_layout_rank *k = &r[i];
         char layers[32];
         snprintf(layers, sizeof layers, "%d-%d", k->layer_first, k->layer_first + k->num_layers - 1);
-        printf("%4d %4d %3d %3d %3d %9s %16llu %9.2f %8llu %9.2f %9.2f %9.2f %9.2f %9.2f %4s %9.3f\n", k->rank, k->host,
-               k->tp_rank, k->pp_stage, k->dp_rank, layers, (unsigned long long)k->weight_bytes, gb((double)k->weight_bytes),
-               (unsigned long long)k->mla_bytes_per_token, gb((double)k->mla_cache_bytes),
+        printf("%4d %4d %3d %3d %3d %9s %16llu %9.2f %8llu %11llu %9.2f %9.2f %9.2f %9.2f %9.2f %4s %9.3f\n", k->rank,
+               k->host, k->tp_rank, k->pp_stage, k->dp_rank, layers, (unsigned long long)k->weight_bytes,
+               gb((double)k->weight_bytes), (unsigned long long)k->mla_bytes_per_token,
+               (unsigned long long)k->mla_tokens, gb((double)k->mla_cache_bytes),
                (double)k->kda_bytes_per_request / 1e6, gb((double)k->kda_bytes), gb((double)k->total_bytes),
                gb((double)l.gpu_mem - (double)k->total_bytes), k->fits ? "yes" : "NO", k->floor_ms);
         all_fit &= k->fits;

@@ -531,6 +531,10 @@ static void cpu_mla_cache_write(k3c_backend *be, const float *lat, const k3c_seg
         const k3c_seg *g = &segs[s];
         for (int i = 0; i < g->n; i++) {
             int p = g->pos + i;
+            if (g->dcp > 1) { /* interleaved over the DCP ranks (backend.h k3c_seg): this rank's positions only */
+                if (p % g->dcp != g->dcp_rank) continue;
+                p /= g->dcp;
+            }
             size_t slot = (size_t)g->block_table[p / bs] * bs + p % bs;
             const float *src = lat + (size_t)(g->row0 + i) * L;
             if (c->lim.kv_fp8)
@@ -629,6 +633,84 @@ static void cpu_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const f
                                       .ldy = (size_t)Hm * vh};
     }
     k3c_matmul_batch(x->pool, x->mla_mm, n);
+}
+
+/* ---- decode context parallel (backend.h mla_absorb, mla_attention_part, mla_merge) ---- */
+
+static void cpu_mla_absorb(k3c_backend *be, const k3c_mla_weights *w, const float *q, int T, float *q_abs) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    for (int t = 0; t < T; t++) x->mla_rows[t] = t;
+    absorb_job aj = {x, x->c, w, q, x->mla_rows, q_abs};
+    k3c_pool_for(x->pool, T * x->c->num_attention_heads, absorb_q, &aj);
+}
+
+typedef struct part_job {
+    const cpu_ctx *x;
+    const float *q_abs;
+    const k3c_seg *segs;
+    const float *cache;
+    int H, groups, hg;
+    float scale;
+    float *o_lat, *lse;
+} part_job;
+
+static void part_units(void *ctx, int b, int e) {
+    part_job *j = ctx;
+    const k3c_config *c = j->x->c;
+    int kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, lat = kvl + rope, H = j->H;
+    for (int u = b; u < e; u++) {
+        const k3c_seg *g = &j->segs[u / j->groups];
+        int h0 = (u % j->groups) * j->hg, h1 = h0 + j->hg < H ? h0 + j->hg : H;
+        if (g->n <= 0 || h0 >= h1) continue;
+        size_t r0 = (size_t)g->row0;
+        k3c_mla_attend_part(j->q_abs + r0 * H * lat, g->n, H, h0, h1, kvl, rope, j->cache, g->block_table,
+                            j->x->lim.block_size, g->pos, g->dcp, g->dcp_rank, j->scale, j->o_lat + r0 * H * kvl,
+                            j->lse + r0 * H);
+    }
+}
+
+static void cpu_mla_attention_part(k3c_backend *be, const float *q_abs, int H, const k3c_seg *segs, int nseg,
+                                   const void *cache, float *o_lat, float *lse) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    const k3c_config *c = x->c;
+    part_job j = {x, q_abs, segs, cache, H, 1, 1, 1.0f / sqrtf((float)(c->qk_nope_head_dim + c->qk_rope_head_dim)),
+                  o_lat, lse};
+    head_groups(H, x->threads, &j.groups, &j.hg);
+    k3c_pool_for(x->pool, nseg * j.groups, part_units, &j);
+}
+
+typedef struct merge_job {
+    const cpu_ctx *x;
+    const float *o_parts, *lses;
+    size_t stride;
+    int n;
+} merge_job;
+
+static void merge_units(void *ctx, int b, int e) {
+    merge_job *j = ctx;
+    int Hm = j->x->c->num_attention_heads, kvl = j->x->c->kv_lora_rank;
+    for (int u = b; u < e; u++)
+        k3c_mla_merge(j->o_parts, j->lses, j->stride, j->n, Hm, kvl, u / Hm, u % Hm, j->x->o_lat + (size_t)u * kvl);
+}
+
+static void cpu_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                          size_t stride, int n, int T, float *o) {
+    cpu_ctx *x = be->ctx;
+    flush(x);
+    const k3c_config *c = x->c;
+    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank, nope = c->qk_nope_head_dim, vh = c->v_head_dim;
+    if (T <= 0) return;
+    merge_job j = {x, o_parts, lses, stride, n};
+    k3c_pool_for(x->pool, T * Hm, merge_units, &j);
+    /* o = rnd(W_UV[h] lat) per head, as cpu_mla_attention ends (the same strided products, one of T rows) */
+    for (int h = 0; h < Hm; h++) {
+        x->uv[h] = (k3c_mat){w->kv_b.w + ((size_t)h * (nope + vh) + nope) * kvl, vh, kvl};
+        x->mla_mm[h] = (k3c_mm){.W = &x->uv[h], .x = x->o_lat + (size_t)h * kvl, .T = T, .y = o + (size_t)h * vh,
+                                .round = !x->exact, .ldx = (size_t)Hm * kvl, .ldy = (size_t)Hm * vh};
+    }
+    k3c_matmul_batch(x->pool, x->mla_mm, Hm);
 }
 
 /* The expanded form (spec §3.2) for prompt segments: per (segment, head group) unit, the cached latents
@@ -981,6 +1063,9 @@ k3c_backend *k3c_backend_cpu_create(int threads) {
     be->mla_cache_write = cpu_mla_cache_write;
     be->mla_attention = cpu_mla_attention;
     be->mla_attention_expanded = cpu_mla_expanded_default ? cpu_mla_attention_expanded : NULL;
+    be->mla_absorb = cpu_mla_absorb;
+    be->mla_attention_part = cpu_mla_attention_part;
+    be->mla_merge = cpu_mla_merge;
     be->moe = cpu_moe;
     be->round = cpu_round;
     be->moe_partial = cpu_moe_partial;

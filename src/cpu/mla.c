@@ -47,13 +47,17 @@ static inline const float *mla_row(const float *lat, const int32_t *table, int b
     return table ? lat + ((size_t)table[p / bs] * bs + p % bs) * Dq : lat + (size_t)p * Dq;
 }
 
+/* dcp > 1 (k3c_mla_attend_part): the rows are the rank's local slots, row i sees the local slots of positions
+ * 0 .. n_past + i that the rank holds; lse (NULL: none) gets m + log l per row and head. */
 static void mla_attend_rows(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
-                            const float *lat, const int32_t *table, int bs, int n_past, float scale, float *o_lat) {
+                            const float *lat, const int32_t *table, int bs, int n_past, int dcp, int dcp_rank,
+                            float scale, float *o_lat, float *lse) {
     int Dq = kv_lora + rope, nh = h1 - h0;
     if (nh <= 0) return;
     float m[nh], l[nh];
     for (int i = 0; i < Tq; i++) {
         int n = n_past + i + 1; /* causal: rows 0..n_past+i */
+        if (dcp > 1) n = (n - dcp_rank + dcp - 1) / dcp; /* of which p % dcp == dcp_rank, at local slot p / dcp */
         for (int h = 0; h < nh; h++) {
             m[h] = -INFINITY;
             l[h] = 0.0f;
@@ -87,21 +91,54 @@ static void mla_attend_rows(const float *q_abs, int Tq, int Hm, int h0, int h1, 
         }
         for (int h = 0; h < nh; h++) {
             float *out = o_lat + ((size_t)i * Hm + h0 + h) * kv_lora;
+            if (n <= 0) { /* none of this rank's positions (dcp only): an empty partial */
+                for (int e = 0; e < kv_lora; e++) out[e] = 0.0f;
+                if (lse) lse[(size_t)i * Hm + h0 + h] = -INFINITY;
+                continue;
+            }
             float inv = 1.0f / l[h];
             for (int e = 0; e < kv_lora; e++) out[e] *= inv;
+            if (lse) lse[(size_t)i * Hm + h0 + h] = m[h] + logf(l[h]);
         }
     }
 }
 
 void k3c_mla_attend(const float *q_abs, int Tq, int Hm, int kv_lora, int rope, const float *lat, int n_past,
                     float scale, float *o_lat) {
-    mla_attend_rows(q_abs, Tq, Hm, 0, Hm, kv_lora, rope, lat, NULL, 1, n_past, scale, o_lat);
+    mla_attend_rows(q_abs, Tq, Hm, 0, Hm, kv_lora, rope, lat, NULL, 1, n_past, 1, 0, scale, o_lat, NULL);
 }
 
 void k3c_mla_attend_paged(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
                           const float *cache, const int32_t *block_table, int block_size, int n_past, float scale,
                           float *o_lat) {
-    mla_attend_rows(q_abs, Tq, Hm, h0, h1, kv_lora, rope, cache, block_table, block_size, n_past, scale, o_lat);
+    mla_attend_rows(q_abs, Tq, Hm, h0, h1, kv_lora, rope, cache, block_table, block_size, n_past, 1, 0, scale, o_lat,
+                    NULL);
+}
+
+void k3c_mla_attend_part(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
+                         const float *cache, const int32_t *block_table, int block_size, int n_past, int dcp,
+                         int dcp_rank, float scale, float *o_lat, float *lse) {
+    mla_attend_rows(q_abs, Tq, Hm, h0, h1, kv_lora, rope, cache, block_table, block_size, n_past, dcp, dcp_rank, scale,
+                    o_lat, lse);
+}
+
+void k3c_mla_merge(const float *o_parts, const float *lses, size_t stride, int n, int Hm, int kv_lora, int t, int h,
+                   float *lat) {
+    size_t o_part = stride, l_part = stride, rh = (size_t)t * Hm + h;
+    float M = -INFINITY, w[n];
+    for (int r = 0; r < n; r++) M = fmaxf(M, lses[r * l_part + rh]);
+    float L = 0.0f;
+    for (int r = 0; r < n; r++) {
+        float x = lses[r * l_part + rh];
+        w[r] = x == -INFINITY ? 0.0f : expf(x - M);
+        L += w[r];
+    }
+    float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int e = 0; e < kv_lora; e++) {
+        float s = 0.0f;
+        for (int r = 0; r < n; r++) s = fmaf(w[r], o_parts[r * o_part + rh * kv_lora + e], s);
+        lat[e] = s * inv;
+    }
 }
 
 /* ---- expanded form (spec §3.2) ----

@@ -120,6 +120,18 @@ void k3c_mla_attend(const float *q_abs, int Tq, int Hm, int kv_lora, int rope, c
 void k3c_mla_attend_paged(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
                           const float *cache, const int32_t *block_table, int block_size, int n_past, float scale,
                           float *o_lat);
+/* Decode context parallel: the same for the positions p % dcp == dcp_rank only, the cache holding them at
+ * local slots p / dcp (through block_table as above); row i sees the rank's local slots of positions
+ * 0 .. n_past + i. o_lat normalized over them; lse [Tq, Hm] (heads [h0, h1) written) = m + log(sum e^(s - m));
+ * a row with none of the rank's positions gets o_lat 0 and lse -inf. */
+void k3c_mla_attend_part(const float *q_abs, int Tq, int Hm, int h0, int h1, int kv_lora, int rope,
+                         const float *cache, const int32_t *block_table, int block_size, int n_past, int dcp,
+                         int dcp_rank, float scale, float *o_lat, float *lse);
+/* lat [kv_lora] = the exact merge of n partials for row t, head h (backend.h mla_merge): part r's o_lat
+ * [T, Hm, kv_lora] at o_parts + r * stride, its lse [T, Hm] at lses + r * stride; weights e^(lse_r - max)
+ * summed and applied in r order, f32. */
+void k3c_mla_merge(const float *o_parts, const float *lses, size_t stride, int n, int Hm, int kv_lora, int t, int h,
+                   float *lat);
 /* The same attention in the expanded form (spec §3.2), for heads [h0, h1) of Tq query rows of one request:
  * q [Tq, Hm, nope + rope] per head [q_nope | q_pe]; every latent [c | k_pe] of positions 0 .. n_past + Tq - 1
  * (cache read as in k3c_mla_attend_paged; block_table NULL: contiguous rows [n_past + Tq, kv_lora + rope])

@@ -907,7 +907,11 @@ static void cuda_mla_cache_write(k3c_backend *be, const float *lat, const k3c_se
     for (int t = 0; t < T; t++) slots[t] = -1;
     for (int s = 0; s < nseg; s++)
         for (int i = 0; i < segs[s].n; i++) {
-            int p = segs[s].pos + i;
+            int p = segs[s].pos + i, d = segs[s].dcp;
+            if (d > 1) { /* interleaved over the DCP ranks (backend.h k3c_seg): this rank's positions only */
+                if (p % d != segs[s].dcp_rank) continue;
+                p /= d;
+            }
             slots[segs[s].row0 + i] = segs[s].block_table[p / bs] * bs + p % bs;
         }
     if (meta_send(x, slots, dev, sizeof(int) * (size_t)T) != K3C_OK) return;
@@ -954,6 +958,69 @@ static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const 
                                                 rope, scale, x->o_lat, x->mla_part, x->mla_part_floats,
                                                 x->stream));
     OP_TRY(x, "mla absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, RND(x), o, x->stream));
+}
+
+/* ---- decode context parallel (backend.h mla_absorb, mla_attention_part, mla_merge) ---- */
+
+static void cuda_mla_absorb(k3c_backend *be, const k3c_mla_weights *w, const float *q, int T, float *q_abs) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const k3c_config *c = x->c;
+    const uint16_t *kvb;
+    WDEV(x, "mla_absorb", w->kv_b.w, kvb);
+    OP_TRY(x, "mla_absorb", k3c_cuda_mla_absorb_q(kvb, q, T, c->num_attention_heads, c->qk_nope_head_dim,
+                                                  c->qk_rope_head_dim, c->v_head_dim, c->kv_lora_rank, q_abs,
+                                                  x->stream));
+}
+
+/* The rows' local slots: row i of a segment sees k3c_dcp_local(pos + i + 1) of them, through the same table. */
+static void cuda_mla_attention_part(k3c_backend *be, const float *q_abs, int H, const k3c_seg *segs, int nseg,
+                                    const void *cache, float *o_lat, float *lse) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed) return;
+    const k3c_config *c = x->c;
+    int kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, bs = x->lim.block_size;
+    int T = rows_of(segs, nseg);
+    if (T <= 0) return;
+    size_t ntab = 0;
+    for (int s = 0; s < nseg; s++)
+        if (segs[s].n > 0)
+            ntab += (size_t)(k3c_dcp_local(segs[s].pos + segs[s].n, segs[s].dcp, 0) + bs - 1) / bs;
+    void *dev;
+    int *h = meta_alloc(x, sizeof(int) * (2 * (size_t)T + ntab), &dev);
+    if (!h) return;
+    int *off = h, *lens = h + T, *tab = h + 2 * T;
+    for (int t = 0; t < T; t++) off[t] = lens[t] = 0;
+    size_t k = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        int nb = (k3c_dcp_local(g->pos + g->n, g->dcp, 0) + bs - 1) / bs;
+        for (int i = 0; i < g->n; i++) {
+            off[g->row0 + i] = (int)k;
+            lens[g->row0 + i] = k3c_dcp_local(g->pos + i + 1, g->dcp, g->dcp_rank);
+        }
+        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
+    }
+    if (meta_send(x, h, dev, sizeof(int) * (2 * (size_t)T + ntab)) != K3C_OK) return;
+    int *doff = dev, *dlens = doff + T, *dtab = doff + 2 * T;
+    float scale = 1.0f / sqrtf((float)(c->qk_nope_head_dim + rope));
+    OP_TRY(x, "mla_attention_part",
+           k3c_cuda_mla_attend_lse(q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, H, kvl, rope, scale,
+                                   o_lat, lse, x->mla_part, x->mla_part_floats, x->stream));
+}
+
+static void cuda_mla_merge(k3c_backend *be, const k3c_mla_weights *w, const float *o_parts, const float *lses,
+                           size_t stride, int n, int T, float *o) {
+    cuda_ctx *x = be->ctx;
+    if (x->failed || T <= 0) return;
+    const k3c_config *c = x->c;
+    int Hm = c->num_attention_heads, kvl = c->kv_lora_rank;
+    const uint16_t *kvb;
+    WDEV(x, "mla_merge", w->kv_b.w, kvb);
+    OP_TRY(x, "mla_merge", k3c_cuda_mla_dcp_merge(o_parts, lses, stride, n, T, Hm, kvl, x->o_lat, x->stream));
+    OP_TRY(x, "mla_merge absorb_o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, c->qk_nope_head_dim, c->v_head_dim,
+                                                          kvl, RND(x), o, x->stream));
 }
 
 /* The expanded form (spec §3.2) for prompt segments: per segment, passes over its context that gather the
@@ -1277,6 +1344,9 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     be->host_alloc = cuda_host_alloc;
     be->host_free = cuda_host_free;
     be->gather_rows = cuda_gather_rows;
+    be->mla_absorb = cuda_mla_absorb;
+    be->mla_attention_part = cuda_mla_attention_part;
+    be->mla_merge = cuda_mla_merge;
     be->embed = cuda_embed;
     be->matmul = cuda_matmul;
     be->rmsnorm = cuda_rmsnorm;

@@ -327,7 +327,8 @@ __device__ __forceinline__ void attend_split_range(int len, int splits, int z, i
  * t * Hm + h); several: [acc | M | L] to part[rh * splits + z] (= slot), for mla_attend_merge_kernel. The warps'
  * factors e^(m_w - M) are computed once (wf, shared) instead of per element. */
 __device__ __forceinline__ void attend_finish(const float *wm, const float *wl, const float *wo, float *wf, int kvl,
-                                              size_t rh, size_t slot, int eff, float *o_lat, float *part) {
+                                              size_t rh, size_t slot, int eff, float *o_lat, float *part,
+                                              float *lse) {
     float M = -INFINITY;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, wm[w]);
     if (threadIdx.x < ATT_WARPS) wf[threadIdx.x] = wm[threadIdx.x] == -INFINITY ? 0.0f : expf(wm[threadIdx.x] - M);
@@ -346,6 +347,7 @@ __device__ __forceinline__ void attend_finish(const float *wm, const float *wl, 
         out[kvl] = M;
         out[kvl + 1] = L;
     }
+    if (eff == 1 && lse && threadIdx.x == 0) lse[rh] = M + logf(L); /* DCP's partial (k3c_cuda_mla_attend_lse) */
 }
 
 /* grid (T, Hm, splits), ATT_WARPS warps. Split z of a row's len positions: attend_split_range (computed here
@@ -361,7 +363,7 @@ template <int EB>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off, const int *__restrict__ lens,
                   const int *__restrict__ tables, int bs, const void *__restrict__ cache, int Hm, int kvl, int rope,
-                  float scale, float *o_lat, float *__restrict__ part) {
+                  float scale, float *o_lat, float *__restrict__ part, float *__restrict__ lse) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND);
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
@@ -438,7 +440,7 @@ mla_attend_kernel(const float *__restrict__ q_abs, const int *__restrict__ table
         if (i < kvl) wo[warp * kvl + i] = acc[j];
     }
     __syncthreads();
-    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
+    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part, lse);
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND);
 }
 
@@ -453,7 +455,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__ table_off,
                         const int *__restrict__ lens, const int *__restrict__ tables, int bs,
                         const uint16_t *__restrict__ cache, int Hm, int kvl, int rope, float scale, float *o_lat,
-                        float *__restrict__ part) {
+                        float *__restrict__ part, float *__restrict__ lse) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND_BF16V);
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS], wf[ATT_WARPS];
     extern __shared__ float wo[]; /* [ATT_WARPS][kvl] */
@@ -542,7 +544,7 @@ mla_attend_bf16v_kernel(const float *__restrict__ q_abs, const int *__restrict__
             for (int e = 0; e < 8; e++) wo[warp * kvl + c * 8 + e] = acc[j][e];
     }
     __syncthreads();
-    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part);
+    attend_finish(wm, wl, wo, wf, kvl, (size_t)t * Hm + h, ((size_t)t * Hm + h) * splits + z, eff, o_lat, part, lse);
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND_BF16V);
 }
 
@@ -786,7 +788,7 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
  * the eff splits the row uses (attend_split_range; eff 1: the attention block wrote o_lat, nothing to do).
  * The factors e^(M_z - M) are computed once per split (shared). */
 __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const int *__restrict__ lens, int splits,
-                                        int Hm, int kvl, float *o_lat) {
+                                        int Hm, int kvl, float *o_lat, float *__restrict__ lse) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ATTEND_MERGE);
     __shared__ float fz[ATT_MAX_SPLITS];
     __shared__ float Ls;
@@ -805,6 +807,7 @@ __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const in
     }
     __syncthreads();
     float inv = 1.0f / Ls;
+    if (lse && threadIdx.x == 0) lse[(size_t)t * Hm + h] = M + logf(Ls);
     float *out = o_lat + ((size_t)t * Hm + h) * kvl;
     for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
         float s = 0.0f;
@@ -858,9 +861,9 @@ static int attend_hg_splits(int T, int groups, int Hm, int kvl, const float *par
 
 #define MLA_HG_MIN_ROWS 16
 
-extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
-                                   int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
-                                   float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
+static int mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
+                      const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale, float *o_lat,
+                      float *part, size_t part_floats, float *lse, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (kvl + rope > 32 * ATT_MAXJ || kvl <= 0 || rope < 0 || block_size <= 0)
         return k3c_errorf("k3c_cuda_mla_attend: unsupported latent %d + %d (at most %d) or block size %d", kvl, rope,
@@ -876,7 +879,8 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
         const char *v = getenv("K3C_MLA_HG");
         hg_mode = v && v[0] == '1' ? 1 : v && v[0] == '0' ? 0 : 2;
     }
-    int hg_on = hg_mode == 1 || (hg_mode == 2 && T >= MLA_HG_MIN_ROWS);
+    /* the head-group kernel has no LSE output: DCP's partials take the per-head kernels */
+    int hg_on = !lse && (hg_mode == 1 || (hg_mode == 2 && T >= MLA_HG_MIN_ROWS));
     int Lat = kvl + rope, G = attend_hg_group(Hm, kvl);
     if (hg_on && G > 0 && kvl % 8 == 0 && rope % 8 == 0 && (Lat * elem_bytes) % 16 == 0 &&
         ((uintptr_t)cache & 15) == 0) {
@@ -903,7 +907,7 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
         }
         K3C_CUDA_LAUNCHED("mla_attend_hg");
         if (splits > 1) {
-            mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
+            mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat, NULL);
             K3C_CUDA_LAUNCHED("mla_attend merge");
         }
         return K3C_OK;
@@ -922,23 +926,89 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
         ((uintptr_t)cache & 15) == 0)
         mla_attend_bf16v_kernel<<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size,
                                                                          (const uint16_t *)cache, Hm, kvl, rope, scale,
-                                                                         o_lat, part);
+                                                                         o_lat, part, lse);
     else if (elem_bytes == 2)
         mla_attend_kernel<2><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat, part);
+                                                                      Hm, kvl, rope, scale, o_lat, part, lse);
     else if (elem_bytes == 1)
         mla_attend_kernel<1><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat, part);
+                                                                      Hm, kvl, rope, scale, o_lat, part, lse);
     else if (elem_bytes == 4)
         mla_attend_kernel<4><<<grid, ATT_WARPS * 32, smem, stream>>>(q_abs, table_off, lens, tables, block_size, cache,
-                                                                      Hm, kvl, rope, scale, o_lat, part);
+                                                                      Hm, kvl, rope, scale, o_lat, part, lse);
     else
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
     K3C_CUDA_LAUNCHED("mla_attend");
     if (splits > 1) {
-        mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat);
+        mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat, lse);
         K3C_CUDA_LAUNCHED("mla_attend merge");
     }
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables,
+                                   int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
+                                   float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
+    return mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale, o_lat, part,
+                      part_floats, NULL, stream);
+}
+
+/* grid (T, Hm): a row that sees none of the rank's positions (lens 0: every attention block returned at once)
+ * gets the empty partial, o_lat 0 and lse -inf. */
+__global__ void mla_part_empty_kernel(const int *__restrict__ lens, int Hm, int kvl, float *o_lat, float *lse) {
+    int t = blockIdx.x, h = blockIdx.y;
+    if (lens[t] > 0) return;
+    for (int i = threadIdx.x; i < kvl; i += blockDim.x) o_lat[((size_t)t * Hm + h) * kvl + i] = 0.0f;
+    if (threadIdx.x == 0) lse[(size_t)t * Hm + h] = -INFINITY;
+}
+
+extern "C" int k3c_cuda_mla_attend_lse(const float *q_abs, const int *table_off, const int *lens, const int *tables,
+                                       int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl,
+                                       int rope, float scale, float *o_lat, float *lse, float *part, size_t part_floats,
+                                       cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (!lse) return k3c_errorf("k3c_cuda_mla_attend_lse: no lse output");
+    K3C_TRY(mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale, o_lat,
+                       part, part_floats, lse, stream));
+    mla_part_empty_kernel<<<dim3(T, Hm), 128, 0, stream>>>(lens, Hm, kvl, o_lat, lse);
+    K3C_CUDA_LAUNCHED("mla_part_empty");
+    return K3C_OK;
+}
+
+/* grid (T, Hm): the exact merge of n DCP partials (backend.h mla_merge) into lat [T, Hm, kvl]: the factors
+ * e^(lse_r - M) once per block (shared), then per element the sum over r in order, as the split merge above. */
+#define MERGE_MAX_PARTS 64
+__global__ void mla_dcp_merge_kernel(const float *__restrict__ o_parts, const float *__restrict__ lses, size_t stride,
+                                     int n, int Hm, int kvl, float *lat) {
+    __shared__ float f[MERGE_MAX_PARTS];
+    __shared__ float inv_s;
+    int t = blockIdx.x, h = blockIdx.y;
+    size_t rh = (size_t)t * Hm + h, lp = stride, op = stride;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int r = 0; r < n; r++) M = fmaxf(M, lses[r * lp + rh]);
+        float L = 0.0f;
+        for (int r = 0; r < n; r++) {
+            float x = lses[r * lp + rh];
+            f[r] = x == -INFINITY ? 0.0f : expf(x - M);
+            L += f[r];
+        }
+        inv_s = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kvl; i += blockDim.x) {
+        float s = 0.0f;
+        for (int r = 0; r < n; r++) s = fmaf(f[r], o_parts[r * op + rh * kvl + i], s);
+        lat[rh * kvl + i] = s * inv_s;
+    }
+}
+
+extern "C" int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, size_t stride, int n, int T, int Hm,
+                                      int kvl, float *lat, cudaStream_t stream) {
+    if (T == 0) return K3C_OK;
+    if (n < 1 || n > MERGE_MAX_PARTS) return k3c_errorf("k3c_cuda_mla_dcp_merge: %d parts (1 .. %d)", n, MERGE_MAX_PARTS);
+    mla_dcp_merge_kernel<<<dim3(T, Hm), 128, 0, stream>>>(o_parts, lses, stride, n, Hm, kvl, lat);
+    K3C_CUDA_LAUNCHED("mla_dcp_merge");
     return K3C_OK;
 }
 

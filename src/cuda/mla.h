@@ -39,6 +39,17 @@ int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *len
                         float *o_lat, float *part, size_t part_floats, cudaStream_t stream);
 /* Floats of split scratch that never limit k3c_cuda_mla_attend's splits (4.3 MB at kvl 512 on an H200). */
 size_t k3c_cuda_mla_attend_split_floats(int kvl);
+/* Decode context parallel (backend.h mla_attention_part): the same attention (the per-head kernels and their
+ * split merge) also writing lse [T, Hm] = M + log L of each row's softmax (M its max score, L the sum of
+ * e^(s - M)); a row with lens[t] = 0 (none of the rank's positions) gets o_lat 0 and lse -inf. */
+int k3c_cuda_mla_attend_lse(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
+                            const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale,
+                            float *o_lat, float *lse, float *part, size_t part_floats, cudaStream_t stream);
+/* lat [T, Hm, kvl] = the exact merge of n partials (backend.h mla_merge): part r's o_lat [T, Hm, kvl] at
+ * o_parts + r * stride, its lse [T, Hm] at lses + r * stride; weights e^(lse_r - max) summed and applied in r
+ * order (n <= 64). */
+int k3c_cuda_mla_dcp_merge(const float *o_parts, const float *lses, size_t stride, int n, int T, int Hm, int kvl,
+                           float *lat, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

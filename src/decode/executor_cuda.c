@@ -236,6 +236,10 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
         return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
                           world_size, v.m->tp_size > 1 ? "another rank's" : "the whole model");
     if (world_size > 1 && !(v.tp && k3c_comm_is_mailbox(v.tp))) return build_tp_unprepared(&v, world_size, out);
+    /* decode context parallel: the MLA cache holds this rank's share of the positions and the stock forward
+     * merges the ranks' partial attention (stock/forward.c mla_dcp); the MLA provider reads a whole cache, so
+     * such a rank stays unprepared and every step runs stock, on every rank of the group alike */
+    if (world_size > 1 && v.kv && v.kv->dcp > 1) return build_tp_unprepared(&v, world_size, out);
     if (world_size > 1) K3C_TRY(check_tp_comm(&v, rank, world_size));
     if (world_size == 1 && v.m->tp_size > 1)
         return k3c_errorf("decode executor: the model is rank %d's shard of a TP group of %d, built for world size 1",

@@ -84,7 +84,7 @@ void k3c_layout_rank_experts(int E, int ep, int r, int *first, int *end) {
 static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_inventory *inv, k3c_layout_rank *ranks,
                       int n) {
     int tp = l->tp, pp = l->pp, dp = l->dp, ep = l->ep, L = c->num_layers, E = c->num_experts;
-    int per_host = n / l->hosts;
+    int per_host = n / l->hosts, dcp = l->dcp > 1 ? l->dcp : 1;
     int eb = l->kv_fp8 ? 1 : 2;
     double lat = k3c_config_mla_latent(c), D = c->hidden_size;
     /* a KDA slot of one layer on a TP rank: f32 state [H/tp, dk, dk], f32 window [3][W-1][P/tp] */
@@ -139,7 +139,10 @@ static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_invent
             if (embed && !c->tie_word_embeddings) embed_bytes = b; /* looked up by rows, not read whole */
         }
         k->mla_bytes_per_token = (uint64_t)k3c_config_mla_latent(c) * eb * k->num_mla_layers;
-        k->mla_cache_bytes = k->mla_bytes_per_token * (uint64_t)l->context * l->requests;
+        /* under DCP the rank holds its share of every request's positions (interleaved: ceil on rank 0) */
+        uint64_t local = ((uint64_t)l->context + dcp - 1) / dcp;
+        k->mla_tokens = local * (uint64_t)l->requests;
+        k->mla_cache_bytes = k->mla_bytes_per_token * k->mla_tokens;
         k->kda_bytes_per_request = kda_layer * k->num_kda_layers;
         k->kda_bytes = k->kda_bytes_per_request * (uint64_t)l->requests;
         k->total_bytes = k->weight_bytes + k->mla_cache_bytes + k->kda_bytes;
@@ -156,7 +159,8 @@ static int plan_ranks(const k3c_config *c, const k3c_layout *l, const k3c_invent
             double distinct = E * (1.0 - pow(1.0 - K / E, rows));
             step += k->num_moe_layers * (double)expert_layer_all * distinct / E;
         }
-        step += k->num_mla_layers * (b * (l->context + 1.0) * lat * eb + b * lat * eb);
+        /* the cache read: this rank's share of the context; the write: one rank in dcp stores a new position */
+        step += k->num_mla_layers * (b * ((double)l->context + 1.0) / dcp * lat * eb + b * lat * eb / dcp);
         step += (double)k->num_kda_layers * b * 2.0 * (double)kda_layer;
         k->step_bytes = step;
         k->floor_ms = step / l->hbm_bytes_per_s * 1e3;
@@ -171,7 +175,11 @@ int k3c_layout_plan_config(const k3c_config *c, const k3c_layout *layout, k3c_la
     if (l.dp <= 0) l.dp = 1;
     if (l.ep <= 0) l.ep = 1;
     if (l.hosts <= 0) l.hosts = 1;
+    if (l.dcp <= 0) l.dcp = 1;
     *n = 0;
+    if (l.tp % l.dcp)
+        return k3c_errorf("layout: dcp %d: decode context parallelism shards the MLA cache over a divisor of the tp "
+                          "%d ranks", l.dcp, l.tp);
     long long world = (long long)l.tp * l.pp * l.dp;
     if (world > 1 << 20) return k3c_errorf("layout: %lld ranks (tp %d x pp %d x dp %d)", world, l.tp, l.pp, l.dp);
     if (l.ep != 1 && l.ep != l.tp * l.dp)

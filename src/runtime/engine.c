@@ -178,6 +178,7 @@ static int plan_memory(k3c_engine *e) {
     const k3c_engine_options *o = &e->o;
     const k3c_config *c = &e->fm->config;
     double kv = k3c_kv_cache_bytes(c, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
+    int dcp = o->layout.dcp > 1 ? o->layout.dcp : 1; /* the cache holds dcp tokens per local slot (kv_cache.h) */
     double kda = k3c_kda_slots_bytes(c, o->max_requests, o->q_max, o->max_requests);
     const char *source = "memory_limit";
     double limit = (double)o->memory_limit;
@@ -207,7 +208,7 @@ static int plan_memory(k3c_engine *e) {
     e->mem = (k3c_engine_memory){.cache_bytes = (size_t)(kv + kda), .kv_bytes = (size_t)kv,
                                  .kda_bytes = (size_t)kda, .limit = (size_t)limit, .limit_source = source,
                                  .max_requests = o->max_requests, .max_context = o->max_context,
-                                 .cache_tokens = (long)o->num_blocks * o->block_size};
+                                 .cache_tokens = (long)o->num_blocks * o->block_size * dcp};
     return K3C_OK;
 }
 
@@ -239,7 +240,9 @@ int k3c_engine_create(k3c_model *m, const k3c_engine_options *opt, k3c_engine **
         return k3c_errorf("engine: specialized %d: expected K3C_SPECIALIZED_AUTO (%d), _OFF (%d) or _ON (%d)",
                           o.specialized, K3C_SPECIALIZED_AUTO, K3C_SPECIALIZED_OFF, K3C_SPECIALIZED_ON);
     /* 64-bit: max_context and max_requests come from callers (CLI options), their product need not fit an int */
-    int64_t mbr64 = ((int64_t)o.max_context + o.block_size - 1) / o.block_size;
+    /* under DCP a block covers block_size x dcp of a request's tokens (cache/kv_cache.h) */
+    int64_t tpb = (int64_t)o.block_size * (o.layout.dcp > 1 ? o.layout.dcp : 1);
+    int64_t mbr64 = ((int64_t)o.max_context + tpb - 1) / tpb;
     int num_blocks_given = o.num_blocks > 0;
     if (o.num_blocks <= 0) {
         int64_t blocks = mbr64 * o.max_requests;
@@ -262,7 +265,9 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
                      k3c_engine **out) {
     *out = NULL;
     const k3c_engine_options o = *opt;
-    int mbr = (int)(((int64_t)o.max_context + o.block_size - 1) / o.block_size);
+    int dcp = o.layout.dcp > 1 ? o.layout.dcp : 1;
+    int64_t tpb = (int64_t)o.block_size * dcp;
+    int mbr = (int)(((int64_t)o.max_context + tpb - 1) / tpb);
     k3c_engine *e = calloc(1, sizeof *e);
     if (!e) return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory");
     e->m = m;
@@ -328,13 +333,15 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
     k3c_forward_options fo = {.max_rows = o.max_rows, .max_segs = o.max_requests, .max_context = o.max_context,
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
-                              .aux_layers = e->aux_layers, .num_aux = o.num_aux, .tp = rk ? rk->tp_comm : NULL};
+                              .aux_layers = e->aux_layers, .num_aux = o.num_aux, .tp = rk ? rk->tp_comm : NULL,
+                              .dcp = dcp, .dcp_group = rk ? rk->dcp_comm : NULL};
     if (k3c_forward_create(e->be, e->fm, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
         k3c_kv_cache_init(&e->kv, e->be, &e->fm->config, o.num_blocks, o.block_size) != K3C_OK ||
         k3c_kda_slots_init(&e->ks, e->be, &e->fm->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
         return rk ? k3c_error_context("engine: rank %d of %d", rk->rank, rk->world) : k3c_error_context("engine");
     }
+    e->kv.dcp = dcp;
     e->last_plan = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_EMPTY};
     e->xr = xr;
     if (build_executor(e) != K3C_OK) {
@@ -451,7 +458,7 @@ int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, 
             k3c_kv_cache_ref(&e->kv, blocks[b]);
         }
         r->nblocks = n;
-        r->length = n * e->o.block_size;
+        r->length = n * e->o.block_size * (e->kv.dcp > 1 ? e->kv.dcp : 1);
         k3c_kda_slots_reset(&e->ks, e->be, i);
         *id = i;
         if (e->xr) K3C_TRY(k3c_ranks_log(e->xr, K3C_RANK_OP_OPEN, i, 0, blocks, n));
@@ -539,7 +546,8 @@ int k3c_request_length(const k3c_engine *e, int id) {
 void k3c_engine_view_get(k3c_engine *e, k3c_engine_view *v) {
     *v = (k3c_engine_view){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .fwd = e->fwd,
                            .max_requests = e->o.max_requests, .max_rows = e->o.max_rows,
-                           .max_context = e->o.max_context, .block_size = e->o.block_size, .q_max = e->o.q_max,
+                           .max_context = e->o.max_context,
+                           .block_size = e->o.block_size * (e->kv.dcp > 1 ? e->kv.dcp : 1), .q_max = e->o.q_max,
                            .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
                            .num_aux = e->o.num_aux, .aux = e->aux, .xc = e->xc};
 }
@@ -563,7 +571,7 @@ static int step_begin(k3c_engine *e, const k3c_step_item *items, int n, const k3
             return k3c_errorf("engine step: request %d would hold %lld tokens, max_context is %d", it->request,
                               (long long)r->length + it->n, e->o.max_context);
         /* blocks covering every row written this step */
-        int need = (r->length + it->n + e->o.block_size - 1) / e->o.block_size;
+        int need = k3c_kv_cache_blocks_for(&e->kv, (long long)r->length + it->n);
         while (r->nblocks < need) {
             int b = k3c_kv_cache_take(&e->kv);
             if (b < 0) return k3c_errorf("engine step: the MLA cache is out of blocks (%d)", e->kv.num_blocks);

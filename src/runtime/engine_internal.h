@@ -25,6 +25,7 @@ typedef struct k3c_engine_view {
     k3c_kda_slots *ks;
     k3c_forward *fwd;
     int max_requests, max_rows, max_context, block_size, q_max;
+    /* block_size: the request tokens a cache block covers (kv->block_size x kv->dcp under DCP, kv_cache.h) */
     int max_blocks_per_request; /* block table length that covers max_context */
     /* aux streams (k3c_engine_options.aux_layers, validated): a path running a step writes stream j of its
      * N logits rows to aux + j * N * hidden (host, [num_aux, max_rows, hidden] floats) */

@@ -25,7 +25,11 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
     if (l.pp <= 0) l.pp = 1;
     if (l.dp <= 0) l.dp = 1;
     if (l.ep <= 0) l.ep = 1;
+    if (l.dcp <= 0) l.dcp = 1;
     l.hosts = 1;
+    if (l.tp % l.dcp)
+        return k3c_errorf("engine: dcp %d (--dcp): decode context parallelism shards the MLA cache over a divisor of "
+                          "the tp %d ranks", l.dcp, l.tp);
     /* the forward runs TP today; its PP stages and EP experts are not in the engine's step yet */
     if (l.pp > 1)
         return k3c_errorf("engine: pp %d: pipeline parallelism is not wired to the engine and the commands yet "
@@ -104,6 +108,14 @@ int k3c_ranks_threads(const k3c_layout *l, int timeout_ms, k3c_rank *ranks) {
         for (int k = 0; k < tp && rc == K3C_OK; k++) rc = k3c_comm_group_join(tg, k, &ranks[s * tp + k].tp_comm);
         if (rc != K3C_OK && tg) k3c_comm_group_free(tg); /* frees it only if nobody joined */
     }
+    /* DCP groups narrower than TP (runs of dcp consecutive ranks inside each TP group); dcp = tp uses the TP group */
+    int dcp = l->dcp > 1 ? l->dcp : 1;
+    for (int s = 0; dcp > 1 && dcp < tp && s < world / dcp && rc == K3C_OK; s++) {
+        k3c_comm_group *dg = NULL;
+        rc = k3c_comm_group_create(dcp, timeout_ms, &dg);
+        for (int k = 0; k < dcp && rc == K3C_OK; k++) rc = k3c_comm_group_join(dg, k, &ranks[s * dcp + k].dcp_comm);
+        if (rc != K3C_OK && dg) k3c_comm_group_free(dg);
+    }
     for (int r = 0; r < world; r++) ranks[r].group = g;
     if (rc != K3C_OK) {
         if (wg) k3c_comm_group_free(wg);
@@ -133,6 +145,8 @@ int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int ti
     if (rank == 0) k3c_rendezvous_remove(rendezvous);
     if (rc == K3C_OK && tp < world) rc = k3c_comm_nccl_split(out->world_comm, rank / tp, rank % tp, &out->tp_comm);
     else if (rc == K3C_OK) out->tp_comm = out->world_comm;
+    if (rc == K3C_OK && l->dcp > 1 && l->dcp < tp)
+        rc = k3c_comm_nccl_split(out->world_comm, rank / l->dcp, rank % l->dcp, &out->dcp_comm);
     if (rc != K3C_OK) {
         k3c_rank_release(out);
         return k3c_error_context("engine: rank %d of %d", rank, world);
@@ -143,6 +157,7 @@ int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int ti
 void k3c_rank_release(k3c_rank *r) {
     if (!r) return;
     if (r->stage && r->be) r->be->free(r->be, r->stage);
+    if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
     if (r->world_comm) r->world_comm->free(r->world_comm);
     group_unref(r->group);
@@ -205,6 +220,7 @@ void k3c_rank_fail(k3c_rank *r, long step, const char *msg) {
     } else if (r->rendezvous) {
         k3c_rendezvous_note_failure(r->rendezvous, r->rank, step, msg);
     }
+    if (r->dcp_comm) r->dcp_comm->abort(r->dcp_comm);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->abort(r->tp_comm);
     if (r->world_comm) r->world_comm->abort(r->world_comm);
 }
@@ -234,7 +250,7 @@ static const char *const fp_names[K3C_FP_FIELDS] = {
     [K3C_FP_MAX_REQUESTS] = "max_requests", [K3C_FP_MAX_ROWS] = "max_rows", [K3C_FP_BLOCK_SIZE] = "block_size",
     [K3C_FP_NUM_BLOCKS] = "num_blocks", [K3C_FP_Q_MAX] = "q_max", [K3C_FP_CHUNK_MIN] = "chunk_min",
     [K3C_FP_MLA_EXPAND_MIN] = "mla_expand_min", [K3C_FP_AUX_LAYERS] = "aux_layers (hash)",
-    [K3C_FP_POISON] = "poison_freed_blocks",
+    [K3C_FP_POISON] = "poison_freed_blocks", [K3C_FP_DCP] = "dcp",
 };
 
 const char *k3c_rank_fingerprint_field(int field) {
@@ -307,6 +323,7 @@ void k3c_rank_fingerprint_fill(k3c_rank_fingerprint *f, const k3c_config *c, uin
     for (int i = 0; i < o->num_aux; i++) aux = mix(aux, (uint64_t)o->aux_layers[i]);
     v[K3C_FP_AUX_LAYERS] = aux;
     v[K3C_FP_POISON] = o->poison_freed_blocks != 0;
+    v[K3C_FP_DCP] = (uint64_t)r->layout.dcp;
 }
 
 static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -29,6 +29,7 @@ typedef struct k3c_rank {
     int tp_rank, pp_stage, dp_rank;
     k3c_comm *world_comm;     /* every rank */
     k3c_comm *tp_comm;        /* the rank's TP group (may be world_comm) */
+    k3c_comm *dcp_comm;       /* its DCP group where 1 < dcp < tp (dcp consecutive ranks); NULL: none, or tp_comm */
     int timeout_ms;           /* the longest any rank waits for the others in one call */
     k3c_rank_group *group;    /* in one process: the shared failure record; NULL over NCCL */
     char *rendezvous;         /* over NCCL: the rendezvous file (failure notes beside it); else NULL */
@@ -76,7 +77,7 @@ enum {
     K3C_FP_VERSION, K3C_FP_CONFIG, K3C_FP_WEIGHTS, K3C_FP_WORLD, K3C_FP_TP, K3C_FP_PP, K3C_FP_DP, K3C_FP_EP,
     K3C_FP_RANK, K3C_FP_DEVICE, K3C_FP_EXACT_F32, K3C_FP_KV_FP8, K3C_FP_MAX_CONTEXT, K3C_FP_MAX_REQUESTS,
     K3C_FP_MAX_ROWS, K3C_FP_BLOCK_SIZE, K3C_FP_NUM_BLOCKS, K3C_FP_Q_MAX, K3C_FP_CHUNK_MIN, K3C_FP_MLA_EXPAND_MIN,
-    K3C_FP_AUX_LAYERS, K3C_FP_POISON, K3C_FP_FIELDS
+    K3C_FP_AUX_LAYERS, K3C_FP_POISON, K3C_FP_DCP, K3C_FP_FIELDS
 };
 typedef struct k3c_rank_fingerprint {
     uint64_t v[K3C_FP_FIELDS];

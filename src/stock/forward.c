@@ -63,7 +63,21 @@
  *     order, in (t, j) order inside), the experts run there, their outputs come back in the same order, and
  *     the token's own rank sums them: r = rnd(sum_j w_j d_j) in j order. That order does not involve the
  *     ranks at all: a token's MoE output is bitwise world size 1's, whichever rank computed which expert (the
- *     expert products are row-invariant, backend.h). */
+ *     expert products are row-invariant, backend.h).
+ *   DCP (dcp, inside TP; mla_dcp): each MLA layer's latent cache is sharded by position over the DCP group,
+ *     interleaved (position p on DCP rank p % dcp, at local slot p / dcp): a decode step then appends on one
+ *     rank and every rank reads 1/dcp of the context, the same share, whatever the length (contiguous runs
+ *     would put a decode's whole read on the rank holding the tail, and fill one rank before the next: vLLM's
+ *     and SGLang's choice too, parallel.md §2.6). Only the owning rank stores a position's latent. Every rank
+ *     absorbs its heads' queries, the group all-gathers them, each rank attends every head of the group over
+ *     its own positions (the output normalized over them and its log-sum-exp per row and head, backend.h
+ *     mla_attention_part), each rank's heads' partials go to it (an all-to-all, or an all-gather where the
+ *     group has none) and it merges them in DCP rank order (mla_merge), then W_UV and o_proj as under TP.
+ *     The merge runs on the same gathered bits on every rank in the same order,
+ *     so the ranks agree bitwise; against TP without DCP the sums differ only by f32 reassociation. Prompt
+ *     rows take the same path (sharded over the keys, every row absorbed): the expanded form would need every
+ *     head's kv_b on every rank, or the context's latents gathered to each rank each layer (the bytes DCP
+ *     saves), so under DCP there is no expanded block (mla_block 0). */
 #include "stock/forward.h"
 
 #include <stdlib.h>
@@ -117,6 +131,15 @@ struct k3c_forward {
     k3c_comm *pp;
     int l0, l1;         /* the stage's layers [l0, l1) */
 
+    /* decode context parallel (top of the file, mla_dcp): NULL without */
+    k3c_comm *dcp;
+    float *dq, *dqg, *dqa; /* [R, Hm lat] absorbed queries; [dcp, R, Hm lat] gathered; [R, dcp Hm, lat] per row */
+    float *dpk, *dpg;      /* [R, dcp Hm (kv_lora + 1)] this rank's partials [o_lat | lse]; [dcp, ...] gathered
+                            * (or the packs sent, one per rank, with an all-to-all) */
+    float *dpm;            /* [dcp, R, Hm (kv_lora + 1)]: this rank's heads' partials from every rank, part r
+                            * [o_lat [T, Hm, kv_lora] | lse [T, Hm]] at r T Hm (kv_lora + 1) */
+    int *dcp_rows;         /* [dcp R] host: row indices of the reorderings */
+
     /* DP attention + EP MoE (top of the file, moe_ep): NULL without */
     k3c_comm *ep;
     int ep_per;         /* experts per rank: expert e lives on rank e / ep_per */
@@ -166,6 +189,21 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
             return k3c_errorf("forward: the %s communicator has no send / recv, which pipeline stages need",
                               pp->name);
         if (o->num_aux > 0) return k3c_errorf("forward: aux streams with pipeline stages are not built");
+    }
+    if (o->dcp > 1) {
+        k3c_comm *d = o->dcp_group ? group(o->dcp_group) : tp;
+        if (!tp || tp->size % o->dcp != 0)
+            return k3c_errorf("forward: dcp %d needs a TP group whose size it divides (tp %d)", o->dcp, tp ? tp->size : 1);
+        if (!d || d->size != o->dcp || d->rank != tp->rank % o->dcp)
+            return k3c_errorf("forward: dcp %d: %s", o->dcp,
+                              o->dcp_group ? "the DCP group must hold dcp ranks, rank tp_rank % dcp"
+                                           : "dcp smaller than tp needs its DCP group (dcp_group)");
+        if (!be->mla_absorb || !be->mla_attention_part || !be->mla_merge)
+            return k3c_errorf("forward: backend %s has no decode-context-parallel ops (mla_absorb, "
+                              "mla_attention_part, mla_merge)", be->name);
+        if (d->stream_ordered != tp->stream_ordered)
+            return k3c_errorf("forward: dcp %d: the DCP group (%s) and the TP group (%s) work on different memory",
+                              o->dcp, d->name, tp->name);
     }
     if (ep || m->ep_size > 1) {
         if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
@@ -221,6 +259,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     f->tp = group(o->tp);
     f->pp = group(o->pp);
     f->ep = group(o->ep);
+    f->dcp = o->dcp > 1 ? (o->dcp_group ? o->dcp_group : f->tp) : NULL;
     int tp = f->tp ? f->tp->size : 1, nep = f->ep ? f->ep->size : 1;
     f->vocab = c->vocab_size * tp;
     k3c_model_stage_layers(m, &f->l0, &f->l1);
@@ -248,7 +287,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (E < 2) E = 2;
     f->kda_block = has_kda && C <= o->max_rows ? C : 0;
     if (f->kda_block) E = (E + C - 1) / C * C;
-    f->mla_block = has_mla && be->mla_attention_expanded && E <= o->max_rows ? E : 0;
+    f->mla_block = has_mla && be->mla_attention_expanded && E <= o->max_rows && !f->dcp ? E : 0;
 
     size_t R = o->max_rows, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
     size_t dk = c->kda_head_dim, Hm = c->num_attention_heads, qh = k3c_config_mla_qk_head_dim(c);
@@ -274,6 +313,7 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (!f->res || !f->srcs || !f->ids || !f->rows || !f->segs || !f->kda_parts || !f->mla_abs || !f->mla_exp)
         goto oom;
     if (f->tp && !(f->ids_local = malloc(sizeof(int32_t) * R))) goto oom;
+    if (f->dcp && !(f->dcp_rows = malloc(sizeof(int) * R * (size_t)o->dcp))) goto oom;
     if (f->ep) {
         size_t NE = (size_t)nep;
         f->ep_idx = malloc(sizeof(int) * R * K);
@@ -306,6 +346,14 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
     if (Hm) {
         CARVE(f->mqa, maxz(c->q_lora_rank, 1)); CARVE(f->mq, Hm * qh); CARVE(f->mlat, lat);
         CARVE(f->mo, Hm * vh); CARVE(f->mg, Hm * vh);
+    }
+    if (f->dcp && Hm) {
+        size_t nd = (size_t)o->dcp, kvl = c->kv_lora_rank;
+        CARVE(f->dq, Hm * lat); CARVE(f->dqg, nd * Hm * lat); CARVE(f->dqa, nd * Hm * lat);
+        /* dpg: the packs sent (all-to-all), or every rank's whole pack (all-gather: dcp times more) */
+        size_t ng = f->dcp->all_to_all ? nd : nd * nd;
+        CARVE(f->dpk, nd * Hm * (kvl + 1)); CARVE(f->dpg, ng * Hm * (kvl + 1));
+        CARVE(f->dpm, nd * Hm * (kvl + 1));
     }
     if (I) { CARVE(f->ga, I); CARVE(f->gu, I); }
     if (f->tp) {
@@ -353,6 +401,7 @@ void k3c_forward_free(k3c_forward *f) {
     free(f->mla_abs);
     free(f->mla_exp);
     free(f->ids_local);
+    free(f->dcp_rows);
     free(f->aux_layers);
     free(f->ep_idx);
     free(f->ep_all);
@@ -425,8 +474,8 @@ int k3c_forward_prompt_grid(const k3c_forward *f) {
  * the other ranks' collectives fail instead of waiting (comm/comm.h). The message says which group. */
 static void abort_groups(k3c_forward *f) {
     f->failed = 1;
-    k3c_comm *g[3] = {f->tp, f->pp, f->ep};
-    for (int i = 0; i < 3; i++)
+    k3c_comm *g[4] = {f->tp, f->pp, f->ep, f->dcp != f->tp ? f->dcp : NULL};
+    for (int i = 0; i < 4; i++)
         if (g[i]) g[i]->abort(g[i]);
 }
 
@@ -696,8 +745,63 @@ static void kda_layer(k3c_forward *f, int l, k3c_kda_slots *ks, const k3c_fwd_re
     matmul_rowpar(f, &w->o_proj, f->ky, T, f->A);
 }
 
+/* The attention of an MLA layer under DCP (top of the file): f->mq -> f->mo, every row of the step over the
+ * positions of the whole group. H = dcp x Hm heads (Hm this rank's): the group's in rank order. */
+static void mla_dcp(k3c_forward *f, const k3c_mla_weights *w, const void *cache, int nreq, int T) {
+    k3c_backend *be = f->be;
+    const k3c_config *c = f->c;
+    k3c_comm *d = f->dcp;
+    int n = d->size, me = d->rank, Hm = c->num_attention_heads, kvl = c->kv_lora_rank;
+    size_t lat = k3c_config_mla_latent(c), H = (size_t)n * Hm, Tz = (size_t)T;
+    /* 1. the group's absorbed queries: [n, T, Hm lat] gathered, reordered to [T, n Hm, lat] */
+    be->mla_absorb(be, w, f->mq, T, f->dq);
+    if (!ready(f, "dcp", d)) return;
+    if (d->all_gather(d, f->dq, f->dqg, Tz * Hm * lat * sizeof(float)) != K3C_OK) {
+        fail_step(f, "dcp", d);
+        return;
+    }
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < n; g++) f->dcp_rows[t * n + g] = g * T + t;
+    be->gather_rows(be, f->dqg, f->dcp_rows, T * n, (int)(Hm * lat), f->dqa);
+    /* 2. every head over this rank's positions: [T, H, kvl] then [T, H] lse, packed for one gather */
+    float *po = f->dpk, *pl = f->dpk + Tz * H * kvl;
+    be->mla_attention_part(be, f->dqa, (int)H, f->segs, nreq, cache, po, pl);
+    /* 3. every rank gets its own heads' partials (slot me of each row's n Hm) from every rank, into f->dpm: an
+     * all-to-all of exactly those where the group has one (threads, NCCL), else the gather of every rank's whole
+     * pack and the pick (the groups of ranks on one GPU: staged, mailbox). The same bits either way. */
+    size_t S = Tz * H * (kvl + 1), Sp = Tz * Hm * (kvl + 1), ol = Tz * Hm * kvl; /* a pack; a part; its o_lat */
+    if (d->all_to_all) {
+        size_t bytes[n];
+        for (int q = 0; q < n; q++) {
+            for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + q;
+            be->gather_rows(be, po, f->dcp_rows, T, Hm * kvl, f->dpg + q * Sp);
+            be->gather_rows(be, pl, f->dcp_rows, T, Hm, f->dpg + q * Sp + ol);
+            bytes[q] = Sp * sizeof(float);
+        }
+        if (!ready(f, "dcp", d)) return;
+        if (d->all_to_all(d, f->dpg, bytes, f->dpm, bytes) != K3C_OK) {
+            fail_step(f, "dcp", d);
+            return;
+        }
+    } else {
+        if (!ready(f, "dcp", d)) return;
+        if (d->all_gather(d, f->dpk, f->dpg, S * sizeof(float)) != K3C_OK) {
+            fail_step(f, "dcp", d);
+            return;
+        }
+        for (int t = 0; t < T; t++) f->dcp_rows[t] = t * n + me;
+        for (int r = 0; r < n; r++) {
+            const float *src = f->dpg + (size_t)r * S;
+            be->gather_rows(be, src, f->dcp_rows, T, Hm * kvl, f->dpm + r * Sp);
+            be->gather_rows(be, src + Tz * H * kvl, f->dcp_rows, T, Hm, f->dpm + r * Sp + ol);
+        }
+    }
+    /* 4. the merge, in rank order */
+    be->mla_merge(be, w, f->dpm, f->dpm + ol, Sp, n, T, f->mo);
+}
+
 /* MLA, NoPE (spec §3): x [T, D] -> f->A; writes the step's latent rows into the cache first, then attends
- * absorbed or expanded per row (f->mla_abs, f->mla_exp: see the top of this file). */
+ * absorbed or expanded per row (f->mla_abs, f->mla_exp: see the top of this file), or through the DCP group. */
 static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
@@ -715,7 +819,8 @@ static void mla_layer(k3c_forward *f, int l, k3c_kv_cache *kv, int nreq, int T) 
     be->rmsnorm(be, f->mlat, lat, w->kv_a_norm, T, c->kv_lora_rank, c->mla_lora_norm_eps, f->mlat, lat);
     be->mla_cache_write(be, f->mlat, f->segs, nreq, kv->layer[l]);
     /* absorbed first: the expanded op writes only its segments' rows, the absorbed one may write others */
-    if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_abs, f->mla_nabs, kv->layer[l], f->mo);
+    if (f->dcp) mla_dcp(f, w, kv->layer[l], nreq, T);
+    else if (f->mla_nabs) be->mla_attention(be, w, f->mq, f->mla_abs, f->mla_nabs, kv->layer[l], f->mo);
     if (f->mla_nexp) be->mla_attention_expanded(be, w, f->mq, f->mla_exp, f->mla_nexp, kv->layer[l], f->mo);
     if (c->mla_use_output_gate && w->g_proj.w) {
         be->matmul(be, &w->g_proj, f->x, T, f->mg, 1);
@@ -792,7 +897,8 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
                                   f->vocab - 1);
             f->ids[T + i] = r->ids[i];
         }
-        f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table};
+        f->segs[s] = (k3c_seg){.row0 = T, .n = r->n, .pos = r->pos, .block_table = r->block_table,
+                               .dcp = f->dcp ? f->dcp->size : 1, .dcp_rank = f->dcp ? f->dcp->rank : 0};
         T += r->n;
     }
     for (int s = 0; s < nreq; s++)

@@ -79,6 +79,15 @@ typedef struct k3c_forward_options {
             struct k3c_comm *tp, *pp, *ep;
         };
     };
+    /* Decode context parallel (forward.c mla_dcp, docs/PARALLEL.md): dcp > 1 (a divisor of the TP size) shards
+     * every MLA layer's latent cache by position over dcp ranks of the TP group, interleaved (position p on
+     * DCP rank p % dcp, backend.h k3c_seg), so the cache of num_blocks blocks holds dcp times the tokens; the
+     * KDA state is untouched. The caller's block tables then cover the local slots: ceil((pos + n) / dcp)
+     * of them (k3c_dcp_local of rank 0). dcp_group: the rank's DCP group (dcp consecutive ranks of the TP
+     * group, ranked by tp_rank % dcp); NULL when dcp equals the TP size (the TP group itself). The backend
+     * must have mla_absorb, mla_attention_part and mla_merge. 0 or 1: none. */
+    int dcp;
+    struct k3c_comm *dcp_group;
 } k3c_forward_options;
 
 typedef struct k3c_forward k3c_forward;
