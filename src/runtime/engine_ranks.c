@@ -656,9 +656,9 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
         K3C_TRY(rank_start(m, o, num_blocks_given, &rk, &e));
     } else {
         if (strcmp(o->device, "cpu") != 0)
-            return k3c_errorf("engine: tp %d on device %s: ranks in one process are CPU ranks (device cpu); on cuda "
-                              "one process per GPU (world_size, rank and rendezvous: --world-size, --rank, "
-                              "--rendezvous)", l->tp, o->device);
+            return k3c_errorf("engine: tp %d x pp %d x dp %d on device %s: ranks in one process are CPU ranks (device "
+                              "cpu); on cuda one process per GPU (world_size, rank and rendezvous: --world-size, "
+                              "--rank, --rendezvous)", l->tp, l->pp, l->dp, o->device);
         k3c_rank *ranks = calloc((size_t)world, sizeof *ranks);
         follower *fol = calloc((size_t)world, sizeof *fol);
         if (!ranks || !fol) {
