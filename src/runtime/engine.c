@@ -869,6 +869,7 @@ int k3c_engine_follow(k3c_engine *e) {
 
 int k3c_engine_dp_size(const k3c_engine *e) { return e && e->xr ? k3c_ranks_dp(e->xr) : 1; }
 int k3c_engine_request_dp(const k3c_engine *e, int id) { return e && e->xr ? k3c_ranks_slot_dp(e->xr, id) : 0; }
+long k3c_engine_dp_placed(const k3c_engine *e, int dp) { return e && e->xr ? k3c_ranks_placed(e->xr, dp) : 0; }
 
 int k3c_engine_failed(const k3c_engine *e) { return e && e->xr && k3c_ranks_failed(e->xr) != NULL; }
 

@@ -68,6 +68,7 @@ struct k3c_engine_ranks {
      * ops), rank 0's count of open requests per DP rank; every rank's own items and logits rows of a step */
     int *slot_dp;          /* [max_requests] */
     int *dp_load;          /* [dp] rank 0 */
+    long *dp_placed;       /* [dp] rank 0: requests placed on each so far */
     k3c_fwd_req *own;      /* [max_requests] */
     float *own_logits;     /* [max_rows, vocab] */
 };
@@ -124,7 +125,8 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
         x->sent = calloc((size_t)x->max_requests, sizeof *x->sent);
         x->held = calloc((size_t)x->max_requests, sizeof *x->held);
         x->dp_load = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_load);
-        if (!x->sent || !x->held || !x->dp_load) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+        x->dp_placed = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_placed);
+        if (!x->sent || !x->held || !x->dp_load || !x->dp_placed) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
     } else {
         x->tables = malloc(sizeof(int32_t) * (size_t)x->max_requests * x->mbr);
         x->ntab = calloc((size_t)x->max_requests, sizeof *x->ntab);
@@ -154,6 +156,7 @@ static void ranks_release(k3c_engine_ranks *x) {
     free(x->fr);
     free(x->slot_dp);
     free(x->dp_load);
+    free(x->dp_placed);
     free(x->own);
     free(x->own_logits);
     free(x->fol);
@@ -237,6 +240,7 @@ int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32
         if (op == K3C_RANK_OP_PLACE) {
             x->slot_dp[a] = b;
             x->dp_load[b]++;
+            x->dp_placed[b]++;
         }
         x->log_words += 2 + (size_t)nargs;
     }
@@ -260,6 +264,9 @@ int k3c_ranks_slot_dp(const k3c_engine_ranks *x, int slot) {
     return x->rk.layout.dp > 1 && slot >= 0 && slot < x->max_requests ? x->slot_dp[slot] : 0;
 }
 int k3c_ranks_dp(const k3c_engine_ranks *x) { return x->rk.layout.dp; }
+long k3c_ranks_placed(const k3c_engine_ranks *x, int dp) {
+    return x->dp_placed && dp >= 0 && dp < x->rk.layout.dp ? x->dp_placed[dp] : 0;
+}
 
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;

@@ -65,6 +65,8 @@ int k3c_ranks_assign(k3c_engine_ranks *x, int slot, int dp);
 /* The DP rank a slot's request runs on (0 at dp 1); the layout's dp. */
 int k3c_ranks_slot_dp(const k3c_engine_ranks *x, int slot);
 int k3c_ranks_dp(const k3c_engine_ranks *x);
+/* Rank 0 (dp > 1): the requests placed on DP rank dp so far (a diagnostic). */
+long k3c_ranks_placed(const k3c_engine_ranks *x, int dp);
 /* Rank 0's step: sends it and runs rank 0's forward (reqs as k3c_forward_step takes them; nblocks[i] the
  * blocks request i's table holds now). */
 int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,

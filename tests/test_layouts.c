@@ -1,0 +1,325 @@
+/* Pipeline stages and DP attention + EP MoE at the engine and the commands (runtime/engine_ranks.h,
+ * docs/PARALLEL.md "Ranks at the engine and the commands"): an engine made with k3c_engine_options.layout.pp =
+ * P, or .dp = N with .ep = N, runs every step on its CPU ranks in this process, rank 0 leading.
+ *
+ * What is asserted, against world size 1 running the same steps:
+ *   - PP 2 and PP 3, DEP 2 (DP attention + EP MoE), DP 2 without EP: the logits bitwise world size 1's, in bf16
+ *     and in f32 (a stage runs world size 1's operations for its layers; a DEP token's attention is world
+ *     size 1's and its experts' outputs are summed in the router's order on its own rank: forward.c), so the
+ *     greedy streams are identical too;
+ *   - TP 2 x PP 2: bitwise TP 2 (the stages do not touch the TP sums), and within 1e-5 of world size 1 with f32
+ *     activations (TP's row-parallel sums split);
+ *   - every step every rank hashes its DP rank's logits rows and they are compared (k3c_engine_check_ranks):
+ *     the ranks of one DP rank (its stages, its TP ranks) bitwise equal.
+ * The batch: four requests of 70, 23, 41 and 5 prompt tokens in one step, then greedy decode steps of which
+ * each request takes 6, 3, 8 and 2, so under DEP 2 (placed 0, 1, 0, 1 by the least-loaded rule) the DP ranks'
+ * rows differ every step and DP rank 1 runs dummy steps from the fourth decode step on. Then the serving
+ * scheduler under DEP 2 (prefix hits, preemption, speculation), the CLI (generate and logits), the refusals. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "damp_residual.h"
+#include "k3c.h"
+#include "model/synth.h"
+#include "runtime/engine_internal.h"
+#include "test.h"
+#include "tp_config.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+typedef struct lay {
+    int tp, pp, dp, ep;
+} lay;
+
+static const char *lay_name(lay l, char *b, size_t n) {
+    snprintf(b, n, "tp %d x pp %d x dp %d%s", l.tp, l.pp, l.dp, l.ep > 1 ? " +ep" : "");
+    return b;
+}
+
+/* damp > 0: made repetitive (damp_residual.h), so that prompt-lookup drafts get accepted */
+static int lay_model(int kimi_linear, uint64_t seed, const char *name, float damp, k3c_model **m) {
+    k3c_config c;
+    K3C_TRY(tp_config(kimi_linear, 0, &c));
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
+    int rc = k3c_synth_write(&c, NULL, seed, dir);
+    k3c_config_free(&c);
+    K3C_TRY(rc);
+    if (damp > 0) K3C_TRY(damp_residual_writes_in(dir, damp));
+    return k3c_load(dir, m);
+}
+
+static void lay_opts(k3c_engine_options *o, lay l, int exact) {
+    k3c_engine_options_default(o);
+    o->threads = l.tp * l.pp * l.dp; /* one worker a rank */
+    o->exact_f32 = exact;
+    o->layout.tp = l.tp;
+    o->layout.pp = l.pp;
+    o->layout.dp = l.dp;
+    o->layout.ep = l.ep;
+    o->rank_timeout_ms = 30000;
+}
+
+enum { NR = 4, MAXD = 8 };
+static const int plen[NR] = {70, 23, 41, 5}, ndec[NR] = {6, 3, 8, 2};
+
+typedef struct batch {
+    float *lg;           /* every logits row of the run, in step order */
+    size_t rows;
+    int32_t stream[NR][MAXD];
+    long steps, checked;
+} batch;
+
+/* The batch above on one engine of layout l; prompts[j] of plen[j] tokens. */
+static int batch_run(k3c_model *m, lay l, int exact, int32_t *const *prompts, batch *b) {
+    memset(b, 0, sizeof *b);
+    k3c_engine_options o;
+    lay_opts(&o, l, exact);
+    o.max_requests = NR;
+    o.max_rows = 160;
+    o.max_context = 80;
+    k3c_engine *e = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    k3c_engine_check_ranks(e, 1);
+    int V = k3c_engine_vocab(e), id[NR], rc = K3C_OK;
+    size_t cap = 139 + 19;
+    b->lg = malloc(sizeof(float) * cap * V);
+    if (!b->lg) rc = k3c_errorf("out of memory");
+    if (rc == K3C_OK) poison_f32(b->lg, cap * V);
+    for (int j = 0; j < NR && rc == K3C_OK; j++) rc = k3c_request_open(e, &id[j]);
+    k3c_step_item it[NR];
+    for (int j = 0; j < NR; j++) it[j] = (k3c_step_item){.request = id[j], .tokens = prompts[j], .n = plen[j], .all_logits = 1};
+    if (rc == K3C_OK) rc = k3c_engine_step(e, it, NR, b->lg);
+    int32_t tok[NR];
+    size_t at = 0;
+    for (int j = 0; j < NR; j++) {
+        at += (size_t)plen[j];
+        tok[j] = rc == K3C_OK ? k3c_greedy_token(b->lg + (at - 1) * V, V) : 0;
+    }
+    if (rc == K3C_OK && l.dp > 1)
+        for (int j = 0; j < NR && rc == K3C_OK; j++) /* least loaded, the lowest among equals: 0, 1, 0, 1 */
+            if (k3c_engine_request_dp(e, id[j]) != j % l.dp)
+                rc = k3c_errorf("request %d placed on DP rank %d", j, k3c_engine_request_dp(e, id[j]));
+    for (int s = 0; s < MAXD && rc == K3C_OK; s++) {
+        int n = 0, who[NR];
+        for (int j = 0; j < NR; j++)
+            if (s < ndec[j]) {
+                b->stream[j][s] = tok[j];
+                who[n] = j;
+                it[n++] = (k3c_step_item){.request = id[j], .tokens = &tok[j], .n = 1};
+            }
+        rc = k3c_engine_step(e, it, n, b->lg + at * V);
+        for (int i = 0; i < n && rc == K3C_OK; i++, at++) tok[who[i]] = k3c_greedy_token(b->lg + at * V, V);
+    }
+    b->rows = at;
+    k3c_engine_stats st;
+    k3c_engine_stats_get(e, &st);
+    b->steps = st.steps;
+    b->checked = k3c_engine_ranks_checked(e);
+    char msg[1024] = "";
+    if (rc != K3C_OK) snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    k3c_engine_free(e);
+    return rc == K3C_OK ? K3C_OK : k3c_errorf("%s", msg);
+}
+
+static double worst_row(const batch *a, const batch *b, int V) {
+    double w = 0;
+    for (size_t i = 0; i < a->rows; i++) {
+        double d = rel_l2_f32f32(a->lg + i * V, b->lg + i * V, (size_t)V);
+        if (!(d <= w)) w = d;
+    }
+    return w;
+}
+
+static void layouts_case(int kimi_linear, int exact) {
+    uint64_t seed = test_seed();
+    k3c_model *m;
+    char mname[64];
+    snprintf(mname, sizeof mname, "layouts_%s_%d", kimi_linear ? "kl" : "k3", exact);
+    CHECK_OK(lay_model(kimi_linear, seed, mname, 0, &m));
+    k3c_model_info info;
+    CHECK_OK(k3c_model_info_get(m, &info));
+    int V = info.vocab_size;
+    int32_t buf[NR][70], *prompts[NR];
+    k3c_rng g;
+    k3c_rng_seed(&g, seed ^ 0x1a7);
+    for (int j = 0; j < NR; j++) {
+        prompts[j] = buf[j];
+        for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
+    }
+    const lay one = {1, 1, 1, 1}, tp2 = {2, 1, 1, 1};
+    const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1}, {2, 2, 1, 1}, {1, 2, 2, 2}};
+    batch ref, rtp;
+    int rc = batch_run(m, one, exact, prompts, &ref);
+    if (rc == K3C_OK) rc = batch_run(m, tp2, exact, prompts, &rtp);
+    const char *mn = kimi_linear ? "kimi-linear" : "k3";
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && rc == K3C_OK; c++) {
+        lay l = cases[c];
+        char ln[64];
+        lay_name(l, ln, sizeof ln);
+        batch r;
+        rc = batch_run(m, l, exact, prompts, &r);
+        if (rc != K3C_OK) {
+            rc = k3c_errorf("%s: %s", ln, k3c_error_message());
+            break;
+        }
+        const batch *want = l.tp > 1 ? &rtp : &ref;
+        int bitwise = r.rows == want->rows && !memcmp(r.lg, want->lg, sizeof(float) * r.rows * V);
+        int same = !memcmp(r.stream, ref.stream, sizeof r.stream);
+        double w = worst_row(&r, &ref, V);
+        printf("    %s %s %s: %zu logits rows %s %s; vs world size 1 worst row rel L2 %.3g; greedy streams %s; %ld of "
+               "%ld steps compared across the ranks\n", mn, exact ? "f32" : "bf16", ln, r.rows,
+               bitwise ? "bitwise" : "NOT bitwise", l.tp > 1 ? "TP 2's" : "world size 1's", w,
+               same ? "identical" : "differ", r.checked, r.steps);
+        if (!bitwise) rc = k3c_errorf("%s: logits not bitwise %s", ln, l.tp > 1 ? "TP 2's" : "world size 1's");
+        else if (exact && !(w <= 1e-5)) rc = k3c_errorf("%s: rel L2 %.3g over 1e-5", ln, w);
+        else if (exact && !same) rc = k3c_errorf("%s: greedy streams differ from world size 1's", ln);
+        else if (r.checked != r.steps || r.steps != 1 + MAXD)
+            rc = k3c_errorf("%s: %ld of %ld steps compared", ln, r.checked, r.steps);
+        free(r.lg);
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    free(ref.lg);
+    free(rtp.lg);
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s %s: %s", mn, exact ? "f32" : "bf16", msg);
+}
+
+TEST(layouts_engine_k3_f32) { layouts_case(0, 1); }
+TEST(layouts_engine_k3_bf16) { layouts_case(0, 0); }
+TEST(layouts_engine_kimi_linear_f32) { layouts_case(1, 1); }
+TEST(layouts_engine_kimi_linear_bf16) { layouts_case(1, 0); }
+
+/* ---- the serving scheduler on DEP 2 and PP 2 ---- */
+
+enum { NJOBS = 6, SNEW = 20, PREFIX = 64 };
+
+typedef struct sjob {
+    int32_t prompt[PREFIX + 40];
+    int n_prompt;
+    int32_t out[SNEW];
+    int n_out, finished;
+    uint64_t id;
+} sjob;
+
+/* Every job through one scheduler over an engine of layout l: chunked prefill (48 tokens a step), three
+ * requests at once on too few cache blocks (preemption), prefix hits (the even jobs share a 64-token prefix,
+ * hinted), three prompt-lookup drafts a verify (verify steps and commits on the DP rank of the request), freed
+ * blocks poisoned on every rank. */
+static int sched_run(k3c_model *m, lay l, sjob *jobs, k3c_scheduler_stats *out, long *checked, long *steps,
+                     long placed[2]) {
+    k3c_engine_options o;
+    lay_opts(&o, l, 1);
+    o.max_requests = 3;
+    o.max_rows = 64;
+    o.max_context = PREFIX + 40 + SNEW;
+    o.chunk_min = 16;
+    o.mla_expand_min = 32;
+    o.q_max = 4;
+    o.poison_freed_blocks = 1;
+    o.num_blocks = 12;
+    k3c_engine *e = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    k3c_engine_check_ranks(e, 1);
+    k3c_scheduler_options so;
+    k3c_scheduler_options_default(&so);
+    so.max_seqs = 3;
+    so.max_batched_tokens = 48;
+    so.spec_tokens = 3;
+    k3c_scheduler *s = NULL;
+    int rc = k3c_scheduler_create(e, &so, &s);
+    for (int j = 0; j < NJOBS && rc == K3C_OK; j++) {
+        jobs[j].n_out = jobs[j].finished = 0;
+        k3c_sched_request q = {.prompt = jobs[j].prompt, .n_prompt = jobs[j].n_prompt, .max_new = SNEW,
+                               .ignore_eos = 1, .prefix_hint = j % 2 ? 0 : PREFIX, .user = &jobs[j]};
+        if (k3c_scheduler_submit(s, &q, &jobs[j].id) != 0) rc = k3c_errorf("submit: %s", k3c_error_message());
+    }
+    int busy = 1, k = 0;
+    while (rc == K3C_OK && busy) {
+        const k3c_sched_event *ev;
+        int n;
+        rc = k3c_scheduler_step(s, &ev, &n, &busy);
+        for (int i = 0; i < n && rc == K3C_OK; i++) {
+            sjob *j = ev[i].user;
+            if (ev[i].kind == K3C_SCHED_TOKEN && j->n_out < SNEW) j->out[j->n_out++] = ev[i].token;
+            else if (ev[i].kind == K3C_SCHED_FINISHED && ev[i].finish == K3C_FINISH_ERROR)
+                rc = k3c_errorf("job failed: %s", ev[i].message);
+            else if (ev[i].kind == K3C_SCHED_FINISHED) j->finished = 1;
+        }
+        if (++k > 5000) rc = k3c_errorf("still busy after %d steps", k);
+    }
+    k3c_scheduler_stats_get(s, out);
+    *checked = k3c_engine_ranks_checked(e);
+    k3c_engine_stats est;
+    k3c_engine_stats_get(e, &est);
+    *steps = est.steps;
+    placed[0] = k3c_engine_dp_placed(e, 0);
+    placed[1] = k3c_engine_dp_placed(e, 1);
+    char msg[1024] = "";
+    if (rc != K3C_OK) snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    k3c_scheduler_free(s);
+    k3c_engine_free(e);
+    return rc == K3C_OK ? K3C_OK : k3c_errorf("%s", msg);
+}
+
+TEST(layouts_scheduler_dep2_pp2_match_world_size_1) {
+    uint64_t seed = test_seed();
+    k3c_model *m;
+    CHECK_OK(lay_model(0, seed, "layouts_sched", 0.05f, &m));
+    k3c_model_info info;
+    CHECK_OK(k3c_model_info_get(m, &info));
+    uint64_t V = (uint64_t)info.vocab_size;
+    static sjob a[NJOBS], b[NJOBS];
+    k3c_rng g;
+    k3c_rng_seed(&g, seed ^ 0xde9);
+    int32_t prefix[PREFIX];
+    for (int i = 0; i < PREFIX; i++) prefix[i] = (int32_t)(k3c_rng_next(&g) % V);
+    /* even jobs: the shared prefix, then 4 .. 34 tokens of their own; odd ones: a prefix of their own; a prompt
+     * ends with its own first tokens again, which the drafter then proposes */
+    for (int j = 0; j < NJOBS; j++) {
+        int own = 4 + 6 * j;
+        for (int i = 0; i < PREFIX; i++) a[j].prompt[i] = j % 2 ? (int32_t)(k3c_rng_next(&g) % V) : prefix[i];
+        for (int i = 0; i < own; i++) a[j].prompt[PREFIX + i] = (int32_t)(k3c_rng_next(&g) % V);
+        a[j].n_prompt = PREFIX + own;
+    }
+    k3c_scheduler_stats sa;
+    long ca, stepa, pa[2], pb[2];
+    int rc = sched_run(m, (lay){1, 1, 1, 1}, a, &sa, &ca, &stepa, pa);
+    const lay cases[] = {{1, 1, 2, 2}, {1, 2, 1, 1}};
+    for (size_t c = 0; c < 2 && rc == K3C_OK; c++) {
+        char ln[64];
+        lay_name(cases[c], ln, sizeof ln);
+        memcpy(b, a, sizeof b);
+        k3c_scheduler_stats sb;
+        long cb, stepb;
+        rc = sched_run(m, cases[c], b, &sb, &cb, &stepb, pb);
+        if (rc != K3C_OK) {
+            rc = k3c_errorf("%s: %s", ln, k3c_error_message());
+            break;
+        }
+        int equal = 0;
+        for (int j = 0; j < NJOBS; j++) {
+            if (!a[j].finished || !b[j].finished || a[j].n_out != SNEW || b[j].n_out != SNEW) rc = k3c_errorf("%s: job %d unfinished", ln, j);
+            for (int t = 0; t < SNEW && a[j].out[t] == b[j].out[t]; t++) equal++;
+        }
+        printf("    scheduler %s (f32): %d of %d tokens as world size 1; %ld steps (%ld world size 1), %ld compared "
+               "across the ranks; drafts accepted %ld / %ld; prefix hits %ld tokens (%ld world size 1); preemptions "
+               "%ld; admissions on DP ranks 0 / 1: %ld / %ld\n", ln, equal, NJOBS * SNEW, stepb, stepa, cb,
+               sb.spec_accepted_tokens, sb.spec_draft_tokens, sb.prefix_hits_tokens, sa.prefix_hits_tokens,
+               sb.preemptions, pb[0], pb[1]);
+        /* DEP: both DP ranks take requests (the odd jobs, with no cached prefix, go to the less loaded) */
+        if (rc == K3C_OK && cases[c].dp > 1 && (pb[0] == 0 || pb[1] == 0))
+            rc = k3c_errorf("%s: admissions on DP ranks 0 / 1: %ld / %ld", ln, pb[0], pb[1]);
+        if (rc == K3C_OK && equal != NJOBS * SNEW) rc = k3c_errorf("%s: the streams differ from world size 1's", ln);
+        if (rc == K3C_OK && cb != stepb) rc = k3c_errorf("%s: %ld of %ld steps compared", ln, cb, stepb);
+        /* the paths this test is for were taken (verifies ran; how many drafts are accepted depends on the seed) */
+        if (rc == K3C_OK && !(sb.prefix_hits_tokens > 0 && sb.preemptions > 0 && sb.spec_draft_tokens > 0))
+            rc = k3c_errorf("%s: prefix hits %ld, preemptions %ld, drafts %ld", ln, sb.prefix_hits_tokens,
+                            sb.preemptions, sb.spec_draft_tokens);
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s", msg);
+}
