@@ -17,6 +17,7 @@
  * scheduler under DEP 2 (prefix hits, preemption, speculation), the CLI (generate and logits), the refusals. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "damp_residual.h"
 #include "k3c.h"
@@ -322,4 +323,99 @@ TEST(layouts_scheduler_dep2_pp2_match_world_size_1) {
     snprintf(msg, sizeof msg, "%s", k3c_error_message());
     k3c_free(m);
     CHECKF(rc == K3C_OK, "%s", msg);
+}
+
+/* ---- the commands: generate, logits and run on the embedded k3-fortune ---- */
+
+static size_t slurp(const char *path, void *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+/* `k3c ARGS LAYOUT > out` (stderr to err), or, where ARGS end in --out, `k3c ARGS out LAYOUT`; its exit
+ * status. */
+static int k3c_to(const char *k3c, const char *args, const char *layout, const char *out, const char *err) {
+    char cmd[16384];
+    size_t n = strlen(args);
+    if (n > 5 && !strcmp(args + n - 5, "--out"))
+        snprintf(cmd, sizeof cmd, "%s %s %s %s > /dev/null 2> %s", k3c, args, out, layout, err);
+    else
+        snprintf(cmd, sizeof cmd, "%s %s %s > %s 2> %s", k3c, args, layout, out, err);
+    return test_run_status(cmd);
+}
+
+TEST(layouts_cli_pp_dep_equal_world_size_1) {
+    char k3c[4096], dir[4200], a[4400], b[4400], err[4400];
+    CHECK(test_k3c_binary(k3c, sizeof k3c));
+    snprintf(dir, sizeof dir, "%s/layouts_cli", test_tmpdir());
+    CHECK(mkdir(dir, 0755) == 0);
+    snprintf(err, sizeof err, "%s/err.txt", dir);
+    static char ta[1 << 18], tb[1 << 18];
+    /* text: bf16 (the default) for the bitwise layouts, f32 for TP 2 x PP 2 against TP 1 */
+    struct {
+        const char *args, *layout, *ref;
+    } same[] = {
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos", "--pp 2", "--tp 1"},
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos", "--dp 2 --ep", "--tp 1"},
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos", "--pp 2 --dp 2 --ep", "--tp 1"},
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos --exact-f32", "--tp 2 --pp 2", "--tp 1"},
+        /* four requests of different lengths at once, drafts verified: DP loads uneven, a DP rank idle at the end */
+        {"run --prompts '1,2,3;4,5,6,7,8,9,10,11,12,13,14;15;16,17,18,19,20' -n 8 --spec 2", "--dp 2 --ep", "--tp 1"},
+        {"run --prompts '1,2,3;4,5,6,7,8,9,10,11,12,13,14;15;16,17,18,19,20' -n 8 --spec 2", "--pp 2", "--tp 1"},
+        /* logits files, bitwise */
+        {"logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --out", "--pp 2", "--tp 1"},
+        {"logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --out", "--dp 2 --ep", "--tp 1"},
+        {"logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --out", "--tp 2 --pp 2", "--tp 2"},
+        {"logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --f32 --out", "--tp 2 --pp 2", "--tp 2"},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        snprintf(a, sizeof a, "%s/a%zu", dir, i);
+        snprintf(b, sizeof b, "%s/b%zu", dir, i);
+        CHECKF(k3c_to(k3c, same[i].args, same[i].ref, a, err) == 0, "%s %s", same[i].args, same[i].ref);
+        int st = k3c_to(k3c, same[i].args, same[i].layout, b, err);
+        char e[2048] = "";
+        e[slurp(err, e, sizeof e - 1)] = 0;
+        CHECKF(st == 0, "k3c %s %s: exit %d: %s", same[i].args, same[i].layout, st, e);
+        size_t na = slurp(a, ta, sizeof ta), nb = slurp(b, tb, sizeof tb);
+        /* run's last lines are timings: compare what comes before "steps:" */
+        char *sa = strstr(ta, "steps:"), *sb = strstr(tb, "steps:");
+        if (!strncmp(same[i].args, "run", 3) && sa && sb) na = (size_t)(sa - ta), nb = (size_t)(sb - tb);
+        CHECKF(na > 8 && na == nb && !memcmp(ta, tb, na), "k3c %s: %s printed other output than %s (%s, %s)",
+               same[i].args, same[i].layout, same[i].ref, a, b);
+    }
+    /* TP 2 x PP 2 with f32 activations: within 1e-5 of world size 1 */
+    snprintf(a, sizeof a, "%s/f1", dir);
+    snprintf(b, sizeof b, "%s/f2", dir);
+    const char *lg = "logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --f32 --out";
+    CHECK(k3c_to(k3c, lg, "--tp 1", a, err) == 0 && k3c_to(k3c, lg, "--tp 2 --pp 2", b, err) == 0);
+    size_t na = slurp(a, ta, sizeof ta), nb = slurp(b, tb, sizeof tb);
+    CHECKF(na == nb && na == sizeof(float) * 9 * 4096, "logits files of %zu and %zu bytes", na, nb);
+    double w = 0;
+    for (int r = 0; r < 9; r++) {
+        double d = rel_l2_f32f32((const float *)tb + r * 4096, (const float *)ta + r * 4096, 4096);
+        if (!(d <= w)) w = d;
+    }
+    printf("    k3c logits --f32 --tp 2 --pp 2 vs --tp 1: worst row rel L2 %.3g\n", w);
+    CHECKF(w <= 1e-5, "rel L2 %.3g", w);
+    /* the refused layouts: a message and a non-zero exit */
+    struct {
+        const char *layout, *want;
+    } bad[] = {
+        {"--tp 2 --dp 2 --ep", "hybrid layout"},
+        {"--pp 99", "more pipeline stages"},
+        {"--ep", "--ep"},
+        {"--tp 3", "does not divide"},
+        {"--pp 2 --device cuda", "CPU ranks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(b, sizeof b, "%s/bad%zu", dir, i);
+        int st = k3c_to(k3c, "generate --prompt-ids 1,2 -n 2", bad[i].layout, b, err);
+        char e[2048] = "";
+        e[slurp(err, e, sizeof e - 1)] = 0;
+        CHECKF(st != 0 && strstr(e, bad[i].want) && slurp(b, tb, 1) == 0, "%s: exit %d, '%s'", bad[i].layout, st, e);
+        printf("    generate %s: exit %d: %s", bad[i].layout, st, e);
+    }
 }
