@@ -149,10 +149,15 @@ static void layouts_case(int kimi_linear, int exact) {
         for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
     }
     const lay one = {1, 1, 1, 1}, tp2 = {2, 1, 1, 1};
-    const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1}, {2, 2, 1, 1}, {1, 2, 2, 2}};
-    batch ref, rtp;
+    const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1}, {2, 2, 1, 1}, {1, 2, 2, 2}, {2, 1, 2, 4}};
+    batch ref, rtp, r32 = {0};
     int rc = batch_run(m, one, exact, prompts, &ref);
     if (rc == K3C_OK) rc = batch_run(m, tp2, exact, prompts, &rtp);
+    /* bf16: the f32 function, for the hybrid's tolerance (its prompt rows, which every run computes from the same
+     * tokens: no farther from it than 2x world size 1's own bf16 rows) */
+    if (rc == K3C_OK && !exact) rc = batch_run(m, one, 1, prompts, &r32);
+    size_t prompt_rows = 0;
+    for (int j = 0; j < NR; j++) prompt_rows += (size_t)plen[j];
     const char *mn = kimi_linear ? "kimi-linear" : "k3";
     for (size_t c = 0; c < sizeof cases / sizeof cases[0] && rc == K3C_OK; c++) {
         lay l = cases[c];
@@ -165,9 +170,30 @@ static void layouts_case(int kimi_linear, int exact) {
             break;
         }
         const batch *want = l.tp > 1 ? &rtp : &ref;
+        int hybrid = l.tp > 1 && l.ep > 1; /* TP attention (TP's sums), the MoE world size 1's: bitwise neither */
         int bitwise = r.rows == want->rows && !memcmp(r.lg, want->lg, sizeof(float) * r.rows * V);
         int same = !memcmp(r.stream, ref.stream, sizeof r.stream);
         double w = worst_row(&r, &ref, V);
+        if (hybrid) {
+            double own = 0, dist = 0;
+            if (!exact) {
+                batch rp = r, op = ref;
+                rp.rows = op.rows = prompt_rows;
+                dist = worst_row(&rp, &r32, V);
+                own = worst_row(&op, &r32, V);
+            }
+            printf("    %s %s %s (hybrid): vs world size 1 worst row rel L2 %.3g", mn, exact ? "f32" : "bf16", ln, w);
+            if (!exact) printf(", prompt rows vs the f32 function %.3g (world size 1's own %.3g)", dist, own);
+            printf("; greedy streams %s; %ld of %ld steps compared across the ranks\n", same ? "identical" : "differ",
+                   r.checked, r.steps);
+            if (exact && !(w <= 1e-5)) rc = k3c_errorf("%s: rel L2 %.3g over 1e-5", ln, w);
+            else if (exact && !same) rc = k3c_errorf("%s: greedy streams differ from world size 1's", ln);
+            else if (!exact && !(dist <= 2 * own)) rc = k3c_errorf("%s: %.3g from the f32 function, over 2 x %.3g", ln, dist, own);
+            else if (r.checked != r.steps || r.steps != 1 + MAXD)
+                rc = k3c_errorf("%s: %ld of %ld steps compared", ln, r.checked, r.steps);
+            free(r.lg);
+            continue;
+        }
         printf("    %s %s %s: %zu logits rows %s %s; vs world size 1 worst row rel L2 %.3g; greedy streams %s; %ld of "
                "%ld steps compared across the ranks\n", mn, exact ? "f32" : "bf16", ln, r.rows,
                bitwise ? "bitwise" : "NOT bitwise", l.tp > 1 ? "TP 2's" : "world size 1's", w,
@@ -183,6 +209,7 @@ static void layouts_case(int kimi_linear, int exact) {
     snprintf(msg, sizeof msg, "%s", k3c_error_message());
     free(ref.lg);
     free(rtp.lg);
+    free(r32.lg);
     k3c_free(m);
     CHECKF(rc == K3C_OK, "%s %s: %s", mn, exact ? "f32" : "bf16", msg);
 }

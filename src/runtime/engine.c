@@ -278,7 +278,8 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
         /* this rank's shard of the model (views into m, its row-parallel parts copied: model/shard.h): its TP
          * split, its stage's layers, its expert rank's experts */
         k3c_model_part part = {.tp_rank = rk->tp_rank, .tp = rk->layout.tp, .pp_stage = rk->pp_stage,
-                               .pp = rk->layout.pp, .ep_rank = rk->layout.ep > 1 ? rk->dp_rank : 0,
+                               .pp = rk->layout.pp,
+                               .ep_rank = rk->layout.ep > 1 ? rk->rank % (rk->layout.tp * rk->layout.dp) : 0,
                                .ep = rk->layout.ep};
         if (k3c_model_shard(m, &part, &e->shard) != K3C_OK) {
             k3c_engine_free(e);

@@ -36,9 +36,6 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
     if (l.ep > 1 && l.dp < 2)
         return k3c_errorf("engine: ep %d: expert parallelism without data parallelism: --ep spreads the experts "
                           "over the DP ranks (--dp N --ep, N >= 2)", l.ep);
-    if (l.ep > 1 && l.tp > 1)
-        return k3c_errorf("engine: ep %d with tp %d: TP attention groups inside DP + EP MoE (the hybrid layout) are "
-                          "not built; expert parallelism runs with tp 1 (--dp N --ep)", l.ep, l.tp);
     if ((l.pp > 1 || l.dp > 1) && o->num_aux > 0)
         return k3c_errorf("engine: %d aux streams with %s %d: the hidden-state streams are not passed between %s",
                           o->num_aux, l.pp > 1 ? "pp" : "dp", l.pp > 1 ? l.pp : l.dp,

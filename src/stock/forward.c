@@ -60,7 +60,10 @@
  *     order, in (t, j) order inside), the experts run there, their outputs come back in the same order, and
  *     the token's own rank sums them: r = rnd(sum_j w_j d_j) in j order. That order does not involve the
  *     ranks at all: a token's MoE output is bitwise world size 1's, whichever rank computed which expert (the
- *     expert products are row-invariant, backend.h). */
+ *     expert products are row-invariant, backend.h).
+ *   Hybrid (tp and ep): TP attention inside each DP group (the TP sums above), the MoE as DEP over every rank
+ *     of the stage: the TP ranks of a group hold the same rows and each sends its pairs and combines them
+ *     itself, so every TP rank ends with the same MoE output (its rows' experts run once per TP rank). */
 #include "stock/forward.h"
 
 #include <stdlib.h>
@@ -168,7 +171,9 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
         if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
             return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
                               ep ? "an EP rank" : "an expert-parallel shard", ep ? "that rank's shard" : "its EP group");
-        if (tp) return k3c_errorf("forward: TP attention inside DP + EP is not built (a TP group with an EP group)");
+        if (tp && (m->tp_size != tp->size || ep->size % tp->size))
+            return k3c_errorf("forward: the hybrid layout (a TP group of %d with an EP group of %d) needs the EP group "
+                              "to span whole TP groups and that rank's hybrid shard", tp->size, ep->size);
         if (!be->moe_route || !be->moe_experts || !be->moe_combine || strcmp(be->name, "cpu") != 0)
             return k3c_errorf("forward: expert parallelism runs on the cpu backend only (backend %s has no "
                               "expert-parallel ops)", be->name);
@@ -703,8 +708,8 @@ static void ffn_layer(k3c_forward *f, int l, int T) {
     k3c_backend *be = f->be;
     const k3c_layer_weights *lw = &f->m->weights.layers[l];
     if (lw->is_moe) {
-        if (f->tp) moe_tp(f, &lw->moe, T);
-        else if (f->ep) moe_ep(f, &lw->moe, T);
+        if (f->ep) moe_ep(f, &lw->moe, T); /* the hybrid too: its MoE weights are whole (model/shard.h) */
+        else if (f->tp) moe_tp(f, &lw->moe, T);
         else be->moe(be, &lw->moe, f->x, T, f->F);
         return;
     }
