@@ -38,9 +38,9 @@ static const char *lay_name(lay l, char *b, size_t n) {
 }
 
 /* damp > 0: made repetitive (damp_residual.h), so that prompt-lookup drafts get accepted */
-static int lay_model(int kimi_linear, uint64_t seed, const char *name, float damp, k3c_model **m) {
+static int lay_model_routing(int kimi_linear, int dense, uint64_t seed, const char *name, float damp, k3c_model **m) {
     k3c_config c;
-    K3C_TRY(tp_config(kimi_linear, 0, &c));
+    K3C_TRY(tp_config(kimi_linear, dense, &c));
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
     int rc = k3c_synth_write(&c, NULL, seed, dir);
@@ -48,6 +48,10 @@ static int lay_model(int kimi_linear, uint64_t seed, const char *name, float dam
     K3C_TRY(rc);
     if (damp > 0) K3C_TRY(damp_residual_writes_in(dir, damp));
     return k3c_load(dir, m);
+}
+
+static int lay_model(int kimi_linear, uint64_t seed, const char *name, float damp, k3c_model **m) {
+    return lay_model_routing(kimi_linear, 0, seed, name, damp, m);
 }
 
 static void lay_opts(k3c_engine_options *o, lay l, int exact) {
@@ -389,6 +393,8 @@ TEST(layouts_cli_pp_dep_equal_world_size_1) {
         {"generate --prompt 'A penny saved is' -n 24 --ignore-eos", "--dp 2 --ep", "--tp 1"},
         {"generate --prompt 'A penny saved is' -n 24 --ignore-eos", "--pp 2 --dp 2 --ep", "--tp 1"},
         {"generate --prompt 'A penny saved is' -n 24 --ignore-eos --exact-f32", "--tp 2 --pp 2", "--tp 1"},
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos --exact-f32", "--tp 2 --dp 2 --ep", "--tp 1"},
+        {"generate --prompt 'A penny saved is' -n 24 --ignore-eos --exact-f32", "--tp 2 --pp 2 --dp 2 --ep", "--tp 1"},
         /* four requests of different lengths at once, drafts verified: DP loads uneven, a DP rank idle at the end */
         {"run --prompts '1,2,3;4,5,6,7,8,9,10,11,12,13,14;15;16,17,18,19,20' -n 8 --spec 2", "--dp 2 --ep", "--tp 1"},
         {"run --prompts '1,2,3;4,5,6,7,8,9,10,11,12,13,14;15;16,17,18,19,20' -n 8 --spec 2", "--pp 2", "--tp 1"},
@@ -413,25 +419,32 @@ TEST(layouts_cli_pp_dep_equal_world_size_1) {
         CHECKF(na > 8 && na == nb && !memcmp(ta, tb, na), "k3c %s: %s printed other output than %s (%s, %s)",
                same[i].args, same[i].layout, same[i].ref, a, b);
     }
-    /* TP 2 x PP 2 with f32 activations: within 1e-5 of world size 1 */
-    snprintf(a, sizeof a, "%s/f1", dir);
-    snprintf(b, sizeof b, "%s/f2", dir);
+    /* TP 2 x PP 2 and the hybrid with f32 activations: within 1e-5 of world size 1 */
     const char *lg = "logits --prompt-ids 5,9,2,7,7,1,3,8,4 --prefill 4 --f32 --out";
-    CHECK(k3c_to(k3c, lg, "--tp 1", a, err) == 0 && k3c_to(k3c, lg, "--tp 2 --pp 2", b, err) == 0);
-    size_t na = slurp(a, ta, sizeof ta), nb = slurp(b, tb, sizeof tb);
-    CHECKF(na == nb && na == sizeof(float) * 9 * 4096, "logits files of %zu and %zu bytes", na, nb);
-    double w = 0;
-    for (int r = 0; r < 9; r++) {
-        double d = rel_l2_f32f32((const float *)tb + r * 4096, (const float *)ta + r * 4096, 4096);
-        if (!(d <= w)) w = d;
+    snprintf(a, sizeof a, "%s/f1", dir);
+    CHECK(k3c_to(k3c, lg, "--tp 1", a, err) == 0);
+    size_t na = slurp(a, ta, sizeof ta);
+    const char *within[] = {"--tp 2 --pp 2", "--tp 2 --dp 2 --ep"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(b, sizeof b, "%s/f2_%d", dir, k);
+        CHECK(k3c_to(k3c, lg, within[k], b, err) == 0);
+        size_t nb = slurp(b, tb, sizeof tb);
+        CHECKF(na == nb && na == sizeof(float) * 9 * 4096, "logits files of %zu and %zu bytes", na, nb);
+        double w = 0;
+        for (int r = 0; r < 9; r++) {
+            double d = rel_l2_f32f32((const float *)tb + r * 4096, (const float *)ta + r * 4096, 4096);
+            if (!(d <= w)) w = d;
+        }
+        printf("    k3c logits --f32 %s vs --tp 1: worst row rel L2 %.3g\n", within[k], w);
+        CHECKF(w <= 1e-5, "%s: rel L2 %.3g", within[k], w);
     }
-    printf("    k3c logits --f32 --tp 2 --pp 2 vs --tp 1: worst row rel L2 %.3g\n", w);
-    CHECKF(w <= 1e-5, "rel L2 %.3g", w);
     /* the refused layouts: a message and a non-zero exit */
     struct {
         const char *layout, *want;
     } bad[] = {
-        {"--tp 2 --dp 2 --ep", "hybrid layout"},
+        {"--tp 2 --ep", "without data parallelism"},
+        {"--dp 2 --ep --tp 4", "does not divide the 2 KDA heads"},
+        {"--dp 3 --ep", "ep 3 does not divide the 16 routed experts"},
         {"--pp 99", "more pipeline stages"},
         {"--ep", "--ep"},
         {"--tp 3", "does not divide"},
@@ -446,3 +459,47 @@ TEST(layouts_cli_pp_dep_equal_world_size_1) {
         printf("    generate %s: exit %d: %s", bad[i].layout, st, e);
     }
 }
+
+/* The hybrid in bf16 with dense routing (every expert selected: no routing near-tie can flip between a sum and
+ * its split), the criterion of tests/test_tp.c: its prompt rows no farther from the f32 function than 2x world
+ * size 1's own bf16 rows. */
+static void hybrid_bf16(int kimi_linear) {
+    uint64_t seed = test_seed();
+    k3c_model *m;
+    CHECK_OK(lay_model_routing(kimi_linear, 1, seed, kimi_linear ? "layouts_hyb_kl" : "layouts_hyb_k3", 0, &m));
+    k3c_model_info info;
+    CHECK_OK(k3c_model_info_get(m, &info));
+    int V = info.vocab_size;
+    int32_t buf[NR][70], *prompts[NR];
+    k3c_rng g;
+    k3c_rng_seed(&g, seed ^ 0x4b1d);
+    size_t prompt_rows = 0;
+    for (int j = 0; j < NR; j++) {
+        prompts[j] = buf[j];
+        prompt_rows += (size_t)plen[j];
+        for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
+    }
+    batch f32 = {0}, one = {0}, tp = {0}, hyb = {0};
+    int rc = batch_run(m, (lay){1, 1, 1, 1}, 1, prompts, &f32);
+    if (rc == K3C_OK) rc = batch_run(m, (lay){1, 1, 1, 1}, 0, prompts, &one);
+    if (rc == K3C_OK) rc = batch_run(m, (lay){2, 1, 1, 1}, 0, prompts, &tp);
+    if (rc == K3C_OK) rc = batch_run(m, (lay){2, 1, 2, 4}, 0, prompts, &hyb);
+    if (rc == K3C_OK) {
+        f32.rows = one.rows = tp.rows = hyb.rows = prompt_rows;
+        double own = worst_row(&one, &f32, V), dt = worst_row(&tp, &f32, V), dh = worst_row(&hyb, &f32, V);
+        double vs1 = worst_row(&hyb, &one, V);
+        printf("    %s bf16, dense routing, tp 2 x dp 2 +ep (hybrid): prompt rows vs world size 1's bf16 %.3g; vs the "
+               "f32 function %.3g (world size 1's own %.3g, TP 2's %.3g); %ld of %ld steps compared across the ranks\n",
+               kimi_linear ? "kimi-linear" : "k3", vs1, dh, own, dt, hyb.checked, hyb.steps);
+        if (!(dh <= 2 * own)) rc = k3c_errorf("hybrid %.3g from the f32 function, over 2 x %.3g", dh, own);
+        else if (hyb.checked != hyb.steps) rc = k3c_errorf("%ld of %ld steps compared", hyb.checked, hyb.steps);
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", k3c_error_message());
+    free(f32.lg), free(one.lg), free(tp.lg), free(hyb.lg);
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s", msg);
+}
+
+TEST(layouts_engine_hybrid_k3_bf16_dense_routing) { hybrid_bf16(0); }
+TEST(layouts_engine_hybrid_kimi_linear_bf16_dense_routing) { hybrid_bf16(1); }
