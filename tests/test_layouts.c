@@ -223,7 +223,7 @@ TEST(layouts_engine_k3_bf16) { layouts_case(0, 0); }
 TEST(layouts_engine_kimi_linear_f32) { layouts_case(1, 1); }
 TEST(layouts_engine_kimi_linear_bf16) { layouts_case(1, 0); }
 
-/* ---- the serving scheduler on DEP 2 and PP 2 ---- */
+/* ---- the serving scheduler on DEP 2, PP 2 and the hybrid ---- */
 
 enum { NJOBS = 6, SNEW = 20, PREFIX = 64 };
 
@@ -231,6 +231,7 @@ typedef struct sjob {
     int32_t prompt[PREFIX + 40];
     int n_prompt;
     int32_t out[SNEW];
+    float gap[SNEW]; /* the greedy margin of each token (logprobs of the two best) */
     int n_out, finished;
     uint64_t id;
 } sjob;
@@ -265,6 +266,7 @@ static int sched_run(k3c_model *m, lay l, sjob *jobs, k3c_scheduler_stats *out, 
         jobs[j].n_out = jobs[j].finished = 0;
         k3c_sched_request q = {.prompt = jobs[j].prompt, .n_prompt = jobs[j].n_prompt, .max_new = SNEW,
                                .ignore_eos = 1, .prefix_hint = j % 2 ? 0 : PREFIX, .user = &jobs[j]};
+        q.sampling.logprobs = 2;
         if (k3c_scheduler_submit(s, &q, &jobs[j].id) != 0) rc = k3c_errorf("submit: %s", k3c_error_message());
     }
     int busy = 1, k = 0;
@@ -274,7 +276,10 @@ static int sched_run(k3c_model *m, lay l, sjob *jobs, k3c_scheduler_stats *out, 
         rc = k3c_scheduler_step(s, &ev, &n, &busy);
         for (int i = 0; i < n && rc == K3C_OK; i++) {
             sjob *j = ev[i].user;
-            if (ev[i].kind == K3C_SCHED_TOKEN && j->n_out < SNEW) j->out[j->n_out++] = ev[i].token;
+            if (ev[i].kind == K3C_SCHED_TOKEN && j->n_out < SNEW) {
+                j->gap[j->n_out] = ev[i].n_top >= 2 ? ev[i].top_logprobs[0] - ev[i].top_logprobs[1] : 0;
+                j->out[j->n_out++] = ev[i].token;
+            }
             else if (ev[i].kind == K3C_SCHED_FINISHED && ev[i].finish == K3C_FINISH_ERROR)
                 rc = k3c_errorf("job failed: %s", ev[i].message);
             else if (ev[i].kind == K3C_SCHED_FINISHED) j->finished = 1;
@@ -295,7 +300,7 @@ static int sched_run(k3c_model *m, lay l, sjob *jobs, k3c_scheduler_stats *out, 
     return rc == K3C_OK ? K3C_OK : k3c_errorf("%s", msg);
 }
 
-TEST(layouts_scheduler_dep2_pp2_match_world_size_1) {
+TEST(layouts_scheduler_matches_world_size_1) {
     uint64_t seed = test_seed();
     k3c_model *m;
     CHECK_OK(lay_model(0, seed, "layouts_sched", 0.05f, &m));
@@ -318,8 +323,11 @@ TEST(layouts_scheduler_dep2_pp2_match_world_size_1) {
     k3c_scheduler_stats sa;
     long ca, stepa, pa[2], pb[2];
     int rc = sched_run(m, (lay){1, 1, 1, 1}, a, &sa, &ca, &stepa, pa);
-    const lay cases[] = {{1, 1, 2, 2}, {1, 2, 1, 1}};
-    for (size_t c = 0; c < 2 && rc == K3C_OK; c++) {
+    /* DEP 2 and PP 2 bitwise world size 1; the hybrid within f32 rounding (a stream may part only at a near-tie
+     * of world size 1's logits) */
+    const lay cases[] = {{1, 1, 2, 2}, {1, 2, 1, 1}, {2, 1, 2, 4}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && rc == K3C_OK; c++) {
+        int hybrid = cases[c].tp > 1;
         char ln[64];
         lay_name(cases[c], ln, sizeof ln);
         memcpy(b, a, sizeof b);
@@ -330,20 +338,24 @@ TEST(layouts_scheduler_dep2_pp2_match_world_size_1) {
             rc = k3c_errorf("%s: %s", ln, k3c_error_message());
             break;
         }
-        int equal = 0;
+        int equal = 0, ties = 0;
         for (int j = 0; j < NJOBS; j++) {
             if (!a[j].finished || !b[j].finished || a[j].n_out != SNEW || b[j].n_out != SNEW) rc = k3c_errorf("%s: job %d unfinished", ln, j);
-            for (int t = 0; t < SNEW && a[j].out[t] == b[j].out[t]; t++) equal++;
+            int t = 0;
+            while (t < SNEW && a[j].out[t] == b[j].out[t]) t++;
+            equal += t;
+            if (t < SNEW && hybrid && a[j].gap[t] < 1e-4f) ties++;
+            else if (t < SNEW && rc == K3C_OK)
+                rc = k3c_errorf("%s: job %d parts from world size 1 at token %d (margin %g)", ln, j, t, (double)a[j].gap[t]);
         }
-        printf("    scheduler %s (f32): %d of %d tokens as world size 1; %ld steps (%ld world size 1), %ld compared "
+        printf("    scheduler %s (f32): %d of %d tokens as world size 1 (%d parted at a near-tie); %ld steps (%ld world size 1), %ld compared "
                "across the ranks; drafts accepted %ld / %ld; prefix hits %ld tokens (%ld world size 1); preemptions "
-               "%ld; admissions on DP ranks 0 / 1: %ld / %ld\n", ln, equal, NJOBS * SNEW, stepb, stepa, cb,
+               "%ld; admissions on DP ranks 0 / 1: %ld / %ld\n", ln, equal, NJOBS * SNEW, ties, stepb, stepa, cb,
                sb.spec_accepted_tokens, sb.spec_draft_tokens, sb.prefix_hits_tokens, sa.prefix_hits_tokens,
                sb.preemptions, pb[0], pb[1]);
         /* DEP: both DP ranks take requests (the odd jobs, with no cached prefix, go to the less loaded) */
         if (rc == K3C_OK && cases[c].dp > 1 && (pb[0] == 0 || pb[1] == 0))
             rc = k3c_errorf("%s: admissions on DP ranks 0 / 1: %ld / %ld", ln, pb[0], pb[1]);
-        if (rc == K3C_OK && equal != NJOBS * SNEW) rc = k3c_errorf("%s: the streams differ from world size 1's", ln);
         if (rc == K3C_OK && cb != stepb) rc = k3c_errorf("%s: %ld of %ld steps compared", ln, cb, stepb);
         /* the paths this test is for were taken (verifies ran; how many drafts are accepted depends on the seed) */
         if (rc == K3C_OK && !(sb.prefix_hits_tokens > 0 && sb.preemptions > 0 && sb.spec_draft_tokens > 0))
