@@ -103,7 +103,8 @@ int cli_follow(const char *cmd, k3c_engine *e);
     "--tp N: N tensor-parallel CPU ranks in this process (each its shard of the model; rank 0 leads every step,\n" \
     "  docs/PARALLEL.md); --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a\n" \
     "  stage); --dp N: N data-parallel ranks, each request on one (the least loaded, or where its prefix is\n"  \
-    "  cached), with --ep the routed experts spread over them (DP attention + EP MoE; not with --tp > 1);\n"    \
+    "  cached), with --ep the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G\n"     \
+    "  attention groups as the DP ranks and EP over all G x N ranks);\n"                                        \
     "  --rank R --world-size W --rendezvous PATH: one process per GPU over NCCL, rank 0 writing NCCL's id to\n" \
     "  PATH; --rank-timeout S: the longest a rank waits for the others (default 60)\n"
 

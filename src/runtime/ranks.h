@@ -41,8 +41,9 @@ typedef struct k3c_rank {
 } k3c_rank;
 
 /* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); what the
- * engine cannot run refused with the reason (pp past the layers, ep other than tp x dp, ep with tp > 1: the
- * hybrid TP-G attention + EP MoE is not built, aux streams with pp or dp); every split the layout makes must
+ * engine cannot run refused with the reason (pp past the layers, ep other than tp x dp, ep without dp > 1,
+ * aux streams with pp or dp); ep with tp > 1 is the hybrid (TP attention groups, EP MoE over every rank of a
+ * stage); every split the layout makes must
  * divide (k3c_layout_plan's checks); world_size, when given (> 0), must equal tp x pp x dp and rank lie in
  * 0 .. world_size - 1. *world: tp x pp x dp. */
 int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layout *out, int *world);
