@@ -17,12 +17,14 @@
  * scheduler under DEP 2 (prefix hits, preemption, speculation), the CLI (generate and logits), the refusals. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 
 #include "damp_residual.h"
 #include "k3c.h"
 #include "model/synth.h"
 #include "runtime/engine_internal.h"
+#include "runtime/ranks.h"
 #include "test.h"
 #include "tp_config.h"
 #include "util/error.h"
@@ -515,3 +517,68 @@ static void hybrid_bf16(int kimi_linear) {
 
 TEST(layouts_engine_hybrid_k3_bf16_dense_routing) { hybrid_bf16(0); }
 TEST(layouts_engine_hybrid_kimi_linear_bf16_dense_routing) { hybrid_bf16(1); }
+
+/* ---- a rank that fails or hangs mid-run ---- */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int collect_token(void *u, int32_t tok) {
+    (void)u, (void)tok;
+    return 0;
+}
+
+/* k3c_generate on layout l with the test fault of the last rank (a later stage, the idle DP rank's, a TP rank
+ * of the idle group) at step 2; the message and the seconds the failing call took. */
+static int faulty(k3c_model *m, lay l, int stall, int timeout_ms, char *msg, size_t cap, double *seconds) {
+    k3c_engine_options o;
+    lay_opts(&o, l, 0);
+    o.max_requests = 1;
+    o.max_context = 64;
+    o.rank_timeout_ms = timeout_ms;
+    k3c_engine *e = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    int32_t prompt[6] = {1, 2, 3, 4, 5, 6};
+    k3c_ranks_test_fault(l.tp * l.pp * l.dp - 1, 2, stall);
+    double t0 = now_s();
+    int rc = k3c_generate(e, prompt, 6, 16, NULL, collect_token, NULL, NULL);
+    *seconds = now_s() - t0;
+    k3c_ranks_test_fault(-1, 0, 0);
+    snprintf(msg, cap, "%s", k3c_error_message());
+    int failed = k3c_engine_failed(e);
+    k3c_engine_free(e); /* joins the ranks: no hang */
+    return rc == K3C_ERR && failed ? K3C_OK : k3c_errorf("generate succeeded despite the fault");
+}
+
+TEST(layouts_failed_rank_fails_the_group) {
+    k3c_model *m;
+    CHECK_OK(lay_model(0, 17, "layouts_fault", 0, &m));
+    const lay cases[] = {{1, 2, 1, 1}, {1, 1, 2, 2}, {2, 1, 2, 4}};
+    int rc = K3C_OK;
+    char msg[2048], want[64];
+    double s = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && rc == K3C_OK; c++) {
+        lay l = cases[c];
+        char ln[64];
+        lay_name(l, ln, sizeof ln);
+        int last = l.tp * l.pp * l.dp - 1;
+        snprintf(want, sizeof want, "rank %d failed at step 2", last);
+        /* an error: every rank's wait ends at once (abort), far inside the 20 s timeout */
+        rc = faulty(m, l, 0, 20000, msg, sizeof msg, &s);
+        if (rc == K3C_OK) printf("    %s, rank %d fails at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
+        if (rc == K3C_OK && !(strstr(msg, want) && strstr(msg, "test fault") && s < 5))
+            rc = k3c_errorf("%s: %.2f s, '%s'", ln, s, msg);
+        /* a hang: the others give up at the timeout (400 ms), not later */
+        if (rc == K3C_OK) rc = faulty(m, l, 1, 400, msg, sizeof msg, &s);
+        if (rc == K3C_OK) printf("    %s, rank %d hangs at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
+        if (rc == K3C_OK && !(strstr(msg, "failed at step 2") && strstr(msg, "timed out") && s >= 0.35 && s < 3))
+            rc = k3c_errorf("%s hangs: %.2f s, '%s'", ln, s, msg);
+    }
+    char why[2048];
+    snprintf(why, sizeof why, "%s", k3c_error_message());
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s", why);
+}

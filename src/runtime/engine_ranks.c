@@ -126,7 +126,8 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
         x->held = calloc((size_t)x->max_requests, sizeof *x->held);
         x->dp_load = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_load);
         x->dp_placed = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_placed);
-        if (!x->sent || !x->held || !x->dp_load || !x->dp_placed) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+        if (!x->sent || !x->held || !x->dp_load || !x->dp_placed)
+            return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
     } else {
         x->tables = malloc(sizeof(int32_t) * (size_t)x->max_requests * x->mbr);
         x->ntab = calloc((size_t)x->max_requests, sizeof *x->ntab);
@@ -181,12 +182,14 @@ static int group_failed(k3c_engine_ranks *x, const char *own) {
         char first[1024];
         snprintf(first, sizeof first, "%s", mine);
         k3c_rank_failure(&x->rk, &r, &s, first, sizeof first);
-        if (s > 0)
-            snprintf(x->why, sizeof x->why, "tensor-parallel group of %d ranks: rank %d failed at step %ld: %s",
-                     x->rk.world, r, s, first);
+        const k3c_layout *l = &x->rk.layout;
+        char what[96];
+        if (l->pp == 1 && l->dp == 1) snprintf(what, sizeof what, "tensor-parallel group of %d ranks", x->rk.world);
         else
-            snprintf(x->why, sizeof x->why, "tensor-parallel group of %d ranks: rank %d failed at start-up: %s",
-                     x->rk.world, r, first);
+            snprintf(what, sizeof what, "group of %d ranks (tp %d x pp %d x dp %d%s)", x->rk.world, l->tp, l->pp, l->dp,
+                     l->ep > 1 ? ", ep" : "");
+        if (s > 0) snprintf(x->why, sizeof x->why, "%s: rank %d failed at step %ld: %s", what, r, s, first);
+        else snprintf(x->why, sizeof x->why, "%s: rank %d failed at start-up: %s", what, r, first);
         x->failed = 1;
     }
     return k3c_errorf_kind(K3C_ERROR_DEVICE, "%s", x->why);
