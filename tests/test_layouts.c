@@ -95,7 +95,8 @@ static int batch_run(k3c_model *m, lay l, int exact, int32_t *const *prompts, ba
     if (rc == K3C_OK) poison_f32(b->lg, cap * V);
     for (int j = 0; j < NR && rc == K3C_OK; j++) rc = k3c_request_open(e, &id[j]);
     k3c_step_item it[NR];
-    for (int j = 0; j < NR; j++) it[j] = (k3c_step_item){.request = id[j], .tokens = prompts[j], .n = plen[j], .all_logits = 1};
+    for (int j = 0; j < NR; j++)
+        it[j] = (k3c_step_item){.request = id[j], .tokens = prompts[j], .n = plen[j], .all_logits = 1};
     if (rc == K3C_OK) rc = k3c_engine_step(e, it, NR, b->lg);
     int32_t tok[NR];
     size_t at = 0;
@@ -155,7 +156,8 @@ static void layouts_case(int kimi_linear, int exact) {
         for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
     }
     const lay one = {1, 1, 1, 1}, tp2 = {2, 1, 1, 1};
-    const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1}, {2, 2, 1, 1}, {1, 2, 2, 2}, {2, 1, 2, 4}};
+    const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1},
+                         {2, 2, 1, 1}, {1, 2, 2, 2}, {2, 1, 2, 4}};
     batch ref, rtp, r32 = {0};
     int rc = batch_run(m, one, exact, prompts, &ref);
     if (rc == K3C_OK) rc = batch_run(m, tp2, exact, prompts, &rtp);
@@ -194,7 +196,8 @@ static void layouts_case(int kimi_linear, int exact) {
                    r.checked, r.steps);
             if (exact && !(w <= 1e-5)) rc = k3c_errorf("%s: rel L2 %.3g over 1e-5", ln, w);
             else if (exact && !same) rc = k3c_errorf("%s: greedy streams differ from world size 1's", ln);
-            else if (!exact && !(dist <= 2 * own)) rc = k3c_errorf("%s: %.3g from the f32 function, over 2 x %.3g", ln, dist, own);
+            else if (!exact && !(dist <= 2 * own))
+                rc = k3c_errorf("%s: %.3g from the f32 function, over 2 x %.3g", ln, dist, own);
             else if (r.checked != r.steps || r.steps != 1 + MAXD)
                 rc = k3c_errorf("%s: %ld of %ld steps compared", ln, r.checked, r.steps);
             free(r.lg);
@@ -342,17 +345,19 @@ TEST(layouts_scheduler_matches_world_size_1) {
         }
         int equal = 0, ties = 0;
         for (int j = 0; j < NJOBS; j++) {
-            if (!a[j].finished || !b[j].finished || a[j].n_out != SNEW || b[j].n_out != SNEW) rc = k3c_errorf("%s: job %d unfinished", ln, j);
+            if (!a[j].finished || !b[j].finished || a[j].n_out != SNEW || b[j].n_out != SNEW)
+                rc = k3c_errorf("%s: job %d unfinished", ln, j);
             int t = 0;
             while (t < SNEW && a[j].out[t] == b[j].out[t]) t++;
             equal += t;
             if (t < SNEW && hybrid && a[j].gap[t] < 1e-4f) ties++;
             else if (t < SNEW && rc == K3C_OK)
-                rc = k3c_errorf("%s: job %d parts from world size 1 at token %d (margin %g)", ln, j, t, (double)a[j].gap[t]);
+                rc = k3c_errorf("%s: job %d parts from world size 1 at token %d (margin %g)", ln, j, t,
+                                (double)a[j].gap[t]);
         }
-        printf("    scheduler %s (f32): %d of %d tokens as world size 1 (%d parted at a near-tie); %ld steps (%ld world size 1), %ld compared "
-               "across the ranks; drafts accepted %ld / %ld; prefix hits %ld tokens (%ld world size 1); preemptions "
-               "%ld; admissions on DP ranks 0 / 1: %ld / %ld\n", ln, equal, NJOBS * SNEW, ties, stepb, stepa, cb,
+        printf("    scheduler %s (f32): %d of %d tokens as world size 1 (%d parted at a near-tie); %ld steps (%ld "
+               "world size 1), %ld compared across the ranks; drafts accepted %ld / %ld; prefix hits %ld tokens "
+               "(%ld world size 1); preemptions %ld; admissions on DP ranks 0 / 1: %ld / %ld\n", ln, equal, NJOBS * SNEW, ties, stepb, stepa, cb,
                sb.spec_accepted_tokens, sb.spec_draft_tokens, sb.prefix_hits_tokens, sa.prefix_hits_tokens,
                sb.preemptions, pb[0], pb[1]);
         /* DEP: both DP ranks take requests (the odd jobs, with no cached prefix, go to the less loaded) */
@@ -568,12 +573,14 @@ TEST(layouts_failed_rank_fails_the_group) {
         snprintf(want, sizeof want, "rank %d failed at step 2", last);
         /* an error: every rank's wait ends at once (abort), far inside the 20 s timeout */
         rc = faulty(m, l, 0, 20000, msg, sizeof msg, &s);
-        if (rc == K3C_OK) printf("    %s, rank %d fails at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
+        if (rc == K3C_OK)
+            printf("    %s, rank %d fails at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
         if (rc == K3C_OK && !(strstr(msg, want) && strstr(msg, "test fault") && s < 5))
             rc = k3c_errorf("%s: %.2f s, '%s'", ln, s, msg);
         /* a hang: the others give up at the timeout (400 ms), not later */
         if (rc == K3C_OK) rc = faulty(m, l, 1, 400, msg, sizeof msg, &s);
-        if (rc == K3C_OK) printf("    %s, rank %d hangs at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
+        if (rc == K3C_OK)
+            printf("    %s, rank %d hangs at step 2: generate failed in %.3f s: %.160s\n", ln, last, s, msg);
         if (rc == K3C_OK && !(strstr(msg, "failed at step 2") && strstr(msg, "timed out") && s >= 0.35 && s < 3))
             rc = k3c_errorf("%s hangs: %.2f s, '%s'", ln, s, msg);
     }

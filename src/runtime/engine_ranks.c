@@ -297,9 +297,9 @@ static int check_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, int n, const
     for (int q = 1; q < x->rk.world; q++) {
         int first = q / tp % dp * tp;
         if (x->hashes[q] != x->hashes[first])
-            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "step %ld: rank %d's logits differ from rank %d's (hash %016llx, "
-                                   "rank %d's %016llx)", x->steps, q, first, (unsigned long long)x->hashes[q], first,
-                                   (unsigned long long)x->hashes[first]);
+            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "step %ld: rank %d's logits differ from rank %d's (hash "
+                                   "%016llx, rank %d's %016llx)", x->steps, q, first,
+                                   (unsigned long long)x->hashes[q], first, (unsigned long long)x->hashes[first]);
     }
     x->checked++;
     return K3C_OK;

@@ -129,8 +129,8 @@ static int find(k3c_prefix_cache *pc, k3c_phash parent, k3c_phash key, const int
 }
 
 k3c_phash k3c_prefix_root(int dp) {
-    return dp > 0 ? (k3c_phash){mix64(0x6470000000000000ull + (uint64_t)dp), mix64(0x7064000000000000ull + (uint64_t)dp)}
-                  : (k3c_phash){0, 0};
+    if (dp <= 0) return (k3c_phash){0, 0}; /* world size 1's root */
+    return (k3c_phash){mix64(0x6470000000000000ull + (uint64_t)dp), mix64(0x7064000000000000ull + (uint64_t)dp)};
 }
 
 int k3c_prefix_cache_lookup(k3c_prefix_cache *pc, const int32_t *tokens, int max_blocks, int32_t *blocks,
