@@ -589,3 +589,41 @@ TEST(layouts_failed_rank_fails_the_group) {
     k3c_free(m);
     CHECKF(rc == K3C_OK, "%s", why);
 }
+
+/* ---- what the engine refuses ---- */
+
+TEST(layouts_refused) {
+    k3c_model *m;
+    CHECK_OK(lay_model(0, 19, "layouts_refuse", 0, &m));
+    int aux = 2;
+    struct {
+        lay l;
+        int aux, world;
+        const char *want;
+    } cases[] = {
+        {{1, 2, 1, 1}, 1, 0, "aux streams with pp 2"},
+        {{1, 1, 2, 2}, 1, 0, "aux streams with dp 2"},
+        {{1, 2, 1, 1}, 0, 2, "one process per GPU: not built yet"},
+        {{1, 1, 2, 1}, 0, 2, "one process per GPU: not built yet"},
+        {{1, 10, 1, 1}, 0, 0, "more pipeline stages than the model's 9 layers"},
+        {{1, 1, 1, 3}, 0, 0, "spans the tp x dp = 1 ranks"},
+        {{2, 1, 1, 2}, 0, 0, "without data parallelism"},
+        {{1, 1, 3, 3}, 0, 0, "does not divide"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        k3c_engine_options o;
+        lay_opts(&o, cases[i].l, 0);
+        if (cases[i].aux) o.aux_layers = &aux, o.num_aux = 1;
+        if (cases[i].world) o.world_size = cases[i].world, o.rendezvous = "/nonexistent/rdv";
+        k3c_engine *e = NULL;
+        int rc = k3c_engine_create(m, &o, &e);
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", k3c_error_message());
+        k3c_engine_free(e);
+        if (rc != K3C_ERR || e || !strstr(msg, cases[i].want)) {
+            k3c_free(m);
+            CHECKF(0, "case %zu: rc %d, message '%s' (want '%s')", i, rc, msg, cases[i].want);
+        }
+    }
+    k3c_free(m);
+}

@@ -40,6 +40,12 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
         return k3c_errorf("engine: %d aux streams with %s %d: the hidden-state streams are not passed between %s",
                           o->num_aux, l.pp > 1 ? "pp" : "dp", l.pp > 1 ? l.pp : l.dp,
                           l.pp > 1 ? "pipeline stages" : "DP ranks");
+    /* one process per GPU: the step's logits hand-off (the pipeline broadcast, the DP rows to rank 0) moves host
+     * memory, which an NCCL world would need staged through device buffers (runtime/engine_ranks.c run_step) */
+    if (o->world_size > 0 && (l.pp > 1 || l.dp > 1))
+        return k3c_errorf("engine: world_size %d with %s %d: pipeline and data parallelism run on CPU ranks in one "
+                          "process only (one process per GPU: not built yet)", o->world_size, l.pp > 1 ? "pp" : "dp",
+                          l.pp > 1 ? l.pp : l.dp);
     long long w = (long long)l.tp * l.pp * l.dp;
     if (l.tp > 4096 || w > 4096) return k3c_errorf("engine: tp %d x pp %d x dp %d ranks, at most 4096", l.tp, l.pp, l.dp);
     if (o->world_size < 0 || (o->world_size > 0 && o->world_size != w))
