@@ -714,7 +714,7 @@ TEST(ppep_cpu_refusals) {
     CHECKF(fx, "fixture: %s", k3c_error_message());
     k3c_model *s = NULL;
     k3c_model_part bad[] = {{.ep_rank = 0, .ep = 3},            /* 3 does not divide 16 experts */
-                            {.ep_rank = 0, .ep = 2, .tp = 2},   /* TP inside DEP */
+                            {.ep_rank = 0, .ep = 2, .tp = 4},   /* an EP group narrower than a TP group */
                             {.pp_stage = 0, .pp = 10},          /* 10 stages for 9 layers */
                             {.pp_stage = 2, .pp = 2}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECKF(k3c_model_shard(fx->m, &bad[i], &s) == K3C_ERR && !s, "part %zu", i);
@@ -753,7 +753,7 @@ TEST(ppep_cpu_refusals) {
     o.pp = NULL;
     o.ep = sj[0].g.pp; /* a group of 2 as the EP group of rank 0 */
     o.tp = sj[1].g.pp;
-    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f); /* EP with TP */
+    CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f); /* EP with TP on a shard not made for the hybrid */
     o.tp = NULL;
     be->name = "cuda";
     CHECK(k3c_forward_create(be, es, &o, &f) == K3C_ERR && !f);

@@ -434,7 +434,7 @@ TEST(ranks_cli_generate_tp2_equals_tp1) {
     }
     CHECK(strlen(text) > 8);
     /* a refused layout exits non-zero with its message */
-    snprintf(cmd, sizeof cmd, "%s generate --prompt-ids 1,2 -n 2 --pp 2 2>&1 | grep -q 'not wired'", k3c);
+    snprintf(cmd, sizeof cmd, "%s generate --prompt-ids 1,2 -n 2 --tp 2 --ep 2>&1 | grep -q 'without data parallelism'", k3c);
     CHECK(test_run_status(cmd) == 0);
     snprintf(cmd, sizeof cmd, "%s generate --prompt-ids 1,2 -n 2 --tp 3 >/dev/null 2>&1", k3c);
     CHECK(test_run_status(cmd) == 1);
@@ -604,9 +604,12 @@ TEST(ranks_refused_layouts) {
         int tp, pp, dp, ep, world, rank, spec;
         const char *device, *rdv, *want;
     } cases[] = {
-        {1, 2, 1, 1, 0, 0, 0, "cpu", NULL, "pipeline parallelism is not wired"},
-        {1, 1, 2, 1, 0, 0, 0, "cpu", NULL, "data parallelism is not wired"},
-        {2, 1, 1, 2, 0, 0, 0, "cpu", NULL, "expert parallelism is not wired"},
+        {1, 64, 1, 1, 0, 0, 0, "cpu", NULL, "more pipeline stages than the model's"},
+        {1, 1, 1, 2, 0, 0, 0, "cpu", NULL, "spans the tp x dp = 1 ranks"},
+        {1, 1, 2, 3, 0, 0, 0, "cpu", NULL, "spans the tp x dp = 2 ranks"},
+        {2, 1, 1, 2, 0, 0, 0, "cpu", NULL, "expert parallelism without data parallelism"},
+        {2, 1, 2, 2, 0, 0, 0, "cpu", NULL, "spans the tp x dp = 4 ranks"},
+        {1, 2, 1, 1, 0, 0, 0, "cuda", NULL, "CPU ranks"},
         {3, 1, 1, 1, 0, 0, 0, "cpu", NULL, "does not divide"},
         {2, 1, 1, 1, 4, 0, 0, "cpu", NULL, "world_size 4"},
         {2, 1, 1, 1, 0, 1, 0, "cpu", NULL, "needs world_size"},

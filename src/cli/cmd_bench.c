@@ -231,9 +231,14 @@ static int bench_model(const char *name, const char *dir, const char *preset, co
     o.layout = par->layout;
     o.rank_timeout_ms = par->rank_timeout_ms;
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto done;
-    /* with TP ranks the bytes are every rank's together (each reads its shard), the bandwidth one thread's */
-    char where[32];
-    snprintf(where, sizeof where, k3c_engine_world_size(e) > 1 ? "%s tp%d" : "%s", device, k3c_engine_world_size(e));
+    /* with ranks the bytes are every rank's together (each reads its shard), the bandwidth one thread's */
+    char where[64];
+    const k3c_layout *pl = &par->layout;
+    if (k3c_engine_world_size(e) == 1) snprintf(where, sizeof where, "%s", device);
+    else if (pl->pp <= 1 && pl->dp <= 1) snprintf(where, sizeof where, "%s tp%d", device, k3c_engine_world_size(e));
+    else
+        snprintf(where, sizeof where, "%s tp%dpp%ddp%d%s", device, pl->tp > 0 ? pl->tp : 1, pl->pp > 0 ? pl->pp : 1,
+                 pl->dp > 0 ? pl->dp : 1, pl->ep > 1 ? "ep" : "");
     int V = k3c_engine_vocab(e);
     float *lg = malloc(sizeof(float) * V);
     ids = malloc(sizeof(int32_t) * longest);

@@ -89,8 +89,7 @@ int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *templat
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* The parallel options of generate, logits, bench, run and serve (docs/PARALLEL.md) at argv[*i], into
  * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (CPU ranks in this
- * process, or with --world-size one process per GPU), --dcp N, --pp N, --dp N, --ep (the library refuses these three
- * for now), --rank R --world-size W --rendezvous PATH (a multi-process launch), --rank-timeout S. 1 when
+ * process, or with --world-size one process per GPU), --dcp N, --pp N, --dp N, --ep, --rank R --world-size W --rendezvous PATH (a multi-process launch), --rank-timeout S. 1 when
  * argv[*i] is one of them (*bad = -1 for a bad value, with the message). */
 int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* After parsing: --ep resolved to tp x dp, and the launch options checked together; 0 or -1 with a message. */
@@ -101,8 +100,11 @@ int cli_follow(const char *cmd, k3c_engine *e);
 /* The parallel options' --help lines. */
 #define CLI_PARALLEL_HELP                                                                                        \
     "--tp N: N tensor-parallel CPU ranks in this process (each its shard of the model; rank 0 leads every step,\n" \
-    "  docs/PARALLEL.md); --dcp N (a divisor of --tp): the MLA cache sharded by position over N TP ranks (decode\n" \
-    "  context parallel: N times the tokens per cache byte); --pp N, --dp N, --ep: parsed, refused for now;\n"  \
+    "  docs/PARALLEL.md); --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a\n" \
+    "  stage); --dp N: N data-parallel ranks, each request on one (the least loaded, or where its prefix is\n"  \
+    "  cached), with --ep the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G\n"     \
+    "  attention groups as the DP ranks and EP over all G x N ranks); --dcp N (a divisor of --tp): the MLA\n" \
+    "  cache sharded by position over N TP ranks (decode context parallel: N times the tokens per cache byte);\n"   \
     "  --rank R --world-size W --rendezvous PATH: one process per GPU over NCCL, rank 0 writing NCCL's id to\n" \
     "  PATH; --rank-timeout S: the longest a rank waits for the others (default 60)\n"
 

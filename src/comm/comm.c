@@ -76,8 +76,6 @@ int k3c_comm_groups_split(k3c_comm *world, int tp, int pp, int dp, int ep, k3c_c
     if (ep != 1 && ep != tp * dp)
         return k3c_errorf("comm groups: ep %d: expert parallelism spans the tp x dp = %d ranks of a stage, or is off "
                           "(1)", ep, tp * dp);
-    if (ep > 1 && tp > 1)
-        return k3c_errorf("comm groups: ep %d with tp %d: TP attention inside DP + EP is not built (tp 1)", ep, tp);
     if ((tp < world->size || pp > 1 || ep > 1) && !world->split)
         return k3c_errorf("comm groups: the %s communicator cannot be split into groups", world->name);
     /* world rank w = (stage dp + dp rank) tp + tp rank (model/layout.c) */

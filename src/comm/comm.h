@@ -84,7 +84,7 @@ typedef struct k3c_comm_groups {
     k3c_comm *tp, *pp, *ep;
 } k3c_comm_groups;
 /* Splits world (every rank calling it) into the rank's groups. Fails when world's size is not tp x dp x pp,
- * ep is neither 1 nor tp x dp, or ep is asked for with tp > 1 (TP attention inside DEP is not built). */
+ * or ep is neither 1 nor tp x dp (with tp > 1 and ep: the hybrid, its EP group every rank of the stage). */
 int k3c_comm_groups_split(k3c_comm *world, int tp, int pp, int dp, int ep, k3c_comm_groups *out);
 void k3c_comm_groups_free(k3c_comm_groups *g);
 

@@ -13,6 +13,7 @@ typedef struct shard {
     int first, end;   /* the stage's layers */
     int e0, e1;       /* the experts this rank holds */
     int first_stage, last_stage;
+    int moe_whole;    /* the hybrid layout (tp > 1 with ep > 1): the MoE layers' weights not TP-split */
 } shard;
 
 static int own(shard *s, void *p) {
@@ -252,7 +253,10 @@ static int build(shard *s, const k3c_model *full) {
         lc->num_key_value_heads = lc->num_key_value_heads >= s->tp ? lc->num_key_value_heads / s->tp : 1;
     }
     lc->intermediate_size /= s->tp;
-    lc->moe_intermediate_size /= s->tp;
+    if (!s->moe_whole) lc->moe_intermediate_size /= s->tp;
+    shard whole = *s; /* the MoE side of the hybrid: the same rank and stage, no TP split */
+    whole.tp = 1;
+    whole.rank = 0;
 
     *w = *W;
     w->layers = calloc((size_t)c->num_layers, sizeof *w->layers);
@@ -278,7 +282,7 @@ static int build(shard *s, const k3c_model *full) {
         b->moe.experts = NULL;
         if (a->kind == K3C_ATTN_KDA) K3C_TRY(shard_kda(s, c, &a->kda, &b->kda, l));
         else K3C_TRY(shard_mla(s, c, &a->mla, &b->mla, l));
-        if (a->is_moe) K3C_TRY(shard_moe(s, c, &a->moe, &b->moe, l));
+        if (a->is_moe) K3C_TRY(shard_moe(s->moe_whole ? &whole : s, c, &a->moe, &b->moe, l));
         else K3C_TRY(shard_mlp(s, &a->mlp, &b->mlp, l));
     }
     return shard_inventory(m);
@@ -301,8 +305,8 @@ int k3c_model_shard(const k3c_model *full, const k3c_model_part *part, k3c_model
     if (er < 0 || er >= ep) return k3c_errorf("ep shard: rank %d of %d", er, ep);
     if (ep > 1 && c->num_experts % ep)
         return k3c_errorf("ep shard: ep %d does not divide the %d routed experts", ep, c->num_experts);
-    if (ep > 1 && tp > 1)
-        return k3c_errorf("ep shard: ep %d with tp %d: TP attention inside DP + EP is not built", ep, tp);
+    if (ep > 1 && tp > 1 && ep % tp)
+        return k3c_errorf("ep shard: ep %d with tp %d: the expert ranks span whole TP groups", ep, tp);
     if (full->device_synthetic)
         return k3c_errorf("tp shard: a device-synthetic model has no host weights to shard");
     if (full->tp_size > 1) return k3c_errorf("tp shard: the model is already a shard (rank %d of %d)", full->tp_rank, full->tp_size);
@@ -313,7 +317,7 @@ int k3c_model_shard(const k3c_model *full, const k3c_model_part *part, k3c_model
     if (!m) return k3c_errorf_kind(K3C_ERROR_OOM, "tp shard: out of host memory");
     m->tp_rank = rank;
     m->tp_size = tp;
-    shard s = {m, rank, tp, 0, c->num_layers, 0, c->num_experts, 1, 1};
+    shard s = {m, rank, tp, 0, c->num_layers, 0, c->num_experts, 1, 1, ep > 1 && tp > 1};
     if (pp > 1) {
         k3c_layout_stage_layers(c->num_layers, pp, stage, &s.first, &s.end);
         s.first_stage = stage == 0;

@@ -32,8 +32,11 @@ int k3c_model_shard_tp(const struct k3c_model *full, int rank, int tp, struct k3
  *   ep: the routed experts [r E / ep, (r + 1) E / ep) of expert-parallel rank ep_rank, whole (not TP-split);
  *       the other experts[] entries are empty. Everything else (attention, dense MLP, router, latent
  *       projections, shared experts) is the full model's: data-parallel attention keeps a whole copy.
- * EP with tp > 1 is refused (TP attention inside DEP is not built). All views: the full model outlives the
- * shard. */
+ *   tp and ep (the hybrid: TP attention groups, EP MoE over every tp x dp rank of a stage; ep a multiple of
+ *       tp): attention, the dense MLP, the embedding and the LM head are the TP split, the MoE layers whole
+ *       (router, latent projections, shared experts) with EP rank ep_rank's routed experts, and
+ *       moe_intermediate_size stays the full model's. Column-parallel parts are views: the full model outlives
+ *       the shard. */
 typedef struct k3c_model_part {
     int tp_rank, tp;
     int pp_stage, pp;

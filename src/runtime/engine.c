@@ -177,9 +177,11 @@ static const char *human_bytes(char *buf, size_t n, double b) {
 static int plan_memory(k3c_engine *e) {
     const k3c_engine_options *o = &e->o;
     const k3c_config *c = &e->fm->config;
-    double kv = k3c_kv_cache_bytes(c, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
+    int lf = 0, le = 0; /* a pipeline stage plans the caches of its own layers */
+    k3c_model_stage_layers(e->fm, &lf, &le);
+    double kv = k3c_kv_cache_bytes_layers(c, lf, le, e->be->kv_elem_bytes, (double)o->num_blocks * o->block_size);
     int dcp = o->layout.dcp > 1 ? o->layout.dcp : 1; /* the cache holds dcp tokens per local slot (kv_cache.h) */
-    double kda = k3c_kda_slots_bytes(c, o->max_requests, o->q_max, o->max_requests);
+    double kda = k3c_kda_slots_bytes_layers(c, lf, le, o->max_requests, o->q_max, o->max_requests);
     const char *source = "memory_limit";
     double limit = (double)o->memory_limit;
     if (!o->memory_limit) limit = e->be->mem_free ? (double)e->be->mem_free(e->be, &source) : 0;
@@ -277,9 +279,14 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
     e->mem_share = 1;
     /* e->xr is set once the engine is built: until then a failure leaves the rank state to the caller */
     const k3c_rank *rk = xr ? k3c_ranks_place(xr) : NULL;
-    if (rk && rk->layout.tp > 1) {
-        /* this rank's shard of the model (views into m, its row-parallel parts copied: model/shard.h) */
-        if (k3c_model_shard_tp(m, rk->tp_rank, rk->layout.tp, &e->shard) != K3C_OK) {
+    if (rk && (rk->layout.tp > 1 || rk->layout.pp > 1 || rk->layout.ep > 1)) {
+        /* this rank's shard of the model (views into m, its row-parallel parts copied: model/shard.h): its TP
+         * split, its stage's layers, its expert rank's experts */
+        k3c_model_part part = {.tp_rank = rk->tp_rank, .tp = rk->layout.tp, .pp_stage = rk->pp_stage,
+                               .pp = rk->layout.pp,
+                               .ep_rank = rk->layout.ep > 1 ? rk->rank % (rk->layout.tp * rk->layout.dp) : 0,
+                               .ep = rk->layout.ep};
+        if (k3c_model_shard(m, &part, &e->shard) != K3C_OK) {
             k3c_engine_free(e);
             return k3c_error_context("engine: rank %d of %d", rk->rank, rk->world);
         }
@@ -334,10 +341,16 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
                               .aux_layers = e->aux_layers, .num_aux = o.num_aux, .tp = rk ? rk->tp_comm : NULL,
-                              .dcp = dcp, .dcp_group = rk ? rk->dcp_comm : NULL};
+                              .dcp = dcp, .dcp_group = rk ? rk->dcp_comm : NULL, .pp = rk ? rk->pp_comm : NULL,
+                              .ep = rk ? rk->ep_comm : NULL};
+    /* a pipeline stage's caches hold its own layers only; a DP rank's the same geometry as rank 0's (block ids
+     * and slots are rank 0's: the blocks and slots of the requests placed on it are the ones it touches) */
+    int lf = 0, le = 0;
+    k3c_model_stage_layers(e->fm, &lf, &le);
     if (k3c_forward_create(e->be, e->fm, &fo, &e->fwd) != K3C_OK || plan_memory(e) != K3C_OK ||
-        k3c_kv_cache_init(&e->kv, e->be, &e->fm->config, o.num_blocks, o.block_size) != K3C_OK ||
-        k3c_kda_slots_init(&e->ks, e->be, &e->fm->config, o.max_requests, o.q_max, o.max_requests) != K3C_OK) {
+        k3c_kv_cache_init_layers(&e->kv, e->be, &e->fm->config, lf, le, o.num_blocks, o.block_size) != K3C_OK ||
+        k3c_kda_slots_init_layers(&e->ks, e->be, &e->fm->config, lf, le, o.max_requests, o.q_max,
+                                  o.max_requests) != K3C_OK) {
         k3c_engine_free(e);
         return rk ? k3c_error_context("engine: rank %d of %d", rk->rank, rk->world) : k3c_error_context("engine");
     }
@@ -439,6 +452,10 @@ static int check_id(const k3c_engine *e, int id) {
 int k3c_request_open(k3c_engine *e, int *id) { return k3c_engine_request_open_prefix(e, NULL, 0, id); }
 
 int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, int *id) {
+    return k3c_engine_request_open_dp(e, blocks, n, -1, id);
+}
+
+int k3c_engine_request_open_dp(k3c_engine *e, const int32_t *blocks, int n, int dp, int *id) {
     if (!e || !id) return k3c_errorf("engine request_open: %s is NULL", e ? "the id output" : "the engine");
     K3C_TRY(leads(e, "engine request_open"));
     if (n < 0 || n >= e->max_blocks_per_request || (n > 0 && !blocks))
@@ -462,6 +479,7 @@ int k3c_engine_request_open_prefix(k3c_engine *e, const int32_t *blocks, int n, 
         k3c_kda_slots_reset(&e->ks, e->be, i);
         *id = i;
         if (e->xr) K3C_TRY(k3c_ranks_log(e->xr, K3C_RANK_OP_OPEN, i, 0, blocks, n));
+        if (e->xr && k3c_ranks_assign(e->xr, i, dp) < 0) return K3C_ERR;
         return e->be->sync(e->be);
     }
     return k3c_errorf("engine: all %d request slots are open", e->o.max_requests);
@@ -816,7 +834,8 @@ int k3c_request_commit(k3c_engine *e, int id, int accepted) {
     if (accepted < 0 || accepted > r->pending)
         return k3c_errorf("engine commit: request %d: accepted %d outside 0..%d", id, accepted, r->pending);
     K3C_TRY(leads(e, "engine commit"));
-    K3C_TRY(k3c_forward_commit(e->fwd, &e->ks, id, accepted));
+    /* a request on another DP rank is committed there (its verify ran there) */
+    if (!e->xr || k3c_ranks_slot_dp(e->xr, id) == 0) K3C_TRY(k3c_forward_commit(e->fwd, &e->ks, id, accepted));
     r->length += accepted;
     r->pending = 0;
     return e->xr ? k3c_ranks_log(e->xr, K3C_RANK_OP_COMMIT, id, accepted, NULL, 0) : K3C_OK;
@@ -856,6 +875,10 @@ int k3c_engine_follow(k3c_engine *e) {
                           "it); only the other ranks follow", k3c_engine_world_size(e));
     return k3c_ranks_follow(e->xr);
 }
+
+int k3c_engine_dp_size(const k3c_engine *e) { return e && e->xr ? k3c_ranks_dp(e->xr) : 1; }
+int k3c_engine_request_dp(const k3c_engine *e, int id) { return e && e->xr ? k3c_ranks_slot_dp(e->xr, id) : 0; }
+long k3c_engine_dp_placed(const k3c_engine *e, int dp) { return e && e->xr ? k3c_ranks_placed(e->xr, dp) : 0; }
 
 int k3c_engine_failed(const k3c_engine *e) { return e && e->xr && k3c_ranks_failed(e->xr) != NULL; }
 

@@ -81,6 +81,14 @@ struct k3c_engine_ranks;
 int k3c_engine_build(k3c_model *m, const k3c_engine_options *o, int num_blocks_given, struct k3c_engine_ranks *x,
                      k3c_engine **out);
 struct k3c_engine_ranks *k3c_engine_xr(const k3c_engine *e);
+/* Data parallelism (k3c_engine_options.layout.dp): the DP ranks (1 without), and the one request id runs on.
+ * open_dp: k3c_engine_request_open_prefix on DP rank dp (where its prefix blocks were computed; -1: the least
+ * loaded, runtime/engine_ranks.h k3c_ranks_assign). */
+int k3c_engine_dp_size(const k3c_engine *e);
+int k3c_engine_request_dp(const k3c_engine *e, int id);
+int k3c_engine_request_open_dp(k3c_engine *e, const int32_t *blocks, int n, int dp, int *id);
+/* Diagnostic (tests): the requests placed on DP rank dp so far (0 without DP). */
+long k3c_engine_dp_placed(const k3c_engine *e, int dp);
 /* Diagnostic (tests): every following step, the ranks compare a hash of their logits (and aux streams), and a
  * difference fails it naming the rank; checked: the steps compared. No-ops at world size 1. */
 void k3c_engine_check_ranks(k3c_engine *e, int on);

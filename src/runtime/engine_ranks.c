@@ -64,6 +64,13 @@ struct k3c_engine_ranks {
     int snap_count;
     float *logits;         /* [max_rows, vocab] */
     k3c_fwd_req *fr;       /* [max_requests] */
+    /* data parallelism (dp > 1): the DP rank each slot's request runs on (every rank, from rank 0's PLACE
+     * ops), rank 0's count of open requests per DP rank; every rank's own items and logits rows of a step */
+    int *slot_dp;          /* [max_requests] */
+    int *dp_load;          /* [dp] rank 0 */
+    long *dp_placed;       /* [dp] rank 0: requests placed on each so far */
+    k3c_fwd_req *own;      /* [max_requests] */
+    float *own_logits;     /* [max_rows, vocab] */
 };
 
 const k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x) { return &x->rk; }
@@ -105,10 +112,22 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
     x->msg = malloc(sizeof(int32_t) * x->cap);
     x->hashes = malloc(sizeof(uint64_t) * (size_t)x->rk.world);
     if (!x->msg || !x->hashes) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory for the step messages");
+    x->slot_dp = calloc((size_t)x->max_requests, sizeof *x->slot_dp);
+    if (!x->slot_dp) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+    if (x->rk.layout.dp > 1) {
+        x->own = calloc((size_t)x->max_requests, sizeof *x->own);
+        x->own_logits = malloc(sizeof(float) * (size_t)x->max_rows * x->vocab);
+        if (!x->own || !x->own_logits)
+            return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: rank %d: out of host memory for %d logits rows", x->rk.rank,
+                                   x->max_rows);
+    }
     if (x->rk.rank == 0) {
         x->sent = calloc((size_t)x->max_requests, sizeof *x->sent);
         x->held = calloc((size_t)x->max_requests, sizeof *x->held);
-        if (!x->sent || !x->held) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+        x->dp_load = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_load);
+        x->dp_placed = calloc((size_t)x->rk.layout.dp, sizeof *x->dp_placed);
+        if (!x->sent || !x->held || !x->dp_load || !x->dp_placed)
+            return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
     } else {
         x->tables = malloc(sizeof(int32_t) * (size_t)x->max_requests * x->mbr);
         x->ntab = calloc((size_t)x->max_requests, sizeof *x->ntab);
@@ -136,6 +155,11 @@ static void ranks_release(k3c_engine_ranks *x) {
     free(x->ntab);
     free(x->logits);
     free(x->fr);
+    free(x->slot_dp);
+    free(x->dp_load);
+    free(x->dp_placed);
+    free(x->own);
+    free(x->own_logits);
     free(x->fol);
     if (x->ka_on >= 0) {
         pthread_mutex_destroy(&x->mu);
@@ -158,12 +182,14 @@ static int group_failed(k3c_engine_ranks *x, const char *own) {
         char first[1024];
         snprintf(first, sizeof first, "%s", mine);
         k3c_rank_failure(&x->rk, &r, &s, first, sizeof first);
-        if (s > 0)
-            snprintf(x->why, sizeof x->why, "tensor-parallel group of %d ranks: rank %d failed at step %ld: %s",
-                     x->rk.world, r, s, first);
+        const k3c_layout *l = &x->rk.layout;
+        char what[96];
+        if (l->pp == 1 && l->dp == 1) snprintf(what, sizeof what, "tensor-parallel group of %d ranks", x->rk.world);
         else
-            snprintf(x->why, sizeof x->why, "tensor-parallel group of %d ranks: rank %d failed at start-up: %s",
-                     x->rk.world, r, first);
+            snprintf(what, sizeof what, "group of %d ranks (tp %d x pp %d x dp %d%s)", x->rk.world, l->tp, l->pp, l->dp,
+                     l->ep > 1 ? ", ep" : "");
+        if (s > 0) snprintf(x->why, sizeof x->why, "%s: rank %d failed at step %ld: %s", what, r, s, first);
+        else snprintf(x->why, sizeof x->why, "%s: rank %d failed at start-up: %s", what, r, first);
         x->failed = 1;
     }
     return k3c_errorf_kind(K3C_ERROR_DEVICE, "%s", x->why);
@@ -210,11 +236,39 @@ int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32
         } else if (nargs == 2) {
             w[3] = b;
         }
-        if (op == K3C_RANK_OP_CLOSE) x->sent[a] = 0;
+        if (op == K3C_RANK_OP_CLOSE) {
+            x->sent[a] = 0;
+            if (x->rk.layout.dp > 1) x->dp_load[x->slot_dp[a]]--;
+        }
+        if (op == K3C_RANK_OP_PLACE) {
+            x->slot_dp[a] = b;
+            x->dp_load[b]++;
+            x->dp_placed[b]++;
+        }
         x->log_words += 2 + (size_t)nargs;
     }
     pthread_mutex_unlock(&x->mu);
     return rc;
+}
+
+int k3c_ranks_assign(k3c_engine_ranks *x, int slot, int dp) {
+    int n = x->rk.layout.dp;
+    if (n == 1) return 0;
+    if (dp < 0 || dp >= n) {
+        dp = 0;
+        for (int d = 1; d < n; d++)
+            if (x->dp_load[d] < x->dp_load[dp]) dp = d;
+    }
+    K3C_TRY(k3c_ranks_log(x, K3C_RANK_OP_PLACE, slot, dp, NULL, 0));
+    return dp;
+}
+
+int k3c_ranks_slot_dp(const k3c_engine_ranks *x, int slot) {
+    return x->rk.layout.dp > 1 && slot >= 0 && slot < x->max_requests ? x->slot_dp[slot] : 0;
+}
+int k3c_ranks_dp(const k3c_engine_ranks *x) { return x->rk.layout.dp; }
+long k3c_ranks_placed(const k3c_engine_ranks *x, int dp) {
+    return x->dp_placed && dp >= 0 && dp < x->rk.layout.dp ? x->dp_placed[dp] : 0;
 }
 
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n) {
@@ -238,11 +292,15 @@ static int check_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, int n, const
     uint64_t h = hash_bytes(0xcbf29ce484222325ull, logits, rows * (size_t)x->vocab * sizeof(float));
     if (aux && v.num_aux) h = hash_bytes(h, aux, (size_t)v.num_aux * rows * v.m->config.hidden_size * sizeof(float));
     K3C_TRY(k3c_rank_all_gather(&x->rk, &h, x->hashes, sizeof h));
-    for (int q = 1; q < x->rk.world; q++)
-        if (x->hashes[q] != x->hashes[0])
-            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "step %ld: rank %d's logits differ from rank 0's (hash %016llx, "
-                                   "rank 0's %016llx)", x->steps, q, (unsigned long long)x->hashes[q],
-                                   (unsigned long long)x->hashes[0]);
+    /* the ranks of one DP rank (its TP ranks and stages) hold the same rows: compared with its first rank */
+    int tp = x->rk.layout.tp, dp = x->rk.layout.dp;
+    for (int q = 1; q < x->rk.world; q++) {
+        int first = q / tp % dp * tp;
+        if (x->hashes[q] != x->hashes[first])
+            return k3c_errorf_kind(K3C_ERROR_INTERNAL, "step %ld: rank %d's logits differ from rank %d's (hash "
+                                   "%016llx, rank %d's %016llx)", x->steps, q, first,
+                                   (unsigned long long)x->hashes[q], first, (unsigned long long)x->hashes[first]);
+    }
     x->checked++;
     return K3C_OK;
 }
@@ -255,6 +313,53 @@ static int fault(k3c_engine_ranks *x) {
         struct timespec nap = {0, 10 * 1000000L}, t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         while (since(&t0) * 1000 < 1.5 * x->rk.timeout_ms) nanosleep(&nap, NULL);
+    }
+    return K3C_OK;
+}
+
+/* Every rank's part of a step (reqs: the whole step, in rank 0's order): its DP rank's items over its
+ * stage's layers; the last stage's rows to every stage; at rank 0, every DP rank's rows in the step's order.
+ * logits: rank 0's output rows, a follower's buffer. */
+static int run_step(k3c_engine_ranks *x, const k3c_engine_view *v, const k3c_fwd_req *reqs, int n, float *logits,
+                    float *aux, int check) {
+    const k3c_layout *l = &x->rk.layout;
+    const k3c_fwd_req *own = reqs;
+    int nown = n;
+    float *out = logits;
+    if (l->dp > 1) {
+        nown = 0;
+        for (int i = 0; i < n; i++)
+            if (x->slot_dp[reqs[i].slot] == x->rk.dp_rank) x->own[nown++] = reqs[i];
+        own = x->own;
+        out = x->own_logits;
+    }
+    K3C_TRY(fault(x));
+    /* nown = 0: nothing, or with ep the dummy step that serves this rank's experts to the others */
+    K3C_TRY(k3c_forward_step(v->fwd, v->kv, v->ks, own, nown, out, aux));
+    size_t row = (size_t)x->vocab * sizeof(float), rows = (size_t)k3c_forward_logit_rows(own, nown);
+    if (l->pp > 1 && rows) { /* host memory: the CPU ranks' groups (the forward refuses PP on other pairings) */
+        k3c_comm *pc = x->rk.pp_comm;
+        K3C_TRY(pc->broadcast(pc, out, rows * row, l->pp - 1));
+    }
+    if (check) K3C_TRY(check_step(x, own, nown, out, aux));
+    if (l->dp == 1 || x->rk.pp_stage != 0 || x->rk.tp_rank != 0) return K3C_OK;
+    k3c_comm *w = x->rk.world_comm;
+    if (x->rk.rank != 0) return rows ? w->send(w, out, rows * row, 0) : K3C_OK;
+    /* rank 0: DP rank d's rows come in its items' order; each goes back to its item's place in the step */
+    for (int d = 0; d < l->dp; d++) {
+        size_t at = 0, got = 0;
+        for (int i = 0; i < n; i++)
+            if (x->slot_dp[reqs[i].slot] == d) got += (size_t)k3c_forward_logit_rows(&reqs[i], 1);
+        if (d > 0 && got) K3C_TRY(w->recv(w, x->own_logits, got * row, d * l->tp));
+        const float *src = x->own_logits;
+        for (int i = 0; i < n; i++) {
+            size_t k = (size_t)k3c_forward_logit_rows(&reqs[i], 1);
+            if (x->slot_dp[reqs[i].slot] == d && k) {
+                memcpy((char *)logits + at * row, src, k * row);
+                src += k * x->vocab;
+            }
+            at += k;
+        }
     }
     return K3C_OK;
 }
@@ -295,11 +400,9 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblo
     int rc = send_locked(x, MSG_STEP, n, k, x->check ? FLAG_CHECK : 0);
     if (rc == K3C_OK)
         for (int i = 0; i < n; i++) x->sent[reqs[i].slot] = x->held[i];
-    if (rc == K3C_OK) rc = fault(x);
     k3c_engine_view v;
     k3c_engine_view_get(x->e, &v);
-    if (rc == K3C_OK) rc = k3c_forward_step(v.fwd, v.kv, v.ks, reqs, n, logits, aux);
-    if (rc == K3C_OK && x->check) rc = check_step(x, reqs, n, logits, aux);
+    if (rc == K3C_OK) rc = run_step(x, &v, reqs, n, logits, aux, x->check);
     if (rc != K3C_OK) rc = group_failed(x, k3c_error_message());
     pthread_mutex_unlock(&x->mu);
     return rc;
@@ -398,7 +501,11 @@ static int apply_log(k3c_engine_ranks *x, const k3c_engine_view *v, cursor *c) {
         case K3C_RANK_OP_CLOSE: x->ntab[slot] = 0; break;
         case K3C_RANK_OP_COMMIT:
             if (nargs != 2) return malformed(x, "a commit");
-            K3C_TRY(k3c_forward_commit(v->fwd, v->ks, slot, a[1]));
+            if (k3c_ranks_slot_dp(x, slot) == x->rk.dp_rank) K3C_TRY(k3c_forward_commit(v->fwd, v->ks, slot, a[1]));
+            break;
+        case K3C_RANK_OP_PLACE:
+            if (nargs != 2 || a[1] < 0 || a[1] >= x->rk.layout.dp) return malformed(x, "a DP rank out of range");
+            x->slot_dp[slot] = a[1];
             break;
         case K3C_RANK_OP_SNAP_RESERVE:
             if (x->snap) v->be->free(v->be, x->snap);
@@ -455,10 +562,7 @@ static int follow_step(k3c_engine_ranks *x, const k3c_engine_view *v, cursor *c,
     }
     if (c->at != c->n) return malformed(x, "words after the last step item");
     if (rows > x->max_rows) return malformed(x, "more logits rows than max_rows");
-    K3C_TRY(fault(x));
-    K3C_TRY(k3c_forward_step(v->fwd, v->kv, v->ks, x->fr, items, x->logits, v->aux));
-    if (flags & FLAG_CHECK) K3C_TRY(check_step(x, x->fr, items, x->logits, v->aux));
-    return K3C_OK;
+    return run_step(x, v, x->fr, items, x->logits, v->aux, flags & FLAG_CHECK);
 }
 
 int k3c_ranks_follow(k3c_engine_ranks *x) {
@@ -505,7 +609,8 @@ static int rank_start(k3c_model *m, const k3c_engine_options *o, int nbg, k3c_ra
     memset(rk, 0, sizeof *rk);
     x->ka_on = -1; /* no mutex yet */
     k3c_engine *e = NULL;
-    int rc = k3c_engine_build(m, o, nbg, x, &e);
+    int rc = k3c_rank_split(&x->rk);
+    if (rc == K3C_OK) rc = k3c_engine_build(m, o, nbg, x, &e);
     if (rc == K3C_OK) rc = attach(x, e);
     if (rc == K3C_OK && x->rk.rank == 0) {
         pthread_mutex_init(&x->mu, NULL);
@@ -561,9 +666,9 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
         K3C_TRY(rank_start(m, o, num_blocks_given, &rk, &e));
     } else {
         if (strcmp(o->device, "cpu") != 0)
-            return k3c_errorf("engine: tp %d on device %s: ranks in one process are CPU ranks (device cpu); on cuda "
-                              "one process per GPU (world_size, rank and rendezvous: --world-size, --rank, "
-                              "--rendezvous)", l->tp, o->device);
+            return k3c_errorf("engine: tp %d x pp %d x dp %d on device %s: ranks in one process are CPU ranks (device "
+                              "cpu); on cuda one process per GPU (world_size, rank and rendezvous: --world-size, "
+                              "--rank, --rendezvous)", l->tp, l->pp, l->dp, o->device);
         k3c_rank *ranks = calloc((size_t)world, sizeof *ranks);
         follower *fol = calloc((size_t)world, sizeof *fol);
         if (!ranks || !fol) {

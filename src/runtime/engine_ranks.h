@@ -10,6 +10,14 @@
  * backend and caches (the forward's TP collectives sum in rank order), so every rank ends with the same
  * logits. One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
  *
+ * Pipeline stages (pp > 1): every stage runs every step over its layers (the forward hands the rows from
+ * stage to stage); the last stage's logits rows are broadcast over each pipeline group, so every rank holds
+ * them. Data parallelism (dp > 1): rank 0 places each request on a DP rank when it opens (k3c_ranks_assign);
+ * every DP rank runs the step's items placed on it, an idle one an empty (dummy) step, which with ep the
+ * forward needs for its expert all-to-alls to line up; DP rank d's first rank sends its rows to rank 0, which
+ * puts every row back in the step's order. Every DP rank's caches have rank 0's geometry (block ids and slots
+ * are rank 0's); each touches only its requests' blocks and slots.
+ *
  * An idle rank 0 (a server waiting for requests) keeps its followers' waits inside the group's timeout with an
  * empty message every quarter of it (a keep-alive thread; every message goes out under one mutex).
  *
@@ -47,8 +55,18 @@ typedef enum k3c_rank_op {
     K3C_RANK_OP_SNAP_SAVE,  /* slot, snapshot */
     K3C_RANK_OP_SNAP_RESTORE, /* slot, snapshot */
     K3C_RANK_OP_POISON,     /* block (freed with poison_freed_blocks) */
+    K3C_RANK_OP_PLACE,      /* slot, dp rank: the request just opened runs on that DP rank (k3c_ranks_assign) */
 } k3c_rank_op;
 int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32_t *list, int n);
+/* Rank 0, after a request's OPEN: the DP rank it runs on (dp >= 0: that one, where its prefix blocks were
+ * computed; -1: the least loaded, the fewest open requests, the lowest DP rank among equals), logged as a
+ * PLACE op; every rank then runs that slot's steps on that DP rank only. Returns the DP rank (0 at dp 1). */
+int k3c_ranks_assign(k3c_engine_ranks *x, int slot, int dp);
+/* The DP rank a slot's request runs on (0 at dp 1); the layout's dp. */
+int k3c_ranks_slot_dp(const k3c_engine_ranks *x, int slot);
+int k3c_ranks_dp(const k3c_engine_ranks *x);
+/* Rank 0 (dp > 1): the requests placed on DP rank dp so far (a diagnostic). */
+long k3c_ranks_placed(const k3c_engine_ranks *x, int dp);
 /* Rank 0's step: sends it and runs rank 0's forward (reqs as k3c_forward_step takes them; nblocks[i] the
  * blocks request i's table holds now). */
 int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,

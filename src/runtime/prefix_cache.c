@@ -128,9 +128,19 @@ static int find(k3c_prefix_cache *pc, k3c_phash parent, k3c_phash key, const int
     return -1;
 }
 
+k3c_phash k3c_prefix_root(int dp) {
+    if (dp <= 0) return (k3c_phash){0, 0}; /* world size 1's root */
+    return (k3c_phash){mix64(0x6470000000000000ull + (uint64_t)dp), mix64(0x7064000000000000ull + (uint64_t)dp)};
+}
+
 int k3c_prefix_cache_lookup(k3c_prefix_cache *pc, const int32_t *tokens, int max_blocks, int32_t *blocks,
                             int *matched) {
-    k3c_phash parent = {0, 0};
+    return k3c_prefix_cache_lookup_dp(pc, 0, tokens, max_blocks, blocks, matched);
+}
+
+int k3c_prefix_cache_lookup_dp(k3c_prefix_cache *pc, int dp, const int32_t *tokens, int max_blocks, int32_t *blocks,
+                               int *matched) {
+    k3c_phash parent = k3c_prefix_root(dp);
     int m = 0, best = 0;
     for (; m < max_blocks; m++) {
         const int32_t *t = tokens + (size_t)m * pc->block_size;

@@ -55,6 +55,12 @@ k3c_phash k3c_prefix_key(k3c_phash parent, const int32_t *tokens, int block_size
  * matched when the model needs no snapshot. Takes no reference. */
 int k3c_prefix_cache_lookup(k3c_prefix_cache *pc, const int32_t *tokens, int max_blocks, int32_t *blocks,
                             int *matched);
+/* Data parallelism: a block's rows live in the caches of the DP rank that computed them, so each DP rank's
+ * chains hang from a root of their own: the parent of a first block on DP rank dp (dp 0: {0, 0}, as without
+ * DP), and the lookup among DP rank dp's chains. */
+k3c_phash k3c_prefix_root(int dp);
+int k3c_prefix_cache_lookup_dp(k3c_prefix_cache *pc, int dp, const int32_t *tokens, int max_blocks, int32_t *blocks,
+                               int *matched);
 /* A request is about to reference block b (a hit): it leaves the LRU list. */
 void k3c_prefix_cache_acquire(k3c_prefix_cache *pc, int b);
 /* Indexes block b, full with tokens[0 .. block_size) after parent, under key (k3c_prefix_key); the cache takes

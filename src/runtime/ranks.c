@@ -30,16 +30,30 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
     if (l.tp % l.dcp)
         return k3c_errorf("engine: dcp %d (--dcp): decode context parallelism shards the MLA cache over a divisor of "
                           "the tp %d ranks", l.dcp, l.tp);
-    /* the forward runs TP today; its PP stages and EP experts are not in the engine's step yet */
-    if (l.pp > 1)
-        return k3c_errorf("engine: pp %d: pipeline parallelism is not wired to the engine and the commands yet "
-                          "(k3c plan --pp %d counts that layout)", l.pp, l.pp);
-    if (l.dp > 1)
-        return k3c_errorf("engine: dp %d: data parallelism is not wired to the engine and the commands yet "
-                          "(k3c plan --dp %d counts that layout)", l.dp, l.dp);
-    if (l.ep > 1)
-        return k3c_errorf("engine: ep %d: expert parallelism is not wired to the engine and the commands yet "
-                          "(k3c plan --ep %d counts that layout)", l.ep, l.ep);
+    if (l.dcp > 1 && (l.pp > 1 || l.dp > 1))
+        return k3c_errorf("engine: dcp %d with %s %d: decode context parallelism runs inside a TP group of one "
+                          "stage without data parallelism (not built with --pp or --dp)", l.dcp, l.pp > 1 ? "pp" : "dp",
+                          l.pp > 1 ? l.pp : l.dp);
+    /* what the engine's step runs: TP inside a stage, PP stages, DP attention with EP MoE over the DP ranks */
+    if (l.pp > c->num_layers)
+        return k3c_errorf("engine: pp %d: more pipeline stages than the model's %d layers (a stage holds one "
+                          "layer at least)", l.pp, c->num_layers);
+    if (l.ep > 1 && l.ep != l.tp * l.dp)
+        return k3c_errorf("engine: ep %d: expert parallelism spans the tp x dp = %d ranks of a stage (--ep), or is "
+                          "off", l.ep, l.tp * l.dp);
+    if (l.ep > 1 && l.dp < 2)
+        return k3c_errorf("engine: ep %d: expert parallelism without data parallelism: --ep spreads the experts "
+                          "over the DP ranks (--dp N --ep, N >= 2)", l.ep);
+    if ((l.pp > 1 || l.dp > 1) && o->num_aux > 0)
+        return k3c_errorf("engine: %d aux streams with %s %d: the hidden-state streams are not passed between %s",
+                          o->num_aux, l.pp > 1 ? "pp" : "dp", l.pp > 1 ? l.pp : l.dp,
+                          l.pp > 1 ? "pipeline stages" : "DP ranks");
+    /* one process per GPU: the step's logits hand-off (the pipeline broadcast, the DP rows to rank 0) moves host
+     * memory, which an NCCL world would need staged through device buffers (runtime/engine_ranks.c run_step) */
+    if (o->world_size > 0 && (l.pp > 1 || l.dp > 1))
+        return k3c_errorf("engine: world_size %d with %s %d: pipeline and data parallelism run on CPU ranks in one "
+                          "process only (one process per GPU: not built yet)", o->world_size, l.pp > 1 ? "pp" : "dp",
+                          l.pp > 1 ? l.pp : l.dp);
     long long w = (long long)l.tp * l.pp * l.dp;
     if (l.tp > 4096 || w > 4096) return k3c_errorf("engine: tp %d x pp %d x dp %d ranks, at most 4096", l.tp, l.pp, l.dp);
     if (o->world_size < 0 || (o->world_size > 0 && o->world_size != w))
@@ -57,7 +71,7 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
         if (!rk) return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory for %lld ranks", w);
         int n = 0, rc = k3c_layout_plan_config(c, &p, rk, (int)w, &n);
         free(rk);
-        if (rc != K3C_OK) return k3c_error_context("engine: tp %d", l.tp);
+        if (rc != K3C_OK) return k3c_error_context("engine: tp %d x pp %d x dp %d, ep %d", l.tp, l.pp, l.dp, l.ep);
     }
     *out = l;
     *world = (int)w;
@@ -85,8 +99,8 @@ static void group_unref(k3c_rank_group *g) {
     free(g);
 }
 
-/* The groups: one world group, and one TP group per (stage, dp rank) when TP is narrower than the world.
- * (A PP or DP group is a set of ranks with the same tp_rank: made here the same way when they are wired.) */
+/* The groups: one world group, and one TP group per (stage, dp rank) when TP is narrower than the world (the
+ * pipeline and expert groups are split from the world by each rank's thread: k3c_rank_split). */
 int k3c_ranks_threads(const k3c_layout *l, int timeout_ms, k3c_rank *ranks) {
     int world = l->tp * l->pp * l->dp, tp = l->tp;
     for (int r = 0; r < world; r++) place(&ranks[r], l, r, timeout_ms);
@@ -154,10 +168,26 @@ int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int ti
     return K3C_OK;
 }
 
+int k3c_rank_split(k3c_rank *r) {
+    const k3c_layout *l = &r->layout;
+    k3c_comm *w = r->world_comm;
+    int stage_ranks = l->tp * l->dp, stage = r->rank / stage_ranks;
+    if ((l->pp > 1 || l->ep > 1) && !w->split)
+        return k3c_errorf("ranks: the %s communicator cannot be split into groups", w->name);
+    /* the colors and keys of k3c_comm_groups_split: every rank makes each split that exists, in this order */
+    if (l->pp > 1 && w->split(w, r->rank % stage_ranks, stage, &r->pp_comm) != K3C_OK)
+        return k3c_error_context("ranks: rank %d's pipeline group", r->rank);
+    if (l->ep > 1 && w->split(w, stage, r->rank % stage_ranks, &r->ep_comm) != K3C_OK)
+        return k3c_error_context("ranks: rank %d's expert group", r->rank);
+    return K3C_OK;
+}
+
 void k3c_rank_release(k3c_rank *r) {
     if (!r) return;
     if (r->stage && r->be) r->be->free(r->be, r->stage);
     if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
+    if (r->pp_comm) r->pp_comm->free(r->pp_comm);
+    if (r->ep_comm) r->ep_comm->free(r->ep_comm);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
     if (r->world_comm) r->world_comm->free(r->world_comm);
     group_unref(r->group);
@@ -222,6 +252,8 @@ void k3c_rank_fail(k3c_rank *r, long step, const char *msg) {
     }
     if (r->dcp_comm) r->dcp_comm->abort(r->dcp_comm);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->abort(r->tp_comm);
+    if (r->pp_comm) r->pp_comm->abort(r->pp_comm);
+    if (r->ep_comm) r->ep_comm->abort(r->ep_comm);
     if (r->world_comm) r->world_comm->abort(r->world_comm);
 }
 

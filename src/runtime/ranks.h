@@ -4,9 +4,9 @@
  * between the ranks through their backend's memory.
  *
  * Ranks are numbered as k3c_layout_plan numbers them: rank = (stage * dp + dp_rank) * tp + tp_rank. Every rank
- * has the world communicator (rank 0's step broadcasts, the start-up check) and its TP group's (the stock
- * forward's all-reduce and gather); the pipeline, data and expert groups join here when they are wired (today
- * pp > 1, dp > 1 and ep > 1 are refused by k3c_ranks_layout). Two ways to make them:
+ * has the world communicator (rank 0's step broadcasts, the start-up check), its TP group's (the stock
+ * forward's all-reduce and gather) and, split from the world by each rank (k3c_rank_split), its pipeline group
+ * (pp > 1) and its stage's expert group (ep > 1), as k3c_comm_groups_split makes them. Two ways to make them:
  *   - in one process (k3c_ranks_threads): the in-memory groups of comm/threads.c, one thread per rank;
  *   - one process per rank (k3c_ranks_nccl): NCCL, its unique id handed out through a rendezvous file
  *     (comm/rendezvous.h), the TP groups split from the world (ncclCommSplit) where they are smaller. */
@@ -30,6 +30,8 @@ typedef struct k3c_rank {
     k3c_comm *world_comm;     /* every rank */
     k3c_comm *tp_comm;        /* the rank's TP group (may be world_comm) */
     k3c_comm *dcp_comm;       /* its DCP group where 1 < dcp < tp (dcp consecutive ranks); NULL: none, or tp_comm */
+    k3c_comm *pp_comm;        /* pp > 1: the rank's pipeline group (one rank per stage; its rank is the stage) */
+    k3c_comm *ep_comm;        /* ep > 1: the DP ranks of its stage (its rank is the DP rank); else NULL */
     int timeout_ms;           /* the longest any rank waits for the others in one call */
     k3c_rank_group *group;    /* in one process: the shared failure record; NULL over NCCL */
     char *rendezvous;         /* over NCCL: the rendezvous file (failure notes beside it); else NULL */
@@ -39,8 +41,10 @@ typedef struct k3c_rank {
     size_t stage_bytes;
 } k3c_rank;
 
-/* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); pp > 1,
- * dp > 1 and ep > 1 refused (not wired to the engine and the commands yet); every split the layout makes must
+/* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); what the
+ * engine cannot run refused with the reason (pp past the layers, ep other than tp x dp, ep without dp > 1,
+ * aux streams with pp or dp); ep with tp > 1 is the hybrid (TP attention groups, EP MoE over every rank of a
+ * stage); every split the layout makes must
  * divide (k3c_layout_plan's checks); world_size, when given (> 0), must equal tp x pp x dp and rank lie in
  * 0 .. world_size - 1. *world: tp x pp x dp. */
 int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layout *out, int *world);
@@ -51,6 +55,9 @@ int k3c_ranks_threads(const k3c_layout *l, int timeout_ms, k3c_rank *ranks);
 /* One process per rank: this process's rank through NCCL (device 0 of this process: set
  * CUDA_VISIBLE_DEVICES per rank), rank 0 publishing the unique id at path, the others waiting for it. */
 int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int timeout_ms, k3c_rank *out);
+/* Every rank of the world, each in its own thread or process, the same calls in the same order: its pipeline
+ * and expert groups split from the world communicator (nothing where pp = 1 and ep = 1). */
+int k3c_rank_split(k3c_rank *r);
 /* Frees this rank's communicators and staging (the group's record goes with its last rank). */
 void k3c_rank_release(k3c_rank *r);
 

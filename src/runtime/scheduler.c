@@ -633,14 +633,25 @@ static int preempt(k3c_scheduler *s, sreq *r, int *budget) {
 /* Opens r on the engine, with the longest cached prefix that has both its blocks and a snapshot; *start =
  * the tokens it then holds. Returns 0 when r does not fit now (nothing changed), 1 admitted, -1 error. */
 static int admit(k3c_scheduler *s, sreq *r, int budget) {
-    int hit = 0, matched = 0;
+    int hit = 0, matched = 0, dp = -1;
     if (s->pc_on) {
         /* at most formed (file comment), and one token short of the end: its row samples */
         int limit = r->formed < r->n_toks - 1 ? r->formed : r->n_toks - 1;
-        hit = k3c_prefix_cache_lookup(&s->pc, r->toks, limit / s->bs, s->hit_blocks, &matched);
-        while (hit > 0 && (hit * s->bs % s->grid ||
-                           (s->pc.need_snapshot && s->pc.snap[s->hit_blocks[hit - 1]] < 0)))
-            hit--;
+        /* under data parallelism the DP rank with the deepest hit (then the longest match, then the lowest
+         * rank) takes the request, as its blocks' rows are in that rank's caches; with nothing cached on any, the
+         * engine places it on the least loaded */
+        int dps = k3c_engine_dp_size(s->e), best = -1, bm = 0, bd = 0;
+        for (int d = 0; d < dps; d++) {
+            int m = 0, h = k3c_prefix_cache_lookup_dp(&s->pc, d, r->toks, limit / s->bs, s->hit_blocks, &m);
+            while (h > 0 && (h * s->bs % s->grid || (s->pc.need_snapshot && s->pc.snap[s->hit_blocks[h - 1]] < 0)))
+                h--;
+            if (h > best || (h == best && m > bm)) best = h, bm = m, bd = d;
+        }
+        if (bd != dps - 1) /* hit_blocks holds the last rank's lookup: the chosen one's again */
+            k3c_prefix_cache_lookup_dp(&s->pc, bd, r->toks, limit / s->bs, s->hit_blocks, &matched);
+        hit = best;
+        matched = bm;
+        if (dps > 1 && (hit > 0 || bm > 0)) dp = bd;
     }
     r->computed = hit * s->bs;
     /* the junction: cached blocks past the deepest snapshot; the first chunk stops there to leave one */
@@ -659,7 +670,7 @@ static int admit(k3c_scheduler *s, sreq *r, int budget) {
         return 0;
     }
     for (int i = 0; i < hit; i++) k3c_prefix_cache_acquire(&s->pc, s->hit_blocks[i]);
-    if (k3c_engine_request_open_prefix(s->e, s->hit_blocks, hit, &r->eid) != K3C_OK) {
+    if (k3c_engine_request_open_dp(s->e, s->hit_blocks, hit, dp, &r->eid) != K3C_OK) {
         r->eid = -1;
         r->computed = 0;
         if (hit) k3c_prefix_cache_released(&s->pc, s->hit_blocks, hit);
@@ -702,7 +713,7 @@ static void cache_blocks(k3c_scheduler *s, sreq *r, int was_prefill) {
     const int32_t *blocks = k3c_engine_request_blocks(s->e, r->eid, &nb);
     int full = (r->computed < r->formed ? r->computed : r->formed) / s->bs;
     for (int k = r->n_keys; k < full && k < nb; k++) {
-        k3c_phash parent = k > 0 ? r->keys[k - 1] : (k3c_phash){0, 0};
+        k3c_phash parent = k > 0 ? r->keys[k - 1] : k3c_prefix_root(k3c_engine_request_dp(s->e, r->eid));
         const int32_t *t = r->toks + (size_t)k * s->bs;
         k3c_phash key = k3c_prefix_key(parent, t, s->bs);
         r->keys[k] = key;

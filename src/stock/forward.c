@@ -77,7 +77,10 @@
  *     so the ranks agree bitwise; against TP without DCP the sums differ only by f32 reassociation. Prompt
  *     rows take the same path (sharded over the keys, every row absorbed): the expanded form would need every
  *     head's kv_b on every rank, or the context's latents gathered to each rank each layer (the bytes DCP
- *     saves), so under DCP there is no expanded block (mla_block 0). */
+ *     saves), so under DCP there is no expanded block (mla_block 0).
+ *   Hybrid (tp and ep): TP attention inside each DP group (the TP sums above), the MoE as DEP over every rank
+ *     of the stage: the TP ranks of a group hold the same rows and each sends its pairs and combines them
+ *     itself, so every TP rank ends with the same MoE output (its rows' experts run once per TP rank). */
 #include "stock/forward.h"
 
 #include <stdlib.h>
@@ -209,7 +212,12 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
         if (!ep || m->ep_size != ep->size || m->ep_rank != ep->rank)
             return k3c_errorf("forward: %s needs %s (model/shard.h k3c_model_shard)",
                               ep ? "an EP rank" : "an expert-parallel shard", ep ? "that rank's shard" : "its EP group");
-        if (tp) return k3c_errorf("forward: TP attention inside DP + EP is not built (a TP group with an EP group)");
+        if (tp && (m->tp_size != tp->size || ep->size % tp->size))
+            return k3c_errorf("forward: the hybrid layout (a TP group of %d with an EP group of %d) needs the EP group "
+                              "to span whole TP groups and that rank's hybrid shard", tp->size, ep->size);
+        if (tp && strcmp(be->name, "cpu") != 0)
+            return k3c_errorf("forward: the hybrid layout (TP attention inside DP + EP) runs on the cpu backend only "
+                              "(backend %s: not built)", be->name);
         if (!be->moe_route || !be->moe_experts || !be->moe_combine)
             return k3c_errorf("forward: backend %s has no expert-parallel ops (moe_route, moe_experts, moe_combine)",
                               be->name);
@@ -834,8 +842,8 @@ static void ffn_layer(k3c_forward *f, int l, int T) {
     k3c_backend *be = f->be;
     const k3c_layer_weights *lw = &f->m->weights.layers[l];
     if (lw->is_moe) {
-        if (f->tp) moe_tp(f, &lw->moe, T);
-        else if (f->ep) moe_ep(f, &lw->moe, T);
+        if (f->ep) moe_ep(f, &lw->moe, T); /* the hybrid too: its MoE weights are whole (model/shard.h) */
+        else if (f->tp) moe_tp(f, &lw->moe, T);
         else be->moe(be, &lw->moe, f->x, T, f->F);
         return;
     }

@@ -72,7 +72,8 @@ typedef struct k3c_forward_options {
      *   weights) and the MoE layers exchange rows with the ranks holding the experts (backend.h moe_route,
      *   moe_experts, moe_combine). Every rank must run every step, an idle one with nreq = 0 (a dummy step:
      *   it serves its experts to the others), and create its forward with the same max_rows (the exchange is
-     *   sized by it). tp must be none. CPU backend only. */
+     *   sized by it). With tp too (the hybrid): the TP group of a DP group inside the EP group, the model the
+     *   rank's hybrid shard (model/shard.h). CPU backend only. */
     union {
         k3c_comm_groups groups;
         struct {

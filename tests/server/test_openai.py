@@ -540,6 +540,35 @@ def preemption_same_output(srv_unused):
 
 
 @test
+def parallel_layouts_same_output(srv):
+    """`k3c serve --pp 2` (two pipeline stages) and `--dp 2 --ep` (DP attention + EP MoE: each request on one DP
+    rank, the experts spread over both) answer several requests at once, of different lengths, some sharing a
+    cached prefix, on a cache small enough to preempt: every output is the shared world-size-1 server's for
+    that prompt alone (both layouts are bitwise world size 1, docs/PARALLEL.md)."""
+    rng = random.Random(26)
+    head = random_prompt(rng, 128)  # the prefix grid: hits sit on multiples of 128 tokens
+    prompts = [random_prompt(rng, 5 + 9 * k) for k in range(4)] + [head + random_prompt(rng, 3 + k) for k in range(3)]
+    n = 40
+    solo = [srv.request("POST", "/v1/completions", greedy_body(p, n))[1]["choices"][0]["text"] for p in prompts]
+    for layout in (["--pp", "2"], ["--dp", "2", "--ep"]):
+        with Server(args=layout + ["--max-seqs", "8", "--kv-blocks", "16"]) as s:
+            async def run():
+                return await asyncio.gather(*[stream(s.port, "/v1/completions", greedy_body(p, n, stream=True))
+                                              for p in prompts])
+            res = asyncio.run(run())
+            again = s.request("POST", "/v1/completions", greedy_body(prompts[-1], n))  # a prefix hit
+            m = s.metrics()
+        for k, (st, ev, done, _) in enumerate(res):
+            check(st == 200 and done, "%s stream %d: %s %s" % (layout, k, st, ev[-1:] if ev else ""))
+            check(joined_text(ev) == solo[k], "%s: prompt %d: %r, world size 1 %r" % (layout, k, joined_text(ev), solo[k]))
+        check(again[0] == 200 and again[1]["choices"][0]["text"] == solo[-1], (layout, again))
+        check(m["k3c:num_requests_running"] == 0, (layout, m))
+        check(m["k3c:num_preemptions_total"] > 0 and m["k3c:prefix_cache_hits_total"] > 0,
+              "%s: preemptions %d, prefix hits %d tokens" % (layout, m["k3c:num_preemptions_total"],
+                                                           m["k3c:prefix_cache_hits_total"]))
+
+
+@test
 def default_model_served(srv):
     """No --model and no --preset: the embedded model, served as k3-fortune, its greedy completion the same as
     from its files in the tree; the temporary directory it was written to is gone after SIGTERM."""
