@@ -373,10 +373,15 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         CARVE(f->ep_recv, (size_t)nep * K * Rin); CARVE(f->ep_out, (size_t)nep * K * Rin);
     }
 #undef CARVE
-    size_t total = (size_t)f->nres * D;
-    for (int i = 0; i < n; i++) total += widths[i];
-    total += (size_t)o->num_aux * D;
-    total *= R;
+    /* Each buffer starts on a 256-byte boundary: device kernels read rows with 16-byte vector loads and
+     * cuBLASLt prefers 256-byte operands, and a width such as the EP weights' k a row (R k floats) would
+     * otherwise shift every buffer after it (on the H200, 2026-12-02: Kimi Linear's DEP step stopped at a
+     * misaligned address in the add kernel). */
+#define FWD_ALIGN_FLOATS 64
+#define FWD_ROUND(v) (((v) + FWD_ALIGN_FLOATS - 1) / FWD_ALIGN_FLOATS * FWD_ALIGN_FLOATS)
+    size_t total = (size_t)f->nres * FWD_ROUND((size_t)R * D);
+    for (int i = 0; i < n; i++) total += FWD_ROUND((size_t)R * widths[i]);
+    total += FWD_ROUND((size_t)o->num_aux * D * R);
     f->arena = be->alloc(be, total * sizeof(float));
     if (!f->arena) {
         k3c_error_context("forward: activation buffers (%zu floats): ", total);
@@ -384,11 +389,13 @@ int k3c_forward_create(k3c_backend *be, const struct k3c_model *m, const k3c_for
         return K3C_ERR;
     }
     float *p = f->arena;
-    for (int i = 0; i < f->nres; i++, p += R * D) f->res[i] = p;
+    for (int i = 0; i < f->nres; i++, p += FWD_ROUND((size_t)R * D)) f->res[i] = p;
     for (int i = 0; i < n; i++) {
         *slots[i] = p;
-        p += R * widths[i];
+        p += FWD_ROUND((size_t)R * widths[i]);
     }
+#undef FWD_ROUND
+#undef FWD_ALIGN_FLOATS
     f->aux = o->num_aux > 0 ? p : NULL;
     *out = f;
     return K3C_OK;
