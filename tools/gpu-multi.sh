@@ -37,6 +37,10 @@ SCRATCH=${SCRATCH:-${TMPDIR:-/tmp}/k3c-gpu-multi-scratch}
 STEPS=${STEPS:-parity,comm,bench,faults}
 GEN_N=${GEN_N:-256}
 export NCCL_NVLS_ENABLE=0
+# every step of a multi-rank run: each rank's logits hash compared with rank 0's (a difference fails the
+# command, naming the rank and step)
+export K3C_CHECK_RANKS=1
+MULTI_OK=0
 case "$N" in 2 | 4 | 8) ;; *) echo "usage: tools/gpu-multi.sh 2|4|8 (the GPUs of the host)"; exit 2 ;; esac
 case "$DEVICE" in cpu | cuda) ;; *) echo "DEVICE=$DEVICE: cpu or cuda"; exit 2 ;; esac
 mkdir -p "$OUT" && rm -rf "${OUT:?}"/multi && mkdir -p "$OUT/multi"
@@ -48,7 +52,14 @@ T_START=$(date +%s)
 # one summary line: STATUS, what, result, command
 line() { printf '%-7s | %-34s | %s | %s\n' "$1" "$2" "$3" "$4" >>"$SUMMARY"; }
 has_step() { [[ ",$STEPS," == *",$1,"* ]]; }
-lastmsg() { grep -v '^$' "$1" 2>/dev/null | tail -1 | cut -c1-200; }
+# a log's message: its last line of k3c's own (`k3c CMD: ...`; NCCL's WARN lines or a usage may follow), else its
+# last line
+lastmsg() {
+    local m
+    m=$(grep -E '^k3c [a-z]+: ' "$1" 2>/dev/null | grep -v ': reserved ' | tail -1)
+    [ -n "$m" ] || m=$(grep -v '^$' "$1" 2>/dev/null | tail -1)
+    echo "${m:0:200}"
+}
 
 # The model: the slice on cuda, the tiny preset on the dry run (MODEL_ARGS overrides either)
 if [ "${MODEL_ARGS:-}" = default ]; then
@@ -79,6 +90,7 @@ ranks() {
         CUDA_VISIBLE_DEVICES=0 timeout "$limit" "$K3C" "$@" >"$L/$name.out" 2>"$L/$name.err"
         RC0=$?
         RC=$RC0
+        [ "$RC0" = 0 ] && [ "$w" -gt 1 ] && MULTI_OK=$((MULTI_OK + 1))
         return
     fi
     local rdv="$L/$name.rdv"
@@ -95,6 +107,7 @@ ranks() {
     done
     RC=${RC# }
     RC0=${RC%% *}
+    ranks_ok && MULTI_OK=$((MULTI_OK + 1))
     cp "$L/$name.r0.out" "$L/$name.out"
     cp "$L/$name.r0.err" "$L/$name.err"
     if [ -e "$rdv" ]; then RC0=99 && echo "rank 0 left the rendezvous file $rdv behind" >>"$L/$name.err"; fi
@@ -263,7 +276,15 @@ step_parity() {
         8) parity_layout tp8 8 --tp 8; parity_layout dp8ep 8 --dp 8 --ep ;;
     esac
     [ "$DEVICE" = cpu ] && [ "$N" = 2 ] && parity_layout dp2ep 2 --dp 2 --ep # the refusal's MISSING line
-    line MISSING "ranks bitwise equal" "the commands cannot compare the ranks' logits: only rank 0 writes (k3c logits); the per-step hash check (k3c_ranks_set_check) is internal, no option turns it on" "-"
+    local differ
+    differ=$(grep -l "logits differ from rank 0" "$L"/*.err 2>/dev/null | wc -l)
+    if [ "$differ" = 0 ] && [ "$MULTI_OK" -gt 0 ]; then
+        line PASS "ranks bitwise equal" "$MULTI_OK multi-rank runs: every step, every rank's logits hash = rank 0's (K3C_CHECK_RANKS=1)" "-"
+    elif [ "$differ" != 0 ]; then
+        line FAIL "ranks bitwise equal" "$differ runs stopped at a rank whose logits differ: $(grep -h -m1 'logits differ' "$L"/*.err | head -1)" "-"
+    else
+        line SKIP "ranks bitwise equal" "no multi-rank run succeeded" "-"
+    fi
     line INFO "parity step time" "$((SECONDS - t0)) s (budget 240 s on x8)" "-"
 }
 
