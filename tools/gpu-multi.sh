@@ -117,7 +117,7 @@ ranks() {
         pids+=($!)
     done
     for ((r = 0; r < w; r++)); do
-        wait "${pids[$r]}"
+        wait "${pids[$r]}" 2>/dev/null
         RC="$RC $?"
     done
     RC=${RC# }
@@ -397,23 +397,29 @@ step_faults() {
     rm -f "$rdv"*
     local gen=(generate "${args[@]}" "${lay[@]}" --prompt-ids 1,2,3,4 -n 4000 --ignore-eos --max-context 4100)
     local cmd="CUDA_VISIBLE_DEVICES=R $K3C ${gen[*]} --world-size $w --rank R --rendezvous $rdv --rank-timeout 20; kill -9 rank $((w - 1))"
-    for ((r = 0; r < w; r++)); do
+    # the last rank runs without `timeout`, so that its pid is k3c's own (killing a `timeout` would leave its
+    # child running); it is killed here in every case
+    for ((r = 0; r < w - 1; r++)); do
         CUDA_VISIBLE_DEVICES=$r timeout "$(cap 120)" "$K3C" "${gen[@]}" --world-size "$w" --rank "$r" --rendezvous "$rdv" \
             --rank-timeout 20 >"$L/kill.r$r.out" 2>"$L/kill.r$r.err" &
         pids+=($!)
     done
-    local k=0 started=0
-    while [ $k -lt 900 ]; do # up to 90 s for rank 0's first tokens
+    CUDA_VISIBLE_DEVICES=$((w - 1)) "$K3C" "${gen[@]}" --world-size "$w" --rank $((w - 1)) --rendezvous "$rdv" \
+        --rank-timeout 20 >"$L/kill.r$((w - 1)).out" 2>"$L/kill.r$((w - 1)).err" &
+    pids+=($!)
+    local k=0 started=0 kmax=$(($(cap 90) * 10))
+    while [ $k -lt $kmax ]; do # up to 90 s for rank 0's first tokens
         if [ -s "$L/kill.r0.out" ]; then started=1 && break; fi
         kill -0 "${pids[0]}" 2>/dev/null || break
         sleep 0.1
         k=$((k + 1))
     done
+    [ $started = 1 ] && sleep 1
     local tk=$SECONDS
-    [ $started = 1 ] && sleep 1 && kill -9 "${pids[$((w - 1))]}" 2>/dev/null
+    kill -9 "${pids[$((w - 1))]}" 2>/dev/null
     local bad="" times=""
     for ((r = 0; r < w; r++)); do
-        wait "${pids[$r]}"
+        wait "${pids[$r]}" 2>/dev/null
         local rc=$?
         times="$times r$r:exit $rc at +$((SECONDS - tk)) s;"
         [ $r = $((w - 1)) ] && [ $started = 1 ] && continue
@@ -448,7 +454,7 @@ step_faults() {
     local want='start-up check'
     [ "$DEVICE" = cpu ] && want='one process per rank runs over NCCL'
     for ((r = 0; r < w; r++)); do
-        wait "${pids[$r]}"
+        wait "${pids[$r]}" 2>/dev/null
         local rc=$?
         times="$times r$r:$rc;"
         [ $rc = 0 ] && bad="$bad rank $r started;"
