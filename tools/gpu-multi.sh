@@ -125,7 +125,7 @@ ranks() {
     ranks_ok && MULTI_OK=$((MULTI_OK + 1))
     cp "$L/$name.r0.out" "$L/$name.out"
     cp "$L/$name.r0.err" "$L/$name.err"
-    if [ -e "$rdv" ]; then RC0=99 && echo "rank 0 left the rendezvous file $rdv behind" >>"$L/$name.err"; fi
+    if [ -e "$rdv" ]; then RC0=99 && echo "k3c gpu-multi: rank 0 left the rendezvous file $rdv behind" >>"$L/$name.err"; fi
 }
 
 # the ranks' exits as one word: "ok" when all 0, else the list; hung = a rank stopped by timeout
@@ -151,6 +151,8 @@ refused() {
 make_slice() {
     [ -n "${SLICE:-}" ] || return 0
     [ -f "$SLICE.done" ] && return 0
+    [ -n "${SLICE_FAILED:-}" ] && return 1
+    SLICE_FAILED=1
     local synth=${SYNTH:-build/synth_config}
     [ -x "$synth" ] || make -s "$synth" >"$L/synth-build.log" 2>&1
     rm -rf "$SLICE" && mkdir -p "$SCRATCH"
