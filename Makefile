@@ -106,6 +106,10 @@ $(BUILD)/bench_comm: $(BUILD)/tests/gpu/bench_comm.o $(LIB)
 $(BUILD)/bench_load: $(BUILD)/tests/gpu/bench_load.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $(BUILD)/tests/gpu/bench_load.o $(LIB) $(LDLIBS) -lstdc++
 
+# A synthetic checkpoint of any config or a cut preset (tools/synth_config.c; tools/gpu-multi.sh's K3 slice).
+$(BUILD)/synth_config: tools/synth_config.c $(LIB)
+	$(CC) $(CFLAGS) -o $@ tools/synth_config.c $(LIB) $(LDLIBS)
+
 # the default tokenizer's ranks are assembled into this object (.incbin)
 $(BUILD)/src/text/tokenizer_default.o: src/text/data/default-32512.tiktoken
 # the default model's files are assembled into this object (.incbin)

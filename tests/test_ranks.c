@@ -440,6 +440,39 @@ TEST(ranks_cli_generate_tp2_equals_tp1) {
     CHECK(test_run_status(cmd) == 1);
 }
 
+/* ---- K3C_CHECK_RANKS: the step check for the commands (tools/gpu-multi.sh sets it) ---- */
+
+static int env_checked(k3c_model *m, long *checked, long *steps) {
+    k3c_engine_options o;
+    engine_opts(&o, 2, 1);
+    o.max_requests = 1;
+    o.max_context = 32;
+    k3c_engine *e = NULL;
+    K3C_TRY(k3c_engine_create(m, &o, &e));
+    int32_t prompt[5] = {3, 1, 4, 1, 5}, got[1 + 8] = {0};
+    int rc = k3c_generate(e, prompt, 5, 8, NULL, collect_token, got, NULL);
+    k3c_engine_stats st;
+    k3c_engine_stats_get(e, &st);
+    *checked = k3c_engine_ranks_checked(e);
+    *steps = st.steps;
+    k3c_engine_free(e);
+    return rc;
+}
+
+TEST(ranks_check_env_compares_every_step) {
+    k3c_model *m;
+    CHECK_OK(ranks_model(0, 0, 0, test_seed(), "ranks_env", &m));
+    long on = -1, on_steps = -1, off = -1, off_steps = -1;
+    setenv("K3C_CHECK_RANKS", "1", 1);
+    int rc = env_checked(m, &on, &on_steps);
+    unsetenv("K3C_CHECK_RANKS");
+    if (rc == K3C_OK) rc = env_checked(m, &off, &off_steps);
+    k3c_free(m);
+    CHECK_OK(rc);
+    CHECKF(on_steps > 1 && on == on_steps, "K3C_CHECK_RANKS=1: %ld of %ld steps compared", on, on_steps);
+    CHECKF(off == 0, "without it: %ld steps compared", off);
+}
+
 /* ---- a rank that fails or hangs mid-run ---- */
 
 /* generate on tp ranks with the test fault of rank `rank` at step `step`; the message and the seconds the

@@ -705,6 +705,10 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
         x->nfol = world;
     }
     k3c_engine_ranks *x = k3c_engine_xr(e);
+    /* K3C_CHECK_RANKS=1, a diagnostic for the commands (tools/gpu-multi.sh) as K3C_CUDA_PROFILE is: rank 0 has
+     * every step checked (check_step: each rank's logits hash against rank 0's), as k3c_ranks_set_check does */
+    const char *chk = getenv("K3C_CHECK_RANKS");
+    if (x->rk.rank == 0 && chk && atoi(chk) > 0) x->check = 1;
     if (x->rk.rank == 0) {
         x->ka_on = pthread_create(&x->ka, NULL, keepalive_main, x) == 0;
         if (!x->ka_on) {
