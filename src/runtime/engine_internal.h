@@ -80,6 +80,11 @@ struct k3c_engine_ranks;
 int k3c_engine_build(k3c_model *m, const k3c_engine_options *o, int num_blocks_given, struct k3c_engine_ranks *x,
                      k3c_engine **out);
 struct k3c_engine_ranks *k3c_engine_xr(const k3c_engine *e);
+/* A rank's specialized executor as rank 0's messages drive it: capture one shape; run one step with rank 0's
+ * plan (logits on the host; the stock forward's contract, decode/executor.h). */
+int k3c_engine_exec_capture(k3c_engine *e, int rows, int q);
+int k3c_engine_exec_step(k3c_engine *e, const k3c_plan *p, const k3c_fwd_req *reqs, int n, float *logits,
+                         float *aux);
 /* Diagnostic (tests): every following step, the ranks compare a hash of their logits (and aux streams), and a
  * difference fails it naming the rank; checked: the steps compared. No-ops at world size 1. */
 void k3c_engine_check_ranks(k3c_engine *e, int on);

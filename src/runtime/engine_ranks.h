@@ -20,8 +20,11 @@
 #ifndef K3C_RUNTIME_ENGINE_RANKS_H
 #define K3C_RUNTIME_ENGINE_RANKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
+#include "decode/plan.h"
 #include "k3c.h"
 #include "stock/forward.h"
 
@@ -29,7 +32,8 @@ typedef struct k3c_engine_ranks k3c_engine_ranks;
 struct k3c_rank;
 
 /* k3c_engine_create for a layout of world > 1 ranks (o normalized, layout checked by k3c_ranks_layout): in
- * this process (world_size 0: every rank a thread, device cpu) or as rank o->rank of a multi-process world. */
+ * this process (world_size 0: every rank a thread; device cpu, or cuda with rank r on device r % visible
+ * devices) or as rank o->rank of a multi-process world (device cuda, NCCL). */
 int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c_layout *l, int world,
                             int num_blocks_given, k3c_engine **out);
 
@@ -37,6 +41,12 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
 const struct k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x);
 int k3c_ranks_rank(const k3c_engine_ranks *x);
 int k3c_ranks_world(const k3c_engine_ranks *x);
+/* Device cuda (runtime/ranks.h, ranks_device.c), at the engine's build: the rank's device, its TP
+ * communicator moved onto its backend's stream, and the executor's TP mailbox (*out NULL with why: none). */
+int k3c_ranks_device(const k3c_engine_ranks *x);
+int k3c_ranks_attach_backend(k3c_engine_ranks *x, k3c_backend *be);
+int k3c_ranks_mailbox(k3c_engine_ranks *x, k3c_backend *be, size_t cap, struct k3c_comm **out, char *why,
+                      size_t why_cap);
 
 /* Rank 0's log of what changes the caches (the ops below; args as named), sent with the next message. */
 typedef enum k3c_rank_op {
@@ -49,10 +59,16 @@ typedef enum k3c_rank_op {
     K3C_RANK_OP_POISON,     /* block (freed with poison_freed_blocks) */
 } k3c_rank_op;
 int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32_t *list, int n);
-/* Rank 0's step: sends it and runs rank 0's forward (reqs as k3c_forward_step takes them; nblocks[i] the
- * blocks request i's table holds now). */
-int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,
-                   float *aux);
+/* Rank 0's step: sends it and runs rank 0's part (reqs as k3c_forward_step takes them; nblocks[i] the
+ * blocks request i's table holds now): the stock forward, or with exec (the step's plan, route decode or
+ * verify) the specialized executor on every rank (its TP mailbox; the same shape captured on every rank). */
+int k3c_ranks_step(k3c_engine_ranks *x, const k3c_plan *exec, const k3c_fwd_req *reqs, const int *nblocks,
+                   int n, float *logits, float *aux);
+/* Rank 0: every rank captures the executor's shape (rows, q) now, together, before any step of it runs (a
+ * rank capturing while a peer's mailbox kernel spins on the same device could wait for that device inside
+ * the driver). K3C_OK when every rank captured it; a rank that could not fails the shape (it stays stock on
+ * every rank), not the group. */
+int k3c_ranks_capture(k3c_engine_ranks *x, int rows, int q);
 /* A follower's loop: until rank 0 stops (0) or the group fails (-1). */
 int k3c_ranks_follow(k3c_engine_ranks *x);
 /* The group's failure message once it failed, else NULL. */

@@ -143,6 +143,7 @@ int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int ti
 void k3c_rank_release(k3c_rank *r) {
     if (!r) return;
     if (r->stage && r->be) r->be->free(r->be, r->stage);
+    if (r->mailbox) r->mailbox->free(r->mailbox); /* before the TP group it was bootstrapped over */
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
     if (r->world_comm) r->world_comm->free(r->world_comm);
     group_unref(r->group);
