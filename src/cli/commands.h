@@ -100,10 +100,14 @@ int cli_parallel_finish(k3c_engine_options *o);
 int cli_follow(const char *cmd, k3c_engine *e);
 /* The parallel options' --help lines. */
 #define CLI_PARALLEL_HELP                                                                                        \
-    "--tp N: N tensor-parallel CPU ranks in this process (each its shard of the model; rank 0 leads every step,\n" \
-    "  docs/PARALLEL.md); --pp N, --dp N, --ep: parsed, refused for now (not wired to the commands yet);\n"     \
-    "  --rank R --world-size W --rendezvous PATH: one process per GPU over NCCL, rank 0 writing NCCL's id to\n" \
-    "  PATH; --rank-timeout S: the longest a rank waits for the others (default 60)\n"
+    "--tp N: N tensor-parallel ranks as threads of this process (each its shard of the model; rank 0 leads\n"  \
+    "  every step, docs/PARALLEL.md); on --device cuda rank r on GPU r mod the visible GPUs, the stock\n"     \
+    "  forward over host-staged sums, the specialized executor over an in-process mailbox (k3c then sets\n"  \
+    "  CUDA_DEVICE_MAX_CONNECTIONS=32 and CUDA_MODULE_LOADING=EAGER unless given: ranks may share a GPU);\n"    \
+    "  --pp N, --dp N, --ep: parsed, refused for now (not wired to the commands yet);\n"                       \
+    "  --rank R --world-size W --rendezvous PATH: one process per GPU, the stock forward over NCCL (rank 0\n"  \
+    "  writing NCCL's id to PATH), the executor over a CUDA IPC mailbox when the TP group is on one host;\n"   \
+    "  --rank-timeout S: the longest a rank waits for the others (default 60)\n"
 
 /* The sampling options of generate and run (--temperature T in [0, FLT_MAX], --top-k K >= 0, --top-p P in
  * (0, 1], --seed S) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad as above). */

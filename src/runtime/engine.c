@@ -813,6 +813,7 @@ int k3c_engine_set_specialized(k3c_engine *e, int on) {
 int k3c_engine_warmup(k3c_engine *e) {
     if (!e) return k3c_errorf("engine warmup: NULL engine");
     if (!e->x || !e->x->capture) return K3C_OK;
+    if (e->x->plan_table.world_size > 1 && !e->x->plan_table.tp_prepared) return K3C_OK; /* every step stock */
     int shapes[K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX][2];
     int n = k3c_prepared_shapes(e->o.q_max, e->o.max_requests, shapes,
                                 K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX);
