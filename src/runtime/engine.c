@@ -160,6 +160,17 @@ static int build_executor(k3c_engine *e) {
     k3c_decode_cuda *xc = NULL;
     int rc = rk ? k3c_decode_cuda_build(&env, rk->tp_rank, rk->layout.tp, &xc) : k3c_decode_cuda_build(&env, 0, 1, &xc);
     if (rc == K3C_OK) rc = k3c_decode_cuda_prepare_kv(xc, 0);
+    if (rk && rk->layout.tp > 1) { /* every rank has one, or none has: rank 0's routing is every rank's */
+        char mine[1024];
+        snprintf(mine, sizeof mine, "%s", rc == K3C_OK ? "" : k3c_error_message());
+        int all = 0;
+        if (k3c_ranks_agree(e->xr, e->be, rc == K3C_OK, &all) != K3C_OK) {
+            k3c_decode_cuda_free(xc);
+            return K3C_ERR;
+        }
+        if (rc == K3C_OK && !all) rc = k3c_errorf("the specialized executor was not built on another rank (its log says why)");
+        else if (rc != K3C_OK) k3c_errorf("%s", mine);
+    }
     if (rc != K3C_OK) {
         k3c_decode_cuda_free(xc);
         if (mode == K3C_SPECIALIZED_ON) return K3C_ERR;

@@ -77,6 +77,9 @@ int k3c_ranks_rank(const k3c_engine_ranks *x) { return x->rk.rank; }
 int k3c_ranks_world(const k3c_engine_ranks *x) { return x->rk.world; }
 int k3c_ranks_device(const k3c_engine_ranks *x) { return k3c_rank_device(&x->rk); }
 int k3c_ranks_attach_backend(k3c_engine_ranks *x, k3c_backend *be) { return k3c_rank_attach_device(&x->rk, be); }
+int k3c_ranks_agree(k3c_engine_ranks *x, k3c_backend *be, int mine, int *all) {
+    return k3c_rank_agree(&x->rk, be, mine, all);
+}
 int k3c_ranks_mailbox(k3c_engine_ranks *x, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap) {
     int rc = k3c_rank_mailbox(&x->rk, be, cap, out, why, why_cap);
     x->rk.mailbox = *out; /* the rank's, freed with its communicators */

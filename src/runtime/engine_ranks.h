@@ -47,6 +47,7 @@ int k3c_ranks_device(const k3c_engine_ranks *x);
 int k3c_ranks_attach_backend(k3c_engine_ranks *x, k3c_backend *be);
 int k3c_ranks_mailbox(k3c_engine_ranks *x, k3c_backend *be, size_t cap, struct k3c_comm **out, char *why,
                       size_t why_cap);
+int k3c_ranks_agree(k3c_engine_ranks *x, k3c_backend *be, int mine, int *all);
 
 /* Rank 0's log of what changes the caches (the ops below; args as named), sent with the next message. */
 typedef enum k3c_rank_op {

@@ -73,6 +73,9 @@ int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be);
  * on different hosts, or the mailbox refused: every rank of the group gets the same answer); K3C_ERR only
  * when the exchange between the ranks failed. The mailbox is the rank's (k3c_rank_release frees it). */
 int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap);
+/* The TP group's ranks (ranks in one process: the world, which is then the TP group) agree: *all = 1 when every
+ * rank passed mine != 0. A collective of every rank at the same point; K3C_ERR when the exchange failed. */
+int k3c_rank_agree(k3c_rank *r, k3c_backend *be, int mine, int *all);
 
 /* Frees this rank's communicators and staging (the group's record goes with its last rank). */
 void k3c_rank_release(k3c_rank *r);

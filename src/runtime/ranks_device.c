@@ -91,6 +91,17 @@ static int tp_gather_host(k3c_rank *r, k3c_backend *be, const void *src, void *d
     return rc;
 }
 
+int k3c_rank_agree(k3c_rank *r, k3c_backend *be, int mine, int *all) {
+    int32_t me = mine != 0, got[4096];
+    int n = r->group ? r->world : r->tp_comm->size;
+    int rc = r->group ? r->world_comm->all_gather(r->world_comm, &me, got, sizeof me)
+                      : tp_gather_host(r, be, &me, got, sizeof me);
+    *all = 1;
+    for (int q = 0; q < n && rc == K3C_OK; q++)
+        if (!got[q]) *all = 0;
+    return rc == K3C_OK ? K3C_OK : k3c_error_context("ranks: rank %d: agreeing on the executor", r->rank);
+}
+
 int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap) {
     *out = NULL;
     int tp = r->layout.tp;
@@ -154,6 +165,12 @@ int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, c
 }
 
 #else
+
+int k3c_rank_agree(k3c_rank *r, k3c_backend *be, int mine, int *all) {
+    (void)r, (void)be;
+    *all = mine != 0;
+    return K3C_OK;
+}
 
 int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap) {
     (void)r, (void)be, (void)cap;
