@@ -383,6 +383,8 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
         k3c_engine_free(e);
         return k3c_error_context("engine: specialized decode executor");
     }
+    const k3c_decode_executor *tx = xr ? k3c_ranks_test_executor_make(e) : NULL;
+    if (tx) k3c_engine_set_executor(e, tx);
     *out = e;
     return K3C_OK;
 }
@@ -727,6 +729,10 @@ static k3c_plan step_plan(k3c_engine *e, int n) {
             }
         }
     }
+    /* a rank group's capture that failed on some rank: rank 0 may hold the graph, its peers not */
+    if (with_x && e->xr && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY) && p.rows >= 1 &&
+        p.rows <= K3C_PREPARED_MAX && p.q >= 1 && p.q <= K3C_PREPARED_Q_MAX && e->seen[p.rows][p.q] == 2)
+        p = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_NOT_CAPTURED, .rows = p.rows, .q = p.q};
     return p;
 }
 
@@ -831,8 +837,10 @@ int k3c_engine_warmup(k3c_engine *e) {
     if (e->xr) K3C_TRY(leads(e, "engine warmup"));
     for (int i = 0; i < n; i++)
         if ((e->xr ? k3c_ranks_capture(e->xr, shapes[i][0], shapes[i][1])
-                   : e->x->capture(e->x->ctx, shapes[i][0], shapes[i][1])) != K3C_OK)
+                   : e->x->capture(e->x->ctx, shapes[i][0], shapes[i][1])) != K3C_OK) {
+            if (e->xr) e->seen[shapes[i][0]][shapes[i][1]] = 2; /* stock on every rank from here */
             return k3c_error_context("engine warmup: shape (%d rows, q %d)", shapes[i][0], shapes[i][1]);
+        }
     return K3C_OK;
 }
 

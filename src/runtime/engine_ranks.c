@@ -560,6 +560,25 @@ int k3c_ranks_follow(k3c_engine_ranks *x) {
     }
 }
 
+static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
+static k3c_ranks_exec_hook exec_hook;
+static void *exec_hook_user;
+
+void k3c_ranks_test_executor(k3c_ranks_exec_hook make, void *user) {
+    pthread_mutex_lock(&hook_mu);
+    exec_hook = make;
+    exec_hook_user = user;
+    pthread_mutex_unlock(&hook_mu);
+}
+
+const k3c_decode_executor *k3c_ranks_test_executor_make(k3c_engine *e) {
+    pthread_mutex_lock(&hook_mu);
+    k3c_ranks_exec_hook make = exec_hook;
+    void *user = exec_hook_user;
+    pthread_mutex_unlock(&hook_mu);
+    return make ? make(e, user) : NULL;
+}
+
 /* ---- creation ---- */
 
 /* One rank's engine (its shard, backend, forward and caches), then the start-up check with every other

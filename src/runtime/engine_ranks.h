@@ -79,6 +79,14 @@ const char *k3c_ranks_failed(const k3c_engine_ranks *x);
 void k3c_ranks_set_check(k3c_engine_ranks *x, int on);
 long k3c_ranks_checked(const k3c_engine_ranks *x);
 
+/* Test hook (tests only; process-wide, set before the engine is created; NULL: off): every rank's engine of a
+ * rank group routes its specialized steps to the executor make returns for it (k3c_engine_set_executor on
+ * every rank; make runs in the rank's build, fn's executor must outlive the engine), so the routing and the
+ * messages of the executor at TP run on CPU ranks with a fake executor. */
+typedef const struct k3c_decode_executor *(*k3c_ranks_exec_hook)(k3c_engine *e, void *user);
+void k3c_ranks_test_executor(k3c_ranks_exec_hook make, void *user);
+const struct k3c_decode_executor *k3c_ranks_test_executor_make(k3c_engine *e);
+
 /* Rank 0: stops the keep-alive and the followers (a last message, then joins the threads of an in-process
  * group); before the engine's parts are freed. free: the rest, after them. */
 void k3c_ranks_stop(k3c_engine_ranks *x);
