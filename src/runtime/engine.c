@@ -317,7 +317,8 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
         }
         e->fm = e->shard;
     }
-    if (rk && rk->group) e->mem_share = rk->world;
+    /* ranks in this process share its memory: the host's (cpu), or each device's (cuda, rank % devices) */
+    if (rk && rk->group) e->mem_share = strcmp(o.device, "cuda") ? rk->world : k3c_rank_device_share(rk);
     e->max_blocks_per_request = mbr;
     e->aux_rows = -1;
     /* From here every failure goes through k3c_engine_free, which releases what was set up and nothing twice

@@ -8,7 +8,8 @@
  * carrying that log and the step (each request's slot, tokens, position, verify width, logits mode and the
  * blocks its table gained). Every rank applies the log and runs the same stock forward over its own shard,
  * backend and caches (the forward's TP collectives sum in rank order), so every rank ends with the same
- * logits. One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
+ * logits; or, for a step rank 0 routed to the specialized executor (the header says so, with the shape),
+ * every rank's executor over the TP group's mailbox (docs/PARALLEL.md, "The engine at TP on CUDA"). One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
  *
  * An idle rank 0 (a server waiting for requests) keeps its followers' waits inside the group's timeout with an
  * empty message every quarter of it (a keep-alive thread; every message goes out under one mutex).

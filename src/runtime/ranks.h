@@ -65,6 +65,8 @@ int k3c_ranks_device_groups(k3c_rank *ranks, int world);
 /* The device this rank's backend takes (ranks in one process: rank % visible devices; one process per
  * rank: 0, CUDA_VISIBLE_DEVICES chooses). */
 int k3c_rank_device(const k3c_rank *r);
+/* The ranks of this process on this rank's device (its memory is split among them); 1 over NCCL. */
+int k3c_rank_device_share(const k3c_rank *r);
 /* Once the rank's CUDA backend exists: in one process, tp_comm becomes the staged communicator on its
  * stream. Nothing to do over NCCL. */
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be);

@@ -35,6 +35,16 @@ int k3c_rank_device(const k3c_rank *r) {
     return r->group && visible > 0 ? r->rank % visible : 0;
 }
 
+int k3c_rank_device_share(const k3c_rank *r) {
+    int visible = 0;
+#ifdef K3C_HAVE_CUDA
+    if (r->group && cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+#endif
+    if (!r->group) return 1;
+    if (visible <= 0 || visible >= r->world) return visible <= 0 ? r->world : 1;
+    return r->world / visible + (r->rank % visible < r->world % visible);
+}
+
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
     if (!r->group || !r->dev_group) return K3C_OK; /* one process per rank: NCCL is on the device already */
 #ifdef K3C_HAVE_CUDA
