@@ -5,7 +5,9 @@
  * routing and the messages: rank 0's plan reaches every rank (every rank runs the same steps on its executor,
  * counted), every rank captures the same shapes at the same time (a capture message, the outcome agreed), a
  * rank that cannot capture leaves the shape stock on every rank without failing the group, warmup captures on
- * every rank, and the logits stay bitwise those of the stock ranks, every rank equal to rank 0 every step. */
+ * every rank, a KDA snapshot reserve (device memory on the followers) between executor steps is followed by
+ * the ranks' barrier, and the logits stay bitwise those of the stock ranks, every rank equal to rank 0 every
+ * step. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +126,9 @@ static int xrun_do(k3c_model *m, int tp, fakes *fs, int warmup, const int32_t *p
     k3c_step_item it = {.request = id, .tokens = prompt, .n = NP, .all_logits = 1};
     if (rc == K3C_OK) rc = k3c_engine_step(e, &it, 1, r->lg);
     for (int s = 0; s < ND && rc == K3C_OK; s++) {
+        /* a follower's device allocation between executor steps: the step after it waits at a barrier */
+        if (s == 3) rc = k3c_engine_snapshots_reserve(e, 2);
+        if (rc != K3C_OK) break;
         const float *prev = r->lg + (size_t)(NP - 1 + s) * V;
         int32_t tok = k3c_greedy_token(prev, V);
         k3c_step_item d = {.request = id, .tokens = &tok, .n = 1};

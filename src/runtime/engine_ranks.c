@@ -19,13 +19,13 @@
 /* The message: a header, then the payload of the log's words and the step's.
  *   header: [0] magic | kind << 16, [1] message sequence number, [2] payload words, [3] of which log words,
  *           [4] step items (0 for a log or stop message), [5] flags (1: compare the logits, 2: the step runs
- *           on the executor), [6] step number, [7] the executor's shape (rows << 8 | q) of an executor step or
+ *           on the executor, 4: every rank meets rank 0 at a barrier before the step), [6] step number, [7] the executor's shape (rows << 8 | q) of an executor step or
  *           of a capture message
  *   log:    per op [op, words that follow, args...]
  *   step:   per item [slot, n, pos, verify, logits mode, blocks held, blocks new, new block ids..., tokens...] */
 enum { HDR_WORDS = 8, MAGIC = 0x4b33, MSG_LOG = 1, MSG_STEP = 2, MSG_STOP = 3, FLAG_CHECK = 1, ITEM_WORDS = 7 };
 /* the executor at TP (runtime/engine_ranks.h k3c_ranks_capture): every rank captures a shape together */
-enum { MSG_CAPTURE = 4, FLAG_EXEC = 2 };
+enum { MSG_CAPTURE = 4, FLAG_EXEC = 2, FLAG_SYNC = 4 };
 
 typedef struct follower {
     k3c_model *m;
@@ -47,6 +47,7 @@ struct k3c_engine_ranks {
     size_t cap, log_cap, log_words;
     long seq, steps;
     int32_t shape;         /* the next message's header word 7 (then 0 again) */
+    int allocs;            /* the log sent since the last executor step holds an op that allocates or frees */
     uint64_t *hashes;      /* [world] the step check's gather */
     int check;
     long checked;
@@ -230,6 +231,7 @@ int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32
             w[3] = b;
         }
         if (op == K3C_RANK_OP_CLOSE) x->sent[a] = 0;
+        if (op == K3C_RANK_OP_SNAP_RESERVE) x->allocs = 1;
         x->log_words += 2 + (size_t)nargs;
     }
     pthread_mutex_unlock(&x->mu);
@@ -312,7 +314,13 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_plan *exec, const k3c_fwd_req 
     }
     x->steps++;
     if (exec) x->shape = exec->rows << 8 | exec->q;
-    int rc = send_locked(x, MSG_STEP, n, k, (x->check ? FLAG_CHECK : 0) | (exec ? FLAG_EXEC : 0));
+    /* a follower freeing or allocating device memory (a KDA snapshot reserve) waits for the whole device inside
+     * the driver: on a device shared with rank 0, not while rank 0's mailbox kernels spin, so the executor's
+     * step starts after every rank has applied the log */
+    int sync = exec && x->allocs;
+    int rc = send_locked(x, MSG_STEP, n, k, (x->check ? FLAG_CHECK : 0) | (exec ? FLAG_EXEC : 0) | (sync ? FLAG_SYNC : 0));
+    if (rc == K3C_OK && sync) rc = x->rk.world_comm->barrier(x->rk.world_comm);
+    if (sync) x->allocs = 0;
     if (rc == K3C_OK)
         for (int i = 0; i < n; i++) x->sent[reqs[i].slot] = x->held[i];
     if (rc == K3C_OK) rc = fault(x);
@@ -511,6 +519,7 @@ static int follow_step(k3c_engine_ranks *x, const k3c_engine_view *v, cursor *c,
     }
     if (c->at != c->n) return malformed(x, "words after the last step item");
     if (rows > x->max_rows) return malformed(x, "more logits rows than max_rows");
+    if (flags & FLAG_SYNC) K3C_TRY(x->rk.world_comm->barrier(x->rk.world_comm));
     K3C_TRY(fault(x));
     if (flags & FLAG_EXEC) {
         int q = x->hdr[7] & 0xff;
