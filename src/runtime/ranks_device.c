@@ -46,8 +46,14 @@ int k3c_rank_device_share(const k3c_rank *r) {
 }
 
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
-    if (!r->group || !r->dev_group) return K3C_OK; /* one process per rank: NCCL is on the device already */
 #ifdef K3C_HAVE_CUDA
+    if (!r->group) { /* one process per rank: NCCL, made before the backend, onto the backend's stream */
+        if (r->tp_comm && !strcmp(r->tp_comm->name, "nccl") &&
+            k3c_comm_nccl_set_stream(r->tp_comm, k3c_backend_cuda_stream(be)) != K3C_OK)
+            return k3c_error_context("engine: rank %d of %d: the TP communicator's stream", r->rank, r->world);
+        return K3C_OK;
+    }
+    if (!r->dev_group) return K3C_OK;
     k3c_comm *c = NULL;
     if (k3c_comm_staged_create(r->dev_group, r->tp_rank, k3c_backend_cuda_device(be), k3c_backend_cuda_stream(be),
                                r->timeout_ms, &c) != K3C_OK)
@@ -58,6 +64,7 @@ int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
     return K3C_OK;
 #else
     (void)be;
+    if (!r->group || !r->dev_group) return K3C_OK;
     return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: rank %d: this build has no CUDA", r->rank);
 #endif
 }
