@@ -202,7 +202,8 @@ TEST(ranks_executor_steps_on_every_rank) {
         rc = xrun_do(m, tp, &fs, 1, prompt, V, &ex);
         CHECKF(rc == K3C_OK, "tp %d warmed up: %s", tp, k3c_error_message());
         int same = 1;
-        for (int k = 1; k < tp; k++) same = same && !memcmp(fs.f[k].captured, fs.f[0].captured, sizeof fs.f[0].captured);
+        for (int k = 1; k < tp; k++)
+            same = same && !memcmp(fs.f[k].captured, fs.f[0].captured, sizeof fs.f[0].captured);
         bitwise = !memcmp(ex.lg, stock.lg, sizeof(float) * (size_t)(NP + ND) * V);
         printf("    tp %d warmed up: %d shapes captured on every rank, %ld of %ld steps on the executor\n", tp,
                fs.f[0].captures, ex.st.executor_steps, ex.st.steps);

@@ -168,7 +168,8 @@ static int build_executor(k3c_engine *e) {
             k3c_decode_cuda_free(xc);
             return K3C_ERR;
         }
-        if (rc == K3C_OK && !all) rc = k3c_errorf("the specialized executor was not built on another rank (its log says why)");
+        if (rc == K3C_OK && !all)
+            rc = k3c_errorf("the specialized executor was not built on another rank (its log says why)");
         else if (rc != K3C_OK) k3c_errorf("%s", mine);
     }
     if (rc != K3C_OK) {

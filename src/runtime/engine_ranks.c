@@ -19,8 +19,8 @@
 /* The message: a header, then the payload of the log's words and the step's.
  *   header: [0] magic | kind << 16, [1] message sequence number, [2] payload words, [3] of which log words,
  *           [4] step items (0 for a log or stop message), [5] flags (1: compare the logits, 2: the step runs
- *           on the executor, 4: every rank meets rank 0 at a barrier before the step), [6] step number, [7] the executor's shape (rows << 8 | q) of an executor step or
- *           of a capture message
+ *           on the executor, 4: every rank meets rank 0 at a barrier before the step), [6] step number,
+ *           [7] the executor's shape (rows << 8 | q) of an executor step or of a capture message
  *   log:    per op [op, words that follow, args...]
  *   step:   per item [slot, n, pos, verify, logits mode, blocks held, blocks new, new block ids..., tokens...] */
 enum { HDR_WORDS = 8, MAGIC = 0x4b33, MSG_LOG = 1, MSG_STEP = 2, MSG_STOP = 3, FLAG_CHECK = 1, ITEM_WORDS = 7 };
@@ -318,7 +318,8 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_plan *exec, const k3c_fwd_req 
      * the driver: on a device shared with rank 0, not while rank 0's mailbox kernels spin, so the executor's
      * step starts after every rank has applied the log */
     int sync = exec && x->allocs;
-    int rc = send_locked(x, MSG_STEP, n, k, (x->check ? FLAG_CHECK : 0) | (exec ? FLAG_EXEC : 0) | (sync ? FLAG_SYNC : 0));
+    int flags = (x->check ? FLAG_CHECK : 0) | (exec ? FLAG_EXEC : 0) | (sync ? FLAG_SYNC : 0);
+    int rc = send_locked(x, MSG_STEP, n, k, flags);
     if (rc == K3C_OK && sync) rc = x->rk.world_comm->barrier(x->rk.world_comm);
     if (sync) x->allocs = 0;
     if (rc == K3C_OK)

@@ -174,7 +174,8 @@ static void check_engine_tp(const char *name, k3c_model *m) {
            two.st.steps);
     printf("METRIC engine_tp2_%-12s rel_l2 %8.1e %10.3e\n", name, 2 * noise, fmax(vs1, vsf));
     CHECKF(vs1 <= 2 * noise && vsf <= 2 * noise,
-           "%s tp 2: %.3g from world size 1's bf16 and %.3g from the f32 function, world size 1's own %.3g (x 2 allowed)",
+           "%s tp 2: %.3g from world size 1's bf16 and %.3g from the f32 function, world size 1's own %.3g "
+           "(x 2 allowed)",
            name, vs1, vsf, noise);
     CHECKF(two.st.steps > ND && two.st.executor_steps == ND - 1 && one.st.executor_steps == ND - 1,
            "%s: %ld of %ld steps on the executor at tp 2, %ld at world size 1 (want %d: every decode step after the "
@@ -268,7 +269,8 @@ TEST(gpu_engine_tp_cli_generate) {
     snprintf(cmd, sizeof cmd, "%s %s > %s 2>/dev/null", k3c, args, out1);
     CHECK(test_run_status(cmd) == 0);
     snprintf(cmd, sizeof cmd, "cmp -s %s %s", out1, out2);
-    printf("INFO engine_tp cli: bf16 --tp 2 text %s --tp 1's\n", test_run_status(cmd) == 0 ? "equal to" : "differs from");
+    int same_text = test_run_status(cmd) == 0;
+    printf("INFO engine_tp cli: bf16 --tp 2 text %s --tp 1's\n", same_text ? "equal to" : "differs from");
     /* f32 activations: the text of --tp 1 */
     snprintf(cmd, sizeof cmd, "%s %s --exact-f32 > %s 2>/dev/null", k3c, args, out1);
     CHECK(test_run_status(cmd) == 0);
