@@ -88,8 +88,8 @@ int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *templat
  * for a bad value, with the message). */
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* The parallel options of generate, logits, bench, run and serve (docs/PARALLEL.md) at argv[*i], into
- * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (CPU ranks in this
- * process, or with --world-size one process per GPU), --pp N, --dp N, --ep (the library refuses these three
+ * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (ranks as threads of this
+ * process, on cpu or cuda (main.c sets the CUDA environment they need), or with --world-size one process per GPU), --pp N, --dp N, --ep (the library refuses these three
  * for now), --rank R --world-size W --rendezvous PATH (a multi-process launch), --rank-timeout S. 1 when
  * argv[*i] is one of them (*bad = -1 for a bad value, with the message). */
 int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
