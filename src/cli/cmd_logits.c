@@ -126,7 +126,7 @@ int cmd_logits(int argc, char **argv) {
     cli_report_memory("logits", e, o.device);
     int V = k3c_engine_vocab(e);
     D = k3c_engine_hidden_size(e);
-    lg = malloc(sizeof(float) * (size_t)n * V);
+    lg = k3c_engine_logits_alloc(e, n); /* page-locked where it can be (k3c.h) */
     aux = na ? malloc(sizeof(float) * (size_t)na * n * D) : NULL;
     if (!lg || (na && !aux)) {
         cli_errorf("out of memory for %d x %d logits and %d aux streams", n, V, na);
@@ -160,7 +160,7 @@ fail:
     if (have_fo) cli_out_abort(&fo);
     if (have_fa) cli_out_abort(&fa);
 done:
-    free(lg);
+    k3c_engine_logits_free(e, lg);
     free(aux);
     free(aux_layers);
     free(aux32);

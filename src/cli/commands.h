@@ -88,8 +88,10 @@ int cli_stop_ids(const k3c_model *m, const k3c_tokenizer *t, const char *templat
  * for a bad value, with the message). */
 int cli_engine_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* The parallel options of generate, logits, bench, run and serve (docs/PARALLEL.md) at argv[*i], into
- * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (CPU ranks in this
- * process, or with --world-size one process per GPU), --dcp N, --pp N, --dp N, --ep, --rank R --world-size W --rendezvous PATH (a multi-process launch), --rank-timeout S. 1 when
+ * o->layout, o->rank, o->world_size, o->rendezvous and o->rank_timeout_ms: --tp N (ranks as threads of this
+ * process, on cpu or cuda (main.c sets the CUDA environment they need), or with --world-size one process
+ * per GPU), --dcp N, --pp N, --dp N, --ep, --rank R --world-size W --rendezvous PATH (a multi-process launch),
+ * --rank-timeout S. 1 when
  * argv[*i] is one of them (*bad = -1 for a bad value, with the message). */
 int cli_parallel_option(int argc, char **argv, int *i, k3c_engine_options *o, int *bad);
 /* After parsing: --ep resolved to tp x dp, and the launch options checked together; 0 or -1 with a message. */
@@ -99,14 +101,18 @@ int cli_parallel_finish(k3c_engine_options *o);
 int cli_follow(const char *cmd, k3c_engine *e);
 /* The parallel options' --help lines. */
 #define CLI_PARALLEL_HELP                                                                                        \
-    "--tp N: N tensor-parallel CPU ranks in this process (each its shard of the model; rank 0 leads every step,\n" \
-    "  docs/PARALLEL.md); --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a\n" \
-    "  stage); --dp N: N data-parallel ranks, each request on one (the least loaded, or where its prefix is\n"  \
-    "  cached), with --ep the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G\n"     \
-    "  attention groups as the DP ranks and EP over all G x N ranks); --dcp N (a divisor of --tp): the MLA\n" \
-    "  cache sharded by position over N TP ranks (decode context parallel: N times the tokens per cache byte);\n"   \
-    "  --rank R --world-size W --rendezvous PATH: one process per GPU over NCCL, rank 0 writing NCCL's id to\n" \
-    "  PATH; --rank-timeout S: the longest a rank waits for the others (default 60)\n"
+    "--tp N: N tensor-parallel ranks as threads of this process (each its shard of the model; rank 0 leads\n"  \
+    "  every step, docs/PARALLEL.md); on --device cuda rank r on GPU r mod the visible GPUs, the stock\n"     \
+    "  forward over host-staged sums, the specialized executor over an in-process mailbox (k3c then sets\n"  \
+    "  CUDA_DEVICE_MAX_CONNECTIONS=32 and CUDA_MODULE_LOADING=EAGER unless given: ranks may share a GPU);\n"    \
+    "  --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a stage); --dp N: N\n" \
+    "  data-parallel ranks, each request on one (the least loaded, or where its prefix is cached), with --ep\n" \
+    "  the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G attention groups as the\n" \
+    "  DP ranks and EP over all G x N ranks; pp and dp on CPU ranks only); --dcp N (a divisor of --tp): the\n" \
+    "  MLA cache sharded by position over N TP ranks (decode context parallel: N times the tokens per byte);\n" \
+    "  --rank R --world-size W --rendezvous PATH: one process per GPU, the stock forward over NCCL (rank 0\n"  \
+    "  writing NCCL's id to PATH), the executor over a CUDA IPC mailbox when the TP group is on one host;\n"   \
+    "  --rank-timeout S: the longest a rank waits for the others (default 60)\n"
 
 /* The sampling options of generate and run (--temperature T in [0, FLT_MAX], --top-k K >= 0, --top-p P in
  * (0, 1], --seed S) at argv[*i], parsed into *s: 1 when argv[*i] is one of them (*bad as above). */

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -55,6 +56,28 @@ static void hold_closed_std_fds(void) {
         }
 }
 
+/* An option's value in argv (--name V or --name=V), or NULL. */
+static const char *arg_value(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        if (strncmp(argv[i], name, n) != 0) continue;
+        if (argv[i][n] == '=') return argv[i] + n + 1;
+        if (argv[i][n] == '\0' && i + 1 < argc) return argv[i + 1];
+    }
+    return NULL;
+}
+
+/* TP ranks as threads of this process on device cuda (--tp N --device cuda, no --world-size) may share a
+ * GPU, and the specialized executor's mailbox kernels then spin beside each other: each rank's stream needs
+ * its own hardware queue and no kernel may load lazily behind a spinning one (comm/mailbox_cuda.h). Both are
+ * read when CUDA starts, so they are set here, before any CUDA call; a value the environment gives is kept. */
+static void ranks_on_one_device_env(int argc, char **argv) {
+    const char *tp = arg_value(argc, argv, "--tp"), *dev = arg_value(argc, argv, "--device");
+    if (!tp || atoi(tp) < 2 || !dev || strcmp(dev, "cuda") != 0 || arg_value(argc, argv, "--world-size")) return;
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+}
+
 /* What a command printed went out, or the run fails: a full disk (/dev/full), a closed or read-only stdout
  * would otherwise exit 0 with the output lost. */
 static int check_stdout(const char *cmd, int rc) {
@@ -70,6 +93,7 @@ static int check_stdout(const char *cmd, int rc) {
 
 int main(int argc, char **argv) {
     hold_closed_std_fds();
+    ranks_on_one_device_env(argc, argv);
     if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
         /* the library linked, and the header this binary was compiled against */
         printf("k3c %s (%s)\n", k3c_version(), k3c_has_cuda() ? "cpu, cuda" : "cpu");

@@ -132,5 +132,9 @@ int k3c_comm_nccl_check(void);
 /* The ranks of parent that pass the same color form a new communicator, ordered by key (0 .. n - 1 within a
  * color: the new rank); every rank of parent calls it (ncclCommSplit). Same stream as parent. */
 int k3c_comm_nccl_split(k3c_comm *parent, int color, int key, k3c_comm **out);
+/* The stream c's later collectives are queued on (a cudaStream_t of its device), every rank calling it (it
+ * drains c first: a barrier): the engine's ranks move the TP group onto the backend's stream once the backend
+ * exists, so the stock forward's ops and its collectives are ordered on one stream. */
+int k3c_comm_nccl_set_stream(k3c_comm *c, void *stream);
 
 #endif

@@ -429,9 +429,21 @@ int k3c_comm_nccl_split(k3c_comm *parent, int color, int key, k3c_comm **out) {
     return parent->split(parent, color, key, out);
 }
 
+int k3c_comm_nccl_set_stream(k3c_comm *c, void *stream) {
+    if (!c || strcmp(c->name, "nccl") != 0) return k3c_errorf("nccl set_stream: not an nccl communicator");
+    K3C_TRY(c->barrier(c)); /* nothing of the old stream's left in flight */
+    ((nccl_ctx *)c->ctx)->stream = (cudaStream_t)stream;
+    return K3C_OK;
+}
+
 #else /* no CUDA, or a toolkit without nccl.h */
 
 int k3c_comm_nccl_check(void) {
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl: this build has no NCCL (no CUDA toolkit with nccl.h)");
+}
+
+int k3c_comm_nccl_set_stream(k3c_comm *c, void *stream) {
+    (void)c, (void)stream;
     return k3c_errorf_kind(K3C_ERROR_DEVICE, "nccl: this build has no NCCL (no CUDA toolkit with nccl.h)");
 }
 

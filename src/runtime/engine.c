@@ -106,34 +106,72 @@ static int check_aux(const k3c_model *m, const k3c_engine_options *o) {
 }
 
 static void fill_env(k3c_engine *e, k3c_decode_env *env) {
-    *env = (k3c_decode_env){.m = e->m, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
+    *env = (k3c_decode_env){.m = e->fm, .be = e->be, .kv = &e->kv, .ks = &e->ks, .max_requests = e->o.max_requests,
                             .max_rows = e->o.max_rows, .max_context = e->o.max_context,
                             .block_size = e->o.block_size, .q_max = e->o.q_max,
                             .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
                             .num_aux = e->o.num_aux};
 }
 
+/* A TP rank's executor communicator: the TP group's mailbox, with slots for the executor's largest
+ * collective (decode/executor_cuda.c check_tp_comm: PREPARED_MAX rows of the hidden size, the routed latent
+ * or this rank's vocabulary part). Every rank of the group gets the same answer (runtime/ranks.h); without
+ * one the executor is built unprepared and every step plans stock (K3C_STOCK_TP_UNPREPARED), said once. */
+static int executor_mailbox(k3c_engine *e, struct k3c_comm **out) {
+    const k3c_config *c = &e->fm->config;
+    size_t w = (size_t)c->hidden_size, rin = (size_t)k3c_config_expert_in(c), v = (size_t)c->vocab_size;
+    if (rin > w) w = rin;
+    if (v > w) w = v;
+    char why[512] = "";
+    K3C_TRY(k3c_ranks_mailbox(e->xr, e->be, (size_t)K3C_PREPARED_MAX * w, out, why, sizeof why));
+    if (!*out && k3c_ranks_rank(e->xr) == 0)
+        k3c_log(K3C_LOG_INFO, "tp %d: no mailbox for the specialized executor, every step runs the stock forward: %s",
+                k3c_ranks_place(e->xr)->layout.tp, why);
+    return K3C_OK;
+}
+
 /* The specialized decode executor where the options ask for it (k3c_specialized): cuda only, and not under
  * the exact f32 diagnostic (the executor replays the bf16 path's launches). AUTO builds it where it can and
- * runs stock, with a warning, where the build fails; ON fails then. Shapes are captured later (step_plan). */
+ * runs stock, with a warning, where the build fails; ON fails then. Shapes are captured later (step_plan).
+ * A rank of a TP group builds it over the group's mailbox (executor_mailbox), on its shard; every rank
+ * decides alike (the same options, the same mailbox answer), so the plan's predicates are the same on every
+ * rank, and rank 0's routing, sent with each step, is every rank's. */
 static int build_executor(k3c_engine *e) {
     int mode = e->o.specialized;
     if (mode == K3C_SPECIALIZED_OFF) return K3C_OK;
-    if (e->xr) { /* its mailboxes are not written yet: every step of a rank group runs stock */
-        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
-        return k3c_errorf("the specialized executor runs at world size 1 only (this engine is one of %d ranks)",
-                          k3c_ranks_world(e->xr));
-    }
     if (strcmp(e->o.device, "cuda") != 0 || e->o.exact_f32) {
         if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
         return k3c_errorf("the specialized executor needs device cuda without exact_f32 (device %s%s)", e->o.device,
                           e->o.exact_f32 ? ", exact_f32" : "");
     }
+    const k3c_rank *rk = e->xr ? k3c_ranks_place(e->xr) : NULL;
+    if (rk && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
+        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
+        return k3c_errorf("the specialized executor runs under tp only (pp %d, dp %d)", rk->layout.pp, rk->layout.dp);
+    }
     k3c_decode_env env;
     fill_env(e, &env);
+    if (rk && rk->layout.tp > 1) {
+        K3C_TRY(executor_mailbox(e, &env.tp));
+        if (!env.tp && mode == K3C_SPECIALIZED_ON)
+            return k3c_errorf("the specialized executor at tp %d needs the TP group's mailbox (see the log)",
+                              rk->layout.tp);
+    }
     k3c_decode_cuda *xc = NULL;
-    int rc = k3c_decode_cuda_build(&env, 0, 1, &xc);
+    int rc = rk ? k3c_decode_cuda_build(&env, rk->tp_rank, rk->layout.tp, &xc) : k3c_decode_cuda_build(&env, 0, 1, &xc);
     if (rc == K3C_OK) rc = k3c_decode_cuda_prepare_kv(xc, 0);
+    if (rk && rk->layout.tp > 1) { /* every rank has one, or none has: rank 0's routing is every rank's */
+        char mine[1024];
+        snprintf(mine, sizeof mine, "%s", rc == K3C_OK ? "" : k3c_error_message());
+        int all = 0;
+        if (k3c_ranks_agree(e->xr, e->be, rc == K3C_OK, &all) != K3C_OK) {
+            k3c_decode_cuda_free(xc);
+            return K3C_ERR;
+        }
+        if (rc == K3C_OK && !all)
+            rc = k3c_errorf("the specialized executor was not built on another rank (its log says why)");
+        else if (rc != K3C_OK) k3c_errorf("%s", mine);
+    }
     if (rc != K3C_OK) {
         k3c_decode_cuda_free(xc);
         if (mode == K3C_SPECIALIZED_ON) return K3C_ERR;
@@ -292,7 +330,8 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
         }
         e->fm = e->shard;
     }
-    if (rk && rk->group) e->mem_share = rk->world;
+    /* ranks in this process share its memory: the host's (cpu), or each device's (cuda, rank % devices) */
+    if (rk && rk->group) e->mem_share = strcmp(o.device, "cuda") ? rk->world : k3c_rank_device_share(rk);
     e->max_blocks_per_request = mbr;
     e->aux_rows = -1;
     /* From here every failure goes through k3c_engine_free, which releases what was set up and nothing twice
@@ -315,7 +354,11 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
             k3c_engine_free(e);
             return k3c_errorf_kind(K3C_ERROR_DEVICE, "engine: device 'cuda': this build has no CUDA backend");
         }
-        e->be = cuda_create(0);
+        e->be = cuda_create(xr ? k3c_ranks_device(xr) : 0);
+        if (e->be && xr && k3c_ranks_attach_backend(xr, e->be) != K3C_OK) {
+            k3c_engine_free(e);
+            return K3C_ERR;
+        }
         if (e->be && o.exact_f32) cuda_set_exact(e->be, 1);
     } else {
         k3c_engine_free(e);
@@ -362,6 +405,8 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
         k3c_engine_free(e);
         return k3c_error_context("engine: specialized decode executor");
     }
+    const k3c_decode_executor *tx = xr ? k3c_ranks_test_executor_make(e) : NULL;
+    if (tx) k3c_engine_set_executor(e, tx);
     *out = e;
     return K3C_OK;
 }
@@ -701,7 +746,8 @@ static k3c_plan step_plan(k3c_engine *e, int n) {
         if (*seen == 0) {
             *seen = 1;
         } else if (*seen == 1) {
-            if (e->x->capture(e->x->ctx, p.rows, p.q) == K3C_OK) {
+            /* a rank group captures together (k3c_ranks_capture), before any rank's step of the shape */
+            if ((e->xr ? k3c_ranks_capture(e->xr, p.rows, p.q) : e->x->capture(e->x->ctx, p.rows, p.q)) == K3C_OK) {
                 p = k3c_plan_step(t, &sh);
             } else {
                 *seen = 2;
@@ -711,6 +757,10 @@ static k3c_plan step_plan(k3c_engine *e, int n) {
             }
         }
     }
+    /* a rank group's capture that failed on some rank: rank 0 may hold the graph, its peers not */
+    if (with_x && e->xr && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY) && p.rows >= 1 &&
+        p.rows <= K3C_PREPARED_MAX && p.q >= 1 && p.q <= K3C_PREPARED_Q_MAX && e->seen[p.rows][p.q] == 2)
+        p = (k3c_plan){.route = K3C_ROUTE_STOCK, .reason = K3C_STOCK_NOT_CAPTURED, .rows = p.rows, .q = p.q};
     return p;
 }
 
@@ -739,7 +789,12 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
      * are not all verifies (or q = 1 with a verify) is not the executor's shape either */
     int exec = e->x && e->spec_on && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY);
     for (int i = 0; i < n && exec; i++) exec = (items[i].verify != 0) == (p.q > 1);
-    if (exec) {
+    if (exec && e->xr) { /* every rank's executor: rank 0 sends the step with its plan (logits on every rank, so
+                          * the ranks' check can compare them; greedy ids taken from them here) */
+        K3C_TRY(k3c_ranks_step(e->xr, &p, fr, e->nb, n, logits, e->aux));
+        e->last_exec = 1;
+        e->st.executor_steps++;
+    } else if (exec) {
         K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids ? NULL : logits, ids, e->aux));
         e->last_exec = 1;
         e->st.executor_steps++;
@@ -748,7 +803,7 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
             if (wrote_ids) *wrote_ids = 1;
         }
     } else if (e->xr) { /* every rank runs it: rank 0 sends it, then runs its own part */
-        K3C_TRY(k3c_ranks_step(e->xr, fr, e->nb, n, logits, e->aux));
+        K3C_TRY(k3c_ranks_step(e->xr, NULL, fr, e->nb, n, logits, e->aux));
     } else {
         K3C_TRY(k3c_forward_step(e->fwd, &e->kv, &e->ks, fr, n, logits, e->aux));
     }
@@ -803,12 +858,17 @@ int k3c_engine_set_specialized(k3c_engine *e, int on) {
 int k3c_engine_warmup(k3c_engine *e) {
     if (!e) return k3c_errorf("engine warmup: NULL engine");
     if (!e->x || !e->x->capture) return K3C_OK;
+    if (e->x->plan_table.world_size > 1 && !e->x->plan_table.tp_prepared) return K3C_OK; /* every step stock */
     int shapes[K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX][2];
     int n = k3c_prepared_shapes(e->o.q_max, e->o.max_requests, shapes,
                                 K3C_PREPARED_NUM_BATCHES * K3C_PREPARED_Q_MAX);
+    if (e->xr) K3C_TRY(leads(e, "engine warmup"));
     for (int i = 0; i < n; i++)
-        if (e->x->capture(e->x->ctx, shapes[i][0], shapes[i][1]) != K3C_OK)
+        if ((e->xr ? k3c_ranks_capture(e->xr, shapes[i][0], shapes[i][1])
+                   : e->x->capture(e->x->ctx, shapes[i][0], shapes[i][1])) != K3C_OK) {
+            if (e->xr) e->seen[shapes[i][0]][shapes[i][1]] = 2; /* stock on every rank from here */
             return k3c_error_context("engine warmup: shape (%d rows, q %d)", shapes[i][0], shapes[i][1]);
+        }
     return K3C_OK;
 }
 
@@ -883,6 +943,22 @@ long k3c_engine_dp_placed(const k3c_engine *e, int dp) { return e && e->xr ? k3c
 int k3c_engine_failed(const k3c_engine *e) { return e && e->xr && k3c_ranks_failed(e->xr) != NULL; }
 
 k3c_engine_ranks *k3c_engine_xr(const k3c_engine *e) { return e->xr; }
+
+int k3c_engine_exec_capture(k3c_engine *e, int rows, int q) {
+    if (!e->x || !e->x->capture)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "engine: rank %d has no specialized executor to capture (%d rows, "
+                               "q %d) on", k3c_engine_rank(e), rows, q);
+    return e->x->capture(e->x->ctx, rows, q);
+}
+
+int k3c_engine_exec_step(k3c_engine *e, const k3c_plan *p, const k3c_fwd_req *reqs, int n, float *logits,
+                         float *aux) {
+    if (!e->x || !e->spec_on)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "engine: rank %d: an executor step (%d rows, q %d), but the rank "
+                               "has no specialized executor on", k3c_engine_rank(e), p->rows, p->q);
+    if (k3c_ranks_rank(e->xr) != 0) e->st.executor_steps++; /* rank 0 counts its own in k3c_engine_run_step */
+    return e->x->step(e->x->ctx, p, reqs, n, logits, NULL, aux);
+}
 
 void k3c_engine_check_ranks(k3c_engine *e, int on) {
     if (e->xr) k3c_ranks_set_check(e->xr, on);

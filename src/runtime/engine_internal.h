@@ -89,6 +89,11 @@ int k3c_engine_request_dp(const k3c_engine *e, int id);
 int k3c_engine_request_open_dp(k3c_engine *e, const int32_t *blocks, int n, int dp, int *id);
 /* Diagnostic (tests): the requests placed on DP rank dp so far (0 without DP). */
 long k3c_engine_dp_placed(const k3c_engine *e, int dp);
+/* A rank's specialized executor as rank 0's messages drive it: capture one shape; run one step with rank 0's
+ * plan (logits on the host; the stock forward's contract, decode/executor.h). */
+int k3c_engine_exec_capture(k3c_engine *e, int rows, int q);
+int k3c_engine_exec_step(k3c_engine *e, const k3c_plan *p, const k3c_fwd_req *reqs, int n, float *logits,
+                         float *aux);
 /* Diagnostic (tests): every following step, the ranks compare a hash of their logits (and aux streams), and a
  * difference fails it naming the rank; checked: the steps compared. No-ops at world size 1. */
 void k3c_engine_check_ranks(k3c_engine *e, int on);

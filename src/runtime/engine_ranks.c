@@ -14,13 +14,18 @@
 #include "runtime/engine_internal.h"
 #include "runtime/ranks.h"
 #include "util/error.h"
+#include "util/log.h"
 
 /* The message: a header, then the payload of the log's words and the step's.
  *   header: [0] magic | kind << 16, [1] message sequence number, [2] payload words, [3] of which log words,
- *           [4] step items (0 for a log or stop message), [5] flags (1: compare the logits), [6] step number
+ *           [4] step items (0 for a log or stop message), [5] flags (1: compare the logits, 2: the step runs
+ *           on the executor, 4: every rank meets rank 0 at a barrier before the step), [6] step number,
+ *           [7] the executor's shape (rows << 8 | q) of an executor step or of a capture message
  *   log:    per op [op, words that follow, args...]
  *   step:   per item [slot, n, pos, verify, logits mode, blocks held, blocks new, new block ids..., tokens...] */
 enum { HDR_WORDS = 8, MAGIC = 0x4b33, MSG_LOG = 1, MSG_STEP = 2, MSG_STOP = 3, FLAG_CHECK = 1, ITEM_WORDS = 7 };
+/* the executor at TP (runtime/engine_ranks.h k3c_ranks_capture): every rank captures a shape together */
+enum { MSG_CAPTURE = 4, FLAG_EXEC = 2, FLAG_SYNC = 4 };
 
 typedef struct follower {
     k3c_model *m;
@@ -41,6 +46,8 @@ struct k3c_engine_ranks {
     int32_t *msg;          /* [cap] payload */
     size_t cap, log_cap, log_words;
     long seq, steps;
+    int32_t shape;         /* the next message's header word 7 (then 0 again) */
+    int allocs;            /* the log sent since the last executor step holds an op that allocates or frees */
     uint64_t *hashes;      /* [world] the step check's gather */
     int check;
     long checked;
@@ -76,6 +83,16 @@ struct k3c_engine_ranks {
 const k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x) { return &x->rk; }
 int k3c_ranks_rank(const k3c_engine_ranks *x) { return x->rk.rank; }
 int k3c_ranks_world(const k3c_engine_ranks *x) { return x->rk.world; }
+int k3c_ranks_device(const k3c_engine_ranks *x) { return k3c_rank_device(&x->rk); }
+int k3c_ranks_attach_backend(k3c_engine_ranks *x, k3c_backend *be) { return k3c_rank_attach_device(&x->rk, be); }
+int k3c_ranks_agree(k3c_engine_ranks *x, k3c_backend *be, int mine, int *all) {
+    return k3c_rank_agree(&x->rk, be, mine, all);
+}
+int k3c_ranks_mailbox(k3c_engine_ranks *x, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap) {
+    int rc = k3c_rank_mailbox(&x->rk, be, cap, out, why, why_cap);
+    x->rk.mailbox = *out; /* the rank's, freed with its communicators */
+    return rc;
+}
 const char *k3c_ranks_failed(const k3c_engine_ranks *x) {
     /* rank 0's keep-alive thread may fail the group: read under its mutex (why is not written again after) */
     k3c_engine_ranks *w = (k3c_engine_ranks *)x;
@@ -131,7 +148,9 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
     } else {
         x->tables = malloc(sizeof(int32_t) * (size_t)x->max_requests * x->mbr);
         x->ntab = calloc((size_t)x->max_requests, sizeof *x->ntab);
-        x->logits = malloc(sizeof(float) * (size_t)x->max_rows * x->vocab);
+        /* page-locked where the backend has it: a pageable download on a device shared with the peers' spinning
+         * mailbox kernels would wait inside the driver (docs/PARALLEL.md) */
+        x->logits = k3c_engine_logits_alloc(e, x->max_rows);
         x->fr = calloc((size_t)x->max_requests, sizeof *x->fr);
         if (!x->tables || !x->ntab || !x->logits || !x->fr)
             return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: rank %d: out of host memory for %d logits rows", x->rk.rank,
@@ -153,7 +172,7 @@ static void ranks_release(k3c_engine_ranks *x) {
     free(x->held);
     free(x->tables);
     free(x->ntab);
-    free(x->logits);
+    if (x->logits) k3c_engine_logits_free(x->e, x->logits);
     free(x->fr);
     free(x->slot_dp);
     free(x->dp_load);
@@ -207,7 +226,8 @@ static int send_locked(k3c_engine_ranks *x, int kind, int items, size_t step_wor
     x->hdr[4] = items;
     x->hdr[5] = flags;
     x->hdr[6] = (int32_t)x->steps;
-    x->hdr[7] = 0;
+    x->hdr[7] = x->shape;
+    x->shape = 0;
     int rc = k3c_rank_broadcast(&x->rk, x->hdr, sizeof x->hdr);
     if (rc == K3C_OK && words) rc = k3c_rank_broadcast(&x->rk, x->msg, words * sizeof(int32_t));
     x->log_words = 0;
@@ -245,6 +265,7 @@ int k3c_ranks_log(k3c_engine_ranks *x, k3c_rank_op op, int a, int b, const int32
             x->dp_load[b]++;
             x->dp_placed[b]++;
         }
+        if (op == K3C_RANK_OP_SNAP_RESERVE) x->allocs = 1;
         x->log_words += 2 + (size_t)nargs;
     }
     pthread_mutex_unlock(&x->mu);
@@ -364,8 +385,8 @@ static int run_step(k3c_engine_ranks *x, const k3c_engine_view *v, const k3c_fwd
     return K3C_OK;
 }
 
-int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,
-                   float *aux) {
+int k3c_ranks_step(k3c_engine_ranks *x, const k3c_plan *exec, const k3c_fwd_req *reqs, const int *nblocks, int n,
+                   float *logits, float *aux) {
     pthread_mutex_lock(&x->mu);
     if (x->failed) {
         pthread_mutex_unlock(&x->mu);
@@ -397,13 +418,60 @@ int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblo
         k += (size_t)q->n;
     }
     x->steps++;
-    int rc = send_locked(x, MSG_STEP, n, k, x->check ? FLAG_CHECK : 0);
+    if (exec) x->shape = exec->rows << 8 | exec->q;
+    /* a follower freeing or allocating device memory (a KDA snapshot reserve) waits for the whole device inside
+     * the driver: on a device shared with rank 0, not while rank 0's mailbox kernels spin, so the executor's
+     * step starts after every rank has applied the log */
+    int sync = exec && x->allocs;
+    int flags = (x->check ? FLAG_CHECK : 0) | (exec ? FLAG_EXEC : 0) | (sync ? FLAG_SYNC : 0);
+    int rc = send_locked(x, MSG_STEP, n, k, flags);
+    if (rc == K3C_OK && sync) rc = x->rk.world_comm->barrier(x->rk.world_comm);
+    if (sync) x->allocs = 0;
     if (rc == K3C_OK)
         for (int i = 0; i < n; i++) x->sent[reqs[i].slot] = x->held[i];
     k3c_engine_view v;
     k3c_engine_view_get(x->e, &v);
-    if (rc == K3C_OK) rc = run_step(x, &v, reqs, n, logits, aux, x->check);
+    if (rc == K3C_OK && exec) { /* the executor runs TP-only layouts (pp 1, dp 1: build_executor) */
+        rc = k3c_engine_exec_step(x->e, exec, reqs, n, logits, aux);
+        if (rc == K3C_OK && x->check) rc = check_step(x, reqs, n, logits, aux);
+    } else if (rc == K3C_OK) {
+        rc = run_step(x, &v, reqs, n, logits, aux, x->check);
+    }
     if (rc != K3C_OK) rc = group_failed(x, k3c_error_message());
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+/* Every rank's outcome of a capture (1 captured), gathered: 1 when all captured. */
+static int capture_agreed(k3c_engine_ranks *x, int mine, int *all_ok) {
+    int32_t me = mine, *all = malloc(sizeof(int32_t) * (size_t)x->rk.world);
+    if (!all) return k3c_errorf_kind(K3C_ERROR_OOM, "ranks: out of memory");
+    int rc = k3c_rank_all_gather(&x->rk, &me, all, sizeof me);
+    *all_ok = 1;
+    for (int q = 0; q < x->rk.world && rc == K3C_OK; q++)
+        if (!all[q]) *all_ok = 0;
+    free(all);
+    return rc;
+}
+
+int k3c_ranks_capture(k3c_engine_ranks *x, int rows, int q) {
+    pthread_mutex_lock(&x->mu);
+    if (x->failed) {
+        pthread_mutex_unlock(&x->mu);
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "%s", x->why);
+    }
+    x->shape = rows << 8 | q;
+    int rc = send_locked(x, MSG_CAPTURE, 0, 0, 0), all_ok = 0;
+    char mine[512] = "";
+    if (rc == K3C_OK) {
+        int ok = k3c_engine_exec_capture(x->e, rows, q) == K3C_OK;
+        if (!ok) snprintf(mine, sizeof mine, "%s", k3c_error_message());
+        rc = capture_agreed(x, ok, &all_ok);
+    }
+    if (rc != K3C_OK) rc = group_failed(x, k3c_error_message());
+    else if (!all_ok)
+        rc = k3c_errorf("capturing the step shape (%d rows, q %d) failed on %s", rows, q,
+                        *mine ? mine : "another rank (its log says why)");
     pthread_mutex_unlock(&x->mu);
     return rc;
 }
@@ -562,6 +630,16 @@ static int follow_step(k3c_engine_ranks *x, const k3c_engine_view *v, cursor *c,
     }
     if (c->at != c->n) return malformed(x, "words after the last step item");
     if (rows > x->max_rows) return malformed(x, "more logits rows than max_rows");
+    if (flags & FLAG_SYNC) K3C_TRY(x->rk.world_comm->barrier(x->rk.world_comm));
+    if (flags & FLAG_EXEC) {
+        K3C_TRY(fault(x));
+        int q = x->hdr[7] & 0xff;
+        k3c_plan p = {.route = q > 1 ? K3C_ROUTE_VERIFY : K3C_ROUTE_DECODE, .rows = x->hdr[7] >> 8, .q = q};
+        if (p.rows != rows) return malformed(x, "an executor step's shape");
+        K3C_TRY(k3c_engine_exec_step(x->e, &p, x->fr, items, x->logits, v->aux));
+        if (flags & FLAG_CHECK) K3C_TRY(check_step(x, x->fr, items, x->logits, v->aux));
+        return K3C_OK;
+    }
     return run_step(x, v, x->fr, items, x->logits, v->aux, flags & FLAG_CHECK);
 }
 
@@ -574,7 +652,7 @@ int k3c_ranks_follow(k3c_engine_ranks *x) {
         int kind = x->hdr[0] >> 16;
         if (rc == K3C_OK && ((x->hdr[0] & 0xffff) != MAGIC || x->hdr[1] != (int32_t)(x->seq + 1) || x->hdr[2] < 0 ||
                              (size_t)x->hdr[2] > x->cap || x->hdr[3] < 0 || x->hdr[3] > x->hdr[2] ||
-                             kind < MSG_LOG || kind > MSG_STOP))
+                             kind < MSG_LOG || kind > MSG_CAPTURE))
             rc = malformed(x, "its header (a different k3c build, or a lost message)");
         if (rc == K3C_OK) x->seq++;
         if (rc == K3C_OK && x->hdr[2] > 0) rc = k3c_rank_broadcast(&x->rk, x->msg, sizeof(int32_t) * (size_t)x->hdr[2]);
@@ -583,6 +661,15 @@ int k3c_ranks_follow(k3c_engine_ranks *x) {
             rc = apply_log(x, &v, &log);
         }
         if (rc == K3C_OK && kind == MSG_STOP) return K3C_OK;
+        if (rc == K3C_OK && kind == MSG_CAPTURE) { /* a failure here is the shape's, not the group's */
+            int ok = k3c_engine_exec_capture(x->e, x->hdr[7] >> 8, x->hdr[7] & 0xff) == K3C_OK, all_ok;
+            if (!ok) {
+                k3c_log(K3C_LOG_WARN, "rank %d: capturing the step shape (%d rows, q %d) failed: %s", x->rk.rank,
+                        x->hdr[7] >> 8, x->hdr[7] & 0xff, k3c_error_message());
+                k3c_error_clear();
+            }
+            rc = capture_agreed(x, ok, &all_ok);
+        }
         if (rc == K3C_OK && kind == MSG_STEP) {
             x->steps++;
             cursor step = {x->msg + x->hdr[3], (size_t)(x->hdr[2] - x->hdr[3]), 0, 0};
@@ -590,6 +677,25 @@ int k3c_ranks_follow(k3c_engine_ranks *x) {
         }
         if (rc != K3C_OK) return group_failed(x, k3c_error_message());
     }
+}
+
+static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
+static k3c_ranks_exec_hook exec_hook;
+static void *exec_hook_user;
+
+void k3c_ranks_test_executor(k3c_ranks_exec_hook make, void *user) {
+    pthread_mutex_lock(&hook_mu);
+    exec_hook = make;
+    exec_hook_user = user;
+    pthread_mutex_unlock(&hook_mu);
+}
+
+const k3c_decode_executor *k3c_ranks_test_executor_make(k3c_engine *e) {
+    pthread_mutex_lock(&hook_mu);
+    k3c_ranks_exec_hook make = exec_hook;
+    void *user = exec_hook_user;
+    pthread_mutex_unlock(&hook_mu);
+    return make ? make(e, user) : NULL;
 }
 
 /* ---- creation ---- */
@@ -665,10 +771,14 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
         K3C_TRY(k3c_ranks_nccl(l, o->rank, o->rendezvous, timeout, &rk));
         K3C_TRY(rank_start(m, o, num_blocks_given, &rk, &e));
     } else {
-        if (strcmp(o->device, "cpu") != 0)
-            return k3c_errorf("engine: tp %d x pp %d x dp %d on device %s: ranks in one process are CPU ranks (device "
-                              "cpu); on cuda one process per GPU (world_size, rank and rendezvous: --world-size, "
-                              "--rank, --rendezvous)", l->tp, l->pp, l->dp, o->device);
+        int cuda = !strcmp(o->device, "cuda");
+        if (!cuda && strcmp(o->device, "cpu") != 0)
+            return k3c_errorf("engine: tp %d on device %s: ranks in one process run on device cpu or cuda", l->tp,
+                              o->device);
+        if (cuda && (l->pp > 1 || l->dp > 1))
+            return k3c_errorf("engine: tp %d x pp %d x dp %d on device cuda: pipeline and data parallelism run on CPU "
+                              "ranks only (device cpu); on cuda, ranks in one process are tensor-parallel", l->tp,
+                              l->pp, l->dp);
         k3c_rank *ranks = calloc((size_t)world, sizeof *ranks);
         follower *fol = calloc((size_t)world, sizeof *fol);
         if (!ranks || !fol) {
@@ -676,6 +786,12 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
             return k3c_errorf_kind(K3C_ERROR_OOM, "engine: out of memory for %d ranks", world);
         }
         if (k3c_ranks_threads(l, timeout, ranks) != K3C_OK) {
+            free(ranks), free(fol);
+            return K3C_ERR;
+        }
+        /* on cuda the TP groups' device collectives join these once each rank's backend exists */
+        if (cuda && k3c_ranks_device_groups(ranks, world) != K3C_OK) {
+            for (int r = 0; r < world; r++) k3c_rank_release(&ranks[r]);
             free(ranks), free(fol);
             return K3C_ERR;
         }

@@ -8,7 +8,8 @@
  * carrying that log and the step (each request's slot, tokens, position, verify width, logits mode and the
  * blocks its table gained). Every rank applies the log and runs the same stock forward over its own shard,
  * backend and caches (the forward's TP collectives sum in rank order), so every rank ends with the same
- * logits. One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
+ * logits; or, for a step rank 0 routed to the specialized executor (the header says so, with the shape),
+ * every rank's executor over the TP group's mailbox (docs/PARALLEL.md, "The engine at TP on CUDA"). One message a step: a header of 8 words (the payload's size) and the payload, two broadcasts.
  *
  * Pipeline stages (pp > 1): every stage runs every step over its layers (the forward hands the rows from
  * stage to stage); the last stage's logits rows are broadcast over each pipeline group, so every rank holds
@@ -28,8 +29,11 @@
 #ifndef K3C_RUNTIME_ENGINE_RANKS_H
 #define K3C_RUNTIME_ENGINE_RANKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
+#include "decode/plan.h"
 #include "k3c.h"
 #include "stock/forward.h"
 
@@ -37,7 +41,8 @@ typedef struct k3c_engine_ranks k3c_engine_ranks;
 struct k3c_rank;
 
 /* k3c_engine_create for a layout of world > 1 ranks (o normalized, layout checked by k3c_ranks_layout): in
- * this process (world_size 0: every rank a thread, device cpu) or as rank o->rank of a multi-process world. */
+ * this process (world_size 0: every rank a thread; device cpu, or cuda with rank r on device r % visible
+ * devices) or as rank o->rank of a multi-process world (device cuda, NCCL). */
 int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c_layout *l, int world,
                             int num_blocks_given, k3c_engine **out);
 
@@ -45,6 +50,13 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
 const struct k3c_rank *k3c_ranks_place(const k3c_engine_ranks *x);
 int k3c_ranks_rank(const k3c_engine_ranks *x);
 int k3c_ranks_world(const k3c_engine_ranks *x);
+/* Device cuda (runtime/ranks.h, ranks_device.c), at the engine's build: the rank's device, its TP
+ * communicator moved onto its backend's stream, and the executor's TP mailbox (*out NULL with why: none). */
+int k3c_ranks_device(const k3c_engine_ranks *x);
+int k3c_ranks_attach_backend(k3c_engine_ranks *x, k3c_backend *be);
+int k3c_ranks_mailbox(k3c_engine_ranks *x, k3c_backend *be, size_t cap, struct k3c_comm **out, char *why,
+                      size_t why_cap);
+int k3c_ranks_agree(k3c_engine_ranks *x, k3c_backend *be, int mine, int *all);
 
 /* Rank 0's log of what changes the caches (the ops below; args as named), sent with the next message. */
 typedef enum k3c_rank_op {
@@ -67,10 +79,16 @@ int k3c_ranks_slot_dp(const k3c_engine_ranks *x, int slot);
 int k3c_ranks_dp(const k3c_engine_ranks *x);
 /* Rank 0 (dp > 1): the requests placed on DP rank dp so far (a diagnostic). */
 long k3c_ranks_placed(const k3c_engine_ranks *x, int dp);
-/* Rank 0's step: sends it and runs rank 0's forward (reqs as k3c_forward_step takes them; nblocks[i] the
- * blocks request i's table holds now). */
-int k3c_ranks_step(k3c_engine_ranks *x, const k3c_fwd_req *reqs, const int *nblocks, int n, float *logits,
-                   float *aux);
+/* Rank 0's step: sends it and runs rank 0's part (reqs as k3c_forward_step takes them; nblocks[i] the
+ * blocks request i's table holds now): the stock forward, or with exec (the step's plan, route decode or
+ * verify) the specialized executor on every rank (its TP mailbox; the same shape captured on every rank). */
+int k3c_ranks_step(k3c_engine_ranks *x, const k3c_plan *exec, const k3c_fwd_req *reqs, const int *nblocks,
+                   int n, float *logits, float *aux);
+/* Rank 0: every rank captures the executor's shape (rows, q) now, together, before any step of it runs (a
+ * rank capturing while a peer's mailbox kernel spins on the same device could wait for that device inside
+ * the driver). K3C_OK when every rank captured it; a rank that could not fails the shape (it stays stock on
+ * every rank), not the group. */
+int k3c_ranks_capture(k3c_engine_ranks *x, int rows, int q);
 /* A follower's loop: until rank 0 stops (0) or the group fails (-1). */
 int k3c_ranks_follow(k3c_engine_ranks *x);
 /* The group's failure message once it failed, else NULL. */
@@ -79,6 +97,14 @@ const char *k3c_ranks_failed(const k3c_engine_ranks *x);
  * difference fails the step naming the rank. checked: the steps compared so far. */
 void k3c_ranks_set_check(k3c_engine_ranks *x, int on);
 long k3c_ranks_checked(const k3c_engine_ranks *x);
+
+/* Test hook (tests only; process-wide, set before the engine is created; NULL: off): every rank's engine of a
+ * rank group routes its specialized steps to the executor make returns for it (k3c_engine_set_executor on
+ * every rank; make runs in the rank's build, fn's executor must outlive the engine), so the routing and the
+ * messages of the executor at TP run on CPU ranks with a fake executor. */
+typedef const struct k3c_decode_executor *(*k3c_ranks_exec_hook)(k3c_engine *e, void *user);
+void k3c_ranks_test_executor(k3c_ranks_exec_hook make, void *user);
+const struct k3c_decode_executor *k3c_ranks_test_executor_make(k3c_engine *e);
 
 /* Rank 0: stops the keep-alive and the followers (a last message, then joins the threads of an in-process
  * group); before the engine's parts are freed. free: the rest, after them. */

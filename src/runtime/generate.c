@@ -26,13 +26,12 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
     static const k3c_sampling greedy_sampling = {.temperature = 0}; /* k3c.h: NULL sampling is greedy */
     if (!s) s = &greedy_sampling;
     int V = k3c_engine_vocab(e);
-    float *logits = malloc(sizeof(float) * (size_t)V);
+    /* page-locked (k3c_engine_logits_alloc): a pageable download can wait for the whole device inside the
+     * driver, which TP ranks sharing a GPU must not do while a peer's collective spins */
+    float *logits = k3c_engine_logits_alloc(e, 1);
     k3c_sampler *smp = NULL;
     int id = -1, rc = K3C_ERR;
-    if (!logits) {
-        k3c_errorf_kind(K3C_ERROR_OOM, "generate: out of memory");
-        goto done;
-    }
+    if (!logits) goto done; /* k3c_engine_logits_alloc said why */
     if (k3c_sampler_create(s, V, &smp) != K3C_OK || k3c_request_open(e, &id) != K3C_OK) goto done;
     int max_rows = k3c_engine_max_rows(e), greedy = s->temperature <= 0;
     int32_t next = 0; /* greedy: the token the last step chose */
@@ -61,7 +60,7 @@ int k3c_generate(k3c_engine *e, const int32_t *prompt, int n_prompt, int max_new
 done:
     if (id >= 0 && k3c_request_close(e, id) != K3C_OK && rc == K3C_OK) rc = K3C_ERR;
     k3c_sampler_free(smp);
-    free(logits);
+    k3c_engine_logits_free(e, logits);
     if (stats) *stats = st;
     return rc;
 }

@@ -185,6 +185,7 @@ int k3c_rank_split(k3c_rank *r) {
 void k3c_rank_release(k3c_rank *r) {
     if (!r) return;
     if (r->stage && r->be) r->be->free(r->be, r->stage);
+    if (r->mailbox) r->mailbox->free(r->mailbox); /* before the TP group it was bootstrapped over */
     if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
     if (r->pp_comm) r->pp_comm->free(r->pp_comm);
     if (r->ep_comm) r->ep_comm->free(r->ep_comm);

@@ -39,6 +39,11 @@ typedef struct k3c_rank {
     k3c_backend *be;
     void *stage;
     size_t stage_bytes;
+    /* on device cuda (runtime/ranks_device.c): in one process, the in-memory group the TP group's staged
+     * communicators join (tp_comm is replaced by this rank's once its backend exists); the executor's TP
+     * mailbox (NULL: none, the executor stays unprepared) */
+    k3c_comm_group *dev_group;
+    k3c_comm *mailbox;
 } k3c_rank;
 
 /* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); what the
@@ -58,6 +63,30 @@ int k3c_ranks_nccl(const k3c_layout *l, int rank, const char *rendezvous, int ti
 /* Every rank of the world, each in its own thread or process, the same calls in the same order: its pipeline
  * and expert groups split from the world communicator (nothing where pp = 1 and ep = 1). */
 int k3c_rank_split(k3c_rank *r);
+/* ---- on device cuda (runtime/ranks_device.c) ----
+ * Ranks as threads of one process: rank r's backend on device r % visible devices; the stock forward's TP
+ * collectives over the staged communicator (comm/staged.c: host waits, never a device spin) and the
+ * executor's over an in-process mailbox (comm/mailbox_cuda.h). One process per rank: the stock forward over
+ * NCCL (k3c_ranks_nccl), the executor over an IPC mailbox of the TP group when all its ranks are on one host.
+ * device_groups: before the threads start, one in-memory group per TP group (ranks[0 .. world)). */
+int k3c_ranks_device_groups(k3c_rank *ranks, int world);
+/* The device this rank's backend takes (ranks in one process: rank % visible devices; one process per
+ * rank: 0, CUDA_VISIBLE_DEVICES chooses). */
+int k3c_rank_device(const k3c_rank *r);
+/* The ranks of this process on this rank's device (its memory is split among them); 1 over NCCL. */
+int k3c_rank_device_share(const k3c_rank *r);
+/* Once the rank's CUDA backend exists: in one process, tp_comm becomes the staged communicator on its
+ * stream; over NCCL, tp_comm's collectives move onto the backend's stream (k3c_comm_nccl_set_stream). */
+int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be);
+/* The executor's TP mailbox, every rank of the TP group calling it at the same point (a collective): slots
+ * of cap floats. *out NULL, with the reason in why, where the group cannot have one (TP wider than 8, ranks
+ * on different hosts, or the mailbox refused: every rank of the group gets the same answer); K3C_ERR only
+ * when the exchange between the ranks failed. The mailbox is the rank's (k3c_rank_release frees it). */
+int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, char *why, size_t why_cap);
+/* The TP group's ranks (ranks in one process: the world, which is then the TP group) agree: *all = 1 when every
+ * rank passed mine != 0. A collective of every rank at the same point; K3C_ERR when the exchange failed. */
+int k3c_rank_agree(k3c_rank *r, k3c_backend *be, int mine, int *all);
+
 /* Frees this rank's communicators and staging (the group's record goes with its last rank). */
 void k3c_rank_release(k3c_rank *r);
 
