@@ -919,6 +919,38 @@ static void cuda_mla_cache_write(k3c_backend *be, const float *lat, const k3c_se
                                                           cache, x->stream));
 }
 
+/* The rows' block tables for the MLA decode kernels, uploaded: per row the offset of its request's table in
+ * tab and the positions it attends, over the request's own slots: under decode context parallelism
+ * (seg.dcp > 1) this rank's share of them (k3c_dcp_local), else every position. 0, or K3C_ERR with x failed. */
+static int mla_row_tables(cuda_ctx *x, const k3c_seg *segs, int nseg, int T, int bs, int **doff, int **dlens,
+                          int **dtab) {
+    size_t ntab = 0;
+    for (int s = 0; s < nseg; s++)
+        if (segs[s].n > 0)
+            ntab += (size_t)(k3c_dcp_local(segs[s].pos + segs[s].n, segs[s].dcp, 0) + bs - 1) / bs;
+    void *dev;
+    int *h = meta_alloc(x, sizeof(int) * (2 * (size_t)T + ntab), &dev);
+    if (!h) return K3C_ERR;
+    int *off = h, *lens = h + T, *tab = h + 2 * T;
+    for (int t = 0; t < T; t++) off[t] = lens[t] = 0;
+    size_t k = 0;
+    for (int s = 0; s < nseg; s++) {
+        const k3c_seg *g = &segs[s];
+        if (g->n <= 0) continue;
+        int nb = (k3c_dcp_local(g->pos + g->n, g->dcp, 0) + bs - 1) / bs;
+        for (int i = 0; i < g->n; i++) {
+            off[g->row0 + i] = (int)k;
+            lens[g->row0 + i] = k3c_dcp_local(g->pos + i + 1, g->dcp, g->dcp_rank);
+        }
+        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
+    }
+    if (meta_send(x, h, dev, sizeof(int) * (2 * (size_t)T + ntab)) != K3C_OK) return K3C_ERR;
+    *doff = dev;
+    *dlens = *doff + T;
+    *dtab = *doff + 2 * T;
+    return K3C_OK;
+}
+
 static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const float *q, const k3c_seg *segs,
                                int nseg, const void *cache, float *o) {
     cuda_ctx *x = be->ctx;
@@ -930,28 +962,8 @@ static void cuda_mla_attention(k3c_backend *be, const k3c_mla_weights *w, const 
     if (T <= 0) return;
     const uint16_t *kvb;
     WDEV(x, "mla_attention", w->kv_b.w, kvb);
-    /* per row: offset of its request's block table in `tables`, and the positions it attends */
-    size_t ntab = 0;
-    for (int s = 0; s < nseg; s++)
-        if (segs[s].n > 0) ntab += (size_t)(segs[s].pos + segs[s].n + bs - 1) / bs;
-    void *dev;
-    int *h = meta_alloc(x, sizeof(int) * (2 * (size_t)T + ntab), &dev);
-    if (!h) return;
-    int *off = h, *lens = h + T, *tab = h + 2 * T;
-    for (int t = 0; t < T; t++) off[t] = lens[t] = 0;
-    size_t k = 0;
-    for (int s = 0; s < nseg; s++) {
-        const k3c_seg *g = &segs[s];
-        if (g->n <= 0) continue;
-        int nb = (g->pos + g->n + bs - 1) / bs;
-        for (int i = 0; i < g->n; i++) {
-            off[g->row0 + i] = (int)k;
-            lens[g->row0 + i] = g->pos + i + 1;
-        }
-        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
-    }
-    if (meta_send(x, h, dev, sizeof(int) * (2 * (size_t)T + ntab)) != K3C_OK) return;
-    int *doff = dev, *dlens = doff + T, *dtab = doff + 2 * T;
+    int *doff, *dlens, *dtab;
+    if (mla_row_tables(x, segs, nseg, T, bs, &doff, &dlens, &dtab) != K3C_OK) return;
     float scale = 1.0f / sqrtf((float)(nope + rope));
     OP_TRY(x, "mla absorb_q", k3c_cuda_mla_absorb_q(kvb, q, T, Hm, nope, rope, vh, kvl, x->q_abs, x->stream));
     OP_TRY(x, "mla attend", k3c_cuda_mla_attend(x->q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, Hm, kvl,
@@ -982,28 +994,8 @@ static void cuda_mla_attention_part(k3c_backend *be, const float *q_abs, int H, 
     int kvl = c->kv_lora_rank, rope = c->qk_rope_head_dim, bs = x->lim.block_size;
     int T = rows_of(segs, nseg);
     if (T <= 0) return;
-    size_t ntab = 0;
-    for (int s = 0; s < nseg; s++)
-        if (segs[s].n > 0)
-            ntab += (size_t)(k3c_dcp_local(segs[s].pos + segs[s].n, segs[s].dcp, 0) + bs - 1) / bs;
-    void *dev;
-    int *h = meta_alloc(x, sizeof(int) * (2 * (size_t)T + ntab), &dev);
-    if (!h) return;
-    int *off = h, *lens = h + T, *tab = h + 2 * T;
-    for (int t = 0; t < T; t++) off[t] = lens[t] = 0;
-    size_t k = 0;
-    for (int s = 0; s < nseg; s++) {
-        const k3c_seg *g = &segs[s];
-        if (g->n <= 0) continue;
-        int nb = (k3c_dcp_local(g->pos + g->n, g->dcp, 0) + bs - 1) / bs;
-        for (int i = 0; i < g->n; i++) {
-            off[g->row0 + i] = (int)k;
-            lens[g->row0 + i] = k3c_dcp_local(g->pos + i + 1, g->dcp, g->dcp_rank);
-        }
-        for (int b = 0; b < nb; b++) tab[k++] = g->block_table[b];
-    }
-    if (meta_send(x, h, dev, sizeof(int) * (2 * (size_t)T + ntab)) != K3C_OK) return;
-    int *doff = dev, *dlens = doff + T, *dtab = doff + 2 * T;
+    int *doff, *dlens, *dtab;
+    if (mla_row_tables(x, segs, nseg, T, bs, &doff, &dlens, &dtab) != K3C_OK) return;
     float scale = 1.0f / sqrtf((float)(c->qk_nope_head_dim + rope));
     OP_TRY(x, "mla_attention_part",
            k3c_cuda_mla_attend_lse(q_abs, doff, dlens, dtab, bs, cache, be->kv_elem_bytes, T, H, kvl, rope, scale,
