@@ -157,10 +157,11 @@ static void layouts_case(int kimi_linear, int exact) {
     }
     const lay one = {1, 1, 1, 1}, tp2 = {2, 1, 1, 1};
     /* The hybrid {2, 1, 2, 4} is not among these: with the preset's top-k routing one seed
-     * (35568420373665, 2026-12-02) put tiny K3's f32 hybrid 0.395 from world size 1 with identical streams, as
-     * an expert flip at a routing near-tie would (its attention sums are TP's, reassociated); not yet
-     * confirmed. The hybrid is held to its bounds under dense routing below (layouts_engine_hybrid_*) and on
-     * the embedded model (the CLI test). */
+     * (35568420373665) put tiny K3's f32 hybrid 0.395 from world size 1 with identical streams. Its cause, seen
+     * with the router's selections logged (k3c_route_margin beside each): one row's 4th expert was 13 at world
+     * size 1 (margin 1.19e-7, one ulp of the selection score) and 6 in the hybrid (margin 0), whose attention
+     * sums are TP's, reassociated: a routing near-tie, not a defect. The hybrid is held to its bounds under
+     * dense routing below (layouts_engine_hybrid_*, no top-k to flip) and on the embedded model (the CLI test). */
     const lay cases[] = {{1, 2, 1, 1}, {1, 3, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1},
                          {2, 2, 1, 1}, {1, 2, 2, 2}};
     batch ref, rtp, r32 = {0};
