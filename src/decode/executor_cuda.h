@@ -82,6 +82,10 @@ const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x);
 /* Shapes captured so far, and how many steps were replayed. */
 int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x);
 void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays);
+/* Under TP: the fused launches recorded so far (every capture and profiled step records the step again):
+ * rowpar, row-parallel products whose epilogue pushed into the peers' mailbox slots (launch.c
+ * k3c_exec_mm_rowpar); norm, MoE tails' all-reduce + round + latent norm as one mailbox launch. */
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
 /* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for
