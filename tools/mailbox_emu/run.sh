@@ -17,7 +17,7 @@ out=${TMPDIR:-/tmp}/mailbox_emu
 mkdir -p "$out"
 python3 "$here/gen.py" "$root/src/comm/mailbox_dev.cu" "$out/mailbox_dev_emu.cpp"
 inc="-I$here/inc -I$root/src -I$root/include"
-def="-DK3C_HAVE_CUDA=1 -DK3C_MBX_THREADS=32"
+def="-DK3C_HAVE_CUDA=1 -DK3C_MBX_THREADS=32 -DK3C_MBT_EMU=1"
 g++ -std=c++20 -O1 -g -w $def $inc -c "$out/mailbox_dev_emu.cpp" -o "$out/mailbox_dev.o" &
 g++ -std=c++20 -O1 -g -w $def $inc -c "$here/emu.cpp" -o "$out/emu.o" &
 # comm/nccl.c without CUDA: its stubs (no NCCL in the emulation)
