@@ -31,6 +31,7 @@
 #endif
 #include "gpu_util.h"
 #include "../test.h"
+#include "util/bf16.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -288,6 +289,7 @@ static float mbt_bf16(float v) {
  * warp's 32 by the xor butterfly (16, 8, 4, 2, 1); the warp sums the same way (0 past the warps); rsqrt as
  * 1 / sqrtf (the emulator's: the GPU's rsqrtf is not IEEE, so on the GPU the backend kernel is the
  * reference instead, run on the host's rounded sums); y = bf16(v * r * w). */
+#ifdef K3C_MBT_EMU
 static void mbt_butterfly(float *v) {
     for (int o = 16; o > 0; o >>= 1) {
         float nv[32];
@@ -313,6 +315,7 @@ static void mbt_norm_host(const float *v, int n, const float *w, float eps, floa
     const float r = 1.0f / sqrtf(tot[0] / n + eps);
     for (int i = 0; i < n; i++) y[i] = mbt_bf16(v[i] * r * w[i]);
 }
+#endif
 
 /* A norm call's inputs: moderate magnitudes (no infinities: the norm of a row with one is NaN), signed zeros
  * and subnormals among them. */
@@ -519,6 +522,210 @@ TEST(gpu_mailbox_fused_calls) {
         if (R == 2) CHECKF(refused == R, "%d of %d ranks reported the mismatched rows", refused, R);
     }
 }
+
+#ifndef K3C_MBT_EMU
+/* The pushed one-shot with a real product as the push: cuda/gemm.h's fanout GEMV writes each rank's
+ * unrounded outputs into every peer's slot (the parity from the device's epoch), the finish sums and rounds.
+ * Per call its own shape (rows 64 .. 2048: the T = 1 kernel token by token below 256 rows, the tensor-core
+ * kernel from there; T 1 .. 8; bf16-exact and inexact activations), plain all-reduces between the products
+ * (the parities and epochs move on, across the wrap at 4 ranks); then one product + finish captured per rank
+ * and replayed with fresh activations each time (the parity read in the kernel, replay after replay).
+ * Reference: each rank's product by the unfused launcher (k3c_cuda_matmul_bf16_round, round 0), summed in
+ * rank order here and rounded; every rank bitwise. */
+typedef struct mbt_gemv {
+    int rows, cols, T;
+    size_t xoff, yoff; /* floats into each rank's activations and outputs */
+} mbt_gemv;
+
+static int mbt_gemv_rank_ref(const uint16_t *dW, const mbt_gemv *q, const float *dx, float *dref, float *href) {
+    MT(k3c_cuda_matmul_bf16_round(NULL, dW, q->rows, q->cols, dx + q->xoff, q->T, dref, 0, 0) == K3C_OK,
+       "reference product: %s", k3c_error_message());
+    MT_CUDA(cudaMemcpy(href, dref, (size_t)q->T * q->rows * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+static uint32_t mbt_epoch_after(uint32_t first, int calls);
+
+static long mbt_gemv_compare(mbt *t, float *const *ref, const mbt_gemv *q, int call) {
+    long bad = 0;
+    size_t n = (size_t)q->T * q->rows;
+    for (size_t i = 0; i < n; i++) {
+        float want = ref[0][i];
+        for (int p = 1; p < t->R; p++) want += ref[p][i];
+        want = mbt_bf16(want);
+        for (int r = 0; r < t->R; r++) {
+            float got = t->out[r][q->yoff + i];
+            if (f2u(got) != f2u(want) || got != got) {
+                if (!bad)
+                    fprintf(stderr, "    product %d (%d x %d, T %d) rank %d output %zu: %a, want %a\n", call, q->rows,
+                            q->cols, q->T, r, i, got, want);
+                bad++;
+            }
+        }
+    }
+    return bad;
+}
+
+TEST(gpu_mailbox_gemv_push) {
+    static const int rows_l[] = {64, 300, 1024, 2048}, cols_l[] = {256, 1032};
+    const int maxc = 1032, maxr = 2048;
+    const size_t cap = 16384;
+    for (int s = 0; s < 3; s++) {
+        const int R = mbt_ranks[s];
+        k3c_rng g;
+        k3c_rng_seed(&g, test_seed() ^ 0x6e3f ^ (uint64_t)R);
+        const int ncalls = mbt_scaled(120), nrep = mbt_scaled(24);
+        mbt_gemv *q = calloc((size_t)ncalls, sizeof *q);
+        int *plain_n = calloc((size_t)ncalls, sizeof *plain_n);
+        CHECK(q && plain_n);
+        size_t xoff = 0, yoff = 0;
+        for (int k = 0; k < ncalls; k++) {
+            uint64_t u = k3c_rng_next(&g);
+            q[k].rows = rows_l[u % 4];
+            q[k].cols = cols_l[(u >> 4) % 2];
+            q[k].T = 1 + (int)((u >> 8) % 8);
+            q[k].xoff = xoff;
+            xoff += (size_t)q[k].T * q[k].cols;
+            q[k].yoff = yoff;
+            yoff += (size_t)q[k].T * q[k].rows + 4 * ((u >> 12) % 3); /* some outputs off 16-byte alignment */
+            plain_n[k] = (u >> 16) % 3 ? 0 : 1 + (int)((u >> 20) % 3000);
+        }
+        size_t plain_at = yoff + 64, buf = plain_at + 4096 + 64;
+        mbt t;
+        k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 5000, .first_epoch = R == 4 ? UINT32_MAX - 5 : 1};
+        int ok = mbt_open(&t, R, NULL, buf, &o) == 0;
+        uint16_t *dW[MBT_MAX] = {0};
+        float *dx[MBT_MAX] = {0}, *hx = malloc(xoff * sizeof(float)), *ref[MBT_MAX] = {0}, *dref = NULL;
+        uint16_t *hW = malloc((size_t)maxr * maxc * 2);
+        k3c_comm_mailbox_push push[MBT_MAX];
+        k3c_cuda_fanout fo[MBT_MAX];
+        memset(fo, 0, sizeof fo);
+        ok = ok && hx && hW && cudaMalloc((void **)&dref, (size_t)8 * maxr * sizeof(float)) == cudaSuccess;
+        for (int r = 0; r < R && ok; r++) {
+            for (size_t i = 0; i < (size_t)maxr * maxc; i++) hW[i] = f32_to_bf16((float)k3c_rng_normal(&g) * 0.05f);
+            for (int k = 0; k < ncalls; k++) { /* every third product's activations bf16 values */
+                float *xk = hx + q[k].xoff;
+                for (int i = 0; i < q[k].T * q[k].cols; i++) {
+                    float v = (float)k3c_rng_normal(&g);
+                    xk[i] = k % 3 == 0 ? bf16_round(v) : v;
+                    if (i % 17 == 0) xk[i] = -0.0f;
+                }
+            }
+            dW[r] = dev_upload(hW, (size_t)maxr * maxc * 2);
+            dx[r] = dev_upload(hx, xoff * sizeof(float));
+            ref[r] = malloc(yoff * sizeof(float));
+            ok = dW[r] && dx[r] && ref[r] && k3c_comm_mailbox_push_targets(t.c[r], &push[r]) == K3C_OK;
+            if (!ok) break;
+            fo[r].parity_floats = push[r].parity_floats;
+            fo[r].parity_word = push[r].epoch;
+            fo[r].skip = push[r].failed;
+            for (int p = 0; p < R; p++)
+                if (push[r].slot[p]) fo[r].dst[fo[r].n++] = push[r].slot[p];
+            for (int k = 0; k < ncalls && ok; k++) ok = mbt_gemv_rank_ref(dW[r], &q[k], dx[r], dref, ref[r] + q[k].yoff) == 0;
+            for (size_t i = 0; i < buf; i++) t.in[r][i] = u2f(MBT_POISON);
+            for (int k = 0; k < ncalls; k++)
+                if (plain_n[k]) mbt_fill(t.in[r] + plain_at, (size_t)plain_n[k], test_seed(), k, r, R, k % 2);
+            ok = ok && cudaMemcpy(t.d[r], t.in[r], buf * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+        }
+        /* the products back to back on every rank, a plain all-reduce after some (on its own region, refilled
+         * per call: checked at once) */
+        long bad = 0;
+        for (int k = 0; k < ncalls && ok; k++) {
+            for (int r = 0; r < R && ok; r++) {
+                float *y = t.d[r] + q[k].yoff;
+                ok = k3c_cuda_fanout_ok(dW[r], q[k].rows, q[k].cols, dx[r] + q[k].xoff, q[k].T) &&
+                     k3c_cuda_matmul_bf16_fanout(dW[r], q[k].rows, q[k].cols, dx[r] + q[k].xoff, q[k].T, y, &fo[r],
+                                                 t.st[r]) == K3C_OK &&
+                     k3c_comm_mailbox_finish_on(t.c[r], y, (size_t)q[k].T * q[k].rows, 1, NULL) == K3C_OK;
+                if (ok && plain_n[k]) {
+                    mbt_fill(t.in[r] + plain_at, (size_t)plain_n[k], test_seed(), k, r, R, k % 2);
+                    ok = cudaMemcpyAsync(t.d[r] + plain_at, t.in[r] + plain_at, (size_t)plain_n[k] * sizeof(float),
+                                         cudaMemcpyHostToDevice, t.st[r]) == cudaSuccess &&
+                         k3c_comm_mailbox_all_reduce(t.c[r], t.d[r] + plain_at, (size_t)plain_n[k], K3C_MAILBOX_AUTO) ==
+                             K3C_OK;
+                }
+            }
+            if (ok && plain_n[k]) { /* the pinned inputs are refilled by the next call: check this one now */
+                ok = mbt_sync(&t) == 0;
+                for (int r = 0; r < R && ok; r++)
+                    ok = cudaMemcpy(t.out[r] + plain_at, t.d[r] + plain_at, (size_t)plain_n[k] * sizeof(float),
+                                    cudaMemcpyDeviceToHost) == cudaSuccess;
+                for (int i = 0; i < plain_n[k] && ok; i++) {
+                    float want = t.in[0][plain_at + i];
+                    for (int p = 1; p < R; p++) want += t.in[p][plain_at + i];
+                    for (int r = 0; r < R; r++) bad += f2u(t.out[r][plain_at + i]) != f2u(want);
+                }
+            }
+        }
+        if (ok) ok = mbt_sync(&t) == 0;
+        for (int r = 0; r < R && ok; r++)
+            ok = k3c_comm_mailbox_check(t.c[r]) == K3C_OK &&
+                 cudaMemcpy(t.out[r], t.d[r], buf * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+        for (int k = 0; k < ncalls && ok; k++) {
+            float *rr[MBT_MAX];
+            for (int r = 0; r < R; r++) rr[r] = ref[r] + q[k].yoff;
+            bad += mbt_gemv_compare(&t, rr, &q[k], k);
+        }
+        /* around the outputs: untouched */
+        for (int r = 0; r < R && ok; r++) {
+            size_t pos = 0;
+            for (int k = 0; k <= ncalls; k++) {
+                size_t end = k < ncalls ? q[k].yoff : plain_at;
+                for (; pos < end; pos++) bad += f2u(t.out[r][pos]) != MBT_POISON;
+                if (k < ncalls) pos = q[k].yoff + (size_t)q[k].T * q[k].rows;
+            }
+        }
+        /* a captured product + finish per rank (call 0's shape), replayed with fresh activations */
+        cudaGraphExec_t ge[MBT_MAX] = {0};
+        long rep_bad = 0;
+        for (int r = 0; r < R && ok; r++) {
+            cudaGraph_t gr = NULL;
+            float *y = t.d[r] + q[0].yoff;
+            ok = cudaStreamBeginCapture(t.st[r], cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            int rc = ok ? k3c_cuda_matmul_bf16_fanout(dW[r], q[0].rows, q[0].cols, dx[r] + q[0].xoff, q[0].T, y, &fo[r],
+                                                      t.st[r])
+                        : K3C_ERR;
+            if (rc == K3C_OK) rc = k3c_comm_mailbox_finish_on(t.c[r], y, (size_t)q[0].T * q[0].rows, 1, NULL);
+            ok = cudaStreamEndCapture(t.st[r], &gr) == cudaSuccess && rc == K3C_OK &&
+                 cudaGraphInstantiate(&ge[r], gr, 0) == cudaSuccess;
+            if (gr) cudaGraphDestroy(gr);
+        }
+        size_t xn = (size_t)q[0].T * q[0].cols;
+        for (int rep = 0; rep < nrep && ok; rep++) {
+            for (int r = 0; r < R && ok; r++) {
+                for (size_t i = 0; i < xn; i++) hx[i] = (float)k3c_rng_normal(&g);
+                ok = cudaMemcpy(dx[r] + q[0].xoff, hx, xn * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
+                     mbt_gemv_rank_ref(dW[r], &q[0], dx[r], dref, ref[r]) == 0;
+            }
+            for (int r = 0; r < R && ok; r++) ok = cudaGraphLaunch(ge[r], t.st[r]) == cudaSuccess;
+            if (ok) ok = mbt_sync(&t) == 0;
+            for (int r = 0; r < R && ok; r++)
+                ok = cudaMemcpy(t.out[r] + q[0].yoff, t.d[r] + q[0].yoff, (size_t)q[0].T * q[0].rows * sizeof(float),
+                                cudaMemcpyDeviceToHost) == cudaSuccess;
+            if (ok) rep_bad += mbt_gemv_compare(&t, ref, &q[0], -1 - rep);
+        }
+        uint32_t e_end = 0;
+        int calls_made = 0;
+        for (int k = 0; k < ncalls; k++) calls_made += 1 + (plain_n[k] != 0);
+        if (ok) ok = k3c_comm_mailbox_epoch(t.c[0], &e_end) == K3C_OK;
+        uint32_t want_e = mbt_epoch_after(o.first_epoch, calls_made + nrep);
+        printf("  [%d ranks: %d pushed products + finishes (%d plain all-reduces between), %d graph replays; epochs "
+               "%u .. %u; %ld + %ld results differ]\n", R, ncalls, calls_made - ncalls, nrep, o.first_epoch, e_end, bad,
+               rep_bad);
+        if (!ok) printf("  failed: %s\n", k3c_error_message());
+        for (int r = 0; r < R; r++) {
+            if (ge[r]) cudaGraphExecDestroy(ge[r]);
+            cudaFree(dW[r]), cudaFree(dx[r]), free(ref[r]);
+        }
+        cudaFree(dref);
+        mbt_close(&t);
+        free(q), free(plain_n), free(hx), free(hW);
+        CHECK(ok);
+        CHECK(bad == 0 && rep_bad == 0);
+        CHECK(e_end == want_e);
+    }
+}
+#endif
 
 /* Sizes from 1 float to the capacity, changing every call; both algorithms and the automatic choice. */
 TEST(gpu_mailbox_sizes_bitwise) {
