@@ -687,6 +687,23 @@ int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n) {
     return r && n <= r->cap && n * sizeof(float) < r->two_shot_bytes;
 }
 
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox all_reduce_round_on: not a mailbox communicator");
+    K3C_TRY(mbx_check(r));
+    if (!k3c_comm_mailbox_one_shot(c, n) || (n && !buf)) {
+        mbx_abort_rank(r);
+        return k3c_errorf("mailbox rank %d of %d: rounded all-reduce of %zu floats %s (a one-shot: below %zu bytes, "
+                          "at most options.cap %zu floats)", c->rank, c->size, n, buf ? "" : "at NULL",
+                          r->two_shot_bytes, r->cap);
+    }
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_one_shot_round(&r->args, buf, n, stream ? (cudaStream_t)stream : r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
 int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
     mbx_rank *r = as_mailbox(c);
     if (!r) return k3c_errorf("mailbox finish_on: not a mailbox communicator");
@@ -812,6 +829,11 @@ int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n) {
 
 int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
     (void)c, (void)buf, (void)n, (void)round, (void)stream;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    (void)c, (void)buf, (void)n, (void)stream;
     return no_cuda();
 }
 

@@ -92,6 +92,9 @@ typedef struct k3c_comm_mailbox_push {
 int k3c_comm_mailbox_push_targets(k3c_comm *c, k3c_comm_mailbox_push *out);
 /* 1 when all_reduce_on of n floats takes the one-shot (within cap): where the fused calls stand in for it. */
 int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n);
+/* all_reduce_on of n floats where it is a one-shot (k3c_comm_mailbox_one_shot), each sum then rounded to bf16
+ * in the same launch: the bits of all_reduce_on and then k3c_cuda_round_bf16. */
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream);
 /* The finish of a pushed one-shot: buf[0 .. n) (this rank's part, already pushed to every peer by a kernel
  * before this launch on `stream`) = the rank-order sum, rounded to bf16 with round: the bits of
  * all_reduce_on and then k3c_cuda_round_bf16. */

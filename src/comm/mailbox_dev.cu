@@ -2,7 +2,7 @@
  * protocol, whose host-thread model tests/test_mailbox.c runs). Each kernel runs `blocks` blocks of
  * K3C_MBX_THREADS threads per rank and is instantiated per rank count (2 .. 8), so the loops over ranks
  * unroll and a thread issues all its ranks' loads before its sums:
- *   one-shot   push x into every peer's slot; flags; wait; sum the slots in rank order
+ *   one-shot   push x into every peer's slot; flags; wait; sum the slots in rank order (and round)
  *   two-shot   push each shard's piece to the shard's owner; flags; wait; the owner sums its shard in rank
  *              order into x and every peer's ag slot; flags; wait; copy the other shards in
  *   exchange   a gather or a broadcast: push; flags; wait; copy
@@ -263,8 +263,9 @@ __device__ void copy_bytes(unsigned char *dst, const unsigned char *src, size_t 
     for (size_t i = i0 + threadIdx.x; i < hi; i += blockDim.x) __stcg(dst + i, __ldcg(src + i));
 }
 
+/* round: each sum rounded to bf16 (the rounding pass after the all-reduce, in the same launch). */
 template <int R>
-__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args a, float *x, uint32_t n) {
+__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args a, float *x, uint32_t n, int round) {
     __shared__ mbx_block sh;
     const uint32_t op = K3C_MBX_OP_ONE_SHOT;
     if (!mbx_begin(a, &sh, n, op)) return;
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args 
     push<R>(a, a.lay.slots, b, x, lo, hi, -1);
     mbx_post_all(a, a.lay.f1, e, n, op);
     if (!mbx_wait_all(a, &sh, a.lay.f1, e, n, op)) return;
-    reduce<R>(a, b, x, lo, hi, false);
+    reduce<R>(a, b, x, lo, hi, false, round != 0);
     mbx_end(a, e);
 }
 
@@ -458,11 +459,11 @@ __global__ void mbx_abort_kernel(k3c_mbx_args a) {
 }
 
 template <int R>
-void launch_reduce(const k3c_mbx_args &a, float *x, uint32_t n, int two_shot, cudaStream_t st) {
+void launch_reduce(const k3c_mbx_args &a, float *x, uint32_t n, int two_shot, int round, cudaStream_t st) {
     if (two_shot)
         mbx_two_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n);
     else
-        mbx_one_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n);
+        mbx_one_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n, round);
 }
 
 template <int R>
@@ -514,10 +515,20 @@ cudaError_t occupancy(int *out) {
 extern "C" int k3c_mbx_all_reduce(const k3c_mbx_args *a, float *x, size_t n, int two_shot, void *stream) {
     if (n > a->lay.slot_floats)
         return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: %zu floats past the slots' %zu", n, a->lay.slot_floats);
-#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, two_shot, (cudaStream_t)stream)
+#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, two_shot, 0, (cudaStream_t)stream)
     MBX_BY_RANKS(a->lay.ranks, CALL)
 #undef CALL
     K3C_CUDA_LAUNCHED(two_shot ? "the two-shot mailbox all-reduce" : "the one-shot mailbox all-reduce");
+    return K3C_OK;
+}
+
+extern "C" int k3c_mbx_one_shot_round(const k3c_mbx_args *a, float *x, size_t n, void *stream) {
+    if (n > a->lay.slot_floats)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: %zu floats past the slots' %zu", n, a->lay.slot_floats);
+#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, 0, 1, (cudaStream_t)stream)
+    MBX_BY_RANKS(a->lay.ranks, CALL)
+#undef CALL
+    K3C_CUDA_LAUNCHED("the one-shot mailbox all-reduce, rounded");
     return K3C_OK;
 }
 

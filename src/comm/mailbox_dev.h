@@ -157,6 +157,9 @@ static inline K3C_MBX_HD uint32_t k3c_mbx_next_epoch(uint32_t e) { return e + 1 
  * must be the one a->region[a->rank] lives on. x, src, dst: device memory of this rank. */
 /* x[0 .. n) = the sum over the ranks of their x, in rank order; two_shot: reduce-scatter + all-gather. */
 int k3c_mbx_all_reduce(const k3c_mbx_args *a, float *x, size_t n, int two_shot, void *stream);
+/* The one-shot with each sum rounded to bf16 values: the bits of k3c_mbx_all_reduce and then the backend's
+ * rounding pass (k3c_cuda_round_bf16), in one launch. */
+int k3c_mbx_one_shot_round(const k3c_mbx_args *a, float *x, size_t n, void *stream);
 /* The second half of a one-shot all-reduce whose push was made before this launch, by a kernel ordered before
  * it on `stream` that wrote x[0 .. n) into every peer's slot (e & 1, rank) of the slot array, e the epoch of
  * this rank's block 0 (state.epoch[0]) when that kernel ran, and fenced its stores (__threadfence_system):

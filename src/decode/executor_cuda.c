@@ -733,9 +733,10 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     if (replays) *replays = x->replays;
 }
 
-void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm) {
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round) {
     if (rowpar) *rowpar = x->fused_rowpar;
     if (norm) *norm = x->fused_norm;
+    if (round) *round = x->fused_round;
 }
 
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
@@ -765,10 +766,11 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     (void)x;
     if (replays) *replays = 0;
 }
-void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm) {
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round) {
     (void)x;
     if (rowpar) *rowpar = 0;
     if (norm) *norm = 0;
+    if (round) *round = 0;
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }

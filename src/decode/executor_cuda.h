@@ -84,8 +84,9 @@ int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x);
 void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays);
 /* Under TP: the fused launches recorded so far (every capture and profiled step records the step again):
  * rowpar, row-parallel products whose epilogue pushed into the peers' mailbox slots (launch.c
- * k3c_exec_mm_rowpar); norm, MoE tails' all-reduce + round + latent norm as one mailbox launch. */
-void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm);
+ * k3c_exec_mm_rowpar); norm, MoE tails' all-reduce + round + latent norm as one mailbox launch; round, other
+ * rounded sums made by the one-shot's own launch (the shared expert's). NULL: not wanted. */
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
 /* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for

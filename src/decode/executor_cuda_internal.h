@@ -79,9 +79,10 @@ struct k3c_decode_cuda {
     int tp_rank, tp_size, vocab;
     /* tp_push: where a row-parallel product's epilogue writes this rank's part into the peers' mailbox slots
      * (the pushed one-shot, comm/mailbox.h; launch.c k3c_exec_mm_rowpar); fused_rowpar / fused_norm: the
-     * fused row-parallel products and fused MoE reduce + norms recorded so far (k3c_decode_cuda_tp_fusions). */
+     * fused row-parallel products and fused MoE reduce + norms recorded so far, fused_round the rounded sums
+     * made by one launch (k3c_exec_tp_sum: the shared expert's; k3c_decode_cuda_tp_fusions). */
     k3c_cuda_fanout tp_push;
-    long fused_rowpar, fused_norm;
+    long fused_rowpar, fused_norm, fused_round;
     float *lm_part, *gather;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
     int num_captured;
@@ -154,7 +155,8 @@ int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, fl
 
 /* Tensor parallel (x->tp; no-ops without): buf [n] = the sum over the ranks of their buf (the mailbox on the
  * executor's stream: f32, rank 0 first, as the stock forward's tp_sum over the same communicator), rounded
- * to bf16 after it when round (the stock path's be->round: the same kernel). */
+ * to bf16 after it when round (the stock path's be->round: the same rounding; inside the one-shot's launch
+ * where the sum is a one-shot, else the backend's rounding pass after it). */
 int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round);
 /* Tensor parallel (x->tp set): dst [tp, n] = every rank's src [n], in rank order (the LM head's gather). */
 int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t n);

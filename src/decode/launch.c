@@ -38,6 +38,15 @@ int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t 
 
 int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round) {
     if (!x->tp || !n) return K3C_OK;
+    if (round && k3c_comm_mailbox_one_shot(x->tp, n)) { /* the sum and its rounding in one launch: the same bits */
+        long fb = k3c_cuda_stamp_foreign_begin(x->st);
+        int rc = k3c_comm_mailbox_all_reduce_round_on(x->tp, buf, n, x->st);
+        k3c_cuda_stamp_foreign_end(x->st, fb);
+        P_TRY("tp all-reduce + round", rc);
+        STAMP_BYTES(4.0 * n * (x->tp_size + 1));
+        x->fused_round++;
+        return K3C_OK;
+    }
     P_TRY("tp all-reduce", tp_reduce(x, buf, n));
     STAMP_BYTES(4.0 * n * (x->tp_size + 1)); /* this rank's push, the peers' reads */
     if (round) {

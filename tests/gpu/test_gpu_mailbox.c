@@ -330,13 +330,14 @@ static void mbt_fill_norm(float *x, size_t n, uint64_t seed, int call, int r) {
     }
 }
 
-enum { MBT_PLAIN, MBT_PUSHED, MBT_NORM };
+enum { MBT_PLAIN, MBT_PUSHED, MBT_NORM, MBT_ROUND };
 
 /* The fused calls among plain ones, back to back on every rank with no host synchronisation (mbt_batch's
  * pattern): kind[k] MBT_PLAIN (the automatic all-reduce), MBT_PUSHED (the test pushes the rank's input into
  * every peer's slot of the call's parity, the epoch known here from the first and the calls before, by a copy
  * on the rank's stream, then the finish, rounding when round[k]: the pushed one-shot with the copy in place
- * of a product's epilogue), MBT_NORM (rows[k] rows of calls[k].n / rows[k] floats, weights w + woff[k]).
+ * of a product's epilogue), MBT_NORM (rows[k] rows of calls[k].n / rows[k] floats, weights w + woff[k]),
+ * MBT_ROUND (the one-shot rounding its sums in its own launch).
  * References: the rank-order sum (rounded for a rounding finish); for a norm, the host's rounded sums
  * normed by the host reference (emulator) or by the backend's rmsnorm (GPU). Every rank bitwise; the floats
  * around every call's region untouched. */
@@ -370,6 +371,8 @@ static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const
                         MT_CUDA(cudaMemcpyAsync(push[r].slot[p] + (e & 1) * push[r].parity_floats, x, n * sizeof(float),
                                                 cudaMemcpyDeviceToDevice, t->st[r]));
                 rc = k3c_comm_mailbox_finish_on(t->c[r], x, n, round[k], NULL);
+            } else if (kind[k] == MBT_ROUND) {
+                rc = k3c_comm_mailbox_all_reduce_round_on(t->c[r], x, n, NULL);
             } else if (kind[k] == MBT_NORM) {
                 rc = k3c_comm_mailbox_reduce_rmsnorm_on(t->c[r], x, rows[k], (int)(n / rows[k]), dw + woff[k], 1e-5f,
                                                         NULL);
@@ -396,7 +399,7 @@ static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const
         for (size_t i = 0; i < n; i++) {
             float v = t->in[0][calls[k].off[0] + i];
             for (int q = 1; q < R; q++) v += t->in[q][calls[k].off[q] + i];
-            want[i] = kind[k] == MBT_NORM || (kind[k] == MBT_PUSHED && round[k]) ? mbt_bf16(v) : v;
+            want[i] = kind[k] == MBT_NORM || kind[k] == MBT_ROUND || (kind[k] == MBT_PUSHED && round[k]) ? mbt_bf16(v) : v;
         }
         if (kind[k] == MBT_NORM) {
             int cols = (int)(n / rows[k]);
@@ -448,7 +451,8 @@ static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const
     return 0;
 }
 
-/* The fused calls among plain ones: sizes and row shapes changing call by call (norm rows from 4 to 2052
+/* The fused calls among plain ones (pushed one-shots, all-reduce + rmsnorm, rounded one-shots): sizes and
+ * row shapes changing call by call (norm rows from 4 to 2052
  * floats: fewer than a warp, past the norm's 1024 threads, not a multiple of 32), rows fewer and more than
  * the blocks, rounding and not, the parities alternating through every kind, epochs across the wrap (4
  * ranks), +-0 sums; then a rank splitting its norm call's floats into other rows: a mismatch on every rank. */
@@ -471,7 +475,7 @@ TEST(gpu_mailbox_fused_calls) {
         size_t used = 0;
         for (int k = 0; k < ncalls; k++) {
             uint64_t u = k3c_rng_next(&g);
-            kind[k] = k < 3 ? k : (int)(u % 3);
+            kind[k] = k < 4 ? k : (int)(u % 4);
             round[k] = (u >> 8) & 1;
             rows[k] = 1;
             calls[k].zeros = k % 5 == 0;
@@ -496,10 +500,11 @@ TEST(gpu_mailbox_fused_calls) {
         long bad = -1;
         if (ok) ok = mbt_fused_batch(&t, calls, kind, round, rows, woff, w, dw, ncalls, firsts[s],
                                      test_seed() ^ 0xf5 ^ (uint64_t)R, &bad) == 0;
-        int counts[3] = {0, 0, 0};
+        int counts[4] = {0, 0, 0, 0};
         for (int k = 0; k < ncalls; k++) counts[kind[k]]++;
-        printf("  [%d ranks: %d calls (%d plain, %d pushed one-shots, %d all-reduce + rmsnorm) from epoch %u, %ld "
-               "results differ]\n", R, ncalls, counts[0], counts[1], counts[2], firsts[s], bad);
+        printf("  [%d ranks: %d calls (%d plain, %d pushed one-shots, %d all-reduce + rmsnorm, %d rounded one-shots) "
+               "from epoch %u, %ld results differ]\n", R, ncalls, counts[0], counts[1], counts[2], counts[3], firsts[s],
+               bad);
         /* a mismatch: rank 0 splits 256 floats into 2 rows, the others into 4 */
         int refused = 0;
         if (ok && R == 2) {
