@@ -592,7 +592,7 @@ TEST(gpu_mailbox_gemv_push) {
             q[k].xoff = xoff;
             xoff += (size_t)q[k].T * q[k].cols;
             q[k].yoff = yoff;
-            yoff += (size_t)q[k].T * q[k].rows + 4 * ((u >> 12) % 3); /* some outputs off 16-byte alignment */
+            yoff += (size_t)q[k].T * q[k].rows + (u >> 12) % 4; /* some outputs off 16-byte alignment */
             plain_n[k] = (u >> 16) % 3 ? 0 : 1 + (int)((u >> 20) % 3000);
         }
         size_t plain_at = yoff + 64, buf = plain_at + 4096 + 64;
