@@ -361,14 +361,16 @@ static void check_run(const char *name, int tp, const tpx_rank *xr, const tpx_ra
                ND + 1);
         /* the fused TP launches are the ones taken (both captured shapes have T <= 8 rows: every layer's
          * attention o_proj, and a dense MLP's down, is a GEMV whose epilogue pushes into the peers' slots;
-         * every latent-normed MoE tail reduces, rounds and norms in one mailbox launch; every shared expert's
+         * every latent-normed MoE tail reduces, rounds and norms in one mailbox launch; every other rounded
          * sum is rounded in its one-shot's launch) */
         const k3c_config *c = &xr[k].m->config;
         long moe = 0, dense = 0;
         for (int l = 0; l < c->num_layers; l++) moe += c->layer_is_moe[l], dense += !c->layer_is_moe[l];
         long want_rowpar = 2 * (c->num_layers + dense);
-        long want_norm = c->routed_expert_hidden_size > 0 && c->latent_moe_use_norm ? 2 * moe : 0;
-        long want_round = c->num_shared_experts > 0 ? 2 * moe : 0;
+        int latent_norm = c->routed_expert_hidden_size > 0 && c->latent_moe_use_norm;
+        long want_norm = latent_norm ? 2 * moe : 0;
+        /* rounded one-shots: the shared expert's sum, and the routed one where no latent norm takes it */
+        long want_round = 2 * moe * ((c->num_shared_experts > 0) + !latent_norm);
         CHECKF(xr[k].fused_rowpar == want_rowpar && xr[k].fused_norm == want_norm && xr[k].fused_round == want_round,
                "%s tp %d rank %d: %ld fused row-parallel products, %ld fused MoE reduce + norms, %ld rounded one-shots "
                "recorded, want %ld, %ld and %ld (2 captured shapes)", name, tp, k, xr[k].fused_rowpar,
