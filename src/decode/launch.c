@@ -23,6 +23,20 @@ static int tp_reduce(k3c_decode_cuda *x, float *buf, size_t n) {
     return rc;
 }
 
+static int tp_reduce_round(k3c_decode_cuda *x, float *buf, size_t n) {
+    long fb = k3c_cuda_stamp_foreign_begin(x->st);
+    int rc = k3c_comm_mailbox_all_reduce_round_on(x->tp, buf, n, x->st);
+    k3c_cuda_stamp_foreign_end(x->st, fb);
+    return rc;
+}
+
+static int tp_reduce_norm(k3c_decode_cuda *x, float *buf, int T, int n, const float *w, float eps) {
+    long fb = k3c_cuda_stamp_foreign_begin(x->st);
+    int rc = k3c_comm_mailbox_reduce_rmsnorm_on(x->tp, buf, T, n, w, eps, x->st);
+    k3c_cuda_stamp_foreign_end(x->st, fb);
+    return rc;
+}
+
 static int tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t bytes) {
     long fb = k3c_cuda_stamp_foreign_begin(x->st);
     int rc = k3c_comm_mailbox_all_gather_on(x->tp, src, dst, bytes, x->st);
@@ -39,10 +53,7 @@ int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t 
 int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round) {
     if (!x->tp || !n) return K3C_OK;
     if (round && k3c_comm_mailbox_one_shot(x->tp, n)) { /* the sum and its rounding in one launch: the same bits */
-        long fb = k3c_cuda_stamp_foreign_begin(x->st);
-        int rc = k3c_comm_mailbox_all_reduce_round_on(x->tp, buf, n, x->st);
-        k3c_cuda_stamp_foreign_end(x->st, fb);
-        P_TRY("tp all-reduce + round", rc);
+        P_TRY("tp all-reduce + round", tp_reduce_round(x, buf, n));
         STAMP_BYTES(4.0 * n * (x->tp_size + 1));
         x->fused_round++;
         return K3C_OK;
@@ -56,6 +67,7 @@ int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round) {
     return K3C_OK;
 }
 
+/* The pushed one-shot's finish (its sum rounded). */
 static int tp_finish(k3c_decode_cuda *x, float *buf, size_t n) {
     long fb = k3c_cuda_stamp_foreign_begin(x->st);
     int rc = k3c_comm_mailbox_finish_on(x->tp, buf, n, 1, x->st);
@@ -71,8 +83,8 @@ int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, con
     const uint16_t *w = WPTR(W->w);
     if (x->tp && x->tp_push.n && w && k3c_comm_mailbox_one_shot(x->tp, n) &&
         k3c_cuda_fanout_ok(w, W->rows, W->cols, in, T)) {
-        STAMP_BYTES(2.0 * W->rows * W->cols + 4.0 * T * (W->rows + W->cols) + 4.0 * n * (x->tp_size - 1));
         P_TRY(op, k3c_cuda_matmul_bf16_fanout(w, W->rows, W->cols, in, T, y, &x->tp_push, x->st));
+        STAMP_BYTES(2.0 * W->rows * W->cols + 4.0 * T * (W->rows + W->cols) + 4.0 * n * (x->tp_size - 1));
         P_TRY("tp all-reduce", tp_finish(x, y, n)); /* flags, wait, the rank-order sum, rounded */
         STAMP_BYTES(4.0 * n * x->tp_size);
         x->fused_rowpar++;
@@ -85,10 +97,7 @@ int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, con
 int k3c_exec_tp_sum_rmsnorm(k3c_decode_cuda *x, float *buf, int T, int n, const float *w, float eps) {
     size_t all = (size_t)T * n;
     if (x->tp && w && n % 4 == 0 && k3c_comm_mailbox_one_shot(x->tp, all)) {
-        long fb = k3c_cuda_stamp_foreign_begin(x->st);
-        int rc = k3c_comm_mailbox_reduce_rmsnorm_on(x->tp, buf, T, n, w, eps, x->st);
-        k3c_cuda_stamp_foreign_end(x->st, fb);
-        P_TRY("tp all-reduce + norm", rc);
+        P_TRY("tp all-reduce + norm", tp_reduce_norm(x, buf, T, n, w, eps));
         STAMP_BYTES(4.0 * all * (x->tp_size + 2) + 4.0 * n);
         x->fused_norm++;
         return K3C_OK;
