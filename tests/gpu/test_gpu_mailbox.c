@@ -324,9 +324,10 @@ static void mbt_fill_norm(float *x, size_t n, uint64_t seed, int call, int r) {
     k3c_rng_seed(&g, seed ^ ((uint64_t)call << 24) ^ ((uint64_t)r << 52) ^ 0x6e6dull);
     for (size_t i = 0; i < n; i++) {
         uint64_t u = k3c_rng_next(&g);
-        x[i] = u % 16 == 0 ? ((u >> 8) & 1 ? -0.0f : 0.0f)
+        float mag = ldexpf(1.0f, (int)((u >> 4) % 12) - 6);
+        x[i] = u % 16 == 0   ? ((u >> 8) & 1 ? -0.0f : 0.0f)
                : u % 16 == 1 ? 1e-40f
-                             : (float)((double)(u >> 11) / 9007199254740992.0 - 0.5) * ldexpf(1.0f, (int)((u >> 4) % 12) - 6);
+                             : (float)((double)(u >> 11) / 9007199254740992.0 - 0.5) * mag;
     }
 }
 
@@ -336,7 +337,9 @@ enum { MBT_PLAIN, MBT_PUSHED, MBT_NORM, MBT_ROUND };
  * pattern): kind[k] MBT_PLAIN (the automatic all-reduce), MBT_PUSHED (the test pushes the rank's input into
  * every peer's slot of the call's parity, the epoch known here from the first and the calls before, by a copy
  * on the rank's stream, then the finish, rounding when round[k]: the pushed one-shot with the copy in place
- * of a product's epilogue), MBT_NORM (rows[k] rows of calls[k].n / rows[k] floats, weights w + woff[k]),
+ * of a product's epilogue; in every call k with k & 4 the last rank makes the plain one-shot instead, which
+ * must pair with the others' finishes), MBT_NORM (rows[k] rows of calls[k].n / rows[k] floats, weights
+ * w + woff[k]),
  * MBT_ROUND (the one-shot rounding its sums in its own launch).
  * References: the rank-order sum (rounded for a rounding finish); for a norm, the host's rounded sums
  * normed by the host reference (emulator) or by the backend's rmsnorm (GPU). Every rank bitwise; the floats
@@ -365,7 +368,12 @@ static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const
             float *x = t->d[r] + calls[k].off[r];
             size_t n = calls[k].n;
             int rc;
-            if (kind[k] == MBT_PUSHED) {
+            if (kind[k] == MBT_PUSHED && r == R - 1 && (k & 4)) {
+                /* the last rank makes the plain one-shot of the call instead (rounded where the finish rounds):
+                 * the two pair call for call (comm/mailbox.h) */
+                rc = round[k] ? k3c_comm_mailbox_all_reduce_round_on(t->c[r], x, n, NULL)
+                              : k3c_comm_mailbox_all_reduce(t->c[r], x, n, K3C_MAILBOX_ONE_SHOT);
+            } else if (kind[k] == MBT_PUSHED) {
                 for (int p = 0; p < R; p++)
                     if (p != r)
                         MT_CUDA(cudaMemcpyAsync(push[r].slot[p] + (e & 1) * push[r].parity_floats, x, n * sizeof(float),
@@ -399,7 +407,8 @@ static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const
         for (size_t i = 0; i < n; i++) {
             float v = t->in[0][calls[k].off[0] + i];
             for (int q = 1; q < R; q++) v += t->in[q][calls[k].off[q] + i];
-            want[i] = kind[k] == MBT_NORM || kind[k] == MBT_ROUND || (kind[k] == MBT_PUSHED && round[k]) ? mbt_bf16(v) : v;
+            int rounded = kind[k] == MBT_NORM || kind[k] == MBT_ROUND || (kind[k] == MBT_PUSHED && round[k]);
+            want[i] = rounded ? mbt_bf16(v) : v;
         }
         if (kind[k] == MBT_NORM) {
             int cols = (int)(n / rows[k]);
@@ -626,7 +635,8 @@ TEST(gpu_mailbox_gemv_push) {
             fo[r].skip = push[r].failed;
             for (int p = 0; p < R; p++)
                 if (push[r].slot[p]) fo[r].dst[fo[r].n++] = push[r].slot[p];
-            for (int k = 0; k < ncalls && ok; k++) ok = mbt_gemv_rank_ref(dW[r], &q[k], dx[r], dref, ref[r] + q[k].yoff) == 0;
+            for (int k = 0; k < ncalls && ok; k++)
+                ok = mbt_gemv_rank_ref(dW[r], &q[k], dx[r], dref, ref[r] + q[k].yoff) == 0;
             for (size_t i = 0; i < buf; i++) t.in[r][i] = u2f(MBT_POISON);
             for (int k = 0; k < ncalls; k++)
                 if (plain_n[k]) mbt_fill(t.in[r] + plain_at, (size_t)plain_n[k], test_seed(), k, r, R, k % 2);
