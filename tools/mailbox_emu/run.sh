@@ -9,7 +9,8 @@
 # stronger than the GPU's: this checks indexing, parities, the pairing of blocks, barriers, epochs, graph
 # replay and the failure paths, not the fences. K3C_MBT_EMU tells the test file it runs here (no backend
 # kernels: the fused calls' norm reference is its host form, the fanout GEMV's test is left out).
-# Usage: tools/mailbox_emu/run.sh [test filter ...], or run.sh bench [bench_comm arguments] (tests/gpu/bench_comm.c's harness; its times mean nothing here);
+# Usage: tools/mailbox_emu/run.sh [test filter ...], or run.sh bench [bench_comm arguments]
+# (tests/gpu/bench_comm.c's harness; its times mean nothing here);
 # env K3C_MBT_SCALE (default 0.03: the test's call counts scaled down), TMPDIR (build dir).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
