@@ -24,7 +24,28 @@
  * equality is ever compared, and a flag two calls stale differs from the current epoch.
  *
  * No sentinel in the data (the barrier-free push with a NaN or -0 pattern): the payload may hold any bits,
- * -0.0 and NaN included. */
+ * -0.0 and NaN included.
+ *
+ * The pushed one-shot (the device form's fused calls, comm/mailbox_dev.h k3c_mbx_finish): step 1's copy is
+ * made by the kernel that produces x (a row-parallel product's epilogue, cuda/gemm.h k3c_cuda_fanout), which
+ * stores x straight into slot [b][r] of every peer's region, b from r's own epoch e as that kernel reads it,
+ * and fences; a later kernel on r's stream (the finish) then stores the flags, waits, sums and rounds. The
+ * producer writes slot [b][r] of call e before any flag of call e exists, and that is as safe as the plain
+ * push, for the reason above: the producer runs only after r's call e - 1 completed (stream order; no
+ * kernel between them lets its successor start before it ends, and the mailbox kernels never do), so every
+ * peer p has posted its flags of e - 1, so p finished reading epoch e - 2 from that slot (p reads epoch e - 2
+ * before it starts call e - 1). A peer reads slot [b][r] for call e only after r's flag [b][r] = e, which r
+ * stores after the producer's stores (all of x, then a system-scope fence, then kernel completion, then the
+ * finish's own fence and release store), so it reads x, not what the slot held before. The epoch the
+ * producer reads is the one the finish will use: nothing runs between them on r's stream, and r's epoch
+ * changes only at the end of r's mailbox calls. A producer's parity is never guessed (the executor's graphs
+ * replay it: the device's epoch decides each time). When r has failed, its producer writes nothing (its
+ * finish returns at once). The finish exchanges the same flags and the same data as the plain one-shot of
+ * the same n, so the two pair call for call (a rank may push either way).
+ *
+ * Whole rows (k3c_mbx_reduce_rmsnorm): the same protocol with the data split by rows instead of elements
+ * (a norm needs its row), block k pushing and reading the rows of its part; another kind of call (op), so
+ * a rank splitting the same floats differently is a mismatch, not a silent misread. */
 #ifndef K3C_COMM_MAILBOX_H
 #define K3C_COMM_MAILBOX_H
 

@@ -163,12 +163,16 @@ static const char *op_name(uint32_t op, char *buf, size_t n) {
     case K3C_MBX_OP_TWO_SHOT: return "a two-shot all-reduce";
     case K3C_MBX_OP_GATHER: return "an all-gather";
     case K3C_MBX_OP_BROADCAST: snprintf(buf, n, "a broadcast from rank %u", op >> 8); return buf;
+    case K3C_MBX_OP_REDUCE_NORM: snprintf(buf, n, "an all-reduce + rmsnorm of %u rows", op >> 8); return buf;
     default: snprintf(buf, n, "call kind %u", op); return buf;
     }
 }
 
 static const char *op_unit(uint32_t op) {
-    return (op & 0xff) == K3C_MBX_OP_ONE_SHOT || (op & 0xff) == K3C_MBX_OP_TWO_SHOT ? "floats" : "bytes";
+    return (op & 0xff) == K3C_MBX_OP_ONE_SHOT || (op & 0xff) == K3C_MBX_OP_TWO_SHOT ||
+                   (op & 0xff) == K3C_MBX_OP_REDUCE_NORM
+               ? "floats"
+               : "bytes";
 }
 
 /* K3C_OK, or the rank's recorded failure as a message. */
@@ -660,6 +664,80 @@ int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size
     return mbx_exchange(r, src, dst, bytes, -1, "all_gather", stream ? (cudaStream_t)stream : r->stream);
 }
 
+int k3c_comm_mailbox_push_targets(k3c_comm *c, k3c_comm_mailbox_push *out) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r || !out) return k3c_errorf("mailbox push targets: %s", r ? "NULL out" : "not a mailbox communicator");
+    memset(out, 0, sizeof *out);
+    const k3c_mbx_args *a = &r->args;
+    out->ranks = a->lay.ranks;
+    out->rank = a->rank;
+    for (int p = 0; p < a->lay.ranks; p++)
+        out->slot[p] = p == a->rank ? NULL : k3c_mbx_slot_at(a->region[p], a->lay.slots, &a->lay, 0, a->rank);
+    /* parity 1 of writer w is ranks slots past parity 0 (k3c_mbx_slot_at) */
+    out->parity_floats = (size_t)a->lay.ranks * a->lay.slot_floats;
+    out->cap = r->cap;
+    k3c_mbx_state *st = (k3c_mbx_state *)a->region[a->rank];
+    out->epoch = &st->epoch[0]; /* every block's epoch is the same between calls */
+    out->failed = &st->failed;
+    return K3C_OK;
+}
+
+int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n) {
+    mbx_rank *r = as_mailbox(c);
+    return r && n <= r->cap && n * sizeof(float) < r->two_shot_bytes;
+}
+
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox all_reduce_round_on: not a mailbox communicator");
+    K3C_TRY(mbx_check(r));
+    if (!k3c_comm_mailbox_one_shot(c, n) || (n && !buf)) {
+        mbx_abort_rank(r);
+        return k3c_errorf("mailbox rank %d of %d: rounded all-reduce of %zu floats %s (a one-shot: below %zu bytes, "
+                          "at most options.cap %zu floats)", c->rank, c->size, n, buf ? "" : "at NULL",
+                          r->two_shot_bytes, r->cap);
+    }
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_one_shot_round(&r->args, buf, n, stream ? (cudaStream_t)stream : r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
+int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox finish_on: not a mailbox communicator");
+    K3C_TRY(mbx_check(r));
+    if (n > r->cap || (n && !buf)) {
+        mbx_abort_rank(r);
+        return k3c_errorf("mailbox rank %d of %d: finish of %zu floats %s (options.cap %zu)", c->rank, c->size, n,
+                          buf ? "past the mailbox" : "at NULL", r->cap);
+    }
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_finish(&r->args, buf, n, round, stream ? (cudaStream_t)stream : r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
+int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n, const float *w, float eps,
+                                       void *stream) {
+    mbx_rank *r = as_mailbox(c);
+    if (!r) return k3c_errorf("mailbox reduce_rmsnorm_on: not a mailbox communicator");
+    K3C_TRY(mbx_check(r));
+    if (rows < 1 || n < 4 || n % 4 || (size_t)rows * (size_t)n > r->cap || !buf || !w) {
+        mbx_abort_rank(r);
+        return k3c_errorf("mailbox rank %d of %d: all-reduce + rmsnorm of %d rows of %d floats (rows of a multiple "
+                          "of 4 floats, at most options.cap %zu in all, buffers not NULL)",
+                          c->rank, c->size, rows, n, r->cap);
+    }
+    int prev;
+    K3C_TRY(dev_enter(r->device, &prev));
+    int rc = k3c_mbx_reduce_rmsnorm(&r->args, buf, rows, n, w, eps, stream ? (cudaStream_t)stream : r->stream);
+    dev_leave(r->device, prev);
+    return rc;
+}
+
 int k3c_comm_is_mailbox(const k3c_comm *c) { return as_mailbox((k3c_comm *)c) != NULL; }
 
 int k3c_comm_mailbox_check(k3c_comm *c) {
@@ -737,6 +815,32 @@ int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size
 int k3c_comm_is_mailbox(const k3c_comm *c) {
     (void)c;
     return 0;
+}
+
+int k3c_comm_mailbox_push_targets(k3c_comm *c, k3c_comm_mailbox_push *out) {
+    (void)c, (void)out;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n) {
+    (void)c, (void)n;
+    return 0;
+}
+
+int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
+    (void)c, (void)buf, (void)n, (void)round, (void)stream;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream) {
+    (void)c, (void)buf, (void)n, (void)stream;
+    return no_cuda();
+}
+
+int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n, const float *w, float eps,
+                                       void *stream) {
+    (void)c, (void)buf, (void)rows, (void)n, (void)w, (void)eps, (void)stream;
+    return no_cuda();
 }
 
 int k3c_comm_mailbox_get_info(k3c_comm *c, k3c_comm_mailbox_info *info) {

@@ -74,6 +74,35 @@ int k3c_comm_mailbox_all_reduce(k3c_comm *c, float *buf, size_t n, k3c_mailbox_a
  * whichever stream each is on. */
 int k3c_comm_mailbox_all_reduce_on(k3c_comm *c, float *buf, size_t n, void *stream);
 int k3c_comm_mailbox_all_gather_on(k3c_comm *c, const void *src, void *dst, size_t bytes, void *stream);
+/* The fused calls of the specialized executor (comm/mailbox.h: the pushed one-shot; mailbox_dev.h's
+ * launchers), on `stream` as all_reduce_on, under the same rule (at most one mailbox kernel of a rank in
+ * flight; the product kernel that pushes is no mailbox kernel: it never waits).
+ *
+ * push_targets: where a product's epilogue writes this rank's part of a pushed one-shot: slot[p], peer p's
+ * slot for this rank as writer at parity 0 (NULL for p == rank), the parity-1 slot parity_floats further;
+ * the parity is the low bit of *epoch (this rank's next epoch, device memory: read by the kernel once the
+ * kernels before it on the stream have completed, as a graph replay needs); *failed nonzero: the rank has
+ * failed, write nothing. cap: the most floats a call carries. */
+typedef struct k3c_comm_mailbox_push {
+    int ranks, rank;
+    float *slot[8];
+    size_t parity_floats, cap;
+    const uint32_t *epoch, *failed;
+} k3c_comm_mailbox_push;
+int k3c_comm_mailbox_push_targets(k3c_comm *c, k3c_comm_mailbox_push *out);
+/* 1 when all_reduce_on of n floats takes the one-shot (within cap): where the fused calls stand in for it. */
+int k3c_comm_mailbox_one_shot(k3c_comm *c, size_t n);
+/* all_reduce_on of n floats where it is a one-shot (k3c_comm_mailbox_one_shot), each sum then rounded to bf16
+ * in the same launch: the bits of all_reduce_on and then k3c_cuda_round_bf16. */
+int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void *stream);
+/* The finish of a pushed one-shot: buf[0 .. n) (this rank's part, already pushed to every peer by a kernel
+ * before this launch on `stream`) = the rank-order sum, rounded to bf16 with round: the bits of
+ * all_reduce_on and then k3c_cuda_round_bf16. */
+int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream);
+/* buf [rows, n] = rmsnorm(bf16(sum over ranks), w, eps) rounded to bf16, in one launch: the bits of
+ * all_reduce_on, k3c_cuda_round_bf16 and k3c_cuda_rmsnorm(round 1); n a multiple of 4, rows * n <= cap. */
+int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n, const float *w, float eps,
+                                       void *stream);
 /* 1 for a mailbox communicator (the one a CUDA graph can capture), else 0. */
 int k3c_comm_is_mailbox(const k3c_comm *c);
 

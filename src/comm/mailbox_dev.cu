@@ -2,10 +2,12 @@
  * protocol, whose host-thread model tests/test_mailbox.c runs). Each kernel runs `blocks` blocks of
  * K3C_MBX_THREADS threads per rank and is instantiated per rank count (2 .. 8), so the loops over ranks
  * unroll and a thread issues all its ranks' loads before its sums:
- *   one-shot   push x into every peer's slot; flags; wait; sum the slots in rank order
+ *   one-shot   push x into every peer's slot; flags; wait; sum the slots in rank order (and round)
  *   two-shot   push each shard's piece to the shard's owner; flags; wait; the owner sums its shard in rank
  *              order into x and every peer's ag slot; flags; wait; copy the other shards in
  *   exchange   a gather or a broadcast: push; flags; wait; copy
+ *   finish     a one-shot whose push a product's epilogue made: flags; wait; sum (and round)
+ *   reduce_norm a one-shot over whole rows: push; flags; wait; sum, round and RMSNorm each row
  *
  * Memory order: a block's threads store their data (st.global.cg, not allocated in L1; over NVLink where
  * the peer is another GPU), each thread then fences (__threadfence_system: fence.sc.sys), the block meets
@@ -185,10 +187,27 @@ __device__ __forceinline__ float4 add4(float4 s, float4 v) {
     return s;
 }
 
-/* x[lo, hi) = the rank-order sum of x (rank me's values) and this rank's slots (b, p) of the peers; with
+/* f32 -> the nearest bf16 value (round to nearest even, NaN kept quiet), as an f32: the bits of
+ * cuda/common.cuh's k3c_dev_bf16(k3c_dev_to_bf16(v)), the backend's rounding (k3c_cuda_round_bf16), written
+ * out here so that the CPU emulation (tools/mailbox_emu) needs no backend header. */
+__device__ __forceinline__ float round_bf16(float v) {
+    uint32_t u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x400000u) & 0xffff0000u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+__device__ __forceinline__ float4 round4(float4 v) {
+    v.x = round_bf16(v.x), v.y = round_bf16(v.y), v.z = round_bf16(v.z), v.w = round_bf16(v.w);
+    return v;
+}
+
+/* x[lo, hi) = the rank-order sum of x (rank me's values) and this rank's slots (b, p) of the peers (with
+ * round, each sum rounded to bf16 after it is complete: the backend's rounding pass after the sum); with
  * to_ag, each sum is also stored into every peer's ag slot (b, me). */
 template <int R>
-__device__ void reduce(const k3c_mbx_args &a, uint32_t b, float *x, size_t lo, size_t hi, bool to_ag) {
+__device__ void reduce(const k3c_mbx_args &a, uint32_t b, float *x, size_t lo, size_t hi, bool to_ag,
+                       bool round = false) {
     const int me = a.rank;
     const float *s[R];
     float *g[R];
@@ -207,6 +226,7 @@ __device__ void reduce(const k3c_mbx_args &a, uint32_t b, float *x, size_t lo, s
             float4 acc = v[0];
 #pragma unroll
             for (int p = 1; p < R; p++) acc = add4(acc, v[p]);
+            if (round) acc = round4(acc);
             reinterpret_cast<float4 *>(x)[j] = acc;
             if (to_ag)
 #pragma unroll
@@ -222,6 +242,7 @@ __device__ void reduce(const k3c_mbx_args &a, uint32_t b, float *x, size_t lo, s
         float acc = v[0];
 #pragma unroll
         for (int p = 1; p < R; p++) acc += v[p];
+        if (round) acc = round_bf16(acc);
         x[i] = acc;
         if (to_ag)
 #pragma unroll
@@ -242,8 +263,9 @@ __device__ void copy_bytes(unsigned char *dst, const unsigned char *src, size_t 
     for (size_t i = i0 + threadIdx.x; i < hi; i += blockDim.x) __stcg(dst + i, __ldcg(src + i));
 }
 
+/* round: each sum rounded to bf16 (the rounding pass after the all-reduce, in the same launch). */
 template <int R>
-__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args a, float *x, uint32_t n) {
+__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args a, float *x, uint32_t n, int round) {
     __shared__ mbx_block sh;
     const uint32_t op = K3C_MBX_OP_ONE_SHOT;
     if (!mbx_begin(a, &sh, n, op)) return;
@@ -253,7 +275,110 @@ __global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_one_shot(k3c_mbx_args 
     push<R>(a, a.lay.slots, b, x, lo, hi, -1);
     mbx_post_all(a, a.lay.f1, e, n, op);
     if (!mbx_wait_all(a, &sh, a.lay.f1, e, n, op)) return;
-    reduce<R>(a, b, x, lo, hi, false);
+    reduce<R>(a, b, x, lo, hi, false, round != 0);
+    mbx_end(a, e);
+}
+
+/* The one-shot's second half, after a product's epilogue made its push (comm/mailbox.h: the pushed one-shot):
+ * every peer's slot (b, me) already holds x[0 .. n), written by a kernel that completed before this one
+ * started (stream order: this kernel is not PDL-launched) and fenced there, so this block's flag covers its
+ * part as the one-shot's own push would. The same flags, op and part of n as the one-shot (a peer making a
+ * plain one-shot of the same n exchanges the same data: the two are interchangeable call for call); with
+ * round, the sums are rounded to bf16 (the rounding pass the unfused sequence runs after the all-reduce). */
+template <int R>
+__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_finish(k3c_mbx_args a, float *x, uint32_t n, int round) {
+    __shared__ mbx_block sh;
+    const uint32_t op = K3C_MBX_OP_ONE_SHOT;
+    if (!mbx_begin(a, &sh, n, op)) return;
+    const uint32_t e = sh.e, b = e & 1;
+    size_t lo, hi;
+    k3c_mbx_part(n, 4, blockIdx.x, gridDim.x, &lo, &hi);
+    mbx_post_all(a, a.lay.f1, e, n, op);
+    if (!mbx_wait_all(a, &sh, a.lay.f1, e, n, op)) return;
+    reduce<R>(a, b, x, lo, hi, false, round != 0);
+    mbx_end(a, e);
+}
+
+/* The RMSNorm's reduction (cuda/elementwise.cu rmsnorm_kernel) of one row, reproduced by this block: the
+ * norm kernel runs one block of B = min(1024, n rounded up to 32) threads a row, thread t accumulating
+ * v[t], v[t + B], ... by fmaf in index order, then k3c_block_sum: the warp butterfly (xor 16, 8, 4, 2, 1),
+ * the warp sums in warp order into red, and the butterfly again over red[lane] (0 past the warps). Here
+ * each of the block's threads plays virtual threads t + j * blockDim.x (j < NORM_J) of that block: the
+ * same partials (a virtual thread's lane is its real thread's lane, so the shuffles pair the same partials),
+ * the same trees, so the same bits. */
+#define NORM_MAX_B 1024
+#define NORM_J (NORM_MAX_B / K3C_MBX_THREADS)
+static_assert(K3C_MBX_THREADS % 32 == 0 && NORM_MAX_B % K3C_MBX_THREADS == 0, "virtual norm threads");
+
+__device__ __forceinline__ float warp_sum(float v) { /* cuda/common.cuh k3c_warp_sum */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+struct mbx_norm_smem {
+    float red[32];
+};
+
+/* All-reduce + round + RMSNorm of rows [T, n] (stock/forward.c moe_tp's sum, round and latent norm, in one
+ * launch). Block k owns rows part k of T (whole rows: the norm needs a row's every element), pushes them,
+ * posts its flags, waits for block k of every peer (which pushed the same rows), and per row: v[i] = the
+ * rank-order sum rounded to bf16 (one-shot's sum, then the rounding pass), into x; the sum of squares in
+ * the norm kernel's order (above); x[i] = bf16(v[i] * r * w[i]), r = rsqrtf(ss / n + eps): rmsnorm_kernel's
+ * operations on the rounded row, so bitwise the unfused all-reduce, k3c_cuda_round_bf16 and
+ * k3c_cuda_rmsnorm(round 1). n is a multiple of 4 (the row boundaries stay 16-byte aligned). op carries
+ * the row count (a peer splitting the same floats into other rows exchanges other parts: a mismatch). */
+template <int R>
+__global__ void __launch_bounds__(K3C_MBX_THREADS, 2) mbx_reduce_norm(k3c_mbx_args a, float *x, uint32_t T,
+                                                                   uint32_t n, const float *w, float eps) {
+    __shared__ mbx_block sh;
+    __shared__ mbx_norm_smem nm;
+    const uint32_t count = T * n, op = (uint32_t)K3C_MBX_OP_REDUCE_NORM | T << 8;
+    if (!mbx_begin(a, &sh, count, op)) return;
+    const uint32_t e = sh.e, b = e & 1;
+    const int me = a.rank;
+    size_t r0, r1;
+    k3c_mbx_part(T, 1, blockIdx.x, gridDim.x, &r0, &r1);
+    push<R>(a, a.lay.slots, b, x, r0 * n, r1 * n, -1);
+    mbx_post_all(a, a.lay.f1, e, count, op);
+    if (!mbx_wait_all(a, &sh, a.lay.f1, e, count, op)) return;
+    const float *s[R];
+#pragma unroll
+    for (int p = 0; p < R; p++) s[p] = p == me ? x : k3c_mbx_slot_at(a.region[me], a.lay.slots, &a.lay, b, p);
+    const unsigned B = n >= NORM_MAX_B ? NORM_MAX_B : (n + 31) / 32 * 32, nw = B / 32;
+    const unsigned t = threadIdx.x, lane = t & 31, warp = t >> 5, bd = blockDim.x;
+    for (size_t row = r0; row < r1; row++) {
+        const size_t o = row * n;
+        float ss[NORM_J];
+#pragma unroll
+        for (int j = 0; j < NORM_J; j++) {
+            ss[j] = 0.0f;
+            for (size_t i = t + j * bd; t + j * bd < B && i < n; i += B) {
+                float v[R];
+#pragma unroll
+                for (int p = 0; p < R; p++) v[p] = __ldcg(s[p] + o + i);
+                float acc = v[0];
+#pragma unroll
+                for (int p = 1; p < R; p++) acc += v[p];
+                acc = round_bf16(acc);
+                x[o + i] = acc; /* read back below by this thread only */
+                ss[j] = fmaf(acc, acc, ss[j]);
+            }
+        }
+        __syncthreads(); /* red of the row before is read */
+#pragma unroll
+        for (int j = 0; j < NORM_J; j++) {
+            const float ws = warp_sum(ss[j]);
+            const unsigned vw = warp + j * (bd / 32);
+            if (lane == 0 && vw < nw) nm.red[vw] = ws;
+        }
+        __syncthreads();
+        const float tot = warp_sum(lane < nw ? nm.red[lane] : 0.0f);
+        const float r = rsqrtf(tot / n + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_J; j++)
+            for (size_t i = t + j * bd; t + j * bd < B && i < n; i += B) x[o + i] = round_bf16(x[o + i] * r * w[i]);
+    }
     mbx_end(a, e);
 }
 
@@ -334,11 +459,22 @@ __global__ void mbx_abort_kernel(k3c_mbx_args a) {
 }
 
 template <int R>
-void launch_reduce(const k3c_mbx_args &a, float *x, uint32_t n, int two_shot, cudaStream_t st) {
+void launch_reduce(const k3c_mbx_args &a, float *x, uint32_t n, int two_shot, int round, cudaStream_t st) {
     if (two_shot)
         mbx_two_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n);
     else
-        mbx_one_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n);
+        mbx_one_shot<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n, round);
+}
+
+template <int R>
+void launch_finish(const k3c_mbx_args &a, float *x, uint32_t n, int round, cudaStream_t st) {
+    mbx_finish<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, n, round);
+}
+
+template <int R>
+void launch_reduce_norm(const k3c_mbx_args &a, float *x, uint32_t T, uint32_t n, const float *w, float eps,
+                        cudaStream_t st) {
+    mbx_reduce_norm<R><<<a.lay.blocks, K3C_MBX_THREADS, 0, st>>>(a, x, T, n, w, eps);
 }
 
 template <int R>
@@ -349,11 +485,16 @@ void launch_exchange(const k3c_mbx_args &a, const void *src, void *dst, uint32_t
 
 template <int R>
 cudaError_t occupancy(int *out) {
-    int o1 = 0, o2 = 0, o3 = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o1, mbx_one_shot<R>, K3C_MBX_THREADS, 0);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o2, mbx_two_shot<R>, K3C_MBX_THREADS, 0);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o3, mbx_exchange<R>, K3C_MBX_THREADS, 0);
-    *out = o1 < o2 ? (o1 < o3 ? o1 : o3) : (o2 < o3 ? o2 : o3);
+    int o[5] = {0, 0, 0, 0, 0};
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[0], mbx_one_shot<R>, K3C_MBX_THREADS, 0);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[1], mbx_two_shot<R>, K3C_MBX_THREADS, 0);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[2], mbx_exchange<R>, K3C_MBX_THREADS, 0);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[3], mbx_finish<R>, K3C_MBX_THREADS, 0);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[4], mbx_reduce_norm<R>, K3C_MBX_THREADS, 0);
+    *out = o[0];
+    for (int i = 1; i < 5; i++)
+        if (o[i] < *out) *out = o[i];
     return e;
 }
 
@@ -374,10 +515,42 @@ cudaError_t occupancy(int *out) {
 extern "C" int k3c_mbx_all_reduce(const k3c_mbx_args *a, float *x, size_t n, int two_shot, void *stream) {
     if (n > a->lay.slot_floats)
         return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: %zu floats past the slots' %zu", n, a->lay.slot_floats);
-#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, two_shot, (cudaStream_t)stream)
+#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, two_shot, 0, (cudaStream_t)stream)
     MBX_BY_RANKS(a->lay.ranks, CALL)
 #undef CALL
     K3C_CUDA_LAUNCHED(two_shot ? "the two-shot mailbox all-reduce" : "the one-shot mailbox all-reduce");
+    return K3C_OK;
+}
+
+extern "C" int k3c_mbx_one_shot_round(const k3c_mbx_args *a, float *x, size_t n, void *stream) {
+    if (n > a->lay.slot_floats)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: %zu floats past the slots' %zu", n, a->lay.slot_floats);
+#define CALL(R) launch_reduce<R>(*a, x, (uint32_t)n, 0, 1, (cudaStream_t)stream)
+    MBX_BY_RANKS(a->lay.ranks, CALL)
+#undef CALL
+    K3C_CUDA_LAUNCHED("the one-shot mailbox all-reduce, rounded");
+    return K3C_OK;
+}
+
+extern "C" int k3c_mbx_finish(const k3c_mbx_args *a, float *x, size_t n, int round, void *stream) {
+    if (n > a->lay.slot_floats)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: %zu floats past the slots' %zu", n, a->lay.slot_floats);
+#define CALL(R) launch_finish<R>(*a, x, (uint32_t)n, round, (cudaStream_t)stream)
+    MBX_BY_RANKS(a->lay.ranks, CALL)
+#undef CALL
+    K3C_CUDA_LAUNCHED("the mailbox one-shot's finish");
+    return K3C_OK;
+}
+
+extern "C" int k3c_mbx_reduce_rmsnorm(const k3c_mbx_args *a, float *x, int rows, int n, const float *w, float eps,
+                                      void *stream) {
+    if (rows < 1 || n < 4 || n % 4 || rows >= (1 << 24) || (size_t)rows * n > a->lay.slot_floats)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "mailbox: reduce + rmsnorm of %d rows of %d floats (rows of a "
+                               "multiple of 4, within the slots' %zu)", rows, n, a->lay.slot_floats);
+#define CALL(R) launch_reduce_norm<R>(*a, x, (uint32_t)rows, (uint32_t)n, w, eps, (cudaStream_t)stream)
+    MBX_BY_RANKS(a->lay.ranks, CALL)
+#undef CALL
+    K3C_CUDA_LAUNCHED("the mailbox all-reduce + rmsnorm");
     return K3C_OK;
 }
 

@@ -67,6 +67,7 @@ enum {
     K3C_MBX_OP_TWO_SHOT = 2,
     K3C_MBX_OP_GATHER = 3,
     K3C_MBX_OP_BROADCAST = 4, /* | root << 8 */
+    K3C_MBX_OP_REDUCE_NORM = 5, /* | rows << 8: an all-reduce + round + RMSNorm of whole rows (blocks own rows) */
 };
 
 typedef struct k3c_mbx_state {
@@ -156,6 +157,21 @@ static inline K3C_MBX_HD uint32_t k3c_mbx_next_epoch(uint32_t e) { return e + 1 
  * must be the one a->region[a->rank] lives on. x, src, dst: device memory of this rank. */
 /* x[0 .. n) = the sum over the ranks of their x, in rank order; two_shot: reduce-scatter + all-gather. */
 int k3c_mbx_all_reduce(const k3c_mbx_args *a, float *x, size_t n, int two_shot, void *stream);
+/* The one-shot with each sum rounded to bf16 values: the bits of k3c_mbx_all_reduce and then the backend's
+ * rounding pass (k3c_cuda_round_bf16), in one launch. */
+int k3c_mbx_one_shot_round(const k3c_mbx_args *a, float *x, size_t n, void *stream);
+/* The second half of a one-shot all-reduce whose push was made before this launch, by a kernel ordered before
+ * it on `stream` that wrote x[0 .. n) into every peer's slot (e & 1, rank) of the slot array, e the epoch of
+ * this rank's block 0 (state.epoch[0]) when that kernel ran, and fenced its stores (__threadfence_system):
+ * a product's epilogue (comm/mailbox.h: the pushed one-shot and why it is safe). Then the flags, the wait and
+ * the rank-order sum into x, rounded to bf16 values with round: the bits of k3c_mbx_all_reduce (one-shot or
+ * two-shot) followed by the backend's rounding pass. */
+int k3c_mbx_finish(const k3c_mbx_args *a, float *x, size_t n, int round, void *stream);
+/* x[rows, n] (dense) = rmsnorm(bf16(the rank-order sum of x), w, eps), rounded to bf16: the bits of
+ * k3c_mbx_all_reduce, then k3c_cuda_round_bf16, then k3c_cuda_rmsnorm(x, n, w, rows, n, eps, 1, x, n) (the
+ * norm's reduction order reproduced, mailbox_dev.cu); n a multiple of 4, rows * n within the slots. */
+int k3c_mbx_reduce_rmsnorm(const k3c_mbx_args *a, float *x, int rows, int n, const float *w, float eps,
+                           void *stream);
 /* root < 0: dst[p * bytes ..) = rank p's src (a gather; src may be dst + rank * bytes); else dst (= src on
  * the root) = the root's src on every rank. */
 int k3c_mbx_exchange(const k3c_mbx_args *a, const void *src, void *dst, size_t bytes, int root, void *stream);

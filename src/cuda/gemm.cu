@@ -129,7 +129,8 @@ __device__ __forceinline__ void mma_step(const uint4 &va, const uint4 &vb, const
 template <bool RUNVOTE>
 __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int rows, int cols,
                                          const float *__restrict__ x, int T, float *__restrict__ y, int wpr,
-                                         int item, int round, float (*part)[4][32]) {
+                                         int item, int round, float (*part)[4][32],
+                                         const k3c_cuda_fanout *fo = nullptr, size_t po = 0) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     int chunks = cols >> 3, steps = (chunks + 3) >> 2;
@@ -209,7 +210,12 @@ __device__ __forceinline__ void mma_item(const uint16_t *__restrict__ W, int row
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int row = row0 + g + (i >> 1) * 8, t = 2 * q + (i & 1);
-            if (row < rows && t < T) y[(size_t)t * rows + row] = out_value(acc[i], round);
+            if (row < rows && t < T) {
+                const float o = out_value(acc[i], round);
+                y[(size_t)t * rows + row] = o;
+                if (fo) /* the fanout's stores (k3c_cuda_matmul_bf16_fanout) */
+                    for (int d = 0; d < fo->n; d++) __stcg(fo->dst[d] + po + (size_t)t * rows + row, o);
+            }
         }
     }
     if (wpr > 1) __syncthreads();
@@ -245,6 +251,51 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) gemv_mma_group_kernel(cons
         mma_item<RUNVOTE>(g.W[s], g.rows[s], g.cols[s], g.x[s], g.T, g.y[s], g.wpr[s], item - g.first[s], g.round[s], part);
     }
     K3C_STAMP_BLOCK_END(K3C_KID_GEMV_MMA_GROUP);
+}
+
+/* The fanout forms of the two streaming kernels (k3c_cuda_matmul_bf16_fanout): the same items in the same
+ * order, each output also stored at the destinations. The skip and parity words are read after the PDL
+ * wait: the kernels before this one on the stream have completed by then (the mailbox kernel that last
+ * advanced the epoch among them; it is never PDL-launched and never triggers early, so every kernel after
+ * it starts after it ended). The stores are fenced at system scope before the kernel ends, so the flags a
+ * later kernel publishes order them (comm/mailbox.h: the pushed one-shot). */
+__device__ __forceinline__ const k3c_cuda_fanout *fanout_begin(const k3c_cuda_fanout &fo, size_t *po) {
+    const bool skip = *(const volatile uint32_t *)fo.skip != 0;
+    *po = (*(const volatile uint32_t *)fo.parity_word & 1u) ? fo.parity_floats : 0;
+    return skip ? nullptr : &fo;
+}
+
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_t1_fanout_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x,
+                      float *__restrict__ y, int wpr, int items, const __grid_constant__ k3c_cuda_fanout fo) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_T1);
+    __shared__ float part[GEMV_WARPS][T1_RPW];
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) t1_prefetch(W, rows, cols, wpr, blockIdx.x);
+    k3c_pdl_wait();
+    size_t po;
+    const k3c_cuda_fanout *f = fanout_begin(fo, &po);
+    for (int item = blockIdx.x; item < items; item += gridDim.x)
+        t1_item(W, rows, cols, x, y, wpr, item, 0, part, f, po);
+    if (f) __threadfence_system();
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_T1);
+}
+
+template <bool RUNVOTE>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2)
+gemv_mma_fanout_kernel(const uint16_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int T,
+                       float *__restrict__ y, int wpr, int items, const __grid_constant__ k3c_cuda_fanout fo) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_GEMV_MMA);
+    __shared__ float part[GEMV_WARPS][4][32];
+    k3c_pdl_trigger();
+    if ((int)blockIdx.x < items) mma_prefetch(W, rows, cols, wpr, blockIdx.x);
+    k3c_pdl_wait();
+    size_t po;
+    const k3c_cuda_fanout *f = fanout_begin(fo, &po);
+    for (int item = blockIdx.x; item < items; item += gridDim.x)
+        mma_item<RUNVOTE>(W, rows, cols, x, T, y, wpr, item, 0, part, f, po);
+    if (f) __threadfence_system();
+    K3C_STAMP_BLOCK_END(K3C_KID_GEMV_MMA);
 }
 
 /* Any shape or alignment: one warp per (row, token), scalar loads. */
@@ -305,10 +356,15 @@ static bool gemv_mma_runvote(void) {
 
 static void plan_forced(int units, int batches, int wpr, gemv_plan *p) { p->wpr = plan_split(units, batches, wpr, &p->items); }
 
+/* The streaming kernels' alignment (else the scalar kernel). */
+static bool gemv_aligned(const uint16_t *W, int cols, const float *x) {
+    return cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+}
+
 static gemv_plan plan_matrix(const uint16_t *W, int rows, int cols, const float *x, int T) {
     static int occ_t1, occ_mma;
     gemv_plan p = {0, 0, 1, 0, 0};
-    if (cols % 8 != 0 || ((uintptr_t)W & 15) != 0 || ((uintptr_t)x & 15) != 0) {
+    if (!gemv_aligned(W, cols, x)) {
         p.scalar = 1;
         return p;
     }
@@ -358,6 +414,37 @@ static int gemv_tile(const uint16_t *W, int rows, int cols, const float *x, int 
         K3C_TRY(launch_stream(mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, round));
     }
     K3C_CUDA_LAUNCHED("gemv_bf16");
+    return K3C_OK;
+}
+
+extern "C" int k3c_cuda_fanout_ok(const uint16_t *W, int rows, int cols, const float *x, int T) {
+    return rows > 0 && cols > 0 && T >= 1 && T <= K3C_CUDA_GEMV_MAX_T && gemv_aligned(W, cols, x);
+}
+
+/* gemv_tile's launches (the same plan and grid: the plan, from the one-matrix kernels' residency, fixes the
+ * reduction order) in their fanout forms, unrounded. */
+extern "C" int k3c_cuda_matmul_bf16_fanout(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
+                                           const k3c_cuda_fanout *fo, cudaStream_t s) {
+    if (!k3c_cuda_fanout_ok(W, rows, cols, x, T) || !fo || fo->n < 0 || fo->n > K3C_CUDA_FANOUT_MAX ||
+        !fo->parity_word || !fo->skip)
+        return k3c_errorf("k3c_cuda_matmul_bf16_fanout: rows %d cols %d T %d (T 1..%d, W and x 16-byte aligned, cols "
+                          "a multiple of 8) or a bad fanout", rows, cols, T, K3C_CUDA_GEMV_MAX_T);
+    for (int d = 0; d < fo->n; d++)
+        if (!fo->dst[d]) return k3c_errorf("k3c_cuda_matmul_bf16_fanout: destination %d is NULL", d);
+    gemv_plan p = plan_matrix(W, rows, cols, x, T);
+    int grid = p.items < p.cap ? p.items : p.cap;
+    if (!p.mma) {
+        for (int t = 0; t < T; t++) {
+            k3c_cuda_fanout ft = *fo; /* token t's outputs start t * rows into y and into every destination */
+            for (int d = 0; d < ft.n; d++) ft.dst[d] += (size_t)t * rows;
+            K3C_TRY(launch_stream(gemv_t1_fanout_kernel, grid, s, W, rows, cols, x + (size_t)t * cols,
+                                  y + (size_t)t * rows, p.wpr, p.items, ft));
+        }
+    } else {
+        auto *mma_kernel = gemv_mma_runvote() ? gemv_mma_fanout_kernel<true> : gemv_mma_fanout_kernel<false>;
+        K3C_TRY(launch_stream(mma_kernel, grid, s, W, rows, cols, x, T, y, p.wpr, p.items, *fo));
+    }
+    K3C_CUDA_LAUNCHED("gemv_bf16 fanout");
     return K3C_OK;
 }
 

@@ -62,6 +62,27 @@ int k3c_cuda_matmul_bf16_round(k3c_cuda_gemm *g, const uint16_t *W, int rows, in
 int k3c_cuda_gemv_bf16(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
                        cudaStream_t stream);
 
+/* A product whose outputs also go elsewhere (the specialized executor's row-parallel products at TP: the
+ * pushed one-shot of comm/mailbox.h, each output written straight into every peer's mailbox slot). Every
+ * output y[i] (f32: the product is not rounded) is also stored (st.global.cg: to L2, over NVLink for another
+ * GPU's memory) at dst[d] + p * parity_floats + i for each destination d, p the low bit of *parity_word
+ * (device memory) as the kernel reads it after the kernels before it on the stream have completed; none of
+ * them when *skip (device memory) is nonzero. The kernel fences its stores (__threadfence_system) before it
+ * ends. The same kernels, plan and reduction order as k3c_cuda_matmul_bf16_round(round 0) at T <= 8, so y
+ * holds the same bits. */
+#define K3C_CUDA_FANOUT_MAX 8
+typedef struct k3c_cuda_fanout {
+    int n;
+    float *dst[K3C_CUDA_FANOUT_MAX];
+    size_t parity_floats;
+    const uint32_t *parity_word, *skip;
+} k3c_cuda_fanout;
+/* 1 when k3c_cuda_matmul_bf16_fanout runs this product (T 1 .. K3C_CUDA_GEMV_MAX_T, the streaming kernels'
+ * alignment: W and x 16-byte aligned, cols a multiple of 8), else 0 (the caller keeps its unfused path). */
+int k3c_cuda_fanout_ok(const uint16_t *W, int rows, int cols, const float *x, int T);
+int k3c_cuda_matmul_bf16_fanout(const uint16_t *W, int rows, int cols, const float *x, int T, float *y,
+                                const k3c_cuda_fanout *fo, cudaStream_t stream);
+
 /* Grouped products (the executor's packed projections): several matrices streamed by
  * one launch (T = 1, or T <= K3C_CUDA_GEMV_MAX_T with every matrix of >= 256 rows) or two (T > 1 with short
  * matrices beside long ones: those run token by token in a launch of their own), instead of one launch per

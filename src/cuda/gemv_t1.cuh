@@ -8,6 +8,7 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
+#include "cuda/gemm.h"
 
 #define GEMV_WARPS 8
 #define T1_RPW 2 /* T = 1: rows per warp */
@@ -110,10 +111,12 @@ __device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool
 }
 
 /* One item: rows row0 .. row0 + T1_RPW - 1 of this warp's group into y; every warp of the block calls it
- * with the same arguments (it may __syncthreads). */
+ * with the same arguments (it may __syncthreads). fo (cuda/gemm.h k3c_cuda_fanout, NULL: none): each output
+ * also stored at every destination, po floats past its parity-0 place. */
 __device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows, int cols,
                                         const float *__restrict__ x, float *__restrict__ y, int wpr, int item,
-                                        int round, float (*part)[T1_RPW]) {
+                                        int round, float (*part)[T1_RPW], const k3c_cuda_fanout *fo = nullptr,
+                                        size_t po = 0) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int groups = GEMV_WARPS / wpr, group = warp / wpr, kw = warp % wpr;
     int row0 = (item * groups + group) * T1_RPW;
@@ -125,7 +128,12 @@ __device__ __forceinline__ void t1_item(const uint16_t *__restrict__ W, int rows
     float v = acc[0];
 #pragma unroll
     for (int r = 1; r < T1_RPW; r++) v = lane == r ? acc[r] : v;
-    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) y[row0 + lane] = out_value(v, round);
+    if (kw == 0 && lane < T1_RPW && row0 + lane < rows) {
+        const float o = out_value(v, round);
+        y[row0 + lane] = o;
+        if (fo)
+            for (int d = 0; d < fo->n; d++) __stcg(fo->dst[d] + po + row0 + lane, o);
+    }
 }
 
 /* A streaming kernel launched with PDL where the build and K3C_PDL allow (common.cuh), else as usual. */

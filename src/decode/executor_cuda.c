@@ -256,6 +256,19 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     x->tp_rank = rank;
     x->tp_size = world_size;
     x->vocab = c->vocab_size * world_size;
+    if (x->tp) { /* the row-parallel products' epilogue writes into the peers' slots (launch.c) */
+        k3c_comm_mailbox_push push;
+        int rc = k3c_comm_mailbox_push_targets(x->tp, &push);
+        if (rc != K3C_OK) {
+            free(x);
+            return k3c_error_context("decode executor, TP rank %d of %d: ", rank, world_size);
+        }
+        x->tp_push.parity_floats = push.parity_floats;
+        x->tp_push.parity_word = push.epoch;
+        x->tp_push.skip = push.failed;
+        for (int p = 0; p < push.ranks && p < K3C_CUDA_FANOUT_MAX; p++)
+            if (push.slot[p]) x->tp_push.dst[x->tp_push.n++] = push.slot[p];
+    }
     x->silu_gate = k3c_config_kda_silu_gate(c);
     x->act = (k3c_cuda_act){c->hidden_act == K3C_ACT_SITU ? 2 : 1, c->situ_beta, c->situ_linear_beta};
     int G = c->use_grouped_topk && c->num_expert_group > 1 ? c->num_expert_group : 1;
@@ -720,6 +733,12 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     if (replays) *replays = x->replays;
 }
 
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round) {
+    if (rowpar) *rowpar = x->fused_rowpar;
+    if (norm) *norm = x->fused_norm;
+    if (round) *round = x->fused_round;
+}
+
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
     x->profile_next = 1;
     x->host_ms[0] = x->host_ms[1] = 0;
@@ -746,6 +765,12 @@ int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x) { (void)x; return 0; 
 void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays) {
     (void)x;
     if (replays) *replays = 0;
+}
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round) {
+    (void)x;
+    if (rowpar) *rowpar = 0;
+    if (norm) *norm = 0;
+    if (round) *round = 0;
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }

@@ -52,10 +52,16 @@
  * its timeout included) aborts the group. Over any other communicator (none, the staged one whose host wait
  * cannot be captured, NCCL) the executor holds no providers and its plan table says so (tp_prepared = 0):
  * every step plans stock on every rank, reason K3C_STOCK_TP_UNPREPARED; capture refuses.
- * Not built at TP yet: the o-projection epilogue writing straight into the peers' mailboxes and the MoE
- * tail's fused reduce + RMSNorm (each all-reduce is its own launch between the products); the single
- * reduction of routed + shared a MoE layer of the layouts note (it would round differently from the stock TP
- * forward, which reduces the two apart). */
+ * Fused at TP, each bitwise the unfused sequence (comm/mailbox.h: the pushed one-shot and why it is safe):
+ * a row-parallel product that is a streaming GEMV (T <= 8, aligned) and whose sum is a one-shot writes its
+ * unrounded part from its epilogue straight into every peer's mailbox slot (the parity from the device's
+ * epoch), and the mailbox's finish publishes the flags, waits, sums in rank order and rounds (decode/launch.c
+ * k3c_exec_mm_rowpar: MLA's and KDA's o_proj, the dense MLP's down); the MoE tail's routed sum, its rounding
+ * and the latent norm are one mailbox launch (k3c_exec_tp_sum_rmsnorm: the backend rmsnorm's reduction order
+ * reproduced); every other rounded one-shot sum (the shared expert's) rounds in its own launch. Larger T
+ * (cuBLASLt) and two-shot sizes keep the unfused launches. k3c_decode_cuda_tp_fusions counts what was fused.
+ * Not built at TP: the single reduction of routed + shared a MoE layer of the layouts note (it would round
+ * differently from the stock TP forward, which reduces the two apart). */
 #ifndef K3C_DECODE_EXECUTOR_CUDA_H
 #define K3C_DECODE_EXECUTOR_CUDA_H
 
@@ -82,6 +88,11 @@ const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x);
 /* Shapes captured so far, and how many steps were replayed. */
 int k3c_decode_cuda_num_captured(const k3c_decode_cuda *x);
 void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays);
+/* Under TP: the fused launches recorded so far (every capture and profiled step records the step again):
+ * rowpar, row-parallel products whose epilogue pushed into the peers' mailbox slots (launch.c
+ * k3c_exec_mm_rowpar); norm, MoE tails' all-reduce + round + latent norm as one mailbox launch; round, other
+ * rounded sums made by the one-shot's own launch (the shared expert's). NULL: not wanted. */
+void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
 /* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for

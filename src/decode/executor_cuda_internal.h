@@ -77,6 +77,12 @@ struct k3c_decode_cuda {
      * this rank's LM head rows, gather [tp, PMAX, V / tp] every rank's, laid into logits' columns. */
     struct k3c_comm *tp;
     int tp_rank, tp_size, vocab;
+    /* tp_push: where a row-parallel product's epilogue writes this rank's part into the peers' mailbox slots
+     * (the pushed one-shot, comm/mailbox.h; launch.c k3c_exec_mm_rowpar); fused_rowpar / fused_norm: the
+     * fused row-parallel products and fused MoE reduce + norms recorded so far, fused_round the rounded sums
+     * made by one launch (k3c_exec_tp_sum: the shared expert's; k3c_decode_cuda_tp_fusions). */
+    k3c_cuda_fanout tp_push;
+    long fused_rowpar, fused_norm, fused_round;
     float *lm_part, *gather;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
     int num_captured;
@@ -149,14 +155,22 @@ int k3c_exec_mm(k3c_decode_cuda *x, const k3c_mat *W, const float *in, int T, fl
 
 /* Tensor parallel (x->tp; no-ops without): buf [n] = the sum over the ranks of their buf (the mailbox on the
  * executor's stream: f32, rank 0 first, as the stock forward's tp_sum over the same communicator), rounded
- * to bf16 after it when round (the stock path's be->round: the same kernel). */
+ * to bf16 after it when round (the stock path's be->round: the same rounding; inside the one-shot's launch
+ * where the sum is a one-shot, else the backend's rounding pass after it). */
 int k3c_exec_tp_sum(k3c_decode_cuda *x, float *buf, size_t n, int round);
 /* Tensor parallel (x->tp set): dst [tp, n] = every rank's src [n], in rank order (the LM head's gather). */
 int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t n);
 /* A row-parallel product (o_proj, a down projection; op: its name in the profile), stock/forward.c
  * matmul_rowpar: rnd(W in) at world size 1; under TP this rank's part unrounded, then the rounded sum of the
- * ranks' parts. */
+ * ranks' parts. Under TP, where the product is a streaming GEMV (T <= 8, aligned) and the sum a one-shot: the
+ * pushed one-shot (the GEMV's epilogue writes the part into every peer's slot, then the mailbox's finish
+ * sums and rounds), the same bits in one launch fewer; else the product, the all-reduce and the rounding. */
 int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, const float *in, int T, float *y);
+/* Under TP: buf [T, n] = rmsnorm(bf16(the sum over the ranks of buf), w, eps) rounded to bf16 (stock's moe_tp:
+ * the routed experts' sum, its rounding and the latent norm); one mailbox launch where the sum is a one-shot
+ * and n a multiple of 4 (comm/mailbox_cuda.h k3c_comm_mailbox_reduce_rmsnorm_on: the same bits), else the
+ * all-reduce, the rounding and the backend's rmsnorm. */
+int k3c_exec_tp_sum_rmsnorm(k3c_decode_cuda *x, float *buf, int T, int n, const float *w, float eps);
 
 /* The packed projections of a provider: the products that read one step input, or
  * that are otherwise independent, as one grouped launch (cuda/gemm.h k3c_cuda_gemv_group) over the weights

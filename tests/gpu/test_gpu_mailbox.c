@@ -25,8 +25,13 @@
 #include <cuda_runtime_api.h>
 
 #include "comm/mailbox_cuda.h"
+#ifndef K3C_MBT_EMU /* tools/mailbox_emu has no backend kernels: the GPU's reference norm and its GEMVs */
+#include "cuda/elementwise.h"
+#include "cuda/gemm.h"
+#endif
 #include "gpu_util.h"
 #include "../test.h"
+#include "util/bf16.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -269,6 +274,473 @@ static size_t mbt_size(k3c_rng *g, size_t cap, size_t small) {
 static k3c_mailbox_algo mbt_algo(k3c_rng *g) { return (k3c_mailbox_algo)(k3c_rng_next(g) % 3); }
 
 static const int mbt_ranks[] = {2, 4, 8};
+
+/* ---- the fused calls (comm/mailbox_cuda.h: the pushed one-shot's finish, the all-reduce + rmsnorm) ---- */
+
+/* f32 -> the nearest bf16 value (ties to even, NaN quiet), from the contract (util/bf16.h's rounding). */
+static float mbt_bf16(float v) {
+    uint32_t u = f2u(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u2f((u | 0x400000u) & 0xffff0000u);
+    return u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
+/* The backend rmsnorm's order on the host (cuda/elementwise.cu rmsnorm_kernel, written from its comment):
+ * B = min(1024, n rounded up to 32) partials, partial t = fmaf over v[t], v[t + B], ... in index order; each
+ * warp's 32 by the xor butterfly (16, 8, 4, 2, 1); the warp sums the same way (0 past the warps); rsqrt as
+ * 1 / sqrtf (the emulator's: the GPU's rsqrtf is not IEEE, so on the GPU the backend kernel is the
+ * reference instead, run on the host's rounded sums); y = bf16(v * r * w). */
+#ifdef K3C_MBT_EMU
+static void mbt_butterfly(float *v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float nv[32];
+        for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+        memcpy(v, nv, sizeof nv);
+    }
+}
+static void mbt_norm_host(const float *v, int n, const float *w, float eps, float *y) {
+    int B = n >= 1024 ? 1024 : (n + 31) / 32 * 32, nw = B / 32;
+    float part[1024], red[32];
+    for (int t = 0; t < B; t++) {
+        float ss = 0.0f;
+        for (int i = t; i < n; i += B) ss = fmaf(v[i], v[i], ss);
+        part[t] = ss;
+    }
+    for (int k = 0; k < nw; k++) {
+        mbt_butterfly(part + 32 * k);
+        red[k] = part[32 * k];
+    }
+    float tot[32];
+    for (int l = 0; l < 32; l++) tot[l] = l < nw ? red[l] : 0.0f;
+    mbt_butterfly(tot);
+    const float r = 1.0f / sqrtf(tot[0] / n + eps);
+    for (int i = 0; i < n; i++) y[i] = mbt_bf16(v[i] * r * w[i]);
+}
+#endif
+
+/* A norm call's inputs: moderate magnitudes (no infinities: the norm of a row with one is NaN), signed zeros
+ * and subnormals among them. */
+static void mbt_fill_norm(float *x, size_t n, uint64_t seed, int call, int r) {
+    k3c_rng g;
+    k3c_rng_seed(&g, seed ^ ((uint64_t)call << 24) ^ ((uint64_t)r << 52) ^ 0x6e6dull);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u = k3c_rng_next(&g);
+        float mag = ldexpf(1.0f, (int)((u >> 4) % 12) - 6);
+        x[i] = u % 16 == 0   ? ((u >> 8) & 1 ? -0.0f : 0.0f)
+               : u % 16 == 1 ? 1e-40f
+                             : (float)((double)(u >> 11) / 9007199254740992.0 - 0.5) * mag;
+    }
+}
+
+enum { MBT_PLAIN, MBT_PUSHED, MBT_NORM, MBT_ROUND };
+
+/* The fused calls among plain ones, back to back on every rank with no host synchronisation (mbt_batch's
+ * pattern): kind[k] MBT_PLAIN (the automatic all-reduce), MBT_PUSHED (the test pushes the rank's input into
+ * every peer's slot of the call's parity, the epoch known here from the first and the calls before, by a copy
+ * on the rank's stream, then the finish, rounding when round[k]: the pushed one-shot with the copy in place
+ * of a product's epilogue; in every call k with k & 4 the last rank makes the plain one-shot instead, which
+ * must pair with the others' finishes), MBT_NORM (rows[k] rows of calls[k].n / rows[k] floats, weights
+ * w + woff[k]),
+ * MBT_ROUND (the one-shot rounding its sums in its own launch).
+ * References: the rank-order sum (rounded for a rounding finish); for a norm, the host's rounded sums
+ * normed by the host reference (emulator) or by the backend's rmsnorm (GPU). Every rank bitwise; the floats
+ * around every call's region untouched. */
+static int mbt_fused_batch(mbt *t, const mbt_call *calls, const int *kind, const int *round, const int *rows,
+                           const size_t *woff, const float *w, const float *dw, int ncalls, uint32_t first,
+                           uint64_t seed, long *bad) {
+    const int R = t->R;
+    *bad = 0;
+    k3c_comm_mailbox_push push[MBT_MAX];
+    for (int r = 0; r < R; r++) {
+        MT(k3c_comm_mailbox_push_targets(t->c[r], &push[r]) == K3C_OK, "push targets: %s", k3c_error_message());
+        MT(push[r].ranks == R && push[r].rank == r && !push[r].slot[r], "rank %d's push targets", r);
+        for (size_t i = 0; i < t->buf; i++) t->in[r][i] = u2f(MBT_POISON);
+        for (int k = 0; k < ncalls; k++) {
+            if (kind[k] == MBT_NORM) mbt_fill_norm(t->in[r] + calls[k].off[r], calls[k].n, seed, k, r);
+            else mbt_fill(t->in[r] + calls[k].off[r], calls[k].n, seed, k, r, R, calls[k].zeros);
+        }
+        MT_CUDA(cudaSetDevice(t->dev[r]));
+        MT_CUDA(cudaMemcpyAsync(t->d[r], t->in[r], t->buf * sizeof(float), cudaMemcpyHostToDevice, t->st[r]));
+    }
+    if (mbt_sync(t)) return -1;
+    uint32_t e = first;
+    for (int k = 0; k < ncalls; k++, e = e + 1 ? e + 1 : 2)
+        for (int r = 0; r < R; r++) {
+            float *x = t->d[r] + calls[k].off[r];
+            size_t n = calls[k].n;
+            int rc;
+            if (kind[k] == MBT_PUSHED && r == R - 1 && (k & 4)) {
+                /* the last rank makes the plain one-shot of the call instead (rounded where the finish rounds):
+                 * the two pair call for call (comm/mailbox.h) */
+                rc = round[k] ? k3c_comm_mailbox_all_reduce_round_on(t->c[r], x, n, NULL)
+                              : k3c_comm_mailbox_all_reduce(t->c[r], x, n, K3C_MAILBOX_ONE_SHOT);
+            } else if (kind[k] == MBT_PUSHED) {
+                for (int p = 0; p < R; p++)
+                    if (p != r)
+                        MT_CUDA(cudaMemcpyAsync(push[r].slot[p] + (e & 1) * push[r].parity_floats, x, n * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, t->st[r]));
+                rc = k3c_comm_mailbox_finish_on(t->c[r], x, n, round[k], NULL);
+            } else if (kind[k] == MBT_ROUND) {
+                rc = k3c_comm_mailbox_all_reduce_round_on(t->c[r], x, n, NULL);
+            } else if (kind[k] == MBT_NORM) {
+                rc = k3c_comm_mailbox_reduce_rmsnorm_on(t->c[r], x, rows[k], (int)(n / rows[k]), dw + woff[k], 1e-5f,
+                                                        NULL);
+            } else {
+                rc = k3c_comm_mailbox_all_reduce(t->c[r], x, n, K3C_MAILBOX_AUTO);
+            }
+            MT(rc == K3C_OK, "rank %d, call %d (kind %d, %zu floats): %s", r, k, kind[k], n, k3c_error_message());
+        }
+    for (int r = 0; r < R; r++) {
+        MT_CUDA(cudaSetDevice(t->dev[r]));
+        MT_CUDA(cudaMemcpyAsync(t->out[r], t->d[r], t->buf * sizeof(float), cudaMemcpyDeviceToHost, t->st[r]));
+    }
+    if (mbt_sync(t)) return -1;
+    for (int r = 0; r < R; r++)
+        MT(k3c_comm_mailbox_check(t->c[r]) == K3C_OK, "rank %d: %s", r, k3c_error_message());
+    uint32_t e_end = 0;
+    MT(k3c_comm_mailbox_epoch(t->c[R - 1], &e_end) == K3C_OK && e_end == e, "epoch after the calls: %u, want %u",
+       e_end, e);
+    long first_bad = -1;
+    for (int k = 0; k < ncalls; k++) {
+        size_t n = calls[k].n;
+        float *want = malloc(n * sizeof(float));
+        MT(want, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            float v = t->in[0][calls[k].off[0] + i];
+            for (int q = 1; q < R; q++) v += t->in[q][calls[k].off[q] + i];
+            int rounded = kind[k] == MBT_NORM || kind[k] == MBT_ROUND || (kind[k] == MBT_PUSHED && round[k]);
+            want[i] = rounded ? mbt_bf16(v) : v;
+        }
+        if (kind[k] == MBT_NORM) {
+            int cols = (int)(n / rows[k]);
+#ifdef K3C_MBT_EMU
+            float *row = malloc((size_t)cols * sizeof(float));
+            MT(row, "out of memory");
+            for (int j = 0; j < rows[k]; j++) {
+                mbt_norm_host(want + (size_t)j * cols, cols, w + woff[k], 1e-5f, row);
+                memcpy(want + (size_t)j * cols, row, (size_t)cols * sizeof(float));
+            }
+            free(row);
+            (void)dw;
+#else
+            (void)w;
+            float *dv = NULL;
+            MT_CUDA(cudaMalloc((void **)&dv, n * sizeof(float)));
+            MT_CUDA(cudaMemcpy(dv, want, n * sizeof(float), cudaMemcpyHostToDevice));
+            MT(k3c_cuda_rmsnorm(dv, cols, dw + woff[k], rows[k], cols, 1e-5f, 1, dv, cols, 0) == K3C_OK,
+               "reference rmsnorm: %s", k3c_error_message());
+            MT_CUDA(cudaMemcpy(want, dv, n * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaFree(dv);
+#endif
+        }
+        for (size_t i = 0; i < n; i++)
+            for (int r = 0; r < R; r++) {
+                float got = t->out[r][calls[k].off[r] + i];
+                if (f2u(got) != f2u(want[i]) || got != got) {
+                    if (first_bad < 0) {
+                        first_bad = k;
+                        fprintf(stderr, "    call %d (kind %d, %zu floats, rows %d, round %d) rank %d element %zu: %a "
+                                "(0x%08x), want %a (0x%08x)\n", k, kind[k], n, rows[k], round[k], r, i, got, f2u(got),
+                                want[i], f2u(want[i]));
+                    }
+                    (*bad)++;
+                }
+            }
+        free(want);
+    }
+    for (int r = 0; r < R; r++) {
+        size_t pos = 0;
+        for (int k = 0; k <= ncalls; k++) {
+            size_t end = k < ncalls ? calls[k].off[r] : t->buf;
+            for (; pos < end; pos++)
+                MT(f2u(t->out[r][pos]) == MBT_POISON, "rank %d: float %zu (before call %d's region) was written", r,
+                   pos, k);
+            if (k < ncalls) pos = calls[k].off[r] + calls[k].n;
+        }
+    }
+    return 0;
+}
+
+/* The fused calls among plain ones (pushed one-shots, all-reduce + rmsnorm, rounded one-shots): sizes and
+ * row shapes changing call by call (norm rows from 4 to 2052
+ * floats: fewer than a warp, past the norm's 1024 threads, not a multiple of 32), rows fewer and more than
+ * the blocks, rounding and not, the parities alternating through every kind, epochs across the wrap (4
+ * ranks), +-0 sums; then a rank splitting its norm call's floats into other rows: a mismatch on every rank. */
+TEST(gpu_mailbox_fused_calls) {
+    static const uint32_t firsts[] = {1, UINT32_MAX - 9, 7};
+    const size_t cap = 16384, buf = (size_t)4 << 20;
+    for (int s = 0; s < 3; s++) {
+        const int R = mbt_ranks[s];
+        k3c_rng g;
+        k3c_rng_seed(&g, test_seed() ^ 0xf05ed ^ (uint64_t)R);
+        int ncalls = mbt_scaled(600);
+        mbt_call *calls = calloc((size_t)ncalls, sizeof *calls);
+        int *kind = calloc((size_t)ncalls, sizeof *kind), *round = calloc((size_t)ncalls, sizeof *round),
+            *rows = calloc((size_t)ncalls, sizeof *rows);
+        size_t *woff = calloc((size_t)ncalls, sizeof *woff);
+        const size_t wn = 8192;
+        float *w = malloc(wn * sizeof *w), *dw = NULL;
+        CHECK(calls && kind && round && rows && woff && w);
+        for (size_t i = 0; i < wn; i++) w[i] = mbt_bf16(0.5f + (float)(k3c_rng_next(&g) % 1000) / 1000.0f);
+        size_t used = 0;
+        for (int k = 0; k < ncalls; k++) {
+            uint64_t u = k3c_rng_next(&g);
+            kind[k] = k < 4 ? k : (int)(u % 4);
+            round[k] = (u >> 8) & 1;
+            rows[k] = 1;
+            calls[k].zeros = k % 5 == 0;
+            if (kind[k] == MBT_NORM) {
+                static const int widths[] = {4, 28, 32, 36, 508, 1024, 1028, 2048, 2052, 3584};
+                int cols = widths[(u >> 12) % 10];
+                int most = (int)(cap / (size_t)cols) < 24 ? (int)(cap / (size_t)cols) : 24;
+                rows[k] = 1 + (int)((u >> 20) % (uint64_t)most);
+                calls[k].n = (size_t)rows[k] * cols;
+                woff[k] = (size_t)((u >> 32) % (wn - (size_t)cols + 1));
+            } else {
+                calls[k].n = mbt_size(&g, cap, 3000);
+            }
+            if (used + calls[k].n + 16 > buf - 64) kind[k] = MBT_PLAIN, rows[k] = 1, calls[k].n = 1 + k % 7;
+            used += calls[k].n + 16;
+        }
+        mbt t;
+        k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 5000, .first_epoch = firsts[s]};
+        int ok = mbt_open(&t, R, NULL, buf, &o) == 0 && mbt_layout(calls, ncalls, R, buf, &g) == 0;
+        if (ok) ok = cudaMalloc((void **)&dw, wn * sizeof *w) == cudaSuccess &&
+                     cudaMemcpy(dw, w, wn * sizeof *w, cudaMemcpyHostToDevice) == cudaSuccess;
+        long bad = -1;
+        if (ok) ok = mbt_fused_batch(&t, calls, kind, round, rows, woff, w, dw, ncalls, firsts[s],
+                                     test_seed() ^ 0xf5 ^ (uint64_t)R, &bad) == 0;
+        int counts[4] = {0, 0, 0, 0};
+        for (int k = 0; k < ncalls; k++) counts[kind[k]]++;
+        printf("  [%d ranks: %d calls (%d plain, %d pushed one-shots, %d all-reduce + rmsnorm, %d rounded one-shots) "
+               "from epoch %u, %ld results differ]\n", R, ncalls, counts[0], counts[1], counts[2], counts[3], firsts[s],
+               bad);
+        /* a mismatch: rank 0 splits 256 floats into 2 rows, the others into 4 */
+        int refused = 0;
+        if (ok && R == 2) {
+            for (int r = 0; r < R; r++)
+                if (k3c_comm_mailbox_reduce_rmsnorm_on(t.c[r], t.d[r], r == 0 ? 2 : 4, r == 0 ? 128 : 64, dw, 1e-5f,
+                                                       NULL) != K3C_OK)
+                    ok = 0;
+            mbt_sync(&t);
+            for (int r = 0; r < R; r++) {
+                int rc = k3c_comm_mailbox_check(t.c[r]);
+                if (rc != K3C_OK && strstr(k3c_error_message(), "rmsnorm")) refused++;
+                else printf("  rank %d: %s\n", r, rc == K3C_OK ? "no error" : k3c_error_message());
+            }
+        }
+        if (dw) cudaFree(dw);
+        mbt_close(&t);
+        free(calls), free(kind), free(round), free(rows), free(woff), free(w);
+        CHECK(ok);
+        CHECK(bad == 0);
+        if (R == 2) CHECKF(refused == R, "%d of %d ranks reported the mismatched rows", refused, R);
+    }
+}
+
+#ifndef K3C_MBT_EMU
+/* The pushed one-shot with a real product as the push: cuda/gemm.h's fanout GEMV writes each rank's
+ * unrounded outputs into every peer's slot (the parity from the device's epoch), the finish sums and rounds.
+ * Per call its own shape (rows 64 .. 2048: the T = 1 kernel token by token below 256 rows, the tensor-core
+ * kernel from there; T 1 .. 8; bf16-exact and inexact activations), plain all-reduces between the products
+ * (the parities and epochs move on, across the wrap at 4 ranks); then one product + finish captured per rank
+ * and replayed with fresh activations each time (the parity read in the kernel, replay after replay).
+ * Reference: each rank's product by the unfused launcher (k3c_cuda_matmul_bf16_round, round 0), summed in
+ * rank order here and rounded; every rank bitwise. */
+typedef struct mbt_gemv {
+    int rows, cols, T;
+    size_t xoff, yoff; /* floats into each rank's activations and outputs */
+} mbt_gemv;
+
+static int mbt_gemv_rank_ref(const uint16_t *dW, const mbt_gemv *q, const float *dx, float *dref, float *href) {
+    MT(k3c_cuda_matmul_bf16_round(NULL, dW, q->rows, q->cols, dx + q->xoff, q->T, dref, 0, 0) == K3C_OK,
+       "reference product: %s", k3c_error_message());
+    MT_CUDA(cudaMemcpy(href, dref, (size_t)q->T * q->rows * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+static uint32_t mbt_epoch_after(uint32_t first, int calls);
+
+static long mbt_gemv_compare(mbt *t, float *const *ref, const mbt_gemv *q, int call) {
+    long bad = 0;
+    size_t n = (size_t)q->T * q->rows;
+    for (size_t i = 0; i < n; i++) {
+        float want = ref[0][i];
+        for (int p = 1; p < t->R; p++) want += ref[p][i];
+        want = mbt_bf16(want);
+        for (int r = 0; r < t->R; r++) {
+            float got = t->out[r][q->yoff + i];
+            if (f2u(got) != f2u(want) || got != got) {
+                if (!bad)
+                    fprintf(stderr, "    product %d (%d x %d, T %d) rank %d output %zu: %a, want %a\n", call, q->rows,
+                            q->cols, q->T, r, i, got, want);
+                bad++;
+            }
+        }
+    }
+    return bad;
+}
+
+TEST(gpu_mailbox_gemv_push) {
+    static const int rows_l[] = {64, 300, 1024, 2048}, cols_l[] = {256, 1032};
+    const int maxc = 1032, maxr = 2048;
+    const size_t cap = 16384;
+    for (int s = 0; s < 3; s++) {
+        const int R = mbt_ranks[s];
+        k3c_rng g;
+        k3c_rng_seed(&g, test_seed() ^ 0x6e3f ^ (uint64_t)R);
+        const int ncalls = mbt_scaled(120), nrep = mbt_scaled(24);
+        mbt_gemv *q = calloc((size_t)ncalls, sizeof *q);
+        int *plain_n = calloc((size_t)ncalls, sizeof *plain_n);
+        CHECK(q && plain_n);
+        size_t xoff = 0, yoff = 0;
+        for (int k = 0; k < ncalls; k++) {
+            uint64_t u = k3c_rng_next(&g);
+            q[k].rows = rows_l[u % 4];
+            q[k].cols = cols_l[(u >> 4) % 2];
+            q[k].T = 1 + (int)((u >> 8) % 8);
+            q[k].xoff = xoff;
+            xoff += (size_t)q[k].T * q[k].cols;
+            q[k].yoff = yoff;
+            yoff += (size_t)q[k].T * q[k].rows + (u >> 12) % 4; /* some outputs off 16-byte alignment */
+            plain_n[k] = (u >> 16) % 3 ? 0 : 1 + (int)((u >> 20) % 3000);
+        }
+        size_t plain_at = yoff + 64, buf = plain_at + 4096 + 64;
+        mbt t;
+        k3c_comm_mailbox_options o = {.cap = cap, .timeout_ms = 5000, .first_epoch = R == 4 ? UINT32_MAX - 5 : 1};
+        int ok = mbt_open(&t, R, NULL, buf, &o) == 0;
+        uint16_t *dW[MBT_MAX] = {0};
+        float *dx[MBT_MAX] = {0}, *hx = malloc(xoff * sizeof(float)), *ref[MBT_MAX] = {0}, *dref = NULL;
+        uint16_t *hW = malloc((size_t)maxr * maxc * 2);
+        k3c_comm_mailbox_push push[MBT_MAX];
+        k3c_cuda_fanout fo[MBT_MAX];
+        memset(fo, 0, sizeof fo);
+        ok = ok && hx && hW && cudaMalloc((void **)&dref, (size_t)8 * maxr * sizeof(float)) == cudaSuccess;
+        for (int r = 0; r < R && ok; r++) {
+            for (size_t i = 0; i < (size_t)maxr * maxc; i++) hW[i] = f32_to_bf16((float)k3c_rng_normal(&g) * 0.05f);
+            for (int k = 0; k < ncalls; k++) { /* every third product's activations bf16 values */
+                float *xk = hx + q[k].xoff;
+                for (int i = 0; i < q[k].T * q[k].cols; i++) {
+                    float v = (float)k3c_rng_normal(&g);
+                    xk[i] = k % 3 == 0 ? bf16_round(v) : v;
+                    if (i % 17 == 0) xk[i] = -0.0f;
+                }
+            }
+            dW[r] = dev_upload(hW, (size_t)maxr * maxc * 2);
+            dx[r] = dev_upload(hx, xoff * sizeof(float));
+            ref[r] = malloc(yoff * sizeof(float));
+            ok = dW[r] && dx[r] && ref[r] && k3c_comm_mailbox_push_targets(t.c[r], &push[r]) == K3C_OK;
+            if (!ok) break;
+            fo[r].parity_floats = push[r].parity_floats;
+            fo[r].parity_word = push[r].epoch;
+            fo[r].skip = push[r].failed;
+            for (int p = 0; p < R; p++)
+                if (push[r].slot[p]) fo[r].dst[fo[r].n++] = push[r].slot[p];
+            for (int k = 0; k < ncalls && ok; k++)
+                ok = mbt_gemv_rank_ref(dW[r], &q[k], dx[r], dref, ref[r] + q[k].yoff) == 0;
+            for (size_t i = 0; i < buf; i++) t.in[r][i] = u2f(MBT_POISON);
+            for (int k = 0; k < ncalls; k++)
+                if (plain_n[k]) mbt_fill(t.in[r] + plain_at, (size_t)plain_n[k], test_seed(), k, r, R, k % 2);
+            ok = ok && cudaMemcpy(t.d[r], t.in[r], buf * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+        }
+        /* the products back to back on every rank, a plain all-reduce after some (on its own region, refilled
+         * per call: checked at once) */
+        long bad = 0;
+        for (int k = 0; k < ncalls && ok; k++) {
+            for (int r = 0; r < R && ok; r++) {
+                float *y = t.d[r] + q[k].yoff;
+                ok = k3c_cuda_fanout_ok(dW[r], q[k].rows, q[k].cols, dx[r] + q[k].xoff, q[k].T) &&
+                     k3c_cuda_matmul_bf16_fanout(dW[r], q[k].rows, q[k].cols, dx[r] + q[k].xoff, q[k].T, y, &fo[r],
+                                                 t.st[r]) == K3C_OK &&
+                     k3c_comm_mailbox_finish_on(t.c[r], y, (size_t)q[k].T * q[k].rows, 1, NULL) == K3C_OK;
+                if (ok && plain_n[k]) {
+                    mbt_fill(t.in[r] + plain_at, (size_t)plain_n[k], test_seed(), k, r, R, k % 2);
+                    ok = cudaMemcpyAsync(t.d[r] + plain_at, t.in[r] + plain_at, (size_t)plain_n[k] * sizeof(float),
+                                         cudaMemcpyHostToDevice, t.st[r]) == cudaSuccess &&
+                         k3c_comm_mailbox_all_reduce(t.c[r], t.d[r] + plain_at, (size_t)plain_n[k], K3C_MAILBOX_AUTO) ==
+                             K3C_OK;
+                }
+            }
+            if (ok && plain_n[k]) { /* the pinned inputs are refilled by the next call: check this one now */
+                ok = mbt_sync(&t) == 0;
+                for (int r = 0; r < R && ok; r++)
+                    ok = cudaMemcpy(t.out[r] + plain_at, t.d[r] + plain_at, (size_t)plain_n[k] * sizeof(float),
+                                    cudaMemcpyDeviceToHost) == cudaSuccess;
+                for (int i = 0; i < plain_n[k] && ok; i++) {
+                    float want = t.in[0][plain_at + i];
+                    for (int p = 1; p < R; p++) want += t.in[p][plain_at + i];
+                    for (int r = 0; r < R; r++) bad += f2u(t.out[r][plain_at + i]) != f2u(want);
+                }
+            }
+        }
+        if (ok) ok = mbt_sync(&t) == 0;
+        for (int r = 0; r < R && ok; r++)
+            ok = k3c_comm_mailbox_check(t.c[r]) == K3C_OK &&
+                 cudaMemcpy(t.out[r], t.d[r], buf * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+        for (int k = 0; k < ncalls && ok; k++) {
+            float *rr[MBT_MAX];
+            for (int r = 0; r < R; r++) rr[r] = ref[r] + q[k].yoff;
+            bad += mbt_gemv_compare(&t, rr, &q[k], k);
+        }
+        /* around the outputs: untouched */
+        for (int r = 0; r < R && ok; r++) {
+            size_t pos = 0;
+            for (int k = 0; k <= ncalls; k++) {
+                size_t end = k < ncalls ? q[k].yoff : plain_at;
+                for (; pos < end; pos++) bad += f2u(t.out[r][pos]) != MBT_POISON;
+                if (k < ncalls) pos = q[k].yoff + (size_t)q[k].T * q[k].rows;
+            }
+        }
+        /* a captured product + finish per rank (call 0's shape), replayed with fresh activations */
+        cudaGraphExec_t ge[MBT_MAX] = {0};
+        long rep_bad = 0;
+        for (int r = 0; r < R && ok; r++) {
+            cudaGraph_t gr = NULL;
+            float *y = t.d[r] + q[0].yoff;
+            ok = cudaStreamBeginCapture(t.st[r], cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+            int rc = ok ? k3c_cuda_matmul_bf16_fanout(dW[r], q[0].rows, q[0].cols, dx[r] + q[0].xoff, q[0].T, y, &fo[r],
+                                                      t.st[r])
+                        : K3C_ERR;
+            if (rc == K3C_OK) rc = k3c_comm_mailbox_finish_on(t.c[r], y, (size_t)q[0].T * q[0].rows, 1, NULL);
+            ok = cudaStreamEndCapture(t.st[r], &gr) == cudaSuccess && rc == K3C_OK &&
+                 cudaGraphInstantiate(&ge[r], gr, 0) == cudaSuccess;
+            if (gr) cudaGraphDestroy(gr);
+        }
+        size_t xn = (size_t)q[0].T * q[0].cols;
+        for (int rep = 0; rep < nrep && ok; rep++) {
+            for (int r = 0; r < R && ok; r++) {
+                for (size_t i = 0; i < xn; i++) hx[i] = (float)k3c_rng_normal(&g);
+                ok = cudaMemcpy(dx[r] + q[0].xoff, hx, xn * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
+                     mbt_gemv_rank_ref(dW[r], &q[0], dx[r], dref, ref[r]) == 0;
+            }
+            for (int r = 0; r < R && ok; r++) ok = cudaGraphLaunch(ge[r], t.st[r]) == cudaSuccess;
+            if (ok) ok = mbt_sync(&t) == 0;
+            for (int r = 0; r < R && ok; r++)
+                ok = cudaMemcpy(t.out[r] + q[0].yoff, t.d[r] + q[0].yoff, (size_t)q[0].T * q[0].rows * sizeof(float),
+                                cudaMemcpyDeviceToHost) == cudaSuccess;
+            if (ok) rep_bad += mbt_gemv_compare(&t, ref, &q[0], -1 - rep);
+        }
+        uint32_t e_end = 0;
+        int calls_made = 0;
+        for (int k = 0; k < ncalls; k++) calls_made += 1 + (plain_n[k] != 0);
+        if (ok) ok = k3c_comm_mailbox_epoch(t.c[0], &e_end) == K3C_OK;
+        uint32_t want_e = mbt_epoch_after(o.first_epoch, calls_made + nrep);
+        printf("  [%d ranks: %d pushed products + finishes (%d plain all-reduces between), %d graph replays; epochs "
+               "%u .. %u; %ld + %ld results differ]\n", R, ncalls, calls_made - ncalls, nrep, o.first_epoch, e_end, bad,
+               rep_bad);
+        if (!ok) printf("  failed: %s\n", k3c_error_message());
+        for (int r = 0; r < R; r++) {
+            if (ge[r]) cudaGraphExecDestroy(ge[r]);
+            cudaFree(dW[r]), cudaFree(dx[r]), free(ref[r]);
+        }
+        cudaFree(dref);
+        mbt_close(&t);
+        free(q), free(plain_n), free(hx), free(hW);
+        CHECK(ok);
+        CHECK(bad == 0 && rep_bad == 0);
+        CHECK(e_end == want_e);
+    }
+}
+#endif
 
 /* Sizes from 1 float to the capacity, changing every call; both algorithms and the automatic choice. */
 TEST(gpu_mailbox_sizes_bitwise) {

@@ -97,6 +97,7 @@ typedef struct tpx_rank {
     float *stock_ver, *exec_ver; /* [NQ, V] */
     int32_t ids[ND];             /* the ids path's token at every fifth step, -1 elsewhere */
     long replays;
+    long fused_rowpar, fused_norm, fused_round; /* the executor's fused TP launches recorded (tp_fusions) */
     int rc;
     char err[512];
 } tpx_rank;
@@ -216,6 +217,7 @@ static int run_rank(tpx_rank *r) {
     }
     if (rc == K3C_OK) rc = rank_steps(r, f, &kv, &ks, ex, ta, tb, scratch);
     if (x) k3c_decode_cuda_counts(x, &r->replays);
+    if (x) k3c_decode_cuda_tp_fusions(x, &r->fused_rowpar, &r->fused_norm, &r->fused_round);
     if (rc != K3C_OK) {
         snprintf(r->err, sizeof r->err, "rank %d of %d: %s", r->rank, r->size, k3c_error_message());
         if (r->comm) r->comm->abort(r->comm); /* the other ranks fail at once instead of waiting */
@@ -357,6 +359,22 @@ static void check_run(const char *name, int tp, const tpx_rank *xr, const tpx_ra
         rows_bad += memcmp(sr[k].stock_ver, xr[k].exec_ver, QV * 4) != 0 ? NQ : 0;
         CHECKF(xr[k].replays >= ND + 1, "%s tp %d rank %d: %ld graph replays for %d steps", name, tp, k, xr[k].replays,
                ND + 1);
+        /* the fused TP launches are the ones taken (both captured shapes have T <= 8 rows: every layer's
+         * attention o_proj, and a dense MLP's down, is a GEMV whose epilogue pushes into the peers' slots;
+         * every latent-normed MoE tail reduces, rounds and norms in one mailbox launch; every other rounded
+         * sum is rounded in its one-shot's launch) */
+        const k3c_config *c = &xr[k].m->config;
+        long moe = 0, dense = 0;
+        for (int l = 0; l < c->num_layers; l++) moe += c->layer_is_moe[l], dense += !c->layer_is_moe[l];
+        long want_rowpar = 2 * (c->num_layers + dense);
+        int latent_norm = c->routed_expert_hidden_size > 0 && c->latent_moe_use_norm;
+        long want_norm = latent_norm ? 2 * moe : 0;
+        /* rounded one-shots: the shared expert's sum, and the routed one where no latent norm takes it */
+        long want_round = 2 * moe * ((c->num_shared_experts > 0) + !latent_norm);
+        CHECKF(xr[k].fused_rowpar == want_rowpar && xr[k].fused_norm == want_norm && xr[k].fused_round == want_round,
+               "%s tp %d rank %d: %ld fused row-parallel products, %ld fused MoE reduce + norms, %ld rounded one-shots "
+               "recorded, want %ld, %ld and %ld (2 captured shapes)", name, tp, k, xr[k].fused_rowpar,
+               xr[k].fused_norm, xr[k].fused_round, want_rowpar, want_norm, want_round);
     }
     CHECKF(rows_bad == 0, "%s tp %d: %ld executor rows differ bitwise from the stock TP forward's", name, tp, rows_bad);
     CHECKF(ids_bad == 0, "%s tp %d: %ld of %ld greedy ids differ from the stock logits' arg-max", name, tp, ids_bad,
@@ -378,10 +396,11 @@ static void check_run(const char *name, int tp, const tpx_rank *xr, const tpx_ra
     double vs1 = fmax(worst_row(ex, one->stock_dec, ND, V), worst_row(xr[0].exec_ver, one->stock_ver, NQ, V));
     double vsf = fmax(worst_row(ex, fn->stock_dec, ND, V), worst_row(xr[0].exec_ver, fn->stock_ver, NQ, V));
     free(ex);
-    printf("INFO tp_exec %s tp %d: executor rows bitwise the stock TP forward's%s (%d decode, %d verify, %ld ids), "
-           "ranks bitwise; vs world size 1 worst row rel L2 %.3g, vs the f32 function %.3g (world size 1's own %.3g)\n",
-           name, tp, xr == sr ? "" : " over the staged communicator", ND - (int)(ids_n / tp), NQ, ids_n / tp, vs1,
-           vsf, noise);
+    printf("INFO tp_exec %s tp %d: executor rows bitwise the stock TP forward's%s (%d decode, %d verify, %ld ids; "
+           "%ld fused row-parallel products, %ld fused MoE reduce + norms, %ld rounded one-shots recorded), ranks "
+           "bitwise; vs world size 1 worst row rel L2 %.3g, vs the f32 function %.3g (world size 1's own %.3g)\n",
+           name, tp, xr == sr ? "" : " over the staged communicator", ND - (int)(ids_n / tp), NQ, ids_n / tp,
+           xr[0].fused_rowpar, xr[0].fused_norm, xr[0].fused_round, vs1, vsf, noise);
     printf("METRIC tp%d_exec_%-19s rel_l2 %8.1e %10.3e\n", tp, name, tol * noise, fmax(vs1, vsf));
     CHECKF(vs1 <= tol * noise && vsf <= tol * noise,
            "%s tp %d: executor %.3g from world size 1's bf16 and %.3g from the f32 function, world size 1's own %.3g "

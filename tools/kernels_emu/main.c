@@ -5,12 +5,14 @@
  *    metric); the output NaN-poisoned, every element must be written;
  *  - k3c_cuda_matmul_bf16_round (cuda/gemm.cu, gemm NULL: the streaming kernels): rows 1, 3, 17, 64, 300, cols 8,
  *    264, 1032, T 1..8 against k3c_matmul_bf16 (rel L2 < 1e-5, gpu_matmul_bf16's threshold), and the rounded
- *    product equal to round(product) bit for bit.
+ *    product equal to round(product) bit for bit;
+ *  - k3c_cuda_matmul_bf16_fanout (cuda/gemm.cu): rows 64, 300, cols 264, 1032, T 1..8, parity 0, parity 1 and
+ *    skip: y bitwise the unfused launcher's, each of 3 destinations' parity region bitwise y, the rest untouched;
  *  - the block stamps (cuda/stamp.cuh, K3C_CUDA_PROFILE=3) on a stamped rmsnorm (T 3, n 300: 10 warps a
  *    block) and a T = 1 GEMV (rows 300, cols 1032): outputs bitwise those of the same launches unstamped,
  *    one BEGIN a block, one WAIT a block where the kernel waits (the GEMV), one END a warp, one grid id a
  *    launch, parsed by decode/stamp_report.c into the two launches; nothing written once off again.
- * Usage: emu [quick|all] (quick leaves out D 7168 with T 5). EMU_ONLY=attnres|gemm. The router runs through
+ * Usage: emu [quick|all] (quick leaves out D 7168 with T 5). EMU_ONLY=attnres|gemm|fanout. The router runs through
  * its own GPU test under emulation: gpu_tests.sh gpu_router. */
 #include <math.h>
 #include <stdio.h>
@@ -130,6 +132,54 @@ static void gemm_cases(k3c_rng *r) {
             }
 }
 
+/* The fanout product (k3c_cuda_matmul_bf16_fanout, the pushed one-shot's push): y bitwise the unfused
+ * launcher's (round 0), every destination's parity region (the parity word's low bit) bitwise y, the other
+ * parity and the floats past them untouched; with the skip word set, y alone. */
+static void fanout_cases(k3c_rng *r) {
+    static const int rows_l[] = {64, 300}, cols_l[] = {264, 1032};
+    enum { ND = 3 };
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int T = 1; T <= 8; T++)
+                for (int mode = 0; mode < 3; mode++) { /* parity 0, parity 1, skip */
+                    int rows = rows_l[a], cols = cols_l[b];
+                    size_t n = (size_t)T * rows, pf = n + 40; /* parity 1's offset: past parity 0's n floats */
+                    uint16_t *W = malloc((size_t)rows * cols * 2);
+                    float *x = fmalloc((size_t)T * cols), *y = fmalloc(n), *y0 = fmalloc(n), *dst = fmalloc(2 * pf + 8);
+                    fill_bf16(r, W, (size_t)rows * cols, 1.0f);
+                    fill_normal(r, x, (size_t)T * cols, 1.0f);
+                    uint32_t words[2] = {mode == 1 ? 7u : 8u, mode == 2}; /* the epoch word, the skip word */
+                    void *dW = dev_upload(W, (size_t)rows * cols * 2), *dx = dev_upload(x, (size_t)T * cols * 4);
+                    uint32_t *dwords = dev_upload(words, sizeof words);
+                    float *dy = dev_poisoned(n * 4), *dy0 = dev_poisoned(n * 4), *dd[ND];
+                    k3c_cuda_fanout fo = {.n = ND, .parity_floats = pf, .parity_word = dwords, .skip = dwords + 1};
+                    for (int d = 0; d < ND; d++) fo.dst[d] = dd[d] = dev_poisoned((2 * pf + 8) * 4);
+                    char what[96];
+                    snprintf(what, sizeof what, "fanout rows %d cols %d T %d %s", rows, cols, T,
+                             mode == 2 ? "skip" : mode ? "parity 1" : "parity 0");
+                    int bad = !k3c_cuda_fanout_ok(dW, rows, cols, dx, T) ||
+                              k3c_cuda_matmul_bf16_round(NULL, dW, rows, cols, dx, T, dy0, 0, 0) ||
+                              k3c_cuda_matmul_bf16_fanout(dW, rows, cols, dx, T, dy, &fo, 0) ||
+                              dev_download(y, dy, n * 4) || dev_download(y0, dy0, n * 4);
+                    if (!bad) bad = memcmp(y, y0, n * 4) != 0;
+                    for (int d = 0; d < ND && !bad; d++) {
+                        bad = dev_download(dst, dd[d], (2 * pf + 8) * 4);
+                        for (size_t i = 0; i < 2 * pf + 8 && !bad; i++) {
+                            size_t at = mode == 1 ? pf : 0;
+                            int written = mode != 2 && i >= at && i < at + n;
+                            uint32_t got, want = 0xffffffffu; /* dev_poisoned's bytes where nothing was written */
+                            memcpy(&got, &dst[i], 4);
+                            if (written) memcpy(&want, &y[i - at], 4);
+                            bad = got != want;
+                        }
+                    }
+                    verdict(what, bad ? INFINITY : 0, 1e-30);
+                    cudaFree(dW); cudaFree(dx); cudaFree(dwords); cudaFree(dy); cudaFree(dy0);
+                    for (int d = 0; d < ND; d++) cudaFree(dd[d]);
+                    free(W); free(x); free(y); free(y0); free(dst);
+                }
+}
+
 /* The block stamps on two stamped kernels (see the file comment). */
 static void stamp_cases(k3c_rng *r) {
     enum { CAP = 256, T = 3, N = 300, ROWS = 300, COLS = 1032 };
@@ -223,6 +273,7 @@ int main(int argc, char **argv) {
     k3c_rng_seed(&r, 20261129);
     if (!only || strstr("attnres", only)) attnres_cases(&r, all);
     if (!only || strstr("gemm", only)) gemm_cases(&r);
+    if (!only || strstr("fanout", only)) fanout_cases(&r);
     if (!only || strstr("stamps", only)) stamp_cases(&r);
     printf("kernels_emu: %d case(s), %d failure(s)\n", cases_run, failures);
     return failures != 0;

@@ -7,8 +7,10 @@
 # process per rank runs too),
 # blocks of K3C_MBX_THREADS=32 threads, 16 / ranks blocks per rank (EMU_SMS, EMU_BPS). x86's memory order is
 # stronger than the GPU's: this checks indexing, parities, the pairing of blocks, barriers, epochs, graph
-# replay and the failure paths, not the fences. Usage: tools/mailbox_emu/run.sh [test filter ...], or
-# run.sh bench [bench_comm arguments] (tests/gpu/bench_comm.c's harness; its times mean nothing here);
+# replay and the failure paths, not the fences. K3C_MBT_EMU tells the test file it runs here (no backend
+# kernels: the fused calls' norm reference is its host form, the fanout GEMV's test is left out).
+# Usage: tools/mailbox_emu/run.sh [test filter ...], or run.sh bench [bench_comm arguments]
+# (tests/gpu/bench_comm.c's harness; its times mean nothing here);
 # env K3C_MBT_SCALE (default 0.03: the test's call counts scaled down), TMPDIR (build dir).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +19,7 @@ out=${TMPDIR:-/tmp}/mailbox_emu
 mkdir -p "$out"
 python3 "$here/gen.py" "$root/src/comm/mailbox_dev.cu" "$out/mailbox_dev_emu.cpp"
 inc="-I$here/inc -I$root/src -I$root/include"
-def="-DK3C_HAVE_CUDA=1 -DK3C_MBX_THREADS=32"
+def="-DK3C_HAVE_CUDA=1 -DK3C_MBX_THREADS=32 -DK3C_MBT_EMU=1"
 g++ -std=c++20 -O1 -g -w $def $inc -c "$out/mailbox_dev_emu.cpp" -o "$out/mailbox_dev.o" &
 g++ -std=c++20 -O1 -g -w $def $inc -c "$here/emu.cpp" -o "$out/emu.o" &
 # comm/nccl.c without CUDA: its stubs (no NCCL in the emulation)

@@ -93,6 +93,20 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d);
+/* cuda/check.h's k3c_cuda_host_pageable: every pointer here reads as unregistered host memory */
+enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2 };
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer, *hostPointer;
+};
+static inline cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
+    (void)p;
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = 0;
+    a->devicePointer = a->hostPointer = 0;
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);

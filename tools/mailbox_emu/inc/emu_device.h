@@ -31,13 +31,14 @@ struct alignas(16) uint4 {
 
 struct emu_block {
     std::barrier<> *bar;
-    alignas(16) unsigned char shared[4][64];
+    alignas(16) unsigned char shared[4][128];
+    float xchg[1024]; /* __shfl_xor_sync's exchange */
 };
 extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern thread_local emu_block *emu_cur;
 
 template <class T> T &emu_shared(int id) {
-    static_assert(sizeof(T) <= 64, "emu_shared: 64 bytes a variable");
+    static_assert(sizeof(T) <= 128, "emu_shared: 128 bytes a variable");
     return *reinterpret_cast<T *>(emu_cur->shared[id & 3]);
 }
 
@@ -95,3 +96,29 @@ static inline void __stcg(float4 *p, float4 v) { emu_check_align(p, 16, "__stcg(
 static inline void __stcg(uint4 *p, uint4 v) { emu_check_align(p, 16, "__stcg(uint4)"); emu_st(p, v); }
 static inline void __stcg(float *p, float v) { emu_check_align(p, 4, "__stcg(float)"); emu_st(p, v); }
 static inline void __stcg(unsigned char *p, unsigned char v) { emu_st(p, v); }
+
+/* Bit casts and the norm's math (glibc's: rsqrtf as 1 / sqrtf, not the GPU's approximation). */
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#include <math.h>
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+/* A warp shuffle across the emulated block: every thread of the block must call it together (the kernels
+ * that use it do, with a whole number of warps a block); lane l reads lane l ^ o of its own warp. */
+static inline float __shfl_xor_sync(unsigned mask, float v, int o) {
+    (void)mask;
+    const unsigned t = threadIdx.x;
+    emu_cur->xchg[t] = v;
+    emu_cur->bar->arrive_and_wait();
+    const float r = emu_cur->xchg[(t & ~31u) | ((t & 31u) ^ (unsigned)o)];
+    emu_cur->bar->arrive_and_wait();
+    return r;
+}

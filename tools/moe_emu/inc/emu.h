@@ -184,6 +184,14 @@ template <class T> static inline T __ldg(const T *p) {
     emu_maybe_yield();
     return *p;
 }
+/* st.global.cg (cuda/gemm.cu's fanout stores) and the system fence after them: plain here (one address
+ * space, the emulated threads of a launch joined before the next launch runs) */
+static inline void __stcg(float *p, float v) {
+    emu_check_global(p, 4, 4, "__stcg");
+    emu_maybe_yield();
+    *p = v;
+}
+static inline void __threadfence_system(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 /* The traffic counter: bytes of the kernels' weight streams, i.e. 16-byte ld.global.nc loads (the streaming
  * kernels' k3c_ld_stream16) and 16-byte cp.async copies (the grouped kernel's rings); activations (__ldg) and
  * scale bytes are not counted. No cache is modelled: a re-read counts again, as a pass over an expert that
