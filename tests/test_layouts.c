@@ -472,7 +472,7 @@ TEST(layouts_cli_pp_dep_equal_world_size_1) {
         {"--pp 99", "more pipeline stages"},
         {"--ep", "--ep"},
         {"--tp 3", "does not divide"},
-        {"--pp 2 --device cuda", "CPU ranks"},
+        {"--pp 2 --world-size 2 --rendezvous /nonexistent/rdv", "runs over NCCL on device cuda"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", dir, i);
@@ -608,8 +608,8 @@ TEST(layouts_refused) {
     } cases[] = {
         {{1, 2, 1, 1}, 1, 0, "aux streams with pp 2"},
         {{1, 1, 2, 2}, 1, 0, "aux streams with dp 2"},
-        {{1, 2, 1, 1}, 0, 2, "one process per GPU: not built yet"},
-        {{1, 1, 2, 1}, 0, 2, "one process per GPU: not built yet"},
+        {{1, 2, 1, 1}, 0, 2, "one process per rank runs over NCCL on device cuda"},
+        {{1, 1, 2, 1}, 0, 2, "one process per rank runs over NCCL on device cuda"},
         {{1, 10, 1, 1}, 0, 0, "more pipeline stages than the model's 9 layers"},
         {{1, 1, 1, 3}, 0, 0, "spans the tp x dp = 1 ranks"},
         {{2, 1, 1, 2}, 0, 0, "without data parallelism"},
