@@ -68,8 +68,9 @@ typedef struct step_bytes {
     double dense, experts, kv, kda, distinct;
 } step_bytes;
 
-/* Bytes one decode step of batch b at mean context ctx must move (see the file comment). */
-static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx) {
+/* Bytes one decode step of batch b at mean context ctx must move (see the file comment); at tp > 1 one rank's
+ * share: the weights and the KDA state split tp ways, the MLA latent cache replicated (its one KV head). */
+static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx, int tp) {
     step_bytes s = {0};
     s.dense = (double)(f->weight_bytes - f->routed_expert_bytes);
     if (!f->tie_word_embeddings) s.dense += 2.0 * b * f->hidden_size - (double)f->embedding_bytes;
@@ -83,6 +84,7 @@ static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx) {
     /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
     s.kv = f->num_mla_layers * (b * (ctx + q) * lat * 2 + b * q * lat * 2);
     s.kda = f->num_kda_layers * (b * 2 * (state + window));
+    if (tp > 1) s.dense /= tp, s.experts /= tp, s.kda /= tp;
     return s;
 }
 
@@ -136,9 +138,9 @@ static int time_steps(k3c_engine *e, const int *id, int b, int q, int warm, int 
     return K3C_OK;
 }
 
-static void print_row(const char *path, const char *preset, const k3c_model_info *f, int b, int q, double med,
-                      double ctx, double bw) {
-    step_bytes sb = bytes_for(f, b, q, ctx);
+static void print_row(const char *path, const char *preset, const k3c_model_info *f, int tp, int b, int q,
+                      double med, double ctx, double bw) {
+    step_bytes sb = bytes_for(f, b, q, ctx, tp);
     double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
     double floor_s = bw > 0 ? bytes / bw : 0;
     printf("%s %-11s %5d %2d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", path, preset, b, q, med * 1e3,
@@ -147,8 +149,18 @@ static void print_row(const char *path, const char *preset, const k3c_model_info
     fflush(stdout);
 }
 
-int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, int context, int steps) {
+int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, int context, int steps,
+               const k3c_engine_options *par) {
     int batches[16], nb = 0, maxb = 0, qs[16], nq = 0, maxq = 0, qsum = 0, rc = 1;
+    const k3c_layout *pl = &par->layout;
+    int tp = pl->tp > 1 ? pl->tp : 1;
+    if (pl->pp > 1 || pl->dp > 1 || pl->ep > 1) {
+        /* the rows compare a step with its memory floor, which for stages and DP ranks (a step's rows split over
+         * them, each stage's share of the layers) this bench does not count yet */
+        fprintf(stderr, "k3c bench: --device cuda with --pp, --dp or --ep: not wired yet (--tp N runs; the engine "
+                        "itself runs those layouts: k3c generate, run, serve)\n");
+        return 2;
+    }
     if (parse_list(batches_s ? batches_s : "1,2,4,8,16,32,64", 64, batches, &nb) != 0) {
         fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
         return 2;
@@ -172,17 +184,30 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     int id[64];
     double *t = NULL, ms1[2][16] = {{0}}; /* q = 1 step times per batch (stock, spec), for the RATIO lines */
     if (k3c_model_synthesize_device(preset, 1, &m) != K3C_OK || k3c_model_info_get(m, &f) != K3C_OK) goto fail;
-    double bw = copy_bandwidth();
+    double bw = par->rank == 0 ? copy_bandwidth() : 0; /* rank 0 prints the rows */
     int V = f.vocab_size;
-    printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
-           "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)\n",
-           preset, f.weight_bytes / 1e9, f.num_layers, context, bw / 1e9);
-    fflush(stdout);
+    char ranks[256] = "";
+    if (tp > 1)
+        snprintf(ranks, sizeof ranks, ", tp %d (%s; each rank generates its shard, about %.2f GB, on its device; "
+                 "floor_ms a rank's share)", tp, par->world_size > 0 ? "one process per rank" : "threads of this process",
+                 f.weight_bytes / 1e9 / tp);
+    /* one process per rank: the others follow rank 0's steps and print nothing */
+    if (par->rank == 0) {
+        printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
+               "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)%s\n",
+               preset, f.weight_bytes / 1e9, f.num_layers, context, bw / 1e9, ranks);
+        fflush(stdout);
+    }
 
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = "cuda";
     o.specialized = K3C_SPECIALIZED_ON;
+    o.layout = par->layout;
+    o.world_size = par->world_size;
+    o.rank = par->rank;
+    o.rendezvous = par->rendezvous;
+    o.rank_timeout_ms = par->rank_timeout_ms;
     o.max_requests = 64;
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
@@ -194,6 +219,10 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    if (k3c_engine_rank(e) > 0) { /* a rank of its own process: rank 0 leads every step */
+        rc = cli_follow("bench", e);
+        goto done;
+    }
     fprintf(stderr, "engine ready in %.1f s\n", now_s() - t0);
     lg = bench_pageable() ? malloc(sizeof(float) * (size_t)o.max_rows * V) : k3c_engine_logits_alloc(e, o.max_rows);
     ids = malloc(sizeof(int32_t) * (size_t)maxb * context);
@@ -214,12 +243,13 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             it[n++] = (k3c_step_item){.request = id[i], .tokens = ids + (size_t)i * context, .n = context};
         if (k3c_engine_step(e, it, n, lg) != K3C_OK) goto fail;
     }
-    double tp = now_s() - t0;
-    printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
+    double t_prefill = now_s() - t0;
+    printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, t_prefill,
+           maxb * context / t_prefill);
     int profiling = k3c_engine_profile(e, K3C_PROFILE_QUERY, NULL, 0);
     if (profiling == 1 || profiling == 2) { /* GPU time per op of the prefill steps above (stock: always timed) */
         printf("PROF %s prefill: %d requests x %d tokens, %d a step\n", preset, maxb, context, per_step);
-        if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, tp * 1e3) != K3C_OK ||
+        if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, t_prefill * 1e3) != K3C_OK ||
             k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK)
             goto fail;
     }
@@ -233,7 +263,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             long exec;
             if (k3c_engine_set_specialized(e, 0) != K3C_OK) goto fail;
             if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
-            print_row("STEP", preset, &f, b, q, med, ctx, bw);
+            print_row("STEP", preset, &f, tp, b, q, med, ctx, bw);
             if (profiling == 1 || profiling == 2) { /* GPU time per op of one more stock step of this shape */
                 double pmed, pctx;
                 if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK ||
@@ -255,12 +285,12 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                        "runs stock)\n", preset, b, q, b * q, exec, steps);
                 continue;
             }
-            print_row("SPEC", preset, &f, b, q, med, ctx, bw);
+            print_row("SPEC", preset, &f, tp, b, q, med, ctx, bw);
             int32_t row_ids[64 * PREPARED_Q_MAX];
             double imed, ictx;
             /* the same steps returning greedy token ids (what a greedy runner step downloads) */
             if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
-            print_row("SPECID", preset, &f, b, q, imed, ictx, bw);
+            print_row("SPECID", preset, &f, tp, b, q, imed, ictx, bw);
             if (profiling == 3) { /* K3C_CUDA_PROFILE=3: one more greedy step (SPECID's), its graph replayed with
                                    * block stamps; the report against SPECID's median */
                 double pmed, pctx;

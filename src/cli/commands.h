@@ -140,8 +140,11 @@ void cli_out_abort(cli_out *o); /* on any failure: removes what this output wrot
 void cli_out_free(cli_out *o);  /* after the last commit */
 
 /* k3c bench --device cuda (bench_cuda.c): decode step times of a device-synthetic preset per batch size
- * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. Returns the exit status. */
-int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps);
+ * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. par: the parallel options
+ * (cli_parallel_option: --tp N, one process per rank with --world-size; each rank generates only its shard on
+ * its device). Returns the exit status. */
+int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps,
+               const k3c_engine_options *par);
 /* k3c bench --prefix N (bench_prefix.c): TTFT through the serving scheduler of requests sharing an N-token
  * system prompt, with prefix caching off, on a miss and on hits (rounds requests each). 0 or -1. */
 int bench_prefix(const char *preset, const char *device, int threads, int prefix, int rounds);

@@ -330,3 +330,21 @@ TEST(gpu_engine_layouts_cli_processes) {
                world[i]);
     }
 }
+
+/* k3c bench --device cuda --tp 2 (threads on this GPU, each rank generating its shard of the device-synthetic
+ * weights): runs, prints its STEP rows (stock over the staged sums) and SPEC rows (the executor over the
+ * in-process mailbox); the rows are printed here. */
+TEST(gpu_engine_layouts_bench_tp2) {
+    char k3c[4096], cmd[16384], out[4300], err[4300];
+    CHECK(test_k3c_binary(k3c, sizeof k3c));
+    snprintf(out, sizeof out, "%s/elay_bench.txt", test_tmpdir());
+    snprintf(err, sizeof err, "%s/elay_bench.err", test_tmpdir());
+    snprintf(cmd, sizeof cmd, "timeout 300 %s bench --device cuda --preset mini --tp 2 --batches 1,4 --verify 1,4 "
+             "--steps 5 --context 64 > %s 2> %s", k3c, out, err);
+    int st = test_run_status(cmd);
+    snprintf(cmd, sizeof cmd, "grep -E '^(bench|STEP|SPEC)' %s | sed 's/^/INFO engine_layouts bench tp 2: /'", out);
+    test_run_status(cmd);
+    CHECKF(st == 0, "k3c bench --device cuda --preset mini --tp 2 failed (stdout %s, stderr %s)", out, err);
+    snprintf(cmd, sizeof cmd, "grep -Eq '^STEP mini +4 +1 ' %s && grep -Eq '^SPEC mini +4 +1 +[0-9]' %s", out, out);
+    CHECKF(test_run_status(cmd) == 0, "k3c bench --tp 2: no STEP or SPEC row for batch 4 (%s)", out);
+}
