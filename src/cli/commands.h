@@ -108,7 +108,8 @@ int cli_follow(const char *cmd, k3c_engine *e);
     "  --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a stage); --dp N: N\n" \
     "  data-parallel ranks, each request on one (the least loaded, or where its prefix is cached), with --ep\n" \
     "  the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G attention groups as the\n" \
-    "  DP ranks and EP over all G x N ranks; pp and dp on CPU ranks only); --dcp N (a divisor of --tp): the\n" \
+    "  DP ranks and EP over all G x N ranks; on --device cuda with pp or dp every step runs the stock\n"     \
+    "  forward: the executor stays off); --dcp N (a divisor of --tp): the\n"                                \
     "  MLA cache sharded by position over N TP ranks (decode context parallel: N times the tokens per byte);\n" \
     "  --rank R --world-size W --rendezvous PATH: one process per GPU, the stock forward over NCCL (rank 0\n"  \
     "  writing NCCL's id to PATH), the executor over a CUDA IPC mailbox when the TP group is on one host;\n"   \
