@@ -146,7 +146,12 @@ static int build_executor(k3c_engine *e) {
     }
     const k3c_rank *rk = e->xr ? k3c_ranks_place(e->xr) : NULL;
     if (rk && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
-        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
+        if (mode == K3C_SPECIALIZED_AUTO) {
+            if (rk->rank == 0)
+                k3c_log(K3C_LOG_INFO, "pp %d, dp %d: the specialized executor runs under tp only, every step runs the "
+                        "stock forward", rk->layout.pp, rk->layout.dp);
+            return K3C_OK;
+        }
         return k3c_errorf("the specialized executor runs under tp only (pp %d, dp %d)", rk->layout.pp, rk->layout.dp);
     }
     k3c_decode_env env;
