@@ -86,9 +86,10 @@ int k3c_rank_device(const k3c_rank *r);
 /* The ranks of this process on this rank's device (its memory is split among them); 1 over NCCL. */
 int k3c_rank_device_share(const k3c_rank *r);
 /* Once the rank's CUDA backend exists: in one process, tp_comm becomes the staged communicator on its
- * stream (pp or dp > 1: every rank's staged world, split into tp_comm, fwd_pp and fwd_ep as
- * k3c_comm_groups_split makes them, a collective of every rank); over NCCL, the TP, pipeline and expert
- * groups' collectives move onto the backend's stream (k3c_comm_nccl_set_stream). */
+ * stream (and dcp_comm, where 1 < dcp < tp, a staged split of it; pp or dp > 1: every rank's staged world,
+ * split into tp_comm, fwd_pp and fwd_ep as k3c_comm_groups_split makes them, a collective of every rank); over
+ * NCCL, the TP, DCP, pipeline and expert groups' collectives move onto the backend's stream
+ * (k3c_comm_nccl_set_stream). */
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be);
 /* The executor's TP mailbox, every rank of the TP group calling it at the same point (a collective): slots
  * of cap floats. *out NULL, with the reason in why, where the group cannot have one (TP wider than 8, ranks

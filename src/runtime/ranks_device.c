@@ -55,11 +55,11 @@ int k3c_rank_device_share(const k3c_rank *r) {
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
 #ifdef K3C_HAVE_CUDA
     if (!r->group) { /* one process per rank: NCCL, made before the backend, onto the backend's stream */
-        /* every rank in the same order (TP, pipeline, expert): each call is a barrier of its group, and every
-         * group's ranks reach it having passed only the calls before, which their own groups complete */
-        k3c_comm *groups[3] = {r->tp_comm, r->pp_comm, r->ep_comm};
-        static const char *const what[3] = {"TP", "pipeline", "expert"};
-        for (int i = 0; i < 3; i++)
+        /* every rank in the same order (TP, DCP, pipeline, expert): each call is a barrier of its group, and
+         * every group's ranks reach it having passed only the calls before, which their own groups complete */
+        k3c_comm *groups[4] = {r->tp_comm, r->dcp_comm, r->pp_comm, r->ep_comm};
+        static const char *const what[4] = {"TP", "DCP", "pipeline", "expert"};
+        for (int i = 0; i < 4; i++)
             if (groups[i] && !strcmp(groups[i]->name, "nccl") &&
                 k3c_comm_nccl_set_stream(groups[i], k3c_backend_cuda_stream(be)) != K3C_OK)
                 return k3c_error_context("engine: rank %d of %d: the %s communicator's stream", r->rank, r->world,
@@ -94,6 +94,16 @@ int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
     r->tp_comm = c; /* the world's host group still carries the step messages */
     r->dev_group = NULL;
+    int dcp = r->layout.dcp;
+    if (dcp > 1 && dcp < r->layout.tp) {
+        /* the DCP group on device memory too (the forward refuses a DCP group on other memory than TP's): split
+         * from the staged TP group, runs of dcp consecutive TP ranks as k3c_ranks_threads made the host one */
+        k3c_comm *d = NULL;
+        if (c->split(c, r->tp_rank / dcp, r->tp_rank % dcp, &d) != K3C_OK)
+            return k3c_error_context("engine: rank %d of %d: the staged DCP communicator", r->rank, r->world);
+        if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
+        r->dcp_comm = d;
+    }
     return K3C_OK;
 #else
     (void)be;

@@ -49,7 +49,7 @@ enum { NR = 4, MAXD = 8, PROMPT_ROWS = 70 + 23 + 41 + 5, CAP = PROMPT_ROWS + 6 +
 static const int plen[NR] = {70, 23, 41, 5}, ndec[NR] = {6, 3, 8, 2};
 
 typedef struct lay {
-    int tp, pp, dp, ep;
+    int tp, pp, dp, ep, dcp; /* dcp 0: none */
 } lay;
 
 typedef struct brun {
@@ -61,7 +61,7 @@ typedef struct brun {
 } brun;
 
 static const char *lay_name(lay l, char *b, size_t n) {
-    snprintf(b, n, "tp %d x pp %d x dp %d%s", l.tp, l.pp, l.dp, l.ep > 1 ? " +ep" : "");
+    snprintf(b, n, "tp %d x pp %d x dp %d%s%s", l.tp, l.pp, l.dp, l.ep > 1 ? " +ep" : "", l.dcp > 1 ? " dcp" : "");
     return b;
 }
 
@@ -80,6 +80,7 @@ static int batch_run(k3c_model *m, lay l, int exact, int32_t *const *prompts, in
     o.layout.pp = l.pp;
     o.layout.dp = l.dp;
     o.layout.ep = l.ep;
+    o.layout.dcp = l.dcp;
     o.max_requests = NR;
     o.max_rows = 160;
     o.max_context = 80;
@@ -197,7 +198,7 @@ static void layouts_case(int kimi_linear, const lay *cases, int ncases) {
         prompts[j] = buf[j];
         for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)V);
     }
-    const lay one = {1, 1, 1, 1}, tp2 = {2, 1, 1, 1};
+    const lay one = {1, 1, 1, 1, 0}, tp2 = {2, 1, 1, 1, 0};
     brun fn = {0}, b1 = {0}, t32 = {0}, t16 = {0};
     /* the f32 function (its greedy tokens feed every run), world size 1's bf16, TP 2 (TP 2 x PP 2's reference) */
     int rc = batch_run(m, one, 1, prompts, NULL, &fn);
@@ -253,12 +254,13 @@ static void layouts_case(int kimi_linear, const lay *cases, int ncases) {
 }
 
 TEST(gpu_engine_layouts_k3_tiny) {
-    const lay cases[] = {{1, 2, 1, 1}, {1, 1, 2, 2}, {1, 1, 2, 1}, {1, 2, 2, 2}, {2, 2, 1, 1}, {2, 1, 2, 4}};
+    const lay cases[] = {{1, 2, 1, 1, 0}, {1, 1, 2, 2, 0}, {1, 1, 2, 1, 0}, {1, 2, 2, 2, 0}, {2, 2, 1, 1, 0},
+                         {2, 1, 2, 4, 0}};
     layouts_case(0, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
 TEST(gpu_engine_layouts_kimi_linear_tiny) {
-    const lay cases[] = {{1, 2, 1, 1}, {1, 1, 2, 2}, {2, 1, 2, 4}};
+    const lay cases[] = {{1, 2, 1, 1, 0}, {1, 1, 2, 2, 0}, {2, 1, 2, 4, 0}};
     layouts_case(1, cases, (int)(sizeof cases / sizeof cases[0]));
 }
 
@@ -347,4 +349,42 @@ TEST(gpu_engine_layouts_bench_tp2) {
     CHECKF(st == 0, "k3c bench --device cuda --preset mini --tp 2 failed (stdout %s, stderr %s)", out, err);
     snprintf(cmd, sizeof cmd, "grep -Eq '^STEP mini +4 +1 ' %s && grep -Eq '^SPEC mini +4 +1 +[0-9]' %s", out, out);
     CHECKF(test_run_status(cmd) == 0, "k3c bench --tp 2: no STEP or SPEC row for batch 4 (%s)", out);
+}
+
+/* DCP narrower than TP at the engine on cuda (--tp 4 --dcp 2: the DCP groups staged splits of the staged TP
+ * group, runtime/ranks_device.c; the forward refuses a DCP group on other memory than TP's): f32 within 1e-5 of
+ * TP 4 without DCP (tests/test_dcp.c's bound), bf16 printed, every step every rank bitwise rank 0. */
+TEST(gpu_engine_layouts_dcp_narrower_than_tp) {
+    k3c_model *m = NULL;
+    CHECK_OK(synth_model(0, "elay_dcp", &m));
+    k3c_model_info info;
+    CHECK_OK(k3c_model_info_get(m, &info));
+    int32_t buf[NR][70], *prompts[NR];
+    k3c_rng g;
+    k3c_rng_seed(&g, test_seed() ^ 0xdc9);
+    for (int j = 0; j < NR; j++) {
+        prompts[j] = buf[j];
+        for (int i = 0; i < plen[j]; i++) buf[j][i] = (int32_t)(k3c_rng_next(&g) % (uint64_t)info.vocab_size);
+    }
+    const lay tp4 = {4, 1, 1, 1, 0}, dcp2 = {4, 1, 1, 1, 2};
+    brun a = {0}, b = {0};
+    int rc = K3C_OK;
+    for (int exact = 1; exact >= 0 && rc == K3C_OK; exact--) {
+        rc = batch_run(m, tp4, exact, prompts, NULL, &a);
+        if (rc == K3C_OK) rc = batch_run(m, dcp2, exact, prompts, a.stream, &b);
+        if (rc == K3C_OK) {
+            double w = worst_row(&b, &a, a.rows);
+            printf("INFO engine_layouts tp 4 dcp 2 %s: worst row rel L2 vs tp 4 %.3g (%zu rows); %ld of %ld steps every "
+                   "rank bitwise\n", exact ? "f32" : "bf16", w, a.rows, b.checked, b.steps);
+            if (exact && !(w <= 1e-5)) rc = k3c_errorf("tp 4 dcp 2 f32: rel L2 %.3g over 1e-5", w);
+            else if (b.rows != a.rows || b.checked != b.steps)
+                rc = k3c_errorf("%zu rows (tp 4: %zu), %ld of %ld steps compared", b.rows, a.rows, b.checked, b.steps);
+        }
+        free(a.lg), free(b.lg);
+        a.lg = b.lg = NULL;
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rc == K3C_OK ? "" : k3c_error_message());
+    k3c_free(m);
+    CHECKF(rc == K3C_OK, "%s", msg);
 }
