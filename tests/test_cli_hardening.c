@@ -152,8 +152,6 @@ TEST(hardening_cli_option_errors_name_the_option) {
         {"bench --model x --device cuda", "--model x: only the cpu rows (decode and prefill) measure a checkpoint folder"},
         {"bench --model x --preset tiny", "--model x and --preset tiny: give one of them"},
         {"bench --model ''", "--model: an empty value"},
-        {"bench --device cuda --preset tiny --dp 2 --ep", "--device cuda with --pp, --dp or --ep: not wired yet"},
-        {"bench --device cuda --preset tiny --pp 2", "--device cuda with --pp, --dp or --ep: not wired yet"},
         {"bench --prefix 16 --tp 2", "not with --prefix"},
         {"bench --preset tiny --tp 2 --world-size 2 --rendezvous x", "not with --prefix"},
     };

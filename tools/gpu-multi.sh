@@ -23,7 +23,7 @@
 #          eager and graph, ranks 2 and N; the table of us per call and the crossover lines;
 #   bench (the rest, ~110 s): `k3c bench --device cuda` --tp N on k3-tp8-rank and k3-slice, batch 1-64, q 1 and 4
 #          (step, floor, fraction of floor: a rank's share), each rank generating its shard of the weights on
-#          its GPU; kimi-linear-48b at tp 2 against tp 1; DEP (dp N + ep) on x8 (refused: not wired yet);
+#          its GPU; kimi-linear-48b at tp 2 against tp 1; DEP (dp N + ep, STEP rows) on x8;
 #          what the commands refuse is a MISSING line with their message, and the tp 1 rows that run today
 #          (k3-tp8-rank: one TP 8 rank's share without its collectives) are measured instead;
 #   faults (~90 s): the last rank killed (SIGKILL) mid-generate: every other rank exits non-zero with a

@@ -68,23 +68,36 @@ typedef struct step_bytes {
     double dense, experts, kv, kda, distinct;
 } step_bytes;
 
-/* Bytes one decode step of batch b at mean context ctx must move (see the file comment); at tp > 1 one rank's
- * share: the weights and the KDA state split tp ways, the MLA latent cache replicated (its one KV head). */
-static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx, int tp) {
+/* The layout a bench runs on (tp, pp, dp >= 1; ep 1 or tp x dp). */
+typedef struct bench_layout {
+    int tp, pp, dp, ep;
+} bench_layout;
+
+/* Bytes one decode step of batch b at mean context ctx must move (see the file comment); on several ranks the
+ * share of rank 0 (about: the split's replicated vectors and, in the hybrid, its whole MoE side counted as
+ * split): its stage's 1 / pp of the layers; its DP rank's ceil(b / dp) requests (the engine places the batch
+ * least loaded first); the weights split tp ways and the routed experts, with EP, tp x dp ways, those of every
+ * DP rank's rows reaching them; the KDA state split tp ways, the MLA latent cache replicated (its one KV head). */
+static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx, const bench_layout *l) {
     step_bytes s = {0};
+    int ep = l->ep > 1, br = (b + l->dp - 1) / l->dp;
     s.dense = (double)(f->weight_bytes - f->routed_expert_bytes);
-    if (!f->tie_word_embeddings) s.dense += 2.0 * b * f->hidden_size - (double)f->embedding_bytes;
+    if (!f->tie_word_embeddings) s.dense += 2.0 * br * f->hidden_size - (double)f->embedding_bytes;
     double expert_layer = f->num_moe_layers > 0 ? (double)f->routed_expert_bytes / f->num_moe_layers : 0;
     double E = f->num_experts, k = f->num_experts_per_token;
-    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)b * q)) : 0; /* over all b x q rows */
+    /* over the rows that reach the rank's experts: every DP rank's with EP, else its own */
+    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)(ep ? b : br) * q)) : 0;
     s.experts = f->num_moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
     double lat = f->kv_lora_rank + f->qk_rope_head_dim, P = (double)f->kda_num_heads * f->kda_head_dim;
     double state = (double)f->kda_state_bytes;
     double window = 3.0 * (f->kda_conv_kernel - 1) * P * 4;
     /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
-    s.kv = f->num_mla_layers * (b * (ctx + q) * lat * 2 + b * q * lat * 2);
-    s.kda = f->num_kda_layers * (b * 2 * (state + window));
-    if (tp > 1) s.dense /= tp, s.experts /= tp, s.kda /= tp;
+    s.kv = f->num_mla_layers * (br * (ctx + q) * lat * 2 + br * q * lat * 2);
+    s.kda = f->num_kda_layers * (br * 2 * (state + window));
+    s.dense /= (double)l->tp * l->pp;
+    s.experts /= (double)(ep ? l->tp * l->dp : l->tp) * l->pp;
+    s.kv /= l->pp;
+    s.kda /= (double)l->tp * l->pp;
     return s;
 }
 
@@ -138,9 +151,9 @@ static int time_steps(k3c_engine *e, const int *id, int b, int q, int warm, int 
     return K3C_OK;
 }
 
-static void print_row(const char *path, const char *preset, const k3c_model_info *f, int tp, int b, int q,
-                      double med, double ctx, double bw) {
-    step_bytes sb = bytes_for(f, b, q, ctx, tp);
+static void print_row(const char *path, const char *preset, const k3c_model_info *f, const bench_layout *l, int b,
+                      int q, double med, double ctx, double bw) {
+    step_bytes sb = bytes_for(f, b, q, ctx, l);
     double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
     double floor_s = bw > 0 ? bytes / bw : 0;
     printf("%s %-11s %5d %2d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", path, preset, b, q, med * 1e3,
@@ -153,14 +166,9 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                const k3c_engine_options *par) {
     int batches[16], nb = 0, maxb = 0, qs[16], nq = 0, maxq = 0, qsum = 0, rc = 1;
     const k3c_layout *pl = &par->layout;
-    int tp = pl->tp > 1 ? pl->tp : 1;
-    if (pl->pp > 1 || pl->dp > 1 || pl->ep > 1) {
-        /* the rows compare a step with its memory floor, which for stages and DP ranks (a step's rows split over
-         * them, each stage's share of the layers) this bench does not count yet */
-        fprintf(stderr, "k3c bench: --device cuda with --pp, --dp or --ep: not wired yet (--tp N runs; the engine "
-                        "itself runs those layouts: k3c generate, run, serve)\n");
-        return 2;
-    }
+    bench_layout bl = {pl->tp > 1 ? pl->tp : 1, pl->pp > 1 ? pl->pp : 1, pl->dp > 1 ? pl->dp : 1,
+                       pl->ep > 1 ? pl->ep : 1};
+    int stock_only = bl.pp > 1 || bl.dp > 1; /* the executor runs under tp only */
     if (parse_list(batches_s ? batches_s : "1,2,4,8,16,32,64", 64, batches, &nb) != 0) {
         fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
         return 2;
@@ -186,11 +194,13 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     if (k3c_model_synthesize_device(preset, 1, &m) != K3C_OK || k3c_model_info_get(m, &f) != K3C_OK) goto fail;
     double bw = par->rank == 0 ? copy_bandwidth() : 0; /* rank 0 prints the rows */
     int V = f.vocab_size;
-    char ranks[256] = "";
-    if (tp > 1)
-        snprintf(ranks, sizeof ranks, ", tp %d (%s; each rank generates its shard, about %.2f GB, on its device; "
-                 "floor_ms a rank's share)", tp, par->world_size > 0 ? "one process per rank" : "threads of this process",
-                 f.weight_bytes / 1e9 / tp);
+    char ranks[320] = "";
+    int world = bl.tp * bl.pp * bl.dp;
+    if (world > 1)
+        snprintf(ranks, sizeof ranks, ", tp %d x pp %d x dp %d%s (%s; each rank generates its shard on its device; "
+                 "floor_ms rank 0's share%s)", bl.tp, bl.pp, bl.dp, bl.ep > 1 ? " + ep" : "",
+                 par->world_size > 0 ? "one process per rank" : "threads of this process",
+                 stock_only ? "; the executor runs under tp only: STEP rows alone" : "");
     /* one process per rank: the others follow rank 0's steps and print nothing */
     if (par->rank == 0) {
         printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
@@ -202,7 +212,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = "cuda";
-    o.specialized = K3C_SPECIALIZED_ON;
+    o.specialized = stock_only ? K3C_SPECIALIZED_OFF : K3C_SPECIALIZED_ON;
     o.layout = par->layout;
     o.world_size = par->world_size;
     o.rank = par->rank;
@@ -263,7 +273,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             long exec;
             if (k3c_engine_set_specialized(e, 0) != K3C_OK) goto fail;
             if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
-            print_row("STEP", preset, &f, tp, b, q, med, ctx, bw);
+            print_row("STEP", preset, &f, &bl, b, q, med, ctx, bw);
             if (profiling == 1 || profiling == 2) { /* GPU time per op of one more stock step of this shape */
                 double pmed, pctx;
                 if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK ||
@@ -276,6 +286,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             }
             if (q == 1) ms1[0][bi] = med;
             if (q == 4 && ms1[0][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
+            if (stock_only) continue;
             /* the same steps through the specialized executor (one captured graph per shape, captured by the
              * engine during the warm-up steps) */
             if (k3c_engine_set_specialized(e, 1) != K3C_OK) goto fail;
@@ -285,12 +296,12 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                        "runs stock)\n", preset, b, q, b * q, exec, steps);
                 continue;
             }
-            print_row("SPEC", preset, &f, tp, b, q, med, ctx, bw);
+            print_row("SPEC", preset, &f, &bl, b, q, med, ctx, bw);
             int32_t row_ids[64 * PREPARED_Q_MAX];
             double imed, ictx;
             /* the same steps returning greedy token ids (what a greedy runner step downloads) */
             if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
-            print_row("SPECID", preset, &f, tp, b, q, imed, ictx, bw);
+            print_row("SPECID", preset, &f, &bl, b, q, imed, ictx, bw);
             if (profiling == 3) { /* K3C_CUDA_PROFILE=3: one more greedy step (SPECID's), its graph replayed with
                                    * block stamps; the report against SPECID's median */
                 double pmed, pctx;

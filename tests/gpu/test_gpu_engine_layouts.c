@@ -335,8 +335,9 @@ TEST(gpu_engine_layouts_cli_processes) {
 
 /* k3c bench --device cuda --tp 2 (threads on this GPU, each rank generating its shard of the device-synthetic
  * weights): runs, prints its STEP rows (stock over the staged sums) and SPEC rows (the executor over the
- * in-process mailbox); the rows are printed here. */
-TEST(gpu_engine_layouts_bench_tp2) {
+ * in-process mailbox); then --pp 2 and --dp 2 --ep, STEP rows alone (the executor runs under tp only); the
+ * rows are printed here. */
+TEST(gpu_engine_layouts_bench) {
     char k3c[4096], cmd[16384], out[4300], err[4300];
     CHECK(test_k3c_binary(k3c, sizeof k3c));
     snprintf(out, sizeof out, "%s/elay_bench.txt", test_tmpdir());
@@ -349,6 +350,17 @@ TEST(gpu_engine_layouts_bench_tp2) {
     CHECKF(st == 0, "k3c bench --device cuda --preset mini --tp 2 failed (stdout %s, stderr %s)", out, err);
     snprintf(cmd, sizeof cmd, "grep -Eq '^STEP mini +4 +1 ' %s && grep -Eq '^SPEC mini +4 +1 +[0-9]' %s", out, out);
     CHECKF(test_run_status(cmd) == 0, "k3c bench --tp 2: no STEP or SPEC row for batch 4 (%s)", out);
+    const char *const more[] = {"--pp 2", "--dp 2 --ep"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout 300 %s bench --device cuda --preset mini %s --batches 1,4 --steps 5 "
+                 "--context 64 > %s 2> %s", k3c, more[i], out, err);
+        st = test_run_status(cmd);
+        snprintf(cmd, sizeof cmd, "grep -E '^(bench|STEP)' %s | sed 's/^/INFO engine_layouts bench %s: /'", out, more[i]);
+        test_run_status(cmd);
+        CHECKF(st == 0, "k3c bench --device cuda --preset mini %s failed (stdout %s, stderr %s)", more[i], out, err);
+        snprintf(cmd, sizeof cmd, "grep -Eq '^STEP mini +4 +1 ' %s && ! grep -q '^SPEC' %s", out, out);
+        CHECKF(test_run_status(cmd) == 0, "k3c bench %s: no STEP row for batch 4, or a SPEC row (%s)", more[i], out);
+    }
 }
 
 /* DCP narrower than TP at the engine on cuda (--tp 4 --dcp 2: the DCP groups staged splits of the staged TP
