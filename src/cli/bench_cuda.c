@@ -21,7 +21,10 @@
  * The same engine runs both paths: k3c_engine_set_specialized(e, 0) for the STEP rows, 1 for SPEC and
  * SPECID (k3c_engine_step_greedy: token ids instead of logits); the warm-up steps let the engine capture
  * the shape's graph (the second step of a shape captures it), and a row whose timed steps did not all run
- * on the executor says so. Uses include/k3c.h only. */
+ * on the executor says so. On several ranks (--tp, --pp, --dp [--ep]: threads of this process or one process
+ * per GPU) each rank shards the device-synthetic model and generates only its own tensors on its device; the
+ * bytes and floor are rank 0's share (bytes_for), and with pp or dp only STEP rows run (the executor runs
+ * under tp only). Uses include/k3c.h only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
