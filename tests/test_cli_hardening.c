@@ -152,6 +152,8 @@ TEST(hardening_cli_option_errors_name_the_option) {
         {"bench --model x --device cuda", "--model x: only the cpu rows (decode and prefill) measure a checkpoint folder"},
         {"bench --model x --preset tiny", "--model x and --preset tiny: give one of them"},
         {"bench --model ''", "--model: an empty value"},
+        {"bench --prefix 16 --tp 2", "not with --prefix"},
+        {"bench --preset tiny --tp 2 --world-size 2 --rendezvous x", "not with --prefix"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *err;

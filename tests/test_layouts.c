@@ -15,11 +15,13 @@
  * each request takes 6, 3, 8 and 2, so under DEP 2 (placed 0, 1, 0, 1 by the least-loaded rule) the DP ranks'
  * rows differ every step and DP rank 1 runs dummy steps from the fourth decode step on. Then the serving
  * scheduler under DEP 2 (prefix hits, preemption, speculation), the CLI (generate and logits), the refusals. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/stat.h>
 
+#include "backend/backend.h"
 #include "damp_residual.h"
 #include "k3c.h"
 #include "model/synth.h"
@@ -473,7 +475,7 @@ TEST(layouts_cli_pp_dep_equal_world_size_1) {
         {"--pp 99", "more pipeline stages"},
         {"--ep", "--ep"},
         {"--tp 3", "does not divide"},
-        {"--pp 2 --device cuda", "CPU ranks"},
+        {"--pp 2 --world-size 2 --rendezvous /nonexistent/rdv", "runs over NCCL on device cuda"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(b, sizeof b, "%s/bad%zu", dir, i);
@@ -609,8 +611,8 @@ TEST(layouts_refused) {
     } cases[] = {
         {{1, 2, 1, 1}, 1, 0, "aux streams with pp 2"},
         {{1, 1, 2, 2}, 1, 0, "aux streams with dp 2"},
-        {{1, 2, 1, 1}, 0, 2, "one process per GPU: not built yet"},
-        {{1, 1, 2, 1}, 0, 2, "one process per GPU: not built yet"},
+        {{1, 2, 1, 1}, 0, 2, "one process per rank runs over NCCL on device cuda"},
+        {{1, 1, 2, 1}, 0, 2, "one process per rank runs over NCCL on device cuda"},
         {{1, 10, 1, 1}, 0, 0, "more pipeline stages than the model's 9 layers"},
         {{1, 1, 1, 3}, 0, 0, "spans the tp x dp = 1 ranks"},
         {{2, 1, 1, 2}, 0, 0, "without data parallelism"},
@@ -632,4 +634,92 @@ TEST(layouts_refused) {
         }
     }
     k3c_free(m);
+}
+
+/* ---- the logits hand-off staged through backend memory (runtime/ranks.h k3c_rank_stage_rows) ----
+ * Over NCCL the hand-off's rows go through a device buffer; here the same calls on CPU ranks, each rank's
+ * "device" buffer its CPU backend's memory (the in-memory groups move it as NCCL would move device memory),
+ * the staging forced on as a world of NCCL's would have it: tp 1 x pp 2 x dp 2, the last stage's rows to stage
+ * 0 of each pipeline group (the root keeps its own, the others get every byte), DP rank 1's rows to rank 0,
+ * the receive buffers poisoned first; a call past the staging fails on either end, naming both sizes. */
+enum { HO_BYTES = 4000 };
+
+typedef struct ho_rank {
+    k3c_rank r;
+    int rc, bad;
+    char err[512];
+} ho_rank;
+
+static unsigned char ho_pattern(int from, int call, size_t i) { return (unsigned char)(from * 97 + call * 31 + i * 7 + 1); }
+
+static void *ho_main(void *p) {
+    ho_rank *h = p;
+    k3c_rank *r = &h->r;
+    k3c_backend *be = k3c_backend_cpu_create(1);
+    unsigned char *buf = malloc(HO_BYTES + 64);
+    int rc = be && buf ? k3c_rank_split(r) : K3C_ERR;
+    if (rc == K3C_OK) {
+        r->be = be;
+        r->stage = be->alloc(be, 64); /* what k3c_rank_stage allocates over NCCL */
+        r->stage_bytes = 64;
+        rc = r->stage ? k3c_rank_stage_rows(r, HO_BYTES) : K3C_ERR;
+        if (rc == K3C_OK && !r->rows_stage) rc = k3c_errorf("no rows staging with pp 2 x dp 2");
+    }
+    /* the last stage's rows to every stage */
+    if (rc == K3C_OK) {
+        int last = r->pp_stage == 1;
+        for (size_t i = 0; i < HO_BYTES; i++) buf[i] = last ? ho_pattern(r->rank, 0, i) : 0xa5;
+        rc = k3c_rank_pp_broadcast(r, buf, HO_BYTES);
+        int from = r->dp_rank + 2; /* the last stage's rank of this pipeline group */
+        for (size_t i = 0; i < HO_BYTES && rc == K3C_OK; i++) h->bad += buf[i] != ho_pattern(from, 0, i);
+    }
+    /* DP rank 1's first rank (rank 1) to rank 0, twice (the second of another size) */
+    for (int call = 1; call <= 2 && rc == K3C_OK; call++) {
+        size_t n = call == 1 ? HO_BYTES : 123;
+        if (r->rank == 1) {
+            for (size_t i = 0; i < n; i++) buf[i] = ho_pattern(1, call, i);
+            rc = k3c_rank_send_rows(r, buf, n, 0);
+        } else if (r->rank == 0) {
+            memset(buf, 0xa5, HO_BYTES + 64);
+            rc = k3c_rank_recv_rows(r, buf, n, 1);
+            for (size_t i = 0; i < n && rc == K3C_OK; i++) h->bad += buf[i] != ho_pattern(1, call, i);
+            for (size_t i = n; i < HO_BYTES + 64 && rc == K3C_OK; i++) h->bad += buf[i] != 0xa5;
+        }
+    }
+    /* past the staging: refused on either end before anything moves (the engine then fails the group) */
+    if (rc == K3C_OK && (r->rank == 0 || r->rank == 1)) {
+        int st = r->rank == 1 ? k3c_rank_send_rows(r, buf, HO_BYTES + 1, 0) : k3c_rank_recv_rows(r, buf, HO_BYTES + 1, 1);
+        if (st == K3C_OK) rc = k3c_errorf("rank %d: a hand-off past the staging passed", r->rank);
+        else snprintf(h->err, sizeof h->err, "%s", k3c_error_message());
+        k3c_error_clear();
+    }
+    if (rc != K3C_OK) {
+        snprintf(h->err, sizeof h->err, "%s", k3c_error_message());
+        k3c_rank_fail(r, 1, h->err);
+    }
+    h->rc = rc;
+    k3c_rank_release(r); /* frees the stagings with r->be */
+    if (be) be->destroy(be);
+    free(buf);
+    return NULL;
+}
+
+TEST(layouts_rows_handoff_staged) {
+    k3c_layout l = {.tp = 1, .pp = 2, .dp = 2, .ep = 1, .dcp = 1};
+    k3c_rank ranks[4];
+    CHECK_OK(k3c_ranks_threads(&l, 2000, ranks));
+    ho_rank h[4];
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) {
+        memset(&h[r], 0, sizeof h[r]);
+        h[r].r = ranks[r];
+        CHECK(pthread_create(&th[r], NULL, ho_main, &h[r]) == 0);
+    }
+    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 4; r++) {
+        printf("    rank %d: %s%s%s\n", r, h[r].rc == K3C_OK ? "ok" : "failed", *h[r].err ? ": " : "", h[r].err);
+        CHECKF(h[r].rc == K3C_OK && h[r].bad == 0, "rank %d: %d bytes differ: %s", r, h[r].bad, h[r].err);
+    }
+    CHECKF(strstr(h[1].err, "a send of 4001 bytes of logits rows, staging holds 4000"), "the sender: %s", h[1].err);
+    CHECKF(strstr(h[0].err, "a receive of 4001 bytes of logits rows, staging holds 4000"), "rank 0: %s", h[0].err);
 }

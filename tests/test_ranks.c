@@ -642,12 +642,16 @@ TEST(ranks_refused_layouts) {
         {1, 1, 2, 3, 0, 0, 0, "cpu", NULL, "spans the tp x dp = 2 ranks"},
         {2, 1, 1, 2, 0, 0, 0, "cpu", NULL, "expert parallelism without data parallelism"},
         {2, 1, 2, 2, 0, 0, 0, "cpu", NULL, "spans the tp x dp = 4 ranks"},
-        {1, 2, 1, 1, 0, 0, 0, "cuda", NULL, "CPU ranks"},
         {3, 1, 1, 1, 0, 0, 0, "cpu", NULL, "does not divide"},
         {2, 1, 1, 1, 4, 0, 0, "cpu", NULL, "world_size 4"},
         {2, 1, 1, 1, 0, 1, 0, "cpu", NULL, "needs world_size"},
         /* threads on cuda are built (runtime/ranks_device.c): here without a GPU (or CUDA) each rank's start fails */
         {2, 1, 1, 1, 0, 0, 0, "cuda", NULL, "failed at start-up"},
+        /* and PP, DEP and the hybrid as threads on cuda: a rank that fails before its backend joined the staged
+         * world fails that group too, so the others' split of it ends at once */
+        {1, 2, 1, 1, 0, 0, 0, "cuda", NULL, "failed at start-up"},
+        {1, 1, 2, 2, 0, 0, 0, "cuda", NULL, "failed at start-up"},
+        {2, 1, 2, 4, 0, 0, 0, "cuda", NULL, "failed at start-up"},
         {2, 1, 1, 1, 2, 0, 0, "cpu", "/nonexistent/rdv", "device cuda"},
         {2, 1, 1, 1, 0, 0, K3C_SPECIALIZED_ON, "cpu", NULL, "needs device cuda"},
     };

@@ -12,8 +12,9 @@
 # run by DEADLINE, default 560 s; budgets on x8):
 #   parity (~240 s): a 4-layer full-width K3 slice (k3-slice's widths, vocabulary 32768, synthesized once
 #          into $SCRATCH by build/synth_config) at --tp 1 against one process per GPU (CUDA_VISIBLE_DEVICES=R,
-#          --world-size N --rank R --rendezvous FILE) for each layout of the kind (x2: tp 2; x4: tp 4, dp 2 +
-#          ep; x8: tp 8, dp 8 + ep): `k3c logits` bf16 within the tests' bound (no farther from the f32
+#          --world-size N --rank R --rendezvous FILE) for each layout of the kind (x2: tp 2, pp 2; x4: tp 4,
+#          dp 2 + ep, tp 2 x pp 2, the hybrid tp 2 x dp 2 + ep; x8: tp 8, dp 8 + ep, tp 4 x pp 2, the hybrid
+#          tp 4 x dp 2 + ep): `k3c logits` bf16 within the tests' bound (no farther from the f32
 #          function than 2x world size 1's own bf16 logits) and --f32 within 1e-5; `k3c generate` greedy 256
 #          steps identical, the default path (specialized at tp 1) and --stock; `k3c run --spec 3` (verify
 #          steps) identical; rank 0 removed the rendezvous file; every step of every multi-rank run checks
@@ -21,7 +22,8 @@
 #   comm (~120 s): build/bench_comm, one rank per GPU, mailbox one-shot / two-shot vs NCCL, 1 KB .. 4 MB,
 #          eager and graph, ranks 2 and N; the table of us per call and the crossover lines;
 #   bench (the rest, ~110 s): `k3c bench --device cuda` --tp N on k3-tp8-rank and k3-slice, batch 1-64, q 1 and 4
-#          (step, floor, fraction of floor); kimi-linear-48b at tp 2 against tp 1; DEP (dp N + ep) on x8;
+#          (step, floor, fraction of floor: a rank's share), each rank generating its shard of the weights on
+#          its GPU; kimi-linear-48b at tp 2 against tp 1; DEP (dp N + ep, STEP rows) on x8;
 #          what the commands refuse is a MISSING line with their message, and the tp 1 rows that run today
 #          (k3-tp8-rank: one TP 8 rank's share without its collectives) are measured instead;
 #   faults (~90 s): the last rank killed (SIGKILL) mid-generate: every other rank exits non-zero with a
@@ -287,12 +289,15 @@ step_parity() {
     local t0=$SECONDS
     make_slice || return
     parity_ref
+    # PP, DEP and the hybrid: one process per GPU too (the logits hand-off staged through device buffers)
     case "$N" in
-        2) parity_layout tp2 2 --tp 2 ;;
-        4) parity_layout tp4 4 --tp 4; parity_layout dp2ep 2 --dp 2 --ep ;;
-        8) parity_layout tp8 8 --tp 8; parity_layout dp8ep 8 --dp 8 --ep ;;
+        2) parity_layout tp2 2 --tp 2; parity_layout pp2 2 --pp 2 ;;
+        4) parity_layout tp4 4 --tp 4; parity_layout dp2ep 2 --dp 2 --ep; parity_layout tp2pp2 4 --tp 2 --pp 2
+           parity_layout hybrid4 4 --tp 2 --dp 2 --ep ;;
+        8) parity_layout tp8 8 --tp 8; parity_layout dp8ep 8 --dp 8 --ep; parity_layout tp4pp2 8 --tp 4 --pp 2
+           parity_layout hybrid8 8 --tp 4 --dp 2 --ep ;;
     esac
-    [ "$DEVICE" = cpu ] && [ "$N" = 2 ] && parity_layout dp2ep 2 --dp 2 --ep # the refusal's MISSING line
+    [ "$DEVICE" = cpu ] && [ "$N" = 2 ] && parity_layout dp2ep 2 --dp 2 --ep # DEP on CPU ranks (one process)
     local differ
     differ=$(grep -l "logits differ from rank 0" "$L"/*.err 2>/dev/null | wc -l)
     if [ "$differ" = 0 ] && [ "$MULTI_OK" -gt 0 ]; then

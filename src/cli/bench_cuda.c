@@ -21,7 +21,10 @@
  * The same engine runs both paths: k3c_engine_set_specialized(e, 0) for the STEP rows, 1 for SPEC and
  * SPECID (k3c_engine_step_greedy: token ids instead of logits); the warm-up steps let the engine capture
  * the shape's graph (the second step of a shape captures it), and a row whose timed steps did not all run
- * on the executor says so. Uses include/k3c.h only. */
+ * on the executor says so. On several ranks (--tp, --pp, --dp [--ep]: threads of this process or one process
+ * per GPU) each rank shards the device-synthetic model and generates only its own tensors on its device; the
+ * bytes and floor are rank 0's share (bytes_for), and with pp or dp only STEP rows run (the executor runs
+ * under tp only). Uses include/k3c.h only. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,21 +71,36 @@ typedef struct step_bytes {
     double dense, experts, kv, kda, distinct;
 } step_bytes;
 
-/* Bytes one decode step of batch b at mean context ctx must move (see the file comment). */
-static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx) {
+/* The layout a bench runs on (tp, pp, dp >= 1; ep 1 or tp x dp). */
+typedef struct bench_layout {
+    int tp, pp, dp, ep;
+} bench_layout;
+
+/* Bytes one decode step of batch b at mean context ctx must move (see the file comment); on several ranks the
+ * share of rank 0 (about: the split's replicated vectors and, in the hybrid, its whole MoE side counted as
+ * split): its stage's 1 / pp of the layers; its DP rank's ceil(b / dp) requests (the engine places the batch
+ * least loaded first); the weights split tp ways and the routed experts, with EP, tp x dp ways, those of every
+ * DP rank's rows reaching them; the KDA state split tp ways, the MLA latent cache replicated (its one KV head). */
+static step_bytes bytes_for(const k3c_model_info *f, int b, int q, double ctx, const bench_layout *l) {
     step_bytes s = {0};
+    int ep = l->ep > 1, br = (b + l->dp - 1) / l->dp;
     s.dense = (double)(f->weight_bytes - f->routed_expert_bytes);
-    if (!f->tie_word_embeddings) s.dense += 2.0 * b * f->hidden_size - (double)f->embedding_bytes;
+    if (!f->tie_word_embeddings) s.dense += 2.0 * br * f->hidden_size - (double)f->embedding_bytes;
     double expert_layer = f->num_moe_layers > 0 ? (double)f->routed_expert_bytes / f->num_moe_layers : 0;
     double E = f->num_experts, k = f->num_experts_per_token;
-    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)b * q)) : 0; /* over all b x q rows */
+    /* over the rows that reach the rank's experts: every DP rank's with EP, else its own */
+    s.distinct = E > 0 ? E * (1.0 - pow(1.0 - k / E, (double)(ep ? b : br) * q)) : 0;
     s.experts = f->num_moe_layers * expert_layer * (E > 0 ? s.distinct / E : 0);
     double lat = f->kv_lora_rank + f->qk_rope_head_dim, P = (double)f->kda_num_heads * f->kda_head_dim;
     double state = (double)f->kda_state_bytes;
     double window = 3.0 * (f->kda_conv_kernel - 1) * P * 4;
     /* each request reads its cache once for its q rows (ctx + q positions) and writes q rows */
-    s.kv = f->num_mla_layers * (b * (ctx + q) * lat * 2 + b * q * lat * 2);
-    s.kda = f->num_kda_layers * (b * 2 * (state + window));
+    s.kv = f->num_mla_layers * (br * (ctx + q) * lat * 2 + br * q * lat * 2);
+    s.kda = f->num_kda_layers * (br * 2 * (state + window));
+    s.dense /= (double)l->tp * l->pp;
+    s.experts /= (double)(ep ? l->tp * l->dp : l->tp) * l->pp;
+    s.kv /= l->pp;
+    s.kda /= (double)l->tp * l->pp;
     return s;
 }
 
@@ -136,9 +154,9 @@ static int time_steps(k3c_engine *e, const int *id, int b, int q, int warm, int 
     return K3C_OK;
 }
 
-static void print_row(const char *path, const char *preset, const k3c_model_info *f, int b, int q, double med,
-                      double ctx, double bw) {
-    step_bytes sb = bytes_for(f, b, q, ctx);
+static void print_row(const char *path, const char *preset, const k3c_model_info *f, const bench_layout *l, int b,
+                      int q, double med, double ctx, double bw) {
+    step_bytes sb = bytes_for(f, b, q, ctx, l);
     double bytes = sb.dense + sb.experts + sb.kv + sb.kda;
     double floor_s = bw > 0 ? bytes / bw : 0;
     printf("%s %-11s %5d %2d %9.3f %9.3f %9.3f %9.3f %8.0f %10.1f %9.1f %9.3f\n", path, preset, b, q, med * 1e3,
@@ -147,8 +165,13 @@ static void print_row(const char *path, const char *preset, const k3c_model_info
     fflush(stdout);
 }
 
-int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, int context, int steps) {
+int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, int context, int steps,
+               const k3c_engine_options *par) {
     int batches[16], nb = 0, maxb = 0, qs[16], nq = 0, maxq = 0, qsum = 0, rc = 1;
+    const k3c_layout *pl = &par->layout;
+    bench_layout bl = {pl->tp > 1 ? pl->tp : 1, pl->pp > 1 ? pl->pp : 1, pl->dp > 1 ? pl->dp : 1,
+                       pl->ep > 1 ? pl->ep : 1};
+    int stock_only = bl.pp > 1 || bl.dp > 1; /* the executor runs under tp only */
     if (parse_list(batches_s ? batches_s : "1,2,4,8,16,32,64", 64, batches, &nb) != 0) {
         fprintf(stderr, "k3c bench: --batches wants a comma-separated list of 1..64\n");
         return 2;
@@ -172,17 +195,32 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     int id[64];
     double *t = NULL, ms1[2][16] = {{0}}; /* q = 1 step times per batch (stock, spec), for the RATIO lines */
     if (k3c_model_synthesize_device(preset, 1, &m) != K3C_OK || k3c_model_info_get(m, &f) != K3C_OK) goto fail;
-    double bw = copy_bandwidth();
+    double bw = par->rank == 0 ? copy_bandwidth() : 0; /* rank 0 prints the rows */
     int V = f.vocab_size;
-    printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
-           "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)\n",
-           preset, f.weight_bytes / 1e9, f.num_layers, context, bw / 1e9);
-    fflush(stdout);
+    char ranks[320] = "";
+    int world = bl.tp * bl.pp * bl.dp;
+    if (world > 1)
+        snprintf(ranks, sizeof ranks, ", tp %d x pp %d x dp %d%s (%s; each rank generates its shard on its device; "
+                 "floor_ms rank 0's share%s)", bl.tp, bl.pp, bl.dp, bl.ep > 1 ? " + ep" : "",
+                 par->world_size > 0 ? "one process per rank" : "threads of this process",
+                 stock_only ? "; the executor runs under tp only: STEP rows alone" : "");
+    /* one process per rank: the others follow rank 0's steps and print nothing */
+    if (par->rank == 0) {
+        printf("bench %s: device cuda, device-synthetic weights %.2f GB, %d layers, context %d tokens per request, "
+               "copy bandwidth %.0f GB/s (1 GiB D2D, read + write)%s\n",
+               preset, f.weight_bytes / 1e9, f.num_layers, context, bw / 1e9, ranks);
+        fflush(stdout);
+    }
 
     k3c_engine_options o;
     k3c_engine_options_default(&o);
     o.device = "cuda";
-    o.specialized = K3C_SPECIALIZED_ON;
+    o.specialized = stock_only ? K3C_SPECIALIZED_OFF : K3C_SPECIALIZED_ON;
+    o.layout = par->layout;
+    o.world_size = par->world_size;
+    o.rank = par->rank;
+    o.rendezvous = par->rendezvous;
+    o.rank_timeout_ms = par->rank_timeout_ms;
     o.max_requests = 64;
     int per_step = 512 / context > 0 ? 512 / context : 1;
     o.max_rows = per_step * context > 64 ? per_step * context : 64;
@@ -194,6 +232,10 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
     o.q_max = maxq;
     double t0 = now_s();
     if (k3c_engine_create(m, &o, &e) != K3C_OK) goto fail;
+    if (k3c_engine_rank(e) > 0) { /* a rank of its own process: rank 0 leads every step */
+        rc = cli_follow("bench", e);
+        goto done;
+    }
     fprintf(stderr, "engine ready in %.1f s\n", now_s() - t0);
     lg = bench_pageable() ? malloc(sizeof(float) * (size_t)o.max_rows * V) : k3c_engine_logits_alloc(e, o.max_rows);
     ids = malloc(sizeof(int32_t) * (size_t)maxb * context);
@@ -214,12 +256,13 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             it[n++] = (k3c_step_item){.request = id[i], .tokens = ids + (size_t)i * context, .n = context};
         if (k3c_engine_step(e, it, n, lg) != K3C_OK) goto fail;
     }
-    double tp = now_s() - t0;
-    printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, tp, maxb * context / tp);
+    double t_prefill = now_s() - t0;
+    printf("prefill: %d requests x %d tokens in %.2f s (%.0f tok/s)\n", maxb, context, t_prefill,
+           maxb * context / t_prefill);
     int profiling = k3c_engine_profile(e, K3C_PROFILE_QUERY, NULL, 0);
     if (profiling == 1 || profiling == 2) { /* GPU time per op of the prefill steps above (stock: always timed) */
         printf("PROF %s prefill: %d requests x %d tokens, %d a step\n", preset, maxb, context, per_step);
-        if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, tp * 1e3) != K3C_OK ||
+        if (k3c_engine_profile(e, K3C_PROFILE_REPORT_STOCK, stdout, t_prefill * 1e3) != K3C_OK ||
             k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK)
             goto fail;
     }
@@ -233,7 +276,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             long exec;
             if (k3c_engine_set_specialized(e, 0) != K3C_OK) goto fail;
             if (time_steps(e, id, b, q, warm, steps, V, lg, NULL, t, &med, &ctx, &exec) != K3C_OK) goto fail;
-            print_row("STEP", preset, &f, b, q, med, ctx, bw);
+            print_row("STEP", preset, &f, &bl, b, q, med, ctx, bw);
             if (profiling == 1 || profiling == 2) { /* GPU time per op of one more stock step of this shape */
                 double pmed, pctx;
                 if (k3c_engine_profile(e, K3C_PROFILE_RESET, NULL, 0) != K3C_OK ||
@@ -246,6 +289,7 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
             }
             if (q == 1) ms1[0][bi] = med;
             if (q == 4 && ms1[0][bi] > 0) printf("RATIO %-10s %5d q=4/q=1 stock %.3f\n", preset, b, med / ms1[0][bi]);
+            if (stock_only) continue;
             /* the same steps through the specialized executor (one captured graph per shape, captured by the
              * engine during the warm-up steps) */
             if (k3c_engine_set_specialized(e, 1) != K3C_OK) goto fail;
@@ -255,12 +299,12 @@ int bench_cuda(const char *preset, const char *batches_s, const char *verify_s, 
                        "runs stock)\n", preset, b, q, b * q, exec, steps);
                 continue;
             }
-            print_row("SPEC", preset, &f, b, q, med, ctx, bw);
+            print_row("SPEC", preset, &f, &bl, b, q, med, ctx, bw);
             int32_t row_ids[64 * PREPARED_Q_MAX];
             double imed, ictx;
             /* the same steps returning greedy token ids (what a greedy runner step downloads) */
             if (time_steps(e, id, b, q, warm, steps, V, lg, row_ids, t, &imed, &ictx, &exec) != K3C_OK) goto fail;
-            print_row("SPECID", preset, &f, b, q, imed, ictx, bw);
+            print_row("SPECID", preset, &f, &bl, b, q, imed, ictx, bw);
             if (profiling == 3) { /* K3C_CUDA_PROFILE=3: one more greedy step (SPECID's), its graph replayed with
                                    * block stamps; the report against SPECID's median */
                 double pmed, pctx;

@@ -51,7 +51,7 @@ static void bench_usage(FILE *f) {
     fprintf(f, "usage: k3c bench [--device cpu] [--preset tiny|mini | --model DIR] [--steps N] [--threads N]\n"
                "                 [--prefill 256,1024] [--runs N] [--tp N] [--rank-timeout S]\n"
                "       k3c bench --device cuda --preset NAME [--batches 1,2,4,8,16,32,64] [--verify 1,2,4,8] [--context N]\n"
-               "                 [--steps N]\n"
+               "                 [--steps N] [--tp N] [--pp N] [--dp N [--ep]] [--world-size N --rank R --rendezvous PATH]\n"
                "       k3c bench --prefix N [--device cpu|cuda] [--preset NAME] [--rounds R] [--threads N]\n"
                "cpu: without --preset both tiny and mini are measured (synthesized checkpoints), with --model DIR that\n"
                "checkpoint: decode (--steps timed steps, default 32), then a prompt of each --prefill length (tokens,\n"
@@ -60,7 +60,10 @@ static void bench_usage(FILE *f) {
                "cuda: any preset (k3-slice, kimi-linear-48b, ...) as a device-synthetic model (weights generated in\n"
                "GPU memory); each request holds --context prefilled tokens (default 512); --steps timed decode\n"
                "steps per batch size (default 20, median reported); --verify: verify widths q per batch (default 1 =\n"
-               "decode only; q > 1: verify q tokens, commit q - 1)\n"
+               "decode only; q > 1: verify q tokens, commit q - 1); --tp N: N tensor-parallel ranks, threads of this\n"
+               "process (rank r on GPU r mod the visible GPUs) or one process per GPU (--world-size), each generating\n"
+               "only its shard of the weights on its device; floor_ms is then rank 0's share; also --pp N and\n"
+               "--dp N [--ep] (STEP rows only: the executor runs under tp only)\n"
                "--prefix: time to first token through the serving scheduler of requests sharing an N-token system\n"
                "prompt: prefix caching off, the first request (a miss), the R later ones (hits; default R = 5;\n"
                "preset default mini)\n"
@@ -309,7 +312,7 @@ done:
 int cmd_bench(int argc, char **argv) {
     const char *device = "cpu", *preset = NULL, *dir = NULL, *batches = NULL, *verify = NULL, *prefill_list = "256,1024";
     long steps = -1, threads = 0, context = 512, prefix = 0, rounds = 5, runs = 2;
-    k3c_engine_options par; /* the parallel options (cpu only) */
+    k3c_engine_options par; /* the parallel options (cpu ranks; cuda: --tp, --world-size) */
     k3c_engine_options_default(&par);
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -341,9 +344,9 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     int parallel = par.layout.tp > 1 || par.layout.pp > 1 || par.layout.dp > 1 || par.layout.ep > 1 || par.world_size;
-    if (parallel && (prefix > 0 || strcmp(device, "cpu") != 0 || par.world_size)) {
-        fprintf(stderr, "k3c bench: the parallel options run on bench --device cpu (CPU ranks in this process) only, "
-                        "not with --prefix, --device cuda or --world-size\n");
+    if (parallel && (prefix > 0 || (par.world_size && strcmp(device, "cuda") != 0))) {
+        fprintf(stderr, "k3c bench: the parallel options run on bench --device cpu (CPU ranks in this process) or "
+                        "--device cuda (--tp; --world-size: one process per rank), not with --prefix\n");
         return 2;
     }
     if (dir && (prefix > 0 || strcmp(device, "cpu"))) {
@@ -365,7 +368,7 @@ int cmd_bench(int argc, char **argv) {
             bench_usage(stderr);
             return 2;
         }
-        return bench_cuda(preset, batches, verify, (int)context, steps > 0 ? (int)steps : 20);
+        return bench_cuda(preset, batches, verify, (int)context, steps > 0 ? (int)steps : 20, &par);
     }
     if (batches || verify || (preset && strcmp(preset, "tiny") && strcmp(preset, "mini"))) {
         fprintf(stderr, "k3c bench: on the cpu only --preset tiny or mini, without --batches or --verify\n");

@@ -108,7 +108,8 @@ int cli_follow(const char *cmd, k3c_engine *e);
     "  --pp N: N pipeline stages (each its layers and their caches; with --tp, TP inside a stage); --dp N: N\n" \
     "  data-parallel ranks, each request on one (the least loaded, or where its prefix is cached), with --ep\n" \
     "  the routed experts spread over them (DP attention + EP MoE; with --tp G, TP-G attention groups as the\n" \
-    "  DP ranks and EP over all G x N ranks; pp and dp on CPU ranks only); --dcp N (a divisor of --tp): the\n" \
+    "  DP ranks and EP over all G x N ranks; on --device cuda with pp or dp every step runs the stock\n"     \
+    "  forward: the executor stays off); --dcp N (a divisor of --tp): the\n"                                \
     "  MLA cache sharded by position over N TP ranks (decode context parallel: N times the tokens per byte);\n" \
     "  --rank R --world-size W --rendezvous PATH: one process per GPU, the stock forward over NCCL (rank 0\n"  \
     "  writing NCCL's id to PATH), the executor over a CUDA IPC mailbox when the TP group is on one host;\n"   \
@@ -140,8 +141,11 @@ void cli_out_abort(cli_out *o); /* on any failure: removes what this output wrot
 void cli_out_free(cli_out *o);  /* after the last commit */
 
 /* k3c bench --device cuda (bench_cuda.c): decode step times of a device-synthetic preset per batch size
- * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. Returns the exit status. */
-int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps);
+ * (batches: "1,2,4" or NULL for 1..64 in powers of two) against the memory floor. par: the parallel options
+ * (cli_parallel_option: --tp N, one process per rank with --world-size; each rank generates only its shard on
+ * its device). Returns the exit status. */
+int bench_cuda(const char *preset, const char *batches, const char *verify, int context, int steps,
+               const k3c_engine_options *par);
 /* k3c bench --prefix N (bench_prefix.c): TTFT through the serving scheduler of requests sharing an N-token
  * system prompt, with prefix caching off, on a miss and on hits (rounds requests each). 0 or -1. */
 int bench_prefix(const char *preset, const char *device, int threads, int prefix, int rounds);

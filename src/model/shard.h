@@ -18,8 +18,10 @@
 #include "model/model.h"
 
 /* Fails, naming the dimension, when tp does not divide one of the split dimensions (for MXFP4 experts the
- * local intermediate width must stay a multiple of the 32-element scale group); or for a device-synthetic
- * model (its matrices are not on the host). tp = 1 gives a shard equal to the model. */
+ * local intermediate width must stay a multiple of the 32-element scale group). A device-synthetic model's
+ * shard is device-synthetic (model.h): its row-parallel parts are ranges of the model's reservation too, not
+ * copies, and a device backend generates every tensor of the rank from the seed, so values are the rank's own,
+ * not the whole model's slice (benchmarks). tp = 1 gives a shard equal to the model. */
 int k3c_model_shard_tp(const struct k3c_model *full, int rank, int tp, struct k3c_model **out);
 
 /* What one rank of a layout holds (0 in a count means 1):

@@ -146,7 +146,12 @@ static int build_executor(k3c_engine *e) {
     }
     const k3c_rank *rk = e->xr ? k3c_ranks_place(e->xr) : NULL;
     if (rk && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
-        if (mode == K3C_SPECIALIZED_AUTO) return K3C_OK;
+        if (mode == K3C_SPECIALIZED_AUTO) {
+            if (rk->rank == 0)
+                k3c_log(K3C_LOG_INFO, "pp %d, dp %d: the specialized executor runs under tp only, every step runs the "
+                        "stock forward", rk->layout.pp, rk->layout.dp);
+            return K3C_OK;
+        }
         return k3c_errorf("the specialized executor runs under tp only (pp %d, dp %d)", rk->layout.pp, rk->layout.dp);
     }
     k3c_decode_env env;
@@ -384,8 +389,10 @@ int k3c_engine_build(k3c_model *m, const k3c_engine_options *opt, int num_blocks
                               .block_size = o.block_size, .chunk_min = o.chunk_min,
                               .mla_expand_min = o.mla_expand_min, .kv_fp8 = o.kv_fp8,
                               .aux_layers = e->aux_layers, .num_aux = o.num_aux, .tp = rk ? rk->tp_comm : NULL,
-                              .dcp = dcp, .dcp_group = rk ? rk->dcp_comm : NULL, .pp = rk ? rk->pp_comm : NULL,
-                              .ep = rk ? rk->ep_comm : NULL};
+                              .dcp = dcp, .dcp_group = rk ? rk->dcp_comm : NULL,
+                              /* ranks in one process on cuda: the forward's own staged groups (runtime/ranks.h) */
+                              .pp = !rk ? NULL : rk->fwd_pp ? rk->fwd_pp : rk->pp_comm,
+                              .ep = !rk ? NULL : rk->fwd_ep ? rk->fwd_ep : rk->ep_comm};
     /* a pipeline stage's caches hold its own layers only; a DP rank's the same geometry as rank 0's (block ids
      * and slots are rank 0's: the blocks and slots of the requests placed on it are the ones it touches) */
     int lf = 0, le = 0;

@@ -159,7 +159,8 @@ static int attach(k3c_engine_ranks *x, k3c_engine *e) {
     size_t stage = sizeof(int32_t) * (x->cap > HDR_WORDS ? x->cap : HDR_WORDS);
     size_t fp = sizeof(k3c_rank_fingerprint) * (size_t)x->rk.world;
     if (fp > stage) stage = fp;
-    return k3c_rank_stage(&x->rk, v.be, stage);
+    K3C_TRY(k3c_rank_stage(&x->rk, v.be, stage));
+    return k3c_rank_stage_rows(&x->rk, sizeof(float) * (size_t)x->max_rows * x->vocab);
 }
 
 static void ranks_release(k3c_engine_ranks *x) {
@@ -358,20 +359,18 @@ static int run_step(k3c_engine_ranks *x, const k3c_engine_view *v, const k3c_fwd
     /* nown = 0: nothing, or with ep the dummy step that serves this rank's experts to the others */
     K3C_TRY(k3c_forward_step(v->fwd, v->kv, v->ks, own, nown, out, aux));
     size_t row = (size_t)x->vocab * sizeof(float), rows = (size_t)k3c_forward_logit_rows(own, nown);
-    if (l->pp > 1 && rows) { /* host memory: the CPU ranks' groups (the forward refuses PP on other pairings) */
-        k3c_comm *pc = x->rk.pp_comm;
-        K3C_TRY(pc->broadcast(pc, out, rows * row, l->pp - 1));
-    }
+    /* the hand-off in host memory: the in-memory groups as they are (CPU ranks, and CUDA ranks in one process,
+     * whose forward has staged groups of its own), through a device buffer over NCCL (k3c_rank_stage_rows) */
+    if (l->pp > 1 && rows) K3C_TRY(k3c_rank_pp_broadcast(&x->rk, out, rows * row));
     if (check) K3C_TRY(check_step(x, own, nown, out, aux));
     if (l->dp == 1 || x->rk.pp_stage != 0 || x->rk.tp_rank != 0) return K3C_OK;
-    k3c_comm *w = x->rk.world_comm;
-    if (x->rk.rank != 0) return rows ? w->send(w, out, rows * row, 0) : K3C_OK;
+    if (x->rk.rank != 0) return rows ? k3c_rank_send_rows(&x->rk, out, rows * row, 0) : K3C_OK;
     /* rank 0: DP rank d's rows come in its items' order; each goes back to its item's place in the step */
     for (int d = 0; d < l->dp; d++) {
         size_t at = 0, got = 0;
         for (int i = 0; i < n; i++)
             if (x->slot_dp[reqs[i].slot] == d) got += (size_t)k3c_forward_logit_rows(&reqs[i], 1);
-        if (d > 0 && got) K3C_TRY(w->recv(w, x->own_logits, got * row, d * l->tp));
+        if (d > 0 && got) K3C_TRY(k3c_rank_recv_rows(&x->rk, x->own_logits, got * row, d * l->tp));
         const float *src = x->own_logits;
         for (int i = 0; i < n; i++) {
             size_t k = (size_t)k3c_forward_logit_rows(&reqs[i], 1);
@@ -775,10 +774,6 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
         if (!cuda && strcmp(o->device, "cpu") != 0)
             return k3c_errorf("engine: tp %d on device %s: ranks in one process run on device cpu or cuda", l->tp,
                               o->device);
-        if (cuda && (l->pp > 1 || l->dp > 1))
-            return k3c_errorf("engine: tp %d x pp %d x dp %d on device cuda: pipeline and data parallelism run on CPU "
-                              "ranks only (device cpu); on cuda, ranks in one process are tensor-parallel", l->tp,
-                              l->pp, l->dp);
         k3c_rank *ranks = calloc((size_t)world, sizeof *ranks);
         follower *fol = calloc((size_t)world, sizeof *fol);
         if (!ranks || !fol) {
@@ -789,7 +784,8 @@ int k3c_engine_ranks_create(k3c_model *m, const k3c_engine_options *o, const k3c
             free(ranks), free(fol);
             return K3C_ERR;
         }
-        /* on cuda the TP groups' device collectives join these once each rank's backend exists */
+        /* on cuda the ranks' device collectives join these once each rank's backend exists (the TP groups'; with
+         * pp or dp > 1 the staged world's, split into the forward's groups) */
         if (cuda && k3c_ranks_device_groups(ranks, world) != K3C_OK) {
             for (int r = 0; r < world; r++) k3c_rank_release(&ranks[r]);
             free(ranks), free(fol);

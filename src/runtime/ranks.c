@@ -48,12 +48,6 @@ int k3c_ranks_layout(const k3c_config *c, const k3c_engine_options *o, k3c_layou
         return k3c_errorf("engine: %d aux streams with %s %d: the hidden-state streams are not passed between %s",
                           o->num_aux, l.pp > 1 ? "pp" : "dp", l.pp > 1 ? l.pp : l.dp,
                           l.pp > 1 ? "pipeline stages" : "DP ranks");
-    /* one process per GPU: the step's logits hand-off (the pipeline broadcast, the DP rows to rank 0) moves host
-     * memory, which an NCCL world would need staged through device buffers (runtime/engine_ranks.c run_step) */
-    if (o->world_size > 0 && (l.pp > 1 || l.dp > 1))
-        return k3c_errorf("engine: world_size %d with %s %d: pipeline and data parallelism run on CPU ranks in one "
-                          "process only (one process per GPU: not built yet)", o->world_size, l.pp > 1 ? "pp" : "dp",
-                          l.pp > 1 ? l.pp : l.dp);
     long long w = (long long)l.tp * l.pp * l.dp;
     if (l.tp > 4096 || w > 4096) return k3c_errorf("engine: tp %d x pp %d x dp %d ranks, at most 4096", l.tp, l.pp, l.dp);
     if (o->world_size < 0 || (o->world_size > 0 && o->world_size != w))
@@ -185,11 +179,15 @@ int k3c_rank_split(k3c_rank *r) {
 void k3c_rank_release(k3c_rank *r) {
     if (!r) return;
     if (r->stage && r->be) r->be->free(r->be, r->stage);
+    if (r->rows_stage && r->be) r->be->free(r->be, r->rows_stage);
     if (r->mailbox) r->mailbox->free(r->mailbox); /* before the TP group it was bootstrapped over */
     if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
     if (r->pp_comm) r->pp_comm->free(r->pp_comm);
     if (r->ep_comm) r->ep_comm->free(r->ep_comm);
+    if (r->fwd_pp) r->fwd_pp->free(r->fwd_pp);
+    if (r->fwd_ep) r->fwd_ep->free(r->fwd_ep);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
+    if (r->dev_world) r->dev_world->free(r->dev_world); /* after the groups split from it */
     if (r->world_comm) r->world_comm->free(r->world_comm);
     group_unref(r->group);
     free(r->rendezvous);
@@ -219,6 +217,60 @@ int k3c_rank_broadcast(k3c_rank *r, void *host, size_t bytes) {
     K3C_TRY(c->broadcast(c, r->stage, bytes, 0));
     K3C_TRY(c->barrier(c)); /* NCCL queues the broadcast on its stream: the barrier is the bounded wait */
     be->download(be, host, r->stage, bytes);
+    return be->sync(be);
+}
+
+int k3c_rank_stage_rows(k3c_rank *r, size_t max_bytes) {
+    if (!r->stage || (r->layout.pp == 1 && r->layout.dp == 1)) return K3C_OK; /* host memory moves as it is */
+    r->rows_stage = r->be->alloc(r->be, max_bytes);
+    if (!r->rows_stage) return k3c_error_context("ranks: %zu bytes of staging for the logits rows", max_bytes);
+    r->rows_stage_bytes = max_bytes;
+    return K3C_OK;
+}
+
+static int rows_fit(const k3c_rank *r, size_t bytes, const char *what) {
+    if (bytes <= r->rows_stage_bytes) return K3C_OK;
+    return k3c_errorf_kind(K3C_ERROR_INTERNAL, "ranks: %s of %zu bytes of logits rows, staging holds %zu", what, bytes,
+                           r->rows_stage_bytes);
+}
+
+/* Over NCCL the pipeline group is on the backend's stream (k3c_rank_attach_device) and the world on the
+ * legacy one; each staged call syncs the backend around the communicator's bounded wait (the barrier, or the
+ * send / recv's own), so neither ordering is assumed. */
+int k3c_rank_pp_broadcast(k3c_rank *r, void *host, size_t bytes) {
+    k3c_comm *c = r->pp_comm;
+    int root = r->layout.pp - 1;
+    if (!r->rows_stage) return c->broadcast(c, host, bytes, root);
+    K3C_TRY(rows_fit(r, bytes, "a pipeline broadcast"));
+    k3c_backend *be = r->be;
+    if (c->rank == root) {
+        be->upload(be, r->rows_stage, host, bytes);
+        K3C_TRY(be->sync(be));
+    }
+    K3C_TRY(c->broadcast(c, r->rows_stage, bytes, root));
+    K3C_TRY(c->barrier(c));
+    if (c->rank == root) return K3C_OK; /* its rows are in host already */
+    be->download(be, host, r->rows_stage, bytes);
+    return be->sync(be);
+}
+
+int k3c_rank_send_rows(k3c_rank *r, const void *host, size_t bytes, int peer) {
+    k3c_comm *c = r->world_comm;
+    if (!r->rows_stage) return c->send(c, host, bytes, peer);
+    K3C_TRY(rows_fit(r, bytes, "a send"));
+    k3c_backend *be = r->be;
+    be->upload(be, r->rows_stage, host, bytes);
+    K3C_TRY(be->sync(be));
+    return c->send(c, r->rows_stage, bytes, peer); /* NCCL's send waits for itself (comm/nccl.c) */
+}
+
+int k3c_rank_recv_rows(k3c_rank *r, void *host, size_t bytes, int peer) {
+    k3c_comm *c = r->world_comm;
+    if (!r->rows_stage) return c->recv(c, host, bytes, peer);
+    K3C_TRY(rows_fit(r, bytes, "a receive"));
+    K3C_TRY(c->recv(c, r->rows_stage, bytes, peer)); /* done when it returns, as the send */
+    k3c_backend *be = r->be;
+    be->download(be, host, r->rows_stage, bytes);
     return be->sync(be);
 }
 
@@ -255,6 +307,22 @@ void k3c_rank_fail(k3c_rank *r, long step, const char *msg) {
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->abort(r->tp_comm);
     if (r->pp_comm) r->pp_comm->abort(r->pp_comm);
     if (r->ep_comm) r->ep_comm->abort(r->ep_comm);
+    if (r->fwd_pp) r->fwd_pp->abort(r->fwd_pp);
+    if (r->fwd_ep) r->fwd_ep->abort(r->fwd_ep);
+    if (r->dev_world) r->dev_world->abort(r->dev_world);
+    if (r->dev_group) {
+        /* failed before its backend joined the device group (k3c_rank_attach_device): join it to fail it, so
+         * the peers already in its collectives (the staged world's split) stop waiting now */
+        int pd = r->layout.pp > 1 || r->layout.dp > 1;
+        k3c_comm *c = NULL;
+        if (k3c_comm_group_join(r->dev_group, pd ? r->rank : r->tp_rank, &c) == K3C_OK) {
+            c->abort(c);
+            c->free(c);
+        } else {
+            k3c_error_clear();
+        }
+        r->dev_group = NULL;
+    }
     if (r->world_comm) r->world_comm->abort(r->world_comm);
 }
 

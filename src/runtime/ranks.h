@@ -44,6 +44,14 @@ typedef struct k3c_rank {
      * mailbox (NULL: none, the executor stays unprepared) */
     k3c_comm_group *dev_group;
     k3c_comm *mailbox;
+    /* on device cuda, ranks in one process with pp or dp > 1: the staged world over dev_group (a group of every
+     * rank) and the forward's pipeline and expert groups split from it (pp_comm and ep_comm stay the host
+     * groups, which the engine's hand-off of logits rows uses); NULL elsewhere, the forward then takes pp_comm
+     * and ep_comm */
+    k3c_comm *dev_world, *fwd_pp, *fwd_ep;
+    /* over NCCL with pp or dp > 1: a device buffer for the hand-off of logits rows (k3c_rank_stage_rows) */
+    void *rows_stage;
+    size_t rows_stage_bytes;
 } k3c_rank;
 
 /* The layout the options ask for, checked against the config: tp, pp, dp, ep normalized (0 = 1); what the
@@ -68,7 +76,9 @@ int k3c_rank_split(k3c_rank *r);
  * collectives over the staged communicator (comm/staged.c: host waits, never a device spin) and the
  * executor's over an in-process mailbox (comm/mailbox_cuda.h). One process per rank: the stock forward over
  * NCCL (k3c_ranks_nccl), the executor over an IPC mailbox of the TP group when all its ranks are on one host.
- * device_groups: before the threads start, one in-memory group per TP group (ranks[0 .. world)). */
+ * device_groups: before the threads start, one in-memory group per TP group (ranks[0 .. world)); with pp or
+ * dp > 1 one group of every rank instead (the staged world, from which each rank's TP, pipeline and expert
+ * groups are split once its backend exists: k3c_rank_attach_device). */
 int k3c_ranks_device_groups(k3c_rank *ranks, int world);
 /* The device this rank's backend takes (ranks in one process: rank % visible devices; one process per
  * rank: 0, CUDA_VISIBLE_DEVICES chooses). */
@@ -76,7 +86,10 @@ int k3c_rank_device(const k3c_rank *r);
 /* The ranks of this process on this rank's device (its memory is split among them); 1 over NCCL. */
 int k3c_rank_device_share(const k3c_rank *r);
 /* Once the rank's CUDA backend exists: in one process, tp_comm becomes the staged communicator on its
- * stream; over NCCL, tp_comm's collectives move onto the backend's stream (k3c_comm_nccl_set_stream). */
+ * stream (and dcp_comm, where 1 < dcp < tp, a staged split of it; pp or dp > 1: every rank's staged world,
+ * split into tp_comm, fwd_pp and fwd_ep as k3c_comm_groups_split makes them, a collective of every rank); over
+ * NCCL, the TP, DCP, pipeline and expert groups' collectives move onto the backend's stream
+ * (k3c_comm_nccl_set_stream). */
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be);
 /* The executor's TP mailbox, every rank of the TP group calling it at the same point (a collective): slots
  * of cap floats. *out NULL, with the reason in why, where the group cannot have one (TP wider than 8, ranks
@@ -96,6 +109,14 @@ void k3c_rank_release(k3c_rank *r);
 int k3c_rank_stage(k3c_rank *r, k3c_backend *be, size_t max_bytes);
 int k3c_rank_broadcast(k3c_rank *r, void *host, size_t bytes); /* from rank 0, over the world */
 int k3c_rank_all_gather(k3c_rank *r, const void *src, void *dst, size_t bytes);
+/* The step's hand-off of logits rows (host memory on every rank): staged through a device buffer of
+ * max_bytes where the world is NCCL's and pp or dp > 1 (stage_rows allocates it, after k3c_rank_stage; a no-op
+ * elsewhere: the in-memory groups move host memory). pp_broadcast: from the last stage to every stage of the
+ * rank's pipeline group; send_rows / recv_rows: to / from world rank peer. */
+int k3c_rank_stage_rows(k3c_rank *r, size_t max_bytes);
+int k3c_rank_pp_broadcast(k3c_rank *r, void *host, size_t bytes);
+int k3c_rank_send_rows(k3c_rank *r, const void *host, size_t bytes, int peer);
+int k3c_rank_recv_rows(k3c_rank *r, void *host, size_t bytes, int peer);
 
 /* This rank failed (at step `step`, 0 = start-up) with msg: recorded unless a rank failed before, then the
  * communicators are aborted, so every other rank's wait ends at once. */

@@ -18,6 +18,13 @@
 
 int k3c_ranks_device_groups(k3c_rank *ranks, int world) {
     int tp = ranks[0].layout.tp;
+    if (ranks[0].layout.pp > 1 || ranks[0].layout.dp > 1) { /* the staged world (k3c_rank_attach_device) */
+        k3c_comm_group *g = NULL;
+        if (k3c_comm_group_create(world, ranks[0].timeout_ms, &g) != K3C_OK)
+            return k3c_error_context("ranks: the device group of %d ranks", world);
+        for (int r = 0; r < world; r++) ranks[r].dev_group = g;
+        return K3C_OK;
+    }
     for (int s = 0; s < world / tp; s++) {
         k3c_comm_group *g = NULL;
         if (k3c_comm_group_create(tp, ranks[0].timeout_ms, &g) != K3C_OK)
@@ -48,19 +55,55 @@ int k3c_rank_device_share(const k3c_rank *r) {
 int k3c_rank_attach_device(k3c_rank *r, k3c_backend *be) {
 #ifdef K3C_HAVE_CUDA
     if (!r->group) { /* one process per rank: NCCL, made before the backend, onto the backend's stream */
-        if (r->tp_comm && !strcmp(r->tp_comm->name, "nccl") &&
-            k3c_comm_nccl_set_stream(r->tp_comm, k3c_backend_cuda_stream(be)) != K3C_OK)
-            return k3c_error_context("engine: rank %d of %d: the TP communicator's stream", r->rank, r->world);
+        /* every rank in the same order (TP, DCP, pipeline, expert): each call is a barrier of its group, and
+         * every group's ranks reach it having passed only the calls before, which their own groups complete */
+        k3c_comm *groups[4] = {r->tp_comm, r->dcp_comm, r->pp_comm, r->ep_comm};
+        static const char *const what[4] = {"TP", "DCP", "pipeline", "expert"};
+        for (int i = 0; i < 4; i++)
+            if (groups[i] && !strcmp(groups[i]->name, "nccl") &&
+                k3c_comm_nccl_set_stream(groups[i], k3c_backend_cuda_stream(be)) != K3C_OK)
+                return k3c_error_context("engine: rank %d of %d: the %s communicator's stream", r->rank, r->world,
+                                         what[i]);
         return K3C_OK;
     }
     if (!r->dev_group) return K3C_OK;
     k3c_comm *c = NULL;
+    if (r->layout.pp > 1 || r->layout.dp > 1) {
+        /* the staged world of every rank, split as the CUDA stock forward's PP / DEP tests split theirs
+         * (k3c_comm_groups_split: TP runs of tp consecutive ranks, one rank per stage, a stage's DP ranks) */
+        const k3c_layout *l = &r->layout;
+        k3c_comm_groups gr = {0};
+        if (k3c_comm_staged_create(r->dev_group, r->rank, k3c_backend_cuda_device(be), k3c_backend_cuda_stream(be),
+                                   r->timeout_ms, &c) != K3C_OK)
+            return k3c_error_context("engine: rank %d of %d: the staged world communicator", r->rank, r->world);
+        r->dev_group = NULL;
+        r->dev_world = c;
+        if (k3c_comm_groups_split(c, l->tp, l->pp, l->dp, l->ep > 1 ? l->ep : 1, &gr) != K3C_OK)
+            return k3c_error_context("engine: rank %d of %d: the staged groups", r->rank, r->world);
+        if (gr.tp) {
+            if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
+            r->tp_comm = gr.tp;
+        }
+        r->fwd_pp = gr.pp;
+        r->fwd_ep = gr.ep;
+        return K3C_OK;
+    }
     if (k3c_comm_staged_create(r->dev_group, r->tp_rank, k3c_backend_cuda_device(be), k3c_backend_cuda_stream(be),
                                r->timeout_ms, &c) != K3C_OK)
         return k3c_error_context("engine: rank %d of %d: the staged TP communicator", r->rank, r->world);
     if (r->tp_comm && r->tp_comm != r->world_comm) r->tp_comm->free(r->tp_comm);
     r->tp_comm = c; /* the world's host group still carries the step messages */
     r->dev_group = NULL;
+    int dcp = r->layout.dcp;
+    if (dcp > 1 && dcp < r->layout.tp) {
+        /* the DCP group on device memory too (the forward refuses a DCP group on other memory than TP's): split
+         * from the staged TP group, runs of dcp consecutive TP ranks as k3c_ranks_threads made the host one */
+        k3c_comm *d = NULL;
+        if (c->split(c, r->tp_rank / dcp, r->tp_rank % dcp, &d) != K3C_OK)
+            return k3c_error_context("engine: rank %d of %d: the staged DCP communicator", r->rank, r->world);
+        if (r->dcp_comm) r->dcp_comm->free(r->dcp_comm);
+        r->dcp_comm = d;
+    }
     return K3C_OK;
 #else
     (void)be;

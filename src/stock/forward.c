@@ -215,9 +215,6 @@ static int check_groups(const k3c_backend *be, const struct k3c_model *m, const 
         if (tp && (m->tp_size != tp->size || ep->size % tp->size))
             return k3c_errorf("forward: the hybrid layout (a TP group of %d with an EP group of %d) needs the EP group "
                               "to span whole TP groups and that rank's hybrid shard", tp->size, ep->size);
-        if (tp && strcmp(be->name, "cpu") != 0)
-            return k3c_errorf("forward: the hybrid layout (TP attention inside DP + EP) runs on the cpu backend only "
-                              "(backend %s: not built)", be->name);
         if (!be->moe_route || !be->moe_experts || !be->moe_combine)
             return k3c_errorf("forward: backend %s has no expert-parallel ops (moe_route, moe_experts, moe_combine)",
                               be->name);
