@@ -110,7 +110,7 @@ static void fill_env(k3c_engine *e, k3c_decode_env *env) {
                             .max_rows = e->o.max_rows, .max_context = e->o.max_context,
                             .block_size = e->o.block_size, .q_max = e->o.q_max,
                             .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
-                            .num_aux = e->o.num_aux};
+                            .num_aux = e->o.num_aux, .fwd = e->fwd}; /* fwd: the executor's wide route */
 }
 
 /* A TP rank's executor communicator: the TP group's mailbox, with slots for the executor's largest
@@ -785,20 +785,22 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
     e->st.steps++;
     e->st.route_steps[p.route]++;
     if (p.route == K3C_ROUTE_STOCK) e->st.stock_reason_steps[p.reason]++;
-    /* wide steps are not specialized yet (decode/executor_cuda.h): stock; a step planned q > 1 whose items
-     * are not all verifies (or q = 1 with a verify) is not the executor's shape either */
-    int exec = e->x && e->spec_on && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY);
+    /* a step planned q > 1 whose items are not all verifies (or q = 1 with a verify) is not the executor's
+     * shape; wide steps go to the executor on a single rank only (a TP rank's executor plans none: its
+     * wide_max is 0, decode/executor_cuda.h) */
+    int wide = p.route == K3C_ROUTE_WIDE;
+    int exec = e->x && e->spec_on && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY || (wide && !e->xr));
     for (int i = 0; i < n && exec; i++) exec = (items[i].verify != 0) == (p.q > 1);
     if (exec && e->xr) { /* every rank's executor: rank 0 sends the step with its plan (logits on every rank, so
                           * the ranks' check can compare them; greedy ids taken from them here) */
         K3C_TRY(k3c_ranks_step(e->xr, &p, fr, e->nb, n, logits, e->aux));
         e->last_exec = 1;
         e->st.executor_steps++;
-    } else if (exec) {
-        K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids ? NULL : logits, ids, e->aux));
+    } else if (exec) { /* a wide step returns logits (the stock LM head): the greedy ids are taken from them */
+        K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids && !wide ? NULL : logits, wide ? NULL : ids, e->aux));
         e->last_exec = 1;
         e->st.executor_steps++;
-        if (ids) {
+        if (ids && !wide) {
             e->st.greedy_id_steps++;
             if (wrote_ids) *wrote_ids = 1;
         }
