@@ -991,7 +991,7 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
         be->rmsnorm(be, a_in, D, lw->input_norm, T, D, c->rms_norm_eps, f->x, D);
         if (attn) { /* the override (forward.h): x -> A, o_proj included; a failure ends the step */
             if (attn->run(attn->ctx, l, f->x, f->A, T) != K3C_OK) {
-                k3c_error_context("forward step: layer %d's attention override: ", l);
+                k3c_error_context("layer %d's attention override: ", l);
                 abort_groups(f);
                 break;
             }
