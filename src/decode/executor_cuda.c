@@ -774,6 +774,8 @@ static int run_wide(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
     if (!x->wide_rows)
         rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step, but this executor has no wide route "
                              "(TP %d, stock forward %s)", x->tp_size, x->v.fwd ? "given" : "not given");
+    else if (!x->kv_prepared || !x->meta_h)
+        rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step before prepare_kv");
     else if (ids)
         rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step returns logits (the stock LM head), not ids");
     else if (plan->rows > x->wide_rows || (n == 0 && !x->dep) || n < 0)
@@ -783,10 +785,15 @@ static int run_wide(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
         if (x->dep) x->v.ep->abort(x->v.ep);
         return rc;
     }
+    /* the op profile times the replayed steps' ops on x->st and collects after them: a wide step is not
+     * profiled (its stock ops are the stock path's, cuda/op_profile.h) */
     cudaStream_t own = x->st;
+    k3c_op_profile *prof = x->prof;
     x->st = (cudaStream_t)k3c_backend_cuda_stream(x->v.be);
+    x->prof = NULL;
     rc = k3c_forward_step_attn(x->v.fwd, x->v.kv, x->v.ks, reqs, n, logits, aux, &x->wide_attn);
     x->st = own;
+    x->prof = prof;
     if (rc == K3C_OK) x->wide_steps++;
     return rc;
 }
