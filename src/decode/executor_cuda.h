@@ -51,11 +51,10 @@
  * steps and an idle rank's dummy step plan stock and the engine runs them on the same forward.
  * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are
  * still their own launches before the AttnRes mix); the seed's wide MoE (moe.wide: the routed experts of a
- * wide step as the persistent launch; a wide step's MoE is the stock one); the wide route at TP > 1. (The engine builds a DEP rank's
- * executor for a DP + EP layout at tp 1 with one stage on device cuda, and runs each rank's own part of a step
- * on it when that part plans wide: runtime/engine.c k3c_engine_dp_part.)
- * process_weights_after_loading has no derived
- * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
+ * wide step as the persistent launch; a wide step's MoE is the stock one); the wide route at TP > 1. (The
+ * engine builds a DEP rank's executor for a DP + EP layout at tp 1 with one stage on device cuda, and runs each
+ * rank's own part of a step on it when that part plans wide: runtime/engine.c k3c_engine_dp_part.)
+ * process_weights_after_loading has no derived copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
  * Tensor parallelism: built for a TP rank (world_size > 1, the model that rank's shard) over the CUDA mailbox
  * (k3c_decode_env.tp, comm/mailbox_cuda.h: the one communicator its graphs can capture), the providers run on
