@@ -111,6 +111,10 @@ typedef struct prun {
     int steps; /* decode steps after the prefill step: every rank of a world runs as many */
     int max_rows; /* the forward's (0: the rank's prompt rows); DEP ranks need the same */
     int bad_route; /* > 0: the backend's moe_route call of that number hands back -1s (a failed device route) */
+    /* 1: every step runs with an attention override (stock/forward.h k3c_forward_step_attn) that writes A = 0
+     * and counts its calls (zero_attn below); attn_fail_step >= 0: it fails at that step's second layer */
+    int zero_attn, attn_fail_step;
+    long attn_begins, attn_runs, attn_bad;
     int V;     /* the full vocabulary */
     /* out, per request: every prompt row's logits, the logits each greedy token was taken from, the tokens */
     float *prompt_logits[MAXREQ], *step_logits[MAXREQ];
@@ -138,6 +142,35 @@ static void bad_route(k3c_backend *be, const k3c_moe_weights *w, const float *y,
     route_inner(be, w, y, T, idx, wts, z);
     if (--bad_route_left == 0)
         for (int i = 0; i < T * bad_route_k; i++) idx[i] = -1;
+}
+
+/* The attention override of the zero_attn runs: A = 0 (host memory on the cpu backend), the layers asked in
+ * order [l0, l1) once per step with rows (begin first, with the step's row count), none on a dummy step. */
+typedef struct zero_attn {
+    prun *r;
+    int D, l0, l1, next, T, step;
+} zero_attn;
+
+static int zero_begin(void *ctx, const k3c_fwd_req *reqs, int nreq, int T) {
+    zero_attn *z = ctx;
+    int rows = 0;
+    for (int i = 0; i < nreq; i++) rows += reqs[i].n;
+    z->r->attn_begins++;
+    z->r->attn_bad += rows != T || T <= 0 || z->next != z->l1;
+    z->next = z->l0;
+    z->T = T;
+    return K3C_OK;
+}
+
+static int zero_run(void *ctx, int layer, const float *x, float *A, int T) {
+    zero_attn *z = ctx;
+    z->r->attn_runs++;
+    z->r->attn_bad += layer != z->next || T != z->T || !x || !A;
+    z->next = layer + 1;
+    if (z->step == z->r->attn_fail_step && layer == z->l0 + 1)
+        return k3c_errorf("zero attention: rank gives up at layer %d (injected)", layer);
+    memset(A, 0, sizeof(float) * (size_t)T * z->D);
+    return K3C_OK;
 }
 
 static int run_rank(prun *r) {
@@ -171,6 +204,8 @@ static int run_rank(prun *r) {
     if (rc == K3C_OK) rc = k3c_kv_cache_init_layers(&kv, be, c, l0, l1, MAXREQ * per + 1, bs);
     if (rc == K3C_OK) rc = k3c_kda_slots_init_layers(&ks, be, c, l0, l1, MAXREQ, 1, MAXREQ);
     r->fail_step = -1;
+    zero_attn za = {.r = r, .D = c->hidden_size, .l0 = l0, .l1 = l1, .next = l1};
+    k3c_forward_attention attn = {.ctx = &za, .begin = zero_begin, .run = zero_run};
     for (int i = 0; i < r->nreq && rc == K3C_OK; i++) {
         k3c_kda_slots_reset(&ks, be, i);
         for (int b = 0; b < per; b++) table[i][b] = k3c_kv_cache_take(&kv);
@@ -189,7 +224,10 @@ static int run_rank(prun *r) {
             who[nq++] = i;
         }
         double t0 = now_s();
-        rc = k3c_forward_step(f, &kv, &ks, q, nq, lg, NULL); /* nq = 0: a DEP rank's dummy step */
+        za.step = s;
+        /* nq = 0: a DEP rank's dummy step */
+        rc = r->zero_attn ? k3c_forward_step_attn(f, &kv, &ks, q, nq, lg, NULL, &attn)
+                          : k3c_forward_step(f, &kv, &ks, q, nq, lg, NULL);
         if (rc != K3C_OK) {
             r->fail_step = s;
             r->fail_s = now_s() - t0;
@@ -815,4 +853,172 @@ TEST(pp_cpu_stage_caches_hold_their_layers) {
     CHECK(kda_sum >= kda_all);
     CHECK(k3c_kv_cache_init_layers(&(k3c_kv_cache){0}, be, c, 5, 5, 4, 16) == K3C_ERR);
     be->destroy(be);
+}
+
+/* ---- the attention override (stock/forward.h k3c_forward_step_attn: the executor's wide route) ----
+ * The override here writes A = 0; its reference is the stock forward on the same model with every
+ * attention's o_proj pointed at a zero matrix, whose attention output is then +0.0 too, so both runs must be
+ * bitwise equal: the override's output lands where the stock attention's would, and everything else (AttnRes,
+ * norms, the MoE and its EP exchange, the final norm, the LM head) stays stock. */
+
+/* Points every attention o_proj of m at one zero matrix (kept in *zeros), the old ones saved in saved[2 L]. */
+static int zero_o_proj(k3c_model *m, k3c_mat *saved, uint16_t **zeros) {
+    size_t most = 1;
+    int L = m->config.num_layers;
+    for (int l = 0; l < L; l++) {
+        k3c_layer_weights *lw = &m->weights.layers[l];
+        const k3c_mat *o[2] = {&lw->kda.o_proj, &lw->mla.o_proj};
+        for (int k = 0; k < 2; k++)
+            if ((size_t)o[k]->rows * o[k]->cols > most) most = (size_t)o[k]->rows * o[k]->cols;
+    }
+    *zeros = calloc(most, sizeof(uint16_t));
+    if (!*zeros) return k3c_errorf("out of memory");
+    for (int l = 0; l < L; l++) {
+        k3c_layer_weights *lw = &m->weights.layers[l];
+        saved[2 * l] = lw->kda.o_proj;
+        saved[2 * l + 1] = lw->mla.o_proj;
+        if (lw->kda.o_proj.w) lw->kda.o_proj.w = *zeros;
+        if (lw->mla.o_proj.w) lw->mla.o_proj.w = *zeros;
+    }
+    return K3C_OK;
+}
+
+static void restore_o_proj(k3c_model *m, const k3c_mat *saved, uint16_t *zeros) {
+    for (int l = 0; l < m->config.num_layers; l++) {
+        m->weights.layers[l].kda.o_proj = saved[2 * l];
+        m->weights.layers[l].mla.o_proj = saved[2 * l + 1];
+    }
+    free(zeros);
+}
+
+/* Steps with rows of a run: the prefill and every decode step with a request. */
+static long steps_with_rows(const prun *r) {
+    long n = r->nreq > 0;
+    for (int s = 1; s <= r->steps; s++) {
+        int any = 0;
+        for (int i = 0; i < r->nreq; i++) any |= s <= r->req[i].n_new;
+        n += any;
+    }
+    return n;
+}
+
+/* World size 1 (bf16): the override's run bitwise the stock one's; begin once per step, run once per layer
+ * of every step, in layer order. */
+static void attn_override_one(int kimi_linear) {
+    const fixture *fx = fixture_get(kimi_linear);
+    CHECKF(fx, "fixture: %s", k3c_error_message());
+    if (!fx) return;
+    k3c_model *m = (k3c_model *)fx->m; /* the shared fixture: o_proj swapped for this test, restored below */
+    int L = m->config.num_layers;
+    k3c_mat saved[2 * 64];
+    uint16_t *zeros = NULL;
+    CHECK(L <= 64);
+    CHECK_OK(zero_o_proj(m, saved, &zeros));
+    prun ref = {.m = m, .V = fx->V}, ovr = {.m = m, .V = fx->V, .zero_attn = 1, .attn_fail_step = -1};
+    dep_requests(fx, 2, 0, -1, &ref);
+    dep_requests(fx, 2, 0, -1, &ovr);
+    CHECK(alloc_run(&ref) == K3C_OK && alloc_run(&ovr) == K3C_OK);
+    CHECKF(run_rank(&ref) == K3C_OK, "stock: %s", ref.err);
+    CHECKF(run_rank(&ovr) == K3C_OK, "override: %s", ovr.err);
+    for (int i = 0; i < ref.nreq; i++)
+        CHECKF(same_bits(&ovr, &ref, i), "%s request %d: the override's logits differ from the stock forward's with "
+               "zero o_proj (rel L2 %.3g)", kimi_linear ? "kimi-linear" : "k3", i, worst(&ovr, &ref, i));
+    long steps = steps_with_rows(&ovr);
+    printf("    %s: %ld steps through the override, %ld layer calls, %ld out of order\n",
+           kimi_linear ? "kimi-linear" : "k3", ovr.attn_begins, ovr.attn_runs, ovr.attn_bad);
+    CHECKF(ovr.attn_begins == steps && ovr.attn_runs == steps * L && ovr.attn_bad == 0,
+           "begin %ld (expected %ld), run %ld (expected %ld), %ld bad calls", ovr.attn_begins, steps, ovr.attn_runs,
+           steps * L, ovr.attn_bad);
+    free_run(&ref);
+    free_run(&ovr);
+    restore_o_proj(m, saved, zeros);
+}
+
+TEST(forward_attention_override_k3_bitwise) { attn_override_one(0); }
+TEST(forward_attention_override_kimi_linear_bitwise) { attn_override_one(1); }
+
+/* DEP 2 (rank 0 idle for the last steps: dummy steps): every rank's run through the override bitwise the
+ * stock DEP run's on the same zero-o_proj shards; a dummy step calls neither begin nor run (its collectives
+ * are the stock dummy step's: the steps line up, or the ranks would fail or wait). */
+static void attn_override_dep(int kimi_linear) {
+    const fixture *fx = fixture_get(kimi_linear);
+    CHECKF(fx, "fixture: %s", k3c_error_message());
+    if (!fx) return;
+    k3c_model *m = (k3c_model *)fx->m;
+    int L = m->config.num_layers;
+    k3c_mat saved[2 * 64];
+    uint16_t *zeros = NULL;
+    CHECK(L <= 64);
+    CHECK_OK(zero_o_proj(m, saved, &zeros));
+    prun r[2][2];
+    k3c_model *sh[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        k3c_model_part part = {.ep_rank = k, .ep = 2};
+        CHECK_OK(k3c_model_shard(m, &part, &sh[k]));
+    }
+    for (int run = 0; run < 2; run++) {
+        split_job sj[2];
+        CHECK_OK(make_world(1, 1, 2, 2, 60000, sj));
+        for (int k = 0; k < 2; k++) {
+            r[run][k] = (prun){.m = sh[k], .ep = sj[k].g.ep, .V = fx->V, .zero_attn = run, .attn_fail_step = -1};
+            dep_requests(fx, 2, k, -1, &r[run][k]);
+            CHECK(alloc_run(&r[run][k]) == K3C_OK);
+        }
+        run_ranks(r[run], 2);
+        for (int k = 0; k < 2; k++) CHECKF(r[run][k].rc == K3C_OK, "%s rank %d: %s", run ? "override" : "stock", k,
+                                           r[run][k].err);
+        free_world(sj, 2);
+    }
+    for (int k = 0; k < 2; k++) {
+        const prun *o = &r[1][k];
+        for (int i = 0; i < o->nreq; i++)
+            CHECKF(same_bits(o, &r[0][k], i), "dep 2 rank %d request %d: the override's logits differ from the stock "
+                   "DEP forward's (rel L2 %.3g)", k, i, worst(o, &r[0][k], i));
+        long steps = steps_with_rows(o);
+        printf("    %s dep 2 rank %d: %ld of %d steps through the override (the rest dummy steps), %ld layer calls\n",
+               kimi_linear ? "kimi-linear" : "k3", k, o->attn_begins, o->steps + 1, o->attn_runs);
+        CHECKF(o->attn_begins == steps && o->attn_runs == steps * L && o->attn_bad == 0,
+               "rank %d: begin %ld (expected %ld), run %ld (expected %ld), %ld bad calls", k, o->attn_begins, steps,
+               o->attn_runs, steps * L, o->attn_bad);
+    }
+    CHECK(steps_with_rows(&r[1][0]) < r[1][0].steps + 1); /* rank 0 did run dummy steps */
+    for (int run = 0; run < 2; run++)
+        for (int k = 0; k < 2; k++) free_run(&r[run][k]);
+    for (int k = 0; k < 2; k++) k3c_model_shard_free(sh[k]);
+    restore_o_proj(m, saved, zeros);
+}
+
+TEST(dep_cpu_attention_override_k3_bitwise) { attn_override_dep(0); }
+TEST(dep_cpu_attention_override_kimi_linear_bitwise) { attn_override_dep(1); }
+
+/* DEP 2: rank 1's override fails in step 2 (its second layer): its step fails, and rank 0's too, at once (the
+ * failed step aborted the EP group) rather than after the group's timeout. */
+TEST(dep_cpu_attention_override_failure_fails_the_peer) {
+    const fixture *fx = fixture_get(0);
+    CHECKF(fx, "fixture: %s", k3c_error_message());
+    if (!fx) return;
+    split_job sj[2];
+    CHECK_OK(make_world(1, 1, 2, 2, 60000, sj));
+    k3c_model *sh[2];
+    prun r[2];
+    for (int k = 0; k < 2; k++) {
+        k3c_model_part part = {.ep_rank = k, .ep = 2};
+        CHECK_OK(k3c_model_shard(fx->m, &part, &sh[k]));
+        r[k] = (prun){.m = sh[k], .ep = sj[k].g.ep, .V = fx->V, .zero_attn = 1, .attn_fail_step = k == 1 ? 2 : -1};
+        short_requests(fx, k, &r[k]);
+        CHECK(alloc_run(&r[k]) == K3C_OK);
+    }
+    run_ranks(r, 2);
+    for (int k = 0; k < 2; k++)
+        printf("    dep 2, rank 1's override fails in step 2: rank %d failed in step %d after %.3f s: %.120s\n", k,
+               r[k].fail_step, r[k].fail_s, r[k].err);
+    CHECKF(r[0].rc == K3C_ERR && r[1].rc == K3C_ERR, "rc %d %d", r[0].rc, r[1].rc);
+    CHECKF(r[0].fail_step == 2 && r[1].fail_step == 2, "failed in steps %d, %d", r[0].fail_step, r[1].fail_step);
+    CHECKF(r[0].fail_s < 5, "rank 0 failed after %.3f s (the abort should end its wait at once)", r[0].fail_s);
+    CHECKF(strstr(r[1].err, "attention override") != NULL, "rank 1's error: %s", r[1].err);
+    for (int k = 0; k < 2; k++) {
+        free_run(&r[k]);
+        k3c_model_shard_free(sh[k]);
+    }
+    free_world(sj, 2);
 }

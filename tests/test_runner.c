@@ -548,6 +548,78 @@ TEST(runner_executor_takes_planned_steps) {
     env_close(&env);
 }
 
+/* A step the engine plans K3C_ROUTE_WIDE goes to its executor on a single rank, with logits and without ids
+ * (a wide step's logits come from the stock LM head: the engine takes greedy ids from them), exactly the
+ * requests k3c_forward_step would get; its logits are what the executor returned. A fake executor (wide_max
+ * 64, batches 2 4 6 8) runs such a step through the engine's stock forward; the same step on another set of
+ * requests with the executor switched off is the reference. */
+typedef struct wide_fake {
+    k3c_engine *e;
+    int wide, other, with_ids;
+} wide_fake;
+static int wide_fake_step(void *ctx, const k3c_plan *p, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
+                          float *aux) {
+    wide_fake *f = ctx;
+    if (p->route != K3C_ROUTE_WIDE) {
+        f->other++;
+        return k3c_errorf("fake executor: a %s step", k3c_route_name(p->route));
+    }
+    f->wide++;
+    f->with_ids += ids != NULL || logits == NULL;
+    for (int i = 0; i < n; i++)
+        if (reqs[i].n != p->q || !reqs[i].verify) return k3c_errorf("fake executor: request %d is no q-verify", i);
+    k3c_engine_view v;
+    k3c_engine_view_get(f->e, &v);
+    return k3c_forward_step(v.fwd, v.kv, v.ks, reqs, n, logits, aux);
+}
+
+TEST(engine_wide_steps_go_to_the_executor_with_logits) {
+    run_env env;
+    CHECK_OK(env_open(&env, 6, 0, 0));
+    static const int batches[] = {2, 4, 6, 8};
+    wide_fake f = {.e = env.e};
+    k3c_decode_executor x = {.plan_table = {.batches = batches, .num_batches = 4, .wide_max = 64, .kv_prepared = 1},
+                             .ctx = &f, .step = wide_fake_step};
+    k3c_rng r;
+    k3c_rng_seed(&r, test_seed() ^ 0x31de);
+    int V = env.V, ids[6];
+    int32_t prompt[3][9], tok[12], got[12];
+    float *lg = malloc(sizeof(float) * 12 * V), *la = malloc(sizeof(float) * 12 * V), *lb = malloc(sizeof(float) * 12 * V);
+    for (int i = 0; i < 3; i++)
+        for (int t = 0; t < 9; t++) prompt[i][t] = (int32_t)(k3c_rng_next(&r) % (uint64_t)V);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 3; i++) {
+            CHECK_OK(k3c_request_open(env.e, &ids[s * 3 + i]));
+            k3c_step_item it = {.request = ids[s * 3 + i], .tokens = prompt[i], .n = 9};
+            CHECK_OK(k3c_engine_step(env.e, &it, 1, lg));
+        }
+    for (int t = 0; t < 12; t++) tok[t] = (int32_t)(k3c_rng_next(&r) % (uint64_t)V);
+    k3c_step_item ia[3], ib[3];
+    for (int i = 0; i < 3; i++) { /* 3 requests x 4 tokens = 12 rows: no batch, within wide_max */
+        ia[i] = (k3c_step_item){.request = ids[i], .tokens = tok + 4 * i, .n = 4, .verify = 1};
+        ib[i] = (k3c_step_item){.request = ids[3 + i], .tokens = tok + 4 * i, .n = 4, .verify = 1};
+    }
+    poison_f32(la, (size_t)12 * V);
+    poison_f32(lb, (size_t)12 * V);
+    CHECK_OK(k3c_engine_step(env.e, ia, 3, la)); /* no executor yet: the stock path */
+    k3c_engine_set_executor(env.e, &x);
+    CHECK_OK(k3c_engine_step_greedy(env.e, ib, 3, got, lb));
+    k3c_plan p = k3c_engine_last_plan(env.e);
+    k3c_engine_stats es;
+    k3c_engine_stats_get(env.e, &es);
+    k3c_engine_set_executor(env.e, NULL);
+    CHECKF(p.route == K3C_ROUTE_WIDE && p.rows == 12 && p.q == 4, "planned %s rows %d q %d", k3c_route_name(p.route),
+           p.rows, p.q);
+    CHECKF(f.wide == 1 && f.other == 0 && f.with_ids == 0 && k3c_engine_last_step_executor(env.e) == 1,
+           "the executor ran %d wide and %d other steps, %d with ids or without logits", f.wide, f.other, f.with_ids);
+    CHECK(es.executor_steps == 1 && es.greedy_id_steps == 0 && es.route_steps[K3C_ROUTE_WIDE] == 1);
+    CHECKF(!memcmp(la, lb, sizeof(float) * 12 * V), "the wide step's logits differ from the stock step's");
+    for (int t = 0; t < 12; t++) CHECK(got[t] == k3c_greedy_token(lb + (size_t)t * V, V));
+    for (int i = 0; i < 6; i++) k3c_request_close(env.e, ids[i]);
+    free(lg), free(la), free(lb);
+    env_close(&env);
+}
+
 /* (d) The drafter's lookup, expected drafts worked out by hand from the rule in runtime/drafter.h. */
 TEST(drafter_ngram_lookup) {
     int32_t out[8];

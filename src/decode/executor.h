@@ -2,9 +2,9 @@
  *
  * The engine owns the executor (k3c_engine_options.specialized) and calls it, never the reverse. For every
  * step the engine takes the plan (k3c_plan_step with the executor's plan_table), validates the step and
- * takes its cache blocks, and then, on a fully specialized route (decode, uniform verify), calls step with
- * the prepared forward requests, exactly what it would hand k3c_forward_step; everything else (the wide
- * route included: not specialized yet) it runs through the stock forward itself. step has
+ * takes its cache blocks, and then, on an executor route (decode, uniform verify, wide), calls step with
+ * the prepared forward requests, exactly what it would hand k3c_forward_step; everything else it runs
+ * through the stock forward itself. step has
  * k3c_forward_step's contract: the same rows out (every row of a verify request, the last row of a decode
  * request, request by request), the same effects on the caches and KDA slots (a verify leaves the
  * committed state as it was and saves the fold inputs for k3c_forward_commit), bitwise the same values.
@@ -42,6 +42,16 @@ typedef struct k3c_decode_env {
      * the executor's providers for TP; NULL or another (staged, NCCL) leaves them unprepared: every step
      * stock (decode/executor_cuda.h). */
     struct k3c_comm *tp;
+    /* The wide route (decode/executor_cuda.h): the engine's stock forward (created over the same model,
+     * backend and layout), which a wide step runs with the executor's attention in place of its own
+     * (stock/forward.h k3c_forward_step_attn). NULL: no wide route (wide steps then plan stock). */
+    struct k3c_forward *fwd;
+    /* DEP (data-parallel attention, expert-parallel MoE): the rank's EP group, the one its stock forward
+     * exchanges the MoE rows over (k3c_forward_options.ep); in DEP the EP group is the stage's DP group, so
+     * ep->rank is the DP rank and ep->size the DP size, and the model is that rank's expert shard. NULL or one
+     * rank: none. A DEP rank's executor has no fully specialized step: every decode or uniform verify step up
+     * to its wide cap is wide (fwd required), the rest stock. */
+    struct k3c_comm *ep;
 } k3c_decode_env;
 
 typedef struct k3c_decode_executor {
@@ -51,7 +61,8 @@ typedef struct k3c_decode_executor {
      * every request a verify exactly when q > 1) over reqs[0 .. n-1]. logits: [rows, vocab] host; or, with
      * ids non-NULL, ids[row] = the arg-max of each logits row in runtime/sampler.c's greedy order, taken
      * on the device (logits is then not written). aux: the engine's aux buffer (NULL without aux layers).
-     * 0 or -1 (k3c_errorf). */
+     * K3C_ROUTE_WIDE: the same, but logits only (ids NULL: the stock LM head), the rows k3c_forward_step
+     * returns for these requests; on a DEP rank n = 0 is its dummy step. 0 or -1 (k3c_errorf). */
     int (*step)(void *ctx, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
                 float *aux);
     /* Builds the shape (rows, q) now (captures its graph); 0 when it exists already. NULL where shapes

@@ -50,6 +50,9 @@ struct k3c_exec_stamps {
 
 /* ---- build ---- */
 
+static int wide_begin(void *ctx, const k3c_fwd_req *reqs, int n, int T); /* the wide route, below */
+static int wide_run(void *ctx, int l, const float *xin, float *aout, int T);
+
 static int alloc_buffers(k3c_decode_cuda *x) {
     const k3c_config *c = x->c;
     size_t R = PMAX, D = c->hidden_size, P = k3c_config_kda_proj(c), H = c->kda_num_heads;
@@ -69,9 +72,14 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     _Static_assert(PMAX <= K3C_ARGMAX_KEYS_MAX, "keys_h: rows x parts within K3C_ARGMAX_KEYS_MAX");
     size_t w[] = {D, D, D, D, D, V, P, P, P, P, P, P, P, P, P, P, P, dk, dk, H, H, qa, Hm * qh, lat, Hm * vh, Hm * vh,
                   I, I, Hm * lat, Hm * kvl, E, K, Rin, K * Fm, K * Rin, Rin, D, Fs, Fs, D, K, 8};
+    /* the attention providers' own buffers (kq .. mg, q_abs, o_lat) hold arows rows, the wide route's too; x
+     * and A need not (a wide step hands the providers the stock forward's x and A, wide_run) */
+    size_t rows[sizeof w / sizeof w[0]];
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        rows[i] = (i >= 6 && i <= 25) || i == 28 || i == 29 ? (size_t)x->arows : R;
     int alt = c->attn_res_block_size > 0;
     size_t n = sizeof w / sizeof w[0], total = (size_t)(x->nres + alt) * al256(R * D * 4);
-    for (size_t i = 0; i < n; i++) total += al256(R * (w[i] ? w[i] : 1) * 4);
+    for (size_t i = 0; i < n; i++) total += al256(rows[i] * (w[i] ? w[i] : 1) * 4);
     total += al256(sizeof(float *) * (size_t)x->nres);
     K3C_CUDA_MALLOC(&x->dev, total);
     char *p = x->dev;
@@ -84,7 +92,7 @@ static int alloc_buffers(k3c_decode_cuda *x) {
     }
     for (size_t i = 0; i < n; i++) {
         *fl[i] = (float *)p;
-        p += al256(R * (w[i] ? w[i] : 1) * 4);
+        p += al256(rows[i] * (w[i] ? w[i] : 1) * 4);
     }
     x->res_dev = (float **)p;
     K3C_CUDA_TRY(cudaMemcpy(x->res_dev, x->res, sizeof(float *) * (size_t)x->nres, cudaMemcpyHostToDevice));
@@ -102,12 +110,12 @@ static int alloc_buffers(k3c_decode_cuda *x) {
         x->mla_part_floats = k3c_cuda_mla_attend_split_floats(x->c->kv_lora_rank);
         K3C_CUDA_MALLOC(&x->mla_part, x->mla_part_floats * sizeof(float));
     }
-    K3C_CUDA_MALLOC(&x->xbf, R * max_cols * 2);
+    K3C_CUDA_MALLOC(&x->xbf, (size_t)x->arows * max_cols * 2); /* cuBLASLt's bf16 inputs, up to arows rows */
     if (x->tp) { /* the LM head's part and every rank's, gathered (step.c) */
         K3C_CUDA_MALLOC(&x->lm_part, R * c->vocab_size * sizeof(float));
         K3C_CUDA_MALLOC(&x->gather, (size_t)x->tp_size * R * c->vocab_size * sizeof(float));
     }
-    K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, R * max_cols));
+    K3C_TRY(k3c_cuda_gemm_init(&x->gemm, x->gemm_ws, ws, x->xbf, (size_t)x->arows * max_cols));
     x->gemm_ready = 1;
     K3C_CUDA_HOST_ALLOC(&x->keys_h, K3C_ARGMAX_KEYS_MAX * sizeof(uint64_t));
     return K3C_OK;
@@ -172,8 +180,9 @@ static int build_providers(k3c_decode_cuda *x) {
     for (int l = 0; l < L; l++) {
         const k3c_layer_weights *lw = &x->m->weights.layers[l];
         x->attn[l] = (k3c_provider){lw->kind == K3C_ATTN_KDA ? &k3c_provider_kda : &k3c_provider_mla, x, l, NULL};
-        x->ffn[l] = (k3c_provider){lw->is_moe ? &k3c_provider_moe : &k3c_provider_dense_mlp, x, l, NULL};
         K3C_TRY(x->attn[l].kind->build(&x->attn[l]));
+        if (x->dep) continue; /* DEP: the feed-forward is the stock forward's (its MoE the EP exchange); kind NULL */
+        x->ffn[l] = (k3c_provider){lw->is_moe ? &k3c_provider_moe : &k3c_provider_dense_mlp, x, l, NULL};
         K3C_TRY(x->ffn[l].kind->build(&x->ffn[l]));
     }
     return K3C_OK;
@@ -200,7 +209,7 @@ static int build_tp_unprepared(const k3c_decode_env *v, int world_size, k3c_deco
     x->tp_unprepared = 1;
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
     x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
-                                                 .wide_max = v->max_rows, .kv_prepared = 0, .needs_graphs = 1,
+                                                 .wide_max = 0, .kv_prepared = 0, .needs_graphs = 1,
                                                  .world_size = world_size, .tp_prepared = 0},
                                   .ctx = x};
     *out = x;
@@ -235,6 +244,20 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     if (world_size > 1 && (v.m->tp_size != world_size || v.m->tp_rank != rank))
         return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
                           world_size, v.m->tp_size > 1 ? "another rank's" : "the whole model");
+    /* DEP (env.ep): TP1 attention on this DP rank's own requests, the MoE exchanged over the EP group by the
+     * stock forward (the hybrid, TP attention inside DEP, has no executor) */
+    int dep = v.ep && v.ep->size > 1;
+    if (dep && world_size > 1)
+        return k3c_errorf("decode executor: DEP with TP attention (a TP group of %d inside the EP group of %d, the "
+                          "hybrid layout) is not built", world_size, v.ep->size);
+    if (dep && (v.m->ep_size != v.ep->size || v.m->ep_rank != v.ep->rank))
+        return k3c_errorf("decode executor: EP rank %d of %d needs that rank's expert shard (model/shard.h)", v.ep->rank,
+                          v.ep->size);
+    if (dep && !v.fwd)
+        return k3c_errorf("decode executor: a DEP rank runs every step through the stock forward (k3c_decode_env.fwd)");
+    if (!dep && v.m->ep_size > 1)
+        return k3c_errorf("decode executor: the model is EP rank %d's expert shard of %d, but the env has no EP group",
+                          v.m->ep_rank, v.m->ep_size);
     if (world_size > 1 && !(v.tp && k3c_comm_is_mailbox(v.tp))) return build_tp_unprepared(&v, world_size, out);
     /* decode context parallel: the MLA cache holds this rank's share of the positions and the stock forward
      * merges the ranks' partial attention (stock/forward.c mla_dcp); the MLA provider reads a whole cache, so
@@ -283,9 +306,19 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     }
     for (int l = 0; l < c->num_layers; l++) x->kda_ord[l] = c->layer_attn[l] == K3C_ATTN_KDA ? x->nkda++ : -1;
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
-    x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches, .num_batches = K3C_PREPARED_NUM_BATCHES,
-                                                 .wide_max = v.max_rows, .kv_prepared = 0, .needs_graphs = 1,
-                                                 .world_size = world_size, .tp_prepared = 1},
+    /* the wide route (the header): TP1 only (a TP rank's attention would sum over the mailbox inside a stock
+     * step), over the engine's stock forward, up to K3C_WIDE_MAX rows and the forward's max_rows */
+    x->dep = dep;
+    x->wide_rows = world_size == 1 && v.fwd ? (v.max_rows < K3C_WIDE_MAX ? v.max_rows : K3C_WIDE_MAX) : 0;
+    if (x->wide_rows < 0) x->wide_rows = 0;
+    x->arows = x->wide_rows > PMAX ? x->wide_rows : PMAX;
+    x->wide_attn = (k3c_forward_attention){.ctx = x, .begin = wide_begin, .run = wide_run};
+    /* DEP: no fully specialized step (the seed's build_dep: no batches, no graphs), every decode or uniform
+     * verify step up to wide_rows wide */
+    x->ex = (k3c_decode_executor){.plan_table = {.batches = x->batches,
+                                                 .num_batches = dep ? 0 : K3C_PREPARED_NUM_BATCHES,
+                                                 .wide_max = x->wide_rows, .kv_prepared = 0, .needs_graphs = !dep,
+                                                 .world_size = world_size, .tp_prepared = 1, .wide_decode = dep},
                                   .ctx = x};
     cudaError_t ce = cudaSetDevice(k3c_backend_cuda_device(v.be));
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking);
@@ -372,14 +405,16 @@ int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
     x->mbr = v->max_blocks_per_request;
     size_t off = 0;
 #define CARVE(field, bytes) (x->field = off, off += al256(bytes))
-    CARVE(off_ids, sizeof(int) * PMAX);
-    CARVE(off_slots, sizeof(int) * PMAX);
-    CARVE(off_aoff, sizeof(int) * PMAX);
-    CARVE(off_alen, sizeof(int) * PMAX);
-    CARVE(off_tab, sizeof(int) * (size_t)PMAX * x->mbr);
-    CARVE(off_segs, sizeof(k3c_cuda_seg) * (size_t)PMAX * (x->nkda ? x->nkda : 1));
-    CARVE(off_pre, sizeof(k3c_cuda_copy) * (size_t)PMAX * PRE_COPIES * (x->nkda ? x->nkda : 1));
-    CARVE(off_post, sizeof(k3c_cuda_copy) * (size_t)PMAX * POST_COPIES * (x->nkda ? x->nkda : 1));
+    /* arows rows (and requests: a request has a row at least) of every kind, the wide route's too */
+    size_t A = (size_t)x->arows;
+    CARVE(off_ids, sizeof(int) * A);
+    CARVE(off_slots, sizeof(int) * A);
+    CARVE(off_aoff, sizeof(int) * A);
+    CARVE(off_alen, sizeof(int) * A);
+    CARVE(off_tab, sizeof(int) * A * x->mbr);
+    CARVE(off_segs, sizeof(k3c_cuda_seg) * A * (x->nkda ? x->nkda : 1));
+    CARVE(off_pre, sizeof(k3c_cuda_copy) * A * PRE_COPIES * (x->nkda ? x->nkda : 1));
+    CARVE(off_post, sizeof(k3c_cuda_copy) * A * POST_COPIES * (x->nkda ? x->nkda : 1));
 #undef CARVE
     x->meta_bytes = off;
     K3C_CUDA_HOST_ALLOC(&x->meta_h, off);
@@ -389,7 +424,7 @@ int k3c_decode_cuda_prepare_kv(k3c_decode_cuda *x, int eager) {
     x->kv_prepared = 1;
     x->eager = eager;
     x->ex.plan_table.kv_prepared = 1;
-    if (!eager) return K3C_OK;
+    if (!eager || x->dep) return K3C_OK; /* DEP: no shapes to capture */
     int shapes[128][2];
     int n = k3c_prepared_shapes(v->q_max, v->max_requests, shapes, 128);
     for (int i = 0; i < n && i < 128; i++) K3C_TRY(k3c_decode_cuda_capture(x, shapes[i][0], shapes[i][1]));
@@ -401,6 +436,7 @@ int k3c_decode_cuda_capture(k3c_decode_cuda *x, int rows, int q) {
         return k3c_errorf("decode executor: rank %d of %d: the providers are not prepared for tensor parallelism "
                           "(every step runs stock)", x->m->tp_rank, x->m->tp_size);
     if (!x->kv_prepared) return k3c_errorf("decode executor: capture before prepare_kv");
+    if (x->dep) return k3c_errorf("decode executor: a DEP rank captures no shapes (every step it takes is wide)");
     if (!k3c_prepared_shape(rows, q, x->v.q_max, x->v.max_requests))
         return k3c_errorf("decode executor: (%d rows, q %d) is not a prepared shape", rows, q);
     if (x->graph[rows][q]) return K3C_OK;
@@ -448,7 +484,7 @@ int k3c_decode_cuda_process_weights_after_loading(k3c_decode_cuda *x) {
     K3C_TRY(check_weights(x));
     for (int l = 0; l < x->c->num_layers; l++) {
         K3C_TRY(x->attn[l].kind->reload(&x->attn[l]));
-        K3C_TRY(x->ffn[l].kind->reload(&x->ffn[l]));
+        if (x->ffn[l].kind) K3C_TRY(x->ffn[l].kind->reload(&x->ffn[l])); /* none at DEP */
     }
     return K3C_OK;
 }
@@ -500,11 +536,11 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
             if (q > 1) {
                 float *stv = k3c_kda_store(ks, l, r->slot);
                 size_t P = ks->P, rows = (size_t)q * P, row0 = (size_t)i * q;
-                k3c_cuda_copy *c0 = pre + ((size_t)k * PMAX + i) * PRE_COPIES;
+                k3c_cuda_copy *c0 = pre + ((size_t)k * x->arows + i) * PRE_COPIES;
                 c0[0] = (k3c_cuda_copy){x->kq + row0 * P, stv + k3c_kda_store_x(ks, 0), (long long)rows};
                 c0[1] = (k3c_cuda_copy){x->kk + row0 * P, stv + k3c_kda_store_x(ks, 1), (long long)rows};
                 c0[2] = (k3c_cuda_copy){x->kv + row0 * P, stv + k3c_kda_store_x(ks, 2), (long long)rows};
-                k3c_cuda_copy *c1 = post + ((size_t)k * PMAX + i) * POST_COPIES;
+                k3c_cuda_copy *c1 = post + ((size_t)k * x->arows + i) * POST_COPIES;
                 c1[0] = (k3c_cuda_copy){x->ck + row0 * P, stv + k3c_kda_store_k(ks), (long long)rows};
                 c1[1] = (k3c_cuda_copy){x->cv + row0 * P, stv + k3c_kda_store_v(ks), (long long)rows};
                 c1[2] = (k3c_cuda_copy){x->kg + row0 * P, stv + k3c_kda_store_g(ks), (long long)rows};
@@ -512,7 +548,7 @@ static int fill_meta(k3c_decode_cuda *x, const k3c_fwd_req *reqs, int b, int q) 
             }
             /* verify (q > 1) reads the committed slot and leaves it as it was (the stock path runs on a scratch
              * copy of it: the same values in, the same bits out); commit folds the accepted tokens in */
-            segs[(size_t)k * PMAX + i] = (k3c_cuda_seg){i * q, q, state, window, q > 1};
+            segs[(size_t)k * x->arows + i] = (k3c_cuda_seg){i * q, q, state, window, q > 1};
         }
     }
     return K3C_OK;
@@ -700,13 +736,89 @@ static int run_step(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
     return K3C_OK;
 }
 
+/* ---- the wide route (the header; stock/forward.h k3c_forward_attention) ---- */
+
+/* The step's metadata, as for a captured step (fill_meta: b requests of q rows), uploaded on the backend's
+ * stream, where the providers' launches read it (wide_run). The pinned block is free: every step ends with
+ * its stream drained. */
+static int wide_begin(void *ctx, const k3c_fwd_req *reqs, int n, int T) {
+    k3c_decode_cuda *x = ctx;
+    int q = n > 0 ? reqs[0].n : 0;
+    if (n < 1 || q < 1 || q > QMAX || n * q != T || T > x->wide_rows)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step of %d requests, %d rows (q %d): "
+                               "the wide route takes uniform steps of at most %d rows, q at most %d", n, T, q,
+                               x->wide_rows, QMAX);
+    K3C_TRY(fill_meta(x, reqs, n, q));
+    x->wide_q = q;
+    K3C_CUDA_TRY(cudaMemcpyAsync(x->meta_d, x->meta_h, x->meta_bytes, cudaMemcpyHostToDevice, x->st));
+    return K3C_OK;
+}
+
+/* Layer l's attention provider on the stock forward's normed input xin, its output into the stock forward's
+ * A: the provider reads x->x and leaves its output in x->A, so both name the stock buffers for the call (the
+ * captured graphs keep the addresses they were recorded with). Launched eagerly on x->st, which run_wide
+ * points at the backend's stream: ordered after the stock ops that wrote xin, before those that read A. */
+static int wide_run(void *ctx, int l, const float *xin, float *aout, int T) {
+    k3c_decode_cuda *x = ctx;
+    const k3c_provider *p = &x->attn[l];
+    k3c_exec_rec s = {x, T, x->wide_q, T / x->wide_q};
+    float *own_x = x->x, *own_a = x->A;
+    x->x = (float *)xin;
+    x->A = aout;
+    k3c_provider_out o = {0};
+    int rc = p->kind->record(p, &s, &o);
+    x->x = own_x;
+    x->A = own_a;
+    K3C_TRY(rc);
+    if (o.a1 != aout || o.a2)
+        return k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: layer %d's %s provider left its output elsewhere",
+                               l, p->kind->name);
+    return K3C_OK;
+}
+
+/* A step planned K3C_ROUTE_WIDE: the engine's stock forward with the attention providers in place of its
+ * attention (k3c_forward_step_attn), on the backend's stream; logits as the stock forward returns them (the
+ * LM head is the stock one: no device arg-max). A DEP rank's dummy step (n = 0) is the stock dummy step, the
+ * same collectives. A refusal here, before the stock step, aborts a DEP rank's EP group: its peers wait in the
+ * step's first collective. */
+static int run_wide(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits,
+                    int32_t *ids, float *aux) {
+    int rc = K3C_OK;
+    if (!x->wide_rows)
+        rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step, but this executor has no wide route "
+                             "(TP %d, stock forward %s)", x->tp_size, x->v.fwd ? "given" : "not given");
+    else if (!x->kv_prepared || !x->meta_h)
+        rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step before prepare_kv");
+    else if (ids)
+        rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step returns logits (the stock LM head), not ids");
+    else if (plan->rows > x->wide_rows || (n == 0 && !x->dep) || n < 0)
+        rc = k3c_errorf_kind(K3C_ERROR_INTERNAL, "decode executor: a wide step of %d requests, %d rows (cap %d%s)", n,
+                             plan->rows, x->wide_rows, x->dep ? "" : "; an empty step only on a DEP rank");
+    if (rc != K3C_OK) {
+        if (x->dep) x->v.ep->abort(x->v.ep);
+        return rc;
+    }
+    /* the op profile times the replayed steps' ops on x->st and collects after them: a wide step is not
+     * profiled (its stock ops are the stock path's, cuda/op_profile.h) */
+    cudaStream_t own = x->st;
+    k3c_op_profile *prof = x->prof;
+    x->st = (cudaStream_t)k3c_backend_cuda_stream(x->v.be);
+    x->prof = NULL;
+    rc = k3c_forward_step_attn(x->v.fwd, x->v.kv, x->v.ks, reqs, n, logits, aux, &x->wide_attn);
+    x->st = own;
+    x->prof = prof;
+    if (rc == K3C_OK) x->wide_steps++;
+    return rc;
+}
+
 /* A TP rank's step ends with the mailbox's report (its kernels fail, after the timeout at most, when a peer
  * does not come; the stream is drained by then); a failure of any kind aborts the group, so the peers' waits
  * end at once instead of at their timeout, and every later collective of the group fails. */
 static int step_cb(void *ctx, const k3c_plan *plan, const k3c_fwd_req *reqs, int n, float *logits, int32_t *ids,
                    float *aux) {
     k3c_decode_cuda *x = ctx;
-    int rc = run_step(x, plan, reqs, n, logits, ids, aux);
+    int rc = plan->route == K3C_ROUTE_WIDE ? run_wide(x, plan, reqs, n, logits, ids, aux)
+                                           : run_step(x, plan, reqs, n, logits, ids, aux);
     if (x->tp && rc == K3C_OK) rc = k3c_comm_mailbox_check(x->tp);
     if (x->tp && rc != K3C_OK) {
         x->tp->abort(x->tp);
@@ -720,7 +832,7 @@ static int num_captured_cb(void *ctx) { return k3c_decode_cuda_num_captured(ctx)
 
 const k3c_decode_executor *k3c_decode_cuda_executor(k3c_decode_cuda *x) {
     x->ex.step = step_cb;
-    x->ex.capture = capture_cb;
+    x->ex.capture = x->dep ? NULL : capture_cb; /* DEP: no shapes (k3c_engine_warmup then captures nothing) */
     x->ex.num_captured = num_captured_cb;
     x->ex.plan_table.captured = captured_cb;
     x->ex.plan_table.captured_ctx = x;
@@ -738,6 +850,7 @@ void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *no
     if (norm) *norm = x->fused_norm;
     if (round) *round = x->fused_round;
 }
+long k3c_decode_cuda_wide_steps(const k3c_decode_cuda *x) { return x->wide_steps; }
 
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) {
     x->profile_next = 1;
@@ -773,6 +886,7 @@ void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *no
     if (round) *round = 0;
 }
 void k3c_decode_cuda_free(k3c_decode_cuda *x) { (void)x; }
+long k3c_decode_cuda_wide_steps(const k3c_decode_cuda *x) { (void)x; return 0; }
 void k3c_decode_cuda_profile_next(k3c_decode_cuda *x) { (void)x; }
 void k3c_decode_cuda_host_profile(const k3c_decode_cuda *x, double ms[2]) {
     (void)x;

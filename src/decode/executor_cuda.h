@@ -30,10 +30,31 @@
  * the engine's aux buffer (k3c_engine_aux) after each replayed step.
  * Verify steps run on scratch copies of the committed KDA state and save the fold inputs in the engine's
  * k3c_kda_slots store, so k3c_request_commit folds them exactly as after a stock verify.
+ * The wide route (the seed's run_wide; decode/plan.h K3C_ROUTE_WIDE): a uniform verify step whose row count
+ * is not a prepared batch (past 64, or 65 .. between the batches), up to wide_max = min(the engine's
+ * max_rows, K3C_WIDE_MAX) rows, runs the engine's stock forward (k3c_decode_env.fwd) with the KDA and MLA
+ * attention providers in place of its attention (stock/forward.h k3c_forward_step_attn): every layer's
+ * attention from the normed input to o_proj's output by the provider, on the stock forward's own x and A,
+ * everything else (embedding, AttnRes, norms, the dense MLP, the MoE, the final norm, the LM head, aux
+ * streams) the stock ops. Launched eagerly on the backend's stream (no graph: the stock parts are not
+ * capturable in general, and one graph per row count past 64 would be many), the step's metadata filled and
+ * uploaded once before its first layer. The attention buffers and the metadata hold max(64, wide_max) rows;
+ * the providers' launches are those of a captured step at that T, which equal the stock ops row for row (the
+ * same kernels, the same products at the same T), so a wide step is bitwise the stock one. TP1 only: at TP > 1
+ * wide_max is 0 (wide steps plan stock, K3C_STOCK_UNPREPARED_ROWS).
+ * DEP (k3c_decode_env.ep, the seed's build_dep): built for a DP rank whose MoE is expert-parallel (TP1
+ * attention on its own requests, the model its expert shard, env.fwd its stock DEP forward): no fully
+ * specialized step, no graphs, no feed-forward providers; every decode or uniform verify step up to wide_max
+ * rows takes the wide route (plan table wide_decode), its MoE the stock forward's EP exchange (moe_route,
+ * the all-to-alls, moe_experts, moe_combine), so the step's collectives are the stock DEP step's whichever
+ * route each rank takes (decode/plan.h); n = 0 through step is the stock dummy step. Prompt rows, mixed
+ * steps and an idle rank's dummy step plan stock and the engine runs them on the same forward.
  * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are
- * still their own launches before the AttnRes mix); wide verify steps (rows past 64, q > 1): the engine
- * runs them through the plain stock forward, not the stock loop with these providers. process_weights_after_loading has no derived
- * copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
+ * still their own launches before the AttnRes mix); the seed's wide MoE (moe.wide: the routed experts of a
+ * wide step as the persistent launch; a wide step's MoE is the stock one); the wide route at TP > 1. (The
+ * engine builds a DEP rank's executor for a DP + EP layout at tp 1 with one stage on device cuda, and runs each
+ * rank's own part of a step on it when that part plans wide: runtime/engine.c k3c_engine_dp_part.)
+ * process_weights_after_loading has no derived copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
  * Tensor parallelism: built for a TP rank (world_size > 1, the model that rank's shard) over the CUDA mailbox
  * (k3c_decode_env.tp, comm/mailbox_cuda.h: the one communicator its graphs can capture), the providers run on
@@ -93,6 +114,8 @@ void k3c_decode_cuda_counts(const k3c_decode_cuda *x, long *replays);
  * k3c_exec_mm_rowpar); norm, MoE tails' all-reduce + round + latent norm as one mailbox launch; round, other
  * rounded sums made by the one-shot's own launch (the shared expert's). NULL: not wanted. */
 void k3c_decode_cuda_tp_fusions(const k3c_decode_cuda *x, long *rowpar, long *norm, long *round);
+/* Wide steps run so far (the wide route, above). */
+long k3c_decode_cuda_wide_steps(const k3c_decode_cuda *x);
 void k3c_decode_cuda_free(k3c_decode_cuda *x);
 
 /* Op profile of the specialized path (a diagnostic; K3C_CUDA_PROFILE=1 when the executor is built, as for

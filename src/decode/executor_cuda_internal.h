@@ -84,6 +84,17 @@ struct k3c_decode_cuda {
     k3c_cuda_fanout tp_push;
     long fused_rowpar, fused_norm, fused_round;
     float *lm_part, *gather;
+    /* The wide route (executor_cuda.h; the seed's run_wide): the engine's stock forward run with the attention
+     * providers in place of its attention (stock/forward.h k3c_forward_attention, filled by wide_attn). arows:
+     * the rows the attention providers' buffers and the step metadata hold, max(PMAX, wide_rows), the stride
+     * of the per-layer metadata arrays (k3c_exec_segs, the verify copies); wide_rows: the wide route's cap
+     * (0: no wide route: TP > 1, or no stock forward in the env); dep: a DEP rank (env.ep), whose every
+     * decode and uniform verify step up to wide_rows is wide and which has no graphs and no feed-forward
+     * providers (its MoE is the stock EP exchange). */
+    int arows, wide_rows, dep;
+    int wide_q;       /* the wide step in progress: its q (wide_begin) */
+    long wide_steps;  /* wide steps run */
+    k3c_forward_attention wide_attn;
     cudaGraphExec_t graph[PMAX + 1][QMAX + 1];
     int num_captured;
     long replays;
@@ -187,9 +198,10 @@ void k3c_exec_group_add(k3c_decode_cuda *x, k3c_exec_group *g, const k3c_mat *W,
 /* K3C_EXEC_GROUP=0 (a diagnostic for A/B runs, read at capture) launches each product on its own instead. */
 int k3c_exec_group_run(k3c_decode_cuda *x, const k3c_exec_group *g, int T);
 
-/* The KDA segment descriptors of layer l in the device metadata (fill_meta writes them per step). */
+/* The KDA segment descriptors of layer l in the device metadata (fill_meta writes them per step; arows a
+ * layer). */
 static inline k3c_cuda_seg *k3c_exec_segs(k3c_decode_cuda *x, int l) {
-    return (k3c_cuda_seg *)(x->meta_d + x->off_segs) + (size_t)x->kda_ord[l] * PMAX;
+    return (k3c_cuda_seg *)(x->meta_d + x->off_segs) + (size_t)x->kda_ord[l] * x->arows;
 }
 
 #endif

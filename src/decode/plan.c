@@ -14,7 +14,8 @@ static k3c_plan stock(k3c_stock_reason reason, int rows, int q) {
 
 /* The predicates (k3c_stock_reason, numbered in plan.h) run cheapest first; the first that fails names
  * the reason. The uniformity check comes before the row-count check because q is needed to tell a wide
- * verify step (rows past the specialized cap, q > 1) from an unprepared decode step. */
+ * verify step (rows past the specialized cap, q > 1) from an unprepared decode step (which is wide only on
+ * a DEP rank, wide_decode). */
 k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {
     int rows = 0;
     for (int r = 0; r < s->num_requests; r++) rows += s->query_lens[r];
@@ -28,7 +29,7 @@ k3c_plan k3c_plan_step(const k3c_plan_table *t, const k3c_step_shape *s) {
         if (s->query_lens[r] != q) return stock(K3C_STOCK_MIXED_VERIFY, rows, 0);
     k3c_route route;
     if (is_prepared_batch(t, rows)) route = q == 1 ? K3C_ROUTE_DECODE : K3C_ROUTE_VERIFY;
-    else if (q > 1 && rows <= t->wide_max) route = K3C_ROUTE_WIDE;
+    else if ((q > 1 || t->wide_decode) && rows <= t->wide_max) route = K3C_ROUTE_WIDE;
     else return stock(K3C_STOCK_UNPREPARED_ROWS, rows, q);
     if (!t->kv_prepared) return stock(K3C_STOCK_KV_UNPREPARED, rows, q);
     /* Wide steps run the stock layer loop (with specialized attention cores): not one captured graph. */

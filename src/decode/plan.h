@@ -3,7 +3,16 @@
  * k3c_plan reads only step metadata that is identical on every tensor-parallel rank (row counts, query
  * lengths, prompt flags, the pipeline stage) and the executor's own build-time state, so every rank takes
  * the same path: the executor's mailboxes need that, or they deadlock. It never looks at token ids,
- * positions or cache contents. */
+ * positions or cache contents.
+ *
+ * DEP (data-parallel attention, expert-parallel MoE): each DP rank plans its own step, whose shape differs
+ * from its peers' (its own requests; an idle rank's dummy step plans stock, K3C_STOCK_EMPTY), so the EP
+ * group's ranks may take different routes in the same step. That is safe because both routes a DEP rank
+ * takes run the same stock layer loop: the wide route replaces only the attention, which is local at TP1 and
+ * makes no collective, so every rank makes the same EP calls in the same order either way (the row-count
+ * all-gather at the step's start, then per MoE layer the routing tables' all-gather and the two
+ * all-to-alls: stock/forward.c moe_ep), whatever route each took. The table is build-time state, the same on
+ * every rank (wide_decode, wide_max from the same options). */
 #ifndef K3C_DECODE_PLAN_H
 #define K3C_DECODE_PLAN_H
 
@@ -32,13 +41,17 @@ typedef struct k3c_plan_table {
      * every rank alike (both are build-time state, the same on all ranks). */
     int world_size;
     int tp_prepared;
+    /* DEP (decode/executor.h k3c_decode_env.ep): decode steps (q = 1) take the wide route too, up to wide_max
+     * rows (the seed's build_dep: no batches, every decode or uniform verify step wide). */
+    int wide_decode;
 } k3c_plan_table;
 
 typedef enum k3c_route {
     K3C_ROUTE_STOCK = 0,  /* run the stock forward */
     K3C_ROUTE_DECODE,     /* fully specialized, every request decodes one token */
     K3C_ROUTE_VERIFY,     /* fully specialized uniform verify: every request verifies q tokens */
-    K3C_ROUTE_WIDE,       /* uniform verify past the specialized cap: stock loop, specialized attention */
+    K3C_ROUTE_WIDE,       /* uniform verify past the specialized cap (DEP: every decode or uniform verify step):
+                           * the stock layer loop with the specialized TP1 attention, launched eagerly */
 } k3c_route;
 
 /* Why a step runs stock (or K3C_STOCK_NONE when it does not): one value per routing predicate. */

@@ -9,6 +9,9 @@
 #define K3C_PREPARED_MAX 64
 #define K3C_PREPARED_NUM_BATCHES 9
 #define K3C_PREPARED_Q_MAX 8
+/* The wide route's most rows (decode/executor_cuda.h: the attention providers' buffers and the step metadata
+ * hold max(PREPARED_MAX, this) rows; the nominal plan table's wide cap, decode/plan.c). */
+#define K3C_WIDE_MAX 256
 
 extern const int k3c_prepared_batches[K3C_PREPARED_NUM_BATCHES];
 

@@ -110,7 +110,7 @@ static void fill_env(k3c_engine *e, k3c_decode_env *env) {
                             .max_rows = e->o.max_rows, .max_context = e->o.max_context,
                             .block_size = e->o.block_size, .q_max = e->o.q_max,
                             .max_blocks_per_request = e->max_blocks_per_request, .aux_layers = e->aux_layers,
-                            .num_aux = e->o.num_aux};
+                            .num_aux = e->o.num_aux, .fwd = e->fwd}; /* fwd: the executor's wide route */
 }
 
 /* A TP rank's executor communicator: the TP group's mailbox, with slots for the executor's largest
@@ -145,17 +145,23 @@ static int build_executor(k3c_engine *e) {
                           e->o.exact_f32 ? ", exact_f32" : "");
     }
     const k3c_rank *rk = e->xr ? k3c_ranks_place(e->xr) : NULL;
-    if (rk && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
+    /* DEP (DP attention at TP1, EP MoE, one stage): a DP rank's executor over its EP group (decode/executor_cuda.h),
+     * each rank's own part of a step planned and run there (k3c_engine_dp_part) */
+    int dep = rk && rk->layout.dp > 1 && rk->layout.ep > 1 && rk->layout.tp == 1 && rk->layout.pp == 1;
+    if (rk && !dep && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
         if (mode == K3C_SPECIALIZED_AUTO) {
             if (rk->rank == 0)
-                k3c_log(K3C_LOG_INFO, "pp %d, dp %d: the specialized executor runs under tp only, every step runs the "
-                        "stock forward", rk->layout.pp, rk->layout.dp);
+                k3c_log(K3C_LOG_INFO, "pp %d, dp %d, ep %d, tp %d: the specialized executor runs under tp only or at "
+                        "DEP (tp 1, one stage), every step runs the stock forward", rk->layout.pp, rk->layout.dp,
+                        rk->layout.ep, rk->layout.tp);
             return K3C_OK;
         }
-        return k3c_errorf("the specialized executor runs under tp only (pp %d, dp %d)", rk->layout.pp, rk->layout.dp);
+        return k3c_errorf("the specialized executor runs under tp only, or at DEP with tp 1 and one stage (pp %d, dp "
+                          "%d, ep %d, tp %d)", rk->layout.pp, rk->layout.dp, rk->layout.ep, rk->layout.tp);
     }
     k3c_decode_env env;
     fill_env(e, &env);
+    if (dep) env.ep = rk->fwd_ep ? rk->fwd_ep : rk->ep_comm; /* the forward's EP group (device memory on CUDA) */
     if (rk && rk->layout.tp > 1) {
         K3C_TRY(executor_mailbox(e, &env.tp));
         if (!env.tp && mode == K3C_SPECIALIZED_ON)
@@ -743,7 +749,8 @@ void k3c_engine_logits_free(k3c_engine *e, float *logits) {
  * first time it is planned (that warms the kernels and their host-side caches up) and is captured the
  * second; a capture that fails leaves the shape on the stock path for good. */
 static k3c_plan step_plan(k3c_engine *e, int n) {
-    int with_x = e->x && e->spec_on;
+    /* a DEP executor plans each DP rank's own part (k3c_engine_dp_part), not the whole step */
+    int with_x = e->x && e->spec_on && !e->x->plan_table.wide_decode;
     const k3c_plan_table *t = with_x ? &e->x->plan_table : k3c_plan_nominal_table();
     k3c_step_shape sh = {.num_requests = n, .query_lens = e->ql, .has_prompt = e->hp};
     k3c_plan p = k3c_plan_step(t, &sh);
@@ -792,20 +799,23 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
     e->st.steps++;
     e->st.route_steps[p.route]++;
     if (p.route == K3C_ROUTE_STOCK) e->st.stock_reason_steps[p.reason]++;
-    /* wide steps are not specialized yet (decode/executor_cuda.h): stock; a step planned q > 1 whose items
-     * are not all verifies (or q = 1 with a verify) is not the executor's shape either */
-    int exec = e->x && e->spec_on && (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY);
+    /* a step planned q > 1 whose items are not all verifies (or q = 1 with a verify) is not the executor's
+     * shape; wide steps go to the executor on a single rank only (a TP rank's executor plans none: its
+     * wide_max is 0, decode/executor_cuda.h) */
+    int wide = p.route == K3C_ROUTE_WIDE;
+    int exec = e->x && e->spec_on && !e->x->plan_table.wide_decode &&
+               (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY || (wide && !e->xr));
     for (int i = 0; i < n && exec; i++) exec = (items[i].verify != 0) == (p.q > 1);
     if (exec && e->xr) { /* every rank's executor: rank 0 sends the step with its plan (logits on every rank, so
                           * the ranks' check can compare them; greedy ids taken from them here) */
         K3C_TRY(k3c_ranks_step(e->xr, &p, fr, e->nb, n, logits, e->aux));
         e->last_exec = 1;
         e->st.executor_steps++;
-    } else if (exec) {
-        K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids ? NULL : logits, ids, e->aux));
+    } else if (exec) { /* a wide step returns logits (the stock LM head): the greedy ids are taken from them */
+        K3C_TRY(e->x->step(e->x->ctx, &p, fr, n, ids && !wide ? NULL : logits, wide ? NULL : ids, e->aux));
         e->last_exec = 1;
         e->st.executor_steps++;
-        if (ids) {
+        if (ids && !wide) {
             e->st.greedy_id_steps++;
             if (wrote_ids) *wrote_ids = 1;
         }
@@ -830,6 +840,25 @@ int k3c_engine_step_greedy(k3c_engine *e, const k3c_step_item *items, int n, int
         int rows = k3c_step_logits_rows(items, n), V = e->m->config.vocab_size;
         for (int r = 0; r < rows; r++) ids[r] = k3c_greedy_token(logits + (size_t)r * V, V);
     }
+    return K3C_OK;
+}
+
+int k3c_engine_dp_part(k3c_engine *e, const k3c_fwd_req *own, int n, float *logits, float *aux) {
+    const k3c_decode_executor *x = e->x && e->spec_on && e->x->plan_table.wide_decode ? e->x : NULL;
+    if (!x || n <= 0) return k3c_forward_step(e->fwd, &e->kv, &e->ks, own, n, logits, aux); /* n = 0: the dummy step */
+    int ql[n];
+    uint8_t hp[n];
+    for (int i = 0; i < n; i++) { /* the engine's inference (k3c_engine_run_step): prompt rows unless ... */
+        ql[i] = own[i].n;
+        hp[i] = !own[i].verify && (own[i].n > 1 || own[i].pos == 0);
+    }
+    k3c_step_shape sh = {.num_requests = n, .query_lens = ql, .has_prompt = hp};
+    k3c_plan p = k3c_plan_step(&x->plan_table, &sh);
+    int wide = p.route == K3C_ROUTE_WIDE;
+    for (int i = 0; i < n && wide; i++) wide = (own[i].verify != 0) == (p.q > 1);
+    if (!wide) return k3c_forward_step(e->fwd, &e->kv, &e->ks, own, n, logits, aux);
+    K3C_TRY(x->step(x->ctx, &p, own, n, logits, NULL, aux));
+    e->st.executor_steps++; /* this rank's own parts (each rank counts its own) */
     return K3C_OK;
 }
 

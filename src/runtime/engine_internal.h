@@ -47,6 +47,12 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
  * ran it. */
 k3c_plan k3c_engine_last_plan(const k3c_engine *e);
 int k3c_engine_last_step_executor(const k3c_engine *e);
+/* A DP rank's own part of a step (runtime/engine_ranks.c; own: its requests, n = 0 its dummy step). With a
+ * DEP executor (plan table wide_decode: decode/executor_cuda.h) the part is planned on the executor's table
+ * and run there when it plans K3C_ROUTE_WIDE, else (and without one) by the stock forward. The DP ranks of a
+ * step may so take different routes: both run the stock layer loop and make the same EP collectives in the same
+ * order (decode/plan.h), and a dummy step is always the stock one. */
+int k3c_engine_dp_part(k3c_engine *e, const k3c_fwd_req *own, int n, float *logits, float *aux);
 /* Routes the engine's specialized steps to x instead of its own executor (NULL: none); x must outlive the
  * engine or be detached, and is not freed by it (the engine's own executor stays built, unused, until the
  * engine is freed). For tests of the routing with a fake executor on the CPU. */

@@ -357,7 +357,8 @@ static int run_step(k3c_engine_ranks *x, const k3c_engine_view *v, const k3c_fwd
     }
     K3C_TRY(fault(x));
     /* nown = 0: nothing, or with ep the dummy step that serves this rank's experts to the others */
-    K3C_TRY(k3c_forward_step(v->fwd, v->kv, v->ks, own, nown, out, aux));
+    K3C_TRY(l->dp > 1 ? k3c_engine_dp_part(x->e, own, nown, out, aux) /* DEP: its executor, or stock */
+                      : k3c_forward_step(v->fwd, v->kv, v->ks, own, nown, out, aux));
     size_t row = (size_t)x->vocab * sizeof(float), rows = (size_t)k3c_forward_logit_rows(own, nown);
     /* the hand-off in host memory: the in-memory groups as they are (CPU ranks, and CUDA ranks in one process,
      * whose forward has staged groups of its own), through a device buffer over NCCL (k3c_rank_stage_rows) */

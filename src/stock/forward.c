@@ -881,7 +881,7 @@ static void aux_tap(k3c_forward *f, int L, const float *P, int T, int nrows) {
 }
 
 static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
-                float *logits, float *aux) {
+                float *logits, float *aux, const k3c_forward_attention *attn) {
     k3c_backend *be = f->be;
     const k3c_config *c = f->c;
     const k3c_weights *W = &f->m->weights;
@@ -942,6 +942,12 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
     if (nrows > 0 && !logits && last)
         return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
     int want_aux = aux && f->o.num_aux > 0;
+    if (attn && (f->tp || f->dcp))
+        return k3c_errorf("forward step: an attention override at %s (its attention sums across the group)",
+                          f->dcp ? "decode context parallel" : "tensor parallel");
+    if (attn && (!attn->run || !attn->begin)) return k3c_errorf("forward step: an attention override without its calls");
+    if (attn && T > 0 && attn->begin(attn->ctx, reqs, nreq, T) != K3C_OK)
+        return k3c_error_context("forward step: attention override: ");
 
     int attnres = c->attn_res_block_size > 0;
     int nb = blocks_before(c, f->l0), p_empty = 0;
@@ -980,8 +986,17 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
             }
         }
         be->rmsnorm(be, a_in, D, lw->input_norm, T, D, c->rms_norm_eps, f->x, D);
-        if (lw->kind == K3C_ATTN_KDA) kda_layer(f, l, ks, reqs, nreq, T);
-        else mla_layer(f, l, kv, nreq, T);
+        if (attn) { /* the override (forward.h): x -> A, o_proj included; a failure ends the step */
+            if (attn->run(attn->ctx, l, f->x, f->A, T) != K3C_OK) {
+                k3c_error_context("layer %d's attention override: ", l);
+                abort_groups(f);
+                break;
+            }
+        } else if (lw->kind == K3C_ATTN_KDA) {
+            kda_layer(f, l, ks, reqs, nreq, T);
+        } else {
+            mla_layer(f, l, kv, nreq, T);
+        }
         if (p_empty) be->copy(be, P, f->A, TD * sizeof(float));
         else be->add(be, P, f->A, TD, P);
         p_empty = 0;
@@ -1032,7 +1047,12 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
 
 int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
                      float *logits, float *aux) {
-    int rc = step(f, kv, ks, reqs, nreq, logits, aux);
+    return k3c_forward_step_attn(f, kv, ks, reqs, nreq, logits, aux, NULL);
+}
+
+int k3c_forward_step_attn(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                          float *logits, float *aux, const k3c_forward_attention *attn) {
+    int rc = step(f, kv, ks, reqs, nreq, logits, aux, attn);
     /* a DEP rank's requests are its own: a step it refuses (or a backend error before any collective) is
      * one its peers still wait in, so they are told (TP and PP ranks run the same requests and refuse alike) */
     if (rc != K3C_OK && f->ep && !f->failed) abort_groups(f);

@@ -106,6 +106,27 @@ void k3c_forward_free(k3c_forward *f);
 int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
                      float *logits, float *aux);
 
+/* An attention override for one step (the executor's wide route, decode/executor_cuda.h, fills it; stock/
+ * knows nothing of what runs inside). With it the step is the stock layer loop with every layer's attention
+ * (from the normed input x to the attention output A, its o_proj included) computed by run instead of the
+ * stock ops; everything else (embedding, AttnRes or the residual, norms, the dense MLP, the MoE: an EP rank's
+ * exchange included, the final norm, the LM head, aux streams) stays stock. begin runs once per step with
+ * rows (T > 0), after the requests were validated and before any layer, so that the override can lay out its
+ * metadata; a dummy step (a DEP rank's T = 0) calls neither, so its collectives are exactly the stock dummy
+ * step's. x and A are backend buffers [T, hidden] on the backend's stream (a device backend: run queues its
+ * launches on that stream, k3c_backend_cuda_stream). Attention is local at TP1, so the override adds no
+ * collective; a TP or DCP rank's attention sums across its group, and the step refuses the override there.
+ * A failed begin or run fails the step (a DEP rank's groups aborted, as for any failed step). */
+typedef struct k3c_forward_attention {
+    void *ctx;
+    int (*begin)(void *ctx, const k3c_fwd_req *reqs, int nreq, int T);
+    int (*run)(void *ctx, int layer, const float *x, float *A, int T);
+} k3c_forward_attention;
+
+/* k3c_forward_step with every layer's attention computed by attn (NULL: k3c_forward_step itself). */
+int k3c_forward_step_attn(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_fwd_req *reqs, int nreq,
+                          float *logits, float *aux, const k3c_forward_attention *attn);
+
 /* After a verify step of q tokens on `slot`, folds the first `accepted` (0 .. q) tokens into the slot's
  * committed KDA state and conv window in every KDA layer. (The MLA side needs nothing: the caller's
  * length moves by `accepted` and rows past it are overwritten later.) */

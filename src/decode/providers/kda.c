@@ -35,7 +35,7 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
     size_t P = (size_t)H * dk;
     if (s->q > 1) { /* verify: pre-conv rows to the slot's store (the kernels read the committed state and
                      * window in place and write neither back: read_only segments, fill_meta) */
-        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * PMAX * PRE_COPIES,
+        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_pre) + (size_t)k * x->arows * PRE_COPIES,
                                   s->b * PRE_COPIES, x->st));
         STAMP_BYTES(2.0 * 4 * T * PRE_COPIES * P); /* read + write */
     }
@@ -57,7 +57,7 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
      * fused kernel writes each of them once and never rewrites them, so copying after it is copying what the
      * stock path copies before its recurrence */
     if (s->q > 1) {
-        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * PMAX * POST_COPIES,
+        P_TRY("kda verify copies", k3c_cuda_copy_batch((k3c_cuda_copy *)(x->meta_d + x->off_post) + (size_t)k * x->arows * POST_COPIES,
                                   s->b * POST_COPIES, x->st));
         STAMP_BYTES(2.0 * 4 * T * (3 * P + H));
     }
