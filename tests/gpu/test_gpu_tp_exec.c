@@ -325,8 +325,13 @@ static int run_tp(k3c_model **sh, int tp, int mode, const int32_t *prompt, const
     for (int k = 0; k < tp; k++) mbx[k]->free(mbx[k]); /* before the backends' streams go */
     for (int k = 0; k < tp; k++) bes[k]->destroy(bes[k]);
     K3C_TRY(rc);
+    int first = -1;
     for (int k = 0; k < tp; k++)
-        if (runs[k].rc != K3C_OK) return k3c_errorf("tp %d: %s", tp, runs[k].err);
+        if (runs[k].rc != K3C_OK) {
+            if (first < 0) first = k;
+            else printf("INFO tp %d: also failed: %s\n", tp, runs[k].err); /* a peer's own reason, beside the first */
+        }
+    if (first >= 0) return k3c_errorf("tp %d: %s", tp, runs[first].err);
     return K3C_OK;
 }
 

@@ -481,7 +481,7 @@ static int drun_layout(const dfix *fx, k3c_model **sh, int exec, int same, drun 
     pthread_t th[2];
     for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, drun_thread, &r[k]);
     for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
-    k3c_comm_group_free(grp);
+    /* no k3c_comm_group_free: every rank joined, and the last to leave freed the group (comm/comm.h) */
     for (int k = 0; k < 2; k++)
         if (r[k].rc != K3C_OK) return k3c_errorf("%s DEP rank %d: %s", exec ? "executor" : "stock", k, r[k].err);
     return K3C_OK;
