@@ -10,11 +10,7 @@ __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int 
     int t = blockIdx.x, slot = slots[t];
     if (slot < 0) return;
     const float *src = lat + (size_t)t * Lat;
-    for (int i = threadIdx.x; i < Lat; i += blockDim.x) {
-        if (elem_bytes == 2) ((uint16_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_bf16(src[i]);
-        else if (elem_bytes == 1) ((uint8_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_e4m3(src[i]);
-        else ((float *)cache)[(size_t)slot * Lat + i] = src[i];
-    }
+    for (int i = threadIdx.x; i < Lat; i += blockDim.x) k3c_dev_cache_put(cache, elem_bytes, (size_t)slot * Lat + i, src[i]);
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_CACHE_WRITE);
 }
 
@@ -72,6 +68,15 @@ __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const flo
 #define AQ_J 8     /* absorb_q: rows per group (nope <= AQ_RG * AQ_J = 128) */
 #define AO_ROWS 16 /* absorb_o: W_UV rows (e) per block */
 #define AO_KC 64   /* absorb_o: 8-element chunks of a row, one per thread (kvl <= 512) */
+
+/* The output gate in absorb_o's store (k3c_cuda_mla_absorb_o_gated): the stored (rounded) value v times
+ * sigmoid(gate), then the rounding: mul_sigmoid_kernel's operations (cuda/elementwise.cu) on the value it
+ * would have read back, so the bits of the separate k3c_cuda_mul_sigmoid(o, gate, n, round, o). */
+__device__ __forceinline__ float absorb_o_gated(float v, const float *__restrict__ gate, size_t at, int round) {
+    if (!gate) return v;
+    float g = v * k3c_dev_sigmoid(gate[at]);
+    return round ? k3c_dev_bf16(k3c_dev_to_bf16(g)) : g;
+}
 
 /* Tokens per block: all T in one block column unless the heads x slices grid would leave the GPU under
  * about 4 blocks per SM, then split into multiples of ABS_TT (the bits do not depend on it). */
@@ -164,7 +169,7 @@ mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
  * partials of an output are summed in chunk order 0 .. 63 (each partial: its 8 elements in order). */
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm, int nope,
-                      int vh, int kvl, int round, float *__restrict__ o, int tpb) {
+                      int vh, int kvl, int round, const float *__restrict__ gate, float *__restrict__ o, int tpb) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O_V);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the o-projection) may start */
     __shared__ float red[AO_KC][AO_ROWS * ABS_TT + 1]; /* +1: the chunks' rows land on different banks */
@@ -221,7 +226,8 @@ mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
 #pragma unroll 16
             for (int kk = 1; kk < AO_KC; kk++) v += red[kk][tid];
             if (round) v = k3c_dev_bf16(k3c_dev_to_bf16(v));
-            if (e < vh) o[(size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e] = v;
+            const size_t at = (size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e;
+            if (e < vh) o[at] = absorb_o_gated(v, gate, at, round);
         }
     }
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O_V);
@@ -247,7 +253,7 @@ extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T
 
 /* One warp per (head, e) row of W_UV, lanes over kvl, ABS_TT tokens per pass. */
 __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm,
-                                    int nope, int vh, int kvl, int round, float *o) {
+                                    int nope, int vh, int kvl, int round, const float *__restrict__ gate, float *o) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O);
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= Hm * vh) return;
@@ -269,28 +275,34 @@ __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const flo
             float s = k3c_warp_sum(acc[j]);
             if (lane == 0 && j < nt) {
                 if (round) s = k3c_dev_bf16(k3c_dev_to_bf16(s));
-                o[(size_t)(t0 + j) * Hm * vh + row] = s;
+                const size_t at = (size_t)(t0 + j) * Hm * vh + row;
+                o[at] = absorb_o_gated(s, gate, at, round);
             }
         }
     }
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O);
 }
 
-extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
-                                     int kvl, int round_bf16, float *o, cudaStream_t stream) {
+extern "C" int k3c_cuda_mla_absorb_o_gated(const uint16_t *kv_b, const float *o_lat, const float *gate, int T, int Hm,
+                                           int nope, int vh, int kvl, int round_bf16, float *o, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (kvl % 8 == 0 && kvl <= 8 * AO_KC && ((uintptr_t)kv_b & 15) == 0 && ((uintptr_t)o_lat & 15) == 0) {
         dim3 g0(Hm, (vh + AO_ROWS - 1) / AO_ROWS);
         int tpb = absorb_tokens_per_block(T, Hm * (int)g0.y);
         mla_absorb_o_v_kernel<<<dim3(g0.x, g0.y, (T + tpb - 1) / tpb), ABS_THREADS, 0, stream>>>(
-            kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o, tpb);
+            kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, gate, o, tpb);
         K3C_CUDA_LAUNCHED("mla_absorb_o");
         return K3C_OK;
     }
     int rows = Hm * vh;
-    mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o);
+    mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, gate, o);
     K3C_CUDA_LAUNCHED("mla_absorb_o");
     return K3C_OK;
+}
+
+extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
+                                     int kvl, int round_bf16, float *o, cudaStream_t stream) {
+    return k3c_cuda_mla_absorb_o_gated(kv_b, o_lat, NULL, T, Hm, nope, vh, kvl, round_bf16, o, stream);
 }
 
 #define ATT_WARPS 8

@@ -26,6 +26,11 @@ int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, i
 /* o[t, h*vh + e] = sum_c W_UV[h][e][c] o_lat[t, h, c], W_UV[h] = kv_b rows h*(nope+vh) + nope .. + vh. */
 int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh, int kvl,
                           int round_bf16, float *o, cudaStream_t stream);
+/* The same with the output gate in the store (gate [T, Hm*vh], NULL: none): o = r(o' * sigmoid(gate)) with o'
+ * absorb_o's stored value and r the rounding when round_bf16, bitwise k3c_cuda_mla_absorb_o followed by
+ * k3c_cuda_mul_sigmoid(o, gate, T * Hm * vh, round_bf16, o) (the executor's step: one launch fewer a layer). */
+int k3c_cuda_mla_absorb_o_gated(const uint16_t *kv_b, const float *o_lat, const float *gate, int T, int Hm, int nope,
+                                int vh, int kvl, int round_bf16, float *o, cudaStream_t stream);
 
 /* Attention of T query rows: row t attends cache positions 0 .. lens[t]-1 (lens[t] >= 1) of the request whose
  * block table starts at tables + table_off[t] (position p in block tables[table_off[t] + p / block_size]).

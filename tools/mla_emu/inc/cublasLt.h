@@ -8,8 +8,11 @@ typedef int cublasStatus_t;
 typedef void *cublasLtHandle_t, *cublasLtMatmulDesc_t, *cublasLtMatrixLayout_t, *cublasLtMatmulPreference_t;
 typedef int cublasOperation_t;
 enum { CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUBLASLT_MATMUL_DESC_TRANSA,
-       CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES };
-struct cublasLtMatmulHeuristicResult_t { int algo; };
+       CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES };
+struct cublasLtMatmulAlgo_t { unsigned long long data[8]; }; /* 64 bytes, as the real one (gemm.cu keeps a copy) */
+struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
 /* one C-variadic function a name, so that cuda/cublaslt.h can take each one's type (decltype(&f)); the table
  * of loaded entry points is never there (k3c_cublaslt returns NULL: no handle is ever created) */
 #define EMU_LT(name) \
