@@ -218,10 +218,12 @@ TEST(gpu_kda_fused_small) {
  * KDA layer at one row) against the launches it replaces: the grouped up-projection (k3c_cuda_gemv_group
  * of f_b and, for a low-rank output gate, g_b at T = 1, round 1: the executor's "kda up-proj (group)") and
  * then the fused kernel reading f and z. cq, ck, cv, g, beta, y, the state and the window bitwise and
- * NaN-free (all poisoned before). rf: the low rank (f_b's / g_b's cols); gb: the output gate low-rank
+ * NaN-free (all poisoned before). up_round 0 (the products unrounded) as well as the executor's 1: with the
+ * products rounded to bf16 a different summation order would change f or z only near a rounding boundary
+ * (~1 value in 10^4), unrounded in nearly every value. rf: the low rank (f_b's / g_b's cols); gb: the output gate low-rank
  * (Kimi Linear) or full-rank (K3: z read, only f folded). Also where it does not fold: T = 2, a misaligned
  * rank, an oversized rank. */
-static void fused_up_case(k3c_rng *r, int H, int dk, int rf, int gb, int has_lb, int silu) {
+static void fused_up_case(k3c_rng *r, int H, int dk, int rf, int gb, int has_lb, int silu, int up_round) {
     const int dv = dk, W = 4, T = 1, Ck = H * dk, Cv = H * dv;
     const fcase c = {H, dk, dv, W, 1, 1, has_lb, silu, 1};
     size_t sf = (size_t)H * dk * dv, wf = (size_t)3 * (W - 1) * Ck;
@@ -259,10 +261,10 @@ static void fused_up_case(k3c_rng *r, int H, int dk, int rf, int gb, int has_lb,
              d_fb && d_gb && d_f && d_z;
     ok = frun_make(&A, &c, s0, w0, sf, wf, 0) == 0 && frun_make(&B, &c, s0, w0, sf, wf, 0) == 0 && ok;
     float eps = 1e-5f, lb = -5.0f;
-    k3c_cuda_kda_up up = {d_fb, d_fl, rf, gb ? d_gb : NULL, d_gl, rf, 1};
+    k3c_cuda_kda_up up = {d_fb, d_fl, rf, gb ? d_gb : NULL, d_gl, rf, up_round};
     int folds = ok && k3c_cuda_kda_up_folds(&up, 1, T, dk, dv);
     if (folds) { /* A: the grouped up-projection, then the fused kernel; B: the fused kernel with the fold */
-        k3c_cuda_gemv_seg sg[2] = {{d_fb, Ck, rf, d_fl, d_f, 1}, {d_gb, Cv, rf, d_gl, d_z, 1}};
+        k3c_cuda_gemv_seg sg[2] = {{d_fb, Ck, rf, d_fl, d_f, up_round}, {d_gb, Cv, rf, d_gl, d_z, up_round}};
         const float *zA = gb ? d_z : d_zin;
         ok = k3c_cuda_gemv_group(NULL, sg, gb ? 2 : 1, T, 0) == K3C_OK &&
              k3c_cuda_kda_decode_fused(A.segs, 1, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv, d_f, d_b, d_al,
@@ -315,8 +317,10 @@ static void fused_up_case(k3c_rng *r, int H, int dk, int rf, int gb, int has_lb,
  * config, an odd rank under one load batch (rf 40: 5 chunks a row) and the largest that folds (1024). */
 TEST(gpu_kda_fused_up) {
     k3c_rng r = rng_for("kda_fused_up");
-    fused_up_case(&r, 32, 128, 128, 1, 0, 1);
-    fused_up_case(&r, 96, 128, 128, 0, 1, 0);
-    fused_up_case(&r, 4, 32, 40, 1, 1, 1);
-    fused_up_case(&r, 3, 64, 1024, 1, 0, 0);
+    for (int round = 1; round >= 0; round--) {
+        fused_up_case(&r, 32, 128, 128, 1, 0, 1, round);
+        fused_up_case(&r, 96, 128, 128, 0, 1, 0, round);
+        fused_up_case(&r, 4, 32, 40, 1, 1, 1, round);
+        fused_up_case(&r, 3, 64, 1024, 1, 0, 0, round);
+    }
 }
