@@ -18,18 +18,21 @@ static unsigned grid_for(size_t n, int threads) {
  * on each other: a stamped profile (2026-11-30) had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
  * stamp's and the launch's). Same sums in the same order, so the same bits; longer rows take the loop. */
 #define NORM_EPT 8
-/* The register path's end, shared by both norm kernels: the block's sum of squares, the scale, and
- * y[i] = v[i] * r * w[i] for the thread's elements i = t, t + B, ... (rmsnorm_kernel's operations). */
+/* The register path's end, shared by the norm kernels: the block's sum of squares, the scale, and
+ * y[i] = v[i] * r * w[i] for the thread's elements i = t, t + B, ... (rmsnorm_kernel's operations); kept
+ * (non-NULL): the stored values also there, by element (the latent norm's cache store). */
 __device__ __forceinline__ void norm_regs_store(const float (&v)[NORM_EPT], const float (&w)[NORM_EPT], float ss,
-                                                float *red, int n, float eps, int round, float *yr) {
+                                                float *red, int n, float eps, int round, float *yr,
+                                                float *kept = NULL) {
     ss = k3c_block_sum(ss, red);
     const float r = rsqrtf(ss / n + eps);
 #pragma unroll
     for (int e = 0; e < NORM_EPT; e++) {
         const int i = threadIdx.x + e * blockDim.x;
         if (i < n) {
-            const float y = v[e] * r * w[e];
-            yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(y)) : y;
+            const float y = v[e] * r * w[e], ys = round ? k3c_dev_bf16(k3c_dev_to_bf16(y)) : y;
+            yr[i] = ys;
+            if (kept) kept[e] = ys;
         }
     }
 }
@@ -68,12 +71,13 @@ __device__ __forceinline__ void rmsnorm_row(const float *x, int xs, const float 
 #pragma unroll
         for (int e = 0; e < NORM_EPT; e++)
             if (threadIdx.x + e * B < n) ss = fmaf(xv[e], xv[e], ss);
-        norm_regs_store(xv, wv, ss, red, n, eps, round, yr);
-        if (CACHE && slot >= 0) /* the thread's own stores above, read back by itself: no barrier */
+        float kept[NORM_EPT];
+        norm_regs_store(xv, wv, ss, red, n, eps, round, yr, CACHE ? kept : NULL);
+        if (CACHE && slot >= 0) /* the values just stored */
 #pragma unroll
             for (int e = 0; e < NORM_EPT; e++) {
                 const int i = threadIdx.x + e * B;
-                if (i < n) k3c_dev_cache_put(nc.cache, nc.eb, cbase + i, yr[i]);
+                if (i < n) k3c_dev_cache_put(nc.cache, nc.eb, cbase + i, kept[e]);
             }
         return;
     }

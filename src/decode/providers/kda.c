@@ -51,7 +51,8 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
     int fused = k3c_cuda_kda_decode_fused_prefer(s->b, H, dk, dk);
     k3c_cuda_kda_up fold = {WPTR(w->f_b.w), x->klow, w->f_b.cols, w->g_proj.w ? NULL : WPTR(w->g_b.w), x->klow2,
                             w->g_b.cols, 1};
-    int folded = fused && k3c_cuda_kda_up_folds(&fold, s->b, T, dk, dk);
+    int folded = fused && w->f_b.rows == H * dk && (!fold.g_b || w->g_b.rows == H * dk) &&
+                 k3c_cuda_kda_up_folds(&fold, s->b, T, dk, dk);
     if (folded) {
         P_TRY("kda fused + up-proj", k3c_cuda_kda_decode_fused_up(
             &fold, k3c_exec_segs(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv),
