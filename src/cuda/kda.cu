@@ -678,6 +678,9 @@ __device__ __forceinline__ void kda_up_prefetch(const uint16_t *__restrict__ W, 
         if (r0 + i / lines < n) k3c_prefetch_l2(W + (row_base + (size_t)(r0 + i / lines)) * cols + (size_t)(i % lines) * 64);
 }
 
+/* FOLD: the up-projection prologue (k3c_cuda_kda_decode_fused_up); the kernel without it is compiled as
+ * before the prologue existed (its own instance). */
+template <bool FOLD>
 __global__ void __launch_bounds__(KDA_FMAXT)
 kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__restrict__ xq,
                         const float *__restrict__ xk, const float *__restrict__ xv, const float *__restrict__ tq,
@@ -703,7 +706,7 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
     float *f_st = red2 + parts * dv, *dtb_st = f_st + (size_t)ft * dk, *b_st = dtb_st + (size_t)ft * dk;
     float *z_st = b_st + ft, *nw_st = z_st + (size_t)ft * dv;
     const float alog = a_log[h]; /* issued here, used in A's gate loop */
-    const bool fold_f = up.f_b != NULL, fold_z = up.g_b != NULL; /* one token (kda.h): m = 1 below */
+    const bool fold_f = FOLD, fold_z = FOLD && up.g_b != NULL; /* one token (kda.h): m = 1 below */
     if (fold_f) { /* the up-projections into the pass's staging rows (see kda_up_rows) */
         if (fold_z) kda_up_prefetch(up.g_b, (size_t)h * dv, dv, up.g_cols, warp, lane);
         kda_up_rows(up.f_b, (size_t)h * dk, dk, up.f_cols, up.f_low + (size_t)sg.row0 * up.f_cols, up.round, f_st,
@@ -900,9 +903,14 @@ static int kda_decode_fused_launch(const k3c_cuda_kda_up *up, const k3c_cuda_seg
     size_t smem = kda_fused_smem_floats(dk, dv, ft) * sizeof(float);
     dim3 grid(H, nseg);
     k3c_cuda_kda_up none = {0};
-    kda_decode_fused_kernel<<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
-        segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
-        eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y, up ? *up : none);
+    if (up)
+        kda_decode_fused_kernel<true><<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
+            segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
+            eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y, *up);
+    else
+        kda_decode_fused_kernel<false><<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
+            segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
+            eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y, none);
     K3C_CUDA_LAUNCHED("kda_decode_fused");
     return K3C_OK;
 }
