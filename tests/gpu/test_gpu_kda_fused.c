@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/gemm.h"
 #include "cuda/kda.h"
 #include "gpu_util.h"
 #include "../test.h"
@@ -211,4 +212,115 @@ TEST(gpu_kda_fused_small) {
         {5, 32, 32, 4, 8, 1, 0, 1, 1},  {2, 256, 128, 4, 2, 3, 0, 0, 1}, /* (dk/32) dv = 1024: separate launches */
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) fused_case(&r, &cs[i]);
+}
+
+/* The fused kernel with the up-projections in its prologue (k3c_cuda_kda_decode_fused_up, the executor's
+ * KDA layer at one row) against the launches it replaces: the grouped up-projection (k3c_cuda_gemv_group
+ * of f_b and, for a low-rank output gate, g_b at T = 1, round 1: the executor's "kda up-proj (group)") and
+ * then the fused kernel reading f and z. cq, ck, cv, g, beta, y, the state and the window bitwise and
+ * NaN-free (all poisoned before). up_round 0 (the products unrounded) as well as the executor's 1: with the
+ * products rounded to bf16 a different summation order would change f or z only near a rounding boundary
+ * (~1 value in 10^4), unrounded in nearly every value. rf: the low rank (f_b's / g_b's cols); gb: the output gate low-rank
+ * (Kimi Linear) or full-rank (K3: z read, only f folded). Also where it does not fold: T = 2, a misaligned
+ * rank, an oversized rank. */
+static void fused_up_case(k3c_rng *r, int H, int dk, int rf, int gb, int has_lb, int silu, int up_round) {
+    const int dv = dk, W = 4, T = 1, Ck = H * dk, Cv = H * dv;
+    const fcase c = {H, dk, dv, W, 1, 1, has_lb, silu, 1};
+    size_t sf = (size_t)H * dk * dv, wf = (size_t)3 * (W - 1) * Ck;
+    float *xq = fmalloc(Ck), *xk = fmalloc(Ck), *xv = fmalloc(Cv), *b = fmalloc(H), *z = fmalloc(Cv);
+    float *tq = fmalloc((size_t)Ck * W), *tk = fmalloc((size_t)Ck * W), *tv = fmalloc((size_t)Cv * W);
+    float *alog = fmalloc(H), *dtb = fmalloc(Ck), *nw = fmalloc(dv), *s0 = fmalloc(sf), *w0 = fmalloc(wf);
+    float *fl = fmalloc(rf), *gl = fmalloc(rf);
+    uint16_t *fbw = malloc(sizeof(uint16_t) * (size_t)Ck * rf), *gbw = malloc(sizeof(uint16_t) * (size_t)Cv * rf);
+    fill_normal(r, xq, Ck, 1.0f), fill_normal(r, xk, Ck, 1.0f), fill_normal(r, xv, Cv, 1.0f);
+    fill_normal(r, b, H, 1.0f), fill_normal(r, z, Cv, 1.0f), fill_normal(r, fl, rf, 1.0f), fill_normal(r, gl, rf, 1.0f);
+    fill_normal(r, tq, (size_t)Ck * W, 0.5f), fill_normal(r, tk, (size_t)Ck * W, 0.5f);
+    fill_normal(r, tv, (size_t)Cv * W, 0.5f), fill_normal(r, s0, sf, 0.3f), fill_normal(r, w0, wf, 1.0f);
+    fill_bf16(r, fbw, (size_t)Ck * rf, 0.1f), fill_bf16(r, gbw, (size_t)Cv * rf, 0.1f);
+    for (int h = 0; h < H; h++)
+        alog[h] = has_lb ? 0.5f * (float)k3c_rng_normal(r) : (float)log(1.0 + 15.0 * k3c_rng_uniform(r));
+    for (int i = 0; i < Ck; i++) dtb[i] = (float)log(expm1(0.001 + 0.1 * k3c_rng_uniform(r)));
+    for (int e = 0; e < dv; e++) nw[e] = 1.0f + 0.3f * (float)k3c_rng_normal(r);
+    /* the in-projection's outputs are bf16 values (its stores round) */
+    for (int i = 0; i < Ck; i++) xq[i] = bf16_round(xq[i]), xk[i] = bf16_round(xk[i]);
+    for (int i = 0; i < Cv; i++) xv[i] = bf16_round(xv[i]), z[i] = bf16_round(z[i]);
+    for (int i = 0; i < rf; i++) fl[i] = bf16_round(fl[i]), gl[i] = bf16_round(gl[i]);
+    for (size_t j = 0; j < wf; j++) w0[j] = bf16_round(w0[j]);
+    float *d_xq = dev_upload(xq, (size_t)Ck * 4), *d_xk = dev_upload(xk, (size_t)Ck * 4);
+    float *d_xv = dev_upload(xv, (size_t)Cv * 4), *d_b = dev_upload(b, (size_t)H * 4);
+    float *d_zin = dev_upload(z, (size_t)Cv * 4), *d_fl = dev_upload(fl, (size_t)rf * 4);
+    float *d_gl = dev_upload(gl, (size_t)rf * 4);
+    float *d_tq = dev_upload(tq, (size_t)Ck * W * 4), *d_tk = dev_upload(tk, (size_t)Ck * W * 4);
+    float *d_tv = dev_upload(tv, (size_t)Cv * W * 4), *d_al = dev_upload(alog, (size_t)H * 4);
+    float *d_dt = dev_upload(dtb, (size_t)Ck * 4), *d_nw = dev_upload(nw, (size_t)dv * 4);
+    uint16_t *d_fb = dev_upload(fbw, sizeof(uint16_t) * (size_t)Ck * rf);
+    uint16_t *d_gb = dev_upload(gbw, sizeof(uint16_t) * (size_t)Cv * rf);
+    float *d_f = dev_poisoned((size_t)Ck * 4), *d_z = dev_poisoned((size_t)Cv * 4);
+    frun A, B;
+    int ok = d_xq && d_xk && d_xv && d_b && d_zin && d_fl && d_gl && d_tq && d_tk && d_tv && d_al && d_dt && d_nw &&
+             d_fb && d_gb && d_f && d_z;
+    ok = frun_make(&A, &c, s0, w0, sf, wf, 0) == 0 && frun_make(&B, &c, s0, w0, sf, wf, 0) == 0 && ok;
+    float eps = 1e-5f, lb = -5.0f;
+    k3c_cuda_kda_up up = {d_fb, d_fl, rf, gb ? d_gb : NULL, d_gl, rf, up_round};
+    int folds = ok && k3c_cuda_kda_up_folds(&up, 1, T, dk, dv);
+    if (folds) { /* A: the grouped up-projection, then the fused kernel; B: the fused kernel with the fold */
+        k3c_cuda_gemv_seg sg[2] = {{d_fb, Ck, rf, d_fl, d_f, up_round}, {d_gb, Cv, rf, d_gl, d_z, up_round}};
+        const float *zA = gb ? d_z : d_zin;
+        ok = k3c_cuda_gemv_group(NULL, sg, gb ? 2 : 1, T, 0) == K3C_OK &&
+             k3c_cuda_kda_decode_fused(A.segs, 1, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv, d_f, d_b, d_al,
+                                       d_dt, has_lb, lb, zA, d_nw, eps, silu, 1, A.cq, A.ck, A.cv, A.g, A.beta, NULL,
+                                       A.y, 0) == K3C_OK &&
+             k3c_cuda_kda_decode_fused_up(&up, B.segs, 1, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv, d_b,
+                                          d_al, d_dt, has_lb, lb, gb ? NULL : d_zin, d_nw, eps, silu, 1, B.cq, B.ck,
+                                          B.cv, B.g, B.beta, NULL, B.y, 0) == K3C_OK &&
+             cudaDeviceSynchronize() == cudaSuccess;
+        if (!ok) fprintf(stderr, "kda fused up case: %s / %s\n", k3c_error_message(),
+                         cudaGetErrorString(cudaGetLastError()));
+    }
+    static const char *names[] = {"cq", "ck", "cv", "g", "beta", "y", "state", "window", "f (reference)"};
+    long diff[9] = {0}, nan = 0, nanref = 0;
+    if (folds && ok) {
+        const float *a[8] = {A.cq, A.ck, A.cv, A.g, A.beta, A.y, A.state, A.window};
+        const float *pb[8] = {B.cq, B.ck, B.cv, B.g, B.beta, B.y, B.state, B.window};
+        size_t n[8] = {(size_t)Ck, (size_t)Ck, (size_t)Cv, (size_t)Ck, (size_t)H, (size_t)Cv, sf, wf};
+        for (int i = 0; i < 8; i++) diff[i] = diff_words(pb[i], a[i], n[i], &nan);
+        diff[8] = diff_words(d_f, d_f, (size_t)Ck, &nanref); /* the reference's f written everywhere */
+    }
+    /* where it does not fold: two rows, a rank not a multiple of 8, a rank past one load batch */
+    k3c_cuda_kda_up odd = up, wide = up;
+    odd.f_cols = 12;
+    wide.f_cols = 1032;
+    int refuse = !k3c_cuda_kda_up_folds(&up, 2, 2, dk, dv) && !k3c_cuda_kda_up_folds(&odd, 1, 1, dk, dv) &&
+                 !k3c_cuda_kda_up_folds(&wide, 1, 1, dk, dv) &&
+                 k3c_cuda_kda_decode_fused_up(&odd, B.segs, 1, T, H, dk, dv, W, d_xq, d_xk, d_xv, d_tq, d_tk, d_tv,
+                                              d_b, d_al, d_dt, has_lb, lb, d_zin, d_nw, eps, silu, 1, B.cq, B.ck,
+                                              B.cv, B.g, B.beta, NULL, B.y, 0) != K3C_OK;
+    cudaFree(d_xq), cudaFree(d_xk), cudaFree(d_xv), cudaFree(d_b), cudaFree(d_zin), cudaFree(d_fl), cudaFree(d_gl);
+    cudaFree(d_tq), cudaFree(d_tk), cudaFree(d_tv), cudaFree(d_al), cudaFree(d_dt), cudaFree(d_nw), cudaFree(d_fb);
+    cudaFree(d_gb), cudaFree(d_f), cudaFree(d_z);
+    frun_free(&A), frun_free(&B);
+    free(xq), free(xk), free(xv), free(b), free(z), free(tq), free(tk), free(tv), free(alog), free(dtb), free(nw);
+    free(s0), free(w0), free(fl), free(gl), free(fbw), free(gbw);
+
+    CHECKF(folds, "H %d dk %d rf %d: the up-projection does not fold at one row", H, dk, rf);
+    CHECKF(ok, "H %d dk %d rf %d gb %d: launch or copy failed", H, dk, rf, gb);
+    CHECKF(refuse, "H %d dk %d: the fold was taken (or not refused) at T 2 / rank 12 / rank 1032", H, dk);
+    if (!folds || !ok) return;
+    for (int i = 0; i < 8; i++)
+        CHECKF(diff[i] == 0, "H %d dk %d rf %d gb %d lb %d silu %d: fused + up-proj %s differs from the grouped "
+               "up-projection + fused kernel in %ld words", H, dk, rf, gb, has_lb, silu, names[i], diff[i]);
+    CHECKF(nan == 0 && nanref == 0, "H %d dk %d rf %d gb %d: %ld NaN words in the outputs, %ld in the reference f",
+           H, dk, rf, gb, nan, nanref);
+}
+
+/* Kimi Linear's KDA layer (H 32, a low-rank output gate) and K3's (H 96, full-rank: only f folded), a small
+ * config, an odd rank under one load batch (rf 40: 5 chunks a row) and the largest that folds (1024). */
+TEST(gpu_kda_fused_up) {
+    k3c_rng r = rng_for("kda_fused_up");
+    for (int round = 1; round >= 0; round--) {
+        fused_up_case(&r, 32, 128, 128, 1, 0, 1, round);
+        fused_up_case(&r, 96, 128, 128, 0, 1, 0, round);
+        fused_up_case(&r, 4, 32, 40, 1, 1, 1, round);
+        fused_up_case(&r, 3, 64, 1024, 1, 0, 0, round);
+    }
 }

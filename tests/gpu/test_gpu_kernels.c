@@ -1478,3 +1478,138 @@ TEST(gpu_mla) {
     mla_case(4, 128, 64, 128, 512, 2); /* K3's head dims */
     mla_case(1, 8, 0, 8, 32, 4);
 }
+
+/* The executor's MLA fusions against the launches they replace, bitwise, outputs poisoned first:
+ * k3c_cuda_rmsnorm_cache_write (the latent norm in place + the cache write) against k3c_cuda_rmsnorm then
+ * k3c_cuda_mla_cache_write (the normed rows and the cache bytes of every element size, a skipped slot, rows
+ * of T 1 / 3 / 9); k3c_cuda_mla_absorb_o_gated against k3c_cuda_mla_absorb_o then k3c_cuda_mul_sigmoid,
+ * through both absorb_o kernels (kvl 512: the 16-byte kernel; kvl 40: the warp-per-row one), round 1 and 0. */
+static long words_differ(const void *a, const void *b, size_t n) {
+    long d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp((const char *)a + 4 * i, (const char *)b + 4 * i, 4) != 0;
+    return d;
+}
+
+static void mla_norm_cache_case(k3c_rng *r, int T, int kvl, int rope, int eb) {
+    int Lat = kvl + rope, nslots = 16;
+    size_t nl = (size_t)T * Lat, nc = (size_t)nslots * Lat * eb;
+    float *lat = fmalloc(nl), *w = fmalloc(kvl), *a = fmalloc(nl), *b = fmalloc(nl);
+    unsigned char *ca = malloc(nc), *cb = malloc(nc), *c0 = malloc(nc);
+    int slots[9];
+    fill_normal(r, lat, nl, 1.0f), fill_normal(r, w, kvl, 0.3f);
+    for (size_t i = 0; i < nl; i++) lat[i] = bf16_round(lat[i]); /* the in-projection stores bf16 values */
+    for (int i = 0; i < kvl; i++) w[i] += 1.0f;
+    for (size_t i = 0; i < nc; i++) c0[i] = (unsigned char)k3c_rng_next(r);
+    for (int t = 0; t < T; t++) slots[t] = t == 1 ? -1 : (5 * t + 3) % nslots; /* row 1: no slot (skipped) */
+    float *dA = dev_upload(lat, nl * 4), *dB = dev_upload(lat, nl * 4), *dw = dev_upload(w, (size_t)kvl * 4);
+    void *dcA = dev_upload(c0, nc), *dcB = dev_upload(c0, nc);
+    int *ds = dev_upload(slots, sizeof(int) * (size_t)T);
+    CHECK(dA && dB && dw && dcA && dcB && ds && ca && cb);
+    float eps = 1e-6f;
+    CHECK_OK(k3c_cuda_rmsnorm(dA, Lat, dw, T, kvl, eps, 1, dA, Lat, 0));
+    CHECK_OK(k3c_cuda_mla_cache_write(dA, ds, T, Lat, eb, dcA, 0));
+    CHECK_OK(k3c_cuda_rmsnorm_cache_write(dB, Lat, dw, T, kvl, eps, 1, dB, Lat, ds, Lat, eb, dcB, 0));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(dev_download(a, dA, nl * 4) == 0 && dev_download(b, dB, nl * 4) == 0);
+    CHECK(dev_download(ca, dcA, nc) == 0 && dev_download(cb, dcB, nc) == 0);
+    long dl = words_differ(a, b, nl), dc = 0, nan = 0;
+    for (size_t i = 0; i < nc; i++) dc += ca[i] != cb[i];
+    for (size_t i = 0; i < nl; i++) nan += isnan(b[i]) != 0;
+    CHECKF(dl == 0 && dc == 0 && nan == 0, "T %d kvl %d rope %d eb %d: latent norm + cache write: %ld latent words, "
+           "%ld cache bytes differ from rmsnorm + cache write; %ld NaN", T, kvl, rope, eb, dl, dc, nan);
+    /* a misuse is refused with an error, not run: the norm out of place */
+    CHECK(k3c_cuda_rmsnorm_cache_write(dB, Lat, dw, T, kvl, eps, 1, dA, Lat, ds, Lat, eb, dcB, 0) != K3C_OK);
+    cudaFree(dA), cudaFree(dB), cudaFree(dw), cudaFree(dcA), cudaFree(dcB), cudaFree(ds);
+    free(lat), free(w), free(a), free(b), free(ca), free(cb), free(c0);
+}
+
+static void mla_gate_case(k3c_rng *r, int T, int Hm, int nope, int vh, int kvl, int round) {
+    size_t nkvb = (size_t)Hm * (nope + vh) * kvl, no = (size_t)T * Hm * vh, nlat = (size_t)T * Hm * kvl;
+    uint16_t *kvb = malloc(nkvb * 2);
+    float *olat = fmalloc(nlat), *g = fmalloc(no), *a = fmalloc(no), *b = fmalloc(no);
+    fill_bf16(r, kvb, nkvb, 0.1f), fill_normal(r, olat, nlat, 1.0f), fill_normal(r, g, no, 2.0f);
+    uint16_t *dkvb = dev_upload(kvb, nkvb * 2);
+    float *dol = dev_upload(olat, nlat * 4), *dg = dev_upload(g, no * 4);
+    float *dA = dev_poisoned(no * 4), *dB = dev_poisoned(no * 4);
+    CHECK(kvb && dkvb && dol && dg && dA && dB);
+    CHECK_OK(k3c_cuda_mla_absorb_o(dkvb, dol, T, Hm, nope, vh, kvl, round, dA, 0));
+    CHECK_OK(k3c_cuda_mul_sigmoid(dA, dg, no, round, dA, 0));
+    CHECK_OK(k3c_cuda_mla_absorb_o_gated(dkvb, dol, dg, T, Hm, nope, vh, kvl, round, dB, 0));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(dev_download(a, dA, no * 4) == 0 && dev_download(b, dB, no * 4) == 0);
+    long d = words_differ(a, b, no), nan = 0;
+    for (size_t i = 0; i < no; i++) nan += isnan(b[i]) != 0;
+    CHECKF(d == 0 && nan == 0, "T %d Hm %d vh %d kvl %d round %d: absorb_o + gate: %ld words differ from absorb_o + "
+           "mul_sigmoid; %ld NaN", T, Hm, vh, kvl, round, d, nan);
+    cudaFree(dkvb), cudaFree(dol), cudaFree(dg), cudaFree(dA), cudaFree(dB);
+    free(kvb), free(olat), free(g), free(a), free(b);
+}
+
+/* k3c_cuda_mla_attend_absorb_o (the split merge in absorb_o's prologue) against k3c_cuda_mla_attend (its merge
+ * launch) then k3c_cuda_mla_absorb_o_gated: rows of different lengths in one step (1 position: one split, o_lat
+ * from the attention; up to 300: up to 10 splits merged), with and without the gate, bf16 and f32 caches, T 1,
+ * 3 and 20 (the head-group attention from 16 rows), and a kvl the 16-byte absorb_o does not take (the merge
+ * launched as before). */
+static void mla_attend_absorb_case(k3c_rng *r, int T, int Hm, int kvl, int rope, int nope, int vh, int eb, int gated,
+                                   int round) {
+    const int Lat = kvl + rope, bs = 16, maxlen = 300, nbr = (maxlen + bs - 1) / bs;
+    size_t ncache = (size_t)T * nbr * bs * Lat, nq = (size_t)T * Hm * Lat, no = (size_t)T * Hm * vh;
+    size_t nkvb = (size_t)Hm * (nope + vh) * kvl;
+    int *lens = malloc(sizeof(int) * T), *toff = malloc(sizeof(int) * T), *tab = malloc(sizeof(int) * T * nbr);
+    static const int lens_l[] = {257, 1, 100, 33, 300, 64, 2, 31};
+    for (int t = 0; t < T; t++) {
+        lens[t] = lens_l[t % 8];
+        toff[t] = t * nbr;
+        for (int b = 0; b < nbr; b++) tab[t * nbr + b] = (T * nbr - 1 - (t * nbr + b) * 7 % (T * nbr)); /* scattered */
+    }
+    float *q = fmalloc(nq), *g = fmalloc(no), *a = fmalloc(no), *b = fmalloc(no), *cf = fmalloc(ncache);
+    uint16_t *kvb = malloc(nkvb * 2), *c16 = malloc(ncache * 2);
+    fill_normal(r, q, nq, 0.3f), fill_normal(r, g, no, 2.0f), fill_bf16(r, kvb, nkvb, 0.1f);
+    fill_normal(r, cf, ncache, 1.0f);
+    for (size_t i = 0; i < ncache; i++) c16[i] = f32_to_bf16(cf[i]);
+    void *dcache = eb == 2 ? dev_upload(c16, ncache * 2) : dev_upload(cf, ncache * 4);
+    float *dq = dev_upload(q, nq * 4), *dg = dev_upload(g, no * 4);
+    int *dlens = dev_upload(lens, sizeof(int) * T), *dtoff = dev_upload(toff, sizeof(int) * T);
+    int *dtab = dev_upload(tab, sizeof(int) * T * nbr);
+    uint16_t *dkvb = dev_upload(kvb, nkvb * 2);
+    size_t npart = k3c_cuda_mla_attend_split_floats(kvl);
+    float *dlA = dev_poisoned((size_t)T * Hm * kvl * 4), *dlB = dev_poisoned((size_t)T * Hm * kvl * 4);
+    float *dpA = dev_poisoned(npart * 4), *dpB = dev_poisoned(npart * 4);
+    float *dA = dev_poisoned(no * 4), *dB = dev_poisoned(no * 4);
+    CHECK(dcache && dq && dg && dlens && dtoff && dtab && dkvb && dlA && dlB && dpA && dpB && dA && dB);
+    float scale = 1.0f / sqrtf((float)(nope + rope));
+    const float *gate = gated ? dg : NULL;
+    CHECK_OK(k3c_cuda_mla_attend(dq, dtoff, dlens, dtab, bs, dcache, eb, T, Hm, kvl, rope, scale, dlA, dpA, npart, 0));
+    CHECK_OK(k3c_cuda_mla_absorb_o_gated(dkvb, dlA, gate, T, Hm, nope, vh, kvl, round, dA, 0));
+    CHECK_OK(k3c_cuda_mla_attend_absorb_o(dq, dtoff, dlens, dtab, bs, dcache, eb, T, Hm, kvl, rope, scale, dlB, dpB,
+                                          npart, dkvb, nope, vh, gate, round, dB, 0));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(dev_download(a, dA, no * 4) == 0 && dev_download(b, dB, no * 4) == 0);
+    long d = words_differ(a, b, no), nan = 0;
+    for (size_t i = 0; i < no; i++) nan += isnan(b[i]) != 0 || isnan(a[i]) != 0;
+    CHECKF(d == 0 && nan == 0, "T %d Hm %d kvl %d rope %d eb %d gate %d round %d: attend + absorb_o (merge in its "
+           "prologue): %ld words differ from attend + merge + absorb_o; %ld NaN", T, Hm, kvl, rope, eb, gated, round,
+           d, nan);
+    cudaFree(dcache), cudaFree(dq), cudaFree(dg), cudaFree(dlens), cudaFree(dtoff), cudaFree(dtab), cudaFree(dkvb);
+    cudaFree(dlA), cudaFree(dlB), cudaFree(dpA), cudaFree(dpB), cudaFree(dA), cudaFree(dB);
+    free(lens), free(toff), free(tab), free(q), free(g), free(a), free(b), free(cf), free(kvb), free(c16);
+}
+
+TEST(gpu_mla_fusions) {
+    k3c_rng r = rng_for("mla_fusions");
+    static const int eb[] = {1, 2, 4};
+    for (int e = 0; e < 3; e++) {
+        mla_norm_cache_case(&r, 1, 512, 64, eb[e]); /* K3 / Kimi Linear's latent, one row */
+        mla_norm_cache_case(&r, 3, 512, 64, eb[e]);
+        mla_norm_cache_case(&r, 9, 128, 32, eb[e]); /* kimi-linear-tiny's */
+    }
+    mla_norm_cache_case(&r, 2, 40, 0, 2); /* no rope part */
+    mla_gate_case(&r, 1, 4, 128, 128, 512, 1);
+    mla_gate_case(&r, 3, 2, 128, 128, 512, 1);
+    mla_gate_case(&r, 17, 3, 32, 32, 128, 0);
+    mla_gate_case(&r, 2, 2, 16, 24, 40, 1); /* kvl 40: the warp-per-row kernel */
+    mla_attend_absorb_case(&r, 1, 4, 512, 64, 128, 128, 2, 0, 1); /* K3 / Kimi Linear's latent, one row */
+    mla_attend_absorb_case(&r, 3, 2, 512, 64, 128, 128, 4, 1, 1);
+    mla_attend_absorb_case(&r, 20, 2, 128, 32, 32, 32, 2, 1, 0); /* the head-group attention */
+    mla_attend_absorb_case(&r, 3, 2, 36, 4, 16, 16, 2, 1, 1);    /* kvl 36: merge launched, warp-per-row absorb_o */
+}
