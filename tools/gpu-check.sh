@@ -84,7 +84,9 @@ if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
     # least loaded process. Seconds measured 2026-11-30 (H200, alone; four at once share the GPU and take up to 1.7x
     # longer each); the rest take a few seconds or less.
-    declare -A secs=([gpu_executor_tiny]=83 [gpu_executor_mini]=63 [gpu_aux_vs_cpu_mini]=31
+    declare -A secs=([gpu_executor_tiny]=121 [gpu_executor_mini]=81 [gpu_aux_vs_cpu_mini]=31
+        [gpu_engine_layouts_cli_generate]=85 [gpu_mailbox_ipc_processes]=35 [gpu_engine_layouts_bench]=27
+        [gpu_mailbox_graph_replay]=22 # these four and the two executor figures: beside four other processes (2026-12-02)
         [gpu_aux_executor_mini]=29 [gpu_executor_k3slice_4layers]=14 [gpu_moe_mxfp4]=12
         [gpu_executor_kimi_linear_tiny]=14 # 14 s beside three other processes (2026-11-30)
         [gpu_tp_k3slice_4layers]=90 # an estimate, not measured: ~10 GB synthesized at ~5 M elements/s a core
