@@ -23,6 +23,9 @@
 # LBENCH (1: run the load benchmark, build/bench_load: checkpoints written to $LOGDIR's disk and loaded into GPU memory), TESTS (space-separated test_gpu name filters;
 # default: all tests), TEST_PROCS (the whole suite in that many processes at once; default 4: on 2026-11-30
 # the same 46 tests passed with the longest process at 155 s, against 314 s for one process).
+# PART (all; suite: the test suite without the environment variants; variants: only those): the check of
+# record in two commands where one would pass a command's time limit (2026-12-02, from a fresh copy: the build
+# and the suite in 8 processes took about 300-340 s, then the variants one after another ~90 s each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -34,6 +37,7 @@ KBENCH=${KBENCH:-1}
 CBENCH=${CBENCH:-1}
 LBENCH=${LBENCH:-1}
 TEST_PROCS=${TEST_PROCS:-4}
+PART=${PART:-all}
 SAN_RUNS=${SAN_RUNS:-"memcheck:gpu_forward_tiny:120 racecheck:gpu_moe_bf16:90 racecheck:gpu_kda_recurrent:50 racecheck:gpu_synthetic_tiny:60"}
 mkdir -p "$LOGDIR"
 
@@ -79,7 +83,9 @@ fi
 echo "== GPU tests"
 : >"$LOGDIR/test_gpu.log"
 test_rc=0
-if [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
+if [ "$PART" = variants ]; then
+    echo "gpu-check: the suite skipped (PART=variants)"
+elif [ -z "${TESTS:-}" ] && [ "$TEST_PROCS" -gt 1 ]; then
     # The suite in TEST_PROCS processes at once on the one GPU (tests are independent; the largest model,
     # k3-slice-4L, takes 14 GB), each given whole tests by exact name (`=NAME`), the longest first to the
     # least loaded process. Seconds measured 2026-11-30 (H200, alone; four at once share the GPU and take up to 1.7x
@@ -137,35 +143,46 @@ fi
 # grouped kernel at every size), with the band's 32-, 16- and 8-column tiles at every size, so each kernel
 # and row split stays tested at the sizes the default gives another (cuda/moe.cu, cuda/moe_pair.cu; the
 # filter also runs gpu_moe_mxfp4_band_widths, which forces each width itself)
-if [ -z "${TESTS:-}" ]; then
-    for env in "K3C_MOE_PAIR_MX=1 K3C_MOE_MXP_WPR=2" "K3C_MOE_PAIR_MX=0 K3C_MOE_MXP_WPR=8" \
-        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0" "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=32" \
-        "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16" K3C_MOE_BAND_COLS=8; do
-        echo "== GPU tests with $env (gpu_moe_mxfp4)"
-        env $env timeout 120 "$BUILD/test_gpu" gpu_moe_mxfp4 2>&1 | tee -a "$LOGDIR/test_gpu.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
-    done
+variants=(
+    "K3C_MOE_PAIR_MX=1 K3C_MOE_MXP_WPR=2|gpu_moe_mxfp4|120" "K3C_MOE_PAIR_MX=0 K3C_MOE_MXP_WPR=8|gpu_moe_mxfp4|120"
+    "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_MX=0|gpu_moe_mxfp4|120" "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=32|gpu_moe_mxfp4|120"
+    "K3C_MOE_PAIR_MX=0 K3C_MOE_BAND_COLS=16|gpu_moe_mxfp4|120" "K3C_MOE_BAND_COLS=8|gpu_moe_mxfp4|120"
     # bf16 experts past 64 pairs on the grouped kernel and on the per-pair path up to 256 pairs (the default
     # takes the band kernels there), and rows split over 4 warps (the default: 2 for bf16 bands, 1 for MXFP4)
-    for env in K3C_MOE_BAND_BF16=0 K3C_MOE_PAIR_MAX=256 K3C_MOE_MXP_WPR=4 K3C_MOE_PAIR_OCC=0 K3C_MOE_PAIR_OCC=2; do
-        echo "== GPU tests with $env (gpu_moe_bf16)"
-        env $env timeout 120 "$BUILD/test_gpu" gpu_moe_bf16 2>&1 | tee -a "$LOGDIR/test_gpu.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
-    done
+    "K3C_MOE_BAND_BF16=0|gpu_moe_bf16|120" "K3C_MOE_PAIR_MAX=256|gpu_moe_bf16|120" "K3C_MOE_MXP_WPR=4|gpu_moe_bf16|120"
+    "K3C_MOE_PAIR_OCC=0|gpu_moe_bf16|120" "K3C_MOE_PAIR_OCC=2|gpu_moe_bf16|120"
     # the tensor-core GEMV (2-8 tokens) planned by plan_grid (K3C_GEMV_MMA_GRID=1, cuda/gemm.cu): other
-    # warps-per-row splits than the default's all-warps one
-    echo "== GPU tests with K3C_GEMV_MMA_GRID=1 (gpu_matmul_bf16, gpu_gemv_group)"
-    K3C_GEMV_MMA_GRID=1 timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
-    # and with its exactness vote once a step (K3C_GEMV_MMA_VOTE=step; the default votes once a run)
-    echo "== GPU tests with K3C_GEMV_MMA_VOTE=step (gpu_matmul_bf16, gpu_gemv_group)"
-    K3C_GEMV_MMA_VOTE=step timeout 120 "$BUILD/test_gpu" gpu_matmul_bf16 gpu_gemv_group 2>&1 | tee -a "$LOGDIR/test_gpu.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+    # warps-per-row splits than the default's all-warps one; and its exactness vote once a step
+    # (K3C_GEMV_MMA_VOTE=step; the default votes once a run)
+    "K3C_GEMV_MMA_GRID=1|gpu_matmul_bf16 gpu_gemv_group|120" "K3C_GEMV_MMA_VOTE=step|gpu_matmul_bf16 gpu_gemv_group|120"
     # the MLA attend by head groups at every row count (K3C_MLA_HG=1; by default from 16 rows, cuda/mla.cu),
     # on the kernel test and a whole forward
-    echo "== GPU tests with K3C_MLA_HG=1 (gpu_mla, gpu_forward_tiny)"
-    K3C_MLA_HG=1 timeout 180 "$BUILD/test_gpu" gpu_mla gpu_forward_tiny 2>&1 | tee -a "$LOGDIR/test_gpu.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || test_rc=1
+    "K3C_MLA_HG=1|gpu_mla gpu_forward_tiny|180")
+# The variants run TEST_PROCS at a time (each its own process and log, ~90 s for a gpu_moe_mxfp4 one on
+# 2026-12-02: one after another they took longer than the suite), appended to the log in this order.
+if [ -z "${TESTS:-}" ] && [ "$PART" != suite ]; then
+    echo "== GPU tests under ${#variants[@]} environment settings, $TEST_PROCS at a time"
+    vpids=()
+    running() {
+        local n=0 p
+        for p in "${vpids[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done
+        echo "$n"
+    }
+    for i in "${!variants[@]}"; do
+        IFS='|' read -r venv vtests vsec <<<"${variants[i]}"
+        while [ "$(running)" -ge "$TEST_PROCS" ]; do sleep 1; done
+        (env $venv timeout "$vsec" "$BUILD/test_gpu" $vtests >"$LOGDIR/variant.$i.log" 2>&1
+            echo $? >"$LOGDIR/variant.$i.rc") &
+        vpids+=($!)
+    done
+    for p in "${vpids[@]}"; do wait "$p"; done # only these: the sanitizers' job is waited for below
+    for i in "${!variants[@]}"; do
+        IFS='|' read -r venv vtests vsec <<<"${variants[i]}"
+        { echo "== GPU tests with $venv ($vtests)"; cat "$LOGDIR/variant.$i.log"; } >>"$LOGDIR/test_gpu.log"
+        r=$(cat "$LOGDIR/variant.$i.rc" 2>/dev/null || echo 1)
+        echo "gpu-check: with $venv ($vtests): exit $r, $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$LOGDIR/variant.$i.log" | tail -1)"
+        [ "$r" = 0 ] || test_rc=1
+    done
 fi
 
 san_rc=0
