@@ -778,6 +778,18 @@ static k3c_plan step_plan(k3c_engine *e, int n) {
     return p;
 }
 
+/* Without the caller's flags, a request's rows are prompt rows unless it verifies, or decodes one token after its
+ * first step. */
+static uint8_t infer_prompt(const k3c_fwd_req *r) { return !r->verify && (r->n > 1 || r->pos == 0); }
+
+/* Whether the requests are the executor's shape for a plan of q tokens each: all verifies when q > 1, none when
+ * q = 1. */
+static int verify_matches_q(const k3c_fwd_req *reqs, int n, int q) {
+    for (int i = 0; i < n; i++)
+        if ((reqs[i].verify != 0) != (q > 1)) return 0;
+    return 1;
+}
+
 int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const uint8_t *has_prompt,
                         float *logits, int32_t *ids, int *wrote_ids) {
     if (wrote_ids) *wrote_ids = 0;
@@ -788,10 +800,9 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
     K3C_TRY(leads(e, "engine step"));
     const k3c_fwd_req *fr;
     K3C_TRY(step_begin(e, items, n, &fr));
-    /* an item is prompt rows unless it verifies, or decodes one token after the request's first step */
     for (int i = 0; i < n; i++) {
         e->ql[i] = items[i].n;
-        e->hp[i] = has_prompt ? has_prompt[i] != 0 : !items[i].verify && (items[i].n > 1 || fr[i].pos == 0);
+        e->hp[i] = has_prompt ? has_prompt[i] != 0 : infer_prompt(&fr[i]);
     }
     k3c_plan p = step_plan(e, n);
     e->last_plan = p;
@@ -804,8 +815,8 @@ int k3c_engine_run_step(k3c_engine *e, const k3c_step_item *items, int n, const 
      * wide_max is 0, decode/executor_cuda.h) */
     int wide = p.route == K3C_ROUTE_WIDE;
     int exec = e->x && e->spec_on && !e->x->plan_table.wide_decode &&
-               (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY || (wide && !e->xr));
-    for (int i = 0; i < n && exec; i++) exec = (items[i].verify != 0) == (p.q > 1);
+               (p.route == K3C_ROUTE_DECODE || p.route == K3C_ROUTE_VERIFY || (wide && !e->xr)) &&
+               verify_matches_q(fr, n, p.q);
     if (exec && e->xr) { /* every rank's executor: rank 0 sends the step with its plan (logits on every rank, so
                           * the ranks' check can compare them; greedy ids taken from them here) */
         K3C_TRY(k3c_ranks_step(e->xr, &p, fr, e->nb, n, logits, e->aux));
@@ -848,15 +859,13 @@ int k3c_engine_dp_part(k3c_engine *e, const k3c_fwd_req *own, int n, float *logi
     if (!x || n <= 0) return k3c_forward_step(e->fwd, &e->kv, &e->ks, own, n, logits, aux); /* n = 0: the dummy step */
     int ql[n];
     uint8_t hp[n];
-    for (int i = 0; i < n; i++) { /* the engine's inference (k3c_engine_run_step): prompt rows unless ... */
+    for (int i = 0; i < n; i++) {
         ql[i] = own[i].n;
-        hp[i] = !own[i].verify && (own[i].n > 1 || own[i].pos == 0);
+        hp[i] = infer_prompt(&own[i]);
     }
     k3c_step_shape sh = {.num_requests = n, .query_lens = ql, .has_prompt = hp};
     k3c_plan p = k3c_plan_step(&x->plan_table, &sh);
-    int wide = p.route == K3C_ROUTE_WIDE;
-    for (int i = 0; i < n && wide; i++) wide = (own[i].verify != 0) == (p.q > 1);
-    if (!wide) return k3c_forward_step(e->fwd, &e->kv, &e->ks, own, n, logits, aux);
+    if (p.route != K3C_ROUTE_WIDE || !verify_matches_q(own, n, p.q)) return k3c_forward_step(e->fwd, &e->kv, &e->ks, own, n, logits, aux);
     K3C_TRY(x->step(x->ctx, &p, own, n, logits, NULL, aux));
     e->st.executor_steps++; /* this rank's own parts (each rank counts its own) */
     return K3C_OK;
