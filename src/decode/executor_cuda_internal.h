@@ -177,10 +177,10 @@ int k3c_exec_tp_gather(k3c_decode_cuda *x, const float *src, float *dst, size_t 
  * pushed one-shot (the GEMV's epilogue writes the part into every peer's slot, then the mailbox's finish
  * sums and rounds), the same bits in one launch fewer; else the product, the all-reduce and the rounding. */
 int k3c_exec_mm_rowpar(k3c_decode_cuda *x, const char *op, const k3c_mat *W, const float *in, int T, float *y);
-/* Under TP: buf [T, n] = rmsnorm(bf16(the sum over the ranks of buf), w, eps) rounded to bf16 (stock's moe_tp:
- * the routed experts' sum, its rounding and the latent norm); one mailbox launch where the sum is a one-shot
- * and n a multiple of 4 (comm/mailbox_cuda.h k3c_comm_mailbox_reduce_rmsnorm_on: the same bits), else the
- * all-reduce, the rounding and the backend's rmsnorm. */
+/* buf [T, n] = rmsnorm(buf, w, eps) rounded to bf16, where under TP buf is first bf16(the sum over the ranks of
+ * buf) (stock's moe_tp: the routed experts' sum, its rounding and the latent norm); under TP one mailbox launch
+ * where the sum is a one-shot and n a multiple of 4 (comm/mailbox_cuda.h k3c_comm_mailbox_reduce_rmsnorm_on:
+ * the same bits), else the all-reduce, the rounding and the backend's rmsnorm (the norm alone without TP). */
 int k3c_exec_tp_sum_rmsnorm(k3c_decode_cuda *x, float *buf, int T, int n, const float *w, float eps);
 
 /* The packed projections of a provider: the products that read one step input, or

@@ -54,17 +54,14 @@ static int rec_moe(k3c_decode_cuda *x, int l, const k3c_moe_weights *w, const fl
     STAMP_BYTES(4.0 * T * K * (2.0 * Rin + 2.0 * Fm) + 4.0 * T * Rin);
     k3c_stamp_plan *sp = k3c_exec_stamp_plan(x);
     if (sp) k3c_stamp_plan_experts(sp, l, 3.0 * Fm * Rin * (mx ? 0.5 + 1.0 / 32 : 2.0));
-    /* under TP with the latent norm: the sum, its rounding and the norm as one mailbox launch where it can
+    /* the routed sum (under TP) and, with the latent norm, the norm: under TP one mailbox launch where it can
      * (k3c_exec_tp_sum_rmsnorm: the same bits) */
-    int tp_norm = x->tp && latent && c->latent_moe_use_norm;
-    if (tp_norm) L_TRY(k3c_exec_tp_sum_rmsnorm(x, x->r, T, Rin, WPTR(w->latent_norm), c->rms_norm_eps));
-    else L_TRY(k3c_exec_tp_sum(x, x->r, (size_t)T * Rin, 1));
+    if (latent && c->latent_moe_use_norm)
+        L_TRY(k3c_exec_tp_sum_rmsnorm(x, x->r, T, Rin, WPTR(w->latent_norm), c->rms_norm_eps));
+    else
+        L_TRY(k3c_exec_tp_sum(x, x->r, (size_t)T * Rin, 1));
     const float *routed = x->r;
     if (latent) {
-        if (c->latent_moe_use_norm && !tp_norm) {
-            P_TRY("moe latent norm", k3c_cuda_rmsnorm(x->r, Rin, WPTR(w->latent_norm), T, Rin, c->rms_norm_eps, 1, x->r, Rin, st));
-            STAMP_BYTES(4.0 * (2.0 * T + 1) * Rin);
-        }
         k3c_exec_group_add(x, &tail, &w->latent_up, x->r, x->rup, 1);
         routed = x->rup;
     }
