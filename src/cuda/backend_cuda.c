@@ -33,6 +33,7 @@
 #include "cuda/elementwise.h"
 #include "cuda/gemm.h"
 #include "cuda/kda.h"
+#include "cuda/kernel_limits.h"
 #include "cuda/mla.h"
 #include "cuda/mla_expanded.h"
 #include "cuda/moe.h"
@@ -1316,6 +1317,14 @@ k3c_backend *k3c_backend_cuda_create(int device) {
     if ((e = cudaSetDevice(device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         k3c_errorf_kind(K3C_CUDA_ERROR_KIND(e), "cuda backend: device %d: %s", device, cudaGetErrorString(e));
+        free(be);
+        free(x);
+        return NULL;
+    }
+    /* every kernel's shared memory limit, now: raised during a step, it can wait for a peer rank's copies
+     * queued behind a spinning collective (cuda/kernel_limits.h) */
+    if (k3c_cuda_kernels_prepare() != K3C_OK) {
+        cudaStreamDestroy(x->stream);
         free(be);
         free(x);
         return NULL;

@@ -1,4 +1,4 @@
-/* Device helpers shared by the k3c CUDA kernels, and one host helper for launch plans (included by .cu files
+/* Device helpers shared by the k3c CUDA kernels, and host helpers for launch plans and limits (included by .cu files
  * only). */
 #ifndef K3C_CUDA_COMMON_CUH
 #define K3C_CUDA_COMMON_CUH
@@ -193,6 +193,22 @@ static inline int k3c_cuda_sm_count(void) {
         count = n > 0 ? n : 132;
     }
     return count;
+}
+
+/* Host side, for cuda/kernel_limits.h's per-file parts: raises kernel fn's dynamic shared memory limit on
+ * the current device to `bytes` (0: no bound of its own, for kernels whose launch size follows the model's
+ * dims), at most what a block may opt in to beside fn's static shared memory (a launch asking more fails
+ * there, with the launcher's own message about the dims). */
+static inline cudaError_t k3c_cuda_smem_limit(const void *fn, size_t bytes) {
+    int dev = 0, optin = 0;
+    cudaFuncAttributes a;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, fn);
+    if (e != cudaSuccess) return e;
+    size_t avail = (size_t)optin > a.sharedSizeBytes ? (size_t)optin - a.sharedSizeBytes : 0;
+    if (!bytes || bytes > avail) bytes = avail;
+    return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 #endif

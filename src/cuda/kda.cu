@@ -7,6 +7,7 @@
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 #include "cuda/gemv_t1.cuh"
+#include "cuda/kernel_limits.h"
 
 __device__ __forceinline__ float maybe_round(float x, int round) {
     return round ? k3c_dev_bf16(k3c_dev_to_bf16(x)) : x;
@@ -546,12 +547,18 @@ static bool kda_chunk_fits(int dk, int dv) {
     return dk >= 32 && dk <= KDA_CMAXK && dk % 32 == 0 && dv >= KDA_CW && dv % KDA_CW == 0;
 }
 
+/* The chunked kernel's limit: its largest key dim's (kernel_limits.h). */
+extern "C" int k3c_cuda_kda_limits(void) {
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)kda_chunked_kernel, kda_chunk_smem(KDA_CMAXK)));
+    return K3C_OK;
+}
+
 static int kda_chunked_launch(const k3c_cuda_seg *segs, int nseg, k3c_cuda_seg one, const float *q, const float *k,
                               const float *v, const float *g, const float *beta, int H, int dk, int dv,
                               int round_bf16, float *o, cudaStream_t stream) {
     size_t smem = kda_chunk_smem(dk);
-    /* above 48 KB of dynamic shared memory needs the opt-in (per kernel, cheap to repeat) */
-    K3C_CUDA_TRY(cudaFuncSetAttribute(kda_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* above 48 KB of dynamic shared memory: the limit raised once per device (cuda/kernel_limits.h) */
+    K3C_TRY(k3c_cuda_kernels_prepare());
     dim3 grid(H, dv / KDA_CW, nseg);
     kda_chunked_kernel<<<grid, KDA_CT, smem, stream>>>(segs, one, q, k, v, g, beta, H, dk, dv, round_bf16, o);
     K3C_CUDA_LAUNCHED("kda_chunked");

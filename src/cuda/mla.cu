@@ -3,6 +3,7 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
+#include "cuda/kernel_limits.h"
 
 __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int *__restrict__ slots, int Lat,
                                        int elem_bytes, void *cache) {
@@ -847,6 +848,15 @@ mla_attend_hg_kernel(const float *__restrict__ q_abs, const int *__restrict__ ta
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ATTEND_HG);
 }
 
+/* The head-group kernels' limits: their tiles follow the latent width, so all a block may opt in to
+ * (kernel_limits.h). */
+extern "C" int k3c_cuda_mla_limits(void) {
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)mla_attend_hg_kernel<1>, 0));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)mla_attend_hg_kernel<2>, 0));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)mla_attend_hg_kernel<4>, 0));
+    return K3C_OK;
+}
+
 /* grid (T, Hm): o_lat[t, h] = sum_z acc_z e^(M_z - M) / sum_z L_z e^(M_z - M), M = max_z M_z, z in order over
  * the eff splits the row uses (attend_split_range; eff 1: the attention block wrote o_lat, nothing to do).
  * The factors e^(M_z - M) are computed once per split (shared). */
@@ -954,23 +964,17 @@ static int mla_attend(const float *q_abs, const int *table_off, const int *lens,
         size_t smem = attend_hg_smem(elem_bytes, G, Lat);
         dim3 grid(T, groups, splits);
         const unsigned char *c8 = (const unsigned char *)cache;
-        /* above 48 KB of dynamic shared memory needs the opt-in (per kernel, cheap to repeat) */
-        if (elem_bytes == 2) {
-            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem));
+        /* above 48 KB of dynamic shared memory: the limits raised once per device (cuda/kernel_limits.h) */
+        K3C_TRY(k3c_cuda_kernels_prepare());
+        if (elem_bytes == 2)
             mla_attend_hg_kernel<2><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
                                                                         Hm, G, kvl, rope, scale, o_lat, part);
-        } else if (elem_bytes == 1) {
-            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem));
+        else if (elem_bytes == 1)
             mla_attend_hg_kernel<1><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
                                                                         Hm, G, kvl, rope, scale, o_lat, part);
-        } else {
-            K3C_CUDA_TRY(cudaFuncSetAttribute(mla_attend_hg_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)smem));
+        else
             mla_attend_hg_kernel<4><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
                                                                         Hm, G, kvl, rope, scale, o_lat, part);
-        }
         K3C_CUDA_LAUNCHED("mla_attend_hg");
         if (splits > 1 && merge_splits) *merge_splits = splits;
         else if (splits > 1) {

@@ -6,6 +6,7 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
+#include "cuda/kernel_limits.h"
 
 /* ---- 1. gather ---- */
 
@@ -191,12 +192,20 @@ mla_exp_attend_kernel(const float *__restrict__ q, int n, int pos, int Hm, int n
     }
 }
 
+/* The attend kernels' limits: their tiles follow the head dims, so all a block may opt in to
+ * (kernel_limits.h). */
+extern "C" int k3c_cuda_mla_expanded_limits(void) {
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)mla_exp_attend_kernel<8>, 0));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)mla_exp_attend_kernel<16>, 0));
+    return K3C_OK;
+}
+
 template <int VC>
 static int attend_launch(const float *q, int n, int pos, int Hm, int nope, int rope, int vh, const float *kv,
                          const float *pe, int p0, int len, float scale, int round_kv, int first, int last, float *acc,
                          float *ml, int round_o, float *o, cudaStream_t stream) {
     size_t smem = attend_smem_bytes(nope + rope, vh);
-    K3C_CUDA_TRY(cudaFuncSetAttribute(mla_exp_attend_kernel<VC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    K3C_TRY(k3c_cuda_kernels_prepare()); /* above 48 KB: the limits raised once per device (cuda/kernel_limits.h) */
     dim3 grid((n + XQ - 1) / XQ, Hm);
     mla_exp_attend_kernel<VC><<<grid, XT, smem, stream>>>(q, n, pos, Hm, nope, rope, vh, kv, pe, p0, len, scale,
                                                           round_kv, first, last, acc, ml, round_o, o);

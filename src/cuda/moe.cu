@@ -2,6 +2,7 @@
 #include "cuda/moe.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include <cuda_fp16.h>
@@ -10,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/elementwise.h"
 #include "cuda/gemv_t1.cuh"
+#include "cuda/kernel_limits.h"
 #include "cuda/moe_pair.h"
 #include "cuda/mxfp4.cuh"
 
@@ -475,27 +477,47 @@ static moe_shape moe_plan(int bands, int leaders, int steps, int cap) {
     return best;
 }
 
-/* Resident blocks per SM of `kernel` at `smem` bytes of dynamic shared memory (a few sizes remembered per
- * kernel: the launch plan asks for the same ones every step). */
+/* Resident blocks per SM of `kernel` at `smem` bytes of dynamic shared memory (a few (kernel, size) pairs
+ * remembered: the launch plan asks for the same ones every step). The kernel is part of the key: the four
+ * instantiations share one signature, so one template instance serves them all. Under a lock: rank threads
+ * launch at once, and a torn entry would give a rank another launch plan than its peers. */
 template <typename K>
 static int moe_blocks_per_sm(K kernel, size_t smem) {
-    static size_t sizes[8];
-    static int blocks[8], n;
-    for (int i = 0; i < n; i++)
-        if (sizes[i] == smem) return blocks[i];
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static const void *fns[16];
+    static size_t sizes[16];
+    static int blocks[16], n;
+    pthread_mutex_lock(&lock);
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1) b = 1;
-    int i = n < 8 ? n++ : 7;
-    sizes[i] = smem;
-    blocks[i] = b;
+    for (int i = 0; i < n && !b; i++)
+        if (fns[i] == (const void *)kernel && sizes[i] == smem) b = blocks[i];
+    if (!b) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, MOE_WARPS * 32, smem) != cudaSuccess || b < 1)
+            b = 1;
+        if (n < 16) fns[n] = (const void *)kernel, sizes[n] = smem, blocks[n] = b, n++;
+    }
+    pthread_mutex_unlock(&lock);
     return b;
+}
+
+/* Dynamic shared memory a block may take beside the static split-k sums. */
+static constexpr size_t moe_smem_max(bool up) {
+    return 227 * 1024 - (size_t)MOE_WARPS * (up ? 2 : 1) * 4 * 32 * sizeof(float) - 64;
+}
+
+/* The grouped kernels' limits, the four moe_launch instantiates (kernel_limits.h). */
+extern "C" int k3c_cuda_moe_limits(void) {
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)moe_mma_kernel<true, true, 5>, moe_smem_max(true)));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)moe_mma_kernel<false, true, 5>, moe_smem_max(true)));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)moe_mma_kernel<true, false, 6>, moe_smem_max(false)));
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)moe_mma_kernel<false, false, 6>, moe_smem_max(false)));
+    return K3C_OK;
 }
 
 template <bool MX, bool UP, int S>
 static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, int R, const float *x, int x_by_token,
                       const int *idx, int npairs, int k, int tokens, k3c_cuda_act act, int round, float *out,
                       cudaStream_t s) {
-    static int smem_attr;
     auto kernel = moe_mma_kernel<MX, UP, S>;
     constexpr size_t ring = (size_t)MOE_WARPS * S * moe_stage<UP ? 2 : 1>::bytes;
     /* plist window: every pair when they are few, else 2048 per window (8 KB); a multiple of 4 so the plane
@@ -516,12 +538,10 @@ static int moe_launch(const k3c_cuda_expert *experts, int num_experts, int K, in
     }
     if (bcols_cap > 0 && bcols > bcols_cap) bcols = bcols_cap;
     /* dynamic shared memory beside the static split-k sums */
-    const size_t smem_max = 227 * 1024 - (size_t)MOE_WARPS * (UP ? 2 : 1) * 4 * 32 * sizeof(float) - 64;
-    /* the kernel may use up to smem_max (once: the occupancy queries below and the launch ask for less) */
-    if (!smem_attr) {
-        K3C_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_max));
-        smem_attr = 1;
-    }
+    const size_t smem_max = moe_smem_max(UP);
+    /* the kernel may use up to smem_max (raised once per device, k3c_cuda_moe_limits: the occupancy queries
+     * below and the launch ask for less) */
+    K3C_TRY(k3c_cuda_kernels_prepare());
     while (bcols > 1 && (size_t)plist_cap * sizeof(int) + moe_plane_bytes(MX, steps, bcols) + ring > smem_max) bcols /= 2;
     /* Leaders = distinct experts of the step, unknown on the host: their expected count under uniform
      * routing, E (1 - (1 - k/E)^tokens) (k = slots per token). min(pairs, E) overstated it by half at

@@ -3,11 +3,13 @@
  * these and its grouped kernels. */
 #include "cuda/moe_pair.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
 #include "cuda/gemv_t1.cuh"
+#include "cuda/kernel_limits.h"
 #include "cuda/mma.cuh"
 #include "cuda/mxfp4.cuh"
 
@@ -872,28 +874,48 @@ extern "C" int k3c_cuda_moe_band_lists(const int *idx, int pairs, int num_expert
 }
 
 /* Resident blocks of a band kernel at `smem` bytes of plane (a few sizes occur: a model's In and F): found
- * once per size. The kernel's shared memory limit is raised once, to what its widest rows can ask. */
+ * once per size, under a lock (rank threads launch at once; a torn entry would give one rank another plan).
+ * The kernel's shared memory limit is raised once per device (k3c_cuda_moe_pair_limits). */
 template <bool MX, int U, int NC, int MINB, int STG>
 static int band_occupancy(size_t smem) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static size_t sizes[4];
-    static int occs[4], n, attr_set;
-    for (int i = 0; i < n; i++)
-        if (sizes[i] == smem) return occs[i];
-    if (!attr_set) {
-        const size_t widest = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
-        const size_t smem_max = widest < MXB_SMEM_MAX ? widest : MXB_SMEM_MAX;
-        if (cudaFuncSetAttribute(moe_band_kernel<MX, U, NC, MINB, STG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem_max) != cudaSuccess)
-            return 0;
-        attr_set = 1;
-    }
+    static int occs[4], n;
+    if (k3c_cuda_kernels_prepare() != K3C_OK) return 0;
+    pthread_mutex_lock(&lock);
     int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB, STG>, GEMV_WARPS * 32,
-                                                      smem) != cudaSuccess ||
-        occ < 1)
-        occ = 1;
-    if (n < 4) sizes[n] = smem, occs[n] = occ, n++;
+    for (int i = 0; i < n && !occ; i++)
+        if (sizes[i] == smem) occ = occs[i];
+    if (!occ) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_band_kernel<MX, U, NC, MINB, STG>,
+                                                          GEMV_WARPS * 32, smem) != cudaSuccess ||
+            occ < 1)
+            occ = 1;
+        if (n < 4) sizes[n] = smem, occs[n] = occ, n++;
+    }
+    pthread_mutex_unlock(&lock);
     return occ;
+}
+
+/* A band kernel's limit: what its widest rows can ask (kernel_limits.h). */
+template <bool MX, int U, int NC, int MINB, int STG>
+static int band_limit(void) {
+    const size_t widest = (size_t)MXB_MAX_CHUNKS * 4 * NC * sizeof(uint4) + MXB_PART_BYTES(NC);
+    K3C_CUDA_TRY(k3c_cuda_smem_limit((const void *)moe_band_kernel<MX, U, NC, MINB, STG>,
+                                     widest < MXB_SMEM_MAX ? widest : MXB_SMEM_MAX));
+    return K3C_OK;
+}
+
+/* Every band kernel k3c_cuda_moe_band instantiates (below). */
+extern "C" int k3c_cuda_moe_pair_limits(void) {
+    K3C_TRY((band_limit<false, 3, MXB_COLS, 2, 4>()));
+    K3C_TRY((band_limit<false, 3, MXB_COLS, 2, 2>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS, 2, 4>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS, 2, 2>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS_MAX, 1, 8>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS_WIDE, 1, 2>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS_WIDE, 1, 8>()));
+    return K3C_OK;
 }
 
 template <bool MX, int U, int NC, int MINB, int STG>
