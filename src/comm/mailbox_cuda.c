@@ -9,13 +9,29 @@
  * behind another's spinning one. So every rank's blocks are resident together, co-resident by construction,
  * and one launch for all ranks (a cooperative grid) is not needed: each rank keeps its own stream and its
  * own graph, as a rank on its own GPU does. Should a rank's kernel still not start (the device busy with
- * work that never ends), the spins end at the timeout: a failure, not a hang. */
+ * work that never ends), the spins end at the timeout: a failure, not a hang.
+ *
+ * That argument needs every rank's host thread to reach its launch. Some driver calls wait for the
+ * device's progress: a kernel's first launch under lazy module loading (hence EAGER, below), a download
+ * into pageable memory (cuda/check.h), a kernel's shared memory limit raised (cuda/kernel_limits.h), and
+ * whatever a library does on a shape's first use. Seen on the H200 (2026-12-02): with four TP ranks on one
+ * GPU beside other processes, a rank did not make the third all-reduce of its first prompt step in 60 s
+ * while its peers spun in theirs, in 2 of 4 runs; which call held it is not known (cuBLASLt's first use of
+ * the step's product shapes is the likely one: the same test with those shapes used before passes). Such a
+ * call waits for work queued behind a peer's spinning kernel, which waits for this rank's launch. So when
+ * the ranks are threads of this process on a shared device (options.threads), an eager call meets every
+ * rank's thread twice (the launch rendezvous, group_rendezvous): before its launch, so that every rank has
+ * issued all its work before the call (no spinning kernel waits for work a blocked thread has yet to
+ * issue), and after it, so that every rank's kernel is launched before any thread issues more (whatever
+ * blocks after that waits for kernels that all end). A captured call is recorded, not run, and a graph's
+ * replay issues no host calls between its kernels: neither meets. */
 #include "comm/mailbox_cuda.h"
 
 #include "util/error.h"
 
 #ifdef K3C_HAVE_CUDA
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +61,7 @@ typedef struct mbx_rank {
     int timeout_ms;
     int aborted;
     mbx_group *group; /* several ranks of this process; NULL for a rank of its own process */
+    int rendezvous;   /* eager calls meet the other ranks' threads (options.threads on a shared device) */
     char *own;        /* a process's own region and status (ipc), else the group's */
     k3c_mbx_status *own_status;
     char *opened[K3C_MBX_MAX_RANKS]; /* ipc: the peers' regions, opened */
@@ -53,6 +70,11 @@ typedef struct mbx_rank {
 struct mbx_group {
     int ranks, refs;
     pthread_mutex_t mu;
+    /* the launch rendezvous (the top): arrivals at the current meeting, meetings completed, and whether a
+     * rank gave up (every meeting then fails at once) */
+    pthread_cond_t met;
+    int arrived, dead;
+    unsigned long meetings;
     char *region[K3C_MBX_MAX_RANKS];
     k3c_mbx_status *status[K3C_MBX_MAX_RANKS];
     mbx_rank rank[K3C_MBX_MAX_RANKS];
@@ -62,7 +84,7 @@ struct mbx_group {
 
 typedef struct mbx_opts {
     size_t cap, two_shot_bytes;
-    int timeout_ms, blocks;
+    int timeout_ms, blocks, threads;
     uint32_t first_epoch;
 } mbx_opts;
 
@@ -73,6 +95,7 @@ static int opts_resolve(const k3c_comm_mailbox_options *o, int ranks, mbx_opts *
     r->timeout_ms = o->timeout_ms ? o->timeout_ms : MBX_DEFAULT_TIMEOUT_MS;
     r->first_epoch = o->first_epoch ? o->first_epoch : 1;
     r->blocks = o->blocks;
+    r->threads = o->threads != 0;
     /* vLLM's rule for a fully NVLink-connected host (parallel.md A1) until k3c's own x8 sweep replaces it */
     r->two_shot_bytes = o->two_shot_bytes ? o->two_shot_bytes
                         : ranks <= 2      ? SIZE_MAX
@@ -219,6 +242,12 @@ static int mbx_check(const mbx_rank *r) {
 static void mbx_abort_rank(mbx_rank *r) {
     if (r->aborted) return;
     r->aborted = 1;
+    if (r->group) {
+        pthread_mutex_lock(&r->group->mu);
+        r->group->dead = 1;
+        pthread_cond_broadcast(&r->group->met);
+        pthread_mutex_unlock(&r->group->mu);
+    }
     int prev;
     if (dev_enter(r->device, &prev) != K3C_OK) return;
     cudaStream_t s;
@@ -228,6 +257,73 @@ static void mbx_abort_rank(mbx_rank *r) {
     }
     dev_leave(r->device, prev);
 }
+
+/* ---- the launch rendezvous (the top) ---- */
+
+/* Every rank's thread at the same meeting, or an error: within the timeout, and at once when a rank gave
+ * up. Meetings pair by count: every rank makes the same eager calls in the same order. */
+static int group_rendezvous(mbx_rank *r, const char *what, const char *when) {
+    mbx_group *g = r->group;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    long long ns = deadline.tv_nsec + (long long)r->timeout_ms * 1000000ll;
+    deadline.tv_sec += (time_t)(ns / 1000000000ll);
+    deadline.tv_nsec = (long)(ns % 1000000000ll);
+    pthread_mutex_lock(&g->mu);
+    unsigned long mine = g->meetings;
+    int arrived = 0, timed_out = 0;
+    if (!g->dead && ++g->arrived == g->ranks) {
+        g->arrived = 0;
+        g->meetings++;
+        pthread_cond_broadcast(&g->met);
+    } else {
+        while (!g->dead && g->meetings == mine && !timed_out)
+            timed_out = pthread_cond_timedwait(&g->met, &g->mu, &deadline) == ETIMEDOUT;
+        arrived = g->arrived;
+    }
+    int met = g->meetings != mine, dead = g->dead;
+    pthread_mutex_unlock(&g->mu);
+    if (met) return K3C_OK;
+    mbx_abort_rank(r);
+    if (dead && !timed_out)
+        return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: %s: a rank gave up on the group (its own "
+                               "error says why) before every rank's thread met %s the launch", r->comm.rank,
+                               r->comm.size, what, when);
+    return k3c_errorf_kind(K3C_ERROR_DEVICE, "mailbox rank %d of %d: %s: waited %d ms for the other ranks' threads "
+                           "to meet %s the launch (%d of %d there): a rank did not make the call",
+                           r->comm.rank, r->comm.size, what, r->timeout_ms, when, arrived, r->comm.size);
+}
+
+/* Whether this call meets the other ranks' threads: a rank that rendezvous and a stream not capturing. */
+static int meets(const mbx_rank *r, cudaStream_t stream) {
+    if (!r->rendezvous) return 0;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return cs == cudaStreamCaptureStatusNone;
+}
+
+/* A mailbox kernel's launch, `launch(args...)` returning K3C_OK or K3C_ERR, between the two meetings where
+ * the call meets (meets); a failed launch aborts the group, so the peers' second meeting fails at once. */
+#define MBX_LAUNCH(r, stream, what, call)                                                                           \
+    do {                                                                                                           \
+        int meet_ = meets((r), (stream));                                                                          \
+        if (meet_) K3C_TRY(group_rendezvous((r), (what), "before"));                                               \
+        int prev_;                                                                                                 \
+        int rc_ = dev_enter((r)->device, &prev_);                                                                  \
+        if (rc_ == K3C_OK) {                                                                                       \
+            rc_ = (call);                                                                                          \
+            dev_leave((r)->device, prev_);                                                                         \
+        }                                                                                                          \
+        if (rc_ != K3C_OK) {                                                                                       \
+            if (meet_) mbx_abort_rank(r);                                                                          \
+            return K3C_ERR;                                                                                        \
+        }                                                                                                          \
+        if (meet_) K3C_TRY(group_rendezvous((r), (what), "after"));                                                \
+        return K3C_OK;                                                                                             \
+    } while (0)
 
 /* ---- the collectives ---- */
 
@@ -242,11 +338,7 @@ static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo, 
                           r->comm.rank, r->comm.size, n, r->cap);
     }
     int two = algo == K3C_MAILBOX_TWO_SHOT || (algo == K3C_MAILBOX_AUTO && n * sizeof(float) >= r->two_shot_bytes);
-    int prev;
-    K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_all_reduce(&r->args, buf, n, two, stream);
-    dev_leave(r->device, prev);
-    return rc;
+    MBX_LAUNCH(r, stream, "all_reduce", k3c_mbx_all_reduce(&r->args, buf, n, two, stream));
 }
 
 static int mbx_all_reduce_f32(k3c_comm *c, float *buf, size_t n) {
@@ -267,11 +359,7 @@ static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, i
         return k3c_errorf("mailbox rank %d of %d: %s of %zu bytes, but the mailbox holds %zu (options.cap x 4)",
                           r->comm.rank, r->comm.size, what, bytes, r->cap * sizeof(float));
     }
-    int prev;
-    K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_exchange(&r->args, src, dst, bytes, root, stream);
-    dev_leave(r->device, prev);
-    return rc;
+    MBX_LAUNCH(r, stream, what, k3c_mbx_exchange(&r->args, src, dst, bytes, root, stream));
 }
 
 static int mbx_all_gather(k3c_comm *c, const void *src, void *dst, size_t bytes) {
@@ -332,6 +420,7 @@ static void group_destroy(mbx_group *g) {
     }
     cudaSetDevice(prev);
     pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->met);
     free(g);
 }
 
@@ -468,6 +557,7 @@ static int group_build(mbx_group *g, int ranks, const int *devices, void *const 
         rank_init(x, r, ranks, devices[r], (cudaStream_t)streams[r], o, &lay, g->status[r]);
         x->args.status = dstatus;
         x->group = g;
+        x->rendezvous = o->threads && max_share > 1; /* every rank of the group meets, or none */
         for (int p = 0; p < ranks; p++) x->args.region[p] = g->region[p];
     }
     return K3C_OK;
@@ -485,6 +575,7 @@ int k3c_comm_mailbox_create(int ranks, const int *devices, void *const *streams,
     g->ranks = ranks;
     for (int r = 0; r < ranks; r++) g->rank[r].device = devices[r];
     pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->met, NULL);
     int prev = 0;
     cudaError_t e = cudaGetDevice(&prev);
     int rc = e == cudaSuccess ? group_build(g, ranks, devices, streams, &opt)
@@ -697,11 +788,8 @@ int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void
                           "at most options.cap %zu floats)", c->rank, c->size, n, buf ? "" : "at NULL",
                           r->two_shot_bytes, r->cap);
     }
-    int prev;
-    K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_one_shot_round(&r->args, buf, n, stream ? (cudaStream_t)stream : r->stream);
-    dev_leave(r->device, prev);
-    return rc;
+    cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
+    MBX_LAUNCH(r, st, "rounded all-reduce", k3c_mbx_one_shot_round(&r->args, buf, n, st));
 }
 
 int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
@@ -713,11 +801,8 @@ int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, voi
         return k3c_errorf("mailbox rank %d of %d: finish of %zu floats %s (options.cap %zu)", c->rank, c->size, n,
                           buf ? "past the mailbox" : "at NULL", r->cap);
     }
-    int prev;
-    K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_finish(&r->args, buf, n, round, stream ? (cudaStream_t)stream : r->stream);
-    dev_leave(r->device, prev);
-    return rc;
+    cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
+    MBX_LAUNCH(r, st, "finish", k3c_mbx_finish(&r->args, buf, n, round, st));
 }
 
 int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n, const float *w, float eps,
@@ -731,11 +816,8 @@ int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n,
                           "of 4 floats, at most options.cap %zu in all, buffers not NULL)",
                           c->rank, c->size, rows, n, r->cap);
     }
-    int prev;
-    K3C_TRY(dev_enter(r->device, &prev));
-    int rc = k3c_mbx_reduce_rmsnorm(&r->args, buf, rows, n, w, eps, stream ? (cudaStream_t)stream : r->stream);
-    dev_leave(r->device, prev);
-    return rc;
+    cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
+    MBX_LAUNCH(r, st, "all-reduce + rmsnorm", k3c_mbx_reduce_rmsnorm(&r->args, buf, rows, n, w, eps, st));
 }
 
 int k3c_comm_is_mailbox(const k3c_comm *c) { return as_mailbox((k3c_comm *)c) != NULL; }

@@ -34,6 +34,11 @@ typedef struct k3c_comm_mailbox_options {
                               replaced by the x8 sweep); SIZE_MAX: never */
     int blocks;            /* blocks per rank of every kernel (1 .. 32); 0: 16, or fewer where co-residency
                               on a shared device needs it */
+    int threads;           /* k3c_comm_mailbox_create: 1 when each rank's calls come from a host thread of its
+                              own (the engine's and the TP tests' ranks). Where ranks then share a device, an
+                              eager call (its stream not capturing) meets the other ranks' threads before its
+                              launch and after it (the launch rendezvous, mailbox_cuda.c); 0: no rendezvous (one
+                              thread may issue every rank's calls in turn, as the mailbox tests do) */
 } k3c_comm_mailbox_options;
 
 typedef enum k3c_mailbox_algo {

@@ -1,10 +1,11 @@
 /* The kernels' shared memory limits, raised once per device before any step runs.
  *
  * A kernel that takes more than 48 KB of dynamic shared memory needs its limit raised
- * (cudaFuncSetAttribute) before it launches. That call is not free of the device's progress: the driver
- * makes it wait for the context's pending copies (seen: the call blocks until earlier host-device copies
- * on any stream end). With several ranks on one GPU, a rank whose stream holds a copy behind its spinning
- * mailbox kernel then waits for a peer that waits inside that call: both stop until the mailbox's timeout.
+ * (cudaFuncSetAttribute) before it launches. That call is not free of the device's progress: it has been
+ * reported to wait for the context's pending host-device copies (intel/llvm #16928). With several ranks on
+ * one GPU, a copy queued behind a rank's spinning mailbox kernel would then hold a peer inside that call,
+ * the peer the spinning kernel waits for (comm/mailbox_cuda.c, "the launch rendezvous", is the general
+ * answer; this takes k3c's own such calls out of the steps, and a step no longer pays for them).
  * So every limit is raised here, once per device, when the backend is made (k3c_backend_cuda_create); the
  * launchers call k3c_cuda_kernels_prepare too, which returns at once after the first time, so a kernel test
  * that launches without a backend still finds its limits set. */

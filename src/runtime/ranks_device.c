@@ -176,7 +176,8 @@ int k3c_rank_mailbox(k3c_rank *r, k3c_backend *be, size_t cap, k3c_comm **out, c
     mbx_hello me = {.device = k3c_backend_cuda_device(be), .stream = k3c_backend_cuda_stream(be)};
     host_name(me.host);
     mbx_hello all[8];
-    k3c_comm_mailbox_options mo = {.cap = cap, .timeout_ms = r->timeout_ms < 10000 ? r->timeout_ms : 10000};
+    k3c_comm_mailbox_options mo = {.cap = cap, .timeout_ms = r->timeout_ms < 10000 ? r->timeout_ms : 10000,
+                                   .threads = 1}; /* a thread a rank */
     if (r->group) {
         /* threads: the world's host group carries the pointers (one process), the TP group's first rank makes
          * every rank's communicator and hands them out */

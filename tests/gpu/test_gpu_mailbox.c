@@ -1299,11 +1299,14 @@ static void *mbt_thread_main(void *p) {
     return NULL;
 }
 
+/* rv 1: the ranks' threads declared (options.threads), so every eager call meets them all before and
+ * after its launch (the launch rendezvous, comm/mailbox_cuda.c); the results must be the same bits. */
 TEST(gpu_mailbox_threads) {
+    for (int rv = 0; rv < 2; rv++)
     for (int s = 1; s < 3; s++) {
         const int R = mbt_ranks[s];
         mbt t;
-        k3c_comm_mailbox_options o = {.cap = 4096, .timeout_ms = 5000};
+        k3c_comm_mailbox_options o = {.cap = 4096, .timeout_ms = 5000, .threads = rv};
         if (mbt_open(&t, R, NULL, 4096, &o) != 0) {
             mbt_close(&t);
             CHECK(0);
@@ -1322,11 +1325,75 @@ TEST(gpu_mailbox_threads) {
             bad += j[r].bad;
             if (j[r].rc) failed++, err = j[r].err;
         }
-        printf("  [%d ranks on %d threads, %d calls each with barriers: %d failed, %ld results differ]\n", R, R,
-               j[0].calls, failed, bad);
+        printf("  [%d ranks on %d threads%s, %d calls each with barriers: %d failed, %ld results differ]\n", R, R,
+               rv ? " (launch rendezvous)" : "", j[0].calls, failed, bad);
         mbt_close(&t);
         CHECKF(failed == 0, "%s", err);
         CHECK(bad == 0);
+    }
+}
+
+/* The launch rendezvous with a rank whose thread never makes the call: the other ranks' threads fail at
+ * the meeting before their launch, within the timeout, naming it; no kernel was launched, so their streams
+ * are idle; a later call fails at once. */
+typedef struct mbt_rv_job {
+    k3c_comm *c;
+    float *d;
+    int call, rc;
+    double secs;
+    char err[300];
+} mbt_rv_job;
+
+static void *mbt_rv_main(void *p) {
+    mbt_rv_job *j = p;
+    double t0 = mbt_now();
+    if (j->call) {
+        j->rc = k3c_comm_mailbox_all_reduce(j->c, j->d, 100, K3C_MAILBOX_ONE_SHOT);
+        snprintf(j->err, sizeof j->err, "%s", j->rc ? k3c_error_message() : "");
+    }
+    j->secs = mbt_now() - t0;
+    return NULL;
+}
+
+TEST(gpu_mailbox_rendezvous_missing) {
+    for (int s = 0; s < 3; s++) {
+        const int R = mbt_ranks[s], timeout_ms = 300;
+        mbt t;
+        k3c_comm_mailbox_options o = {.cap = 4096, .timeout_ms = timeout_ms, .threads = 1};
+        if (mbt_open(&t, R, NULL, 4096, &o) != 0) {
+            mbt_close(&t);
+            CHECK(0);
+        }
+        mbt_rv_job j[MBT_MAX];
+        pthread_t th[MBT_MAX];
+        for (int r = 0; r < R; r++) {
+            j[r] = (mbt_rv_job){t.c[r], t.d[r], r < R - 1, 0, 0, ""};
+            pthread_create(&th[r], NULL, mbt_rv_main, &j[r]);
+        }
+        int failed = 0, named = 0;
+        double worst = 0;
+        for (int r = 0; r < R; r++) {
+            pthread_join(th[r], NULL);
+            if (r == R - 1) continue;
+            failed += j[r].rc != K3C_OK;
+            named += strstr(j[r].err, "did not make the call") != NULL || strstr(j[r].err, "gave up") != NULL;
+            if (j[r].secs > worst) worst = j[r].secs;
+        }
+        int idle = mbt_sync(&t) == 0, launched = 0;
+        for (int r = 0; r < R - 1; r++) {
+            uint32_t e = 0;
+            if (k3c_comm_mailbox_epoch(t.c[r], &e) == K3C_OK && e != 1) launched++;
+        }
+        int later = k3c_comm_mailbox_all_reduce(t.c[0], t.d[0], 10, K3C_MAILBOX_ONE_SHOT) != K3C_OK;
+        printf("  [%d ranks, rank %d's thread never calls: %d of %d failed in at most %.3f s, %d naming why: %s]\n",
+               R, R - 1, failed, R - 1, worst, named, j[0].err);
+        mbt_close(&t);
+        CHECK(failed == R - 1);
+        CHECK(named == R - 1);
+        CHECK(idle);
+        CHECK(launched == 0);
+        CHECK(later);
+        CHECK(worst < timeout_ms / 1000.0 + 3.0);
     }
 }
 

@@ -600,7 +600,8 @@ static int run_tp_comm(const k3c_model *m, int tp, int cuda, int mailbox, int ex
             streams[k] = k3c_backend_cuda_stream(bes[k]);
         }
         /* slots for the logits gather (a rank's np x V / tp floats) and the hidden rows' sums */
-        k3c_comm_mailbox_options mo = {.cap = (size_t)np * V > ((size_t)1 << 20) ? (size_t)np * V : (size_t)1 << 20};
+        k3c_comm_mailbox_options mo = {.cap = (size_t)np * V > ((size_t)1 << 20) ? (size_t)np * V : (size_t)1 << 20,
+                                       .threads = 1};
         if (k3c_comm_mailbox_create(tp, devices, streams, &mo, mbx) != K3C_OK) {
             for (int k = 0; k < tp; k++) bes[k]->destroy(bes[k]);
             return K3C_ERR;

@@ -292,7 +292,7 @@ static int run_tp(k3c_model **sh, int tp, int mode, const int32_t *prompt, const
     if (Rin > w) w = Rin;
     if (Vl > w) w = Vl;
     size_t rows = NP > K3C_PREPARED_MAX ? NP : K3C_PREPARED_MAX;
-    k3c_comm_mailbox_options mo = {.cap = rows * w, .timeout_ms = MBX_TIMEOUT_MS};
+    k3c_comm_mailbox_options mo = {.cap = rows * w, .timeout_ms = MBX_TIMEOUT_MS, .threads = 1};
     k3c_comm_group *grp = NULL;
     int made = mode == RUN_STOCK_STAGED ? k3c_comm_group_create(tp, MBX_TIMEOUT_MS, &grp)
                                         : k3c_comm_mailbox_create(tp, devices, streams, &mo, mbx);

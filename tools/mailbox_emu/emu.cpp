@@ -254,6 +254,15 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m)
     s->capture = new CUgraph_st;
     return cudaSuccess;
 }
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status) {
+    if (!s) {
+        *status = cudaStreamCaptureStatusNone;
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> g(s->mu);
+    *status = s->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *gr) {
     std::lock_guard<std::mutex> g(s->mu);
     if (!s->capture) return cudaErrorInvalidValue;
