@@ -35,14 +35,6 @@ __device__ __forceinline__ float k3c_dev_e4m3(uint8_t c) {
     return __half2float(__half(h));
 }
 
-/* One latent element into an MLA cache of elem_bytes 2 (bf16), 1 (E4M3) or 4 (f32): cuda/mla.cu's cache write
- * and the executor's latent norm + cache write (cuda/elementwise.cu) store through this one function. */
-__device__ __forceinline__ void k3c_dev_cache_put(void *cache, int elem_bytes, size_t at, float v) {
-    if (elem_bytes == 2) ((uint16_t *)cache)[at] = k3c_dev_to_bf16(v);
-    else if (elem_bytes == 1) ((uint8_t *)cache)[at] = k3c_dev_to_e4m3(v);
-    else ((float *)cache)[at] = v;
-}
-
 /* Programmatic dependent launch (PDL). A kernel launched with the programmatic-serialization attribute
  * (k3c_pdl_enabled) may start while the kernel before it in the stream is still finishing, once every block
  * of that kernel has called k3c_pdl_trigger or exited; it must call k3c_pdl_wait before it reads anything an

@@ -18,48 +18,31 @@ static unsigned grid_for(size_t n, int threads) {
  * on each other: a stamped profile (2026-11-30) had a K3 rmsnorm at ~7 us a call in the replayed step, ~2.5 of them the
  * stamp's and the launch's). Same sums in the same order, so the same bits; longer rows take the loop. */
 #define NORM_EPT 8
-/* The register path's end, shared by the norm kernels: the block's sum of squares, the scale, and
- * y[i] = v[i] * r * w[i] for the thread's elements i = t, t + B, ... (rmsnorm_kernel's operations); kept
- * (non-NULL): the stored values also there, by element (the latent norm's cache store). */
+/* The register path's end, shared by both norm kernels: the block's sum of squares, the scale, and
+ * y[i] = v[i] * r * w[i] for the thread's elements i = t, t + B, ... (rmsnorm_kernel's operations). */
 __device__ __forceinline__ void norm_regs_store(const float (&v)[NORM_EPT], const float (&w)[NORM_EPT], float ss,
-                                                float *red, int n, float eps, int round, float *yr,
-                                                float *kept = NULL) {
+                                                float *red, int n, float eps, int round, float *yr) {
     ss = k3c_block_sum(ss, red);
     const float r = rsqrtf(ss / n + eps);
 #pragma unroll
     for (int e = 0; e < NORM_EPT; e++) {
         const int i = threadIdx.x + e * blockDim.x;
         if (i < n) {
-            const float y = v[e] * r * w[e], ys = round ? k3c_dev_bf16(k3c_dev_to_bf16(y)) : y;
-            yr[i] = ys;
-            if (kept) kept[e] = ys;
+            const float y = v[e] * r * w[e];
+            yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(y)) : y;
         }
     }
 }
 
-/* The MLA latent's cache store after its norm (k3c_cuda_rmsnorm_cache_write): row t's Lat elements into slot
- * slots[t] (none when < 0): the normed ones as stored, the rest of the row (the latent's rope part, not normed)
- * as read. k3c_dev_cache_put: cuda/mla.cu's cache write, element for element. */
-struct norm_cache {
-    const int *slots;
-    int Lat, eb;
-    void *cache;
-};
-
-/* rmsnorm_kernel and, with CACHE, the same row math followed by the store of every stored value into the
- * cache (the values the separate cache write would read back): the rmsnorm's bits, the cache write's bytes. */
-template <bool CACHE>
-__device__ __forceinline__ void rmsnorm_row(const float *x, int xs, const float *__restrict__ w, int n, float eps,
-                                            int round, float *y, int ys, const norm_cache &nc) {
+__global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
+                               float *y, int ys) {
+    K3C_STAMP_BLOCK_BEGIN(K3C_KID_RMSNORM);
+    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * xs;
     float *yr = y + (size_t)blockIdx.x * ys;
     float ss = 0.0f;
     const int B = blockDim.x;
-    const int slot = CACHE ? nc.slots[blockIdx.x] : -1;
-    const size_t cbase = CACHE ? (size_t)(slot < 0 ? 0 : slot) * nc.Lat : 0;
-    if (CACHE && slot >= 0) /* the row's elements past the norm's n: not normed, never written here */
-        for (int i = n + threadIdx.x; i < nc.Lat; i += B) k3c_dev_cache_put(nc.cache, nc.eb, cbase + i, xr[i]);
     if (n <= NORM_EPT * B) { /* the whole row in registers: every load issued before the sums (see above) */
         float xv[NORM_EPT], wv[NORM_EPT];
 #pragma unroll
@@ -71,14 +54,8 @@ __device__ __forceinline__ void rmsnorm_row(const float *x, int xs, const float 
 #pragma unroll
         for (int e = 0; e < NORM_EPT; e++)
             if (threadIdx.x + e * B < n) ss = fmaf(xv[e], xv[e], ss);
-        float kept[NORM_EPT];
-        norm_regs_store(xv, wv, ss, red, n, eps, round, yr, CACHE ? kept : NULL);
-        if (CACHE && slot >= 0) /* the values just stored */
-#pragma unroll
-            for (int e = 0; e < NORM_EPT; e++) {
-                const int i = threadIdx.x + e * B;
-                if (i < n) k3c_dev_cache_put(nc.cache, nc.eb, cbase + i, kept[e]);
-            }
+        norm_regs_store(xv, wv, ss, red, n, eps, round, yr);
+        K3C_STAMP_BLOCK_END(K3C_KID_RMSNORM);
         return;
     }
     for (int i = threadIdx.x; i < n; i += B) ss = fmaf(xr[i], xr[i], ss);
@@ -86,17 +63,8 @@ __device__ __forceinline__ void rmsnorm_row(const float *x, int xs, const float 
     float r = rsqrtf(ss / n + eps);
     for (int i = threadIdx.x; i < n; i += B) {
         float v = xr[i] * r * w[i];
-        v = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
-        yr[i] = v;
-        if (CACHE && slot >= 0) k3c_dev_cache_put(nc.cache, nc.eb, cbase + i, v);
+        yr[i] = round ? k3c_dev_bf16(k3c_dev_to_bf16(v)) : v;
     }
-}
-
-__global__ void rmsnorm_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
-                               float *y, int ys) {
-    K3C_STAMP_BLOCK_BEGIN(K3C_KID_RMSNORM);
-    k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel may start (common.cuh) */
-    rmsnorm_row<false>(x, xs, w, n, eps, round, y, ys, norm_cache{});
     K3C_STAMP_BLOCK_END(K3C_KID_RMSNORM);
 }
 
@@ -105,31 +73,6 @@ extern "C" int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, in
     if (T <= 0 || n <= 0) return T == 0 ? K3C_OK : k3c_errorf("k3c_cuda_rmsnorm: bad shape T %d n %d", T, n);
     rmsnorm_kernel<<<T, n >= 1024 ? 1024 : ((n + 31) / 32) * 32, 0, stream>>>(x, x_stride, w, n, eps, round_bf16, y, y_stride);
     K3C_CUDA_LAUNCHED("rmsnorm");
-    return K3C_OK;
-}
-
-/* The executor's MLA latent norm + cache write (elementwise.h): rmsnorm_kernel's block size and row math. */
-__global__ void rmsnorm_cache_kernel(const float *x, int xs, const float *__restrict__ w, int n, float eps, int round,
-                                     float *y, int ys, const norm_cache nc) {
-    K3C_STAMP_BLOCK_BEGIN(K3C_KID_RMSNORM_CACHE);
-    k3c_pdl_trigger(); /* as rmsnorm_kernel */
-    rmsnorm_row<true>(x, xs, w, n, eps, round, y, ys, nc);
-    K3C_STAMP_BLOCK_END(K3C_KID_RMSNORM_CACHE);
-}
-
-extern "C" int k3c_cuda_rmsnorm_cache_write(const float *x, int x_stride, const float *w, int T, int n, float eps,
-                                            int round_bf16, float *y, int y_stride, const int *slots, int Lat,
-                                            int elem_bytes, void *cache, cudaStream_t stream) {
-    if (T <= 0 || n <= 0)
-        return T == 0 ? K3C_OK : k3c_errorf("k3c_cuda_rmsnorm_cache_write: bad shape T %d n %d", T, n);
-    if (elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4)
-        return k3c_errorf("k3c_cuda_rmsnorm_cache_write: element size %d", elem_bytes);
-    if (Lat < n || x_stride < Lat || x != y || x_stride != y_stride)
-        return k3c_errorf("k3c_cuda_rmsnorm_cache_write: the latent norm runs in place over the first %d of %d "
-                          "elements a row (strides %d, %d)", n, Lat, x_stride, y_stride);
-    rmsnorm_cache_kernel<<<T, n >= 1024 ? 1024 : ((n + 31) / 32) * 32, 0, stream>>>(
-        x, x_stride, w, n, eps, round_bf16, y, y_stride, norm_cache{slots, Lat, elem_bytes, cache});
-    K3C_CUDA_LAUNCHED("rmsnorm_cache");
     return K3C_OK;
 }
 

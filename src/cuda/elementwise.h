@@ -20,15 +20,6 @@ extern "C" {
 int k3c_cuda_rmsnorm(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16, float *y,
                      int y_stride, cudaStream_t stream);
 
-/* The MLA latent's norm and cache write in one launch (the executor's step): k3c_cuda_rmsnorm(x, x_stride, w,
- * T, n, eps, round_bf16, y, y_stride) in place (y == x, the strides equal, >= Lat), then, as
- * k3c_cuda_mla_cache_write(x, slots, T, Lat, elem_bytes, cache) of the normed rows would: row t's Lat
- * elements (the n normed ones and the Lat - n after them as they are) into cache slot slots[t] (skipped when
- * negative). The norm's bits (rmsnorm_kernel's block size and row math) and the cache write's bytes. */
-int k3c_cuda_rmsnorm_cache_write(const float *x, int x_stride, const float *w, int T, int n, float eps, int round_bf16,
-                                 float *y, int y_stride, const int *slots, int Lat, int elem_bytes, void *cache,
-                                 cudaStream_t stream);
-
 /* The residual add and the rmsnorm after it, in one launch, for T contiguous rows of n: per element
  * v = a2 ? r(a1 + a2) : a1, then p = r(p + v) stored back (r: the bf16 rounding when round_bf16), then
  * y = rmsnorm(p) as k3c_cuda_rmsnorm(p, n, w, T, n, eps, round_bf16, y, n). Bitwise the same as those

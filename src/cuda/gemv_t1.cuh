@@ -58,30 +58,27 @@ __device__ __forceinline__ float t1_dot8(uint4 w, float4 a, float4 b, float s) {
     return s;
 }
 
-/* The dot products of R rows (wr, cols bf16 each; the GEMV's items take R = T1_RPW) with x (f32, read
- * through L1) over this warp's share of their k range (warp kw of the wpr warps of a row group), U 16-byte
- * chunks of each row per lane in flight, reduced over the group's warps in warp order through part (shared,
- * [GEMV_WARPS][R]; unused when wpr = 1). The sums land in acc in every lane of the group's first warp (kw ==
- * 0); live = 0: the warp has no rows (its sums are 0). With wpr > 1, every warp of the block calls it the
- * same number of times (it __syncthreads); with wpr = 1 it has no barrier. A row's sum does not depend on U
- * or R (lane l adds its chunks l, l + 32 wpr, ... in that order, then the butterfly), so a caller with more
- * rows in flight (the fused KDA kernel's up-projection prologue, cuda/kda.cu) gets the GEMV's bits. */
-template <typename T> struct t1_nondeduced { typedef T type; }; /* part may be passed as NULL */
-template <int U = T1_U, int R = T1_RPW>
-__device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[R], bool live, int cols,
-                                       const float *__restrict__ x, int wpr, float (&acc)[R],
-                                       typename t1_nondeduced<float (*)[R]>::type part) {
+/* The dot products of T1_RPW rows (wr, cols bf16 each) with x (f32, read through L1) over this warp's share
+ * of their k range (warp kw of the wpr warps of a row group), U 16-byte chunks of each row per lane in
+ * flight, reduced over the group's warps in warp order through part (shared, [GEMV_WARPS][T1_RPW]; unused
+ * when wpr = 1). The sums land in acc in every lane of the group's first warp (kw == 0); live = 0: the warp
+ * has no rows (its sums are 0). With wpr > 1, every warp of the block calls it the same number of times (it
+ * __syncthreads); with wpr = 1 it has no barrier. */
+template <int U = T1_U>
+__device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[T1_RPW], bool live, int cols,
+                                       const float *__restrict__ x, int wpr, float (&acc)[T1_RPW],
+                                       float (*part)[T1_RPW]) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = warp % wpr, chunks = cols >> 3;
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int r = 0; r < T1_RPW; r++) acc[r] = 0.0f;
     if (live) {
         for (int base = kw * 32 * U; base < chunks; base += wpr * 32 * U) {
-            uint4 wv[R][U];
+            uint4 wv[T1_RPW][U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int c = base + 32 * u + lane;
 #pragma unroll
-                for (int r = 0; r < R; r++)
+                for (int r = 0; r < T1_RPW; r++)
                     wv[r][u] = c < chunks ? k3c_ld_stream16(wr[r] + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
@@ -91,21 +88,21 @@ __device__ __forceinline__ void t1_dot(const uint16_t *const (&wr)[R], bool live
                     const float4 *xp = (const float4 *)(x + (size_t)c * 8);
                     float4 a = __ldg(xp), b = __ldg(xp + 1);
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r] = t1_dot8(wv[r][u], a, b, acc[r]);
+                    for (int r = 0; r < T1_RPW; r++) acc[r] = t1_dot8(wv[r][u], a, b, acc[r]);
                 }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = k3c_warp_sum(acc[r]);
+    for (int r = 0; r < T1_RPW; r++) acc[r] = k3c_warp_sum(acc[r]);
     if (wpr == 1) return;
     if (lane == 0)
 #pragma unroll
-        for (int r = 0; r < R; r++) part[warp][r] = acc[r];
+        for (int r = 0; r < T1_RPW; r++) part[warp][r] = acc[r];
     __syncthreads();
     if (kw == 0)
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < T1_RPW; r++) {
             float s = 0.0f;
             for (int j = 0; j < wpr; j++) s += part[warp + j][r];
             acc[r] = s;

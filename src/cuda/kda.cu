@@ -6,7 +6,6 @@
 
 #include "cuda/check.h"
 #include "cuda/common.cuh"
-#include "cuda/gemv_t1.cuh"
 #include "cuda/kernel_limits.h"
 
 __device__ __forceinline__ float maybe_round(float x, int round) {
@@ -656,38 +655,6 @@ static int kda_fused_ft(int dk, int dv) {
     return ft;
 }
 
-/* The up-projection prologue (k3c_cuda_kda_decode_fused_up): rows row_base .. row_base + n - 1 of W [*, cols]
- * bf16 against the one row x, into dst[0 .. n). Each row's sum is t1_dot's at wpr 1 (lane l adds its 16-byte
- * chunks l, l + 32, ... by t1_dot8, then the warp butterfly) and its store out_value's: the arithmetic of the
- * T = 1 GEMV item (gemv_t1.cuh t1_item) the executor's grouped up-projection runs for these rows (cols <= 1024:
- * one load batch a row, so its plan has wpr 1), so the values are that launch's bits. KDA_UPR rows a warp call
- * (t1_dot's sums do not depend on the rows in flight), the block's warps over the n rows. */
-#define KDA_UPR 8
-__device__ __forceinline__ void kda_up_rows(const uint16_t *__restrict__ W, size_t row_base, int n, int cols,
-                                            const float *__restrict__ x, int round, float *dst, int warp, int nwarp,
-                                            int lane) {
-    for (int r0 = warp * KDA_UPR; r0 < n; r0 += nwarp * KDA_UPR) { /* warp-uniform */
-        const uint16_t *wr[KDA_UPR];
-#pragma unroll
-        for (int r = 0; r < KDA_UPR; r++) wr[r] = W + (row_base + (size_t)min(r0 + r, n - 1)) * cols;
-        float acc[KDA_UPR];
-        t1_dot<1, KDA_UPR>(wr, true, cols, x, 1, acc, NULL);
-#pragma unroll
-        for (int r = 0; r < KDA_UPR; r++)
-            if (lane == r && r0 + r < n) dst[r0 + r] = out_value(acc[r], round);
-    }
-}
-/* The rows of this warp's first kda_up_rows call on a second matrix, into L2 while the first one's load. */
-__device__ __forceinline__ void kda_up_prefetch(const uint16_t *__restrict__ W, size_t row_base, int n, int cols,
-                                                int warp, int lane) {
-    const int lines = (cols * 2 + 127) / 128, r0 = warp * KDA_UPR; /* 128-byte lines a row */
-    for (int i = lane; i < KDA_UPR * lines; i += 32)
-        if (r0 + i / lines < n) k3c_prefetch_l2(W + (row_base + (size_t)(r0 + i / lines)) * cols + (size_t)(i % lines) * 64);
-}
-
-/* FOLD: the up-projection prologue (k3c_cuda_kda_decode_fused_up); the kernel without it is compiled as
- * before the prologue existed (its own instance). */
-template <bool FOLD>
 __global__ void __launch_bounds__(KDA_FMAXT)
 kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__restrict__ xq,
                         const float *__restrict__ xk, const float *__restrict__ xv, const float *__restrict__ tq,
@@ -695,8 +662,7 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
                         const float *__restrict__ b, const float *__restrict__ a_log,
                         const float *__restrict__ dt_bias, int has_lb, float lb, const float *__restrict__ z,
                         const float *__restrict__ nw, float eps, int silu, int H, int dk, int dv, float qscale, int ft,
-                        int round, float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y,
-                        const k3c_cuda_kda_up up) {
+                        int round, float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_KDA_DECODE_FUSED);
     /* a PDL-launched weight stream after this kernel (the o-projection) may start and prefetch its weights
      * while the heads run: at decode this grid has requests x heads blocks, far fewer than the SMs' room */
@@ -713,16 +679,6 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
     float *f_st = red2 + parts * dv, *dtb_st = f_st + (size_t)ft * dk, *b_st = dtb_st + (size_t)ft * dk;
     float *z_st = b_st + ft, *nw_st = z_st + (size_t)ft * dv;
     const float alog = a_log[h]; /* issued here, used in A's gate loop */
-    const bool fold_f = FOLD, fold_z = FOLD && up.g_b != NULL; /* one token (kda.h): m = 1 below */
-    if (fold_f) { /* the up-projections into the pass's staging rows (see kda_up_rows) */
-        if (fold_z) kda_up_prefetch(up.g_b, (size_t)h * dv, dv, up.g_cols, warp, lane);
-        kda_up_rows(up.f_b, (size_t)h * dk, dk, up.f_cols, up.f_low + (size_t)sg.row0 * up.f_cols, up.round, f_st,
-                    warp, nwarp, lane);
-        if (fold_z)
-            kda_up_rows(up.g_b, (size_t)h * dv, dv, up.g_cols, up.g_low + (size_t)sg.row0 * up.g_cols, up.round,
-                        z_st, warp, nwarp, lane);
-        __syncthreads(); /* the gate items (A) and the gated norm's lanes (D) read other warps' rows */
-    }
     float *S = sg.state + (size_t)h * dk * dv;
     float s[KDA_ROWS];
     if (live)
@@ -740,13 +696,13 @@ kda_decode_fused_kernel(const k3c_cuda_seg *__restrict__ segs, const float *__re
          * arithmetic are the same. */
         for (int i = tid; i < m * dk; i += nthr) {
             const int j = i / dk, d = i % dk;
-            if (!fold_f) cp_async4(f_st + i, f + (r0 + j) * Ck + (size_t)h * dk + d);
+            cp_async4(f_st + i, f + (r0 + j) * Ck + (size_t)h * dk + d);
             cp_async4(dtb_st + i, dt_bias + (size_t)h * dk + d);
         }
         if (tid < m) cp_async4(b_st + tid, b + (r0 + tid) * H + h);
         for (int j = warp; j < m; j += nwarp)
             for (int e = lane; e < dv; e += 32) {
-                if (!fold_z) cp_async4(z_st + j * dv + e, z + (r0 + j) * Cv + (size_t)h * dv + e);
+                cp_async4(z_st + j * dv + e, z + (r0 + j) * Cv + (size_t)h * dv + e);
                 cp_async4(nw_st + j * dv + e, nw + e);
             }
         cp_async_commit();
@@ -878,26 +834,13 @@ extern "C" int k3c_cuda_kda_decode_fused_prefer(int nseg, int H, int dk, int dv)
     return (long)nseg * H <= limit;
 }
 
-/* The one product the prologue takes: a bf16 [rows, cols] matrix against one row, as the GEMV would run
- * it with the T = 1 item at wpr 1 (gemv_t1.cuh; cuda/gemm.cu plan_matrix: 16-byte aligned operands, cols a
- * multiple of 8, at most 32 x T1_U chunks of 8 a row, so one load batch and wpr 1 whatever the plan). */
-static bool kda_up_product_ok(const uint16_t *W, const float *x, int cols) {
-    return W && x && cols > 0 && cols % 8 == 0 && cols <= 32 * T1_U * 8 && ((uintptr_t)W & 15) == 0 &&
-           ((uintptr_t)x & 15) == 0;
-}
-
-extern "C" int k3c_cuda_kda_up_folds(const k3c_cuda_kda_up *up, int nseg, int T, int dk, int dv) {
-    return up && T == 1 && nseg == 1 && kda_fused_ft(dk, dv) > 0 && kda_up_product_ok(up->f_b, up->f_low, up->f_cols) &&
-           (!up->g_b || kda_up_product_ok(up->g_b, up->g_low, up->g_cols));
-}
-
-static int kda_decode_fused_launch(const k3c_cuda_kda_up *up, const k3c_cuda_seg *segs, int nseg, int T, int H, int dk,
-                                   int dv, int W, const float *xq, const float *xk, const float *xv,
-                                   const float *taps_q, const float *taps_k, const float *taps_v, const float *f,
-                                   const float *b, const float *a_log, const float *dt_bias, int has_lower_bound,
-                                   float lower_bound, const float *z, const float *norm_w, float eps, int silu_gate,
-                                   int round_bf16, float *cq, float *ck, float *cv, float *g, float *beta, float *o,
-                                   float *y, cudaStream_t stream) {
+extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
+                                         const float *xq, const float *xk, const float *xv, const float *taps_q,
+                                         const float *taps_k, const float *taps_v, const float *f, const float *b,
+                                         const float *a_log, const float *dt_bias, int has_lower_bound,
+                                         float lower_bound, const float *z, const float *norm_w, float eps,
+                                         int silu_gate, int round_bf16, float *cq, float *ck, float *cv, float *g,
+                                         float *beta, float *o, float *y, cudaStream_t stream) {
     if (nseg <= 0 || T <= 0) return K3C_OK;
     if (H <= 0 || W <= 0 || nseg > 65535)
         return k3c_errorf("k3c_cuda_kda_decode_fused: bad shape H %d W %d nseg %d", H, W, nseg);
@@ -909,48 +852,11 @@ static int kda_decode_fused_launch(const k3c_cuda_kda_up *up, const k3c_cuda_seg
                                             round_bf16, cq, ck, cv, g, beta, o, y, stream);
     size_t smem = kda_fused_smem_floats(dk, dv, ft) * sizeof(float);
     dim3 grid(H, nseg);
-    k3c_cuda_kda_up none = {0};
-    if (up)
-        kda_decode_fused_kernel<true><<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
-            segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
-            eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y, *up);
-    else
-        kda_decode_fused_kernel<false><<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
-            segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
-            eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y, none);
+    kda_decode_fused_kernel<<<grid, kda_fused_threads(dk, dv), smem, stream>>>(
+        segs, xq, xk, xv, taps_q, taps_k, taps_v, W, f, b, a_log, dt_bias, has_lower_bound, lower_bound, z, norm_w,
+        eps, silu_gate, H, dk, dv, qscale, ft, round_bf16, cq, ck, cv, g, beta, o, y);
     K3C_CUDA_LAUNCHED("kda_decode_fused");
     return K3C_OK;
-}
-
-extern "C" int k3c_cuda_kda_decode_fused(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
-                                         const float *xq, const float *xk, const float *xv, const float *taps_q,
-                                         const float *taps_k, const float *taps_v, const float *f, const float *b,
-                                         const float *a_log, const float *dt_bias, int has_lower_bound,
-                                         float lower_bound, const float *z, const float *norm_w, float eps,
-                                         int silu_gate, int round_bf16, float *cq, float *ck, float *cv, float *g,
-                                         float *beta, float *o, float *y, cudaStream_t stream) {
-    return kda_decode_fused_launch(NULL, segs, nseg, T, H, dk, dv, W, xq, xk, xv, taps_q, taps_k, taps_v, f, b, a_log,
-                                   dt_bias, has_lower_bound, lower_bound, z, norm_w, eps, silu_gate, round_bf16, cq,
-                                   ck, cv, g, beta, o, y, stream);
-}
-
-extern "C" int k3c_cuda_kda_decode_fused_up(const k3c_cuda_kda_up *up, const k3c_cuda_seg *segs, int nseg, int T,
-                                            int H, int dk, int dv, int W, const float *xq, const float *xk,
-                                            const float *xv, const float *taps_q, const float *taps_k,
-                                            const float *taps_v, const float *b, const float *a_log,
-                                            const float *dt_bias, int has_lower_bound, float lower_bound,
-                                            const float *z, const float *norm_w, float eps, int silu_gate,
-                                            int round_bf16, float *cq, float *ck, float *cv, float *g, float *beta,
-                                            float *o, float *y, cudaStream_t stream) {
-    if (!k3c_cuda_kda_up_folds(up, nseg, T, dk, dv))
-        return k3c_errorf("k3c_cuda_kda_decode_fused_up: the up-projection does not fold here (T %d, %d requests, "
-                          "dk %d dv %d, f_b cols %d, g_b cols %d, or an operand not 16-byte aligned)", T, nseg, dk, dv,
-                          up ? up->f_cols : 0, up && up->g_b ? up->g_cols : 0);
-    if (!up->g_b && !z)
-        return k3c_errorf("k3c_cuda_kda_decode_fused_up: z is required when g_b is not folded");
-    return kda_decode_fused_launch(up, segs, nseg, T, H, dk, dv, W, xq, xk, xv, taps_q, taps_k, taps_v, NULL, b, a_log,
-                                   dt_bias, has_lower_bound, lower_bound, z, norm_w, eps, silu_gate, round_bf16, cq,
-                                   ck, cv, g, beta, o, y, stream);
 }
 
 K3C_STAMP_TU(kda) /* K3C_CUDA_PROFILE=3: this file's stamped kernels (cuda/stamp.cuh) */

@@ -4,8 +4,6 @@
 #ifndef K3C_CUDA_KDA_H
 #define K3C_CUDA_KDA_H
 
-#include <stdint.h>
-
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -104,36 +102,6 @@ int k3c_cuda_kda_decode_fused_fits(int dk, int dv);
 int k3c_cuda_kda_decode_separate(const k3c_cuda_seg *segs, int nseg, int T, int H, int dk, int dv, int W,
                                  const float *xq, const float *xk, const float *xv, const float *taps_q,
                                  const float *taps_k, const float *taps_v, const float *f, const float *b,
-                                 const float *a_log, const float *dt_bias, int has_lower_bound, float lower_bound,
-                                 const float *z, const float *norm_w, float eps, int silu_gate, int round_bf16,
-                                 float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y,
-                                 cudaStream_t stream);
-/* The decay gate's up-projection f = f_b f_low (and, with g_b, the output gate's z = g_b g_low) computed by
- * the fused kernel itself (k3c_cuda_kda_decode_fused_up), in place of the executor's grouped launch of those
- * products before it: each block computes its head's rows, each output with the T = 1 GEMV item's arithmetic
- * (cuda/gemv_t1.cuh t1_dot at one warp a row, then the store's rounding `round`), so f and z are the bits
- * k3c_cuda_gemv_group / k3c_cuda_matmul_bf16_round (T = 1) would have stored. Only at one row (T = 1, one
- * request): at T = 2..8 the GEMV of f_b's H * dk >= 256 rows runs on the tensor cores, whose arithmetic a
- * block per head does not reproduce (k3c_cuda_kda_up_folds says where it folds). */
-typedef struct k3c_cuda_kda_up {
-    const uint16_t *f_b; /* [H*dk, f_cols] bf16 */
-    const float *f_low;  /* [T, f_cols]: the decay gate's low-rank half (the in-projection's output) */
-    int f_cols;
-    const uint16_t *g_b; /* [H*dv, g_cols] bf16, or NULL: z is read (a full-rank output gate's projection) */
-    const float *g_low;  /* [T, g_cols] */
-    int g_cols;
-    int round; /* the products' bf16 rounding in the store (the GEMV's round flag) */
-} k3c_cuda_kda_up;
-/* Whether k3c_cuda_kda_decode_fused_up takes these products here: T = 1 and one request, dims the fused
- * kernel takes, each product's cols a multiple of 8 up to 1024 and its matrix and row 16-byte aligned (the
- * GEMV's T = 1 item at wpr 1: cuda/gemm.cu's plan for such a product). */
-int k3c_cuda_kda_up_folds(const k3c_cuda_kda_up *up, int nseg, int T, int dk, int dv);
-/* k3c_cuda_kda_decode_fused with f (and z when up->g_b) computed in the kernel from up; f is not read, z
- * only when up->g_b is NULL. Outputs as k3c_cuda_kda_decode_fused's (the f and z products themselves are not
- * stored). An error where k3c_cuda_kda_up_folds says no. */
-int k3c_cuda_kda_decode_fused_up(const k3c_cuda_kda_up *up, const k3c_cuda_seg *segs, int nseg, int T, int H, int dk,
-                                 int dv, int W, const float *xq, const float *xk, const float *xv,
-                                 const float *taps_q, const float *taps_k, const float *taps_v, const float *b,
                                  const float *a_log, const float *dt_bias, int has_lower_bound, float lower_bound,
                                  const float *z, const float *norm_w, float eps, int silu_gate, int round_bf16,
                                  float *cq, float *ck, float *cv, float *g, float *beta, float *o, float *y,

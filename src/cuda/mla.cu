@@ -11,7 +11,11 @@ __global__ void mla_cache_write_kernel(const float *__restrict__ lat, const int 
     int t = blockIdx.x, slot = slots[t];
     if (slot < 0) return;
     const float *src = lat + (size_t)t * Lat;
-    for (int i = threadIdx.x; i < Lat; i += blockDim.x) k3c_dev_cache_put(cache, elem_bytes, (size_t)slot * Lat + i, src[i]);
+    for (int i = threadIdx.x; i < Lat; i += blockDim.x) {
+        if (elem_bytes == 2) ((uint16_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_bf16(src[i]);
+        else if (elem_bytes == 1) ((uint8_t *)cache)[(size_t)slot * Lat + i] = k3c_dev_to_e4m3(src[i]);
+        else ((float *)cache)[(size_t)slot * Lat + i] = src[i];
+    }
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_CACHE_WRITE);
 }
 
@@ -24,53 +28,6 @@ extern "C" int k3c_cuda_mla_cache_write(const float *lat, const int *slots, int 
     K3C_CUDA_LAUNCHED("mla_cache_write");
     return K3C_OK;
 }
-
-/* Positions of one split and the splits a row really uses: split z of a row's len positions takes
- * [z * per, min(len, (z + 1) * per)), per = max(ceil(len / splits), ATT_MIN_PER), so a short row uses
- * eff = ceil(len / per) <= splits of them (every one non-empty) and the grid's others return at once; eff = 1
- * writes o_lat directly and the merge skips the row. Computed on the device from the row's len (a CUDA graph
- * captured once serves every length); the attention kernels and the merge use this one function. Why: with
- * the splits sized for the GPU only (33 at T = 1, 32 heads) a 64-position row got 2 positions a split and a
- * 33-way merge, about 35 us a call (op profile, 2026-11-30) for work that reads 74 KB. */
-#define ATT_MIN_PER 32
-__device__ __forceinline__ void attend_split_range(int len, int splits, int z, int *p_begin, int *p_end, int *eff) {
-    int per = max((len + splits - 1) / splits, ATT_MIN_PER);
-    *eff = (len + per - 1) / per;
-    *p_begin = min(len, z * per);
-    *p_end = min(len, *p_begin + per);
-}
-
-/* The merge of a row's used splits (eff > 1) for the 8 latent elements c0 .. c0 + 7 of one (row, head), pz its
- * first split's [acc | M | L]: mla_attend_merge_kernel's arithmetic for those elements, operation for
- * operation: M the fmaxf of the splits' maxima in z order, each factor e^(M_z - M), L the fmaf sum of L_z
- * times its factor in z order, each output the fmaf sum of acc_z times the factor in z order, times 1 / L.
- * The fused absorb_o (k3c_cuda_mla_attend_absorb_o) merges in its prologue with it, so the merge kernel's
- * o_lat never needs to be stored. */
-__device__ __forceinline__ void attend_merge8(const float *__restrict__ pz, int eff, int kvl, int c0, float (&a)[8]) {
-    float M = -INFINITY;
-    for (int z = 0; z < eff; z++) M = fmaxf(M, pz[(size_t)z * (kvl + 2) + kvl]);
-    float L = 0.0f, acc[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
-    for (int z = 0; z < eff; z++) {
-        const float *p = pz + (size_t)z * (kvl + 2);
-        const float f = expf(p[kvl] - M);
-        L = fmaf(p[kvl + 1], f, L);
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] = fmaf(p[c0 + e], f, acc[e]);
-    }
-    const float inv = 1.0f / L;
-#pragma unroll
-    for (int e = 0; e < 8; e++) a[e] = acc[e] * inv;
-}
-
-/* Where absorb_o finds o_lat of a row split over positions (k3c_cuda_mla_attend_absorb_o): the attention's
- * partials part [T * Hm][splits][kvl + 2], lens the rows' lengths; part NULL: o_lat is complete. */
-struct absorb_merge {
-    const float *part;
-    const int *lens;
-    int splits;
-};
 
 #define ABS_TT 8
 
@@ -116,15 +73,6 @@ __global__ void mla_absorb_q_kernel(const uint16_t *__restrict__ kv_b, const flo
 #define AQ_J 8     /* absorb_q: rows per group (nope <= AQ_RG * AQ_J = 128) */
 #define AO_ROWS 16 /* absorb_o: W_UV rows (e) per block */
 #define AO_KC 64   /* absorb_o: 8-element chunks of a row, one per thread (kvl <= 512) */
-
-/* The output gate in absorb_o's store (k3c_cuda_mla_absorb_o_gated): the stored (rounded) value v times
- * sigmoid(gate), then the rounding: mul_sigmoid_kernel's operations (cuda/elementwise.cu) on the value it
- * would have read back, so the bits of the separate k3c_cuda_mul_sigmoid(o, gate, n, round, o). */
-__device__ __forceinline__ float absorb_o_gated(float v, const float *__restrict__ gate, size_t at, int round) {
-    if (!gate) return v;
-    float g = v * k3c_dev_sigmoid(gate[at]);
-    return round ? k3c_dev_bf16(k3c_dev_to_bf16(g)) : g;
-}
 
 /* Tokens per block: all T in one block column unless the heads x slices grid would leave the GPU under
  * about 4 blocks per SM, then split into multiples of ABS_TT (the bits do not depend on it). */
@@ -217,8 +165,7 @@ mla_absorb_q_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
  * partials of an output are summed in chunk order 0 .. 63 (each partial: its 8 elements in order). */
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm, int nope,
-                      int vh, int kvl, int round, const float *__restrict__ gate, float *__restrict__ o, int tpb,
-                      absorb_merge mrg) {
+                      int vh, int kvl, int round, float *__restrict__ o, int tpb) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O_V);
     k3c_pdl_trigger(); /* a PDL-launched weight stream after this kernel (the o-projection) may start */
     __shared__ float red[AO_KC][AO_ROWS * ABS_TT + 1]; /* +1: the chunks' rows land on different banks */
@@ -239,12 +186,7 @@ mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
         for (int tt = 0; tt < ABS_TT; tt++) {
             if (tt < nt) { /* block-uniform */
                 float a[8];
-                int eff = 1, pb, pe;
-                if (mrg.part) attend_split_range(mrg.lens[t0 + tt], mrg.splits, 0, &pb, &pe, &eff);
-                if (kin && eff > 1) { /* the row's splits merged here (attend_merge8), o_lat never stored */
-                    attend_merge8(mrg.part + ((size_t)(t0 + tt) * Hm + h) * mrg.splits * (size_t)(kvl + 2), eff, kvl,
-                                  8 * k, a);
-                } else if (kin) {
+                if (kin) {
                     const float4 *lp = (const float4 *)(o_lat + ((size_t)(t0 + tt) * Hm + h) * kvl + 8 * k);
                     float4 a0 = __ldg(lp), a1 = __ldg(lp + 1);
                     a[0] = a0.x; a[1] = a0.y; a[2] = a0.z; a[3] = a0.w;
@@ -280,8 +222,7 @@ mla_absorb_o_v_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict
 #pragma unroll 16
             for (int kk = 1; kk < AO_KC; kk++) v += red[kk][tid];
             if (round) v = k3c_dev_bf16(k3c_dev_to_bf16(v));
-            const size_t at = (size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e;
-            if (e < vh) o[at] = absorb_o_gated(v, gate, at, round);
+            if (e < vh) o[(size_t)(t0 + tt) * Hm * vh + (size_t)h * vh + e] = v;
         }
     }
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O_V);
@@ -307,7 +248,7 @@ extern "C" int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T
 
 /* One warp per (head, e) row of W_UV, lanes over kvl, ABS_TT tokens per pass. */
 __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const float *__restrict__ o_lat, int T, int Hm,
-                                    int nope, int vh, int kvl, int round, const float *__restrict__ gate, float *o) {
+                                    int nope, int vh, int kvl, int round, float *o) {
     K3C_STAMP_BLOCK_BEGIN(K3C_KID_MLA_ABSORB_O);
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= Hm * vh) return;
@@ -329,46 +270,28 @@ __global__ void mla_absorb_o_kernel(const uint16_t *__restrict__ kv_b, const flo
             float s = k3c_warp_sum(acc[j]);
             if (lane == 0 && j < nt) {
                 if (round) s = k3c_dev_bf16(k3c_dev_to_bf16(s));
-                const size_t at = (size_t)(t0 + j) * Hm * vh + row;
-                o[at] = absorb_o_gated(s, gate, at, round);
+                o[(size_t)(t0 + j) * Hm * vh + row] = s;
             }
         }
     }
     K3C_STAMP_BLOCK_END(K3C_KID_MLA_ABSORB_O);
 }
 
-/* Whether the 16-byte absorb_o kernel takes the shape (else the warp-per-row one). */
-static bool absorb_o_v_fits(const uint16_t *kv_b, const float *o_lat, int kvl) {
-    return kvl % 8 == 0 && kvl <= 8 * AO_KC && ((uintptr_t)kv_b & 15) == 0 && ((uintptr_t)o_lat & 15) == 0;
-}
-
-static int absorb_o_launch(const uint16_t *kv_b, const float *o_lat, const float *gate, int T, int Hm, int nope, int vh,
-                           int kvl, int round_bf16, float *o, absorb_merge mrg, cudaStream_t stream) {
+extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
+                                     int kvl, int round_bf16, float *o, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
-    if (absorb_o_v_fits(kv_b, o_lat, kvl)) {
+    if (kvl % 8 == 0 && kvl <= 8 * AO_KC && ((uintptr_t)kv_b & 15) == 0 && ((uintptr_t)o_lat & 15) == 0) {
         dim3 g0(Hm, (vh + AO_ROWS - 1) / AO_ROWS);
         int tpb = absorb_tokens_per_block(T, Hm * (int)g0.y);
         mla_absorb_o_v_kernel<<<dim3(g0.x, g0.y, (T + tpb - 1) / tpb), ABS_THREADS, 0, stream>>>(
-            kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, gate, o, tpb, mrg);
+            kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o, tpb);
         K3C_CUDA_LAUNCHED("mla_absorb_o");
         return K3C_OK;
     }
-    if (mrg.part) return k3c_errorf("absorb_o: a split merge needs the 16-byte kernel (kvl %d)", kvl);
     int rows = Hm * vh;
-    mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, gate, o);
+    mla_absorb_o_kernel<<<(rows + 7) / 8, 256, 0, stream>>>(kv_b, o_lat, T, Hm, nope, vh, kvl, round_bf16, o);
     K3C_CUDA_LAUNCHED("mla_absorb_o");
     return K3C_OK;
-}
-
-extern "C" int k3c_cuda_mla_absorb_o_gated(const uint16_t *kv_b, const float *o_lat, const float *gate, int T, int Hm,
-                                           int nope, int vh, int kvl, int round_bf16, float *o, cudaStream_t stream) {
-    return absorb_o_launch(kv_b, o_lat, gate, T, Hm, nope, vh, kvl, round_bf16, o, absorb_merge{NULL, NULL, 0},
-                           stream);
-}
-
-extern "C" int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh,
-                                     int kvl, int round_bf16, float *o, cudaStream_t stream) {
-    return k3c_cuda_mla_absorb_o_gated(kv_b, o_lat, NULL, T, Hm, nope, vh, kvl, round_bf16, o, stream);
 }
 
 #define ATT_WARPS 8
@@ -385,6 +308,20 @@ __device__ __forceinline__ float cache_elem(const void *cache, size_t i) {
     return ((const float *)cache)[i];
 }
 
+/* Positions of one split and the splits a row really uses: split z of a row's len positions takes
+ * [z * per, min(len, (z + 1) * per)), per = max(ceil(len / splits), ATT_MIN_PER), so a short row uses
+ * eff = ceil(len / per) <= splits of them (every one non-empty) and the grid's others return at once; eff = 1
+ * writes o_lat directly and the merge skips the row. Computed on the device from the row's len (a CUDA graph
+ * captured once serves every length); the attention kernels and the merge use this one function. Why: with
+ * the splits sized for the GPU only (33 at T = 1, 32 heads) a 64-position row got 2 positions a split and a
+ * 33-way merge, about 35 us a call (op profile, 2026-11-30) for work that reads 74 KB. */
+#define ATT_MIN_PER 32
+__device__ __forceinline__ void attend_split_range(int len, int splits, int z, int *p_begin, int *p_end, int *eff) {
+    int per = max((len + splits - 1) / splits, ATT_MIN_PER);
+    *eff = (len + per - 1) / per;
+    *p_begin = min(len, z * per);
+    *p_end = min(len, *p_begin + per);
+}
 
 /* The end of an attention block: the warps' running max wm, sum wl and unnormalized outputs wo [ATT_WARPS][kvl]
  * (shared, complete) merged in warp order; one split in use (eff 1): the normalized output to o_lat[rh] (rh =
@@ -875,7 +812,7 @@ __global__ void mla_attend_merge_kernel(const float *__restrict__ part, const in
     __syncthreads();
     if (threadIdx.x == 0) {
         float L = 0.0f;
-        for (int z = 0; z < eff; z++) L = fmaf(pz[(size_t)z * (kvl + 2) + kvl + 1], fz[z], L); /* nvcc's contraction of L += a * b, written out */
+        for (int z = 0; z < eff; z++) L += pz[(size_t)z * (kvl + 2) + kvl + 1] * fz[z];
         Ls = L;
     }
     __syncthreads();
@@ -934,12 +871,9 @@ static int attend_hg_splits(int T, int groups, int Hm, int kvl, const float *par
 
 #define MLA_HG_MIN_ROWS 16
 
-/* merge_splits non-NULL (k3c_cuda_mla_attend_absorb_o): the split merge is left to the caller, which gets the
- * split count there (1: none; lse must be NULL). */
 static int mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
                       const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale, float *o_lat,
-                      float *part, size_t part_floats, float *lse, int *merge_splits, cudaStream_t stream) {
-    if (merge_splits) *merge_splits = 1;
+                      float *part, size_t part_floats, float *lse, cudaStream_t stream) {
     if (T == 0) return K3C_OK;
     if (kvl + rope > 32 * ATT_MAXJ || kvl <= 0 || rope < 0 || block_size <= 0)
         return k3c_errorf("k3c_cuda_mla_attend: unsupported latent %d + %d (at most %d) or block size %d", kvl, rope,
@@ -976,8 +910,7 @@ static int mla_attend(const float *q_abs, const int *table_off, const int *lens,
             mla_attend_hg_kernel<4><<<grid, HG_THREADS, smem, stream>>>(q_abs, table_off, lens, tables, block_size, c8,
                                                                         Hm, G, kvl, rope, scale, o_lat, part);
         K3C_CUDA_LAUNCHED("mla_attend_hg");
-        if (splits > 1 && merge_splits) *merge_splits = splits;
-        else if (splits > 1) {
+        if (splits > 1) {
             mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat, NULL);
             K3C_CUDA_LAUNCHED("mla_attend merge");
         }
@@ -1010,8 +943,7 @@ static int mla_attend(const float *q_abs, const int *table_off, const int *lens,
     else
         return k3c_errorf("k3c_cuda_mla_attend: element size %d", elem_bytes);
     K3C_CUDA_LAUNCHED("mla_attend");
-    if (splits > 1 && merge_splits) *merge_splits = splits;
-    else if (splits > 1) {
+    if (splits > 1) {
         mla_attend_merge_kernel<<<dim3(T, Hm), 256, 0, stream>>>(part, lens, splits, Hm, kvl, o_lat, lse);
         K3C_CUDA_LAUNCHED("mla_attend merge");
     }
@@ -1022,26 +954,7 @@ extern "C" int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, con
                                    int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
                                    float scale, float *o_lat, float *part, size_t part_floats, cudaStream_t stream) {
     return mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale, o_lat, part,
-                      part_floats, NULL, NULL, stream);
-}
-
-extern "C" int k3c_cuda_mla_attend_absorb_o(const float *q_abs, const int *table_off, const int *lens,
-                                            const int *tables, int block_size, const void *cache, int elem_bytes,
-                                            int T, int Hm, int kvl, int rope, float scale, float *o_lat, float *part,
-                                            size_t part_floats, const uint16_t *kv_b, int nope, int vh,
-                                            const float *gate, int round_bf16, float *o, cudaStream_t stream) {
-    if (T == 0) return K3C_OK;
-    if (!absorb_o_v_fits(kv_b, o_lat, kvl)) { /* the merge as its own launch, then the warp-per-row absorb_o */
-        K3C_TRY(mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale,
-                           o_lat, part, part_floats, NULL, NULL, stream));
-        return absorb_o_launch(kv_b, o_lat, gate, T, Hm, nope, vh, kvl, round_bf16, o, absorb_merge{NULL, NULL, 0},
-                               stream);
-    }
-    int splits = 1;
-    K3C_TRY(mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale, o_lat,
-                       part, part_floats, NULL, &splits, stream));
-    absorb_merge mrg = {splits > 1 ? part : NULL, lens, splits};
-    return absorb_o_launch(kv_b, o_lat, gate, T, Hm, nope, vh, kvl, round_bf16, o, mrg, stream);
+                      part_floats, NULL, stream);
 }
 
 /* grid (T, Hm): a row that sees none of the rank's positions (lens 0: every attention block returned at once)
@@ -1060,7 +973,7 @@ extern "C" int k3c_cuda_mla_attend_lse(const float *q_abs, const int *table_off,
     if (T == 0) return K3C_OK;
     if (!lse) return k3c_errorf("k3c_cuda_mla_attend_lse: no lse output");
     K3C_TRY(mla_attend(q_abs, table_off, lens, tables, block_size, cache, elem_bytes, T, Hm, kvl, rope, scale, o_lat,
-                       part, part_floats, lse, NULL, stream));
+                       part, part_floats, lse, stream));
     mla_part_empty_kernel<<<dim3(T, Hm), 128, 0, stream>>>(lens, Hm, kvl, o_lat, lse);
     K3C_CUDA_LAUNCHED("mla_part_empty");
     return K3C_OK;

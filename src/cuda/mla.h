@@ -26,11 +26,6 @@ int k3c_cuda_mla_absorb_q(const uint16_t *kv_b, const float *q, int T, int Hm, i
 /* o[t, h*vh + e] = sum_c W_UV[h][e][c] o_lat[t, h, c], W_UV[h] = kv_b rows h*(nope+vh) + nope .. + vh. */
 int k3c_cuda_mla_absorb_o(const uint16_t *kv_b, const float *o_lat, int T, int Hm, int nope, int vh, int kvl,
                           int round_bf16, float *o, cudaStream_t stream);
-/* The same with the output gate in the store (gate [T, Hm*vh], NULL: none): o = r(o' * sigmoid(gate)) with o'
- * absorb_o's stored value and r the rounding when round_bf16, bitwise k3c_cuda_mla_absorb_o followed by
- * k3c_cuda_mul_sigmoid(o, gate, T * Hm * vh, round_bf16, o) (the executor's step: one launch fewer a layer). */
-int k3c_cuda_mla_absorb_o_gated(const uint16_t *kv_b, const float *o_lat, const float *gate, int T, int Hm, int nope,
-                                int vh, int kvl, int round_bf16, float *o, cudaStream_t stream);
 
 /* Attention of T query rows: row t attends cache positions 0 .. lens[t]-1 (lens[t] >= 1) of the request whose
  * block table starts at tables + table_off[t] (position p in block tables[table_off[t] + p / block_size]).
@@ -42,16 +37,6 @@ int k3c_cuda_mla_absorb_o_gated(const uint16_t *kv_b, const float *o_lat, const 
 int k3c_cuda_mla_attend(const float *q_abs, const int *table_off, const int *lens, const int *tables, int block_size,
                         const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope, float scale,
                         float *o_lat, float *part, size_t part_floats, cudaStream_t stream);
-
-/* k3c_cuda_mla_attend then k3c_cuda_mla_absorb_o_gated(kv_b, o_lat, gate, T, Hm, nope, vh, kvl, round_bf16, o)
- * with the attention's split merge done by absorb_o as it reads o_lat (the executor's step: one launch
- * fewer a layer wherever the attention splits): o bitwise those two calls' (the merge's arithmetic per
- * element, cuda/mla.cu attend_merge8); o_lat is written only for the rows the attention did not split.
- * Shapes the 16-byte absorb_o does not take run the two calls as they are. */
-int k3c_cuda_mla_attend_absorb_o(const float *q_abs, const int *table_off, const int *lens, const int *tables,
-                                 int block_size, const void *cache, int elem_bytes, int T, int Hm, int kvl, int rope,
-                                 float scale, float *o_lat, float *part, size_t part_floats, const uint16_t *kv_b,
-                                 int nope, int vh, const float *gate, int round_bf16, float *o, cudaStream_t stream);
 /* Floats of split scratch that never limit k3c_cuda_mla_attend's splits (4.3 MB at kvl 512 on an H200). */
 size_t k3c_cuda_mla_attend_split_floats(int kvl);
 /* Decode context parallel (backend.h mla_attention_part): the same attention (the per-head kernels and their

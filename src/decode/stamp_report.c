@@ -43,7 +43,7 @@ static const char *const kid_names[K3C_KID_COUNT] = {
     "copy_batch",
     "kda_conv", "kda_gate", "kda_qk_norm", "kda_recurrent", "kda_chunked", "kda_gated_norm", "kda_decode_fused",
     "mla_cache_write", "mla_absorb_q", "mla_absorb_q_v", "mla_absorb_o_v", "mla_absorb_o", "mla_attend",
-    "mla_attend_bf16v", "mla_attend_hg", "mla_attend_merge", "rmsnorm_cache",
+    "mla_attend_bf16v", "mla_attend_hg", "mla_attend_merge",
     "moe_mma", "moe_combine",
     "moe_pair_gate_up", "moe_pair_down", "moe_pair_mx", "moe_band_lists", "moe_band",
 };
@@ -68,7 +68,7 @@ int k3c_stamp_class_of_kid(int kid) {
         return K3C_SCLASS_KDA;
     case K3C_KID_MUL_SIGMOID: case K3C_KID_MLA_CACHE_WRITE: case K3C_KID_MLA_ABSORB_Q: case K3C_KID_MLA_ABSORB_Q_V:
     case K3C_KID_MLA_ABSORB_O_V: case K3C_KID_MLA_ABSORB_O: case K3C_KID_MLA_ATTEND: case K3C_KID_MLA_ATTEND_BF16V:
-    case K3C_KID_MLA_ATTEND_HG: case K3C_KID_MLA_ATTEND_MERGE: case K3C_KID_RMSNORM_CACHE:
+    case K3C_KID_MLA_ATTEND_HG: case K3C_KID_MLA_ATTEND_MERGE:
         return K3C_SCLASS_MLA;
     case K3C_KID_MOE_MMA: case K3C_KID_MOE_COMBINE: case K3C_KID_MOE_PAIR_GATE_UP: case K3C_KID_MOE_PAIR_DOWN:
     case K3C_KID_MOE_PAIR_MX: case K3C_KID_MOE_BAND_LISTS: case K3C_KID_MOE_BAND:

@@ -8,9 +8,9 @@
 # float64 reference. Host math (expf, log1pf) is glibc's, not CUDA's, so this checks structure (indexing,
 # barriers, reduction order), not CUDA's bits. Usage: tools/kda_emu/run.sh [small|big|test] ("big" = H 96,
 # dk = dv = 128, ~2 min; "test" = tests/gpu/test_gpu_kda_fused.c on host memory, ~3 min). FLAGS overrides
-# the C++ flags (default -ffp-contract=off). Its own shims (inc/) lag kda.cu (no cp.async, PDL or
-# cuda/gemv_t1.cuh, which the fused kernel's up-projection prologue uses): tools/kda_emu/gpu_tests.sh runs the
-# KDA GPU tests through tools/moe_emu's runtime instead, the way to check kda.cu now.
+# the C++ flags (default -ffp-contract=off). Its own shims (inc/) lag kda.cu (no cp.async or PDL):
+# tools/kda_emu/gpu_tests.sh runs the KDA GPU tests through tools/moe_emu's runtime instead, the way to check
+# kda.cu now.
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

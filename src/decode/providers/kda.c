@@ -1,7 +1,6 @@
 /* The KDA attention provider of the executor's step (decode/providers/provider.h): its packed input
- * projections as two grouped launches (at one row the second, the up-projections, inside the fused kernel),
- * the fused KDA decode kernel (or the stock launches past a few blocks per SM), the verify copies of the
- * commit fold's inputs, and o_proj into A. */
+ * projections as two grouped launches, the fused KDA decode kernel (or the stock launches past a few
+ * blocks per SM), the verify copies of the commit fold's inputs, and o_proj into A. */
 #ifdef K3C_HAVE_CUDA
 
 #include <stddef.h>
@@ -40,35 +39,17 @@ static int kda_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
                                   s->b * PRE_COPIES, x->st));
         STAMP_BYTES(2.0 * 4 * T * PRE_COPIES * P); /* read + write */
     }
+    P_TRY("kda up-proj (group)", k3c_exec_group_run(x, &up, T));
     /* the fused provider: conv x3 + windows, gate and beta, q/k norms, the delta rule on the request's state,
      * the gated norm, in one kernel, bit for bit the stock op sequence (cuda/kda.h); for many requests those
      * separate launches instead (faster there: cuda/kda.cu k3c_cuda_kda_decode_fused_prefer), which also
-     * write the pre-norm o. At one row the fused kernel also computes the up-projections (f_b, and g_b for a
-     * low-rank output gate) in its prologue, each output with the arithmetic of the T = 1 GEMV item the
-     * grouped launch runs (cuda/kda.h k3c_cuda_kda_up): one launch fewer a layer (2026-12-02 stamps: that
-     * launch was 9.4 us at kimi-linear-48b b=1 for 2 MB). At T = 2..8 the group runs on the tensor cores,
-     * whose arithmetic the prologue does not reproduce: the group stays there. */
+     * write the pre-norm o */
     int fused = k3c_cuda_kda_decode_fused_prefer(s->b, H, dk, dk);
-    k3c_cuda_kda_up fold = {WPTR(w->f_b.w), x->klow, w->f_b.cols, w->g_proj.w ? NULL : WPTR(w->g_b.w), x->klow2,
-                            w->g_b.cols, 1};
-    int folded = fused && w->f_b.rows == H * dk && (!fold.g_b || w->g_b.rows == H * dk) &&
-                 k3c_cuda_kda_up_folds(&fold, s->b, T, dk, dk);
-    if (folded) {
-        P_TRY("kda fused + up-proj", k3c_cuda_kda_decode_fused_up(
-            &fold, k3c_exec_segs(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv),
-            WPTR(w->k_conv), WPTR(w->v_conv), x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
-            c->kda_gate_lower_bound, fold.g_b ? NULL : x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1,
-            x->cq, x->ck, x->cv, x->kg, x->kbeta, NULL, x->ky, x->st));
-        STAMP_BYTES(2.0 * w->f_b.rows * w->f_b.cols + 4.0 * w->f_b.cols +
-                    (fold.g_b ? 2.0 * w->g_b.rows * w->g_b.cols + 4.0 * w->g_b.cols : 0.0));
-    } else {
-        P_TRY("kda up-proj (group)", k3c_exec_group_run(x, &up, T));
-        P_TRY(fused ? "kda fused" : "kda separate", (fused ? k3c_cuda_kda_decode_fused : k3c_cuda_kda_decode_separate)(
-            k3c_exec_segs(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv), WPTR(w->k_conv),
-            WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
-            c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
-            x->kg, x->kbeta, fused ? NULL : x->ko, x->ky, x->st));
-    }
+    P_TRY(fused ? "kda fused" : "kda separate", (fused ? k3c_cuda_kda_decode_fused : k3c_cuda_kda_decode_separate)(
+        k3c_exec_segs(x, l), s->b, T, H, dk, dk, Wc, x->kq, x->kk, x->kv, WPTR(w->q_conv), WPTR(w->k_conv),
+        WPTR(w->v_conv), x->kf, x->kb, WPTR(w->a_log), WPTR(w->dt_bias), c->kda_has_lower_bound,
+        c->kda_gate_lower_bound, x->kz, WPTR(w->o_norm), c->rms_norm_eps, x->silu_gate, 1, x->cq, x->ck, x->cv,
+        x->kg, x->kbeta, fused ? NULL : x->ko, x->ky, x->st));
     /* the f32 state and the conv window read and written, ~10 [T, P] activations in and out, the taps */
     STAMP_BYTES(2.0 * 4 * s->b * ((double)H * dk * dk + 3.0 * (Wc - 1) * P) + 4.0 * T * P * (fused ? 10 : 11) +
                 4.0 * P * (3 * Wc + 1));

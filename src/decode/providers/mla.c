@@ -1,7 +1,6 @@
 /* The MLA attention provider of the executor's step (decode/providers/provider.h): the projections of the
- * normed input as one grouped launch, the latent norm and cache write (one launch), the absorbed attention
- * over the paged latent cache (its split merge in absorb_o's prologue), the output gate (in absorb_o's
- * store) and o_proj into A. */
+ * normed input as one grouped launch, the latent norm and cache write, the absorbed attention over the
+ * paged latent cache, the output gate and o_proj into A. */
 #ifdef K3C_HAVE_CUDA
 
 #include <math.h>
@@ -33,36 +32,28 @@ static int mla_record(const k3c_provider *p, const k3c_exec_rec *s, k3c_provider
         STAMP_BYTES(4.0 * (2.0 * T + 1) * c->q_lora_rank);
         P_TRY("mla q_b", k3c_exec_mm(x, &w->q_b, x->mqa, T, x->mq, 1));
     }
-    /* the latent's norm and its cache write in one launch (the rmsnorm's bits, the cache write's bytes:
-     * cuda/elementwise.h k3c_cuda_rmsnorm_cache_write) */
+    P_TRY("mla norms", k3c_cuda_rmsnorm(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl, c->mla_lora_norm_eps, 1, x->mlat, lat, x->st));
+    STAMP_BYTES(4.0 * (2.0 * T * lat + kvl));
     void *cache = x->v.kv->layer[l];
     int eb = x->v.be->kv_elem_bytes;
-    P_TRY("mla norm + cache write", k3c_cuda_rmsnorm_cache_write(x->mlat, lat, WPTR(w->kv_a_norm), T, kvl,
-                                                                c->mla_lora_norm_eps, 1, x->mlat, lat,
-                                                                (const int *)(x->meta_d + x->off_slots), lat, eb,
-                                                                cache, x->st));
-    STAMP_BYTES(4.0 * (2.0 * T * lat + kvl) + (double)eb * T * lat);
+    P_TRY("mla cache write", k3c_cuda_mla_cache_write(x->mlat, (const int *)(x->meta_d + x->off_slots), T, lat, eb, cache, x->st));
+    STAMP_BYTES((4.0 + eb) * T * lat);
     const uint16_t *kvb = WPTR(w->kv_b.w);
     float scale = 1.0f / sqrtf((float)(nope + rope));
     P_TRY("mla absorb q", k3c_cuda_mla_absorb_q(kvb, x->mq, T, Hm, nope, rope, vh, kvl, x->q_abs, x->st));
     STAMP_BYTES(2.0 * Hm * nope * kvl + 4.0 * T * Hm * ((nope + rope) + lat)); /* kv_b's nope rows */
-    /* the attention, then absorb_o with the split merge in its prologue (one launch fewer where the rows split
-     * over positions) and the output gate (a model with one) in its store: bitwise attend, merge, absorb_o,
-     * mul_sigmoid (cuda/mla.h k3c_cuda_mla_attend_absorb_o); the gate's [T, Hm * vh] indexed as absorb_o's
-     * output */
-    if (gate && w->g_proj.rows != Hm * vh)
-        return k3c_errorf("decode executor: layer %d's MLA output gate has %d rows, not heads x v_head_dim = %d", l,
-                          w->g_proj.rows, Hm * vh);
-    P_TRY(gate ? "mla attend + absorb o + gate" : "mla attend + absorb o",
-          k3c_cuda_mla_attend_absorb_o(x->q_abs, (const int *)(x->meta_d + x->off_aoff),
-                                       (const int *)(x->meta_d + x->off_alen), (const int *)(x->meta_d + x->off_tab),
-                                       x->bs, cache, eb, T, Hm, kvl, rope, scale, x->o_lat, x->mla_part,
-                                       x->mla_part_floats, kvb, nope, vh, gate ? x->mg : NULL, 1, x->mo, x->st));
-    /* the attention's q_abs, its splits' partials, o_lat; kv_b's value rows, o (and the gate) */
-    STAMP_BYTES(4.0 * T * Hm * (lat + kvl) + 2.0 * Hm * vh * kvl + 4.0 * T * Hm * (kvl + vh) +
-                (gate ? 4.0 * T * Hm * vh : 0.0));
+    P_TRY("mla attend", k3c_cuda_mla_attend(x->q_abs, (const int *)(x->meta_d + x->off_aoff), (const int *)(x->meta_d + x->off_alen),
+                              (const int *)(x->meta_d + x->off_tab), x->bs, cache, eb, T, Hm, kvl, rope, scale,
+                              x->o_lat, x->mla_part, x->mla_part_floats, x->st));
+    STAMP_BYTES(4.0 * T * Hm * (lat + kvl));
     k3c_stamp_plan *sp = k3c_exec_stamp_plan(x);
     if (sp) k3c_stamp_plan_positions(sp, (double)lat * eb); /* each row's positions */
+    P_TRY("mla absorb o", k3c_cuda_mla_absorb_o(kvb, x->o_lat, T, Hm, nope, vh, kvl, 1, x->mo, x->st));
+    STAMP_BYTES(2.0 * Hm * vh * kvl + 4.0 * T * Hm * (kvl + vh)); /* kv_b's value rows */
+    if (gate) {
+        P_TRY("mla gate", k3c_cuda_mul_sigmoid(x->mo, x->mg, (size_t)T * w->g_proj.rows, 1, x->mo, x->st));
+        STAMP_BYTES(3.0 * 4 * T * w->g_proj.rows);
+    }
     L_TRY(k3c_exec_mm_rowpar(x, "mla o_proj", &w->o_proj, x->mo, T, x->A)); /* + its TP sum */
     out->a1 = x->A;
     out->a2 = NULL;
