@@ -942,9 +942,9 @@ static int step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const k3c_f
     if (nrows > 0 && !logits && last)
         return k3c_errorf("forward step: %d logit rows requested but no output buffer", nrows);
     int want_aux = aux && f->o.num_aux > 0;
-    if (attn && (f->tp || f->dcp))
-        return k3c_errorf("forward step: an attention override at %s (its attention sums across the group)",
-                          f->dcp ? "decode context parallel" : "tensor parallel");
+    if (attn && f->dcp)
+        return k3c_errorf("forward step: an attention override at decode context parallel (its attention merges "
+                          "across the group)");
     if (attn && (!attn->run || !attn->begin)) return k3c_errorf("forward step: an attention override without its calls");
     if (attn && T > 0 && attn->begin(attn->ctx, reqs, nreq, T) != K3C_OK)
         return k3c_error_context("forward step: attention override: ");

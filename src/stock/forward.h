@@ -114,9 +114,12 @@ int k3c_forward_step(k3c_forward *f, k3c_kv_cache *kv, k3c_kda_slots *ks, const 
  * rows (T > 0), after the requests were validated and before any layer, so that the override can lay out its
  * metadata; a dummy step (a DEP rank's T = 0) calls neither, so its collectives are exactly the stock dummy
  * step's. x and A are backend buffers [T, hidden] on the backend's stream (a device backend: run queues its
- * launches on that stream, k3c_backend_cuda_stream). Attention is local at TP1, so the override adds no
- * collective; a TP or DCP rank's attention sums across its group, and the step refuses the override there.
- * A failed begin or run fails the step (a DEP rank's groups aborted, as for any failed step). */
+ * launches on that stream, k3c_backend_cuda_stream). At TP1 attention is local and the override adds no
+ * collective. On a TP rank (the hybrid's TP group inside DEP) run's A is what the stock layer leaves there:
+ * o_proj's row-parallel part summed over the TP group and rounded, the override making that sum itself
+ * (over a communicator of its own: every rank of the group must take the override alike, as the plan
+ * guarantees). A DCP rank's attention merges partial attention across its group: the step refuses the
+ * override there. A failed begin or run fails the step (the rank's groups aborted, as for any failed step). */
 typedef struct k3c_forward_attention {
     void *ctx;
     int (*begin)(void *ctx, const k3c_fwd_req *reqs, int nreq, int T);
