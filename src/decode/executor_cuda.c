@@ -218,7 +218,7 @@ static int build_tp_unprepared(const k3c_decode_env *v, int world_size, k3c_deco
 
 /* The TP communicator of a prepared rank: the mailbox of this rank of this world, with slots for the
  * step's largest collectives (PREPARED_MAX rows: the hidden and routed-latent sums, the LM head's part). */
-static int check_tp_comm(const k3c_decode_env *v, int rank, int world_size) {
+static int check_tp_comm(const k3c_decode_env *v, int rank, int world_size, int wide_rows) {
     const k3c_config *c = &v->m->config;
     k3c_comm_mailbox_info info;
     K3C_TRY(k3c_comm_mailbox_get_info(v->tp, &info));
@@ -227,11 +227,14 @@ static int check_tp_comm(const k3c_decode_env *v, int rank, int world_size) {
                           world_size, v->tp->rank, v->tp->size);
     size_t D = (size_t)c->hidden_size, Rin = (size_t)k3c_config_expert_in(c), need = PMAX * (D > Rin ? D : Rin);
     size_t lm = (size_t)PMAX * c->vocab_size; /* floats of this rank's LM head part */
+    size_t wide = (size_t)wide_rows * D;       /* a wide step's attention sums (its LM head is stock) */
     if (lm > need) need = lm;
+    if (wide > need) need = wide;
     if (info.cap < need)
         return k3c_errorf("decode executor: rank %d of %d: the mailbox carries %zu floats a call, its steps need %zu "
-                          "(%d rows of hidden %zu, routed latent %zu, vocabulary part %d; k3c_comm_mailbox_options.cap)",
-                          rank, world_size, info.cap, need, PMAX, D, Rin, c->vocab_size);
+                          "(%d rows of hidden %zu, routed latent %zu, vocabulary part %d, %d wide rows; "
+                          "k3c_comm_mailbox_options.cap)",
+                          rank, world_size, info.cap, need, PMAX, D, Rin, c->vocab_size, wide_rows);
     return K3C_OK;
 }
 
@@ -244,12 +247,9 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     if (world_size > 1 && (v.m->tp_size != world_size || v.m->tp_rank != rank))
         return k3c_errorf("decode executor: rank %d of %d needs that rank's model shard (model/shard.h), not %s", rank,
                           world_size, v.m->tp_size > 1 ? "another rank's" : "the whole model");
-    /* DEP (env.ep): TP1 attention on this DP rank's own requests, the MoE exchanged over the EP group by the
-     * stock forward (the hybrid, TP attention inside DEP, has no executor) */
+    /* DEP (env.ep): the attention on this DP rank's own requests (TP1; or, the hybrid, over the DP group's TP
+     * ranks, world_size > 1, their mailbox env.tp), the MoE exchanged over the EP group by the stock forward */
     int dep = v.ep && v.ep->size > 1;
-    if (dep && world_size > 1)
-        return k3c_errorf("decode executor: DEP with TP attention (a TP group of %d inside the EP group of %d, the "
-                          "hybrid layout) is not built", world_size, v.ep->size);
     if (dep && (v.m->ep_size != v.ep->size || v.m->ep_rank != v.ep->rank))
         return k3c_errorf("decode executor: EP rank %d of %d needs that rank's expert shard (model/shard.h)", v.ep->rank,
                           v.ep->size);
@@ -263,7 +263,11 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
      * merges the ranks' partial attention (stock/forward.c mla_dcp); the MLA provider reads a whole cache, so
      * such a rank stays unprepared and every step runs stock, on every rank of the group alike */
     if (world_size > 1 && v.kv && v.kv->dcp > 1) return build_tp_unprepared(&v, world_size, out);
-    if (world_size > 1) K3C_TRY(check_tp_comm(&v, rank, world_size));
+    /* the wide route's rows (below): TP1, or a hybrid rank's (its TP attention sums over the mailbox, the
+     * stock forward's other sums over its own communicator) */
+    int wide_rows = (world_size == 1 || dep) && v.fwd ? (v.max_rows < K3C_WIDE_MAX ? v.max_rows : K3C_WIDE_MAX) : 0;
+    if (wide_rows < 0) wide_rows = 0;
+    if (world_size > 1) K3C_TRY(check_tp_comm(&v, rank, world_size, wide_rows));
     if (world_size == 1 && v.m->tp_size > 1)
         return k3c_errorf("decode executor: the model is rank %d's shard of a TP group of %d, built for world size 1",
                           v.m->tp_rank, v.m->tp_size);
@@ -306,11 +310,11 @@ int k3c_decode_cuda_build(const k3c_decode_env *env, int rank, int world_size, k
     }
     for (int l = 0; l < c->num_layers; l++) x->kda_ord[l] = c->layer_attn[l] == K3C_ATTN_KDA ? x->nkda++ : -1;
     memcpy(x->batches, k3c_prepared_batches, sizeof x->batches);
-    /* the wide route (the header): TP1 only (a TP rank's attention would sum over the mailbox inside a stock
-     * step), over the engine's stock forward, up to K3C_WIDE_MAX rows and the forward's max_rows */
+    /* the wide route (the header), over the engine's stock forward, up to K3C_WIDE_MAX rows and the forward's
+     * max_rows: at TP1, and on a hybrid rank (every step of a DP group's TP ranks is planned alike, so their
+     * attention providers' sums pair); a plain TP rank's verify steps past the batches stay stock */
     x->dep = dep;
-    x->wide_rows = world_size == 1 && v.fwd ? (v.max_rows < K3C_WIDE_MAX ? v.max_rows : K3C_WIDE_MAX) : 0;
-    if (x->wide_rows < 0) x->wide_rows = 0;
+    x->wide_rows = wide_rows;
     x->arows = x->wide_rows > PMAX ? x->wide_rows : PMAX;
     x->wide_attn = (k3c_forward_attention){.ctx = x, .begin = wide_begin, .run = wide_run};
     /* DEP: no fully specialized step (the seed's build_dep: no batches, no graphs), every decode or uniform
@@ -796,6 +800,7 @@ static int run_wide(k3c_decode_cuda *x, const k3c_plan *plan, const k3c_fwd_req 
                              plan->rows, x->wide_rows, x->dep ? "" : "; an empty step only on a DEP rank");
     if (rc != K3C_OK) {
         if (x->dep) x->v.ep->abort(x->v.ep);
+        if (x->tp) x->tp->abort(x->tp);
         return rc;
     }
     /* the op profile times the replayed steps' ops on x->st and collects after them: a wide step is not

@@ -40,8 +40,8 @@
  * capturable in general, and one graph per row count past 64 would be many), the step's metadata filled and
  * uploaded once before its first layer. The attention buffers and the metadata hold max(64, wide_max) rows;
  * the providers' launches are those of a captured step at that T, which equal the stock ops row for row (the
- * same kernels, the same products at the same T), so a wide step is bitwise the stock one. TP1 only: at TP > 1
- * wide_max is 0 (wide steps plan stock, K3C_STOCK_UNPREPARED_ROWS).
+ * same kernels, the same products at the same T), so a wide step is bitwise the stock one. At TP1 and on a
+ * hybrid rank (below); on a plain TP rank wide_max is 0 (wide steps plan stock, K3C_STOCK_UNPREPARED_ROWS).
  * DEP (k3c_decode_env.ep, the seed's build_dep): built for a DP rank whose MoE is expert-parallel (TP1
  * attention on its own requests, the model its expert shard, env.fwd its stock DEP forward): no fully
  * specialized step, no graphs, no feed-forward providers; every decode or uniform verify step up to wide_max
@@ -49,11 +49,17 @@
  * the all-to-alls, moe_experts, moe_combine), so the step's collectives are the stock DEP step's whichever
  * route each rank takes (decode/plan.h); n = 0 through step is the stock dummy step. Prompt rows, mixed
  * steps and an idle rank's dummy step plan stock and the engine runs them on the same forward.
+ * The hybrid (the seed's HybridStep: TP-G attention groups inside DEP, EP MoE over every rank) is DEP with
+ * world_size = G > 1 and env.tp the DP group's mailbox: the TP-prepared attention providers (their o_proj
+ * sums over the mailbox, as in a captured TP step) in the stock layer loop, every other collective the stock
+ * forward's over its own groups, so a wide step is bitwise the stock hybrid step; the DP group's TP ranks
+ * plan every step alike (the same requests), and the mailbox holds wide_max rows of the hidden size.
  * NOT built yet: the next layer's AttnRes fused into the MoE tail (the tail's sum and the residual add are
  * still their own launches before the AttnRes mix); the seed's wide MoE (moe.wide: the routed experts of a
- * wide step as the persistent launch; a wide step's MoE is the stock one); the wide route at TP > 1. (The
- * engine builds a DEP rank's executor for a DP + EP layout at tp 1 with one stage on device cuda, and runs each
- * rank's own part of a step on it when that part plans wide: runtime/engine.c k3c_engine_dp_part.)
+ * wide step as the persistent launch; a wide step's MoE is the stock one); the wide route on a plain TP rank.
+ * (The engine builds a DEP rank's executor for a DP + EP layout with one stage on device cuda, at tp 1 or, the
+ * hybrid, over the DP group's TP mailbox, and runs each rank's own part of a step on it when that part plans
+ * wide: runtime/engine.c k3c_engine_dp_part.)
  * process_weights_after_loading has no derived copies to rebuild (no packed copies exist: the grouped launches read the loaded weights in place); it
  * re-resolves the weight addresses and checks they did not move, which keeps captured graphs valid.
  * Tensor parallelism: built for a TP rank (world_size > 1, the model that rank's shard) over the CUDA mailbox

@@ -115,15 +115,20 @@ static void fill_env(k3c_engine *e, k3c_decode_env *env) {
 
 /* A TP rank's executor communicator: the TP group's mailbox, with slots for the executor's largest
  * collective (decode/executor_cuda.c check_tp_comm: PREPARED_MAX rows of the hidden size, the routed latent
- * or this rank's vocabulary part). Every rank of the group gets the same answer (runtime/ranks.h); without
+ * or this rank's vocabulary part; a hybrid rank's wide steps up to K3C_WIDE_MAX rows). Every rank of the group gets the same answer (runtime/ranks.h); without
  * one the executor is built unprepared and every step plans stock (K3C_STOCK_TP_UNPREPARED), said once. */
-static int executor_mailbox(k3c_engine *e, struct k3c_comm **out) {
+static int executor_mailbox(k3c_engine *e, int dep, struct k3c_comm **out) {
     const k3c_config *c = &e->fm->config;
     size_t w = (size_t)c->hidden_size, rin = (size_t)k3c_config_expert_in(c), v = (size_t)c->vocab_size;
     if (rin > w) w = rin;
     if (v > w) w = v;
+    size_t cap = (size_t)K3C_PREPARED_MAX * w;
+    if (dep) { /* the hybrid's wide steps: their attention sums of up to K3C_WIDE_MAX rows of the hidden size */
+        int wide = e->o.max_rows < K3C_WIDE_MAX ? e->o.max_rows : K3C_WIDE_MAX;
+        if ((size_t)wide * c->hidden_size > cap) cap = (size_t)wide * c->hidden_size;
+    }
     char why[512] = "";
-    K3C_TRY(k3c_ranks_mailbox(e->xr, e->be, (size_t)K3C_PREPARED_MAX * w, out, why, sizeof why));
+    K3C_TRY(k3c_ranks_mailbox(e->xr, e->be, cap, out, why, sizeof why));
     if (!*out && k3c_ranks_rank(e->xr) == 0)
         k3c_log(K3C_LOG_INFO, "tp %d: no mailbox for the specialized executor, every step runs the stock forward: %s",
                 k3c_ranks_place(e->xr)->layout.tp, why);
@@ -145,25 +150,25 @@ static int build_executor(k3c_engine *e) {
                           e->o.exact_f32 ? ", exact_f32" : "");
     }
     const k3c_rank *rk = e->xr ? k3c_ranks_place(e->xr) : NULL;
-    /* DEP (DP attention at TP1, EP MoE, one stage): a DP rank's executor over its EP group (decode/executor_cuda.h),
-     * each rank's own part of a step planned and run there (k3c_engine_dp_part) */
-    int dep = rk && rk->layout.dp > 1 && rk->layout.ep > 1 && rk->layout.tp == 1 && rk->layout.pp == 1;
+    /* DEP (DP attention at TP1, or the hybrid's TP groups, EP MoE, one stage): a DP rank's executor over its EP
+     * group (decode/executor_cuda.h), each rank's own part of a step planned and run there (k3c_engine_dp_part) */
+    int dep = rk && rk->layout.dp > 1 && rk->layout.ep > 1 && rk->layout.pp == 1;
     if (rk && !dep && (rk->layout.pp > 1 || rk->layout.dp > 1)) { /* the executor's TP group is the world's */
         if (mode == K3C_SPECIALIZED_AUTO) {
             if (rk->rank == 0)
                 k3c_log(K3C_LOG_INFO, "pp %d, dp %d, ep %d, tp %d: the specialized executor runs under tp only or at "
-                        "DEP (tp 1, one stage), every step runs the stock forward", rk->layout.pp, rk->layout.dp,
-                        rk->layout.ep, rk->layout.tp);
+                        "DEP / the hybrid (dp with ep, one stage), every step runs the stock forward", rk->layout.pp,
+                        rk->layout.dp, rk->layout.ep, rk->layout.tp);
             return K3C_OK;
         }
-        return k3c_errorf("the specialized executor runs under tp only, or at DEP with tp 1 and one stage (pp %d, dp "
-                          "%d, ep %d, tp %d)", rk->layout.pp, rk->layout.dp, rk->layout.ep, rk->layout.tp);
+        return k3c_errorf("the specialized executor runs under tp only, or at DEP / the hybrid with ep and one stage "
+                          "(pp %d, dp %d, ep %d, tp %d)", rk->layout.pp, rk->layout.dp, rk->layout.ep, rk->layout.tp);
     }
     k3c_decode_env env;
     fill_env(e, &env);
     if (dep) env.ep = rk->fwd_ep ? rk->fwd_ep : rk->ep_comm; /* the forward's EP group (device memory on CUDA) */
     if (rk && rk->layout.tp > 1) {
-        K3C_TRY(executor_mailbox(e, &env.tp));
+        K3C_TRY(executor_mailbox(e, dep, &env.tp));
         if (!env.tp && mode == K3C_SPECIALIZED_ON)
             return k3c_errorf("the specialized executor at tp %d needs the TP group's mailbox (see the log)",
                               rk->layout.tp);

@@ -12,7 +12,10 @@
  *    its stock DEP forward (k3c_decode_env.fwd, .ep) takes every decode and uniform verify step (planned
  *    K3C_ROUTE_WIDE on its own plan table) and, on the rank idle for the last steps, its dummy steps (n = 0
  *    through the executor: the stock dummy step); every logits row bitwise the stock DEP forward's over the
- *    same requests; and with both ranks given the same requests, the ranks' rows bitwise equal to each other.
+ *    same requests; and with both ranks given the same requests, the ranks' rows bitwise equal to each other;
+ *  - the hybrid, TP 2 x DEP 2 on one GPU (EP 4 over every rank): the same, each DP group's executors over their
+ *    own mailbox (their TP attention providers' sums) beside the stock forward's staged groups, and the TP
+ *    ranks of a DP group bitwise equal.
  * Fresh weights and prompts per run (test_seed()). */
 #include <math.h>
 #include <pthread.h>
@@ -25,6 +28,7 @@
 #include "cache/kda_slots.h"
 #include "cache/kv_cache.h"
 #include "comm/comm.h"
+#include "comm/mailbox_cuda.h"
 #include "cuda/backend_cuda.h"
 #include "decode/executor_cuda.h"
 #include "decode/plan.h"
@@ -262,12 +266,22 @@ typedef struct dreq {
     int n_prompt, n_new;
 } dreq;
 
-/* One DP rank of DEP 2 (world NULL: world size 1 is not run here). exec: the executor takes every step it
- * plans wide, and the dummy steps. After the decode steps every rank's requests (if any) verify DQ tokens. */
+/* The hybrid's TP ranks of one process: their streams, handed to the DP group's first TP rank, which makes
+ * the group's executor mailbox (comm/mailbox_cuda.h, a thread a rank) and hands it back. */
+typedef struct dhyb {
+    pthread_barrier_t met;
+    void *stream[4];
+    k3c_comm *mbx[4];
+} dhyb;
+
+/* One rank of DEP 2 (tp 1: world rank = DP rank) or of the hybrid (tp 2: TP 2 attention inside DEP 2, EP 4
+ * over every rank; world rank = DP rank x 2 + TP rank). exec: the executor takes every step it plans wide,
+ * and the dummy steps. After the decode steps every rank's requests (if any) verify DQ tokens. */
 typedef struct drun {
     const k3c_model *m;
     k3c_comm_group *world;
-    int wrank, exec, V, nreq, steps;
+    dhyb *hy;
+    int wrank, tp, exec, V, nreq, steps;
     dreq req[DMAXREQ];
     float *prompt_logits[DMAXREQ], *step_logits[DMAXREQ], *verify_logits[DMAXREQ];
     int32_t *stream[DMAXREQ];
@@ -317,12 +331,26 @@ static int drun_rank(drun *r) {
     int per = (ctx + bs - 1) / bs;
     k3c_backend *be = k3c_backend_cuda_create(0);
     if (!be) return K3C_ERR;
-    k3c_comm *world = NULL;
+    k3c_comm *world = NULL, *mbx = NULL;
     k3c_comm_groups gr = {0};
+    const int tp = r->tp, tp_rank = r->wrank % tp;
     rc = k3c_comm_staged_create(r->world, r->wrank, 0, k3c_backend_cuda_stream(be), GROUP_MS, &world);
-    if (rc == K3C_OK) rc = k3c_comm_groups_split(world, 1, 1, 2, 2, &gr);
+    if (rc == K3C_OK) rc = k3c_comm_groups_split(world, tp, 1, 2, 2 * tp, &gr);
+    if (tp > 1 && r->exec) { /* the DP group's executor mailbox, made by its first TP rank for both */
+        r->hy->stream[r->wrank] = k3c_backend_cuda_stream(be);
+        pthread_barrier_wait(&r->hy->met);
+        if (tp_rank == 0) {
+            int devs[2] = {0, 0};
+            k3c_comm_mailbox_options mo = {.timeout_ms = 10000, .threads = 1};
+            if (k3c_comm_mailbox_create(2, devs, &r->hy->stream[r->wrank], &mo, &r->hy->mbx[r->wrank]) != K3C_OK)
+                fprintf(stderr, "    hybrid rank %d: mailbox: %s\n", r->wrank, k3c_error_message());
+        }
+        pthread_barrier_wait(&r->hy->met);
+        mbx = r->hy->mbx[r->wrank];
+        if (rc == K3C_OK && !mbx) rc = k3c_errorf("hybrid rank %d: no executor mailbox (stderr says why)", r->wrank);
+    }
     k3c_forward_options o = {.max_rows = DMAX_ROWS, .max_segs = DMAXREQ, .max_context = ctx + 1, .block_size = bs,
-                             .ep = gr.ep};
+                             .tp = tp > 1 ? gr.tp : NULL, .ep = gr.ep};
     k3c_forward *f = NULL;
     k3c_kv_cache kv = {0};
     k3c_kda_slots ks = {0};
@@ -340,8 +368,8 @@ static int drun_rank(drun *r) {
     if (rc == K3C_OK && r->exec) {
         k3c_decode_env env = {.m = r->m, .be = be, .kv = &kv, .ks = &ks, .max_requests = DMAXREQ,
                               .max_rows = DMAX_ROWS, .max_context = ctx + 1, .block_size = bs, .q_max = DQ,
-                              .max_blocks_per_request = per, .fwd = f, .ep = gr.ep};
-        rc = k3c_decode_cuda_build(&env, 0, 1, &xc);
+                              .max_blocks_per_request = per, .fwd = f, .ep = gr.ep, .tp = mbx};
+        rc = k3c_decode_cuda_build(&env, tp_rank, tp, &xc);
         if (rc == K3C_OK) rc = k3c_decode_cuda_prepare_kv(xc, 1); /* eager: a DEP rank has nothing to capture */
         if (rc == K3C_OK) {
             const k3c_plan_table *t = &k3c_decode_cuda_executor(xc)->plan_table;
@@ -394,7 +422,9 @@ static int drun_rank(drun *r) {
         snprintf(r->err, sizeof r->err, "%s", k3c_error_message());
         if (world) world->abort(world);
     }
+    if (rc != K3C_OK && mbx) mbx->abort(mbx);
     k3c_decode_cuda_free(xc);
+    if (mbx) mbx->free(mbx);
     free(lg);
     k3c_kda_slots_release(&ks, be);
     k3c_kv_cache_release(&kv, be);
@@ -469,33 +499,41 @@ static void drequests(const dfix *fx, int k, int same, drun *r) {
     }
 }
 
-/* The 2 DP ranks (one thread each, world rank = DP rank), exec or stock, on the EP shards sh. */
-static int drun_layout(const dfix *fx, k3c_model **sh, int exec, int same, drun *r) {
+/* The 2 x tp ranks (one thread each; DP rank = world rank / tp), exec or stock, on the shards sh. */
+static int drun_layout(const dfix *fx, k3c_model **sh, int tp, int exec, int same, drun *r) {
+    const int n = 2 * tp;
     k3c_comm_group *grp = NULL;
-    K3C_TRY(k3c_comm_group_create(2, GROUP_MS, &grp));
-    for (int k = 0; k < 2; k++) {
-        r[k] = (drun){.m = sh[k], .world = grp, .wrank = k, .exec = exec, .V = fx->V};
-        drequests(fx, k, same, &r[k]);
+    dhyb hy = {0};
+    K3C_TRY(k3c_comm_group_create(n, GROUP_MS, &grp));
+    pthread_barrier_init(&hy.met, NULL, (unsigned)n);
+    for (int k = 0; k < n; k++) {
+        r[k] = (drun){.m = sh[k], .world = grp, .hy = &hy, .wrank = k, .tp = tp, .exec = exec, .V = fx->V};
+        drequests(fx, k / tp, same, &r[k]);
         K3C_TRY(dalloc(&r[k]));
     }
-    pthread_t th[2];
-    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, drun_thread, &r[k]);
-    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    pthread_t th[4];
+    for (int k = 0; k < n; k++) pthread_create(&th[k], NULL, drun_thread, &r[k]);
+    for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&hy.met);
     /* no k3c_comm_group_free: every rank joined, and the last to leave freed the group (comm/comm.h) */
-    for (int k = 0; k < 2; k++)
-        if (r[k].rc != K3C_OK) return k3c_errorf("%s DEP rank %d: %s", exec ? "executor" : "stock", k, r[k].err);
+    for (int k = 0; k < n; k++)
+        if (r[k].rc != K3C_OK)
+            return k3c_errorf("%s %s rank %d: %s", exec ? "executor" : "stock", tp > 1 ? "hybrid" : "DEP", k, r[k].err);
     return K3C_OK;
 }
 
-static void check_dep_exec(int kimi_linear) {
-    const char *name = kimi_linear ? "kimi-linear" : "k3";
+/* tp 1: DEP 2; tp 2: the hybrid (TP 2 attention groups inside DEP 2, EP 4; the executor's attention sums over
+ * each DP group's own mailbox, the stock forward's over the staged groups). */
+static void check_dep_exec(int kimi_linear, int tp) {
+    const char *name = kimi_linear ? "kimi-linear" : "k3", *lay = tp > 1 ? "hybrid tp2 x dep2" : "dep2";
+    const int n = 2 * tp;
     k3c_config c;
     int rc = tp_config(kimi_linear, 0, &c);
     CHECK_OK(rc);
     if (rc != K3C_OK) return;
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/gpuwide_dep_%s", test_tmpdir(), name);
-    uint64_t seed = test_seed() ^ k3c_hash_str(name) ^ 0xdeb;
+    snprintf(dir, sizeof dir, "%s/gpuwide_dep%d_%s", test_tmpdir(), tp, name);
+    uint64_t seed = test_seed() ^ k3c_hash_str(name) ^ 0xdeb ^ (uint64_t)tp;
     rc = k3c_synth_write(&c, NULL, seed, dir);
     dfix fx = {.V = c.vocab_size};
     k3c_config_free(&c);
@@ -507,22 +545,24 @@ static void check_dep_exec(int kimi_linear) {
     k3c_rng_seed(&g, seed ^ 0x7a11);
     for (int i = 0; i <= DMAXREQ; i++)
         for (int t = 0; t < 80; t++) fx.prompts[i][t] = (int32_t)(k3c_rng_next(&g) % (uint64_t)fx.V);
-    k3c_model *sh[2] = {0};
-    for (int k = 0; k < 2; k++) {
-        k3c_model_part part = {.ep_rank = k, .ep = 2};
+    k3c_model *sh[4] = {0};
+    int made = 1;
+    for (int k = 0; k < n; k++) {
+        k3c_model_part part = {.tp_rank = tp > 1 ? k % tp : 0, .tp = tp > 1 ? tp : 0, .ep_rank = k, .ep = n};
         CHECK_OK(k3c_model_shard(fx.m, &part, &sh[k]));
+        made = made && sh[k];
     }
-    for (int same = 0; same < 2 && sh[0] && sh[1]; same++) {
-        drun st[2], ex[2];
+    for (int same = 0; same < 2 && made; same++) {
+        drun st[4], ex[4];
         memset(st, 0, sizeof st);
         memset(ex, 0, sizeof ex);
-        int ok = drun_layout(&fx, sh, 0, same, st) == K3C_OK;
-        CHECKF(ok, "%s dep2%s stock: %s", name, same ? "same" : "", k3c_error_message());
+        int ok = drun_layout(&fx, sh, tp, 0, same, st) == K3C_OK;
+        CHECKF(ok, "%s %s%s stock: %s", name, lay, same ? " same" : "", k3c_error_message());
         if (ok) {
-            ok = drun_layout(&fx, sh, 1, same, ex) == K3C_OK;
-            CHECKF(ok, "%s dep2%s executor: %s", name, same ? "same" : "", k3c_error_message());
+            ok = drun_layout(&fx, sh, tp, 1, same, ex) == K3C_OK;
+            CHECKF(ok, "%s %s%s executor: %s", name, lay, same ? " same" : "", k3c_error_message());
         }
-        for (int k = 0; k < 2 && ok; k++) {
+        for (int k = 0; k < n && ok; k++) {
             /* steps with rows after the prompt: decode steps with a request, and the verify step */
             long rows_steps = 1, dummy = 0;
             for (int s = 1; s <= ex[k].steps; s++) {
@@ -531,30 +571,36 @@ static void check_dep_exec(int kimi_linear) {
                 rows_steps += any;
                 dummy += !any;
             }
-            printf("INFO %s dep2%s rank %d: %ld steps planned wide, %ld dummy steps through the executor, %ld wide "
-                   "steps counted by it\n", name, same ? "same" : "", k, ex[k].planned_wide, ex[k].dummies, ex[k].wide);
+            printf("INFO %s %s%s rank %d: %ld steps planned wide, %ld dummy steps through the executor, %ld wide "
+                   "steps counted by it\n", name, lay, same ? " same" : "", k, ex[k].planned_wide, ex[k].dummies,
+                   ex[k].wide);
             CHECKF(ex[k].planned_wide == rows_steps && ex[k].dummies == dummy && ex[k].wide == rows_steps + dummy,
                    "%s rank %d: %ld wide, %ld dummy, %ld counted; expected %ld and %ld", name, k, ex[k].planned_wide,
                    ex[k].dummies, ex[k].wide, rows_steps, dummy);
             for (int i = 0; i < ex[k].nreq; i++) {
                 int eq = dsame(&ex[k], &st[k], i);
-                printf("INFO %s dep2%s rank %d request %d (%d prompt rows, %d decode, %d verify): executor %s the "
-                       "stock DEP forward\n", name, same ? "same" : "", k, i, ex[k].req[i].n_prompt,
+                printf("INFO %s %s%s rank %d request %d (%d prompt rows, %d decode, %d verify): executor %s the "
+                       "stock forward\n", name, lay, same ? " same" : "", k, i, ex[k].req[i].n_prompt,
                        ex[k].req[i].n_new, DQ, eq ? "bitwise equal to" : "DIFFERS from");
-                CHECKF(eq, "%s dep2%s rank %d request %d: the executor's logits differ from the stock DEP forward's",
-                       name, same ? "same" : "", k, i);
-                if (same && k == 1) {
-                    int shared = dsame(&ex[1], &ex[0], i);
-                    CHECKF(shared, "%s dep2same request %d: DP rank 1's executor rows differ from DP rank 0's", name, i);
+                CHECKF(eq, "%s %s%s rank %d request %d: the executor's logits differ from the stock forward's", name,
+                       lay, same ? " same" : "", k, i);
+                if (k % tp) CHECKF(dsame(&ex[k], &ex[k - 1], i), "%s %s rank %d request %d: TP rank 1's executor "
+                                   "rows differ from TP rank 0's", name, lay, k, i);
+                if (same && k >= tp) {
+                    int shared = dsame(&ex[k], &ex[k % tp], i);
+                    CHECKF(shared, "%s %s same, rank %d request %d: DP rank 1's executor rows differ from DP rank "
+                           "0's", name, lay, k, i);
                 }
             }
         }
-        if (!same && ok) CHECK(ex[0].dummies > 0); /* rank 0 was idle for the last decode steps */
-        for (int k = 0; k < 2; k++) dfree(&st[k]), dfree(&ex[k]);
+        if (!same && ok) CHECK(ex[0].dummies > 0); /* DP rank 0 was idle for the last decode steps */
+        for (int k = 0; k < n; k++) dfree(&st[k]), dfree(&ex[k]);
     }
-    for (int k = 0; k < 2; k++) k3c_model_shard_free(sh[k]);
+    for (int k = 0; k < n; k++) k3c_model_shard_free(sh[k]);
     k3c_model_free(fx.m);
 }
 
-TEST(gpu_wide_dep_k3) { check_dep_exec(0); }
-TEST(gpu_wide_dep_kimi_linear) { check_dep_exec(1); }
+TEST(gpu_wide_dep_k3) { check_dep_exec(0, 1); }
+TEST(gpu_wide_dep_kimi_linear) { check_dep_exec(1, 1); }
+TEST(gpu_wide_hybrid_k3) { check_dep_exec(0, 2); }
+TEST(gpu_wide_hybrid_kimi_linear) { check_dep_exec(1, 2); }
