@@ -937,117 +937,69 @@ static void attn_override_one(int kimi_linear) {
 TEST(forward_attention_override_k3_bitwise) { attn_override_one(0); }
 TEST(forward_attention_override_kimi_linear_bitwise) { attn_override_one(1); }
 
-/* DEP 2 (rank 0 idle for the last steps: dummy steps): every rank's run through the override bitwise the
- * stock DEP run's on the same zero-o_proj shards; a dummy step calls neither begin nor run (its collectives
- * are the stock dummy step's: the steps line up, or the ranks would fail or wait). */
-static void attn_override_dep(int kimi_linear) {
+/* DEP 2 (DP rank 0 idle for the last steps: dummy steps), at tp 1 or, the hybrid, with TP 2 attention groups
+ * inside it (EP over every rank; world rank w = DP rank x tp + TP rank, comm/comm.h): every rank's run through
+ * the override bitwise the stock run's on the same zero-o_proj shards; a dummy step calls neither begin nor run
+ * (its collectives are the stock dummy step's: the steps line up, or the ranks would fail or wait). On a TP
+ * rank the override leaves in A what the stock layer leaves there, the group's sum (here +0.0: the zero
+ * o_proj's parts are +0.0 on every rank), both TP ranks of a DP group alike. */
+static void attn_override_dep(int kimi_linear, int tp) {
     const fixture *fx = fixture_get(kimi_linear);
     CHECKF(fx, "fixture: %s", k3c_error_message());
     if (!fx) return;
     k3c_model *m = (k3c_model *)fx->m;
-    int L = m->config.num_layers;
-    k3c_mat saved[2 * 64];
-    uint16_t *zeros = NULL;
-    CHECK(L <= 64);
-    CHECK_OK(zero_o_proj(m, saved, &zeros));
-    prun r[2][2];
-    k3c_model *sh[2] = {0};
-    for (int k = 0; k < 2; k++) {
-        k3c_model_part part = {.ep_rank = k, .ep = 2};
-        CHECK_OK(k3c_model_shard(m, &part, &sh[k]));
-    }
-    for (int run = 0; run < 2; run++) {
-        split_job sj[2];
-        CHECK_OK(make_world(1, 1, 2, 2, 60000, sj));
-        for (int k = 0; k < 2; k++) {
-            r[run][k] = (prun){.m = sh[k], .ep = sj[k].g.ep, .V = fx->V, .zero_attn = run, .attn_fail_step = -1};
-            dep_requests(fx, 2, k, -1, &r[run][k]);
-            CHECK(alloc_run(&r[run][k]) == K3C_OK);
-        }
-        run_ranks(r[run], 2);
-        for (int k = 0; k < 2; k++) CHECKF(r[run][k].rc == K3C_OK, "%s rank %d: %s", run ? "override" : "stock", k,
-                                           r[run][k].err);
-        free_world(sj, 2);
-    }
-    for (int k = 0; k < 2; k++) {
-        const prun *o = &r[1][k];
-        for (int i = 0; i < o->nreq; i++)
-            CHECKF(same_bits(o, &r[0][k], i), "dep 2 rank %d request %d: the override's logits differ from the stock "
-                   "DEP forward's (rel L2 %.3g)", k, i, worst(o, &r[0][k], i));
-        long steps = steps_with_rows(o);
-        printf("    %s dep 2 rank %d: %ld of %d steps through the override (the rest dummy steps), %ld layer calls\n",
-               kimi_linear ? "kimi-linear" : "k3", k, o->attn_begins, o->steps + 1, o->attn_runs);
-        CHECKF(o->attn_begins == steps && o->attn_runs == steps * L && o->attn_bad == 0,
-               "rank %d: begin %ld (expected %ld), run %ld (expected %ld), %ld bad calls", k, o->attn_begins, steps,
-               o->attn_runs, steps * L, o->attn_bad);
-    }
-    CHECK(steps_with_rows(&r[1][0]) < r[1][0].steps + 1); /* rank 0 did run dummy steps */
-    for (int run = 0; run < 2; run++)
-        for (int k = 0; k < 2; k++) free_run(&r[run][k]);
-    for (int k = 0; k < 2; k++) k3c_model_shard_free(sh[k]);
-    restore_o_proj(m, saved, zeros);
-}
-
-TEST(dep_cpu_attention_override_k3_bitwise) { attn_override_dep(0); }
-TEST(dep_cpu_attention_override_kimi_linear_bitwise) { attn_override_dep(1); }
-
-/* The hybrid (TP 2 attention groups inside DEP 2, EP 4 over every rank): the override on a TP rank leaves in A
- * what the stock layer leaves there, the group's sum (here +0.0: the zero o_proj's parts are +0.0 on every
- * rank); every rank's run through it bitwise the stock hybrid run's on the same zero-o_proj shards, both TP
- * ranks of a DP group alike. World rank w = DP rank x 2 + TP rank (comm/comm.h). */
-static void attn_override_hybrid(int kimi_linear) {
-    const fixture *fx = fixture_get(kimi_linear);
-    CHECKF(fx, "fixture: %s", k3c_error_message());
-    if (!fx) return;
-    k3c_model *m = (k3c_model *)fx->m;
-    int L = m->config.num_layers;
+    const int L = m->config.num_layers, n = 2 * tp;
+    const char *name = kimi_linear ? "kimi-linear" : "k3", *lay = tp > 1 ? "hybrid tp 2 x dep 2" : "dep 2";
     k3c_mat saved[2 * 64];
     uint16_t *zeros = NULL;
     CHECK(L <= 64);
     CHECK_OK(zero_o_proj(m, saved, &zeros));
     prun r[2][4];
     k3c_model *sh[4] = {0};
-    for (int w = 0; w < 4; w++) {
-        k3c_model_part part = {.tp_rank = w % 2, .tp = 2, .ep_rank = w, .ep = 4};
+    for (int w = 0; w < n; w++) {
+        k3c_model_part part = {.tp_rank = tp > 1 ? w % tp : 0, .tp = tp > 1 ? tp : 0, .ep_rank = w, .ep = n};
         CHECK_OK(k3c_model_shard(m, &part, &sh[w]));
     }
     for (int run = 0; run < 2; run++) {
         split_job sj[4];
-        CHECK_OK(make_world(2, 1, 2, 4, 60000, sj));
-        for (int w = 0; w < 4; w++) {
-            r[run][w] = (prun){.m = sh[w], .tp = sj[w].g.tp, .ep = sj[w].g.ep, .V = fx->V, .zero_attn = run,
-                               .attn_fail_step = -1};
-            dep_requests(fx, 2, w / 2, -1, &r[run][w]);
+        CHECK_OK(make_world(tp, 1, 2, n, 60000, sj));
+        for (int w = 0; w < n; w++) {
+            r[run][w] = (prun){.m = sh[w], .tp = tp > 1 ? sj[w].g.tp : NULL, .ep = sj[w].g.ep, .V = fx->V,
+                               .zero_attn = run, .attn_fail_step = -1};
+            dep_requests(fx, 2, w / tp, -1, &r[run][w]);
             CHECK(alloc_run(&r[run][w]) == K3C_OK);
         }
-        run_ranks(r[run], 4);
-        for (int w = 0; w < 4; w++) CHECKF(r[run][w].rc == K3C_OK, "%s world rank %d: %s", run ? "override" : "stock",
-                                           w, r[run][w].err);
-        free_world(sj, 4);
+        run_ranks(r[run], n);
+        for (int w = 0; w < n; w++) CHECKF(r[run][w].rc == K3C_OK, "%s %s rank %d: %s", lay,
+                                           run ? "override" : "stock", w, r[run][w].err);
+        free_world(sj, n);
     }
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < n; w++) {
         const prun *o = &r[1][w];
         for (int i = 0; i < o->nreq; i++) {
-            CHECKF(same_bits(o, &r[0][w], i), "hybrid world rank %d request %d: the override's logits differ from "
-                   "the stock hybrid forward's (rel L2 %.3g)", w, i, worst(o, &r[0][w], i));
-            if (w % 2) CHECKF(same_bits(o, &r[1][w - 1], i), "hybrid world rank %d request %d: TP rank 1's logits "
-                              "differ from TP rank 0's", w, i);
+            CHECKF(same_bits(o, &r[0][w], i), "%s rank %d request %d: the override's logits differ from the stock "
+                   "forward's (rel L2 %.3g)", lay, w, i, worst(o, &r[0][w], i));
+            if (w % tp) CHECKF(same_bits(o, &r[1][w - 1], i), "%s rank %d request %d: TP rank 1's logits differ "
+                               "from TP rank 0's", lay, w, i);
         }
         long steps = steps_with_rows(o);
-        printf("    %s hybrid tp 2 x dep 2, world rank %d: %ld of %d steps through the override, %ld layer calls\n",
-               kimi_linear ? "kimi-linear" : "k3", w, o->attn_begins, o->steps + 1, o->attn_runs);
+        printf("    %s %s rank %d: %ld of %d steps through the override (the rest dummy steps), %ld layer calls\n",
+               name, lay, w, o->attn_begins, o->steps + 1, o->attn_runs);
         CHECKF(o->attn_begins == steps && o->attn_runs == steps * L && o->attn_bad == 0,
-               "world rank %d: begin %ld (expected %ld), run %ld (expected %ld), %ld bad calls", w, o->attn_begins,
-               steps, o->attn_runs, steps * L, o->attn_bad);
+               "rank %d: begin %ld (expected %ld), run %ld (expected %ld), %ld bad calls", w, o->attn_begins, steps,
+               o->attn_runs, steps * L, o->attn_bad);
     }
+    CHECK(steps_with_rows(&r[1][0]) < r[1][0].steps + 1); /* DP rank 0 did run dummy steps */
     for (int run = 0; run < 2; run++)
-        for (int w = 0; w < 4; w++) free_run(&r[run][w]);
-    for (int w = 0; w < 4; w++) k3c_model_shard_free(sh[w]);
+        for (int w = 0; w < n; w++) free_run(&r[run][w]);
+    for (int w = 0; w < n; w++) k3c_model_shard_free(sh[w]);
     restore_o_proj(m, saved, zeros);
 }
 
-TEST(hybrid_cpu_attention_override_k3_bitwise) { attn_override_hybrid(0); }
-TEST(hybrid_cpu_attention_override_kimi_linear_bitwise) { attn_override_hybrid(1); }
+TEST(dep_cpu_attention_override_k3_bitwise) { attn_override_dep(0, 1); }
+TEST(dep_cpu_attention_override_kimi_linear_bitwise) { attn_override_dep(1, 1); }
+TEST(hybrid_cpu_attention_override_k3_bitwise) { attn_override_dep(0, 2); }
+TEST(hybrid_cpu_attention_override_kimi_linear_bitwise) { attn_override_dep(1, 2); }
 
 /* DEP 2: rank 1's override fails in step 2 (its second layer): its step fails, and rank 0's too, at once (the
  * failed step aborted the EP group) rather than after the group's timeout. */
