@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # k3c's CPU prefill and decode against llama.cpp's CPU backend on the same Kimi Linear weights (bf16 in
-# both), THREADS threads each (docs/BENCHMARKS.md, "CPU: k3c against llama.cpp").
+# both), THREADS threads each (docs/BENCHMARKS.md, "CPU: k3c against llama.cpp"); with MODELS naming K3
+# models, the same logits check for Kimi K3 (llama.cpp's kimi-k3 model, src/models/kimi-k3.cpp and
+# conversion/kimi_k3.py; the PyPI sdist below carries it).
 #
 #   LLAMA_DIR=/path/to/llama.cpp [PYTHON=venv/bin/python] bash tools/llama-cpu-compare.sh
+#   LLAMA_DIR=... PYTHON=... MODELS="k3-tiny k3-tiny-bf16 k3-mini" CHECK_ONLY=1 bash tools/llama-cpu-compare.sh
 #
 # llama.cpp is not downloaded here (the machine this runs on may reach nothing). Its source, any revision
 # with Kimi Linear (src/models/kimi-linear.cpp, conversion/kimi_linear.py):
@@ -26,7 +29,19 @@
 #      and `k3c bench --device cpu --model DIR` (decode GEN steps, a prompt of each of PROMPTS, best of RUNS;
 #      default 3), the load average before each; prints the best of every row as a table. GFLOP/s uses
 #      one count for both engines: 2 flops per matrix weight a prompt token multiplies (k3c bench's).
-# BENCH_ONLY=1 skips 2 and 3 (the checkpoints of an earlier run in WORK are measured again).
+# BENCH_ONLY=1 skips 2 and 3 (the checkpoints of an earlier run in WORK are measured again); CHECK_ONLY=1
+# skips 4 (the agreement checks alone).
+# K3 models (MODELS): k3-tiny and k3-mini (the presets tiny and mini: MLA + KDA + AttnRes + the latent MoE,
+# MXFP4 experts, the published checkpoint format) and k3-tiny-bf16 (tools/llama-cpu/k3-tiny-bf16.json: tiny
+# with bf16 experts). The converter reads k3c's K3 folder as published (to_gguf.py adds only the tokenizer)
+# and repacks the MXFP4 experts into ggml's MXFP4 blocks, values unchanged. llama.cpp's MXFP4 products round
+# the activations to Q8_0 blocks (ggml's vec_dot_type for MXFP4), which k3c does not, so each MXFP4 model is
+# also checked as MODEL-deq: the same values as bf16 experts (tools/llama-cpu/dequant_mxfp4.py), which
+# llama.cpp multiplies in bf16; k3c's logits on it must be those of the MXFP4 model (k3c's bf16 forward:
+# bit for bit, checked here). The dense-routing model that must agree is MODEL-deq-dense there (the MXFP4
+# one is shown). GGUF_TYPE=f32 writes the GGUFs in f32 (the same weights widened; MXFP4 experts stay MXFP4):
+# llama.cpp's products then do not round the activations to bf16, which sets its logits against k3c's --f32
+# forward with no rounding of either engine's choosing between them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +56,7 @@ PROMPTS=${PROMPTS:-256,1024}
 GEN=${GEN:-32}
 RUNS=${RUNS:-3}
 MODELS=${MODELS:-kimi-linear-tiny kimi-linear-mini}
+GGUF_TYPE=${GGUF_TYPE:-bf16}
 TEXT=${TEXT:-The quick brown fox jumps over the lazy dog, and then it runs back home to sleep.}
 
 for t in llama-bench llama-debug; do
@@ -62,12 +78,17 @@ for m in $MODELS; do
         continue
     fi
     echo "== $m: synthesize (seed 1), convert to GGUF"
+    variants="$m $m-dense" gate=$m-dense
     case $m in
     kimi-linear-mini) "$B/synth_config" tools/llama-cpu/kimi-linear-mini.json 1 "$dir" ;;
+    k3-tiny-bf16) "$B/synth_config" tools/llama-cpu/k3-tiny-bf16.json 1 "$dir" >/dev/null ;;
+    k3-tiny | k3-mini)
+        "$B/k3c" synth --preset "${m#k3-}" --seed 1 --out "$dir" >/dev/null 2>&1
+        rm -rf "$dir-deq"
+        "$PYTHON" tools/llama-cpu/dequant_mxfp4.py "$dir" "$dir-deq"
+        variants="$variants $m-deq $m-deq-dense" gate=$m-deq-dense ;;
     *) "$B/k3c" synth --preset "$m" --seed 1 --out "$dir" ;;
     esac
-    "$PYTHON" tools/llama-cpu/to_gguf.py --llama-dir "$LLAMA_DIR" --model "$dir" --out "$WORK/$m.gguf" \
-        >"$WORK/$m.convert.log" 2>&1 || { tail -20 "$WORK/$m.convert.log" >&2; exit 1; }
 
     echo "== $m: do the engines agree?"
     p_k3c=$("$B/k3c" inspect "$dir" | sed -n 's/^  total *\([0-9]*\).*/\1/p')
@@ -76,13 +97,19 @@ for m in $MODELS; do
     # the same weights with every expert selected (only num_experts_per_token changes): routing near-ties of
     # random weights turn bf16 rounding into other experts (k3c's own bf16 and f32 forwards differ as much),
     # so the routed model's logits are shown, and the dense-routing ones must agree
-    rm -rf "$dir-dense" && mkdir "$dir-dense"
-    for f in "$dir"/*; do [ "${f##*/}" = config.json ] || ln -s "$f" "$dir-dense/"; done
-    python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_experts_per_token"] = c["num_experts"]
-json.dump(c, open(sys.argv[2], "w"), indent=2)' "$dir/config.json" "$dir-dense/config.json"
-    "$PYTHON" tools/llama-cpu/to_gguf.py --llama-dir "$LLAMA_DIR" --model "$dir-dense" --out "$WORK/$m-dense.gguf" \
-        >"$WORK/$m-dense.convert.log" 2>&1 || { tail -20 "$WORK/$m-dense.convert.log" >&2; exit 1; }
-    for v in "$m" "$m-dense"; do
+    for v in $variants; do
+        case $v in
+        *-dense)
+            rm -rf "$WORK/$v" && mkdir "$WORK/$v"
+            for f in "$WORK/${v%-dense}"/*; do [ "${f##*/}" = config.json ] || ln -s "$f" "$WORK/$v/"; done
+            python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); t = c.get("text_config", c)
+t["num_experts_per_token"] = t["num_experts"]; json.dump(c, open(sys.argv[2], "w"), indent=2)' \
+                "$WORK/${v%-dense}/config.json" "$WORK/$v/config.json" ;;
+        esac
+        "$PYTHON" tools/llama-cpu/to_gguf.py --llama-dir "$LLAMA_DIR" --model "$WORK/$v" --out "$WORK/$v.gguf" \
+            --outtype "$GGUF_TYPE" >"$WORK/$v.convert.log" 2>&1 || { tail -20 "$WORK/$v.convert.log" >&2; exit 1; }
+    done
+    for v in $variants; do
         rm -rf "$WORK/$v.debug"
         "$LLAMA_BIN/llama-debug" -m "$WORK/$v.gguf" -p "$TEXT" -t "$THREADS" -c 512 --save-logits \
             --logits-output-dir "$WORK/$v.debug" >"$WORK/$v.debug.log" 2>&1 || { tail -20 "$WORK/$v.debug.log" >&2; exit 1; }
@@ -99,17 +126,28 @@ json.dump(c, open(sys.argv[2], "w"), indent=2)' "$dir/config.json" "$dir-dense/c
         done
         echo "$v (top-$(sed -n 's/.*"num_experts_per_token": *\([0-9]*\).*/\1/p' "$WORK/$v/config.json") routing):"
         ok=0
-        python3 tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-bf16" "$WORK/$v.debug/llamacpp-$v.bin" --tokens "$n" || ok=1
-        python3 tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-f32" "$WORK/$v.debug/llamacpp-$v.bin" --tokens "$n" \
+        "$PYTHON" tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-bf16" "$WORK/$v.debug/llamacpp-$v.bin" --tokens "$n" || ok=1
+        "$PYTHON" tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-f32" "$WORK/$v.debug/llamacpp-$v.bin" --tokens "$n" \
             --names "k3c --f32,llama.cpp" || ok=1
-        python3 tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-bf16" "$WORK/$v.k3c-f32" --tokens "$n" \
+        "$PYTHON" tools/llama-cpu/compare_logits.py "$WORK/$v.k3c-bf16" "$WORK/$v.k3c-f32" --tokens "$n" \
             --names "k3c,k3c --f32" || true
-        if [ "$v" = "$m-dense" ] && [ $ok != 0 ]; then
+        case $v in
+        *-deq | *-deq-dense)
+            # the MXFP4 model's values as bf16 experts: k3c's bf16 forward gives the same logits bit for bit
+            src=${v/-deq/}
+            if cmp -s "$WORK/$v.k3c-bf16" "$WORK/$src.k3c-bf16"; then echo "k3c: $v gives the logits of $src, bit for bit"
+            else echo "llama-cpu-compare: k3c's logits on $v differ from those on $src" >&2; exit 1; fi
+            "$PYTHON" tools/llama-cpu/compare_logits.py "$WORK/$src.debug/llamacpp-$src.bin" \
+                "$WORK/$v.debug/llamacpp-$v.bin" --tokens 1 --names "llama.cpp MXFP4 experts ($src),llama.cpp $GGUF_TYPE experts ($v)" || true ;;
+        esac
+        if [ "$v" = "$gate" ] && [ $ok != 0 ]; then
             echo "llama-cpu-compare: $m: the engines disagree on the dense-routing model" >&2
             exit 1
         fi
     done
 done
+
+[ -n "${CHECK_ONLY:-}" ] && exit 0
 
 for r in $(seq 1 "$REPEATS"); do
     for m in $MODELS; do

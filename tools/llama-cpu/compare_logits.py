@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The last prompt row's logits of k3c (k3c logits: float32 [len, vocab]) against a reference: llama.cpp's
 (llama-debug --save-logits: float32 [vocab] of the last token) or another k3c file of the same prompt, for
-tools/llama-cpu-compare.sh. Prints the cosine, the largest difference relative to the reference's range, both
-argmaxes and how many of the top 10 agree; exits 1 when they disagree beyond bf16 noise (cosine below
---min-cosine or another argmax).
+tools/llama-cpu-compare.sh. Prints the cosine, the relative L2 difference ||a - b|| / ||b||, the largest
+difference relative to the reference's range, both argmaxes and how many of the top 10 agree; exits 1 when
+they disagree beyond bf16 noise (cosine below --min-cosine or another argmax).
 
     python3 tools/llama-cpu/compare_logits.py K3C_LOGITS REFERENCE --tokens N [--names k3c,llama.cpp]
 """
@@ -35,9 +35,10 @@ def main():
         sys.exit("non-finite logits")
     cos = float(k @ l / (np.linalg.norm(k) * np.linalg.norm(l)))
     rel = float(np.abs(k - l).max() / (l.max() - l.min()))
+    rel2 = float(np.linalg.norm(k - l) / np.linalg.norm(l))
     top_k, top_l = np.argsort(-k)[:10], np.argsort(-l)[:10]
     same = len(set(top_k) & set(top_l))
-    print(f"last-row logits over {vocab} ids, {kn} against {ln}: cosine {cos:.6f}, max difference {rel:.4f} of the "
+    print(f"last-row logits over {vocab} ids, {kn} against {ln}: cosine {cos:.6f} (1 - cosine {1 - cos:.1e}), rel L2 {rel2:.1e}, max difference {rel:.4f} of the "
           f"range; argmax {top_k[0]} / {top_l[0]}; top-10 overlap {same}/10")
     return 0 if cos >= a.min_cosine and top_k[0] == top_l[0] else 1
 

@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""A k3c Kimi Linear checkpoint (k3c synth / tools/synth_config.c) as a bf16 GGUF, through llama.cpp's own
-convert_hf_to_gguf.py (its KimiLinearModel), for tools/llama-cpu-compare.sh.
+"""A k3c Kimi Linear or Kimi K3 checkpoint (k3c synth / tools/synth_config.c) as a GGUF, through llama.cpp's
+own convert_hf_to_gguf.py (its KimiLinearModel, or its KimiK3Model for a K3 config), for
+tools/llama-cpu-compare.sh.
 
     python3 tools/llama-cpu/to_gguf.py --llama-dir LLAMA_DIR --model DIR --out FILE.gguf
 
-Two things the converter expects that a k3c checkpoint does not have, worked around here and nowhere else:
+K3 (config.json's architectures KimiK3ForConditionalGeneration, the published spelling k3c writes): the
+converter reads the folder as it is (language_model. prefix, text_config, w1/w2/w3 experts, MXFP4 experts
+in compressed-tensors form, which it repacks into ggml's MXFP4 blocks losslessly); only the tokenizer below
+is supplied (KimiK3Model.set_vocab calls KimiLinearModel's, which is the one replaced).
+
+Kimi Linear: three things the converter expects that a k3c checkpoint does not have, worked around here and
+nowhere else:
 - the tokenizer: Moonshot's checkpoints load theirs through transformers' remote code (tokenization_kimi.py),
   which k3c does not write; k3c writes the same tiktoken form (tiktoken.model: base64 bytes and rank per
   line; tokenizer_config.json: the special tokens by id). KimiLinearModel.set_vocab is replaced by one that
@@ -15,7 +22,7 @@ Two things the converter expects that a k3c checkpoint does not have, worked aro
   staging folder beside the weights (symlinks), which is what the converter reads.
 - the dense layers' MLP: k3c (like transformers' Kimi Linear) names it `block_sparse_moe.{gate,up,down}_proj`,
   which the converter's tensor map does not know; it is renamed `mlp.` on the way in.
-The weights pass through unchanged (--outtype bf16): the same numbers k3c reads.
+The weights pass through unchanged (--outtype bf16; MXFP4 experts stay MXFP4): the same numbers k3c reads.
 """
 import argparse
 import base64
@@ -121,8 +128,11 @@ def dense_mlp_renamed(modify):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-dir", required=True, help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
-    ap.add_argument("--model", required=True, help="k3c Kimi Linear checkpoint folder")
+    ap.add_argument("--model", required=True, help="k3c Kimi Linear or K3 checkpoint folder")
     ap.add_argument("--out", required=True, help="GGUF file to write")
+    ap.add_argument("--outtype", default="bf16", choices=("bf16", "f32"),
+                    help="the converter's --outtype: bf16 (the checkpoint's numbers) or f32 (the same numbers "
+                         "widened, so that llama.cpp's products do not round the activations to bf16)")
     a = ap.parse_args()
     llama = os.path.abspath(a.llama_dir)
     if not os.path.isfile(os.path.join(llama, "convert_hf_to_gguf.py")):
@@ -132,10 +142,17 @@ def main():
     from conversion.kimi_linear import KimiLinearModel
 
     KimiLinearModel.set_vocab = tiktoken_set_vocab
+    with open(os.path.join(a.model, "config.json")) as f:
+        arch = (json.load(f).get("architectures") or [""])[0]
+    if arch == "KimiK3ForConditionalGeneration":
+        # the published K3 layout as k3c writes it: nothing to stage
+        sys.argv = ["convert_hf_to_gguf.py", a.model, "--outfile", a.out, "--outtype", a.outtype]
+        convert_hf_to_gguf.main()
+        return
     KimiLinearModel.modify_tensors = dense_mlp_renamed(KimiLinearModel.modify_tensors)
     with tempfile.TemporaryDirectory(prefix="k3c-gguf-") as where:
         stage(a.model, where)
-        sys.argv = ["convert_hf_to_gguf.py", where, "--outfile", a.out, "--outtype", "bf16"]
+        sys.argv = ["convert_hf_to_gguf.py", where, "--outfile", a.out, "--outtype", a.outtype]
         convert_hf_to_gguf.main()
 
 
