@@ -908,9 +908,12 @@ static int band_limit(void) {
 
 /* Every band kernel k3c_cuda_moe_band instantiates (below). */
 extern "C" int k3c_cuda_moe_pair_limits(void) {
+    K3C_TRY((band_limit<false, 3, MXB_COLS, 2, 4>()));
     K3C_TRY((band_limit<false, 3, MXB_COLS, 2, 2>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS, 2, 4>()));
     K3C_TRY((band_limit<true, 2, MXB_COLS, 2, 2>()));
     K3C_TRY((band_limit<true, 2, MXB_COLS_MAX, 1, 8>()));
+    K3C_TRY((band_limit<true, 2, MXB_COLS_WIDE, 1, 2>()));
     K3C_TRY((band_limit<true, 2, MXB_COLS_WIDE, 1, 8>()));
     return K3C_OK;
 }
@@ -948,11 +951,21 @@ static int moe_band_launch(const k3c_cuda_expert *experts, int num_experts, cons
  * 3584-wide row at 8 columns is 3584 entries, 14 a thread, 7 round trips at 2; at 16 columns 28 a thread, 14
  * round trips, with one block an SM so that nothing else streams meanwhile. The wide kernel has registers to
  * spare (161 of 255 at one block an SM) and stages 8 at once (4 round trips); the 8-column kernels keep 2
- * (their 128-register bound). Measured 2026-11-30 (H200, k3c bench, context 64, two rounds, A/B knobs since
- * removed): k3-slice b=64 SPEC 19.98 / 19.99 -> 19.82 / 19.84 ms with 8 in the wide kernel instead of 2
- * (predicted -1.0..-1.5: the stage is not where the wide kernel's time goes), b=16 / 32 unchanged; 4 in the
- * 8-column kernels (spilling 44 / 72 bytes) made k3-slice b=16 / 32 0.24 / 0.37 ms and kimi-linear-48b
- * b=16 / 64 0.15 / 0.20 ms slower. */
+ * (their 128-register bound). A/B knobs, read once: K3C_MOE_BAND_STAGE_W=2 (the wide kernel's old count),
+ * K3C_MOE_BAND_STAGE_N=4 (the 8-column kernels, MXFP4 and bf16, at 4). 2026-11-30 (H200, k3c bench, context 64,
+ * two rounds): k3-slice b=64 SPEC 19.98 / 19.99 -> 19.82 / 19.84 ms with 8 (predicted -1.0..-1.5: the stage
+ * is not where the wide kernel's time goes), b=16 / 32 unchanged; STAGE_N=4 (spilling 44 / 72 bytes) made
+ * k3-slice b=16 / 32 0.24 / 0.37 ms and kimi-linear-48b b=16 / 64 0.15 / 0.20 ms slower. */
+static int band_stage_wide(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_STAGE_W", 8) == 2 ? 2 : 8;
+    return v;
+}
+static int band_stage_narrow(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("K3C_MOE_BAND_STAGE_N", 2) == 4 ? 4 : 2;
+    return v;
+}
 
 /* nm, rows, cols, x, x_per_pair, y0, y1: as k3c_cuda_moe_pair_mx; lists: moe_band_lists's table of `pairs` in
  * tiles of tile_cols (k3c_cuda_moe_band_cols). bf16 takes 3 steps a run (no decode: registers for more bytes
@@ -965,21 +978,23 @@ extern "C" int k3c_cuda_moe_band(const k3c_cuda_expert *experts, int num_experts
     if (tile_cols != MXB_COLS && tile_cols != MXB_COLS_WIDE && tile_cols != MXB_COLS_MAX)
         return k3c_errorf("moe band: tiles of %d pairs (%d, %d or %d)", tile_cols, MXB_COLS, MXB_COLS_WIDE,
                           MXB_COLS_MAX);
+    const bool narrow4 = band_stage_narrow() == 4;
     if (!mxfp4)
-        return moe_band_launch<false, 3, MXB_COLS, 2, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x,
-                                                          x_per_pair, y0, y1, round, s);
+        return (narrow4 ? moe_band_launch<false, 3, MXB_COLS, 2, 4> : moe_band_launch<false, 3, MXB_COLS, 2, 2>)(
+            experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
     /* the wide kernels at one block an SM (the 16-column one 209 registers, no spill): built for two (128
      * registers, spilled; or 118 at one step a run) the 16-column one was 1.5-2.0 ms slower at k3-slice b=64
      * (k3c bench, 2026-11-30); the 32-column one takes 224 KB of plane at K3's 3584, one block an SM anyway, and
      * stages 8 entries a thread at once */
     if (tile_cols == MXB_COLS)
-        return moe_band_launch<true, 2, MXB_COLS, 2, 2>(experts, num_experts, lists, pairs, nm, rows, cols, x,
-                                                         x_per_pair, y0, y1, round, s);
+        return (narrow4 ? moe_band_launch<true, 2, MXB_COLS, 2, 4> : moe_band_launch<true, 2, MXB_COLS, 2, 2>)(
+            experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
     if (tile_cols == MXB_COLS_MAX)
         return moe_band_launch<true, 2, MXB_COLS_MAX, 1, 8>(experts, num_experts, lists, pairs, nm, rows, cols, x,
                                                              x_per_pair, y0, y1, round, s);
-    return moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 8>(experts, num_experts, lists, pairs, nm, rows, cols, x,
-                                                          x_per_pair, y0, y1, round, s);
+    return (band_stage_wide() == 2 ? moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 2>
+                                   : moe_band_launch<true, 2, MXB_COLS_WIDE, 1, 8>)(
+        experts, num_experts, lists, pairs, nm, rows, cols, x, x_per_pair, y0, y1, round, s);
 }
 
 /* The bf16 per-pair path: gate/up + activation into h, then down + weighted sum into out (the two kernels
