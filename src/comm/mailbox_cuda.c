@@ -16,7 +16,7 @@
  * into pageable memory (cuda/check.h), a kernel's shared memory limit raised (cuda/kernel_limits.h), and
  * whatever a library does on a shape's first use. Seen on the H200 (2026-12-02): with four TP ranks on one
  * GPU beside other processes, a rank did not make the third all-reduce of its first prompt step in 60 s
- * while its peers spun in theirs, in 2 of 4 runs; which call held it is not known (cuBLASLt's first use of
+ * while its peers spun in theirs, in 2 of 5 runs; which call held it is not known (cuBLASLt's first use of
  * the step's product shapes is the likely one: the same test with those shapes used before passes). Such a
  * call waits for work queued behind a peer's spinning kernel, which waits for this rank's launch. So when
  * the ranks are threads of this process on a shared device (options.threads), an eager call meets every
@@ -305,25 +305,29 @@ static int meets(const mbx_rank *r, cudaStream_t stream) {
     return cs == cudaStreamCaptureStatusNone;
 }
 
-/* A mailbox kernel's launch, `launch(args...)` returning K3C_OK or K3C_ERR, between the two meetings where
- * the call meets (meets); a failed launch aborts the group, so the peers' second meeting fails at once. */
-#define MBX_LAUNCH(r, stream, what, call)                                                                           \
-    do {                                                                                                           \
-        int meet_ = meets((r), (stream));                                                                          \
-        if (meet_) K3C_TRY(group_rendezvous((r), (what), "before"));                                               \
-        int prev_;                                                                                                 \
-        int rc_ = dev_enter((r)->device, &prev_);                                                                  \
-        if (rc_ == K3C_OK) {                                                                                       \
-            rc_ = (call);                                                                                          \
-            dev_leave((r)->device, prev_);                                                                         \
-        }                                                                                                          \
-        if (rc_ != K3C_OK) {                                                                                       \
-            if (meet_) mbx_abort_rank(r);                                                                          \
-            return K3C_ERR;                                                                                        \
-        }                                                                                                          \
-        if (meet_) K3C_TRY(group_rendezvous((r), (what), "after"));                                                \
-        return K3C_OK;                                                                                             \
-    } while (0)
+/* A mailbox kernel's launch between the two meetings, where the call meets (meets): launch_begin meets
+ * before it and enters the rank's device; launch_end takes the launcher's result, leaves the device and meets
+ * after it. A failed launch aborts the group, so the peers' second meeting fails at once. */
+typedef struct mbx_launch {
+    int meet, prev;
+} mbx_launch;
+
+static int launch_begin(mbx_rank *r, cudaStream_t stream, const char *what, mbx_launch *l) {
+    l->meet = meets(r, stream);
+    if (l->meet) K3C_TRY(group_rendezvous(r, what, "before"));
+    int rc = dev_enter(r->device, &l->prev);
+    if (rc != K3C_OK && l->meet) mbx_abort_rank(r);
+    return rc;
+}
+
+static int launch_end(mbx_rank *r, const char *what, const mbx_launch *l, int launched) {
+    dev_leave(r->device, l->prev);
+    if (launched != K3C_OK) {
+        if (l->meet) mbx_abort_rank(r);
+        return K3C_ERR;
+    }
+    return l->meet ? group_rendezvous(r, what, "after") : K3C_OK;
+}
 
 /* ---- the collectives ---- */
 
@@ -338,7 +342,9 @@ static int mbx_reduce(mbx_rank *r, float *buf, size_t n, k3c_mailbox_algo algo, 
                           r->comm.rank, r->comm.size, n, r->cap);
     }
     int two = algo == K3C_MAILBOX_TWO_SHOT || (algo == K3C_MAILBOX_AUTO && n * sizeof(float) >= r->two_shot_bytes);
-    MBX_LAUNCH(r, stream, "all_reduce", k3c_mbx_all_reduce(&r->args, buf, n, two, stream));
+    mbx_launch l;
+    K3C_TRY(launch_begin(r, stream, "all_reduce", &l));
+    return launch_end(r, "all_reduce", &l, k3c_mbx_all_reduce(&r->args, buf, n, two, stream));
 }
 
 static int mbx_all_reduce_f32(k3c_comm *c, float *buf, size_t n) {
@@ -359,7 +365,9 @@ static int mbx_exchange(mbx_rank *r, const void *src, void *dst, size_t bytes, i
         return k3c_errorf("mailbox rank %d of %d: %s of %zu bytes, but the mailbox holds %zu (options.cap x 4)",
                           r->comm.rank, r->comm.size, what, bytes, r->cap * sizeof(float));
     }
-    MBX_LAUNCH(r, stream, what, k3c_mbx_exchange(&r->args, src, dst, bytes, root, stream));
+    mbx_launch l;
+    K3C_TRY(launch_begin(r, stream, what, &l));
+    return launch_end(r, what, &l, k3c_mbx_exchange(&r->args, src, dst, bytes, root, stream));
 }
 
 static int mbx_all_gather(k3c_comm *c, const void *src, void *dst, size_t bytes) {
@@ -789,7 +797,9 @@ int k3c_comm_mailbox_all_reduce_round_on(k3c_comm *c, float *buf, size_t n, void
                           r->two_shot_bytes, r->cap);
     }
     cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
-    MBX_LAUNCH(r, st, "rounded all-reduce", k3c_mbx_one_shot_round(&r->args, buf, n, st));
+    mbx_launch l;
+    K3C_TRY(launch_begin(r, st, "rounded all-reduce", &l));
+    return launch_end(r, "rounded all-reduce", &l, k3c_mbx_one_shot_round(&r->args, buf, n, st));
 }
 
 int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, void *stream) {
@@ -802,7 +812,9 @@ int k3c_comm_mailbox_finish_on(k3c_comm *c, float *buf, size_t n, int round, voi
                           buf ? "past the mailbox" : "at NULL", r->cap);
     }
     cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
-    MBX_LAUNCH(r, st, "finish", k3c_mbx_finish(&r->args, buf, n, round, st));
+    mbx_launch l;
+    K3C_TRY(launch_begin(r, st, "finish", &l));
+    return launch_end(r, "finish", &l, k3c_mbx_finish(&r->args, buf, n, round, st));
 }
 
 int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n, const float *w, float eps,
@@ -817,7 +829,9 @@ int k3c_comm_mailbox_reduce_rmsnorm_on(k3c_comm *c, float *buf, int rows, int n,
                           c->rank, c->size, rows, n, r->cap);
     }
     cudaStream_t st = stream ? (cudaStream_t)stream : r->stream;
-    MBX_LAUNCH(r, st, "all-reduce + rmsnorm", k3c_mbx_reduce_rmsnorm(&r->args, buf, rows, n, w, eps, st));
+    mbx_launch l;
+    K3C_TRY(launch_begin(r, st, "all-reduce + rmsnorm", &l));
+    return launch_end(r, "all-reduce + rmsnorm", &l, k3c_mbx_reduce_rmsnorm(&r->args, buf, rows, n, w, eps, st));
 }
 
 int k3c_comm_is_mailbox(const k3c_comm *c) { return as_mailbox((k3c_comm *)c) != NULL; }
